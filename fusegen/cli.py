@@ -1,0 +1,116 @@
+"""The `fusegen` command line: one subcommand per job, spec mistakes answered with exit code 2."""
+
+from __future__ import annotations
+
+import argparse
+import sys
+import traceback
+from collections.abc import Callable, Sequence
+from pathlib import Path
+
+from fusegen import __version__
+from fusegen.dsl.diagnostics import SpecError
+
+EXAMPLES = """examples:
+  fusegen check-spec examples/*.spec          validate specs, print a typed summary
+  fusegen check-spec --dump ir examples/swiglu_ffn.spec
+  fusegen build examples/swiglu_ffn_ln.spec   write generated/swiglu_ffn_ln/
+  fusegen build --check examples/*.spec       exit 1 if generated/ is stale
+  fusegen check examples/swiglu_ffn.spec --shape R=300 K=384 I=1000
+"""
+
+Command = Callable[[argparse.Namespace], int]
+
+
+def _check_spec(args: argparse.Namespace) -> int:
+    from fusegen.dsl.commands import check_spec
+
+    return check_spec(args.specs, dump=args.dump)
+
+
+def _options(args: argparse.Namespace):  # type: ignore[no-untyped-def]
+    from fusegen.codegen.build import BuildOptions
+
+    return BuildOptions(out_dir=Path(args.out), target=args.target, lnc=args.lnc)
+
+
+def _build(args: argparse.Namespace) -> int:
+    from fusegen.codegen.commands import build
+
+    return build(args.specs, _options(args), check_only=args.check)
+
+
+def _check(args: argparse.Namespace) -> int:
+    from fusegen.codegen.commands import check
+
+    return check(args.specs, _options(args), _shape_args(args.shape))
+
+
+def _shape_args(items: list[str] | None) -> list[dict[str, int]]:
+    if not items:
+        return []
+    dims = {}
+    for item in items:
+        name, _, value = item.partition("=")
+        if not value.isdigit():
+            raise SystemExit(f"fusegen: --shape takes NAME=INT items, got `{item}`")
+        dims[name] = int(value)
+    return [dims]
+
+
+def _target_args(p: argparse.ArgumentParser) -> None:
+    p.add_argument("specs", nargs="+", metavar="SPEC")
+    p.add_argument("--out", default="generated", help="output directory (default: generated/)")
+    p.add_argument("--target", default="trn2", choices=("trn1", "trn2", "trn3"))
+    p.add_argument("--lnc", type=int, default=2, choices=(1, 2), help="logical-core degree (default 2)")
+
+
+def _parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(
+        prog="fusegen",
+        description="Compile declarative fused-op specs into NKI kernels, torch references and tests.",
+        epilog=EXAMPLES,
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+    )
+    parser.add_argument("--version", action="version", version=f"fusegen {__version__}")
+    sub = parser.add_subparsers(dest="command", metavar="COMMAND")
+
+    p = sub.add_parser("check-spec", help="validate specs and print a typed summary")
+    p.add_argument("specs", nargs="+", metavar="SPEC")
+    p.add_argument("--dump", choices=("ast", "ir"), help="print a front-end stage's output")
+    p.set_defaults(run=_check_spec)
+
+    p = sub.add_parser("build", help="generate kernel.py, reference.py, test_<name>.py and plan.md per spec")
+    _target_args(p)
+    p.add_argument("--check", action="store_true", help="write nothing; exit 1 naming files that differ")
+    p.set_defaults(run=_build)
+
+    p = sub.add_parser("check", help="build to a temporary directory and run the kernels on the interpreter")
+    _target_args(p)
+    p.add_argument("--shape", nargs="+", metavar="DIM=N", help="run this shape instead of the spec's checks")
+    p.set_defaults(run=_check)
+    return parser
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    """Entry point: run one subcommand; spec errors exit 2 without a traceback."""
+    parser = _parser()
+    args = parser.parse_args(argv)
+    if not getattr(args, "run", None):
+        parser.print_help()
+        return 2
+    try:
+        return int(args.run(args))
+    except SpecError as err:
+        print(err.render(), file=sys.stderr)
+        return 2
+    except KeyboardInterrupt:
+        return 130
+    except Exception:  # an internal error: show everything, and say whose fault it is
+        traceback.print_exc()
+        print("\ninternal error: this is a fusegen bug; please report it with the spec.", file=sys.stderr)
+        return 3
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,157 @@
+"""`fusegen build`: spec -> checked IR -> family -> rendered files, written atomically or compared."""
+
+from __future__ import annotations
+
+import os
+import tempfile
+from dataclasses import dataclass
+from pathlib import Path
+
+from fusegen.codegen.family import Mismatch, no_family_error
+from fusegen.codegen.ffn import FFN, FfnFamily
+from fusegen.codegen.plan import PlanError, TilePlan
+from fusegen.codegen.reference import dim_bindings, reference_lines
+from fusegen.codegen.render import header, render
+from fusegen.codegen.report import plan_markdown
+from fusegen.codegen.stage import dim_source
+from fusegen.dsl import load_spec
+from fusegen.dsl.diagnostics import Diagnostic, SpecError
+from fusegen.dsl.ir import KernelIR
+
+FAMILIES: tuple[FfnFamily, ...] = (FFN,)
+#: Logical-core degrees every generated test runs.
+TEST_LNCS = (1, 2)
+
+
+@dataclass(frozen=True)
+class BuildOptions:
+    """Where and for what to build."""
+
+    out_dir: Path = Path("generated")
+    target: str = "trn2"
+    lnc: int = 2
+
+
+@dataclass(frozen=True)
+class Built:
+    """One spec's generated files, by path relative to the output directory."""
+
+    name: str
+    files: tuple[tuple[str, str], ...]
+    plans: tuple[TilePlan, ...]
+
+
+def build_spec(path: str, options: BuildOptions) -> Built:
+    """Render every file of one spec; nothing is written."""
+    ir, _warnings = load_spec(path)
+    source = Path(path).read_text(encoding="utf-8", errors="replace")
+    family, match = _select_family(ir, source)
+    try:
+        plans = tuple(family.plans(ir, match, options.target, options.lnc))
+    except PlanError as err:
+        raise SpecError([Diagnostic(ir.checks[0].span if ir.checks else ir.outputs[0].span, str(err))], source) from None
+    files = {
+        "kernel.py": family.kernel_source(ir, match, options.target, options.lnc),
+        "reference.py": reference_source(ir),
+        f"test_{ir.name}.py": test_source(ir, options.target),
+        "plan.md": plan_markdown(ir, family.name, plans),
+    }
+    return Built(ir.name, tuple((f"{ir.name}/{name}", text) for name, text in sorted(files.items())), plans)
+
+
+def _select_family(ir: KernelIR, source: str) -> tuple[FfnFamily, object]:
+    mismatches = []
+    for family in FAMILIES:
+        try:
+            return family, family.match(ir)
+        except Mismatch as miss:
+            mismatches.append(miss)
+    raise no_family_error(ir, mismatches, source)
+
+
+def reference_source(ir: KernelIR) -> str:
+    """reference.py for any family."""
+    params = [i.name for i in ir.inputs] + [f"{p.name}={p.default!r}" for p in ir.params]
+    optional = [o for o in ir.outputs if o.optional]
+    if optional:
+        params.append("save=False")
+    names = {o.name: _output_expr(ir, o.node, o.dtype) for o in ir.outputs}
+    return render(
+        "reference.py.jinja", header=header(ir, "reference.py.jinja"), name=ir.name, params=", ".join(params),
+        lines=reference_lines(ir), optional=[names[o.name] for o in optional],
+        required=[names[o.name] for o in ir.outputs if not o.optional],
+    )  # fmt: skip
+
+
+def _output_expr(ir: KernelIR, node_id: int, dtype: str) -> str:
+    from fusegen.codegen.reference import TORCH_DTYPE, value_name
+
+    return f"{value_name(ir.node(node_id))}.to({TORCH_DTYPE[dtype]})"
+
+
+def test_source(ir: KernelIR, target: str) -> str:
+    """test_<name>.py: the interpreter against the reference at every check shape and ragged variants."""
+    fan_in = {ir.node(n.args[1]).name for n in ir.nodes if n.op == "matmul"}
+    inputs = tuple((i.name, i.dtype, "fan_in" if i.name in fan_in else "1") for i in ir.inputs)
+    shapes = "{" + ", ".join(f'"{i.name}": ({", ".join(dim_source(d) for d in i.shape)},)' for i in ir.inputs) + "}"
+    return render(
+        "test_kernel.py.jinja", header=header(ir, "test_kernel.py.jinja"), name=ir.name, target=target,
+        shapes=[(repr(dims), label) for dims, label in test_shapes(ir)], inputs=repr(inputs),
+        dim_lines=[f'd_{name} = dims["{name}"]' for name, _ in dim_bindings(ir, str) if _is_free(ir, name)]
+        + [f"d_{d.name} = {d.value}" for d in ir.dims if d.value is not None],
+        input_shapes=shapes, lncs=repr(list(TEST_LNCS)),
+    )  # fmt: skip
+
+
+def _is_free(ir: KernelIR, name: str) -> bool:
+    return any(d.name == name and d.value is None for d in ir.dims)
+
+
+def test_shapes(ir: KernelIR) -> list[tuple[dict[str, int], str]]:
+    """The check shapes, plus the smallest one with each free dim made odd (ragged) where constraints allow."""
+    shapes = [(c.env(), "check-" + "-".join(f"{k}{v}" for k, v in c.dims)) for c in ir.checks]
+    if not shapes:
+        return shapes
+    smallest = min((c.env() for c in ir.checks), key=lambda env: sorted(env.values()))
+    env_all = {**ir.fixed_dims(), **smallest}
+    for name in sorted(smallest):
+        for value in (smallest[name] - 1, smallest[name] + 1):
+            env = {**smallest, name: value}
+            full = {**env_all, name: value}
+            if value >= 1 and all(c.holds(full) for c in ir.constraints) and env not in [s for s, _ in shapes]:
+                shapes.append((env, f"ragged-{name}{value}"))
+                break
+    return shapes
+
+
+def write_atomically(out_dir: Path, files: tuple[tuple[str, str], ...]) -> list[str]:
+    """Write changed files (temp file + rename, so a reader never sees half a file); return what changed."""
+    changed = []
+    for rel, text in files:
+        target = out_dir / rel
+        if target.exists() and target.read_text(encoding="utf-8") == text:
+            continue
+        target.parent.mkdir(parents=True, exist_ok=True)
+        fd, tmp = tempfile.mkstemp(dir=target.parent, prefix=f".{target.name}.", suffix=".tmp")
+        with os.fdopen(fd, "w", encoding="utf-8") as handle:
+            handle.write(text)
+        os.replace(tmp, target)
+        changed.append(rel)
+    return changed
+
+
+def stale_files(out_dir: Path, built: Built) -> list[str]:
+    """Files that differ from a fresh build, are missing, or are left over from an older one."""
+    expected = dict(built.files)
+    stale = [rel for rel, text in built.files if _read(out_dir / rel) != text]
+    kernel_dir = out_dir / built.name
+    if kernel_dir.is_dir():
+        stale += sorted(
+            f"{built.name}/{p.name}" for p in kernel_dir.iterdir()
+            if p.is_file() and f"{built.name}/{p.name}" not in expected and not p.name.startswith(".")
+        )  # fmt: skip
+    return stale
+
+
+def _read(path: Path) -> str | None:
+    return path.read_text(encoding="utf-8") if path.is_file() else None

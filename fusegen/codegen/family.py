@@ -1,0 +1,42 @@
+"""Kernel families: an IR matcher, the hook points its template offers, and the error when none match."""
+
+from __future__ import annotations
+
+from collections.abc import Iterable
+from dataclasses import dataclass
+
+from fusegen.dsl.diagnostics import Diagnostic, Span, SpecError
+from fusegen.dsl.ir import KernelIR, Node, Shape, shape_str
+
+
+@dataclass(frozen=True)
+class Mismatch(Exception):
+    """Where and why a spec leaves a family."""
+
+    family: str
+    span: Span
+    reason: str
+
+
+def leave(family: str, node: Node, reason: str) -> Mismatch:
+    """A mismatch at `node`, with its shape in the message."""
+    return Mismatch(family, node.span, f"{reason} (`{node.name or node.op}` is {node.dtype}{shape_str(node.shape)})")
+
+
+def shape_is(shape: Shape, *expected: Shape) -> bool:
+    """Whether `shape` equals one of `expected`."""
+    return any(shape == e for e in expected)
+
+
+def no_family_error(ir: KernelIR, mismatches: Iterable[Mismatch], source: str) -> SpecError:
+    """One error naming every family and the first point where the spec leaves it."""
+    found = list(mismatches)
+    first = min((m.span for m in found), key=lambda s: (s.line, s.col))
+    names = ", ".join(m.family for m in found)
+    notes = [Diagnostic(m.span, f"leaves the {m.family} family here: {m.reason}", level="note") for m in found]
+    head = Diagnostic(
+        first,
+        f"no kernel family matches `{ir.name}` (tried: {names})",
+        hint="`fusegen list` shows each family's shape; docs/variants.md shows how to write one",
+    )
+    return SpecError([head, *notes], source)

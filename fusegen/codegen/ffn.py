@@ -1,0 +1,106 @@
+"""The FFN family: match, lower, plan and render a spec into kernel.py (its files beyond the shared ones)."""
+
+from __future__ import annotations
+
+import inspect
+from dataclasses import dataclass
+
+from fusegen.codegen import ffn_budget
+from fusegen.codegen.ffn_lower import FfnLowering, kernel_arg, lower_ffn
+from fusegen.codegen.ffn_match import FfnMatch, match_ffn
+from fusegen.codegen.plan import TilePlan, plan_ffn
+from fusegen.codegen.reference import dim_bindings
+from fusegen.codegen.render import header, render
+from fusegen.dsl.ir import KernelIR
+from fusegen.sim.targets import TARGETS, get_target
+
+TEMPLATE = "ffn_kernel.py.jinja"
+
+
+@dataclass(frozen=True)
+class HostSignature:
+    """Pieces of the host function's source, decided here and formatted by the template."""
+
+    params: str
+    returns: str
+    tensors: str
+    x: str
+    up_weight: str
+    launch_args: str
+    doc: str
+
+
+@dataclass(frozen=True)
+class FfnFamily:
+    """Projections of one input over K, an elementwise combine, a down-projection, an epilogue."""
+
+    name: str = "ffn"
+    summary: str = "x @ W (1 or 2 projections) -> elementwise combine -> @ W2 -> elementwise/row-wise epilogue"
+    hooks: tuple[str, ...] = (
+        "combine: activation(s) with per-partition [I] bias on the Scalar engine, then one fused "
+        "scalar_tensor_tensor (gate * up)",
+        "accumulator init: [R, K] residual DMA'd in, or a [K] bias added while evicting the first chunk",
+        "epilogue: elementwise with [K] / [R, K] / [R, 1] inputs, row reductions, LayerNorm/RMSNorm "
+        "statistics chains, output casts",
+    )
+
+    def match(self, ir: KernelIR) -> FfnMatch:
+        """The FFN roles in `ir` (raises Mismatch)."""
+        return match_ffn(ir)
+
+    def plans(self, ir: KernelIR, m: FfnMatch, target: str, lnc: int) -> list[TilePlan]:
+        """One plan per `check` shape."""
+        low = lower_ffn(ir, m)
+        roles = (str(m.rows), str(m.hidden), str(m.inter))
+        return [plan_ffn(low.model, get_target(target), lnc, {**ir.fixed_dims(), **c.env()}, roles) for c in ir.checks]
+
+    def kernel_source(self, ir: KernelIR, m: FfnMatch, target: str, lnc: int) -> str:
+        """kernel.py: the NKI kernel, its vendored planner, the host function."""
+        low = lower_ffn(ir, m)
+        return render(
+            TEMPLATE,
+            header=header(ir, TEMPLATE), name=ir.name, doc=_doc(ir), low=low, model=repr(low.model),
+            budget_source=_vendored_budget(), kernel_args=_kernel_args(ir),
+            host=_host(ir, m, low), dim_bindings=[f"d_{d} = {src}" for d, src in dim_bindings(ir, kernel_arg)],
+            sbuf_budgets=repr({name: t.sbuf_usable_bytes for name, t in sorted(TARGETS.items())}),
+            default_target=target, default_lnc=lnc,
+        )  # fmt: skip
+
+
+FFN = FfnFamily()
+
+
+def _doc(ir: KernelIR) -> str:
+    outs = ", ".join(o.name for o in ir.outputs)
+    ins = ", ".join(i.name for i in ir.inputs)
+    return f"{ir.name}: ({ins}) -> ({outs}), an FFN-family NKI kernel; reference.py spells out the math."
+
+
+def _kernel_args(ir: KernelIR) -> list[str]:
+    return [kernel_arg(i.name) for i in ir.inputs] + [f"{p.name}_arg" for p in ir.params]
+
+
+def _host(ir: KernelIR, m: FfnMatch, low: FfnLowering) -> HostSignature:
+    tensors = [i.name for i in ir.inputs]
+    params = [f"{t}: torch.Tensor" for t in tensors] + [f"{p.name}: float = {p.default!r}" for p in ir.params]
+    params += ["lnc: int = LNC", "target: str = TARGET"]
+    launch = [f"_columns({t})" if kernel_arg(t) in low.col_vectors else t for t in tensors]
+    launch += [p.name for p in ir.params]
+    outs = [o.name for o in ir.outputs]
+    returns = "torch.Tensor" if len(outs) == 1 else f"tuple[{', '.join(['torch.Tensor'] * len(outs))}]"
+    return HostSignature(
+        params=", ".join(params), returns=returns, tensors=", ".join(tensors) + ("," if len(tensors) == 1 else ""),
+        x=str(m.x.name), up_weight=str(ir.node(m.ups[0].args[1]).name), launch_args=", ".join(launch),
+        doc=f"Run the kernel on {lnc_text()} with a tile plan for these shapes; returns ({', '.join(outs)}).",
+    )  # fmt: skip
+
+
+def lnc_text() -> str:
+    """How the host function picks its logical-core degree."""
+    return "`lnc` logical cores (default: NEURON_LOGICAL_NC_CONFIG)"
+
+
+def _vendored_budget() -> str:
+    """ffn_budget.py's code from its first constant on (its docstring and imports stay behind)."""
+    source = inspect.getsource(ffn_budget)
+    return source[source.index("P = 128") :].rstrip("\n")

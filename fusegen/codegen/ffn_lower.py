@@ -1,0 +1,173 @@
+"""Lowering of a matched FFN: the combine and the epilogue compiled into the template's hook points."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from fusegen.codegen.ffn_budget import FfnModel
+from fusegen.codegen.ffn_match import FfnMatch
+from fusegen.codegen.select import NL_DTYPE, Layout, Selector
+from fusegen.codegen.stage import Operand, StageBuilder
+from fusegen.dsl.ir import DTYPE_BYTES, Dim, KernelIR, Node
+
+
+@dataclass(frozen=True)
+class Projection:
+    """One up projection: its weight (kernel argument) and its PSUM tile name."""
+
+    weight: str
+    psum: str
+
+
+@dataclass(frozen=True)
+class OutputWrite:
+    """One kernel output: HBM tensor name, nl dtype and the SBUF operand holding it."""
+
+    name: str
+    nl_dtype: str
+    source: str
+
+
+@dataclass(frozen=True)
+class FfnLowering:
+    """Everything the FFN template formats: names, hook-point code, the budget model."""
+
+    x: str
+    x_nl_dtype: str
+    down_weight: str
+    projections: tuple[Projection, ...]
+    col_vectors: tuple[str, ...]  # [I] inputs, host-packed to [P, n_h] columns
+    row_vectors: tuple[str, ...]  # [K] inputs, broadcast to [P, K]
+    row_loads: tuple[tuple[str, str], ...]  # (input, width "K" or "1") loaded per row tile
+    acc_init_dma: str | None  # [R, K] input the accumulator starts from
+    first_chunk: str  # code folding the first chunk's down-projection into the accumulator
+    mid_lines: tuple[str, ...]
+    mid_result: str  # tile name holding the combine, the down-projection's stationary operand
+    epi_lines: tuple[str, ...]
+    outputs: tuple[OutputWrite, ...]
+    model: FfnModel
+
+
+def kernel_arg(name: str) -> str:
+    """The kernel's name for spec input or param `name` (suffixed so it never meets a template local)."""
+    return f"{name}_hbm"
+
+
+def lower_ffn(ir: KernelIR, m: FfnMatch) -> FfnLowering:
+    """Compile the combine and the epilogue of `m` into NKI lines for the template."""
+    projections = tuple(Projection(kernel_arg(str(ir.node(u.args[1]).name)), f"pj{i}") for i, u in enumerate(m.ups))
+    mid, mid_result, col_vectors = _lower_combine(ir, m, projections)
+    epi_inputs = _epilogue_inputs(ir, m)
+    acc_init, first_chunk, acc_node = _accumulator(ir, m, epi_inputs)
+    epi, outputs = _lower_epilogue(ir, m, epi_inputs, acc_node, acc_init)
+    row_inputs = tuple(n for n in epi_inputs["tile"] if n != acc_init)
+    down_weight = ir.node(m.down.args[1])
+    model = FfnModel(
+        n_up=len(m.ups), x_bytes=DTYPE_BYTES[m.x.dtype],
+        mid_tiles=_count(mid, "tile"), epi_tiles=_count(epi, "tile"), epi_cols=_count(epi, "vec"),
+        col_vectors=len(col_vectors), row_vectors=len(epi_inputs["row"]), row_inputs=len(row_inputs),
+    )  # fmt: skip
+    return FfnLowering(
+        x=kernel_arg(str(m.x.name)), x_nl_dtype=NL_DTYPE[m.x.dtype],
+        down_weight=kernel_arg(str(down_weight.name)), projections=projections,
+        col_vectors=col_vectors, row_vectors=epi_inputs["row"],
+        row_loads=tuple((n, "K") for n in row_inputs) + tuple((n, "1") for n in epi_inputs["vec"]),
+        acc_init_dma=acc_init, first_chunk=first_chunk,
+        mid_lines=tuple(mid.lines), mid_result=mid_result, epi_lines=tuple(epi.lines),
+        outputs=outputs, model=model,
+    )  # fmt: skip
+
+
+def _count(sel: Selector, kind: str) -> int:
+    return sum(1 for _, k, _ in sel.tiles if k == kind)
+
+
+def _lower_combine(ir: KernelIR, m: FfnMatch, projections: tuple[Projection, ...]) -> tuple[Selector, str, tuple[str, ...]]:
+    leaves: dict[int, Operand] = {}
+    for up, pj in zip(m.ups, projections, strict=True):
+        leaves[up.id] = Operand("tile", f"{pj.psum}[0:ph, 0:rw]", memory="psum")
+    cols = tuple(n.name for n in _inputs(ir, m.mid_nodes) if n.name)
+    for nid in m.mid_nodes:
+        node = ir.node(nid)
+        if node.op == "input":
+            leaves[nid] = Operand("vec", f"{kernel_arg(str(node.name))}_col[0:ph, hg:hg + 1]")
+
+    def kind_of(node: Node) -> str:
+        return "scalar" if node.shape == () else ("tile" if node.shape == (m.rows, m.inter) else "vec")
+
+    builder = StageBuilder(ir, leaves, kind_of, free_size=lambda n: m.rows)
+    sel = Selector(Layout(part="ph", free="rw", free_alloc="F_MOV"), prefix="m")
+    weight_dtype = ir.node(m.down.args[1]).dtype
+    result = sel.value(builder.expr(m.combine.id), dtype=weight_dtype)
+    if result.memory != "sbuf" or result.dtype != weight_dtype:
+        result = sel.copy(result, "tile", weight_dtype)
+    return sel, result.code.split("[")[0], tuple(kernel_arg(c) for c in cols)
+
+
+def _inputs(ir: KernelIR, ids: tuple[int, ...]) -> list[Node]:
+    return [ir.node(i) for i in ids if ir.node(i).op == "input"]
+
+
+def _epilogue_inputs(ir: KernelIR, m: FfnMatch) -> dict[str, tuple[str, ...]]:
+    """Epilogue inputs by how the kernel holds them: broadcast rows, row tiles, row columns."""
+    groups: dict[str, list[str]] = {"row": [], "tile": [], "vec": []}
+    for node in _inputs(ir, m.epi_nodes):
+        if node.shape == (m.rows, m.hidden):
+            groups["tile"].append(kernel_arg(str(node.name)))
+        elif node.shape[-1] == m.hidden:
+            groups["row"].append(kernel_arg(str(node.name)))
+        else:
+            groups["vec"].append(kernel_arg(str(node.name)))
+    return {k: tuple(v) for k, v in groups.items()}
+
+
+def _accumulator(ir: KernelIR, m: FfnMatch, inputs: dict[str, tuple[str, ...]]) -> tuple[str | None, str, int]:
+    """How the fp32 accumulator starts, and which node it holds after the last chunk.
+
+    An input added straight to the down-projection is folded in for free: an [R, K] residual is
+    DMA'd into the accumulator before the first chunk, a [K] bias is added while evicting the first
+    chunk from PSUM (which costs one pass either way).
+    """
+    acc = "acc[rs][0:pr, k0:k0 + nk]"
+    ps = "ps[0:pr, 0:nk]"
+    add = f"nisa.tensor_tensor(dst={acc}, data1={acc}, data2={ps}, op=nl.add)"
+    users = ir.users(m.down.id)
+    if len(users) == 1 and users[0].op == "add" and users[0].id in m.epi_nodes:
+        partner = ir.node(next(a for a in users[0].args if a != m.down.id))
+        name = kernel_arg(str(partner.name)) if partner.op == "input" else None
+        if name in inputs["tile"]:
+            return name, add, users[0].id
+        if name in inputs["row"]:
+            first = f"nisa.tensor_tensor(dst={acc}, data1={ps}, data2={name}_row[0:pr, k0:k0 + nk], op=nl.add)"
+            return None, first, users[0].id
+    return None, f"nisa.tensor_copy(dst={acc}, src={ps})", m.down.id
+
+
+def _lower_epilogue(
+    ir: KernelIR, m: FfnMatch, inputs: dict[str, tuple[str, ...]], acc_node: int, acc_init: str | None
+) -> tuple[Selector, tuple[OutputWrite, ...]]:
+    leaves = {acc_node: Operand("tile", "acc[rs][0:pr, 0:K]")}
+    for node in _inputs(ir, m.epi_nodes):
+        name = kernel_arg(str(node.name))
+        if name in inputs["tile"] and name != acc_init:
+            leaves[node.id] = Operand("tile", f"{name}_tile[0:pr, 0:K]")
+        elif name in inputs["row"]:
+            leaves[node.id] = Operand("tile", f"{name}_row[0:pr, 0:K]")
+        elif name in inputs["vec"]:
+            leaves[node.id] = Operand("vec", f"{name}_tile[0:pr, 0:1]")
+    one = Dim.const(1)
+
+    def kind_of(node: Node) -> str:
+        return "scalar" if node.shape == () else ("vec" if node.shape[-1] == one else "tile")
+
+    builder = StageBuilder(ir, leaves, kind_of, free_size=lambda n: m.hidden)
+    sel = Selector(Layout(part="pr", free="K", free_alloc="K"), prefix="e")
+    writes = []
+    exprs = [builder.expr(out.node) for out in ir.outputs]  # all first: users counts must be complete
+    for out, expr in zip(ir.outputs, exprs, strict=True):
+        # an output nothing else reads is written in its own dtype by the instruction computing it
+        value = sel.value(expr, out.dtype if expr.users == 0 else "f32")
+        if value.dtype != out.dtype:
+            value = sel.copy(value, "tile", out.dtype)
+        writes.append(OutputWrite(kernel_arg(out.name), NL_DTYPE[out.dtype], value.code))
+    return sel, tuple(writes)

@@ -1,0 +1,126 @@
+"""The FFN family's matcher: projections of one input over K, an elementwise combine, a down-projection
+back to K, then an elementwise / row-wise epilogue. Matches IR structure only, never names.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from fusegen.codegen.family import Mismatch, leave, shape_is
+from fusegen.dsl.ir import BINARY_OPS, UNARY_OPS, Dim, KernelIR, Node
+
+FAMILY = "ffn"
+#: Ops allowed between the projections and the down-projection, and in the epilogue.
+ELEMENTWISE = frozenset((*UNARY_OPS, *BINARY_OPS, "pow", "clamp", "cast"))
+ROW_WISE = frozenset(("sum", "mean", "max", "layernorm", "rmsnorm"))
+SCALAR_LEAVES = frozenset(("param", "const", "dim"))
+
+
+@dataclass(frozen=True)
+class FfnMatch:
+    """The matched structure: which nodes play which role."""
+
+    x: Node  # input [R, K]
+    ups: tuple[Node, ...]  # x @ W, one (plain MLP) or two (gated)
+    down: Node  # combine @ W2
+    combine: Node  # the down-projection's left operand
+    rows: Dim
+    hidden: Dim
+    inter: Dim
+    mid_nodes: tuple[int, ...]  # nodes of the combine, topological
+    epi_nodes: tuple[int, ...]  # nodes after the down-projection, topological
+
+
+def match_ffn(ir: KernelIR) -> FfnMatch:
+    """The FFN roles of `ir`'s nodes, or raise Mismatch at the first node that does not fit."""
+    matmuls = [n for n in ir.nodes if n.op == "matmul"]
+    if not matmuls:
+        raise Mismatch(FAMILY, ir.outputs[0].span, "there is no matmul (`@`) to project with")
+    down = matmuls[-1]
+    ups = tuple(matmuls[:-1])
+    if not 1 <= len(ups) <= 2:
+        where = down if not ups else ups[2]
+        raise leave(FAMILY, where, "expected one or two projections of the input, then a down-projection")
+    x, hidden, inter, rows = _check_ups(ir, ups)
+    weight = ir.node(down.args[1])
+    if weight.op != "input" or not shape_is(weight.shape, (inter, hidden)):
+        raise leave(FAMILY, weight, f"the down-projection's weight must be an input [{inter}, {hidden}]")
+    combine = ir.node(down.args[0])
+    mid = _stage_nodes(ir, combine, stops={u.id for u in ups}, what="combine")
+    for up in ups:
+        if up.id not in mid:
+            raise leave(FAMILY, up, "every projection must feed the combine")
+    _check_mid(ir, mid, rows, inter)
+    epi = _epilogue(ir, down, rows, hidden)
+    return FfnMatch(x, ups, down, combine, rows, hidden, inter, tuple(sorted(mid)), tuple(sorted(epi)))
+
+
+def _check_ups(ir: KernelIR, ups: tuple[Node, ...]) -> tuple[Node, Dim, Dim, Dim]:
+    x = ir.node(ups[0].args[0])
+    if x.op != "input" or len(x.shape) != 2:
+        raise leave(FAMILY, x, "the projected operand must be a 2-D input [R, K]")
+    rows, hidden = x.shape
+    inter = ir.node(ups[0].args[1]).shape[-1]
+    for up in ups:
+        lhs, weight = ir.node(up.args[0]), ir.node(up.args[1])
+        if lhs.id != x.id:
+            raise leave(FAMILY, lhs, f"every projection must multiply the same input `{x.name}`")
+        if weight.op != "input" or not shape_is(weight.shape, (hidden, inter)):
+            raise leave(FAMILY, weight, f"a projection weight must be an input [{hidden}, {inter}]")
+        if weight.dtype != x.dtype:
+            raise leave(FAMILY, weight, f"projection weights must have the input's dtype {x.dtype}")
+    return x, hidden, inter, rows
+
+
+def _stage_nodes(ir: KernelIR, root: Node, stops: set[int], what: str) -> set[int]:
+    """Ids of the nodes `root` is computed from, stopping at `stops`, inputs and scalars."""
+    seen: set[int] = set()
+    todo = [root.id]
+    while todo:
+        nid = todo.pop()
+        if nid in seen:
+            continue
+        seen.add(nid)
+        node = ir.node(nid)
+        if nid in stops or node.op == "input" or node.op in SCALAR_LEAVES:
+            continue
+        if node.op not in ELEMENTWISE and node.op not in ROW_WISE:
+            raise leave(FAMILY, node, f"`{node.op}` cannot appear in the {what}")
+        todo.extend(node.args)
+    return seen
+
+
+def _check_mid(ir: KernelIR, mid: set[int], rows: Dim, inter: Dim) -> None:
+    for nid in sorted(mid):
+        node = ir.node(nid)
+        if node.op in ROW_WISE:
+            raise leave(FAMILY, node, "the combine must be elementwise (the intermediate is never whole)")
+        if node.op == "input" and not shape_is(node.shape, (inter,), (Dim.const(1), inter)):
+            raise leave(FAMILY, node, f"the combine may read only the projections, [{inter}] vectors and scalars")
+        if node.op not in SCALAR_LEAVES and node.op != "input" and node.shape not in ((rows, inter), ()):
+            raise leave(FAMILY, node, f"values in the combine must be [{rows}, {inter}]")
+
+
+def _epilogue(ir: KernelIR, down: Node, rows: Dim, hidden: Dim) -> set[int]:
+    epi: set[int] = set()
+    for out in ir.outputs:
+        root = ir.node(out.node)
+        if out.optional:
+            raise Mismatch(FAMILY, out.span, "optional outputs are not supported by the ffn family")
+        nodes = _stage_nodes(ir, root, stops={down.id}, what="epilogue")
+        if down.id not in nodes:
+            raise Mismatch(FAMILY, out.span, "every output must be computed from the down-projection")
+        epi |= nodes
+    one = Dim.const(1)
+    for nid in sorted(epi):
+        node = ir.node(nid)
+        if node.op == "input" and not shape_is(node.shape, (hidden,), (one, hidden), (rows, hidden), (rows, one)):
+            raise leave(FAMILY, node, f"the epilogue may read [{rows}, {hidden}], [{hidden}] or [{rows}, 1] inputs")
+        if node.op in ("sum", "mean", "max") and (node.attr("axis") != 1 or not node.attr("keepdim")):
+            raise leave(FAMILY, node, "epilogue reductions must be over the last axis with keepdim=true")
+        if node.op not in SCALAR_LEAVES and node.op != "input" and node.shape not in ((rows, hidden), (rows, one)):
+            raise leave(FAMILY, node, f"values in the epilogue must be [{rows}, {hidden}] or [{rows}, 1]")
+    for out in ir.outputs:
+        if out.shape != (rows, hidden):
+            raise Mismatch(FAMILY, out.span, f"ffn outputs must be [{rows}, {hidden}]")
+    return epi

@@ -1,0 +1,110 @@
+"""The torch reference: every IR node as one line of eager torch, f32 math, casts rounding where the spec says."""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+
+from fusegen.codegen.stage import dim_source
+from fusegen.dsl.ir import Dim, IndexItem, KernelIR, Node
+
+TORCH_DTYPE = {"bf16": "torch.bfloat16", "f16": "torch.float16", "f32": "torch.float32"}
+
+_UNARY = {
+    "neg": "-{}", "silu": "F.silu({})", "gelu": "F.gelu({})", "gelu_tanh": 'F.gelu({}, approximate="tanh")',
+    "relu": "F.relu({})", "sigmoid": "torch.sigmoid({})", "tanh": "torch.tanh({})", "exp": "torch.exp({})",
+    "sqrt": "torch.sqrt({})", "rsqrt": "torch.rsqrt({})", "abs": "torch.abs({})", "sign": "torch.sign({})",
+    "square": "torch.square({})",
+}  # fmt: skip
+_BINARY = {
+    "add": "{} + {}", "sub": "{} - {}", "mul": "{} * {}", "div": "{} / {}", "matmul": "{} @ {}",
+    "maximum": "torch.maximum({}, {})", "minimum": "torch.minimum({}, {})",
+    "lt": "{} < {}", "le": "{} <= {}", "gt": "{} > {}", "ge": "{} >= {}", "eq": "{} == {}", "ne": "{} != {}",
+}  # fmt: skip
+
+
+def value_name(node: Node) -> str:
+    """The reference's local for a node: the spec's name where it has one, else `v<id>`."""
+    return f"v{node.id}" if node.name is None or node.op in ("input", "param") else f"{node.name}_"
+
+
+def reference_lines(ir: KernelIR) -> list[str]:
+    """Body lines computing every node, in order."""
+    lines = [f"d_{name} = {expr}" for name, expr in dim_bindings(ir, lambda n: n)]
+    for node in ir.nodes:
+        if node.op != "param":
+            lines.append(f"{value_name(node)} = {_expr(ir, node)}")
+    return lines
+
+
+def dim_bindings(ir: KernelIR, arg: Callable[[str], str]) -> list[tuple[str, str]]:
+    """(dim, source) pairs binding each dim from the first input whose shape names it plainly."""
+    bound: dict[str, str] = {d.name: str(d.value) for d in ir.dims if d.value is not None}
+    for decl in ir.inputs:
+        for axis, dim in enumerate(decl.shape):
+            name = dim.symbols()[0] if dim.symbols() and dim == Dim.sym(dim.symbols()[0]) else None
+            if name is not None and name not in bound:
+                bound[name] = f"{arg(decl.name)}.shape[{axis}]"
+    return sorted(bound.items())
+
+
+def _expr(ir: KernelIR, node: Node) -> str:
+    args = [_operand(ir, a) for a in node.args]
+    if node.op == "input":
+        return f"{node.name}.float()"
+    if node.op == "const":
+        return repr(float(node.attr("value")))  # type: ignore[arg-type]
+    if node.op == "dim":
+        return f"float({dim_source(node.attr('dim'))})"  # type: ignore[arg-type]
+    if node.op in _UNARY:
+        return _UNARY[node.op].format(_tensor(ir, node.args[0], args[0]))
+    if node.op in _BINARY:
+        return _BINARY[node.op].format(*args)
+    return _SPECIAL[node.op](node, args)
+
+
+def _operand(ir: KernelIR, node_id: int) -> str:
+    node = ir.node(node_id)
+    if node.op == "param":
+        return f"float({node.name})"
+    return value_name(node) if node.op not in ("const", "dim") else f"({value_name(node)})"
+
+
+def _tensor(ir: KernelIR, node_id: int, code: str) -> str:
+    """Scalars (params, constants) are Python floats: torch's unary functions need a tensor."""
+    return f"torch.tensor({code})" if ir.node(node_id).shape == () else code
+
+
+def _index(node: Node, args: list[str]) -> str:
+    items: tuple[IndexItem, ...] = node.attr("index")  # type: ignore[assignment]
+    parts = [
+        dim_source(it.start) if it.kind == "at" else f"{dim_source(it.start)}:{dim_source(it.stop or it.start)}"
+        for it in items
+    ]
+    return f"{args[0]}[{', '.join(parts)}]"
+
+
+def _reduce(method: str) -> Callable[[Node, list[str]], str]:
+    return lambda node, args: f"{args[0]}.{method}(dim={node.attr('axis')}, keepdim={node.attr('keepdim')})"
+
+
+def _norm(node: Node, args: list[str]) -> str:
+    x, eps, *affine = args
+    gamma, beta = (affine + ["None", "None"])[:2]
+    if node.op == "layernorm":
+        return f"F.layer_norm({x}, ({x}.shape[-1],), {gamma}, {beta}, {eps})"
+    scaled = f"{x} * torch.rsqrt({x}.square().mean(dim=-1, keepdim=True) + {eps})"
+    return f"{scaled} * {gamma}" if affine else scaled
+
+
+_SPECIAL: dict[str, Callable[[Node, list[str]], str]] = {
+    "pow": lambda node, args: f"{args[0]} ** {float(node.attr('exponent'))!r}",  # type: ignore[arg-type]
+    "sum": _reduce("sum"),
+    "mean": _reduce("mean"),
+    "max": _reduce("amax"),
+    "clamp": lambda node, args: f"{args[0]}.clamp(min={node.attr('lo')!r}, max={node.attr('hi')!r})",
+    "where": lambda node, args: "torch.where({}, {}, {})".format(*args),
+    "layernorm": _norm,
+    "rmsnorm": _norm,
+    "cast": lambda node, args: f"{args[0]}.to({TORCH_DTYPE[node.dtype]}).float()",
+    "index": _index,
+}

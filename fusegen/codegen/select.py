@@ -1,0 +1,259 @@
+"""Instruction selection: stage expressions to NKI instructions, fusing what one instruction can do.
+
+Patterns, tried from the consumer down (an operand pattern is recomputed inside every instruction
+that fuses it, which is free: a bias, a scale or a second scalar op costs no extra pass):
+- `act(t * s + b)`                       -> nisa.activation (Scalar engine; s scalar/[P,1], b [P,1])
+- `sum(act(t * s + b))`                  -> nisa.activation_reduce
+- `(t op0 s0) op1 s1`                    -> nisa.tensor_scalar (s scalar or [P,1])
+- `(t op0 s) op1 u`                      -> nisa.scalar_tensor_tensor (u a tile)
+- `t op u`                               -> nisa.tensor_tensor
+- `max(t)`                               -> nisa.tensor_reduce
+Each materialised value gets a fresh SBUF tile named after a counter; its dtype is f32 unless the
+consumer (a cast, an output, a matmul operand) asks for its own dtype, which the engines write at no cost.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+from fusegen.codegen.stage import Expr, Operand
+
+#: Scalar-engine activation functions by stage op name.
+ACTIVATIONS = {
+    "silu": "nl.silu", "gelu": "nl.gelu", "gelu_tanh": "nl.gelu_apprx_tanh", "relu": "nl.relu",
+    "sigmoid": "nl.sigmoid", "tanh": "nl.tanh", "exp": "nl.exp", "sqrt": "nl.sqrt",
+    "rsqrt": "nl.rsqrt", "abs": "nl.abs", "sign": "nl.sign", "square": "nl.square",
+}  # fmt: skip
+#: ALU ops usable in tensor_scalar / tensor_tensor / scalar_tensor_tensor.
+ALU = {
+    "add": "nl.add", "sub": "nl.subtract", "mul": "nl.multiply", "div": "nl.divide",
+    "maximum": "nl.maximum", "minimum": "nl.minimum", "pow": "nl.power",
+}  # fmt: skip
+COMMUTATIVE = {"add", "mul", "maximum", "minimum"}
+NL_DTYPE = {"bf16": "nl.bfloat16", "f16": "nl.float16", "f32": "nl.float32"}
+
+
+class SelectError(Exception):
+    """An expression no instruction pattern covers."""
+
+
+@dataclass(frozen=True)
+class Layout:
+    """Source text for a stage's tile extent: live partitions/free elements and allocation size."""
+
+    part: str  # e.g. "ph"
+    free: str  # e.g. "rw"
+    free_alloc: str  # allocation free size, e.g. "512" or "K"
+
+
+@dataclass(frozen=True)
+class ScalarOp:
+    """One `op operand` step of a tensor_scalar chain."""
+
+    op: str
+    operand: Operand
+    reverse: bool
+
+
+@dataclass
+class Selector:
+    """Emits NKI source lines for stage expressions, memoising materialised values."""
+
+    layout: Layout
+    prefix: str
+    lines: list[str] = field(default_factory=list)
+    tiles: list[tuple[str, str, str]] = field(default_factory=list)  # (name, kind, dtype) allocated
+    _memo: dict[tuple[int, str], Operand] = field(default_factory=dict)
+
+    def value(self, e: Expr, dtype: str = "f32") -> Operand:
+        """An operand holding `e` (a scalar expression, a leaf, or a freshly computed tile)."""
+        if e.kind == "scalar":
+            return Operand("scalar", e.code, memory="")
+        if e.op == "leaf" and e.leaf is not None and (dtype == e.leaf.dtype or dtype == "f32"):
+            return e.leaf
+        key = (id(e), dtype)
+        if key not in self._memo:
+            self._memo[key] = self._materialise(e, dtype)
+        return self._memo[key]
+
+    # ---- emission ----------------------------------------------------------------------------
+
+    def _alloc(self, kind: str, dtype: str) -> Operand:
+        name = f"{self.prefix}{len(self.tiles)}"
+        self.tiles.append((name, kind, dtype))
+        free_alloc, free = ("1", "1") if kind == "vec" else (self.layout.free_alloc, self.layout.free)
+        self.lines.append(f"{name} = nl.ndarray((P, {free_alloc}), dtype={NL_DTYPE[dtype]}, buffer=nl.sbuf)")
+        return Operand(kind, f"{name}[0:{self.layout.part}, 0:{free}]", dtype=dtype)
+
+    def _emit(self, call: str, **kwargs: str) -> None:
+        args = ", ".join(f"{k}={v}" for k, v in kwargs.items())
+        self.lines.append(f"nisa.{call}({args})")
+
+    def _materialise(self, e: Expr, dtype: str) -> Operand:
+        if e.op == "cast":
+            return self.value(e.args[0], e.dtype if dtype == "f32" else dtype)
+        if e.op == "leaf":
+            return self.copy(self.value(e), e.kind, dtype)
+        if e.op in ACTIVATIONS:
+            return self._activation(e, dtype)
+        if e.op == "sum":
+            return self._activation_reduce(e)
+        if e.op == "max":
+            dst = self._alloc("vec", "f32")
+            src = self.value(e.args[0])
+            self._emit("tensor_reduce", dst=dst.code, op="nl.maximum", data=src.code, axis="(1,)")
+            return dst
+        if e.op in ("neg", "clamp") or e.op in ALU:
+            return self._arith(e, dtype)
+        raise SelectError(f"no NKI instruction pattern for `{e.op}`")
+
+    def copy(self, src: Operand, kind: str, dtype: str) -> Operand:
+        """A fresh tile holding `src` in `dtype`."""
+        dst = self._alloc(kind, dtype)
+        self._emit("tensor_copy", dst=dst.code, src=src.code)
+        return dst
+
+    def _activation(self, e: Expr, dtype: str) -> Operand:
+        data, scale, bias = self._affine(e.args[0])
+        dst = self._alloc(e.kind, dtype)
+        kwargs = {"dst": dst.code, "op": ACTIVATIONS[e.op], "data": data.code}
+        kwargs.update(_affine_kwargs(scale, bias))
+        self._emit("activation", **kwargs)
+        return dst
+
+    def _activation_reduce(self, e: Expr) -> Operand:
+        inner = e.args[0]
+        op, arg = (ACTIVATIONS[inner.op], inner.args[0]) if inner.op in ACTIVATIONS else ("nl.copy", inner)
+        data, scale, bias = self._affine(arg)
+        scratch = self._alloc("tile", "f32")  # the elementwise result is discarded; only the sum is kept
+        dst = self._alloc("vec", "f32")
+        kwargs = {"dst": scratch.code, "op": op, "data": data.code, "reduce_op": "nl.add",
+                  "reduce_res": dst.code}  # fmt: skip
+        kwargs.update(_affine_kwargs(scale, bias))
+        self._emit("activation_reduce", **kwargs)
+        return dst
+
+    def _affine(self, e: Expr) -> tuple[Operand, Operand | None, Operand | None]:
+        """View `e` as `t * scale + bias` for the Scalar engine (bias a [P,1] column)."""
+        bias = None
+        if e.op == "add" and e.kind == "tile":
+            t, b = _split_tile(e)
+            if t is not None and b is not None and b.kind == "vec":
+                e, bias = t, self.value(b)
+        scale = None
+        if e.op == "mul" and e.kind == "tile":
+            t, s = _split_tile(e)
+            if t is not None and s is not None:
+                e, scale = t, self.value(s)
+        return self.value(e), scale, bias
+
+    def _arith(self, e: Expr, dtype: str) -> Operand:
+        chain = self._scalar_chain(e)
+        if chain is not None:
+            base, ops = chain
+            return self._tensor_scalar(base, ops, e.kind, dtype)
+        a, b = e.args
+        if e.op not in ALU:
+            raise SelectError(f"`{e.op}` needs a scalar operand")
+        fused = self._stt(e, a, b, dtype) or self._stt(e, b, a, dtype, reverse=True)
+        if fused is not None:
+            return fused
+        x, y = self._not_both_psum(self.value(a), self.value(b))
+        dst = self._alloc(e.kind, dtype)
+        self._emit("tensor_tensor", dst=dst.code, data1=x.code, data2=y.code, op=ALU[e.op])
+        return dst
+
+    def _stt(self, e: Expr, inner: Expr, other: Expr, dtype: str, reverse: bool = False) -> Operand | None:
+        """`(t op0 s) op other` as one scalar_tensor_tensor, when `inner` is `t op0 s`."""
+        if inner.kind != e.kind or other.kind != e.kind or inner.op not in ALU or inner.op == "pow":
+            return None
+        t, s = _split_tile(inner)
+        if t is None or s is None or (reverse and e.op not in COMMUTATIVE):
+            return None
+        step = self._step(inner, s)
+        data, operand1 = self._not_both_psum(self.value(t), self.value(other))
+        dst = self._alloc(e.kind, dtype)
+        self._emit("scalar_tensor_tensor", dst=dst.code, data=data.code, op0=ALU[step.op],
+                   operand0=step.operand.code, op1=ALU[e.op], operand1=operand1.code,
+                   **({"reverse0": "True"} if step.reverse else {}))  # fmt: skip
+        return dst
+
+    def _scalar_chain(self, e: Expr) -> tuple[Expr, list[ScalarOp]] | None:
+        """`e` as a tile (or column) followed by one or two scalar steps, innermost first."""
+        steps: list[ScalarOp] = []
+        base = e
+        for _ in range(2):
+            step_list = self._scalar_steps(base)
+            if step_list is None or len(steps) + len(step_list[1]) > 2:
+                break
+            base, new = step_list
+            steps = new + steps
+        return (base, steps) if steps else None
+
+    def _scalar_steps(self, e: Expr) -> tuple[Expr, list[ScalarOp]] | None:
+        if e.op == "neg":
+            return e.args[0], [ScalarOp("mul", Operand("scalar", "-1.0", ""), False)]
+        if e.op == "clamp":
+            return None  # clamp is expanded by the checker into maximum/minimum
+        if e.op not in ALU:
+            return None
+        t, s = _split_scalar(e)
+        if t is None or s is None:
+            return None
+        return t, [self._step(e, s)]
+
+    def _step(self, e: Expr, s: Expr) -> ScalarOp:
+        return ScalarOp(e.op, self.value(s), reverse=(e.args[0] is s and e.op not in COMMUTATIVE))
+
+    def _tensor_scalar(self, base: Expr, ops: list[ScalarOp], kind: str, dtype: str) -> Operand:
+        data = self.value(base)
+        dst = self._alloc(kind, dtype)
+        kwargs = {"dst": dst.code, "data": data.code}
+        for i, step in enumerate(ops):
+            kwargs[f"op{i}"] = ALU[step.op]
+            kwargs[f"operand{i}"] = step.operand.code
+            if step.reverse:
+                kwargs[f"reverse{i}"] = "True"
+        self._emit("tensor_scalar", **kwargs)
+        return dst
+
+    def _not_both_psum(self, x: Operand, y: Operand) -> tuple[Operand, Operand]:
+        """Two-tensor instructions may not read PSUM twice: evict one operand to SBUF first."""
+        if x.memory == "psum" and y.memory == "psum":
+            y = self.copy(y, y.kind, "f32")
+        return x, y
+
+
+def _split_tile(e: Expr) -> tuple[Expr | None, Expr | None]:
+    """For a binary `e`, (the operand of e's own kind, the other operand if it is a column/scalar)."""
+    a, b = e.args
+    if a.kind == e.kind and b.kind != e.kind:
+        return a, b
+    if b.kind == e.kind and a.kind != e.kind:
+        return b, a
+    if e.kind == "vec" and b.kind == "scalar":
+        return a, b
+    if e.kind == "vec" and a.kind == "scalar":
+        return b, a
+    return None, None
+
+
+def _split_scalar(e: Expr) -> tuple[Expr | None, Expr | None]:
+    """For a binary `e`, (the tile/column operand, the scalar-like operand usable by tensor_scalar)."""
+    a, b = e.args
+    if e.kind == "tile":
+        return _split_tile(e)
+    if b.kind == "scalar":
+        return a, b
+    if a.kind == "scalar":
+        return b, a
+    return None, None
+
+
+def _affine_kwargs(scale: Operand | None, bias: Operand | None) -> dict[str, str]:
+    kwargs = {}
+    if bias is not None:
+        kwargs["bias"] = bias.code
+    if scale is not None:
+        kwargs["scale"] = scale.code
+    return kwargs

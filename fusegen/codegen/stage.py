@@ -1,0 +1,208 @@
+"""Stage expressions: the elementwise / row-wise part of a kernel, expanded into engine-sized primitives.
+
+A stage works on one tile layout (partitions x free elements). Every value in it is a full tile, a
+per-partition column (`vec`, shape [P, 1]) or a trace-time Python scalar. Built-ins that are not one
+instruction (mean, layernorm, rmsnorm, x ** 2) are expanded here so that instruction selection
+(`select.py`) only sees primitives.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass, field
+
+from fusegen.dsl.ir import Dim, KernelIR, Node
+
+
+@dataclass(frozen=True, eq=False)
+class Operand:
+    """A value the generated code can already name: an access expression plus where it lives."""
+
+    kind: str  # "tile" | "vec" | "scalar"
+    code: str  # e.g. `y1[0:ph, 0:rw]`, `b1_sb[0:ph, hg:hg + 1]`, `eps`
+    memory: str = "sbuf"  # "sbuf" | "psum" ("" for scalars)
+    dtype: str = "f32"
+
+
+@dataclass(eq=False)
+class Expr:
+    """One stage expression; identity is the node (shared subexpressions are the same object)."""
+
+    op: str
+    args: tuple[Expr, ...] = ()
+    kind: str = "tile"  # "tile" | "vec" | "scalar"
+    leaf: Operand | None = None  # op == "leaf"
+    code: str = ""  # op == "scalar": a Python expression
+    dtype: str = "f32"  # op == "cast": the target dtype
+    users: int = field(default=0, compare=False)
+
+
+def scalar(code: str) -> Expr:
+    """A trace-time scalar expression."""
+    return Expr("scalar", kind="scalar", code=code)
+
+
+def dim_code(dim: Dim) -> str:
+    """Python source of a dim's value as a float inside a kernel, where dim `K` is the local `d_K`."""
+    return f"float({dim_source(dim)})" if dim.symbols() else repr(float(dim.eval({})))
+
+
+def dim_source(dim: Dim) -> str:
+    """Python source of a dim's integer value, symbols spelled as kernel locals `d_<name>`."""
+    terms = []
+    for mono, coef in dim.terms:
+        factors = [f"d_{name}" for name in mono]
+        if coef != 1 or not factors:
+            factors.insert(0, str(coef))
+        terms.append(" * ".join(factors))
+    return "(" + " + ".join(terms) + ")" if len(terms) > 1 else (terms[0] if terms else "0")
+
+
+class StageBuilder:
+    """Expands IR nodes of one stage into `Expr`s over given leaves."""
+
+    def __init__(
+        self,
+        ir: KernelIR,
+        leaves: Mapping[int, Operand],
+        kind_of: Callable[[Node], str],
+        free_size: Callable[[Node], Dim],
+    ) -> None:
+        self.ir = ir
+        self.kind_of = kind_of
+        self.free_size = free_size  # size of the reduced (free) axis of a node's operand
+        self.exprs: dict[int, Expr] = {nid: _leaf_expr(op) for nid, op in leaves.items()}
+
+    def expr(self, node_id: int) -> Expr:
+        """The stage expression of IR node `node_id` (built once)."""
+        if node_id not in self.exprs:
+            node = self.ir.node(node_id)
+            built = self._build(node, [self.expr(a) for a in node.args])
+            self.exprs[node_id] = built
+        return self.exprs[node_id]
+
+    def _build(self, node: Node, args: list[Expr]) -> Expr:
+        kind = self.kind_of(node)
+        if kind == "scalar":
+            return scalar(self._scalar_code(node, args))
+        expand = _EXPANSIONS.get(node.op)
+        if expand is not None:
+            return expand(self, node, args)
+        if node.op == "cast":
+            return _mk("cast", args, kind, dtype=node.dtype)
+        return _mk(node.op, args, kind)
+
+    def _scalar_code(self, node: Node, args: list[Expr]) -> str:
+        if node.op == "param":
+            return f"{node.name}_arg"  # the kernel's argument for the param
+        if node.op == "const":
+            return repr(float(node.attr("value")))  # type: ignore[arg-type]
+        if node.op == "dim":
+            return dim_code(node.attr("dim"))  # type: ignore[arg-type]
+        codes = [a.code for a in args]
+        if node.op in _SCALAR_BINARY:
+            return _SCALAR_BINARY[node.op].format(*codes)
+        if node.op in _SCALAR_UNARY:
+            return _SCALAR_UNARY[node.op].format(*codes)
+        if node.op == "pow":
+            return f"({codes[0]} ** {float(node.attr('exponent'))!r})"  # type: ignore[arg-type]
+        if node.op == "cast":
+            return codes[0]
+        raise StageError(node, f"`{node.op}` of scalars is not supported in a kernel")
+
+    def reduce_scale(self, node: Node) -> Expr:
+        """1 / (size of the reduced axis), as a scalar."""
+        return scalar(f"(1.0 / {dim_code(self.free_size(node))})")
+
+
+class StageError(Exception):
+    """A node the stage cannot express (reported as a spec error by the family matcher)."""
+
+    def __init__(self, node: Node, message: str) -> None:
+        super().__init__(message)
+        self.node = node
+        self.message = message
+
+
+def _leaf_expr(op: Operand) -> Expr:
+    return Expr("leaf", kind=op.kind, leaf=op, dtype=op.dtype)
+
+
+def _mk(op: str, args: list[Expr] | tuple[Expr, ...], kind: str, dtype: str = "f32") -> Expr:
+    for a in args:
+        a.users += 1
+    return Expr(op, tuple(args), kind=kind, dtype=dtype)
+
+
+_SCALAR_BINARY = {
+    "add": "({} + {})", "sub": "({} - {})", "mul": "({} * {})", "div": "({} / {})",
+    "maximum": "max({}, {})", "minimum": "min({}, {})",
+}  # fmt: skip
+_SCALAR_UNARY = {"neg": "(-{})", "sqrt": "({} ** 0.5)", "rsqrt": "({} ** -0.5)", "square": "({} ** 2)",
+                 "abs": "abs({})"}  # fmt: skip
+
+
+def _expand_pow(b: StageBuilder, node: Node, args: list[Expr]) -> Expr:
+    exponent = float(node.attr("exponent"))  # type: ignore[arg-type]
+    named = {2.0: "square", 0.5: "sqrt", -0.5: "rsqrt"}.get(exponent)
+    if exponent == 1.0:
+        return args[0]
+    if named:
+        return _mk(named, args, b.kind_of(node))
+    return _mk("pow", [args[0], scalar(repr(exponent))], b.kind_of(node))
+
+
+def _expand_mean(b: StageBuilder, node: Node, args: list[Expr]) -> Expr:
+    total = _mk("sum", args, "vec")
+    return _mk("mul", [total, b.reduce_scale(node)], "vec")
+
+
+def _expand_reduce(b: StageBuilder, node: Node, args: list[Expr]) -> Expr:
+    return _mk(node.op, args, "vec")
+
+
+def _expand_clamp(b: StageBuilder, node: Node, args: list[Expr]) -> Expr:
+    kind, out = b.kind_of(node), args[0]
+    for op, key in (("maximum", "lo"), ("minimum", "hi")):
+        bound = node.attr(key)
+        if bound is not None:
+            out = _mk(op, [out, scalar(repr(float(bound)))], kind)  # type: ignore[arg-type]
+    return out
+
+
+def _expand_layernorm(b: StageBuilder, node: Node, args: list[Expr]) -> Expr:
+    x, eps, *affine = args
+    inv_n = b.reduce_scale(node)
+    neg_mu = _mk("mul", [_mk("sum", [x], "vec"), scalar(f"(-{inv_n.code})")], "vec")
+    centred = _mk("add", [x, neg_mu], "tile")
+    var = _mk("mul", [_mk("sum", [_mk("square", [centred], "tile")], "vec"), inv_n], "vec")
+    return _affine(_mk("mul", [centred, _rstd(var, eps)], "tile"), affine)
+
+
+def _expand_rmsnorm(b: StageBuilder, node: Node, args: list[Expr]) -> Expr:
+    x, eps, *affine = args
+    mean_sq = _mk("mul", [_mk("sum", [_mk("square", [x], "tile")], "vec"), b.reduce_scale(node)], "vec")
+    return _affine(_mk("mul", [x, _rstd(mean_sq, eps)], "tile"), affine)
+
+
+def _rstd(var: Expr, eps: Expr) -> Expr:
+    return _mk("rsqrt", [_mk("add", [var, eps], "vec")], "vec")
+
+
+def _affine(y: Expr, affine: list[Expr]) -> Expr:
+    if affine:
+        y = _mk("mul", [y, affine[0]], "tile")
+    if len(affine) > 1:
+        y = _mk("add", [y, affine[1]], "tile")
+    return y
+
+
+_EXPANSIONS: dict[str, Callable[[StageBuilder, Node, list[Expr]], Expr]] = {
+    "pow": _expand_pow,
+    "mean": _expand_mean,
+    "sum": _expand_reduce,
+    "max": _expand_reduce,
+    "clamp": _expand_clamp,
+    "layernorm": _expand_layernorm,
+    "rmsnorm": _expand_rmsnorm,
+}

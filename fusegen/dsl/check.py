@@ -1,0 +1,104 @@
+"""The checker: a parsed Spec -> a typed KernelIR, reporting every error at once (Exo's TypeChecker style)."""
+
+from __future__ import annotations
+
+import hashlib
+from collections.abc import Sequence
+from typing import TypeVar
+
+from fusegen.dsl import ast, ir
+from fusegen.dsl.constraints import check_lines, declare_requires
+from fusegen.dsl.context import Binding, Context
+from fusegen.dsl.declarations import (
+    claim_names,
+    declare_dims,
+    declare_inputs,
+    declare_outputs,
+    declare_params,
+    kernel_name,
+    owns,
+)
+from fusegen.dsl.diagnostics import Diagnostic, SpecError
+from fusegen.dsl.expressions import value
+from fusegen.dsl.parser import parse
+from fusegen.dsl.source import read_spec
+
+Item = TypeVar("Item")
+#: a statement whose definition failed binds its name to this node id, so uses stay quiet.
+_FAILED = -1
+
+
+def check(spec: ast.Spec) -> ir.KernelIR:
+    """The checked IR of `spec`; raises SpecError listing every error. Warnings are dropped."""
+    return check_with_warnings(spec)[0]
+
+
+def check_with_warnings(spec: ast.Spec) -> tuple[ir.KernelIR, tuple[Diagnostic, ...]]:
+    """The checked IR of `spec` and its warnings; raises SpecError listing every error."""
+    ctx = Context(spec.path)
+    claim_names(ctx, spec.items)
+    name = kernel_name(ctx, _of(spec, ast.KernelDecl))
+    dims = declare_dims(ctx, _of(spec, ast.DimDecl))
+    constraints = declare_requires(ctx, _of(spec, ast.RequireDecl))
+    inputs = declare_inputs(ctx, _of(spec, ast.InputDecl))
+    params = declare_params(ctx, _of(spec, ast.ParamDecl))
+    for statement in _of(spec, ast.Assign):
+        _assign(ctx, statement)
+    outputs = declare_outputs(ctx, _of(spec, ast.OutputDecl))
+    checks = check_lines(ctx, _of(spec, ast.CheckDecl), constraints)
+    _warn_unused(ctx, spec)
+    if ctx.errors:
+        raise SpecError(_in_source_order(ctx.errors), spec.source)
+    kernel = ir.KernelIR(
+        name=name,
+        path=spec.path,
+        source_sha256=hashlib.sha256(spec.source.encode("utf-8")).hexdigest(),
+        dims=dims,
+        constraints=constraints,
+        inputs=inputs,
+        params=params,
+        nodes=tuple(ctx.nodes),
+        outputs=outputs,
+        checks=checks,
+        doc=spec.doc,
+    )
+    return kernel, _in_source_order(ctx.warnings)
+
+
+def load_spec(path: str) -> tuple[ir.KernelIR, tuple[Diagnostic, ...]]:
+    """Read, parse and check the spec file at `path`: its IR and warnings, or SpecError."""
+    return check_with_warnings(parse(read_spec(path), path))
+
+
+def _of(spec: ast.Spec, kind: type[Item]) -> Sequence[Item]:
+    """The spec's items of one kind, in source order."""
+    return [item for item in spec.items if isinstance(item, kind)]
+
+
+def _assign(ctx: Context, statement: ast.Assign) -> None:
+    """Lower one `name = expr` statement and bring `name` into scope for the lines below."""
+    target = statement.target
+    node = value(ctx, statement.value)
+    if not owns(ctx, target):
+        return
+    ctx.pending.pop(target.name, None)
+    if node is not None:
+        ctx.name_node(node, target.name)
+    ctx.scope[target.name] = Binding(_FAILED if node is None else node, "value", target.span)
+
+
+def _warn_unused(ctx: Context, spec: ast.Spec) -> None:
+    """Inputs, params and values nobody reads are legal, but usually a mistake."""
+    for name, binding in ctx.scope.items():
+        if name in ctx.reads or binding.node == _FAILED:
+            continue
+        if binding.kind == "value":
+            ctx.warn(
+                binding.span, f"`{name}` is computed but never used", "use it, or declare it an `output`"
+            )
+        else:
+            ctx.warn(binding.span, f"{binding.kind} `{name}` is never used")
+
+
+def _in_source_order(diagnostics: list[Diagnostic]) -> tuple[Diagnostic, ...]:
+    return tuple(sorted(diagnostics, key=lambda d: (d.span.line, d.span.col)))

@@ -1,0 +1,219 @@
+"""Expressions -> IR nodes, inferring each node's shape and dtype; errors poison a subtree (None)."""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Callable
+from typing import Any
+
+from fusegen.dsl import ast, ir
+from fusegen.dsl.calls import lower_call
+from fusegen.dsl.context import Context
+from fusegen.dsl.diagnostics import Span
+from fusegen.dsl.ir import COMPUTE_DTYPE, Dim, IndexItem, shape_str
+from fusegen.dsl.shapes import (
+    broadcast,
+    broadcast_hint,
+    matmul_hint,
+    matmul_shape,
+    position_problem,
+    slice_problem,
+    to_dim,
+)
+
+_ARITHMETIC = {"+": "add", "-": "sub", "*": "mul", "/": "div"}
+_COMPARISONS = {"<": "lt", "<=": "le", ">": "gt", ">=": "ge", "==": "eq", "!=": "ne"}
+_NOT_NUMBERS = {"inf", "nan", "Inf", "NaN", "infinity"}
+
+
+def value(ctx: Context, expr: ast.Expr) -> int | None:
+    """The node computing `expr`, which must be a number or tensor (comparisons feed only `where`)."""
+    node = lower(ctx, expr)
+    if node is not None and ctx.nodes[node].dtype == "bool":
+        ctx.error(expr.span, "a comparison can only be the condition of `where`", "where(x > 0, x, 0)")
+        return None
+    return node
+
+
+def lower(ctx: Context, expr: ast.Expr) -> int | None:
+    """The node computing `expr`, or None once its errors are reported."""
+    rule: Callable[[Context, Any], int | None] = _RULES[type(expr)]
+    return rule(ctx, expr)
+
+
+def literal_number(expr: ast.Expr) -> float | None:
+    """The value of a (possibly negated) numeric literal, else None."""
+    if isinstance(expr, ast.Number):
+        return expr.value
+    if isinstance(expr, ast.Neg):
+        inner = literal_number(expr.operand)
+        return None if inner is None else -inner
+    return None
+
+
+def elementwise(ctx: Context, op: str, args: tuple[int, ...], span: Span, what: str) -> int | None:
+    """A broadcasting node over `args`; comparisons give bool, all other math f32."""
+    shapes = tuple(ctx.nodes[a].shape for a in args)
+    shape = broadcast(shapes)
+    if shape is None:
+        listed = ", ".join(shape_str(s) for s in shapes[:-1]) + f" and {shape_str(shapes[-1])}"
+        ctx.error(span, f"shapes {listed} do not broadcast in `{what}`", broadcast_hint(shapes))
+        return None
+    dtype = "bool" if op in ir.COMPARE_OPS else COMPUTE_DTYPE
+    return ctx.add_node(op, args, (), shape, dtype, span)
+
+
+def _name(ctx: Context, expr: ast.Name) -> int | None:
+    binding = ctx.scope.get(expr.name)
+    if binding is not None:
+        ctx.reads.add(expr.name)
+        return binding.node if binding.node >= 0 else None  # a negative node: its definition failed
+    if expr.name in ctx.failed:
+        return None
+    if expr.name in ctx.dims:
+        return ctx.add_leaf("dim", "dim", Dim.sym(expr.name), expr.span)
+    later = ctx.pending.get(expr.name)
+    if later is not None and later.line == expr.span.line:
+        ctx.error(
+            expr.span, f"`{expr.name}` is used in its own definition", "a value cannot depend on itself"
+        )
+    elif later is not None:
+        message = f"`{expr.name}` is used before its definition at line {later.line}"
+        ctx.error(expr.span, message, "statements run top to bottom; define values before using them")
+    elif expr.name in _NOT_NUMBERS:
+        ctx.error(expr.span, f"unknown name `{expr.name}`", "numbers in a spec must be finite")
+    else:
+        ctx.unknown_name(expr.span, expr.name)
+    return None
+
+
+def _number(ctx: Context, expr: ast.Number) -> int | None:
+    if not math.isfinite(expr.value):
+        ctx.error(expr.span, f"`{expr.text}` is not a finite number")
+        return None
+    return ctx.add_leaf("const", "value", expr.value, expr.span)
+
+
+def _misplaced_literal(ctx: Context, expr: ast.Bool | ast.NoneLit) -> None:
+    where = "a clamp bound" if isinstance(expr, ast.NoneLit) else "a keyword argument such as `keepdim=true`"
+    ctx.error(expr.span, f"this literal is only allowed as {where}")
+
+
+def _neg(ctx: Context, expr: ast.Neg) -> int | None:
+    if isinstance(expr.operand, ast.Number):  # `-1` is a constant, not an op
+        folded = ast.Number(-expr.operand.value, "-" + expr.operand.text, expr.operand.is_int, expr.span)
+        return _number(ctx, folded)
+    operand = value(ctx, expr.operand)
+    if operand is None:
+        return None
+    return ctx.add_node("neg", (operand,), (), ctx.nodes[operand].shape, COMPUTE_DTYPE, expr.span)
+
+
+def _binop(ctx: Context, expr: ast.BinOp) -> int | None:
+    if expr.op == "%":
+        ctx.error(expr.op_span, "`%` is only allowed in `require` lines")
+        return None
+    lhs, rhs = value(ctx, expr.lhs), value(ctx, expr.rhs)
+    if lhs is None or rhs is None:
+        return None
+    if expr.op == "@":
+        return _matmul(ctx, expr, lhs, rhs)
+    return elementwise(ctx, _ARITHMETIC[expr.op], (lhs, rhs), expr.span, expr.op)
+
+
+def _matmul(ctx: Context, expr: ast.BinOp, lhs: int, rhs: int) -> int | None:
+    a, b = ctx.nodes[lhs], ctx.nodes[rhs]
+    if a.dtype != b.dtype:
+        message = f"dtype clash: `@` operands are {a.dtype} and {b.dtype}"
+        ctx.error(expr.span, message, f"cast one side so both are the same, e.g. `{b.dtype}(...)`")
+        return None
+    shape = matmul_shape(a.shape, b.shape)
+    if shape is None:
+        ctx.error(expr.span, "matmul shapes do not fit", matmul_hint(a.shape, b.shape))
+        return None
+    return ctx.add_node("matmul", (lhs, rhs), (), shape, COMPUTE_DTYPE, expr.span)
+
+
+def _compare(ctx: Context, expr: ast.Compare) -> int | None:
+    if len(expr.ops) > 1:
+        ctx.error(expr.span, "chained comparisons are only allowed in `require` lines")
+        return None
+    lhs, rhs = value(ctx, expr.operands[0]), value(ctx, expr.operands[1])
+    if lhs is None or rhs is None:
+        return None
+    return elementwise(ctx, _COMPARISONS[expr.ops[0]], (lhs, rhs), expr.span, expr.ops[0])
+
+
+def _pow(ctx: Context, expr: ast.Pow) -> int | None:
+    base = value(ctx, expr.base)
+    exponent = literal_number(expr.exponent)
+    if exponent is None or not math.isfinite(exponent):
+        hint = "write the power as a number, e.g. `x ** 2` or `H ** -0.5`"
+        ctx.error(expr.exponent.span, "the exponent of `**` must be a constant number", hint)
+        return None
+    if base is None:
+        return None
+    attrs = (("exponent", float(exponent)),)
+    return ctx.add_node("pow", (base,), attrs, ctx.nodes[base].shape, COMPUTE_DTYPE, expr.span)
+
+
+def _index(ctx: Context, expr: ast.Index) -> int | None:
+    base = value(ctx, expr.base)
+    if base is None:
+        return None
+    source = ctx.nodes[base]
+    if not source.shape:
+        ctx.error(expr.span, "cannot index a scalar")
+        return None
+    if len(expr.items) > len(source.shape):
+        extra = expr.items[len(source.shape)]
+        message = (
+            f"too many indices: {shape_str(source.shape)} has {len(source.shape)} dims, got {len(expr.items)}"
+        )
+        ctx.error(extra.span, message)
+        return None
+    padded = expr.items + (None,) * (len(source.shape) - len(expr.items))  # omitted trailing dims: full
+    items = tuple(_index_item(ctx, item, size) for item, size in zip(padded, source.shape, strict=True))
+    if any(item is None for item in items):
+        return None
+    checked = tuple(item for item in items if item is not None)
+    shape = tuple(i.stop - i.start for i in checked if i.kind == "slice" and i.stop is not None)
+    return ctx.add_node("index", (base,), (("index", checked),), shape, source.dtype, expr.span)
+
+
+def _index_item(ctx: Context, item: ast.Expr | ast.Slice | None, size: Dim) -> IndexItem | None:
+    """One dim of an index, bounds-checked as far as the fixed dims allow."""
+    fixed = {name: d.value for name, d in ctx.dims.items() if d.value is not None}
+    if item is None:
+        return IndexItem("slice", Dim.const(0), size)
+    if isinstance(item, ast.Slice):
+        start = Dim.const(0) if item.start is None else to_dim(ctx, item.start)
+        stop = size if item.stop is None else to_dim(ctx, item.stop)
+        if start is None or stop is None:
+            return None
+        problem = slice_problem(start, stop, size, fixed)
+        result = IndexItem("slice", start, stop)
+    else:
+        position = to_dim(ctx, item)
+        if position is None:
+            return None
+        problem = position_problem(position, size, fixed)
+        result = IndexItem("at", position)
+    if problem:
+        ctx.error(item.span, problem)
+        return None
+    return result
+
+
+_RULES: dict[type, Callable[[Context, Any], int | None]] = {
+    ast.Name: _name,
+    ast.Number: _number,
+    ast.Bool: _misplaced_literal,
+    ast.NoneLit: _misplaced_literal,
+    ast.Neg: _neg,
+    ast.BinOp: _binop,
+    ast.Compare: _compare,
+    ast.Pow: _pow,
+    ast.Index: _index,
+    ast.Call: lower_call,
+}

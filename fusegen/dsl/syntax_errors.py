@@ -1,0 +1,140 @@
+"""Lark's parse errors rewritten as human diagnostics: what was expected, in words, never terminal names."""
+
+from __future__ import annotations
+
+import re
+from collections.abc import Mapping
+
+from lark.exceptions import UnexpectedCharacters, UnexpectedInput, UnexpectedToken
+
+from fusegen.dsl.diagnostics import Diagnostic, Span
+
+#: how each terminal is named in a message (string terminals such as `kernel` speak for themselves).
+_TERMINAL_WORDS = {
+    "NAME": "a name",
+    "NUMBER": "a number",
+    "_NL": "end of line",
+    "$END": "end of file",
+    "TRUE": "`true`",
+    "FALSE": "`false`",
+    "NONE": "`None`",
+    "MUL_OP": "`*`, `/`, `@` or `%`",
+    "COMPARE_OP": "a comparison",
+}
+#: terminals that can start an expression; when all are expected we just say "an expression".
+_EXPRESSION_START = frozenset({"NAME", "NUMBER", "LPAR"})
+_EXPRESSION_WORDS = frozenset({"NAME", "NUMBER", "LPAR", "MINUS", "TRUE", "FALSE", "NONE"})
+#: terminals that continue an expression; when several are expected we just say "an operator".
+_OPERATORS = frozenset({"PLUS", "MINUS", "MUL_OP", "__ANON_0", "COMPARE_OP", "LSQB"})
+_LINE_END = frozenset({"_NL", "$END"})
+_DECLARATION_HINT = (
+    "each line is `kernel NAME`, `dim`, `require`, `input`, `param`, `[optional] output`, `check`, "
+    "or `name = expression`"
+)
+_CHARACTER_HINTS = {
+    "?": "an optional output is written `optional output NAME: dtype[dims]`",
+    ";": "write one item per line",
+    '"': "the spec language has no strings",
+    "'": "the spec language has no strings",
+    "\t": None,
+}
+#: the spec's tokens, roughly, for finding the token before an error.
+_ROUGH_TOKEN = re.compile(r"\*\*|[<>=!]=|[A-Za-z_]\w*|\d+\.?\d*(?:[eE][+-]?\d+)?|\S")
+
+
+def syntax_error(err: UnexpectedInput, text: str, path: str, literals: Mapping[str, str]) -> Diagnostic:
+    """One diagnostic for a Lark parse error in `text`; `literals` maps string terminals to their text."""
+    if isinstance(err, UnexpectedToken):
+        return _unexpected_token(err, text, path, literals)
+    if isinstance(err, UnexpectedCharacters):
+        return _unexpected_character(err, text, path)
+    line, col = max(err.line, 1), max(err.column, 1)  # UnexpectedEOF: we always end input with "\n"
+    return Diagnostic(Span(path, line, col, line, col + 1), "unexpected end of file")
+
+
+def _unexpected_character(err: UnexpectedCharacters, text: str, path: str) -> Diagnostic:
+    char = err.char
+    shown = f"`{char}`" if char.isprintable() and char != "`" else f"U+{ord(char):04X}"
+    hint = _CHARACTER_HINTS.get(char)
+    if hint is None and not char.isascii():
+        hint = "names, numbers and operators are ASCII; other characters may appear only in comments"
+    span = Span(path, err.line, err.column, err.line, err.column + 1)
+    return Diagnostic(span, f"unexpected character {shown}", hint=hint)
+
+
+def _unexpected_token(err: UnexpectedToken, text: str, path: str, literals: Mapping[str, str]) -> Diagnostic:
+    token = err.token
+    line, col = _token_position(err, text)
+    expected = _acceptable(err)
+    prefix = text.split("\n")[line - 1][: col - 1] if line >= 1 else ""
+    span = Span(
+        path, line, col, line, col + max(1, len(str(token))) if token.type not in _LINE_END else col + 1
+    )
+    if token.type in _LINE_END:
+        return _early_line_end(expected, prefix, span, literals)
+    described = _describe_token(token.type, str(token))
+    message = f"unexpected {described}; expected {_expected(expected, literals)}"
+    first_on_line = len(_ROUGH_TOKEN.findall(prefix)) == 1
+    hint = _DECLARATION_HINT if first_on_line and expected <= {"EQUAL"} else None
+    return Diagnostic(span, message, hint=hint)
+
+
+def _acceptable(err: UnexpectedToken) -> set[str]:
+    """Terminals that could really come next; LALR's `expected` includes lookaheads of merged states."""
+    if err.interactive_parser is None:
+        return set(err.expected)
+    return set(err.interactive_parser.accepts()) or set(err.expected)
+
+
+def _early_line_end(expected: set[str], prefix: str, span: Span, literals: Mapping[str, str]) -> Diagnostic:
+    """The line ended before the item did: a dangling operator or an unclosed bracket."""
+    words = _ROUGH_TOKEN.findall(prefix)
+    if expected >= _EXPRESSION_START and words:
+        return Diagnostic(span, f"expected an expression after `{words[-1]}`")
+    for opener, closer in (("(", "RPAR"), ("[", "RSQB")):
+        where = _unclosed(prefix, opener)
+        if closer in expected and where is not None:
+            at = Span(span.path, span.line, where + 1, span.line, where + 2)
+            return Diagnostic(at, f"unterminated `{opener}`", hint="close it on the same line")
+    return Diagnostic(span, f"unexpected end of line; expected {_expected(expected, literals)}")
+
+
+def _unclosed(prefix: str, opener: str) -> int | None:
+    """Offset of the innermost bracket `opener` left open in `prefix`, if any."""
+    stack: list[tuple[str, int]] = []
+    for pos, ch in enumerate(prefix.split("#")[0]):
+        if ch in "([":
+            stack.append((ch, pos))
+        elif ch in ")]" and stack:
+            stack.pop()
+    return stack[-1][1] if stack and stack[-1][0] == opener else None
+
+
+def _token_position(err: UnexpectedToken, text: str) -> tuple[int, int]:
+    """Line and column of the offending token; Lark gives `$END` no position of its own."""
+    if err.token.type == "$END" or err.line < 1:
+        lines = text.split("\n")
+        return len(lines), len(lines[-1]) + 1
+    return err.line, err.column
+
+
+def _describe_token(kind: str, value: str) -> str:
+    if kind == "NAME":
+        return f"name `{value}`"
+    if kind == "NUMBER":
+        return f"number `{value}`"
+    return _TERMINAL_WORDS.get(kind) or f"`{value}`"
+
+
+def _expected(expected: set[str], literals: Mapping[str, str]) -> str:
+    """`an expression`, `a name or `=``, ... from a set of terminal names."""
+    words: set[str] = set()
+    if expected >= _EXPRESSION_START:
+        expected = expected - _EXPRESSION_WORDS
+        words.add("an expression")
+    if len(expected & _OPERATORS) > 1:
+        expected = expected - _OPERATORS
+        words.add("an operator")
+    words |= {_TERMINAL_WORDS.get(kind) or f"`{literals.get(kind, kind)}`" for kind in expected}
+    ordered = sorted(words)
+    return ordered[0] if len(ordered) == 1 else ", ".join(ordered[:-1]) + " or " + ordered[-1]

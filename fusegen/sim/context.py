@@ -1,0 +1,67 @@
+"""Per-program-instance interpreter state, reachable from the executing thread."""
+
+from __future__ import annotations
+
+import threading
+from typing import TYPE_CHECKING
+
+import torch
+
+from .errors import SimError, fault
+from .targets import TARGETS, Target
+
+if TYPE_CHECKING:
+    from .launch import Launch
+    from .memory import Alloc
+    from .trace import Record
+
+_tls = threading.local()
+# Target used outside a launch (e.g. nl.tile_size read at import time); set by installed().
+default_target: list[Target] = [TARGETS["trn2"]]
+
+
+class Context:
+    """State of one program instance (one core): trace, barrier epoch, engine registers, allocations."""
+
+    def __init__(self, core: int, launch: Launch) -> None:
+        self.core = core
+        self.launch = launch
+        self.target: Target = launch.target
+        self.strict: bool = launch.strict
+        self.records: list[Record] = []
+        self.sites: list[tuple[str, int]] = []  # source line of every started instruction
+        self.epoch = 0
+        self.regs: dict[str, torch.Tensor] = {}
+        self.allocs: list[Alloc] = []  # on-chip allocations, for interval liveness
+        self.shared_count = 0  # shared_hbm allocations so far (matched across instances by order)
+
+    def reduce_regs(self, engine: str) -> torch.Tensor:
+        """The engine's 128 fp32 accumulation registers (zero at start)."""
+        regs = self.regs.get(engine)
+        if regs is None:
+            regs = self.regs[engine] = torch.zeros(self.target.partitions, dtype=torch.float32)
+        return regs
+
+
+def current() -> Context:
+    """The running instance's context; an error outside a kernel launch."""
+    ctx = getattr(_tls, "ctx", None)
+    if ctx is None:
+        raise fault(SimError, "nki", "called outside a kernel launched through @nki.jit")
+    return ctx
+
+
+def current_or_none() -> Context | None:
+    """The running instance's context, if any."""
+    return getattr(_tls, "ctx", None)
+
+
+def set_current(ctx: Context | None) -> None:
+    """Bind (or unbind) this thread to an instance."""
+    _tls.ctx = ctx
+
+
+def active_target() -> Target:
+    """The running launch's target, else the installed default."""
+    ctx = current_or_none()
+    return ctx.target if ctx is not None else default_target[-1]

@@ -1,0 +1,85 @@
+"""Simulator exceptions; each names the kernel source line that caused it."""
+
+from __future__ import annotations
+
+import os
+import sys
+
+_SIM_DIR = os.path.dirname(os.path.abspath(__file__)) + os.sep
+
+
+class SimError(Exception):
+    """Base class of every fault the interpreter detects."""
+
+
+class PartitionError(SimError):
+    """A tile spans more partitions than the hardware has."""
+
+
+class MatmulShapeError(SimError):
+    """nc_matmul operands exceed the PE array or the PSUM bank."""
+
+
+class EngineMemoryError(SimError):
+    """An engine touched a memory it cannot access."""
+
+
+class OutOfBoundsError(SimError):
+    """A view or access reaches outside its allocation."""
+
+
+class ShapeMismatchError(SimError):
+    """Operand element counts do not agree."""
+
+
+class CapacityError(SimError):
+    """SBUF or PSUM usage exceeds the target's capacity."""
+
+
+class UninitializedReadError(SimError):
+    """An instruction read memory that was never written."""
+
+
+class AccumulateError(SimError):
+    """PSUM accumulation onto data no matmul wrote."""
+
+
+class DtypeError(SimError):
+    """An operand dtype the instruction does not accept."""
+
+
+class RaceError(SimError):
+    """Two cores touched the same shared-HBM elements between barriers."""
+
+
+class InvalidArgumentError(SimError):
+    """A parameter value or combination the API rejects."""
+
+
+class BarrierError(SimError):
+    """Program instances disagree on core_barrier calls."""
+
+
+class UnsupportedError(SimError):
+    """A legal NKI feature this interpreter does not model."""
+
+
+class UninitializedReadWarning(UserWarning):
+    """Non-strict mode: a read of never-written memory."""
+
+
+def user_site() -> tuple[str, int]:
+    """File and line of the innermost stack frame outside the simulator package."""
+    frame = sys._getframe(1)
+    while frame.f_code.co_filename.startswith(_SIM_DIR):
+        back = frame.f_back
+        if back is None:
+            break
+        frame = back
+    return frame.f_code.co_filename, frame.f_lineno
+
+
+def fault(cls: type[SimError], op: str, detail: str, site: tuple[str, int] | None = None) -> SimError:
+    """Build an exception whose message starts with 'file:line: op:'."""
+    file, line = site if site is not None else user_site()
+    return cls(f"{file}:{line}: {op}: {detail}")

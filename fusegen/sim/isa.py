@@ -1,0 +1,54 @@
+"""`nki.isa` (nisa): the instruction set, enums and version query, bound to the interpreter."""
+
+from __future__ import annotations
+
+from .context import active_target, current
+from .errors import InvalidArgumentError, SimError
+from .instr import Instr
+from .isa_compute import (  # noqa: F401 -- the public nisa surface
+    activation,
+    activation_reduce,
+    bn_aggr,
+    bn_stats,
+    reciprocal,
+    scalar_tensor_tensor,
+    tensor_reduce,
+    tensor_scalar,
+    tensor_tensor,
+)
+from .isa_matmul import nc_matmul  # noqa: F401
+from .isa_move import dma_copy, dma_transpose, iota, memset, nc_transpose, tensor_copy  # noqa: F401
+from .memory import MemoryRegion
+from .operands import engine_name
+from .ops import dge_mode, dma_engine, engine, matmul_perf_mode, nc_version, oob_mode, reduce_cmd  # noqa: F401
+from .tensor import NkiTensor
+
+NkiValidationError = SimError
+tensor_engine = engine.tensor
+vector_engine = engine.vector
+scalar_engine = engine.scalar
+gpsimd_engine = engine.gpsimd
+unknown_engine = engine.unknown
+
+
+def get_nc_version() -> nc_version:
+    """NeuronCore generation of the active target."""
+    return nc_version(active_target().nc_version)
+
+
+def core_barrier(data: NkiTensor, cores: tuple[int, ...], engine: object = engine.gpsimd,
+                 name: object = None) -> None:
+    """Block until every listed core arrives; starts a new race-detection epoch."""
+    ins = Instr("core_barrier", engine_name(engine, "gpsimd", ("gpsimd", "vector", "scalar", "sync"),
+                                            "core_barrier"))
+    t = ins.tensor(data, "data")
+    if t.alloc.region is not MemoryRegion.shared_hbm:
+        raise ins.fail(InvalidArgumentError, f"data must be in shared HBM, got {t.alloc.region.value}")
+    grid = ins.ctx.launch.grid
+    if not set(range(grid)) <= set(cores):  # type: ignore[arg-type]
+        raise ins.fail(InvalidArgumentError, f"cores={cores} must include every core of the launch "
+                       f"{tuple(range(grid))}")
+    ins.finish(0, 0)
+    ctx = current()
+    ctx.launch.barrier.wait(ctx.core, ins)
+    ctx.epoch += 1

@@ -1,0 +1,108 @@
+"""nc_matmul: dst[M,N] (+)= stationary[K,M].T @ moving[K,N] on the Tensor engine, with PSUM flags."""
+
+from __future__ import annotations
+
+import torch
+
+from .errors import AccumulateError, DtypeError, EngineMemoryError, MatmulShapeError, UnsupportedError
+from .instr import Instr
+from .memory import MemoryRegion
+from .ops import matmul_perf_mode
+from .tensor import NkiTensor
+
+_FP32_ONLY_WITH = (torch.float32,)
+
+
+def _check_operands(ins: Instr, d: NkiTensor, st: NkiTensor, mv: NkiTensor) -> None:
+    """Memories, PE-array limits, PSUM bank, dtypes."""
+    for t, role in ((st, "stationary"), (mv, "moving")):
+        if t.alloc.region is not MemoryRegion.sbuf:
+            raise ins.fail(EngineMemoryError, f"{role} must be in SBUF, got {t.alloc.region.value}")
+    if d.alloc.region is not MemoryRegion.psum:
+        raise ins.fail(EngineMemoryError, f"dst must be in PSUM, got {d.alloc.region.value}")
+    tgt = ins.ctx.target
+    k, m, n = st.partitions, st.free_size, mv.free_size
+    if mv.partitions != k or k > tgt.matmul_k_max:
+        raise ins.fail(MatmulShapeError, f"contraction (partition) sizes stationary {k}, moving "
+                       f"{mv.partitions}: must be equal and <= {tgt.matmul_k_max}")
+    if m > tgt.matmul_m_max:
+        raise ins.fail(MatmulShapeError, f"stationary free size {m} > {tgt.matmul_m_max}")
+    if n > tgt.matmul_n_max:
+        raise ins.fail(MatmulShapeError, f"moving free size {n} > {tgt.matmul_n_max}")
+    if d.partitions != m or d.free_size != n:
+        raise ins.fail(MatmulShapeError, f"dst {d.shape} must be [M={m}, N={n}]")
+    if d.dtype != torch.float32 and not (tgt.nc_version >= 4 and d.dtype == torch.bfloat16):
+        raise ins.fail(DtypeError, f"dst dtype {d.dtype}: PSUM matmul output is fp32")
+    if (st.dtype in _FP32_ONLY_WITH) != (mv.dtype in _FP32_ONLY_WITH):
+        raise ins.fail(DtypeError, f"fp32 inputs only pair with fp32: stationary {st.dtype}, moving {mv.dtype}")
+    _check_bank(ins, d)
+
+
+def _check_bank(ins: Instr, d: NkiTensor) -> int:
+    """The dst must sit inside one 2 KiB PSUM bank; returns the bank index within its tile."""
+    bank_bytes = ins.ctx.target.psum_bank_bytes
+    lo, hi = d.free_byte_range()
+    if lo // bank_bytes != hi // bank_bytes:
+        raise ins.fail(MatmulShapeError, f"dst bytes {lo}..{hi} of each partition straddle a {bank_bytes}-byte "
+                       f"PSUM bank boundary ({d.alloc.label()})")
+    return lo // bank_bytes
+
+
+def _flag_state(d: NkiTensor) -> str:
+    """'clear', 'set' or 'mixed': do the dst elements hold matmul data?"""
+    alloc = d.alloc
+    if not alloc.mm_any:
+        return "clear"
+    if d.key in alloc.mm_full:
+        return "set"
+    flags = d.materialize(alloc.mm)
+    if bool(flags.all()):
+        return "set"
+    return "mixed" if bool(flags.any()) else "clear"
+
+
+def _accumulate(ins: Instr, d: NkiTensor, product: torch.Tensor, accumulate: object) -> bool:
+    """Overwrite / add per the 'holds matmul data' flags (nki.md §4); True if PSUM was read."""
+    alloc = d.alloc
+    assert alloc.mm is not None
+    if accumulate not in (None, True, False):
+        raise ins.fail(UnsupportedError, f"accumulate={accumulate!r}: use None, True or False")
+    state = "clear" if accumulate is False else _flag_state(d)
+    if accumulate is True and state != "set":
+        flags = d.materialize(alloc.mm)
+        raise ins.fail(AccumulateError, f"accumulate=True onto {int((~flags).sum())} PSUM elements no "
+                       f"matmul has written since they were last overwritten ({alloc.label()})")
+    out = d.materialize()
+    if state == "set":
+        out.add_(product)
+    elif state == "clear":
+        out.copy_(product)
+    else:
+        out.copy_(torch.where(d.materialize(alloc.mm), out + product, product))
+    d.materialize(alloc.mm).fill_(True)
+    alloc.mm_any = True
+    alloc.mm_full.add(d.key)
+    ins.mark_written(d)
+    return state != "clear"
+
+
+def nc_matmul(dst: NkiTensor, stationary: NkiTensor, moving: NkiTensor, is_stationary_onezero: bool = False,
+              is_moving_onezero: bool = False, is_transpose: bool = False, accumulate: object = None,
+              tile_position: object = (), tile_size: object = (), perf_mode: object = matmul_perf_mode.none,
+              name: object = None) -> None:
+    """dst[M,N] (+)= stationary[K,M].T @ moving[K,N], fp32 accumulation in PSUM."""
+    ins = Instr("nc_matmul", "tensor")
+    d, st, mv = ins.tensor(dst, "dst"), ins.tensor(stationary, "stationary"), ins.tensor(moving, "moving")
+    if is_transpose or tile_position or tile_size or perf_mode is not matmul_perf_mode.none:
+        raise ins.fail(UnsupportedError, "is_transpose / tile_position / tile_size / perf_mode are not modelled")
+    _check_operands(ins, d, st, mv)
+    k = st.partitions
+    # bf16/fp16 products are exact in fp32, so an fp32 matmul on upcast operands is faithful
+    a = ins.read_f32(st, "stationary").reshape(k, st.free_size)
+    b = ins.read_f32(mv, "moving").reshape(k, mv.free_size)
+    product = (a.t() @ b).reshape(d.shape)
+    if _accumulate(ins, d, product, accumulate):
+        ins.bytes[4] += d.numel * d.dtype.itemsize  # accumulation reads PSUM
+    ins.account(d, "w", 1)
+    bank = _check_bank(ins, d)
+    ins.finish(d.partitions, mv.free_size, psum_bank=bank)

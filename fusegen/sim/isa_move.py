@@ -1,0 +1,148 @@
+"""Data-movement instructions: DMA copy/transpose, tensor_copy, memset, iota, nc_transpose."""
+
+from __future__ import annotations
+
+import math
+
+import torch
+
+from .errors import DtypeError, InvalidArgumentError, PartitionError, ShapeMismatchError, UnsupportedError
+from .instr import Instr
+from .memory import MemoryRegion
+from .operands import PSUM, start
+from .ops import dge_mode as DgeMode
+from .ops import engine as Engine
+from .ops import oob_mode as OobMode
+from .tensor import NkiTensor
+
+_VECTOR_LIKE = ("vector", "gpsimd", "scalar")
+
+
+def _dma_operands(ins: Instr, dst: object, src: object) -> tuple[NkiTensor, NkiTensor]:
+    """DMA moves HBM/SBUF data only; PSUM is unreachable."""
+    d, s = ins.tensor(dst, "dst"), ins.tensor(src, "src")
+    ins.forbid(d, PSUM, "dst", "DMA cannot access PSUM; evict with tensor_copy/activation first")
+    ins.forbid(s, PSUM, "src", "DMA cannot access PSUM; evict with tensor_copy/activation first")
+    return d, s
+
+
+def _dma_mode(ins: Instr, dge: object, engine: object, d: NkiTensor, s: NkiTensor) -> None:
+    """hwdge rules: NeuronCore-v3+, equal dtypes; `engine` only with hwdge (sync or scalar)."""
+    if dge is DgeMode.hwdge:
+        if not ins.ctx.target.supports_hwdge:
+            raise ins.fail(InvalidArgumentError, f"dge_mode=hwdge needs NeuronCore-v3+, target is "
+                           f"{ins.ctx.target.name}")
+        if d.dtype != s.dtype:
+            raise ins.fail(DtypeError, f"hwdge copies raw bytes: dst {d.dtype} != src {s.dtype}")
+        if engine not in (Engine.unknown, Engine.sync, Engine.scalar):
+            raise ins.fail(InvalidArgumentError, f"engine={engine} with hwdge: use engine.sync or engine.scalar")
+    elif engine is not Engine.unknown:
+        raise ins.fail(InvalidArgumentError, f"engine={engine} is only valid with dge_mode=hwdge")
+
+
+def _elems(t: NkiTensor) -> tuple[int, int]:
+    """(partitions, elements per partition) as reported in the trace."""
+    return (t.partitions, t.free_size) if t.alloc.on_chip else (1, t.numel)
+
+
+def dma_copy(dst: NkiTensor, src: NkiTensor, priority: object = None, oob_mode: object = OobMode.error,
+             dge_mode: object = DgeMode.unknown, engine: object = Engine.unknown, name: object = None) -> None:
+    """dst = src between HBM and SBUF (reshaping copy; dtype cast via fp32 unless hwdge)."""
+    ins = Instr("dma_copy", "dma")
+    d, s = _dma_operands(ins, dst, src)
+    _dma_mode(ins, dge_mode, engine, d, s)
+    if d.numel != s.numel:
+        raise ins.fail(ShapeMismatchError, f"dst {d.shape} has {d.numel} elements, src {s.shape} has {s.numel}")
+    ins.write(d, ins.read(s, "src"))
+    ins.finish(*_elems(d if d.alloc.on_chip else s))
+
+
+def dma_transpose(dst: NkiTensor, src: NkiTensor, axes: object = None, priority: object = None,
+                  dge_mode: object = DgeMode.unknown, oob_mode: object = OobMode.error, name: object = None) -> None:
+    """dst = src permuted by `axes` (default: reversed), into SBUF."""
+    ins = Instr("dma_transpose", "dma")
+    d, s = _dma_operands(ins, dst, src)
+    if d.alloc.region is not MemoryRegion.sbuf:
+        raise ins.fail(InvalidArgumentError, f"dst must be in SBUF, got {d.alloc.region.value}")
+    perm = tuple(range(s.ndim))[::-1] if axes is None else tuple(axes)  # type: ignore[call-overload]
+    if perm not in ((1, 0), (2, 1, 0), (3, 1, 2, 0)) or len(perm) != s.ndim:
+        raise ins.fail(UnsupportedError, f"axes={perm} for a {s.ndim}-D src (supported: (1,0), (2,1,0), (3,1,2,0))")
+    if d.dtype != s.dtype:
+        raise ins.fail(DtypeError, f"dst {d.dtype} != src {s.dtype}")
+    want = tuple(s.shape[p] for p in perm)
+    if d.shape != want:
+        raise ins.fail(ShapeMismatchError, f"dst shape {d.shape} must equal permuted src shape {want}")
+    ins.write(d, ins.read(s, "src").permute(perm))
+    ins.finish(*_elems(d))
+
+
+def tensor_copy(dst: NkiTensor, src: NkiTensor, engine: object = Engine.unknown, name: object = None) -> None:
+    """dst = src on-chip (bit-exact for equal dtypes, else via fp32)."""
+    ins = start("tensor_copy", engine, "vector", _VECTOR_LIKE)
+    d, s = ins.tensor(dst, "dst"), ins.tensor(src, "src")
+    ins.on_chip((d, "dst"), (s, "src"))
+    if ins.engine == "gpsimd":
+        ins.forbid(d, PSUM, "dst", "GpSimd cannot access PSUM")
+        ins.forbid(s, PSUM, "src", "GpSimd cannot access PSUM")
+    if ins.engine == "scalar" and ins.ctx.target.nc_version < 3:
+        raise ins.fail(InvalidArgumentError, "trn1 Scalar engine has no tensor_copy; use activation(op=nl.copy)")
+    ins.same_layout(d, s, "dst/src")
+    value = ins.read(s, "src")
+    ins.write(d, value if value.dtype == d.dtype else value.float())
+    ins.finish(d.partitions, d.free_size)
+
+
+def memset(dst: NkiTensor, value: object, engine: object = Engine.unknown, name: object = None) -> None:
+    """Fill dst with a constant (an int for integer tensors)."""
+    ins = start("memset", engine, "vector", ("vector", "gpsimd"))
+    d = ins.tensor(dst, "dst")
+    ins.on_chip((d, "dst"))
+    if ins.engine == "gpsimd":
+        ins.forbid(d, PSUM, "dst", "GpSimd cannot access PSUM")
+    if not d.dtype.is_floating_point and not float(value).is_integer():  # type: ignore[arg-type]
+        raise ins.fail(DtypeError, f"value {value!r} does not fit integer dtype {d.dtype}")
+    ins.write(d, torch.full(d.shape, float(value), dtype=torch.float32))  # type: ignore[arg-type]
+    ins.finish(d.partitions, d.free_size)
+
+
+def iota(dst: NkiTensor, pattern: list[list[int]], offset: int = 0, channel_multiplier: int = 0,
+         name: object = None) -> None:
+    """dst[p, ...] = offset + p*channel_multiplier + sum(index_i * step_i) (int32 arithmetic)."""
+    ins = Instr("iota", "gpsimd")
+    d = ins.tensor(dst, "dst")
+    if d.alloc.region is not MemoryRegion.sbuf:
+        raise ins.fail(InvalidArgumentError, f"dst must be in SBUF, got {d.alloc.region.value}")
+    counts = [int(c) for _, c in pattern]
+    if math.prod(counts) != d.free_size:
+        raise ins.fail(ShapeMismatchError, f"pattern covers {math.prod(counts)} elements, dst has "
+                       f"{d.free_size} per partition")
+    values = torch.full((d.partitions, *counts), int(offset), dtype=torch.int64)
+    values += (torch.arange(d.partitions) * int(channel_multiplier)).reshape(-1, *[1] * len(counts))
+    for axis, (step, count) in enumerate(pattern):
+        shape = [1] * (len(counts) + 1)
+        shape[axis + 1] = int(count)
+        values += (torch.arange(int(count)) * int(step)).reshape(shape)
+    ins.write(d, values if not d.dtype.is_floating_point else values.float())
+    ins.finish(d.partitions, d.free_size)
+
+
+def nc_transpose(dst: NkiTensor, data: NkiTensor, engine: object = Engine.unknown, name: object = None) -> None:
+    """Swap partition and (flattened) free dims: Tensor engine <=128x128 into PSUM, Vector <=32x32."""
+    d, s = dst, data
+    default = "tensor" if isinstance(d, NkiTensor) and d.alloc.region is MemoryRegion.psum else "vector"
+    ins = start("nc_transpose", engine, default, ("tensor", "vector"))
+    d, s = ins.tensor(dst, "dst"), ins.tensor(data, "data")
+    ins.on_chip((d, "dst"), (s, "data"))
+    limit = 128 if ins.engine == "tensor" else 32
+    if ins.engine == "tensor":
+        ins.forbid(s, PSUM, "data", "the Tensor engine reads SBUF")
+        ins.forbid(d, (MemoryRegion.sbuf,), "dst", "the Tensor engine writes PSUM")
+    if s.partitions > limit or s.free_size > limit:
+        raise ins.fail(PartitionError, f"{ins.engine} transpose is limited to [{limit}, {limit}], got "
+                       f"[{s.partitions}, {s.free_size}]")
+    if d.dtype != s.dtype:
+        raise ins.fail(DtypeError, f"dst {d.dtype} != data {s.dtype}")
+    if (d.partitions, d.free_size) != (s.free_size, s.partitions):
+        raise ins.fail(ShapeMismatchError, f"dst {d.shape} must be [{s.free_size}, {s.partitions}]")
+    ins.write(d, ins.read(s, "data").reshape(s.partitions, s.free_size).t())
+    ins.finish(d.partitions, d.free_size)

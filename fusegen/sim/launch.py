@@ -1,0 +1,238 @@
+"""Kernel launch: @nki.jit objects, program instances in threads, shared HBM, core barriers."""
+
+from __future__ import annotations
+
+import functools
+import threading
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from typing import Any
+
+import numpy as np
+import torch
+
+from .context import Context, set_current
+from .errors import BarrierError, SimError, UninitializedReadError, UninitializedReadWarning
+from .instr import Instr
+from .liveness import check_instance
+from .memory import Alloc, MemoryRegion
+from .race import RaceTracker
+from .targets import Target, get_target
+from .tensor import NkiTensor
+from .trace import Trace
+
+
+class CoreBarrier:
+    """A reusable barrier that fails (instead of hanging) when an instance errors or exits early."""
+
+    def __init__(self, parties: int) -> None:
+        self.parties = parties
+        self.cond = threading.Condition()
+        self.arrived = 0
+        self.generation = 0
+        self.broken: str | None = None
+        self.finished: list[int] = []
+
+    def wait(self, core: int, ins: Instr) -> None:
+        """Block until all parties arrive."""
+        with self.cond:
+            gen = self.generation
+            self.arrived += 1
+            if self.arrived == self.parties:
+                self.arrived, self.generation = 0, gen + 1
+                self.cond.notify_all()
+                return
+            while self.generation == gen and self.broken is None and not self.finished:
+                self.cond.wait()
+            if self.generation != gen:
+                return
+            why = self.broken or f"core(s) {self.finished} finished without reaching it"
+            raise ins.fail(BarrierError, f"core {core} waits at barrier #{gen}, but {why}")
+
+    def abort(self, reason: str) -> None:
+        """Release every waiter with an error."""
+        with self.cond:
+            self.broken = self.broken or reason
+            self.cond.notify_all()
+
+    def finish(self, core: int) -> None:
+        """An instance returned; anyone still waiting can never be released."""
+        with self.cond:
+            self.finished.append(core)
+            self.cond.notify_all()
+
+
+@dataclass
+class RunResult:
+    """Outputs, trace and per-instance statistics of one launch."""
+
+    outputs: Any
+    trace: Trace
+    stats: dict[str, Any] = field(default_factory=dict)
+
+
+class Launch:
+    """One kernel launch over `grid` program instances sharing HBM."""
+
+    def __init__(self, grid: int, target: Target, strict: bool) -> None:
+        self.grid = grid
+        self.target = target
+        self.strict = strict
+        self.contexts = [Context(core, self) for core in range(grid)]
+        self.shared: list[Alloc] = []
+        self.lock = threading.Lock()
+        self.barrier = CoreBarrier(grid)
+
+    def hbm_input(self, tensor: torch.Tensor, name: str, site: tuple[str, int]) -> NkiTensor:
+        """Copy a caller tensor into shared HBM (written back after the run only if the kernel wrote it)."""
+        alloc = Alloc(tuple(tensor.shape), tensor.dtype, MemoryRegion.shared_hbm, name, site, source=tensor)
+        self._track(alloc)
+        return NkiTensor.whole(alloc)
+
+    def shared_alloc(self, ctx: Context, shape: tuple[int, ...], dtype: torch.dtype, name: str,
+                     site: tuple[str, int]) -> Alloc:
+        """The n-th shared_hbm allocation of every instance is the same tensor."""
+        index = ctx.shared_count
+        ctx.shared_count += 1
+        with self.lock:
+            if index == len(self.shared):
+                alloc = Alloc(shape, dtype, MemoryRegion.shared_hbm, name, site)
+                self._track(alloc)
+                self.shared.append(alloc)
+            alloc = self.shared[index]
+        if (alloc.shape, alloc.dtype) != (shape, dtype):
+            raise SimError(f"{site[0]}:{site[1]}: ndarray: shared_hbm allocation #{index} is {shape} {dtype} on "
+                           f"core {ctx.core} but {alloc.shape} {alloc.dtype} on another core")
+        return alloc
+
+    def _track(self, alloc: Alloc) -> None:
+        """Shared tensors of multi-core launches get race tracking."""
+        if self.grid > 1:
+            alloc.race = RaceTracker(alloc.numel, self.grid)
+
+    def run(self, fn: Callable[..., Any], args: tuple[Any, ...], kwargs: dict[str, Any]) -> RunResult:
+        """Execute every instance, then collect outputs, trace and statistics."""
+        site = (fn.__code__.co_filename, fn.__code__.co_firstlineno)
+        args = tuple(_to_hbm(self, a, f"arg{i}", site) for i, a in enumerate(args))
+        kwargs = {k: _to_hbm(self, v, k, site) for k, v in kwargs.items()}
+        results: list[Any] = [None] * self.grid
+        errors: list[BaseException] = []
+
+        def body(core: int) -> None:
+            ctx = self.contexts[core]
+            set_current(ctx)
+            try:
+                results[core] = fn(*args, **kwargs)
+                self.barrier.finish(core)
+            except BaseException as exc:
+                errors.append(exc)
+                self.barrier.abort(f"core {core} failed: {type(exc).__name__}")
+            finally:
+                set_current(None)
+
+        if self.grid == 1:
+            body(0)
+        else:
+            self._run_threads(body)
+        if errors:
+            raise next((e for e in errors if not isinstance(e, BarrierError)), errors[0])
+        stats = {"grid": self.grid, "target": self.target.name,
+                 "cores": [check_instance(ctx) for ctx in self.contexts]}
+        outputs = _outputs(results[0], site, self.strict)
+        self._write_back(args, kwargs)
+        records = [r for ctx in self.contexts for r in ctx.records]
+        return RunResult(outputs, Trace(records), stats)
+
+    def _run_threads(self, body: Callable[[int], None]) -> None:
+        """One thread per instance; torch runs single-threaded meanwhile so instances overlap, not contend."""
+        threads = [threading.Thread(target=body, args=(c,), name=f"nki-core{c}") for c in range(self.grid)]
+        torch_threads = torch.get_num_threads()
+        torch.set_num_threads(1)
+        try:
+            for t in threads:
+                t.start()
+            for t in threads:
+                t.join()
+        finally:
+            torch.set_num_threads(torch_threads)
+
+    @staticmethod
+    def _write_back(args: tuple[Any, ...], kwargs: dict[str, Any]) -> None:
+        """Inputs the kernel wrote are copied back to the caller's tensors (like nki.simulate)."""
+        for a in [*args, *kwargs.values()]:
+            if isinstance(a, NkiTensor) and a.alloc.dirty and a.alloc.source is not None:
+                a.alloc.source.copy_(a.alloc.data.reshape(a.alloc.source.shape))
+
+
+def _to_hbm(launch: Launch, value: Any, name: str, site: tuple[str, int]) -> Any:
+    """Tensors (torch or numpy) become shared HBM tensors; tuples are converted element-wise."""
+    if isinstance(value, np.ndarray):
+        value = torch.from_numpy(value)
+    if isinstance(value, torch.Tensor):
+        if value.device.type != "cpu":
+            raise SimError(f"{site[0]}:{site[1]}: launch: argument {name} is on {value.device}, not the CPU")
+        return launch.hbm_input(value, name, site)
+    if isinstance(value, tuple | list):
+        return tuple(_to_hbm(launch, v, f"{name}[{i}]", site) for i, v in enumerate(value))
+    return value
+
+
+def _outputs(value: Any, site: tuple[str, int], strict: bool) -> Any:
+    """Returned shared_hbm tensors as torch tensors of their dtype."""
+    if value is None or isinstance(value, int | float | str):
+        return value
+    if isinstance(value, tuple | list):
+        return tuple(_outputs(v, site, strict) for v in value)
+    if not isinstance(value, NkiTensor) or value.alloc.region is not MemoryRegion.shared_hbm:
+        raise SimError(f"{site[0]}:{site[1]}: return: kernel outputs must be nl.shared_hbm tensors, got {value!r}")
+    if not value.alloc.all_written and not bool(value.materialize(value.alloc.written).all()):
+        detail = f"{site[0]}:{site[1]}: return: output {value.alloc.label()} has never-written elements"
+        if strict:
+            raise UninitializedReadError(detail)
+        import warnings
+
+        warnings.warn(detail, UninitializedReadWarning, stacklevel=4)
+    return value.materialize().clone()
+
+
+class Kernel:
+    """A @nki.jit kernel bound to an interpreter configuration; `k(args)` or `k[grid](args)`."""
+
+    def __init__(self, fn: Callable[..., Any], target: str, strict: bool, options: dict[str, Any]) -> None:
+        functools.update_wrapper(self, fn)
+        self.fn = fn
+        self.target = target
+        self.strict = strict
+        self.options = options
+        self.last_run: RunResult | None = None
+
+    def __call__(self, *args: Any, **kwargs: Any) -> Any:
+        return self.launch(1, args, kwargs).outputs
+
+    def __getitem__(self, grid: Any) -> Callable[..., Any]:
+        return lambda *args, **kwargs: self.launch(_grid_size(grid), args, kwargs).outputs
+
+    def launch(self, grid: int, args: tuple[Any, ...], kwargs: dict[str, Any], target: str | None = None,
+               strict: bool | None = None) -> RunResult:
+        """Run with `grid` instances; the result is also kept as `last_run`."""
+        tgt = get_target(target or self.target)
+        result = Launch(grid, tgt, self.strict if strict is None else strict).run(self.fn, args, kwargs)
+        self.last_run = result
+        return result
+
+
+def _grid_size(grid: Any) -> int:
+    """A launch grid: an int or a 1-tuple."""
+    if isinstance(grid, tuple) and len(grid) == 1:
+        grid = grid[0]
+    if not isinstance(grid, int) or grid < 1:
+        raise SimError(f"launch grid must be a positive int (LNC degree), got {grid!r}")
+    return grid
+
+
+def run(kernel: Kernel | Callable[..., Any], *args: Any, grid: int = 1, target: str | None = None,
+        strict: bool | None = None, **kwargs: Any) -> RunResult:
+    """Launch `kernel` (a @nki.jit kernel or a plain function) and return outputs, trace and stats."""
+    if not isinstance(kernel, Kernel):
+        kernel = Kernel(kernel, target or "trn2", True if strict is None else strict, {})
+    return kernel.launch(_grid_size(grid), args, kwargs, target=target, strict=strict)

@@ -1,0 +1,69 @@
+"""Argument decoding shared by the nisa instructions: engines, ops, scalar-or-vector operands."""
+
+from __future__ import annotations
+
+import torch
+
+from .errors import InvalidArgumentError, ShapeMismatchError
+from .instr import Instr
+from .memory import MemoryRegion
+from .ops import Op, engine
+from .tensor import NkiTensor
+
+PSUM = (MemoryRegion.psum,)
+HBM = (MemoryRegion.private_hbm, MemoryRegion.shared_hbm)
+
+
+def engine_name(value: object, default: str, allowed: tuple[str, ...], op: str) -> str:
+    """Resolve an `engine=` argument (unknown -> default) and validate it."""
+    if value is None or value is engine.unknown:
+        return default
+    if not isinstance(value, engine) or value.value not in allowed:
+        from .errors import fault
+
+        raise fault(InvalidArgumentError, op, f"engine={value} not allowed; choose from {allowed}")
+    return value.value
+
+
+def start(op: str, engine_value: object, default: str, allowed: tuple[str, ...]) -> Instr:
+    """Begin an instruction on the resolved engine."""
+    return Instr(op, engine_name(engine_value, default, allowed, op))
+
+
+def require_op(ins: Instr, op: object, role: str, arity: int | None = None) -> Op:
+    """Validate an op constant (and its arity)."""
+    if not isinstance(op, Op):
+        raise ins.fail(InvalidArgumentError, f"{role} must be an nl op constant (e.g. nl.add), got {op!r}")
+    if arity is not None and op.arity != arity:
+        kind = "binary ALU" if arity == 2 else "unary activation"
+        raise ins.fail(InvalidArgumentError, f"{role}={op!r} is not a {kind} op")
+    return op
+
+
+def as_rows(ins: Instr, t: NkiTensor, role: str) -> torch.Tensor:
+    """Read `t` as fp32 [partitions, elements per partition]."""
+    return ins.read_f32(t, role).reshape(t.partitions, t.free_size)
+
+
+def scalar_or_column(ins: Instr, value: object, partitions: int, role: str) -> torch.Tensor | float:
+    """A Python number, or a [P,1] tensor read as fp32 [P,1] that broadcasts along free dims."""
+    if isinstance(value, bool) or value is None:
+        raise ins.fail(InvalidArgumentError, f"{role} must be a number or a [P,1] tensor, got {value!r}")
+    if isinstance(value, int | float):
+        return float(value)
+    t = ins.tensor(value, role)
+    ins.on_chip((t, role))
+    if t.partitions != partitions or t.free_size != 1:
+        raise ins.fail(ShapeMismatchError, f"{role} must be [{partitions}, 1] (one value per partition), "
+                       f"got {t.shape}")
+    return ins.read_f32(t, role).reshape(partitions, 1)
+
+
+def apply(op: Op, a: torch.Tensor | float, b: torch.Tensor | float, reverse: bool = False) -> torch.Tensor:
+    """`a op b` (or `b op a` when reverse) in fp32 with broadcasting."""
+    x, y = (b, a) if reverse else (a, b)
+    if not isinstance(x, torch.Tensor):
+        x = torch.tensor(x, dtype=torch.float32)
+    if not isinstance(y, torch.Tensor):
+        y = torch.tensor(y, dtype=torch.float32)
+    return op.fn(x, y)

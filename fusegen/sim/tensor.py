@@ -1,0 +1,191 @@
+"""NkiTensor: a strided view (shape, element strides, offset) onto one allocation's storage."""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Sequence
+from typing import Any
+
+import torch
+
+from . import dtypes
+from .errors import InvalidArgumentError, OutOfBoundsError, UnsupportedError, fault
+from .memory import Alloc, MemoryRegion
+
+
+def contiguous_strides(shape: Sequence[int]) -> tuple[int, ...]:
+    """Row-major element strides for a shape."""
+    strides = []
+    step = 1
+    for n in reversed(shape):
+        strides.append(step)
+        step *= n
+    return tuple(reversed(strides))
+
+
+class NkiTensor:
+    """A view of an allocation; views share storage, so writes through any view are seen by all."""
+
+    __slots__ = ("alloc", "offset", "shape", "strides")
+
+    def __init__(self, alloc: Alloc, shape: tuple[int, ...], strides: tuple[int, ...], offset: int) -> None:
+        self.alloc = alloc
+        self.shape = shape
+        self.strides = strides
+        self.offset = offset
+
+    @classmethod
+    def whole(cls, alloc: Alloc) -> NkiTensor:
+        """A view covering the full allocation."""
+        return cls(alloc, alloc.shape, contiguous_strides(alloc.shape), 0)
+
+    # ---- metadata -------------------------------------------------------------------------------
+    @property
+    def dtype(self) -> torch.dtype:
+        """Element dtype (a torch dtype)."""
+        return self.alloc.dtype
+
+    @property
+    def buffer(self) -> MemoryRegion:
+        """Memory region of the underlying allocation."""
+        return self.alloc.region
+
+    @property
+    def name(self) -> str:
+        """Allocation name."""
+        return self.alloc.name
+
+    @property
+    def ndim(self) -> int:
+        """Number of dimensions."""
+        return len(self.shape)
+
+    @property
+    def partitions(self) -> int:
+        """Size of dim 0 (the partition dim on chip)."""
+        return self.shape[0] if self.shape else 1
+
+    @property
+    def free_size(self) -> int:
+        """Elements per partition."""
+        return math.prod(self.shape[1:])
+
+    @property
+    def numel(self) -> int:
+        """Total element count."""
+        return math.prod(self.shape)
+
+    def __repr__(self) -> str:
+        return f"NkiTensor(shape={self.shape}, alloc={self.alloc.label()})"
+
+    @property
+    def key(self) -> tuple[tuple[int, ...], tuple[int, ...], int]:
+        """(shape, strides, offset): identifies the addressed elements."""
+        return self.shape, self.strides, self.offset
+
+    def materialize(self, base: torch.Tensor | None = None) -> torch.Tensor:
+        """A torch view of the storage (or of a same-sized mask) with this view's layout."""
+        return torch.as_strided(self.alloc.data if base is None else base, self.shape, self.strides, self.offset)
+
+    def free_byte_range(self) -> tuple[int, int]:
+        """First and last byte touched within a partition row (on-chip views)."""
+        start = self.offset % self.alloc.pstride
+        span = sum((n - 1) * s for n, s in zip(self.shape[1:], self.strides[1:], strict=True) if n > 0)
+        size = self.alloc.dtype.itemsize
+        return start * size, (start + span) * size + size - 1
+
+    # ---- indexing --------------------------------------------------------------------------------
+    def __getitem__(self, key: Any) -> NkiTensor:
+        keys = key if isinstance(key, tuple) else (key,)
+        if any(k is Ellipsis for k in keys):
+            at = keys.index(Ellipsis)
+            fill = (slice(None),) * (len(self.shape) - len(keys) + 1)
+            keys = keys[:at] + fill + keys[at + 1:]
+        if len(keys) > len(self.shape):
+            raise fault(OutOfBoundsError, "index", f"{len(keys)} indices for a {len(self.shape)}-D tensor")
+        shape: list[int] = []
+        strides: list[int] = []
+        offset = self.offset
+        for dim, (n, s) in enumerate(zip(self.shape, self.strides, strict=True)):
+            k = keys[dim] if dim < len(keys) else slice(None)
+            if isinstance(k, slice):
+                start, count, step = _slice_bounds(k, n, dim)
+                offset += start * s
+                shape.append(count)
+                strides.append(s * step)
+            elif isinstance(k, int):
+                if not -n <= k < n:
+                    raise fault(OutOfBoundsError, "index", f"index {k} out of range for dim {dim} of size {n}")
+                offset += (k % n) * s
+                if dim == 0 and self.alloc.on_chip:  # the partition dim is kept (size 1)
+                    shape.append(1)
+                    strides.append(s)
+            else:
+                raise fault(UnsupportedError, "index", f"unsupported index {k!r} (use ints and slices)")
+        return NkiTensor(self.alloc, tuple(shape), tuple(strides), offset)
+
+    def __setitem__(self, key: Any, value: Any) -> None:
+        raise fault(UnsupportedError, "setitem", "assign through nisa instructions (e.g. nisa.tensor_copy)")
+
+    def ap(self, pattern: list[list[int]], offset: int | None = None, scalar_offset: Any = None,
+           vector_offset: Any = None, indirect_dim: int = 0, dtype: Any = None) -> NkiTensor:
+        """Address the underlying storage with explicit [[stride, count], ...] pairs."""
+        if scalar_offset is not None or vector_offset is not None:
+            raise fault(UnsupportedError, "ap", "indirect (scalar_offset/vector_offset) access is not modelled")
+        if dtype is not None and dtypes.to_torch(dtype) != self.dtype:
+            raise fault(UnsupportedError, "ap", "dtype reinterpretation is not modelled")
+        if not pattern or any(len(pair) != 2 for pair in pattern):
+            raise fault(InvalidArgumentError, "ap", f"pattern must be [[stride, count], ...], got {pattern}")
+        strides = tuple(int(p[0]) for p in pattern)
+        shape = tuple(int(p[1]) for p in pattern)
+        view = NkiTensor(self.alloc, shape, strides, self.offset + (offset or 0))
+        view.check_extent("ap")
+        return view
+
+    def reshape(self, shape: Sequence[int]) -> NkiTensor:
+        """Reinterpret a contiguous view with a new shape (same element count)."""
+        shape = tuple(int(n) for n in shape)
+        if math.prod(shape) != self.numel:
+            raise fault(OutOfBoundsError, "reshape", f"cannot reshape {self.shape} to {shape}")
+        if self.strides != contiguous_strides(self.shape) and self.numel > 1:
+            raise fault(UnsupportedError, "reshape", f"view {self.shape} is not contiguous")
+        return NkiTensor(self.alloc, shape, contiguous_strides(shape), self.offset)
+
+    def check_extent(self, op: str) -> None:
+        """Raise OutOfBoundsError unless every addressed element lies inside the allocation."""
+        if any(n < 0 for n in self.shape) or any(s < 0 for s in self.strides):
+            raise fault(UnsupportedError, op, f"negative counts/strides are not modelled: {self.strides}")
+        if 0 in self.shape:
+            return
+        last = self.offset + sum((n - 1) * s for n, s in zip(self.shape, self.strides, strict=True))
+        if self.offset < 0 or last >= self.alloc.numel:
+            raise fault(OutOfBoundsError, op, f"elements {self.offset}..{last} outside {self.alloc.label()} "
+                        f"({self.alloc.numel} elements)")
+        if self.alloc.on_chip:
+            self._check_partition_layout(op)
+
+    def _check_partition_layout(self, op: str) -> None:
+        """On-chip patterns: dim 0 steps whole partitions and free dims stay inside one partition row."""
+        pstride = self.alloc.pstride
+        if self.shape[0] > 1 and self.strides[0] != pstride:
+            raise fault(OutOfBoundsError, op, f"partition stride {self.strides[0]} must equal the "
+                        f"per-partition element count {pstride} of {self.alloc.label()}")
+        lo, hi = self.free_byte_range()
+        if hi >= pstride * self.alloc.dtype.itemsize:
+            raise fault(OutOfBoundsError, op, f"free-dim access reaches byte {hi} of a "
+                        f"{pstride * self.alloc.dtype.itemsize}-byte partition row of {self.alloc.label()}")
+
+
+def _slice_bounds(k: slice, n: int, dim: int) -> tuple[int, int, int]:
+    """Start, count and step of a slice; an out-of-range bound is an error, never a silent clamp."""
+    step = 1 if k.step is None else k.step
+    if step <= 0:
+        raise fault(UnsupportedError, "index", f"slice step {step} (only positive steps are modelled)")
+    start = 0 if k.start is None else k.start
+    stop = n if k.stop is None else k.stop
+    start = start + n if start < 0 else start
+    stop = stop + n if stop < 0 else stop
+    if not 0 <= start <= n or not 0 <= stop <= n:
+        raise fault(OutOfBoundsError, "index", f"slice {k.start}:{k.stop} out of range for dim {dim} of size {n}")
+    count = max(0, (stop - start + step - 1) // step)
+    return start, count, step

@@ -1,0 +1,91 @@
+"""Instruction trace: one compact record per executed instruction, totals and Chrome trace export."""
+
+from __future__ import annotations
+
+import json
+from collections import defaultdict
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+# An operand: (role 'r'/'w', allocation id, memory region, shape, dtype name)
+Operand = tuple[str, int, str, tuple[int, ...], str]
+BYTE_FIELDS = ("hbm_read", "hbm_write", "sbuf_read", "sbuf_write", "psum_read", "psum_write")
+
+
+@dataclass(slots=True)
+class Record:
+    """One instruction: enough for a cost model (engine, op, sizes, dtypes, bytes, alloc dependencies)."""
+
+    index: int  # program order within its core
+    core: int
+    engine: str
+    op: str
+    operands: tuple[Operand, ...]
+    partitions: int
+    elems: int  # elements per partition of the main operand
+    hbm_read: int
+    hbm_write: int
+    sbuf_read: int
+    sbuf_write: int
+    psum_read: int
+    psum_write: int
+    psum_bank: int | None  # absolute bank of a matmul/PSUM destination (after bank assignment)
+    file: str
+    line: int
+    epoch: int  # core_barrier generation
+
+    def to_dict(self) -> dict[str, Any]:
+        """Plain-dict form."""
+        return {name: getattr(self, name) for name in self.__dataclass_fields__}
+
+
+class Trace:
+    """All records of one launch, ordered by (core, index)."""
+
+    def __init__(self, records: list[Record]) -> None:
+        self.records = records
+
+    def __len__(self) -> int:
+        return len(self.records)
+
+    def __iter__(self):  # type: ignore[no-untyped-def]
+        return iter(self.records)
+
+    def totals(self) -> dict[str, dict[str, int]]:
+        """Per-engine totals: instruction count, elements, bytes per memory level."""
+        out: dict[str, dict[str, int]] = defaultdict(lambda: dict.fromkeys(("count", "elems", *BYTE_FIELDS), 0))
+        for rec in self.records:
+            row = out[rec.engine]
+            row["count"] += 1
+            row["elems"] += rec.partitions * rec.elems
+            for name in BYTE_FIELDS:
+                row[name] += getattr(rec, name)
+        return dict(out)
+
+    def op_counts(self) -> dict[str, int]:
+        """Instruction count per op name."""
+        counts: dict[str, int] = defaultdict(int)
+        for rec in self.records:
+            counts[rec.op] += 1
+        return dict(counts)
+
+    def summary(self) -> str:
+        """Human-readable per-engine table."""
+        header = f"{'engine':<8}{'instrs':>8}{'elems':>14}" + "".join(f"{n:>13}" for n in BYTE_FIELDS)
+        lines = [header]
+        for engine, row in sorted(self.totals().items()):
+            lines.append(f"{engine:<8}{row['count']:>8}{row['elems']:>14}"
+                         + "".join(f"{row[n]:>13}" for n in BYTE_FIELDS))
+        lines.append(f"{len(self.records)} instructions; ops: "
+                     + ", ".join(f"{op}={n}" for op, n in sorted(self.op_counts().items())))
+        return "\n".join(lines)
+
+    def to_chrome_json(self, path: str | Path) -> None:
+        """Write Chrome trace-event JSON; timestamps are instruction indices until a cost model exists."""
+        events = [
+            {"name": rec.op, "cat": rec.engine, "ph": "X", "ts": rec.index, "dur": 1, "pid": rec.core,
+             "tid": rec.engine, "args": {k: v for k, v in rec.to_dict().items() if k not in ("op", "engine")}}
+            for rec in self.records
+        ]
+        Path(path).write_text(json.dumps({"traceEvents": events, "displayTimeUnit": "ns"}))
