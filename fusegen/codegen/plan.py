@@ -24,25 +24,32 @@ class PlannedBuffer:
 
 @dataclass(frozen=True)
 class TilePlan:
-    """The chosen tiling of one kernel at one shape, with its budget and the reasons for it."""
+    """The chosen tiling of one kernel at one shape, its budget, traffic and the reasons for it.
 
+    Family-neutral: a family's tile sizes go in `tiles`, anything else worth showing in `summary`.
+    """
+
+    family: str
     target: str
     lnc: int
     dims: tuple[tuple[str, int], ...]
-    rows_per_core: int
-    s: int  # row super-block
-    ci: int  # intermediate chunk
-    k_tiles: int  # contraction tiles of 128
-    k_out_chunks: int  # down-projection output chunks of 512 (one PSUM bank)
-    superblocks: tuple[int, ...]  # per core
+    tiles: tuple[tuple[str, int], ...]  # e.g. (("S", 1024), ("CI", 512))
     buffers: tuple[PlannedBuffer, ...]
     sbuf_bytes: int
     sbuf_budget: int
     psum_banks: int
     psum_budget: int
-    weight_bytes_streamed: int
-    weight_bytes: int
+    hbm_bytes: tuple[tuple[str, int], ...]  # modelled HBM traffic by kind, e.g. weights streamed
+    summary: tuple[tuple[str, str], ...]  # further pre-formatted rows for plan.md
     reasons: tuple[str, ...]
+
+    def tile(self, name: str) -> int:
+        """The tile size `name`."""
+        return dict(self.tiles)[name]
+
+    def traffic(self, kind: str) -> int:
+        """Modelled HBM bytes of `kind`."""
+        return dict(self.hbm_bytes)[kind]
 
 
 def plan_ffn(model: fb.FfnModel, target: Target, lnc: int, dims: dict[str, int], roles: tuple[str, str, str]) -> TilePlan:
@@ -60,15 +67,21 @@ def plan_ffn(model: fb.FfnModel, target: Target, lnc: int, dims: dict[str, int],
     core_rows = [max(0, min(per_core, rows - c * per_core)) for c in range(lnc)]
     superblocks = tuple(fb.cdiv(r, s) for r in core_rows)
     weight_bytes = (model.n_up + 1) * k * i * model.x_bytes
+    streamed = weight_bytes * sum(superblocks)
     buffers = tuple(PlannedBuffer(b.name, "sbuf", b.bytes, b.copies) for b in fb.buffers(model, s, ci, k, i))
     psum = PlannedBuffer("matmul accumulators (one bank each)", "psum", 2048, banks)
+    summary = (
+        ("rows per core", str(per_core)),
+        ("super-blocks per core", ", ".join(str(n) for n in superblocks)),
+        ("K tiles (128) / output chunks (512)", f"{fb.cdiv(k, fb.P)} / {fb.cdiv(k, fb.F_MOV)}"),
+        ("weight bytes streamed", f"{streamed:,} ({streamed / weight_bytes:.0f}x the {weight_bytes:,} B of weights)"),
+    )  # fmt: skip
     return TilePlan(
-        target=target.name, lnc=lnc, dims=tuple(sorted(dims.items())), rows_per_core=per_core, s=s, ci=ci,
-        k_tiles=fb.cdiv(k, fb.P), k_out_chunks=fb.cdiv(k, fb.F_MOV), superblocks=superblocks,
-        buffers=(*buffers, psum), sbuf_bytes=fb.sbuf_bytes(model, s, ci, k, i), sbuf_budget=budget,
-        psum_banks=banks, psum_budget=target.psum_banks,
-        weight_bytes_streamed=weight_bytes * sum(superblocks), weight_bytes=weight_bytes,
-        reasons=_reasons(model, budget, s, ci, k, i, per_core),
+        family="ffn", target=target.name, lnc=lnc, dims=tuple(sorted(dims.items())),
+        tiles=(("S", s), ("CI", ci)), buffers=(*buffers, psum),
+        sbuf_bytes=fb.sbuf_bytes(model, s, ci, k, i), sbuf_budget=budget, psum_banks=banks,
+        psum_budget=target.psum_banks, hbm_bytes=(("weights streamed", streamed), ("weights", weight_bytes)),
+        summary=summary, reasons=_reasons(model, budget, s, ci, k, i, per_core),
     )  # fmt: skip
 
 

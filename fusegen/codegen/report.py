@@ -31,15 +31,10 @@ def _rows(p: TilePlan) -> PlanRows:
     dims = " ".join(f"{k}={v}" for k, v in p.dims)
     summary = (
         ("target, LNC", f"{p.target}, {p.lnc}"),
-        ("rows per core", str(p.rows_per_core)),
-        ("row super-block S", str(p.s)),
-        ("intermediate chunk CI", str(p.ci)),
-        ("K tiles (128) / output chunks (512)", f"{p.k_tiles} / {p.k_out_chunks}"),
-        ("super-blocks per core", ", ".join(str(n) for n in p.superblocks)),
+        *((f"tile {name}", str(value)) for name, value in p.tiles),
         ("SBUF per partition", f"{_kib(p.sbuf_bytes)} of {_kib(p.sbuf_budget)} ({_pct(p.sbuf_bytes, p.sbuf_budget)})"),
         ("PSUM banks", f"{p.psum_banks} of {p.psum_budget}"),
-        ("weight bytes streamed", f"{p.weight_bytes_streamed:,} ({p.weight_bytes_streamed / p.weight_bytes:.0f}x "
-                                  f"the {p.weight_bytes:,} B of weights)"),
+        *p.summary,
     )  # fmt: skip
     budget = {"sbuf": p.sbuf_budget, "psum": p.psum_budget * 2048}
     buffers = tuple(

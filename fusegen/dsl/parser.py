@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 import functools
 import re
 from typing import Any
@@ -18,6 +19,8 @@ from fusegen.dsl.syntax_errors import syntax_error
 MAX_SPEC_CHARS = 100_000
 #: deeper bracket nesting than this is garbage, and would overflow Python's recursion limit later.
 MAX_NESTING = 50
+#: the same for expression trees: `x + x + ... + x` with more terms nests as deep.
+MAX_DEPTH = 100
 
 
 @functools.cache
@@ -49,6 +52,11 @@ def parse(text: str, path: str) -> ast.Spec:
         raise SpecError([syntax_error(err, text, path, _literals())], text) from None
     except RecursionError:
         raise _file_error(path, text, "the spec nests too deeply to compile") from None
+    for item in items:
+        if _depth(item) > MAX_DEPTH:
+            message = f"this line nests more than {MAX_DEPTH} operations deep"
+            hint = "split it into several statements"
+            raise SpecError([Diagnostic(item.span, message, hint=hint)], text)
     end = text.count("\n") + 1
     return ast.Spec(path, text, tuple(items), leading_comment(text), Span(path, 1, 1, end, 1))
 
@@ -63,11 +71,29 @@ def _reject_unparseable(text: str, path: str) -> None:
     if nul >= 0:
         raise SpecError([Diagnostic(_span_at(text, nul, path), "NUL byte in the spec")], text)
     depth = 0
-    for pos, ch in enumerate(text):
+    for pos, ch in enumerate(_without_comments(text)):
         depth += (ch in "([") - (ch in ")]")
         if depth > MAX_NESTING:
             message = f"brackets nest more than {MAX_NESTING} deep"
             raise SpecError([Diagnostic(_span_at(text, pos, path), message)], text)
+
+
+def _without_comments(text: str) -> str:
+    """`text` with comment bodies blanked out, offsets unchanged."""
+    return re.sub(r"#[^\n]*", lambda match: " " * len(match[0]), text)
+
+
+def _depth(node: object) -> int:
+    """How deeply AST `node` nests (iteratively: the point is to avoid deep recursion)."""
+    deepest, stack = 0, [(node, 1)]
+    while stack:
+        current, depth = stack.pop()
+        deepest = max(deepest, depth)
+        for field in dataclasses.fields(current):  # type: ignore[arg-type]
+            value = getattr(current, field.name)
+            children = value if isinstance(value, tuple) else (value,)
+            stack += [(child, depth + 1) for child in children if dataclasses.is_dataclass(child)]
+    return deepest
 
 
 def _file_error(path: str, text: str, message: str, hint: str | None = None) -> SpecError:

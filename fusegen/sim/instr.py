@@ -17,7 +17,7 @@ from .errors import (
     UninitializedReadWarning,
 )
 from .memory import MemoryRegion
-from .tensor import NkiTensor
+from .tensor import NkiTensor, contiguous_strides
 from .trace import Record
 
 _REGION_LEVEL = {MemoryRegion.sbuf: 1, MemoryRegion.psum: 2,
@@ -96,20 +96,26 @@ class Instr:
         target.copy_(dtypes.cast_for_store(value, alloc.dtype).reshape(t.shape))
         self.mark_written(t)
         if alloc.mm_any and not matmul:  # non-matmul writes end an accumulation group
-            t.materialize(alloc.mm).fill_(False)
+            t.materialize(alloc.matmul_flags()).fill_(False)
             alloc.mm_full.clear()
         self.account(t, "w", 1)
 
     def mark_written(self, t: NkiTensor) -> None:
-        """Set the written mask over `t`."""
+        """Set the written mask over `t` (a write of the whole allocation needs no mask)."""
         alloc = t.alloc
         alloc.dirty = True
         alloc.shadow = None
-        if not alloc.all_written:
-            t.materialize(alloc.written).fill_(True)
-            alloc.known_written.add(t.key)
-            if t.numel >= alloc.numel:
-                alloc.all_written = bool(alloc.written.all())
+        if alloc.all_written:
+            return
+        if t.numel == alloc.numel and t.key == (alloc.shape, contiguous_strides(alloc.shape), 0):
+            alloc.all_written = True
+            alloc.written = None
+            return
+        mask = alloc.written_mask()
+        t.materialize(mask).fill_(True)
+        alloc.known_written.add(t.key)
+        if t.numel >= alloc.numel:
+            alloc.all_written = bool(mask.all())
 
     def account(self, t: NkiTensor, role: str, write: int) -> None:
         """Bytes per memory level, liveness bounds and the operand list."""
@@ -122,17 +128,17 @@ class Instr:
         self.operands.append((role, alloc.id, alloc.region.value, t.shape, str(alloc.dtype)[6:]))
 
     def _check_initialized(self, t: NkiTensor, role: str) -> None:
-        """Reads of never-written elements: error, or a warning when strict=False."""
-        mask = t.materialize(t.alloc.written)
-        if bool(mask.all()):
+        """Reads of never-written elements: error, or a warning (and NaN data) when strict=False."""
+        missing = unwritten_count(t)
+        if not missing:
             t.alloc.known_written.add(t.key)
             return
-        missing = int((~mask).sum())
         detail = f"{role} reads {missing} of {t.numel} never-written elements of {t.alloc.label()}"
         if self.ctx.strict:
             raise self.fail(UninitializedReadError, detail)
         warnings.warn(f"{self.site[0]}:{self.site[1]}: {self.op}: {detail}", UninitializedReadWarning,
                       stacklevel=4)
+        t.alloc.poison_unwritten()
 
     def _track_race(self, t: NkiTensor, write: bool) -> None:
         """Raise RaceError when another core touched these elements in this barrier epoch."""
@@ -156,3 +162,14 @@ class Instr:
         self.ctx.records.append(Record(
             self.index, self.ctx.core, self.engine, self.op, tuple(self.operands), partitions, elems,
             b[0], b[1], b[2], b[3], b[4], b[5], psum_bank, self.site[0], self.site[1], self.ctx.epoch))
+
+
+def unwritten_count(t: NkiTensor) -> int:
+    """How many elements of `t` were never written."""
+    alloc = t.alloc
+    if alloc.all_written:
+        return 0
+    if alloc.written is None:
+        return t.numel
+    mask = t.materialize(alloc.written)
+    return 0 if bool(mask.all()) else int((~mask).sum())

@@ -55,7 +55,7 @@ def _flag_state(d: NkiTensor) -> str:
         return "clear"
     if d.key in alloc.mm_full:
         return "set"
-    flags = d.materialize(alloc.mm)
+    flags = d.materialize(alloc.matmul_flags())
     if bool(flags.all()):
         return "set"
     return "mixed" if bool(flags.any()) else "clear"
@@ -64,12 +64,11 @@ def _flag_state(d: NkiTensor) -> str:
 def _accumulate(ins: Instr, d: NkiTensor, product: torch.Tensor, accumulate: object) -> bool:
     """Overwrite / add per the 'holds matmul data' flags (nki.md §4); True if PSUM was read."""
     alloc = d.alloc
-    assert alloc.mm is not None
     if accumulate not in (None, True, False):
         raise ins.fail(UnsupportedError, f"accumulate={accumulate!r}: use None, True or False")
     state = "clear" if accumulate is False else _flag_state(d)
     if accumulate is True and state != "set":
-        flags = d.materialize(alloc.mm)
+        flags = d.materialize(alloc.matmul_flags())
         raise ins.fail(AccumulateError, f"accumulate=True onto {int((~flags).sum())} PSUM elements no "
                        f"matmul has written since they were last overwritten ({alloc.label()})")
     out = d.materialize()
@@ -78,10 +77,11 @@ def _accumulate(ins: Instr, d: NkiTensor, product: torch.Tensor, accumulate: obj
     elif state == "clear":
         out.copy_(product)
     else:
-        out.copy_(torch.where(d.materialize(alloc.mm), out + product, product))
-    d.materialize(alloc.mm).fill_(True)
-    alloc.mm_any = True
-    alloc.mm_full.add(d.key)
+        out.copy_(torch.where(d.materialize(alloc.matmul_flags()), out + product, product))
+    if d.key not in alloc.mm_full:
+        d.materialize(alloc.matmul_flags()).fill_(True)
+        alloc.mm_any = True
+        alloc.mm_full.add(d.key)
     ins.mark_written(d)
     return state != "clear"
 

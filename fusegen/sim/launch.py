@@ -13,7 +13,7 @@ import torch
 
 from .context import Context, set_current
 from .errors import BarrierError, SimError, UninitializedReadError, UninitializedReadWarning
-from .instr import Instr
+from .instr import Instr, unwritten_count
 from .liveness import check_instance
 from .memory import Alloc, MemoryRegion
 from .race import RaceTracker
@@ -23,10 +23,15 @@ from .trace import Trace
 
 
 class CoreBarrier:
-    """A reusable barrier that fails (instead of hanging) when an instance errors or exits early."""
+    """A reusable barrier that fails (instead of hanging) when an instance errors or exits early.
+
+    Instances take turns holding `turn` (one runs at a time, so torch ops keep all CPU threads and
+    Python threads do not fight over the GIL); a waiting instance hands its turn over.
+    """
 
     def __init__(self, parties: int) -> None:
         self.parties = parties
+        self.turn = threading.Lock()
         self.cond = threading.Condition()
         self.arrived = 0
         self.generation = 0
@@ -35,6 +40,14 @@ class CoreBarrier:
 
     def wait(self, core: int, ins: Instr) -> None:
         """Block until all parties arrive."""
+        self.turn.release()
+        try:
+            self._wait(core, ins)
+        finally:
+            self.turn.acquire()
+
+    def _wait(self, core: int, ins: Instr) -> None:
+        """The condition-variable part of wait()."""
         with self.cond:
             gen = self.generation
             self.arrived += 1
@@ -121,6 +134,7 @@ class Launch:
         def body(core: int) -> None:
             ctx = self.contexts[core]
             set_current(ctx)
+            self.barrier.turn.acquire()
             try:
                 results[core] = fn(*args, **kwargs)
                 self.barrier.finish(core)
@@ -128,6 +142,7 @@ class Launch:
                 errors.append(exc)
                 self.barrier.abort(f"core {core} failed: {type(exc).__name__}")
             finally:
+                self.barrier.turn.release()
                 set_current(None)
 
         if self.grid == 1:
@@ -144,17 +159,12 @@ class Launch:
         return RunResult(outputs, Trace(records), stats)
 
     def _run_threads(self, body: Callable[[int], None]) -> None:
-        """One thread per instance; torch runs single-threaded meanwhile so instances overlap, not contend."""
+        """One thread per instance (taking turns, see CoreBarrier)."""
         threads = [threading.Thread(target=body, args=(c,), name=f"nki-core{c}") for c in range(self.grid)]
-        torch_threads = torch.get_num_threads()
-        torch.set_num_threads(1)
-        try:
-            for t in threads:
-                t.start()
-            for t in threads:
-                t.join()
-        finally:
-            torch.set_num_threads(torch_threads)
+        for t in threads:
+            t.start()
+        for t in threads:
+            t.join()
 
     @staticmethod
     def _write_back(args: tuple[Any, ...], kwargs: dict[str, Any]) -> None:
@@ -185,13 +195,14 @@ def _outputs(value: Any, site: tuple[str, int], strict: bool) -> Any:
         return tuple(_outputs(v, site, strict) for v in value)
     if not isinstance(value, NkiTensor) or value.alloc.region is not MemoryRegion.shared_hbm:
         raise SimError(f"{site[0]}:{site[1]}: return: kernel outputs must be nl.shared_hbm tensors, got {value!r}")
-    if not value.alloc.all_written and not bool(value.materialize(value.alloc.written).all()):
+    if unwritten_count(value):
         detail = f"{site[0]}:{site[1]}: return: output {value.alloc.label()} has never-written elements"
         if strict:
             raise UninitializedReadError(detail)
         import warnings
 
         warnings.warn(detail, UninitializedReadWarning, stacklevel=4)
+        value.alloc.poison_unwritten()
     return value.materialize().clone()
 
 

@@ -51,20 +51,18 @@ class Alloc:
         self.pstride = math.prod(shape[1:]) if shape else 1
         self.bytes_per_partition = self.pstride * dtype.itemsize
         self.source = source  # the caller's torch tensor for kernel inputs (written back if mutated)
-        if source is not None:
-            self.data = source.detach().reshape(-1).clone()
-            self.written = torch.ones(0, dtype=torch.bool)
-            self.all_written = True
-        else:
-            self.data = torch.full((numel,), dtypes.fill_value(dtype), dtype=dtype)
-            self.written = torch.zeros(numel, dtype=torch.bool)
-            self.all_written = numel == 0
-        # PSUM only: "holds matmul data" flag per element (nki.md §4)
-        self.mm = torch.zeros(numel, dtype=torch.bool) if region is MemoryRegion.psum else None
+        # Storage starts uninitialized; elements read before any write are poisoned (NaN / int max) at
+        # that moment, which is indistinguishable from filling at allocation but skips a full pass.
+        # The written mask only exists once a partial write happens.
+        self.data = torch.empty(numel, dtype=dtype) if source is None else source.detach().reshape(-1).clone()
+        self.written: torch.Tensor | None = None
+        self.all_written = source is not None or numel == 0
+        # PSUM only: "holds matmul data" flag per element (nki.md §4), created by the first matmul
+        self.mm: torch.Tensor | None = None
+        self.mm_any = False
         # Mask reductions cost ~40 us, so remember views already known to be fully written / fully
         # matmul-flagged (the same view is typically written, then read or accumulated many times).
         self.known_written: set[ViewKey] = set()
-        self.mm_any = False
         self.mm_full: set[ViewKey] = set()
         self.shadow: torch.Tensor | None = None  # fp32 copy of low-precision data, dropped on write
         self.first_use: int | None = None
@@ -77,6 +75,27 @@ class Alloc:
     def numel(self) -> int:
         """Element count."""
         return self.data.numel()
+
+    def written_mask(self) -> torch.Tensor:
+        """Per-element written flags (created on first partial write)."""
+        if self.written is None:
+            self.written = torch.zeros(self.numel, dtype=torch.bool)
+        return self.written
+
+    def matmul_flags(self) -> torch.Tensor:
+        """Per-element 'holds matmul data' flags of a PSUM tile."""
+        if self.mm is None:
+            self.mm = torch.zeros(self.numel, dtype=torch.bool)
+        return self.mm
+
+    def poison_unwritten(self) -> None:
+        """Give never-written elements the documented fill value (NaN for floats)."""
+        value = dtypes.fill_value(self.dtype)
+        if self.written is None:
+            self.data.fill_(value)
+        else:
+            self.data[~self.written] = value
+        self.shadow = None
 
     def as_float32(self) -> torch.Tensor:
         """Storage as fp32; non-fp32 storage is converted once and cached until the next write."""
