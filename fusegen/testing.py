@@ -27,7 +27,7 @@ TOLERANCE = {torch.bfloat16: (2e-2, 1e-5), torch.float16: (1e-2, 1e-5), torch.fl
 class OutputCheck:
     """One output's worst error against its bound."""
 
-    index: int
+    name: str
     dtype: torch.dtype
     max_error: float
     bound: float
@@ -55,8 +55,9 @@ class Report:
         lines = []
         for o in self.outputs:
             verdict = "ok" if o.ok else "MISMATCH"
-            lines.append(f"{self.label} output {o.index} ({o.dtype}): max|out - ref| = {o.max_error:.3e} "
-                         f"<= {o.bound:.3e}? {verdict}")  # fmt: skip
+            dtype = str(o.dtype).removeprefix("torch.")
+            lines.append(f"{self.label} {o.name} ({dtype}): max|out - ref| = {o.max_error:.3e}, "
+                         f"tolerance {o.bound:.3e}: {verdict}")  # fmt: skip
         return "\n".join(lines)
 
 
@@ -87,29 +88,36 @@ def make_inputs(inputs: tuple[tuple[str, str, str], ...], shapes: dict[str, tupl
     return tensors
 
 
-def compare(got: Any, want: Any, label: str) -> Report:
+def compare(got: Any, want: Any, names: tuple[str, ...], label: str) -> Report:
     """Check every output of `got` against `want` with the dtype's tolerance."""
     got_t = got if isinstance(got, tuple) else (got,)
     want_t = want if isinstance(want, tuple) else (want,)
     checks = []
-    for index, (g, w) in enumerate(zip(got_t, want_t, strict=True)):
+    for name, g, w in zip(names, got_t, want_t, strict=True):
         rtol, atol = TOLERANCE[w.dtype]
         wf = w.float()
         error = (g.float() - wf).abs().max().item() if g.shape == w.shape else float("inf")
         bound = atol + rtol * wf.abs().max().item()
-        checks.append(OutputCheck(index, w.dtype, error if error == error else float("inf"), bound))
+        checks.append(OutputCheck(name, w.dtype, error if error == error else float("inf"), bound))
     return Report(label, tuple(checks))
 
 
-def run_against_reference(
-    directory: Path, name: str, inputs: tuple[tuple[str, str, str], ...], shapes: dict[str, tuple[int, ...]],
-    lnc: int = 1, target: str = "trn2",
-) -> Report:  # fmt: skip
+@dataclass(frozen=True)
+class Case:
+    """One run: the kernel's inputs (name, dtype, scale), its output names, concrete dims and shapes."""
+
+    inputs: tuple[tuple[str, str, str], ...]
+    outputs: tuple[str, ...]
+    dims: dict[str, int]
+    shapes: dict[str, tuple[int, ...]]
+
+
+def run_against_reference(directory: Path, name: str, case: Case, lnc: int = 1, target: str = "trn2") -> Report:
     """Run `directory`/kernel.py's host function on the interpreter and compare with reference.py."""
     kernel = _kernel_module(directory / "kernel.py", target)
     reference = load_reference(directory / "reference.py")
-    args = make_inputs(inputs, shapes)
+    args = make_inputs(case.inputs, case.shapes)
     got = getattr(kernel, name)(*args, lnc=lnc, target=target)
     want = getattr(reference, f"{name}_reference")(*args)
-    dims = " ".join(f"{k}={v}" for k, v in shapes.items())
-    return compare(got, want, f"{name} lnc={lnc} [{dims}]")
+    dims = " ".join(f"{k}={v}" for k, v in sorted(case.dims.items()))
+    return compare(got, want, case.outputs, f"{name} [{dims}] {target} lnc={lnc}:")

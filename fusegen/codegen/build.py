@@ -97,6 +97,7 @@ def test_source(ir: KernelIR, target: str) -> str:
     return render(
         "test_kernel.py.jinja", header=header(ir, "test_kernel.py.jinja"), name=ir.name, target=target,
         shapes=[(repr(dims), label) for dims, label in test_shapes(ir)], inputs=repr(inputs),
+        outputs=repr(tuple(o.name for o in ir.outputs if not o.optional)),
         dim_lines=[f'd_{name} = dims["{name}"]' for name, _ in dim_bindings(ir, str) if _is_free(ir, name)]
         + [f"d_{d.name} = {d.value}" for d in ir.dims if d.value is not None],
         input_shapes=shapes, lncs=repr(list(TEST_LNCS)),

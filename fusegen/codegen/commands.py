@@ -8,6 +8,9 @@ from pathlib import Path
 
 from fusegen.codegen.build import BuildOptions, build_spec, stale_files, test_shapes, write_atomically
 from fusegen.dsl import load_spec
+from fusegen.dsl.diagnostics import Diagnostic, SpecError
+from fusegen.dsl.ir import KernelIR
+from fusegen.testing import Case, load_reference, run_against_reference
 
 
 def _progress(message: str) -> None:
@@ -35,29 +38,41 @@ def build(specs: list[str], options: BuildOptions, check_only: bool = False) -> 
 
 def check(specs: list[str], options: BuildOptions, shapes: list[dict[str, int]]) -> int:
     """Build to a temporary directory and run each kernel on the interpreter against its reference."""
-    from fusegen.codegen.build import _is_free
-    from fusegen.testing import run_against_reference
-
     failures = 0
     with tempfile.TemporaryDirectory(prefix="fusegen-check-") as tmp:
         out = Path(tmp)
         for spec in specs:
+            ir, _ = load_spec(spec)
+            runs = [_validated(ir, spec, dims) for dims in shapes] or [env for env, _ in test_shapes(ir)]
             built = build_spec(spec, BuildOptions(out, options.target, options.lnc))
             write_atomically(out, built.files)
-            ir, _ = load_spec(spec)
-            runs = shapes or [env for env, _ in test_shapes(ir)]
+            generated_test = load_reference(out / built.name / f"test_{built.name}.py")
             for dims in runs:
-                _progress(f"fusegen: running {built.name} at {' '.join(f'{k}={v}' for k, v in dims.items())}")
-                module = _test_module(out / built.name, built.name)
-                env = {k: v for k, v in dims.items() if _is_free(ir, k)}
-                report = run_against_reference(out / built.name, built.name, module.INPUTS,
-                                               module.input_shapes(env), lnc=options.lnc, target=options.target)
+                _progress(f"fusegen: running {built.name} at {_dims_text(dims)} on the interpreter")
+                case = Case(generated_test.INPUTS, generated_test.OUTPUTS, dims, generated_test.input_shapes(dims))
+                report = run_against_reference(out / built.name, built.name, case, options.lnc, options.target)
                 print(report.text())
                 failures += not report.ok
     return 1 if failures else 0
 
 
-def _test_module(directory: Path, name: str):  # type: ignore[no-untyped-def]
-    from fusegen.testing import load_reference
+def _dims_text(dims: dict[str, int]) -> str:
+    return " ".join(f"{k}={v}" for k, v in dims.items())
 
-    return load_reference(directory / f"test_{name}.py")
+
+def _validated(ir: KernelIR, spec: str, dims: dict[str, int]) -> dict[str, int]:
+    """`--shape` dims, checked like a `check` line: every free dim given, constraints hold."""
+    source = Path(spec).read_text(encoding="utf-8", errors="replace")
+    free = [d for d in ir.dims if d.value is None]
+    errors = [Diagnostic(d.span, f"--shape does not give dim `{d.name}`", hint=f"add {d.name}=N") for d in free
+              if d.name not in dims]  # fmt: skip
+    known = {d.name for d in ir.dims}
+    errors += [Diagnostic(ir.dims[0].span, f"--shape names `{name}`, which is not a dim of `{ir.name}`")
+               for name in dims if name not in known]  # fmt: skip
+    if not errors:
+        env = {**ir.fixed_dims(), **dims}
+        errors += [Diagnostic(c.span, f"--shape {_dims_text(dims)} violates `{c}`") for c in ir.constraints
+                   if not c.holds(env)]  # fmt: skip
+    if errors:
+        raise SpecError(errors, source)
+    return {name: dims[name] for name in sorted(dims)}

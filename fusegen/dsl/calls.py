@@ -5,7 +5,7 @@ from __future__ import annotations
 import math
 from collections.abc import Callable
 
-from fusegen.dsl import ast, expressions
+from fusegen.dsl import ast, expressions  # mutual recursion: call `expressions.value` at run time
 from fusegen.dsl.context import Context
 from fusegen.dsl.diagnostics import Span
 from fusegen.dsl.ir import COMPUTE_DTYPE, Dim, shape_str

@@ -8,7 +8,7 @@ from typing import TypeVar
 
 from fusegen.dsl import ast, ir
 from fusegen.dsl.constraints import check_lines, declare_requires
-from fusegen.dsl.context import Binding, Context
+from fusegen.dsl.context import FAILED_NODE, Binding, Context
 from fusegen.dsl.declarations import (
     claim_names,
     declare_dims,
@@ -23,9 +23,7 @@ from fusegen.dsl.expressions import value
 from fusegen.dsl.parser import parse
 from fusegen.dsl.source import read_spec
 
-Item = TypeVar("Item")
-#: a statement whose definition failed binds its name to this node id, so uses stay quiet.
-_FAILED = -1
+ItemT = TypeVar("ItemT")
 
 
 def check(spec: ast.Spec) -> ir.KernelIR:
@@ -70,7 +68,7 @@ def load_spec(path: str) -> tuple[ir.KernelIR, tuple[Diagnostic, ...]]:
     return check_with_warnings(parse(read_spec(path), path))
 
 
-def _of(spec: ast.Spec, kind: type[Item]) -> Sequence[Item]:
+def _of(spec: ast.Spec, kind: type[ItemT]) -> Sequence[ItemT]:
     """The spec's items of one kind, in source order."""
     return [item for item in spec.items if isinstance(item, kind)]
 
@@ -84,13 +82,13 @@ def _assign(ctx: Context, statement: ast.Assign) -> None:
     ctx.pending.pop(target.name, None)
     if node is not None:
         ctx.name_node(node, target.name)
-    ctx.scope[target.name] = Binding(_FAILED if node is None else node, "value", target.span)
+    ctx.scope[target.name] = Binding(FAILED_NODE if node is None else node, "value", target.span)
 
 
 def _warn_unused(ctx: Context, spec: ast.Spec) -> None:
     """Inputs, params and values nobody reads are legal, but usually a mistake."""
     for name, binding in ctx.scope.items():
-        if name in ctx.reads or binding.node == _FAILED:
+        if name in ctx.reads or binding.node == FAILED_NODE:
             continue
         if binding.kind == "value":
             ctx.warn(

@@ -8,6 +8,9 @@ from fusegen.dsl import ir
 from fusegen.dsl.diagnostics import Diagnostic, Span
 from fusegen.dsl.names import did_you_mean, name_problem
 
+#: the node of a name whose definition failed: its uses stay quiet instead of repeating the error.
+FAILED_NODE = -1
+
 
 def article(word: str) -> str:
     """`an input`, `a param`."""

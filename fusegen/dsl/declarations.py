@@ -6,11 +6,14 @@ import math
 from collections.abc import Sequence
 
 from fusegen.dsl import ast, ir
-from fusegen.dsl.context import Binding, Context, article
+from fusegen.dsl.context import FAILED_NODE, Binding, Context, article
 from fusegen.dsl.diagnostics import Span
 from fusegen.dsl.names import did_you_mean
 from fusegen.dsl.shapes import MAX_DIM_VALUE, to_dim
 from fusegen.dsl.signatures import FUTURE_DTYPES
+
+#: ops that compute nothing: an output bound to one would only copy a host value.
+_LEAF_OPS = ("input", "param", "const", "dim")
 
 
 def claim_names(ctx: Context, items: Sequence[ast.Item]) -> None:
@@ -143,10 +146,16 @@ def _output_node(ctx: Context, ident: ast.Ident) -> int | None:
         hint = "outputs are computed values; an input or param is already on the host"
         ctx.error(ident.span, f"output `{ident.name}` is {article(binding.kind)}, not a computed value", hint)
         return None
-    if binding.node >= 0 and ctx.nodes[binding.node].dtype == "bool":
+    if binding.node == FAILED_NODE:
+        return None
+    if ctx.nodes[binding.node].op in _LEAF_OPS:
+        hint = f"an output must be computed; to copy a value, cast it: `{ident.name} = f32(...)`"
+        ctx.error(ident.span, f"output `{ident.name}` computes nothing", hint)
+        return None
+    if ctx.nodes[binding.node].dtype == "bool":
         ctx.error(ident.span, f"output `{ident.name}` is a comparison", "outputs are numbers: use where(...)")
         return None
-    return binding.node if binding.node >= 0 else None
+    return binding.node
 
 
 def tensor_type(ctx: Context, spelled: ast.TensorType) -> tuple[str | None, ir.Shape | None]:

@@ -8,7 +8,7 @@ from typing import Any
 
 from fusegen.dsl import ast, ir
 from fusegen.dsl.calls import lower_call
-from fusegen.dsl.context import Context
+from fusegen.dsl.context import FAILED_NODE, Context
 from fusegen.dsl.diagnostics import Span
 from fusegen.dsl.ir import COMPUTE_DTYPE, Dim, IndexItem, shape_str
 from fusegen.dsl.shapes import (
@@ -67,7 +67,7 @@ def _name(ctx: Context, expr: ast.Name) -> int | None:
     binding = ctx.scope.get(expr.name)
     if binding is not None:
         ctx.reads.add(expr.name)
-        return binding.node if binding.node >= 0 else None  # a negative node: its definition failed
+        return None if binding.node == FAILED_NODE else binding.node
     if expr.name in ctx.failed:
         return None
     if expr.name in ctx.dims:

@@ -52,11 +52,7 @@ def parse(text: str, path: str) -> ast.Spec:
         raise SpecError([syntax_error(err, text, path, _literals())], text) from None
     except RecursionError:
         raise _file_error(path, text, "the spec nests too deeply to compile") from None
-    for item in items:
-        if _depth(item) > MAX_DEPTH:
-            message = f"this line nests more than {MAX_DEPTH} operations deep"
-            hint = "split it into several statements"
-            raise SpecError([Diagnostic(item.span, message, hint=hint)], text)
+    _reject_deep(items, text)
     end = text.count("\n") + 1
     return ast.Spec(path, text, tuple(items), leading_comment(text), Span(path, 1, 1, end, 1))
 
@@ -78,18 +74,27 @@ def _reject_unparseable(text: str, path: str) -> None:
             raise SpecError([Diagnostic(_span_at(text, pos, path), message)], text)
 
 
+def _reject_deep(items: list[ast.Item], text: str) -> None:
+    """Raise for a line whose expression tree would overflow the checker's recursion."""
+    for item in items:
+        if _depth(item) > MAX_DEPTH:
+            message = f"this line nests more than {MAX_DEPTH} operations deep"
+            hint = "split it into several statements"
+            raise SpecError([Diagnostic(item.span, message, hint=hint)], text)
+
+
 def _without_comments(text: str) -> str:
     """`text` with comment bodies blanked out, offsets unchanged."""
     return re.sub(r"#[^\n]*", lambda match: " " * len(match[0]), text)
 
 
-def _depth(node: object) -> int:
+def _depth(node: Any) -> int:
     """How deeply AST `node` nests (iteratively: the point is to avoid deep recursion)."""
     deepest, stack = 0, [(node, 1)]
     while stack:
         current, depth = stack.pop()
         deepest = max(deepest, depth)
-        for field in dataclasses.fields(current):  # type: ignore[arg-type]
+        for field in dataclasses.fields(current):
             value = getattr(current, field.name)
             children = value if isinstance(value, tuple) else (value,)
             stack += [(child, depth + 1) for child in children if dataclasses.is_dataclass(child)]

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import functools
+import queue
 import threading
 from collections.abc import Callable
 from dataclasses import dataclass, field
@@ -40,6 +41,7 @@ class CoreBarrier:
 
     def wait(self, core: int, ins: Instr) -> None:
         """Block until all parties arrive."""
+        ins.ctx.launch.start_pending()
         self.turn.release()
         try:
             self._wait(core, ins)
@@ -75,6 +77,40 @@ class CoreBarrier:
             self.cond.notify_all()
 
 
+class _Worker:
+    """A daemon thread that runs submitted calls, reused across launches."""
+
+    def __init__(self, index: int) -> None:
+        self.jobs: queue.SimpleQueue[tuple[Callable[[int], None], int, threading.Event]] = queue.SimpleQueue()
+        threading.Thread(target=self._loop, name=f"nki-core{index}", daemon=True).start()
+
+    def _loop(self) -> None:
+        while True:
+            fn, arg, event = self.jobs.get()
+            try:
+                fn(arg)
+            finally:
+                event.set()
+
+    def submit(self, fn: Callable[[int], None], arg: int) -> threading.Event:
+        """Queue fn(arg); the event is set when it returns."""
+        event = threading.Event()
+        self.jobs.put((fn, arg, event))
+        return event
+
+
+_workers: dict[int, _Worker] = {}
+_workers_lock = threading.Lock()
+
+
+def _worker(index: int) -> _Worker:
+    """The worker thread serving program instance `index`."""
+    with _workers_lock:
+        if index not in _workers:
+            _workers[index] = _Worker(index)
+        return _workers[index]
+
+
 @dataclass
 class RunResult:
     """Outputs, trace and per-instance statistics of one launch."""
@@ -95,6 +131,9 @@ class Launch:
         self.shared: list[Alloc] = []
         self.lock = threading.Lock()
         self.barrier = CoreBarrier(grid)
+        self.pending: list[int] = []
+        self.started: list[threading.Event] = []
+        self.body: Callable[[int], None] = lambda core: None
 
     def hbm_input(self, tensor: torch.Tensor, name: str, site: tuple[str, int]) -> NkiTensor:
         """Copy a caller tensor into shared HBM (written back after the run only if the kernel wrote it)."""
@@ -145,10 +184,8 @@ class Launch:
                 self.barrier.turn.release()
                 set_current(None)
 
-        if self.grid == 1:
-            body(0)
-        else:
-            self._run_threads(body)
+        self.body = body
+        self._run_all(body)
         if errors:
             raise next((e for e in errors if not isinstance(e, BarrierError)), errors[0])
         stats = {"grid": self.grid, "target": self.target.name,
@@ -158,13 +195,25 @@ class Launch:
         records = [r for ctx in self.contexts for r in ctx.records]
         return RunResult(outputs, Trace(records), stats)
 
-    def _run_threads(self, body: Callable[[int], None]) -> None:
-        """One thread per instance (taking turns, see CoreBarrier)."""
-        threads = [threading.Thread(target=body, args=(c,), name=f"nki-core{c}") for c in range(self.grid)]
-        for t in threads:
-            t.start()
-        for t in threads:
-            t.join()
+    def _run_all(self, body: Callable[[int], None]) -> None:
+        """Run instances one after another on this thread; a core_barrier moves the rest to threads.
+
+        Instances take turns (see CoreBarrier), so sequential execution is equivalent until the first
+        barrier, and it keeps every torch op on one thread (one OpenMP team, no GIL contention).
+        """
+        self.pending = list(range(1, self.grid))
+        self.started: list[threading.Event] = []
+        body(0)
+        while self.pending:
+            body(self.pending.pop(0))
+        for event in self.started:
+            event.wait()
+
+    def start_pending(self) -> None:
+        """Start the not-yet-run instances on worker threads (called before a barrier wait)."""
+        while self.pending:
+            core = self.pending.pop(0)
+            self.started.append(_worker(core).submit(self.body, core))
 
     @staticmethod
     def _write_back(args: tuple[Any, ...], kwargs: dict[str, Any]) -> None:

@@ -18,6 +18,7 @@ SHAPES = [
 ]
 #: (input, dtype, scale): weights are scaled by 1/sqrt(fan-in) to keep activations near unit size.
 INPUTS = (('x', 'bf16', '1'), ('w1t', 'bf16', 'fan_in'), ('b1', 'f32', '1'), ('wgt', 'bf16', 'fan_in'), ('bg', 'f32', '1'), ('w2t', 'bf16', 'fan_in'), ('b2', 'f32', '1'))
+OUTPUTS = ('out',)
 
 
 def input_shapes(dims: dict[str, int]) -> dict[str, tuple[int, ...]]:
@@ -31,5 +32,6 @@ def input_shapes(dims: dict[str, int]) -> dict[str, tuple[int, ...]]:
 @pytest.mark.parametrize("lnc", [1, 2])
 @pytest.mark.parametrize("dims", SHAPES)
 def test_kernel_matches_reference(dims: dict[str, int], lnc: int) -> None:
-    report = testing.run_against_reference(HERE, "swiglu_ffn", INPUTS, input_shapes(dims), lnc=lnc, target="trn2")
+    case = testing.Case(INPUTS, OUTPUTS, dims, input_shapes(dims))
+    report = testing.run_against_reference(HERE, "swiglu_ffn", case, lnc=lnc, target="trn2")
     assert report.ok, report.text()

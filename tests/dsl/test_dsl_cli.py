@@ -59,7 +59,7 @@ def test_dump_ast(repo_root: Path, capsys: pytest.CaptureFixture[str]) -> None:
 
 def test_warnings_go_to_stderr(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
     spec = tmp_path / "w.spec"
-    spec.write_text("kernel k\ndim R\ninput x: f32[R]\ninput u: f32[R]\noutput y: f32[R]\ny = x\ncheck R=1\n")
+    spec.write_text("kernel k\ndim R\ninput x: f32[R]\ninput u: f32[R]\noutput y: f32[R]\ny = -x\ncheck R=1")
     assert main(["check-spec", str(spec)]) == 0
     assert (
         capsys.readouterr().err

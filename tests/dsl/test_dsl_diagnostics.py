@@ -113,3 +113,15 @@ def test_warnings_are_collected_not_raised() -> None:
         "    ^\n"
         "  hint: use it, or declare it an `output`"
     )
+
+
+def test_long_expression_chains_are_refused_not_crashed() -> None:
+    chain = "+".join(["x"] * 150)
+    text = f"kernel k\ndim R\ninput x: f32[R]\noutput y: f32[R]\ny = {chain}\ncheck R=1\n"
+    first_line = _errors(text).split("\n")[0]
+    assert first_line == "t.spec:5:1: error: this line nests more than 100 operations deep"
+
+
+def test_brackets_in_comments_do_not_count_as_nesting() -> None:
+    text = "# " + "(" * 80 + "\nkernel k\ndim R\ninput x: f32[R]\noutput y: f32[R]\ny = x * 2\ncheck R=1\n"
+    assert check(parse(text, "t.spec")).doc == "(" * 80

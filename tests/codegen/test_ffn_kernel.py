@@ -1,0 +1,71 @@
+"""Generated FFN kernels on the interpreter against independent hand-written torch formulas."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+import torch
+import torch.nn.functional as F
+
+from fusegen.sim import load_module
+
+GENERATED = Path(__file__).resolve().parents[2] / "generated"
+
+
+def _inputs(r: int, k: int, i: int, seed: int) -> list[torch.Tensor]:
+    gen = torch.Generator().manual_seed(seed)
+
+    def randn(*shape: int, scale: float = 1.0) -> torch.Tensor:
+        return torch.randn(*shape, generator=gen) * scale
+
+    return [
+        randn(r, k).bfloat16(), randn(k, i, scale=k**-0.5).bfloat16(), randn(i),
+        randn(k, i, scale=k**-0.5).bfloat16(), randn(i), randn(i, k, scale=i**-0.5).bfloat16(), randn(k),
+        randn(r, k),
+    ]  # fmt: skip
+
+
+def swiglu(x, w1t, b1, wgt, bg, w2t, b2):  # type: ignore[no-untyped-def]
+    """The seed op, written independently of the spec: silu(x W1 + b1) * (x Wg + bg), rounded to bf16, @ W2 + b2."""
+    h = F.silu(x.float() @ w1t.float() + b1) * (x.float() @ wgt.float() + bg)
+    return h.bfloat16().float() @ w2t.float() + b2
+
+
+def _close(got: torch.Tensor, want: torch.Tensor, rtol: float) -> None:
+    err = (got.float() - want.float()).abs().max().item()
+    bound = 1e-5 + rtol * want.float().abs().max().item()
+    assert err <= bound, f"max error {err:.3e} > {bound:.3e}"
+
+
+SHAPES = [(1, 128, 128), (129, 256, 300), (300, 384, 1000), (256, 1280, 3416)]
+
+
+@pytest.mark.parametrize(("r", "k", "i"), SHAPES)
+@pytest.mark.parametrize(("target", "lnc"), [("trn2", 2), ("trn2", 1), ("trn1", 2)])
+def test_swiglu_ffn_matches_formula(r: int, k: int, i: int, target: str, lnc: int) -> None:
+    module = load_module(GENERATED / "swiglu_ffn" / "kernel.py", target=target)
+    x, w1t, b1, wgt, bg, w2t, b2, _ = _inputs(r, k, i, seed=r + k + i)
+    out = module.swiglu_ffn(x, w1t, b1, wgt, bg, w2t, b2, lnc=lnc, target=target)
+    assert out.dtype == torch.bfloat16 and out.shape == (r, k)
+    _close(out, swiglu(x, w1t, b1, wgt, bg, w2t, b2).bfloat16(), rtol=2e-2)
+
+
+@pytest.mark.parametrize(("r", "k", "i"), SHAPES)
+def test_swiglu_ffn_ln_matches_formula(r: int, k: int, i: int) -> None:
+    module = load_module(GENERATED / "swiglu_ffn_ln" / "kernel.py", target="trn2")
+    args = _inputs(r, k, i, seed=7 * r + k)
+    x_new, z = module.swiglu_ffn_ln(*args, eps=1e-6, lnc=2)
+    want_x = swiglu(*args[:7]) + args[7]
+    want_z = F.layer_norm(want_x, (k,), eps=1e-6)
+    assert x_new.dtype == torch.float32 and z.dtype == torch.bfloat16
+    _close(x_new, want_x, rtol=1e-3)
+    _close(z, want_z.bfloat16(), rtol=2e-2)
+
+
+def test_inference_only() -> None:
+    module = load_module(GENERATED / "swiglu_ffn" / "kernel.py", target="trn2")
+    args = _inputs(4, 128, 128, seed=0)[:7]
+    args[0] = args[0].float().requires_grad_()
+    with pytest.raises(RuntimeError, match="inference-only"):
+        module.swiglu_ffn(*args)

@@ -1,0 +1,68 @@
+"""The FFN tile planner: legal for any shape it accepts, explicit when nothing fits, no worse than the seed."""
+
+from __future__ import annotations
+
+import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from fusegen.codegen import ffn_budget as fb
+from fusegen.codegen.plan import PlanError, plan_ffn
+from fusegen.sim.targets import get_target
+
+#: the budget model of generated/swiglu_ffn_ln (gated, residual + LayerNorm epilogue)
+MODEL = fb.FfnModel(n_up=2, x_bytes=2, mid_tiles=2, epi_tiles=4, epi_cols=5, col_vectors=2, row_vectors=1,
+                    row_inputs=1)  # fmt: skip
+ROLES = ("R", "K", "I")
+
+
+@settings(max_examples=300, deadline=None, derandomize=True)
+@given(
+    r=st.integers(1, 20000), k=st.integers(1, 64).map(lambda n: 128 * n), i=st.integers(1, 30000),
+    lnc=st.sampled_from([1, 2]), target=st.sampled_from(["trn1", "trn2"]),
+)  # fmt: skip
+def test_plans_fit_their_target_or_say_why(r: int, k: int, i: int, lnc: int, target: str) -> None:
+    t = get_target(target)
+    try:
+        plan = plan_ffn(MODEL, t, lnc, {"R": r, "K": k, "I": i}, ROLES)
+    except PlanError as err:
+        assert "B/partition" in str(err) and str(t.sbuf_usable_bytes) in str(err)
+        return
+    assert plan.sbuf_bytes <= t.sbuf_usable_bytes
+    assert plan.psum_banks <= t.psum_banks
+    s, ci = plan.tile("S"), plan.tile("CI")
+    assert s % 128 == 0 and ci % 128 == 0 and ci <= -(-i // 128) * 128
+    rows = sum(min(fb.rows_per_core(r, lnc), max(0, r - c * fb.rows_per_core(r, lnc))) for c in range(lnc))
+    assert rows == r  # every row belongs to exactly one core
+
+
+def seed_plan(k: int, i: int, rows_per_core: int, budget: int = 176 * 1024) -> tuple[int, int]:
+    """The seed kernel's own plan() rule, restated: fewest super-blocks, then widest CI, then smallest S."""
+    n_k = -(-k // 128)
+    best = None
+    for ci in (1024, 512, 256, 128):
+        for s in (1024, 512, 256, 128):
+            if s > -(-rows_per_core // 128) * 128 and s != 128:
+                continue
+            nh = ci // 128
+            total = (2 * (2 * n_k * ci * 2 + nh * k * 2) + (s // 128) * k * 4 + n_k * s * 2 + (s // 128) * k * 2
+                     + nh * 512 * 6 + 2 * k * 2 + k * 4 + -(-i // 128) * 8 + 4096)  # fmt: skip
+            if total <= budget:
+                key = (-(-(-rows_per_core // s)), ci, -s)
+                if best is None or key > best[0]:
+                    best = (key, s, ci)
+    assert best is not None
+    return best[1], best[2]
+
+
+@pytest.mark.parametrize("r", [256, 2048, 8192])
+def test_streams_no_more_weights_than_the_seed(r: int) -> None:
+    k, i, lnc = 1280, 3456, 2
+    plan = plan_ffn(MODEL, get_target("trn2"), lnc, {"R": r, "K": k, "I": i}, ROLES)
+    s_seed, _ = seed_plan(k, i, r // lnc)
+    assert max(-(-(r // lnc) // plan.tile("S")), 1) <= -(-(r // lnc) // s_seed)
+
+
+def test_no_plan_error_has_the_numbers() -> None:
+    with pytest.raises(PlanError, match=r"needs \d+ B/partition of SBUF for K=65536, I=128; the budget is 212984 B"):
+        plan_ffn(MODEL, get_target("trn2"), 2, {"R": 128, "K": 65536, "I": 128}, ROLES)
