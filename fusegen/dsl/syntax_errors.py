@@ -119,11 +119,10 @@ def _token_position(err: UnexpectedToken, text: str) -> tuple[int, int]:
 
 
 def _describe_token(kind: str, value: str) -> str:
-    if kind == "NAME":
-        return f"name `{value}`"
-    if kind == "NUMBER":
-        return f"number `{value}`"
-    return _TERMINAL_WORDS.get(kind) or f"`{value}`"
+    """`name `x``, `number `3``, or the token's own text."""
+    if kind in ("NAME", "NUMBER"):
+        return f"{kind.lower()} `{value}`"
+    return _TERMINAL_WORDS[kind] if kind in _LINE_END else f"`{value}`"
 
 
 def _expected(expected: set[str], literals: Mapping[str, str]) -> str:

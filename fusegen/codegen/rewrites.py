@@ -1,0 +1,186 @@
+"""IR rewrites before family selection: factor hoisting and weight folding in sums, then CSE and DCE.
+
+The rule (general, keyed to structure only): a sum over an axis of a product of factors
+  sum(f1 * f2 * ... , axis=a, keepdim=true)
+is split by each factor's shape relative to the product's:
+- constant along `a` (a per-row statistic such as an rstd, or a scalar): hoisted out of the sum;
+- broadcast along some other axis (a per-column weight, no token axis): multiplied into one fused
+  fp32 weight that a kernel can build once per launch;
+- everything else (the data) stays inside.
+So `sum((x * rx * w_h) * (k * rk * w_e))` becomes `sum(x * k * (w_h * w_e)) * rx * rk`, and an
+`rmsnorm(x, eps, w)` factor is first expanded into `x * rsqrt(mean(x^2) + eps) * w` so that its rstd
+can be hoisted. Nodes are hash-consed while they are rebuilt, so identical sums merge (CSE); nodes no
+output needs are dropped (DCE). A spec without the pattern comes back as the same object.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from collections.abc import Iterable
+
+from fusegen.dsl.ir import AttrValue, Dim, KernelIR, Node, OutputDecl, Shape
+
+COMMUTATIVE = frozenset(("add", "mul", "maximum", "minimum"))
+#: nodes kept even when nothing reads them: they are the kernel's signature.
+SIGNATURE_OPS = frozenset(("input", "param"))
+ONE = Dim.const(1)
+
+
+def rewrite(ir: KernelIR) -> KernelIR:
+    """`ir` with sums of products factored (see the module doc), CSE'd and DCE'd; unchanged if no rule fires."""
+    graph = _Graph()
+    expand = _rmsnorm_factors(ir)
+    remap: dict[int, int] = {}
+    changed = False
+    for node in ir.nodes:
+        args = tuple(remap[a] for a in node.args)
+        if node.id in expand:
+            remap[node.id] = graph.expand_rmsnorm(node, args)
+            changed = True
+            continue
+        factored = graph.factor_sum(node, args) if node.op == "sum" else None
+        changed |= factored is not None
+        remap[node.id] = factored if factored is not None else graph.add(node, args)
+    outputs = tuple(dataclasses.replace(o, node=remap[o.node]) for o in ir.outputs)
+    if not changed and len(graph.nodes) == len(ir.nodes):
+        return ir
+    nodes, outputs = _live(graph.nodes, outputs)
+    return dataclasses.replace(ir, nodes=nodes, outputs=outputs)
+
+
+def broadcast(*shapes: Shape) -> Shape:
+    """NumPy broadcast of symbolic shapes (dims equal, or 1, or missing)."""
+    rank = max(len(s) for s in shapes)
+    out: list[Dim] = []
+    for axis in range(rank):
+        dims = {s[axis - rank + len(s)] for s in shapes if axis - rank + len(s) >= 0} - {ONE}
+        if len(dims) > 1:
+            raise ValueError(f"shapes {shapes} do not broadcast")
+        out.append(dims.pop() if dims else ONE)
+    return tuple(out)
+
+
+class _Graph:
+    """A growing node list with hash-consing: adding a node equal to an earlier one returns that one."""
+
+    def __init__(self) -> None:
+        self.nodes: list[Node] = []
+        self._ids: dict[tuple[object, ...], int] = {}
+
+    def add(self, like: Node, args: tuple[int, ...], **changes: object) -> int:
+        """A node like `like` over `args` (with field `changes`); an identical existing node is reused."""
+        node = dataclasses.replace(like, id=len(self.nodes), args=args, **changes)  # type: ignore[arg-type]
+        key = _key(node)
+        if key in self._ids:
+            old = self.nodes[self._ids[key]]
+            if old.name is None and node.name is not None:  # a merged twin lends its name
+                self.nodes[old.id] = dataclasses.replace(old, name=node.name)
+            return old.id
+        self._ids[key] = node.id
+        self.nodes.append(node)
+        return node.id
+
+    def op(self, like: Node, op: str, args: tuple[int, ...], shape: Shape,
+           attrs: tuple[tuple[str, AttrValue], ...] = ()) -> int:
+        """An unnamed f32 node `op(args)` located at `like`'s source span."""
+        return self.add(like, args, op=op, attrs=attrs, shape=shape, dtype="f32", name=None)
+
+    def product(self, like: Node, factors: Iterable[int]) -> int:
+        """The left-to-right product of `factors` (at least one)."""
+        ids = list(factors)
+        acc = ids[0]
+        for f in ids[1:]:
+            acc = self.op(like, "mul", (acc, f), broadcast(self.nodes[acc].shape, self.nodes[f].shape))
+        return acc
+
+    def expand_rmsnorm(self, node: Node, args: tuple[int, ...]) -> int:
+        """`rmsnorm(x, eps[, w])` as `x * rsqrt(mean(square(x)) + eps) [* w]`, so its rstd can be hoisted."""
+        x, eps, *gamma = args
+        shape = self.nodes[x].shape
+        stat = (*shape[:-1], ONE)
+        square = self.op(node, "square", (x,), shape)
+        mean = self.op(node, "mean", (square,), stat, (("axis", len(shape) - 1), ("keepdim", True)))
+        rstd = self.op(node, "rsqrt", (self.op(node, "add", (mean, eps), stat),), stat)
+        out = self.product(node, (x, rstd, *gamma))
+        if node.name is not None:
+            self.nodes[out] = dataclasses.replace(self.nodes[out], name=node.name)
+        return out
+
+    def factor_sum(self, node: Node, args: tuple[int, ...]) -> int | None:
+        """The factored form of sum node `node` over `args`, or None when no factor moves."""
+        operand = self.nodes[args[0]]
+        axis = int(node.attr("axis"))  # type: ignore[arg-type]
+        if not node.attr("keepdim") or node.dtype != "f32":
+            return None
+        hoisted, weights, data = _split_factors(self, operand, axis)
+        if not data or (not hoisted and len(weights) < 2):
+            return None
+        inner = sorted(data)
+        if weights:
+            inner.append(self.product(node, sorted(weights)))
+        body = self.product(node, inner)
+        if self.nodes[body].shape != operand.shape:
+            return None  # a factor would change what is summed; leave the sum alone
+        total = self.add(node, (body,), shape=node.shape, name=node.name)
+        result = self.product(node, (total, *sorted(hoisted)))
+        return result if self.nodes[result].shape == node.shape else None
+
+
+def _split_factors(graph: _Graph, operand: Node, axis: int) -> tuple[list[int], list[int], list[int]]:
+    """(hoistable, weight, data) factor ids of a product tree of `mul` nodes."""
+    hoisted: list[int] = []
+    weights: list[int] = []
+    data: list[int] = []
+    rank = len(operand.shape)
+    for fid in _factors(graph.nodes, operand.id):
+        shape = graph.nodes[fid].shape
+        padded = (ONE,) * (rank - len(shape)) + shape
+        if padded[axis] == ONE:
+            hoisted.append(fid)
+        elif any(p == ONE and o != ONE for p, o in zip(padded, operand.shape, strict=True)):
+            weights.append(fid)
+        else:
+            data.append(fid)
+    return hoisted, weights, data
+
+
+def _factors(nodes: list[Node], root: int) -> list[int]:
+    """Leaves of the `mul` tree under `root` (a non-mul root is its own single factor)."""
+    node = nodes[root]
+    if node.op != "mul":
+        return [root]
+    return [f for a in node.args for f in _factors(nodes, a)]
+
+
+def _rmsnorm_factors(ir: KernelIR) -> set[int]:
+    """rmsnorm nodes that are factors of some sum's product (those get expanded)."""
+    found: set[int] = set()
+    nodes = list(ir.nodes)
+    for node in ir.nodes:
+        if node.op == "sum":
+            found |= {f for f in _factors(nodes, node.args[0]) if nodes[f].op == "rmsnorm"}
+    return found
+
+
+def _key(node: Node) -> tuple[object, ...]:
+    """What makes two nodes the same value (commutative operands unordered; inputs/params by name)."""
+    args = tuple(sorted(node.args)) if node.op in COMMUTATIVE else node.args
+    name = node.name if node.op in SIGNATURE_OPS else None
+    return (node.op, args, node.attrs, node.shape, node.dtype, name)
+
+
+def _live(nodes: list[Node], outputs: tuple[OutputDecl, ...]) -> tuple[tuple[Node, ...], tuple[OutputDecl, ...]]:
+    """Drop nodes no output reads (signature nodes stay) and renumber: ids == indices, order kept."""
+    keep = {n.id for n in nodes if n.op in SIGNATURE_OPS}
+    todo = [o.node for o in outputs]
+    while todo:
+        nid = todo.pop()
+        if nid not in keep:
+            keep.add(nid)
+            todo.extend(nodes[nid].args)
+    new_id = {old: new for new, old in enumerate(sorted(keep))}
+    renumbered = tuple(
+        dataclasses.replace(nodes[old], id=new, args=tuple(new_id[a] for a in nodes[old].args))
+        for old, new in sorted(new_id.items())
+    )
+    return renumbered, tuple(dataclasses.replace(o, node=new_id[o.node]) for o in outputs)
