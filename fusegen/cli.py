@@ -17,6 +17,7 @@ EXAMPLES = """examples:
   fusegen build examples/swiglu_ffn_ln.spec   write generated/swiglu_ffn_ln/
   fusegen build --check examples/*.spec       exit 1 if generated/ is stale
   fusegen check examples/swiglu_ffn.spec --shape R=300 K=384 I=1000
+  fusegen list                                 the kernel families and their hook points
 """
 
 Command = Callable[[argparse.Namespace], int]
@@ -44,6 +45,12 @@ def _check(args: argparse.Namespace) -> int:
     from fusegen.codegen.commands import check
 
     return check(args.specs, _options(args), _shape_args(args.shape))
+
+
+def _list(args: argparse.Namespace) -> int:
+    from fusegen.codegen.commands import list_families
+
+    return list_families()
 
 
 def _shape_args(items: list[str] | None) -> list[dict[str, int]]:
@@ -84,6 +91,9 @@ def _parser() -> argparse.ArgumentParser:
     _target_args(p)
     p.add_argument("--check", action="store_true", help="write nothing; exit 1 naming files that differ")
     p.set_defaults(run=_build)
+
+    p = sub.add_parser("list", help="print the kernel families and the hook points each offers")
+    p.set_defaults(run=_list)
 
     p = sub.add_parser("check", help="build to a temporary directory and run the kernels on the interpreter")
     _target_args(p)

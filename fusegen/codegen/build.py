@@ -7,18 +7,20 @@ import tempfile
 from dataclasses import dataclass
 from pathlib import Path
 
-from fusegen.codegen.family import Mismatch, no_family_error
-from fusegen.codegen.ffn import FFN, FfnFamily
+from fusegen.codegen.family import Family, Mismatch, no_family_error
+from fusegen.codegen.ffn import FFN
 from fusegen.codegen.plan import PlanError, TilePlan
 from fusegen.codegen.reference import dim_bindings, reference_lines
 from fusegen.codegen.render import header, render
 from fusegen.codegen.report import plan_markdown
+from fusegen.codegen.rewrites import rewrite
+from fusegen.codegen.rowreduce import ROWREDUCE
 from fusegen.codegen.stage import dim_source
 from fusegen.dsl import load_spec
 from fusegen.dsl.diagnostics import Diagnostic, SpecError
 from fusegen.dsl.ir import KernelIR
 
-FAMILIES: tuple[FfnFamily, ...] = (FFN,)
+FAMILIES: tuple[Family, ...] = (FFN, ROWREDUCE)
 #: Logical-core degrees every generated test runs.
 TEST_LNCS = (1, 2)
 
@@ -43,7 +45,8 @@ class Built:
 
 def build_spec(path: str, options: BuildOptions) -> Built:
     """Render every file of one spec; nothing is written."""
-    ir, _warnings = load_spec(path)
+    user_ir, _warnings = load_spec(path)
+    ir = rewrite(user_ir)  # fusion identities first; reference.py keeps the spec's own (unfused) math
     source = Path(path).read_text(encoding="utf-8", errors="replace")
     family, match = _select_family(ir, source)
     try:
@@ -52,14 +55,14 @@ def build_spec(path: str, options: BuildOptions) -> Built:
         raise SpecError([Diagnostic(ir.checks[0].span if ir.checks else ir.outputs[0].span, str(err))], source) from None
     files = {
         "kernel.py": family.kernel_source(ir, match, options.target, options.lnc),
-        "reference.py": reference_source(ir),
+        "reference.py": reference_source(user_ir),
         f"test_{ir.name}.py": test_source(ir, options.target),
         "plan.md": plan_markdown(ir, family.name, plans),
     }
     return Built(ir.name, tuple((f"{ir.name}/{name}", text) for name, text in sorted(files.items())), plans)
 
 
-def _select_family(ir: KernelIR, source: str) -> tuple[FfnFamily, object]:
+def _select_family(ir: KernelIR, source: str) -> tuple[Family, object]:
     mismatches = []
     for family in FAMILIES:
         try:

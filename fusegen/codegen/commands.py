@@ -6,7 +6,7 @@ import sys
 import tempfile
 from pathlib import Path
 
-from fusegen.codegen.build import BuildOptions, build_spec, stale_files, test_shapes, write_atomically
+from fusegen.codegen.build import FAMILIES, BuildOptions, build_spec, stale_files, test_shapes, write_atomically
 from fusegen.dsl import load_spec
 from fusegen.dsl.diagnostics import Diagnostic, SpecError
 from fusegen.dsl.ir import KernelIR
@@ -76,3 +76,12 @@ def _validated(ir: KernelIR, spec: str, dims: dict[str, int]) -> dict[str, int]:
     if errors:
         raise SpecError(errors, source)
     return {name: dims[name] for name in sorted(dims)}
+
+
+def list_families() -> int:
+    """Print every family, what it matches and the hook points its template offers."""
+    for family in FAMILIES:
+        print(f"{family.name}: {family.summary}")
+        for hook in family.hooks:
+            print(f"  hook  {hook}")
+    return 0

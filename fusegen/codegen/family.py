@@ -4,9 +4,25 @@ from __future__ import annotations
 
 from collections.abc import Iterable
 from dataclasses import dataclass
+from typing import Any, Protocol
 
 from fusegen.dsl.diagnostics import Diagnostic, Span, SpecError
 from fusegen.dsl.ir import KernelIR, Node, Shape, shape_str
+
+
+class Family(Protocol):
+    """What the build needs of a kernel family: a matcher, per-shape plans and the kernel source."""
+
+    name: str
+
+    def match(self, ir: KernelIR) -> Any:
+        """The family's roles in `ir` (raises Mismatch)."""
+
+    def plans(self, ir: KernelIR, m: Any, target: str, lnc: int) -> Any:
+        """One TilePlan per check shape (raises PlanError)."""
+
+    def kernel_source(self, ir: KernelIR, m: Any, target: str, lnc: int) -> str:
+        """kernel.py."""
 
 
 @dataclass(frozen=True)

@@ -101,6 +101,11 @@ def _check_mid(ir: KernelIR, mid: set[int], rows: Dim, inter: Dim) -> None:
             raise leave(FAMILY, node, f"values in the combine must be [{rows}, {inter}]")
 
 
+def _epilogue_shapes(rows: Dim, hidden: Dim) -> tuple[tuple[Dim, ...], ...]:
+    one = Dim.const(1)
+    return ((rows, hidden), (rows, one), (hidden,), (one, hidden))
+
+
 def _epilogue(ir: KernelIR, down: Node, rows: Dim, hidden: Dim) -> set[int]:
     epi: set[int] = set()
     for out in ir.outputs:
@@ -118,8 +123,8 @@ def _epilogue(ir: KernelIR, down: Node, rows: Dim, hidden: Dim) -> set[int]:
             raise leave(FAMILY, node, f"the epilogue may read [{rows}, {hidden}], [{hidden}] or [{rows}, 1] inputs")
         if node.op in ("sum", "mean", "max") and (node.attr("axis") != 1 or not node.attr("keepdim")):
             raise leave(FAMILY, node, "epilogue reductions must be over the last axis with keepdim=true")
-        if node.op not in SCALAR_LEAVES and node.op != "input" and node.shape not in ((rows, hidden), (rows, one)):
-            raise leave(FAMILY, node, f"values in the epilogue must be [{rows}, {hidden}] or [{rows}, 1]")
+        if node.op not in SCALAR_LEAVES and node.op != "input" and node.shape not in _epilogue_shapes(rows, hidden):
+            raise leave(FAMILY, node, f"values in the epilogue must be [{rows}, {hidden}], [{hidden}] or [{rows}, 1]")
     for out in ir.outputs:
         if out.shape != (rows, hidden):
             raise Mismatch(FAMILY, out.span, f"ffn outputs must be [{rows}, {hidden}]")

@@ -57,6 +57,8 @@ def _expr(ir: KernelIR, node: Node) -> str:
         return f"float({dim_source(node.attr('dim'))})"  # type: ignore[arg-type]
     if node.op in _UNARY:
         return _UNARY[node.op].format(_tensor(ir, node.args[0], args[0]))
+    if node.op in ("maximum", "minimum"):  # torch.maximum takes tensors only, not a Python float
+        return _BINARY[node.op].format(*(_tensor(ir, a, code) for a, code in zip(node.args, args, strict=True)))
     if node.op in _BINARY:
         return _BINARY[node.op].format(*args)
     return _SPECIAL[node.op](node, args)

@@ -67,7 +67,7 @@ def _constraint(ctx: Context, lhs: Side, op: str, rhs: Side, span: Span) -> Cons
         ctx.error(span, "this constraint mentions no dim", _REQUIRE_HINT)
         return None
     constraint = Constraint(expr, modulus, op, rhs_value, span)
-    fixed = ctx_fixed(ctx)
+    fixed = ctx.fixed_dims()
     if set(expr.symbols()) <= set(fixed) and not constraint.holds(fixed):
         ctx.error(span, f"the fixed dims violate `{constraint}`")
     return constraint
@@ -75,11 +75,6 @@ def _constraint(ctx: Context, lhs: Side, op: str, rhs: Side, span: Span) -> Cons
 
 def _constant_term(dim: Dim) -> int:
     return dict(dim.terms).get((), 0)
-
-
-def ctx_fixed(ctx: Context) -> dict[str, int]:
-    """The fixed dims declared so far."""
-    return {name: d.value for name, d in ctx.dims.items() if d.value is not None}
 
 
 def check_lines(
@@ -93,7 +88,7 @@ def check_lines(
         given = _check_values(ctx, decl)
         if given is None:
             continue
-        env = {**given, **ctx_fixed(ctx)}
+        env = {**given, **ctx.fixed_dims()}
         if _satisfies(ctx, decl, env, constraints) and _shapes_fit(ctx, decl, env):
             shapes.append(ir.CheckShape(tuple(sorted(env.items())), decl.span))
     return tuple(shapes)
@@ -136,7 +131,7 @@ def _satisfies(
 ) -> bool:
     """Report every constraint the check breaks, at the `NAME=value` of the dim it mentions."""
     items = {item.name.name: item for item in decl.items}
-    fixed = ctx_fixed(ctx)
+    fixed = ctx.fixed_dims()
     ok = True
     for constraint in constraints:
         symbols = set(constraint.expr.symbols())

@@ -69,6 +69,10 @@ class Context:
         self.declared[name] = span
         return True
 
+    def fixed_dims(self) -> dict[str, int]:
+        """The dims declared with a value (`HC = 4`)."""
+        return {name: d.value for name, d in self.dims.items() if d.value is not None}
+
     def add_node(
         self,
         op: str,

@@ -183,7 +183,7 @@ def _index(ctx: Context, expr: ast.Index) -> int | None:
 
 def _index_item(ctx: Context, item: ast.Expr | ast.Slice | None, size: Dim) -> IndexItem | None:
     """One dim of an index, bounds-checked as far as the fixed dims allow."""
-    fixed = {name: d.value for name, d in ctx.dims.items() if d.value is not None}
+    fixed = ctx.fixed_dims()
     if item is None:
         return IndexItem("slice", Dim.const(0), size)
     if isinstance(item, ast.Slice):

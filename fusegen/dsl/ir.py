@@ -8,8 +8,6 @@ from __future__ import annotations
 
 from collections.abc import Iterator, Mapping
 from dataclasses import dataclass, field
-from typing import Union
-
 from fusegen.dsl.diagnostics import Span
 
 #: dtypes a spec may name (fp8 is reserved: the grammar accepts it, the checker rejects it for now).
@@ -242,7 +240,7 @@ class IndexItem:
     stop: Dim | None = None  # slices only
 
 
-AttrValue = Union[int, float, bool, str, None, Dim, tuple[IndexItem, ...]]
+AttrValue = int | float | bool | str | None | Dim | tuple[IndexItem, ...]
 
 
 @dataclass(frozen=True)

@@ -36,7 +36,6 @@ _CHARACTER_HINTS = {
     ";": "write one item per line",
     '"': "the spec language has no strings",
     "'": "the spec language has no strings",
-    "\t": None,
 }
 #: the spec's tokens, roughly, for finding the token before an error.
 _ROUGH_TOKEN = re.compile(r"\*\*|[<>=!]=|[A-Za-z_]\w*|\d+\.?\d*(?:[eE][+-]?\d+)?|\S")

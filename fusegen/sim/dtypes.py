@@ -60,4 +60,5 @@ def cast_for_store(value: torch.Tensor, dtype: torch.dtype) -> torch.Tensor:
     if dtype.is_floating_point or not value.dtype.is_floating_point or dtype == torch.bool:
         return value
     info = torch.iinfo(dtype)
-    return torch.nan_to_num(value.round(), nan=0.0).clamp_(info.min, info.max)
+    # float64: int32 bounds are not representable in fp32 (2**31 - 1 would round up and overflow)
+    return torch.nan_to_num(value.double().round(), nan=0.0).clamp_(info.min, info.max)

@@ -67,7 +67,8 @@ class Instr:
     def same_layout(self, a: NkiTensor, b: NkiTensor, roles: str) -> None:
         """Elementwise rule: equal partitions and equal elements per partition."""
         if a.partitions != b.partitions or a.free_size != b.free_size:
-            raise self.fail(ShapeMismatchError, f"{roles}: shapes {a.shape} and {b.shape} differ in partitions "
+            raise self.fail(ShapeMismatchError, f"{roles}: shapes {a.shape} and {b.shape} differ in "
+                            f"partitions "
                             f"({a.partitions} vs {b.partitions}) or elements per partition "
                             f"({a.free_size} vs {b.free_size})")
 
@@ -134,10 +135,15 @@ class Instr:
             t.alloc.known_written.add(t.key)
             return
         detail = f"{role} reads {missing} of {t.numel} never-written elements of {t.alloc.label()}"
-        if self.ctx.strict:
+        if self.ctx.strict and t.alloc.race is not None:
+            # Shared HBM under LNC: another core may be about to write these elements, which is a race
+            # (reported when it happens); the read itself is reported after the run if no race is.
+            self.ctx.launch.deferred.append(self.fail(UninitializedReadError, detail))
+        elif self.ctx.strict:
             raise self.fail(UninitializedReadError, detail)
-        warnings.warn(f"{self.site[0]}:{self.site[1]}: {self.op}: {detail}", UninitializedReadWarning,
-                      stacklevel=4)
+        else:
+            warnings.warn(f"{self.site[0]}:{self.site[1]}: {self.op}: {detail}", UninitializedReadWarning,
+                          stacklevel=4)
         t.alloc.poison_unwritten()
 
     def _track_race(self, t: NkiTensor, write: bool) -> None:

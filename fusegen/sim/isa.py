@@ -45,7 +45,7 @@ def core_barrier(data: NkiTensor, cores: tuple[int, ...], engine: object = engin
     if t.alloc.region is not MemoryRegion.shared_hbm:
         raise ins.fail(InvalidArgumentError, f"data must be in shared HBM, got {t.alloc.region.value}")
     grid = ins.ctx.launch.grid
-    if not set(range(grid)) <= set(cores):  # type: ignore[arg-type]
+    if not set(range(grid)) <= set(cores):
         raise ins.fail(InvalidArgumentError, f"cores={cores} must include every core of the launch "
                        f"{tuple(range(grid))}")
     ins.finish(0, 0)

@@ -4,7 +4,13 @@ from __future__ import annotations
 
 import torch
 
-from .errors import EngineMemoryError, InvalidArgumentError, PartitionError, ShapeMismatchError, UnsupportedError
+from .errors import (
+    EngineMemoryError,
+    InvalidArgumentError,
+    PartitionError,
+    ShapeMismatchError,
+    UnsupportedError,
+)
 from .instr import Instr
 from .operands import PSUM, apply, as_rows, require_op, scalar_or_column, start
 from .ops import Op, reduce_cmd
@@ -107,8 +113,8 @@ def tensor_scalar(dst: NkiTensor, data: NkiTensor, op0: Op, operand0: object, re
     if ins.engine == "scalar":
         pair = (first.name, None if second is None else second.name)
         if ins.ctx.target.nc_version < 3 or pair not in _SCALAR_ENGINE_PAIRS:
-            raise ins.fail(InvalidArgumentError, f"Scalar engine tensor_scalar supports {_SCALAR_ENGINE_PAIRS} "
-                           f"on trn2+, got {pair}")
+            raise ins.fail(InvalidArgumentError, f"Scalar engine tensor_scalar supports "
+                           f"{_SCALAR_ENGINE_PAIRS} on trn2+, got {pair}")
     d, s = _elementwise(ins, dst, data)
     x = as_rows(ins, s, "data")
     y = apply(first, x, scalar_or_column(ins, operand0, s.partitions, "operand0"), reverse0)
@@ -173,7 +179,8 @@ def bn_stats(dst: NkiTensor, data: NkiTensor, name: object = None) -> None:
     ins.on_chip((d, "dst"), (s, "data"))
     fmax = ins.ctx.target.bn_stats_fmax
     if s.free_size > fmax:
-        raise ins.fail(PartitionError, f"data has {s.free_size} elements per partition; bn_stats takes <= {fmax}")
+        raise ins.fail(PartitionError, f"data has {s.free_size} elements per partition; "
+                       f"bn_stats takes <= {fmax}")
     if d.partitions != s.partitions or d.free_size != 6:
         raise ins.fail(ShapeMismatchError, f"dst must be [{s.partitions}, 6], got {d.shape}")
     x = as_rows(ins, s, "data")

@@ -34,7 +34,8 @@ def _check_operands(ins: Instr, d: NkiTensor, st: NkiTensor, mv: NkiTensor) -> N
     if d.dtype != torch.float32 and not (tgt.nc_version >= 4 and d.dtype == torch.bfloat16):
         raise ins.fail(DtypeError, f"dst dtype {d.dtype}: PSUM matmul output is fp32")
     if (st.dtype in _FP32_ONLY_WITH) != (mv.dtype in _FP32_ONLY_WITH):
-        raise ins.fail(DtypeError, f"fp32 inputs only pair with fp32: stationary {st.dtype}, moving {mv.dtype}")
+        raise ins.fail(DtypeError, f"fp32 inputs only pair with fp32: stationary {st.dtype}, "
+                       f"moving {mv.dtype}")
     _check_bank(ins, d)
 
 
@@ -43,8 +44,8 @@ def _check_bank(ins: Instr, d: NkiTensor) -> int:
     bank_bytes = ins.ctx.target.psum_bank_bytes
     lo, hi = d.free_byte_range()
     if lo // bank_bytes != hi // bank_bytes:
-        raise ins.fail(MatmulShapeError, f"dst bytes {lo}..{hi} of each partition straddle a {bank_bytes}-byte "
-                       f"PSUM bank boundary ({d.alloc.label()})")
+        raise ins.fail(MatmulShapeError, f"dst bytes {lo}..{hi} of each partition straddle a "
+                       f"{bank_bytes}-byte PSUM bank boundary ({d.alloc.label()})")
     return lo // bank_bytes
 
 
@@ -94,7 +95,7 @@ def nc_matmul(dst: NkiTensor, stationary: NkiTensor, moving: NkiTensor, is_stati
     ins = Instr("nc_matmul", "tensor")
     d, st, mv = ins.tensor(dst, "dst"), ins.tensor(stationary, "stationary"), ins.tensor(moving, "moving")
     if is_transpose or tile_position or tile_size or perf_mode is not matmul_perf_mode.none:
-        raise ins.fail(UnsupportedError, "is_transpose / tile_position / tile_size / perf_mode are not modelled")
+        raise ins.fail(UnsupportedError, "is_transpose/tile_position/tile_size/perf_mode are not modelled")
     _check_operands(ins, d, st, mv)
     k = st.partitions
     # bf16/fp16 products are exact in fp32, so an fp32 matmul on upcast operands is faithful

@@ -16,6 +16,7 @@ from .ops import oob_mode as OobMode
 from .tensor import NkiTensor
 
 _VECTOR_LIKE = ("vector", "gpsimd", "scalar")
+_TRANSPOSE_AXES = ((1, 0), (2, 1, 0), (3, 1, 2, 0))
 
 
 def _dma_operands(ins: Instr, dst: object, src: object) -> tuple[NkiTensor, NkiTensor]:
@@ -35,7 +36,7 @@ def _dma_mode(ins: Instr, dge: object, engine: object, d: NkiTensor, s: NkiTenso
         if d.dtype != s.dtype:
             raise ins.fail(DtypeError, f"hwdge copies raw bytes: dst {d.dtype} != src {s.dtype}")
         if engine not in (Engine.unknown, Engine.sync, Engine.scalar):
-            raise ins.fail(InvalidArgumentError, f"engine={engine} with hwdge: use engine.sync or engine.scalar")
+            raise ins.fail(InvalidArgumentError, f"engine={engine} with hwdge: use sync or scalar")
     elif engine is not Engine.unknown:
         raise ins.fail(InvalidArgumentError, f"engine={engine} is only valid with dge_mode=hwdge")
 
@@ -46,27 +47,30 @@ def _elems(t: NkiTensor) -> tuple[int, int]:
 
 
 def dma_copy(dst: NkiTensor, src: NkiTensor, priority: object = None, oob_mode: object = OobMode.error,
-             dge_mode: object = DgeMode.unknown, engine: object = Engine.unknown, name: object = None) -> None:
+             dge_mode: object = DgeMode.unknown, engine: object = Engine.unknown,
+             name: object = None) -> None:
     """dst = src between HBM and SBUF (reshaping copy; dtype cast via fp32 unless hwdge)."""
     ins = Instr("dma_copy", "dma")
     d, s = _dma_operands(ins, dst, src)
     _dma_mode(ins, dge_mode, engine, d, s)
     if d.numel != s.numel:
-        raise ins.fail(ShapeMismatchError, f"dst {d.shape} has {d.numel} elements, src {s.shape} has {s.numel}")
+        raise ins.fail(ShapeMismatchError, f"dst {d.shape} has {d.numel} elements, "
+                       f"src {s.shape} has {s.numel}")
     ins.write(d, ins.read(s, "src"))
     ins.finish(*_elems(d if d.alloc.on_chip else s))
 
 
 def dma_transpose(dst: NkiTensor, src: NkiTensor, axes: object = None, priority: object = None,
-                  dge_mode: object = DgeMode.unknown, oob_mode: object = OobMode.error, name: object = None) -> None:
+                  dge_mode: object = DgeMode.unknown, oob_mode: object = OobMode.error,
+                  name: object = None) -> None:
     """dst = src permuted by `axes` (default: reversed), into SBUF."""
     ins = Instr("dma_transpose", "dma")
     d, s = _dma_operands(ins, dst, src)
     if d.alloc.region is not MemoryRegion.sbuf:
         raise ins.fail(InvalidArgumentError, f"dst must be in SBUF, got {d.alloc.region.value}")
-    perm = tuple(range(s.ndim))[::-1] if axes is None else tuple(axes)  # type: ignore[call-overload]
-    if perm not in ((1, 0), (2, 1, 0), (3, 1, 2, 0)) or len(perm) != s.ndim:
-        raise ins.fail(UnsupportedError, f"axes={perm} for a {s.ndim}-D src (supported: (1,0), (2,1,0), (3,1,2,0))")
+    perm = tuple(range(s.ndim))[::-1] if axes is None else tuple(axes)  # type: ignore[arg-type]
+    if perm not in _TRANSPOSE_AXES or len(perm) != s.ndim:
+        raise ins.fail(UnsupportedError, f"axes={perm} for a {s.ndim}-D src (supported: {_TRANSPOSE_AXES})")
     if d.dtype != s.dtype:
         raise ins.fail(DtypeError, f"dst {d.dtype} != src {s.dtype}")
     want = tuple(s.shape[p] for p in perm)
@@ -85,7 +89,7 @@ def tensor_copy(dst: NkiTensor, src: NkiTensor, engine: object = Engine.unknown,
         ins.forbid(d, PSUM, "dst", "GpSimd cannot access PSUM")
         ins.forbid(s, PSUM, "src", "GpSimd cannot access PSUM")
     if ins.engine == "scalar" and ins.ctx.target.nc_version < 3:
-        raise ins.fail(InvalidArgumentError, "trn1 Scalar engine has no tensor_copy; use activation(op=nl.copy)")
+        raise ins.fail(InvalidArgumentError, "trn1 Scalar engine has no tensor_copy; use activation(nl.copy)")
     ins.same_layout(d, s, "dst/src")
     value = ins.read(s, "src")
     ins.write(d, value if value.dtype == d.dtype else value.float())
@@ -126,7 +130,8 @@ def iota(dst: NkiTensor, pattern: list[list[int]], offset: int = 0, channel_mult
     ins.finish(d.partitions, d.free_size)
 
 
-def nc_transpose(dst: NkiTensor, data: NkiTensor, engine: object = Engine.unknown, name: object = None) -> None:
+def nc_transpose(dst: NkiTensor, data: NkiTensor, engine: object = Engine.unknown,
+                 name: object = None) -> None:
     """Swap partition and (flattened) free dims: Tensor engine <=128x128 into PSUM, Vector <=32x32."""
     d, s = dst, data
     default = "tensor" if isinstance(d, NkiTensor) and d.alloc.region is MemoryRegion.psum else "vector"

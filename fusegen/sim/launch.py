@@ -132,6 +132,7 @@ class Launch:
         self.lock = threading.Lock()
         self.barrier = CoreBarrier(grid)
         self.pending: list[int] = []
+        self.deferred: list[SimError] = []  # uninitialized shared-HBM reads, raised if no race explains them
         self.started: list[threading.Event] = []
         self.body: Callable[[int], None] = lambda core: None
 
@@ -153,8 +154,8 @@ class Launch:
                 self.shared.append(alloc)
             alloc = self.shared[index]
         if (alloc.shape, alloc.dtype) != (shape, dtype):
-            raise SimError(f"{site[0]}:{site[1]}: ndarray: shared_hbm allocation #{index} is {shape} {dtype} on "
-                           f"core {ctx.core} but {alloc.shape} {alloc.dtype} on another core")
+            raise SimError(f"{site[0]}:{site[1]}: ndarray: shared_hbm allocation #{index} is {shape} "
+                           f"{dtype} on core {ctx.core} but {alloc.shape} {alloc.dtype} on another core")
         return alloc
 
     def _track(self, alloc: Alloc) -> None:
@@ -188,6 +189,8 @@ class Launch:
         self._run_all(body)
         if errors:
             raise next((e for e in errors if not isinstance(e, BarrierError)), errors[0])
+        if self.deferred:
+            raise self.deferred[0]
         stats = {"grid": self.grid, "target": self.target.name,
                  "cores": [check_instance(ctx) for ctx in self.contexts]}
         outputs = _outputs(results[0], site, self.strict)
@@ -202,7 +205,7 @@ class Launch:
         barrier, and it keeps every torch op on one thread (one OpenMP team, no GIL contention).
         """
         self.pending = list(range(1, self.grid))
-        self.started: list[threading.Event] = []
+        self.started = []
         body(0)
         while self.pending:
             body(self.pending.pop(0))
@@ -243,7 +246,8 @@ def _outputs(value: Any, site: tuple[str, int], strict: bool) -> Any:
     if isinstance(value, tuple | list):
         return tuple(_outputs(v, site, strict) for v in value)
     if not isinstance(value, NkiTensor) or value.alloc.region is not MemoryRegion.shared_hbm:
-        raise SimError(f"{site[0]}:{site[1]}: return: kernel outputs must be nl.shared_hbm tensors, got {value!r}")
+        raise SimError(f"{site[0]}:{site[1]}: return: kernel outputs must be nl.shared_hbm tensors, "
+                       f"got {value!r}")
     if unwritten_count(value):
         detail = f"{site[0]}:{site[1]}: return: output {value.alloc.label()} has never-written elements"
         if strict:

@@ -39,8 +39,8 @@ def _live_at(allocs: list[Alloc], pos: int) -> list[Alloc]:
 def _overflow(ctx: Context, what: str, used: str, limit: str, pos: int, live: list[Alloc]) -> CapacityError:
     """A CapacityError located at the peak instruction, listing the biggest live buffers."""
     file, line = ctx.sites[pos]
-    biggest = "; ".join(f"{a.label()} {a.bytes_per_partition} B/partition allocated at {a.site[0]}:{a.site[1]}"
-                        for a in live[:5])
+    biggest = "; ".join(f"{a.label()} {a.bytes_per_partition} B/partition allocated at "
+                        f"{a.site[0]}:{a.site[1]}" for a in live[:5])
     return CapacityError(f"{file}:{line}: core {ctx.core} {what} peak {used} exceeds {limit} "
                          f"(interval liveness, at instruction #{pos}); biggest live: {biggest}")
 
@@ -69,8 +69,8 @@ def check_instance(ctx: Context) -> dict[str, Any]:
     tgt = ctx.target
     sbuf_peak, sbuf_at = _peak(sbuf, {a.id: a.bytes_per_partition for a in sbuf})
     if sbuf_peak > tgt.sbuf_usable_bytes:
-        raise _overflow(ctx, "SBUF", f"{sbuf_peak} B/partition", f"the {tgt.name} budget {tgt.sbuf_usable_bytes}",
-                        sbuf_at, _live_at(sbuf, sbuf_at))
+        budget = f"the {tgt.name} budget {tgt.sbuf_usable_bytes}"
+        raise _overflow(ctx, "SBUF", f"{sbuf_peak} B/partition", budget, sbuf_at, _live_at(sbuf, sbuf_at))
     banks = {a.id: max(1, math.ceil(a.bytes_per_partition / tgt.psum_bank_bytes)) for a in psum}
     psum_peak, psum_at = _peak(psum, banks)
     if psum_peak > tgt.psum_banks:

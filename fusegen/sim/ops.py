@@ -19,7 +19,8 @@ class Op:
 
     __slots__ = ("arity", "bitwise", "fn", "name", "reduce")
 
-    def __init__(self, name: str, arity: int, fn: Fn, reduce: Fn | None = None, bitwise: bool = False) -> None:
+    def __init__(self, name: str, arity: int, fn: Fn, reduce: Fn | None = None,
+                 bitwise: bool = False) -> None:
         self.name = name
         self.arity = arity
         self.fn = fn
@@ -113,7 +114,7 @@ OPS: dict[str, Op] = {
 }
 
 
-class engine(enum.Enum):  # noqa: N801 -- NKI's public enum names are lower case
+class engine(enum.Enum):
     """Neuron engines."""
 
     tensor = "tensor"
@@ -125,7 +126,7 @@ class engine(enum.Enum):  # noqa: N801 -- NKI's public enum names are lower case
     unknown = "unknown"
 
 
-class reduce_cmd(enum.Enum):  # noqa: N801
+class reduce_cmd(enum.Enum):
     """Accumulation-register commands."""
 
     idle = "idle"
@@ -135,7 +136,7 @@ class reduce_cmd(enum.Enum):  # noqa: N801
     load_reduce = "load_reduce"
 
 
-class dge_mode(enum.Enum):  # noqa: N801
+class dge_mode(enum.Enum):
     """DMA descriptor-generation modes."""
 
     unknown = "unknown"
@@ -144,21 +145,21 @@ class dge_mode(enum.Enum):  # noqa: N801
     none = "none"
 
 
-class oob_mode(enum.Enum):  # noqa: N801
+class oob_mode(enum.Enum):
     """Out-of-bounds handling of dynamic DMA accesses."""
 
     error = "error"
     skip = "skip"
 
 
-class matmul_perf_mode(enum.Enum):  # noqa: N801
+class matmul_perf_mode(enum.Enum):
     """nc_matmul performance modes."""
 
     none = "none"
     double_row = "double_row"
 
 
-class nc_version(enum.Enum):  # noqa: N801
+class nc_version(enum.Enum):
     """NeuronCore generations."""
 
     gen2 = 2
@@ -166,7 +167,7 @@ class nc_version(enum.Enum):  # noqa: N801
     gen4 = 4
 
 
-class dma_engine(enum.Enum):  # noqa: N801
+class dma_engine(enum.Enum):
     """DMA transfer engines (sendrecv)."""
 
     dma = "dma"

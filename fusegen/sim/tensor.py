@@ -85,7 +85,8 @@ class NkiTensor:
 
     def materialize(self, base: torch.Tensor | None = None) -> torch.Tensor:
         """A torch view of the storage (or of a same-sized mask) with this view's layout."""
-        return torch.as_strided(self.alloc.data if base is None else base, self.shape, self.strides, self.offset)
+        storage = self.alloc.data if base is None else base
+        return torch.as_strided(storage, self.shape, self.strides, self.offset)
 
     def free_byte_range(self) -> tuple[int, int]:
         """First and last byte touched within a partition row (on-chip views)."""
@@ -115,7 +116,8 @@ class NkiTensor:
                 strides.append(s * step)
             elif isinstance(k, int):
                 if not -n <= k < n:
-                    raise fault(OutOfBoundsError, "index", f"index {k} out of range for dim {dim} of size {n}")
+                    raise fault(OutOfBoundsError, "index", f"index {k} out of range for dim {dim} "
+                                f"of size {n}")
                 offset += (k % n) * s
                 if dim == 0 and self.alloc.on_chip:  # the partition dim is kept (size 1)
                     shape.append(1)
@@ -131,7 +133,7 @@ class NkiTensor:
            vector_offset: Any = None, indirect_dim: int = 0, dtype: Any = None) -> NkiTensor:
         """Address the underlying storage with explicit [[stride, count], ...] pairs."""
         if scalar_offset is not None or vector_offset is not None:
-            raise fault(UnsupportedError, "ap", "indirect (scalar_offset/vector_offset) access is not modelled")
+            raise fault(UnsupportedError, "ap", "indirect access (scalar/vector_offset) is not modelled")
         if dtype is not None and dtypes.to_torch(dtype) != self.dtype:
             raise fault(UnsupportedError, "ap", "dtype reinterpretation is not modelled")
         if not pattern or any(len(pair) != 2 for pair in pattern):
@@ -170,7 +172,7 @@ class NkiTensor:
         if self.shape[0] > 1 and self.strides[0] != pstride:
             raise fault(OutOfBoundsError, op, f"partition stride {self.strides[0]} must equal the "
                         f"per-partition element count {pstride} of {self.alloc.label()}")
-        lo, hi = self.free_byte_range()
+        _, hi = self.free_byte_range()
         if hi >= pstride * self.alloc.dtype.itemsize:
             raise fault(OutOfBoundsError, op, f"free-dim access reaches byte {hi} of a "
                         f"{pstride * self.alloc.dtype.itemsize}-byte partition row of {self.alloc.label()}")
@@ -186,6 +188,7 @@ def _slice_bounds(k: slice, n: int, dim: int) -> tuple[int, int, int]:
     start = start + n if start < 0 else start
     stop = stop + n if stop < 0 else stop
     if not 0 <= start <= n or not 0 <= stop <= n:
-        raise fault(OutOfBoundsError, "index", f"slice {k.start}:{k.stop} out of range for dim {dim} of size {n}")
+        raise fault(OutOfBoundsError, "index", f"slice {k.start}:{k.stop} out of range for dim {dim} "
+                    f"of size {n}")
     count = max(0, (stop - start + step - 1) // step)
     return start, count, step

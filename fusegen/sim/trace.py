@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 from collections import defaultdict
+from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -49,12 +50,13 @@ class Trace:
     def __len__(self) -> int:
         return len(self.records)
 
-    def __iter__(self):  # type: ignore[no-untyped-def]
+    def __iter__(self) -> Iterator[Record]:
         return iter(self.records)
 
     def totals(self) -> dict[str, dict[str, int]]:
         """Per-engine totals: instruction count, elements, bytes per memory level."""
-        out: dict[str, dict[str, int]] = defaultdict(lambda: dict.fromkeys(("count", "elems", *BYTE_FIELDS), 0))
+        fields = ("count", "elems", *BYTE_FIELDS)
+        out: dict[str, dict[str, int]] = defaultdict(lambda: dict.fromkeys(fields, 0))
         for rec in self.records:
             row = out[rec.engine]
             row["count"] += 1

@@ -10,21 +10,23 @@ import pytest
 GOLDEN_DIR = Path(__file__).parent / "golden"
 REPO = Path(__file__).parents[2]
 
+Golden = Callable[..., None]
+
 
 @pytest.fixture
-def golden(request: pytest.FixtureRequest) -> Callable[[str, str], None]:
-    """Compare text with tests/dsl/golden/<name>.txt, or rewrite it under --update-golden."""
+def golden(request: pytest.FixtureRequest) -> Golden:
+    """`golden(name, text)`: compare with golden/<name>.txt, or rewrite it under --update-golden."""
     update = bool(request.config.getoption("--update-golden"))
 
-    def compare(name: str, text: str) -> None:
-        path = GOLDEN_DIR / f"{name}.txt"
+    def compare(name: str, text: str, directory: Path = GOLDEN_DIR) -> None:
+        path = directory / f"{name}.txt"
         if update:
             path.write_text(text, encoding="utf-8")
             return
         if not path.exists():
             pytest.fail(f"missing golden file {path}; create it with `pytest tests/dsl --update-golden`")
         assert text == path.read_text(encoding="utf-8"), (
-            f"{path} differs; if intended, rerun with --update-golden"
+            f"{path} differs; rerun with --update-golden if intended"
         )
 
     return compare

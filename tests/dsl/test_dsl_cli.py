@@ -20,7 +20,7 @@ def test_examples_pass_with_a_summary(repo_root: Path, capsys: pytest.CaptureFix
     assert "  inputs   x: bf16[R, K], w1t: bf16[K, I], b1: f32[I]," in out
     assert "  outputs  x_new: f32[R, K], z: bf16[R, K]" in out
     assert "optional dot: f32[T, HC]" in out
-    assert "  checks   T=127 HC=4 H=256; T=1 HC=4 H=2048;" in out
+    assert "  checks   R=256 K=1280 I=3416; R=300 K=384 I=1000; R=7 K=256 I=384\n" in out
 
 
 def test_bad_spec_exits_2_with_a_caret(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
@@ -79,3 +79,10 @@ def test_help_lists_check_spec(capsys: pytest.CaptureFixture[str]) -> None:
         main(["check-spec", "--help"])
     assert info.value.code == 0
     assert "--dump {ast,ir}" in capsys.readouterr().out
+
+
+def test_top_level_help(capsys: pytest.CaptureFixture[str]) -> None:
+    with pytest.raises(SystemExit) as info:
+        main(["--help"])
+    assert info.value.code == 0
+    assert "check-spec" in capsys.readouterr().out

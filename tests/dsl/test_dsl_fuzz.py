@@ -17,7 +17,9 @@ TOKENS = re.compile(r"\s+|\w+|\*\*|[<>=!]=|.", re.DOTALL)
 #: tokens worth splicing in: every operator, keyword and bracket, plus troublemakers.
 VOCABULARY = sorted({t for s in SOURCES for t in TOKENS.findall(s)} | {"1e999", "nan", "\x00", "\u2028", "?"})
 #: Lark's internal terminal names, which must never reach a message.
-LARK_TERMINAL = re.compile(r"__ANON|\$END|\b_NL\b|\b(LPAR|RPAR|LSQB|RSQB|COMMA|EQUAL|COLON|MUL_OP|COMPARE_OP)\b")
+LARK_TERMINAL = re.compile(
+    r"__ANON|\$END|\b_NL\b|\b(LPAR|RPAR|LSQB|RSQB|COMMA|EQUAL|COLON|MUL_OP|COMPARE_OP)\b"
+)
 #: derandomized so CI is reproducible; many cases per test, each fast.
 FUZZ = settings(
     max_examples=700, derandomize=True, deadline=None, suppress_health_check=list(HealthCheck), database=None

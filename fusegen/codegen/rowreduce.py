@@ -1,0 +1,203 @@
+"""The row-reduction family: match, lower, plan and render a spec into kernel.py (beyond the shared files)."""
+
+from __future__ import annotations
+
+import dataclasses
+import inspect
+from dataclasses import dataclass
+
+from fusegen.codegen import rowreduce_budget as rb
+from fusegen.codegen.plan import PlanError, PlannedBuffer, TilePlan
+from fusegen.codegen.reference import dim_bindings
+from fusegen.codegen.render import header, render
+from fusegen.codegen.rowreduce_lower import RowReduceLowering, kernel_arg, lower_rowreduce
+from fusegen.codegen.rowreduce_match import RowReduceMatch, match_rowreduce
+from fusegen.dsl.ir import DTYPE_BYTES, KernelIR
+from fusegen.sim.targets import TARGETS, Target, get_target
+
+TEMPLATE = "rowreduce_kernel.py.jinja"
+
+
+@dataclass(frozen=True)
+class HostSignature:
+    """Pieces of the host functions' source, decided here and formatted by the template."""
+
+    params: str
+    returns: str
+    tensors: str
+    width: str  # source of H in the host, e.g. `x.shape[2]`
+    heads: str
+    launch_args: str
+    doc: str
+    prep_name: str
+    prep_params: str  # the weights, e.g. `w_h: torch.Tensor, w_e: torch.Tensor`
+    prep_args: str
+    prep_kernel_args: str
+    prep_dims: tuple[str, ...]
+    prep_returns: str
+    save_arg: str  # `save`, or `False` when the spec has no optional output
+    kernel_returns: str
+    saved_returns: str  # every output, when saving ("" without optional outputs)
+
+
+@dataclass(frozen=True)
+class RowReduceFamily:
+    """Per-row reductions over the last axis, per-row scalar math, an elementwise combine with broadcast."""
+
+    name: str = "rowreduce"
+    summary: str = ("[T, G, H] data: last-axis reductions (chunked passes) -> per-row scalar math -> "
+                    "elementwise combine; weights without the token axis prepared once, resident")  # fmt: skip
+    hooks: tuple[str, ...] = (
+        "prep: weights broadcast over partitions and combined in fp32 once per launch (e.g. w_h * w_e)",
+        "reduction passes: activation_reduce / tensor_reduce per chunk, folded into [P, 1] accumulators",
+        "epilogue: per-row scalar math on [P, 1] columns, the full-width combine, [T, G] outputs staged",
+    )
+
+    def match(self, ir: KernelIR) -> RowReduceMatch:
+        """The row-reduction roles in `ir` (raises Mismatch)."""
+        return match_rowreduce(ir)
+
+    def plans(self, ir: KernelIR, m: RowReduceMatch, target: str, lnc: int) -> list[TilePlan]:
+        """One plan per `check` shape."""
+        low = lower_rowreduce(ir, m)
+        return [plan_rowreduce(ir, m, low, get_target(target), lnc, {**ir.fixed_dims(), **c.env()})
+                for c in ir.checks]  # fmt: skip
+
+    def kernel_source(self, ir: KernelIR, m: RowReduceMatch, target: str, lnc: int) -> str:
+        """kernel.py: the NKI kernel and its prep kernel, the vendored planner, the host functions."""
+        low = lower_rowreduce(ir, m)
+        return render(
+            TEMPLATE,
+            header=header(ir, TEMPLATE), name=ir.name, doc=_doc(ir), low=low, model=repr(low.model),
+            budget_source=_vendored_budget(), kernel_args=_kernel_args(ir), host=_host(ir, m),
+            dim_bindings=[f"d_{d} = {src}" for d, src in dim_bindings(ir, kernel_arg)],
+            outputs=[(kernel_arg(o.name), _nl_dtype(o.dtype), ", ".join(_dims(o.shape)),
+                      " if save else None" if o.optional else "") for o in ir.outputs],
+            sbuf_budgets=repr({name: t.sbuf_usable_bytes for name, t in sorted(TARGETS.items())}),
+            default_target=target, default_lnc=lnc,
+        )  # fmt: skip
+
+
+ROWREDUCE = RowReduceFamily()
+
+
+def plan_rowreduce(ir: KernelIR, m: RowReduceMatch, low: RowReduceLowering, target: Target, lnc: int,
+                   dims: dict[str, int]) -> TilePlan:  # fmt: skip
+    """The chunk width, SBUF budget and HBM traffic of one shape."""
+    rows, heads, width = (d.eval(dims) for d in (m.rows, m.heads, m.width))
+    budget = target.sbuf_usable_bytes
+    try:
+        hb = rb.choose(low.model, width, heads, budget)
+    except ValueError as err:
+        raise PlanError(f"{err} on {target.name}") from None
+    per_token, minimum = token_bytes(ir, m, dims)
+    weights = sum(DTYPE_BYTES[w.dtype] for w in m.weights) * heads * width
+    cores = min(lnc, rb.cdiv(rows, rb.P))
+    buffers = tuple(PlannedBuffer(b.name, "sbuf", b.bytes, b.copies) for b in rb.buffers(low.model, width, heads, hb))
+    summary = (
+        ("token tiles (128) per core", str(rb.cdiv(rb.rows_per_core(rows, lnc), rb.P))),
+        ("reduction chunks", f"{rb.cdiv(width, hb)} of {hb} columns"),
+        ("HBM bytes per token (save=True)", f"{per_token:,} modelled + {weights * cores / rows:,.1f} of weights "
+                                            f"(read once per core) = {_ratio(per_token, weights * cores / rows, minimum)}"),
+    )  # fmt: skip
+    return TilePlan(
+        family="rowreduce", target=target.name, lnc=lnc, dims=tuple(sorted(dims.items())),
+        tiles=(("P", rb.P), ("HB", hb)), buffers=buffers, sbuf_bytes=rb.sbuf_bytes(low.model, width, heads, hb),
+        sbuf_budget=budget, psum_banks=0, psum_budget=target.psum_banks,
+        hbm_bytes=(("per token", per_token), ("minimum per token", minimum), ("weights", weights)),
+        summary=summary, reasons=_reasons(low, width, heads, hb, budget),
+    )  # fmt: skip
+
+
+def token_bytes(ir: KernelIR, m: RowReduceMatch, dims: dict[str, int]) -> tuple[int, int]:
+    """(HBM bytes per token the kernel moves with every output written, the minimum: each input read once)."""
+    heads, width = m.heads.eval(dims), m.width.eval(dims)
+    loads = sum(DTYPE_BYTES[ir.node(ld.node).dtype] * width * (heads if ld.per_head else 1) for ld in m.loads)
+    outs = sum(DTYPE_BYTES[o.dtype] * _elems(o.shape[1:], dims) for o in ir.outputs)
+    read_once = sum(DTYPE_BYTES[i.dtype] * _elems(i.shape[1:], dims) for i in ir.inputs if i.shape[0] == m.rows)
+    return loads + outs, read_once + outs
+
+
+def _ratio(per_token: int, weights: float, minimum: int) -> str:
+    return f"{(per_token + weights) / minimum:.4f}x the minimum {minimum:,} (each input read once)"
+
+
+def _elems(shape: tuple, dims: dict[str, int]) -> int:  # type: ignore[type-arg]
+    total = 1
+    for d in shape:
+        total *= d.eval(dims)
+    return total
+
+
+def _reasons(low: RowReduceLowering, width: int, heads: int, hb: int, budget: int) -> tuple[str, ...]:
+    model = low.model
+    resident = (model.resident_per_head * heads + model.resident_shared) * width
+    reasons = [f"prepared weights stay resident: {resident:,} B/partition ({heads} heads x {width} columns)"]
+    if hb >= width:
+        reasons.append(f"HB={hb}: the whole width in one reduction pass")
+    else:
+        need = rb.sbuf_bytes(model, width, heads, rb.cdiv(width, rb.P) * rb.P)
+        reasons.append(f"HB={hb}: one full-width pass would need {need:,} B > {budget:,} B; "
+                       f"{rb.cdiv(width, hb)} chunks of equal width instead")  # fmt: skip
+    reasons.append("row inputs are loaded once per token tile and head and kept for the epilogue, so each "
+                   "input byte crosses HBM once")  # fmt: skip
+    return tuple(reasons)
+
+
+def _nl_dtype(dtype: str) -> str:
+    from fusegen.codegen.select import NL_DTYPE
+
+    return NL_DTYPE[dtype]
+
+
+def _dims(shape: tuple) -> list[str]:  # type: ignore[type-arg]
+    from fusegen.codegen.stage import dim_source
+
+    return [dim_source(d) for d in shape]
+
+
+def _doc(ir: KernelIR) -> str:
+    outs = ", ".join(o.name for o in ir.outputs)
+    ins = ", ".join(i.name for i in ir.inputs)
+    return f"{ir.name}: ({ins}) -> ({outs}), a row-reduction NKI kernel; reference.py spells out the math."
+
+
+def _kernel_args(ir: KernelIR) -> list[str]:
+    return [kernel_arg(i.name) for i in ir.inputs] + [f"{p.name}_arg" for p in ir.params]
+
+
+def _host(ir: KernelIR, m: RowReduceMatch) -> HostSignature:
+    tensors = [i.name for i in ir.inputs]
+    params = [f"{t}: torch.Tensor" for t in tensors] + [f"{p.name}: float = {p.default!r}" for p in ir.params]
+    optional = [o.name for o in ir.outputs if o.optional]
+    params += ["save: bool = False"] if optional else []
+    params += ["lnc: int = LNC", "target: str = TARGET"]
+    required = [o.name for o in ir.outputs if not o.optional]
+    returns = "torch.Tensor" if len(required) == 1 else f"tuple[{', '.join(['torch.Tensor'] * len(required))}]"
+    returns += " | tuple[torch.Tensor, ...]" if optional else ""
+    data = next(i for i in ir.inputs if len(i.shape) == 3)
+    weights = [str(w.name) for w in m.weights]
+    prep_ir = dataclasses.replace(ir, inputs=tuple(i for i in ir.inputs if i.name in weights))
+    saved = f"; with save=True also ({', '.join(optional)})" if optional else ""
+    return HostSignature(
+        params=", ".join(params), returns=returns, tensors=", ".join(tensors) + ("," if len(tensors) == 1 else ""),
+        width=f"{data.name}.shape[2]", heads=f"{data.name}.shape[1]",
+        launch_args=", ".join(tensors + [p.name for p in ir.params]), save_arg="save" if optional else "False",
+        kernel_returns=", ".join(kernel_arg(o) for o in required),
+        saved_returns=", ".join(kernel_arg(o.name) for o in ir.outputs) if optional else "",
+        prep_returns=", ".join(f"res{i}_hbm" for i in range(len(m.prep_roots))),
+        doc=f"Run the kernel on {_lnc_text()}; returns ({', '.join(required)}){saved}.",
+        prep_name="fused_weight", prep_params=", ".join(f"{w}: torch.Tensor" for w in weights),
+        prep_args=", ".join(weights), prep_kernel_args=", ".join(kernel_arg(w) for w in weights),
+        prep_dims=tuple(f"d_{d} = {src}" for d, src in dim_bindings(prep_ir, kernel_arg)),
+    )  # fmt: skip
+
+
+def _lnc_text() -> str:
+    return "`lnc` logical cores (default: NEURON_LOGICAL_NC_CONFIG)"
+
+
+def _vendored_budget() -> str:
+    """rowreduce_budget.py's code from its first constant on (its docstring and imports stay behind)."""
+    source = inspect.getsource(rb)
+    return source[source.index("P = 128") :].rstrip("\n")

@@ -1,0 +1,71 @@
+"""SBUF budget of a generated row-reduction kernel and its choice of reduction chunk width HB.
+
+Standard library only: `fusegen build` copies this module's code into every generated row-reduction
+kernel, so the host function plans for runtime shapes with exactly the model the compiler used.
+"""
+
+from __future__ import annotations
+
+from typing import NamedTuple
+
+P = 128  # partitions: tokens per tile
+
+
+class RowModel(NamedTuple):
+    """What a generated row-reduction kernel holds in SBUF, in bytes per partition per width column."""
+
+    resident_per_head: int  # prepared weights kept for the whole launch, per head
+    resident_shared: int  # prepared weights shared by all heads
+    prep_scratch: int  # weight loads and temporaries of the prep step
+    row_inputs: int  # [T, G, H] loads of one token tile and head (kept for the epilogue)
+    epilogue: int  # full-width temporaries of the epilogue
+    chunk: int  # temporaries of the widest reduction pass, per chunk column
+    columns: int  # bytes of [P, 1] columns and per-head staging, per head
+
+
+class Buffer(NamedTuple):
+    """One SBUF buffer of the kernel: bytes per partition per copy, and copies in flight."""
+
+    name: str
+    bytes: int
+    copies: int
+
+
+def cdiv(n: int, d: int) -> int:
+    """Ceiling division."""
+    return -(-n // d)
+
+
+def rows_per_core(rows: int, lnc: int) -> int:
+    """Rows one core handles: whole 128-row tiles are dealt out, the ragged tile goes last."""
+    return min(rows, cdiv(cdiv(rows, P), lnc) * P)
+
+
+def buffers(m: RowModel, width: int, heads: int, hb: int) -> list[Buffer]:
+    """The kernel's SBUF buffers at width `width`, `heads` heads and reduction chunk `hb` columns."""
+    return [
+        Buffer("prepared weights (fp32, resident)", (m.resident_per_head * heads + m.resident_shared) * width, 1),
+        Buffer("row inputs of one token tile and head", m.row_inputs * width, 1),
+        Buffer("epilogue tiles", m.epilogue * width, 1),
+        Buffer("reduction chunk temporaries", m.chunk * hb, 1),
+        Buffer("per-row columns and output staging", m.columns * heads, 1),
+    ]
+
+
+def sbuf_bytes(m: RowModel, width: int, heads: int, hb: int) -> int:
+    """Peak SBUF bytes per partition: the main loop, or the prep step if that is larger."""
+    main = sum(b.bytes * b.copies for b in buffers(m, width, heads, hb))
+    prep = (m.resident_per_head * heads + m.resident_shared + m.prep_scratch) * width
+    return max(main, prep)
+
+
+def choose(m: RowModel, width: int, heads: int, budget: int) -> int:
+    """HB: the fewest reduction chunks that fit, then the narrowest chunk (a multiple of 128) for that count."""
+    fixed = sbuf_bytes(m, width, heads, 0)
+    room = (budget - fixed) // m.chunk if m.chunk else width
+    widest = min(cdiv(width, P) * P, room // P * P)
+    if widest < P or sbuf_bytes(m, width, heads, P) > budget:
+        need = sbuf_bytes(m, width, heads, P)
+        raise ValueError(f"no tile plan fits: width {width} with {heads} heads needs {need} B/partition of SBUF "
+                         f"even with 128-column chunks; the budget is {budget} B")
+    return cdiv(cdiv(width, cdiv(width, widest)), P) * P

@@ -1,0 +1,234 @@
+"""Lowering of a matched row reduction: weight prep, chunked reduction passes and the epilogue, as NKI lines.
+
+Three stages share the stage/select machinery with the FFN family:
+- prep (once per launch and head): weights broadcast to all partitions, combined in fp32, kept resident;
+- reduction passes (per token tile and head): each level's reductions over chunks of HB columns, the
+  per-chunk partial results folded into one [P, 1] accumulator column per reduction;
+- epilogue (per token tile and head): per-row scalar math on the columns, the full-width combine, and
+  the outputs ([T, G, H] tiles stored directly, [T, G] columns staged per token tile).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from fusegen.codegen.rowreduce_budget import RowModel
+from fusegen.codegen.rowreduce_match import RowLoad, RowReduceMatch
+from fusegen.codegen.select import NL_DTYPE, Layout, Selector
+from fusegen.codegen.stage import Operand, StageBuilder, dim_source
+from fusegen.dsl.ir import DTYPE_BYTES, KernelIR, Node
+
+ONE_COLUMN = "0:1"
+
+
+@dataclass(frozen=True)
+class Load:
+    """One DMA into a fresh SBUF tile: tile name, nl dtype, free size, source access."""
+
+    tile: str
+    nl_dtype: str
+    source: str
+
+
+@dataclass(frozen=True)
+class Combine:
+    """Folding one chunk's partial reduction into its accumulator column."""
+
+    acc: str
+    part: str
+    op: str  # nl.add | nl.maximum
+
+
+@dataclass(frozen=True)
+class Level:
+    """One pass over the width: the chunk's lines and how each partial result is accumulated."""
+
+    lines: tuple[str, ...]
+    combines: tuple[Combine, ...]
+
+
+@dataclass(frozen=True)
+class ColumnOutput:
+    """A [T, G] output: its HBM tensor, staging tile, the column it copies per head, and whether optional."""
+
+    hbm: str
+    staging: str
+    source: str
+    optional: bool
+
+
+@dataclass(frozen=True)
+class RowReduceLowering:
+    """Everything the row-reduction template formats."""
+
+    rows: str
+    heads: str
+    width: str
+    prologue: tuple[str, ...]  # builds the resident lists, one entry per head
+    resident: tuple[tuple[str, str], ...]  # (list name, tile name) per prep root
+    shared_loads: tuple[Load, ...]  # head-shared rows, once per token tile
+    head_loads: tuple[Load, ...]
+    levels: tuple[Level, ...]
+    epi_lines: tuple[str, ...]
+    save_lines: tuple[str, ...]  # extra epilogue lines for optional outputs
+    tile_outputs: tuple[tuple[str, str, str], ...]  # (hbm name, nl dtype, source access)
+    required_columns: tuple[ColumnOutput, ...]
+    optional_columns: tuple[ColumnOutput, ...]
+    model: RowModel
+
+
+def kernel_arg(name: str) -> str:
+    """The kernel's name for spec input `name` (suffixed so it never meets a template local)."""
+    return f"{name}_hbm"
+
+
+def lower_rowreduce(ir: KernelIR, m: RowReduceMatch) -> RowReduceLowering:
+    """Compile the three stages of `m` into NKI lines for the template."""
+    width = dim_source(m.width)
+    prep, prep_loads, resident = _lower_prep(ir, m, width)
+    loads = {ld.node: ld for ld in m.loads}
+    levels, chunk_bytes = _lower_levels(ir, m, loads, resident)
+    epi, n_required, tile_outs, col_outs = _lower_epilogue(ir, m, loads, resident)
+    row_loads = [_load(ir, ld, width) for ld in m.loads]
+    model = RowModel(
+        resident_per_head=sum(_tile_bytes(prep, n) for n in resident.values()),
+        resident_shared=0,
+        prep_scratch=sum(DTYPE_BYTES[w.dtype] for w in m.weights) + _scratch_bytes(prep, resident.values()),
+        row_inputs=sum(DTYPE_BYTES[ir.node(ld.node).dtype] for ld in m.loads),
+        epilogue=sum(DTYPE_BYTES[dt] for _, kind, dt in epi.tiles if kind == "tile"),
+        chunk=chunk_bytes,
+        columns=4 * (sum(1 for _, kind, _ in epi.tiles if kind == "vec") + len(levels) * 8 + len(col_outs)),
+    )  # fmt: skip
+    return RowReduceLowering(
+        rows=dim_source(m.rows), heads=dim_source(m.heads), width=width,
+        prologue=_prologue(prep_loads, prep.lines, resident, width, dim_source(m.heads)),
+        resident=tuple((f"res{i}", tile) for i, tile in enumerate(resident.values())),
+        shared_loads=tuple(ld for ld, spec in zip(row_loads, m.loads, strict=True) if not spec.per_head),
+        head_loads=tuple(ld for ld, spec in zip(row_loads, m.loads, strict=True) if spec.per_head),
+        levels=levels, epi_lines=tuple(epi.lines[:n_required]), save_lines=tuple(epi.lines[n_required:]),
+        tile_outputs=tile_outs, required_columns=tuple(c for c in col_outs if not c.optional),
+        optional_columns=tuple(c for c in col_outs if c.optional), model=model,
+    )  # fmt: skip
+
+
+def _prologue(loads: tuple[Load, ...], lines: list[str], resident: dict[int, str], width: str, heads: str
+              ) -> tuple[str, ...]:  # fmt: skip
+    """`resN = []`, then per head: broadcast weight loads, the prep lines, `resN.append(tile)`."""
+    body = []
+    for ld in loads:
+        body.append(f"{ld.tile} = nl.ndarray((P, {width}), dtype={ld.nl_dtype}, buffer=nl.sbuf)")
+        body.append(f"nisa.dma_copy(dst={ld.tile}[0:P, 0:{width}], src={ld.source})")
+    body += lines
+    body += [f"res{i}.append({tile})" for i, tile in enumerate(resident.values())]
+    head = [f"res{i} = []" for i in range(len(resident))] + [f"for h in range({heads}):"]
+    return (*head, *("    " + line for line in body))
+
+
+def _tile_bytes(sel: Selector, tile: str) -> int:
+    return next((DTYPE_BYTES[dt] for name, _, dt in sel.tiles if name == tile), 2)
+
+
+def _scratch_bytes(sel: Selector, keep: object) -> int:
+    kept = set(keep)  # type: ignore[call-overload]
+    return sum(DTYPE_BYTES[dt] for name, kind, dt in sel.tiles if kind == "tile" and name not in kept)
+
+
+def _leaf_name(ir: KernelIR, node: Node) -> str:
+    """A tile name for a loaded value: the spec's name, else its node id."""
+    return f"{node.name or f'n{node.id}'}_ld"
+
+
+def _load(ir: KernelIR, ld: RowLoad, width: str) -> Load:
+    node = ir.node(ld.node)
+    head = dim_source(ld.head_start) + (" + h" if ld.per_head else "")
+    head = "h" if head == "0 + h" else head
+    source = f"{kernel_arg(ld.input)}[t0:t0 + pt, {head}, 0:{width}]"
+    return Load(_leaf_name(ir, node), NL_DTYPE[node.dtype], source)
+
+
+def _kind(m: RowReduceMatch):  # type: ignore[no-untyped-def]
+    def kind_of(node: Node) -> str:
+        if node.shape == ():
+            return "scalar"
+        return "vec" if node.shape[-1] != m.width else "tile"
+
+    return kind_of
+
+
+def _lower_prep(ir: KernelIR, m: RowReduceMatch, width: str) -> tuple[Selector, tuple[Load, ...], dict[int, str]]:
+    """Weights broadcast over partitions, prep nodes computed in fp32; root id -> resident tile name."""
+    leaves, loads = {}, []
+    for w in m.weights:
+        tile = f"{w.name}_w"
+        offset = f"h * {width}" if len(w.shape) == 2 and w.shape[0] == m.heads else "0"
+        source = f"{kernel_arg(str(w.name))}.ap(pattern=[[0, P], [1, {width}]], offset={offset})"
+        loads.append(Load(tile, NL_DTYPE[w.dtype], source))
+        leaves[w.id] = Operand("tile", f"{tile}[0:P, 0:{width}]", dtype=w.dtype)
+    builder = StageBuilder(ir, leaves, _kind(m), free_size=lambda n: m.width)
+    sel = Selector(Layout(part="P", free=width, free_alloc=width), prefix="w")
+    resident = {root: sel.value(builder.expr(root)).code.split("[")[0] for root in m.prep_roots}
+    return sel, tuple(loads), resident
+
+
+def _resident_leaves(m: RowReduceMatch, resident: dict[int, str], free: str) -> dict[int, Operand]:
+    names = {root: f"res{i}" for i, root in enumerate(resident)}
+    return {root: Operand("tile", f"{names[root]}[h][0:pt, {free}]") for root in resident}
+
+
+def _lower_levels(
+    ir: KernelIR, m: RowReduceMatch, loads: dict[int, RowLoad], resident: dict[int, str]
+) -> tuple[tuple[Level, ...], int]:
+    """Each level's chunk lines and accumulations; also the widest level's chunk bytes per column."""
+    levels, widest = [], 0
+    for depth, ids in enumerate(m.levels):
+        leaves = _row_leaves(ir, loads, "c0:c0 + hw") | _resident_leaves(m, resident, "c0:c0 + hw")
+        leaves |= {rid: _acc(rid) for lower in m.levels[:depth] for rid in lower}
+        builder = StageBuilder(ir, leaves, _kind(m), free_size=lambda n: m.width)
+        sel = Selector(Layout(part="pt", free="hw", free_alloc="HB"), prefix=f"r{depth}_")
+        combines = []
+        for rid in ids:
+            part = sel.value(builder.expr(rid))
+            op = "nl.maximum" if ir.node(rid).op == "max" else "nl.add"
+            combines.append(Combine(_acc(rid).code.split("[")[0], part.code.split("[")[0], op))
+        widest = max(widest, sum(DTYPE_BYTES[dt] for _, kind, dt in sel.tiles if kind == "tile"))
+        levels.append(Level(tuple(sel.lines), tuple(combines)))
+    return tuple(levels), widest
+
+
+def _acc(node_id: int) -> Operand:
+    return Operand("vec", f"acc{node_id}[0:pt, {ONE_COLUMN}]")
+
+
+def _row_leaves(ir: KernelIR, loads: dict[int, RowLoad], free: str) -> dict[int, Operand]:
+    return {nid: Operand("tile", f"{_leaf_name(ir, ir.node(nid))}[0:pt, {free}]", dtype=ir.node(nid).dtype)
+            for nid in loads}  # fmt: skip
+
+
+def _lower_epilogue(
+    ir: KernelIR, m: RowReduceMatch, loads: dict[int, RowLoad], resident: dict[int, str]
+) -> tuple[Selector, int, tuple[tuple[str, str, str], ...], tuple[ColumnOutput, ...]]:
+    """Per-row math and the combine; returns the selector, how many lines the required outputs need, writes."""
+    full = f"0:{dim_source(m.width)}"
+    leaves = _row_leaves(ir, loads, full) | _resident_leaves(m, resident, full)
+    leaves |= {rid: _acc(rid) for level in m.levels for rid in level}
+    builder = StageBuilder(ir, leaves, _kind(m), free_size=lambda n: m.width)
+    sel = Selector(Layout(part="pt", free=dim_source(m.width), free_alloc=dim_source(m.width)), prefix="e")
+    exprs = {o.node: builder.expr(o.node) for o in m.tile_outputs}  # all first: users counts must be complete
+    cols = {o.name: builder.expr(src) for o, src in m.column_outputs}
+    tiles = []
+    for out in m.tile_outputs:
+        expr = exprs[out.node]
+        value = sel.value(expr, out.dtype if expr.users == 0 else "f32")
+        if value.dtype != out.dtype:
+            value = sel.copy(value, "tile", out.dtype)
+        tiles.append((kernel_arg(out.name), NL_DTYPE[out.dtype], value.code))
+    required = [o for o, _ in m.column_outputs if not o.optional]
+    columns = [_column(sel, o, cols[o.name]) for o in required]
+    n_required = len(sel.lines)
+    columns += [_column(sel, o, cols[o.name]) for o, _ in m.column_outputs if o.optional]
+    return sel, n_required, tuple(tiles), tuple(columns)
+
+
+def _column(sel: Selector, out, expr) -> ColumnOutput:  # type: ignore[no-untyped-def]
+    value = sel.value(expr)
+    return ColumnOutput(kernel_arg(out.name), f"{out.name}_sv", value.code, out.optional)
