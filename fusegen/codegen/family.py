@@ -13,7 +13,17 @@ from fusegen.dsl.ir import KernelIR, Node, Shape, shape_str
 class Family(Protocol):
     """What the build needs of a kernel family: a matcher, per-shape plans and the kernel source."""
 
-    name: str
+    @property
+    def name(self) -> str:
+        """The family's name, e.g. `ffn`."""
+
+    @property
+    def summary(self) -> str:
+        """What the family matches, in one line."""
+
+    @property
+    def hooks(self) -> tuple[str, ...]:
+        """The hook points its template offers."""
 
     def match(self, ir: KernelIR) -> Any:
         """The family's roles in `ir` (raises Mismatch)."""

@@ -8,7 +8,7 @@ from dataclasses import dataclass
 from fusegen.codegen import ffn_budget
 from fusegen.codegen.ffn_lower import FfnLowering, kernel_arg, lower_ffn
 from fusegen.codegen.ffn_match import FfnMatch, match_ffn
-from fusegen.codegen.plan import TilePlan, plan_ffn
+from fusegen.codegen.plan import PlanError, TilePlan, machine, plan_ffn
 from fusegen.codegen.reference import dim_bindings
 from fusegen.codegen.render import header, render
 from fusegen.dsl.ir import KernelIR
@@ -62,7 +62,7 @@ class FfnFamily:
             header=header(ir, TEMPLATE), name=ir.name, doc=_doc(ir), low=low, model=repr(low.model),
             budget_source=_vendored_budget(), kernel_args=_kernel_args(ir),
             host=_host(ir, m, low), dim_bindings=[f"d_{d} = {src}" for d, src in dim_bindings(ir, kernel_arg)],
-            sbuf_budgets=repr({name: t.sbuf_usable_bytes for name, t in sorted(TARGETS.items())}),
+            machines=_machines(),
             default_target=target, default_lnc=lnc,
         )  # fmt: skip
 
@@ -98,6 +98,17 @@ def _host(ir: KernelIR, m: FfnMatch, low: FfnLowering) -> HostSignature:
 def lnc_text() -> str:
     """How the host function picks its logical-core degree."""
     return "`lnc` logical cores (default: NEURON_LOGICAL_NC_CONFIG)"
+
+
+def _machines() -> list[tuple[str, str]]:
+    """(target, Machine literal) for every target whose figures the table has."""
+    out = []
+    for name, target in sorted(TARGETS.items()):
+        try:
+            out.append((name, repr(machine(target))))
+        except PlanError:
+            continue
+    return out
 
 
 def _vendored_budget() -> str:

@@ -1,7 +1,10 @@
-"""SBUF budget of a generated FFN kernel and its choice of row super-block S and I-chunk CI.
+"""SBUF budget and modelled time of a generated FFN kernel, and its choice of tiles and core split.
 
 Standard library only: `fusegen build` copies this module's code into every generated FFN kernel, so
-the host function plans for runtime shapes with exactly the model the compiler used.
+the host function plans for runtime shapes with exactly the model the compiler used. The time model
+is closed-form over this kernel's loop nest; per-instruction costs follow shared/reference/nki.md §6
+([SDK@2.26] ISA cost tables, the v2/v3 architecture guides); fusegen/perf checks it against a
+schedule of the interpreter's trace.
 """
 
 from __future__ import annotations
@@ -10,11 +13,11 @@ from typing import NamedTuple
 
 P = 128  # partitions
 F_MOV = 512  # matmul moving free size, one fp32 PSUM bank
-PSUM_BANKS = 8
+MIN_CYCLES = 64  # minimum instruction initiation interval, cycles (nki.md §6 overheads)
 
 
 class FfnModel(NamedTuple):
-    """What a generated FFN kernel holds in SBUF, counted by its lowering."""
+    """What a generated FFN kernel holds in SBUF and computes, counted by its lowering."""
 
     n_up: int  # up projections: 1 plain MLP, 2 gated
     x_bytes: int  # bytes per element of x and of the weights
@@ -23,7 +26,24 @@ class FfnModel(NamedTuple):
     epi_cols: int  # f32 [P, 1] columns of the epilogue, per row tile
     col_vectors: int  # [I] inputs held as [P, n_h] f32 columns
     row_vectors: int  # [K] inputs held broadcast as [P, K] f32
-    row_inputs: int  # [R, K] inputs loaded per row tile
+    row_inputs: int  # [R, K] inputs loaded per row tile (a residual DMA'd into the accumulator included)
+    out_bytes: int  # bytes per row element written, over all outputs
+    mid_act: int  # Scalar-engine passes of the combine, per intermediate tile
+    mid_dve: int  # Vector-engine passes of the combine
+    epi_act: int  # Scalar-engine passes of the epilogue, per row tile
+    epi_dve: int  # Vector-engine passes of the epilogue
+
+
+class Machine(NamedTuple):
+    """The figures of one target the time model needs (per physical core)."""
+
+    pe_ghz: float  # tensor engine clock
+    act_ghz: float  # scalar engine clock
+    dve_ghz: float  # vector engine clock
+    dma_gbps: float  # min(DMA bandwidth, the core's share of HBM bandwidth), bytes/ns
+    dma_fixed_ns: float  # fixed cost of one DMA transfer
+    dma_queues: int  # transfers in flight
+    sbuf_budget: int  # usable SBUF bytes per partition
 
 
 class Buffer(NamedTuple):
@@ -34,14 +54,44 @@ class Buffer(NamedTuple):
     copies: int
 
 
+class Plan(NamedTuple):
+    """Tiles and core split: S rows per super-block, CI intermediate columns per chunk, split over I."""
+
+    s: int
+    ci: int
+    split: int  # 1: each core computes every row over its share of I; 0: each core its own rows
+
+
+class Cost(NamedTuple):
+    """Modelled busy time per engine of the busiest core, ns; the kernel takes the largest."""
+
+    pe: float
+    act: float
+    dve: float
+    dma: float
+    hbm_bytes: int
+
+    @property
+    def total(self) -> float:
+        """Modelled kernel time: engines overlap, so the busiest one bounds it."""
+        return max(self.pe, self.act, self.dve, self.dma)
+
+
 def cdiv(n: int, d: int) -> int:
     """Ceiling division."""
     return -(-n // d)
 
 
 def rows_per_core(rows: int, lnc: int) -> int:
-    """Rows one core handles: whole 128-row tiles are dealt out, the ragged tile goes last."""
+    """Rows one core owns: whole 128-row tiles are dealt out, the ragged tile goes last."""
     return min(rows, cdiv(cdiv(rows, P), lnc) * P)
+
+
+def work_per_core(rows: int, i: int, lnc: int, split: int) -> tuple[int, int]:
+    """(rows computed, intermediate columns) of the busiest core."""
+    if split:
+        return rows, min(i, cdiv(cdiv(i, P), lnc) * P)
+    return rows_per_core(rows, lnc), i
 
 
 def buffers(m: FfnModel, s: int, ci: int, k: int, i: int) -> list[Buffer]:
@@ -54,7 +104,7 @@ def buffers(m: FfnModel, s: int, ci: int, k: int, i: int) -> list[Buffer]:
         Buffer("down-projection weight chunk", n_hc * k * m.x_bytes, 2),
         Buffer("combine output (down-proj stationary)", n_hc * F_MOV * m.x_bytes, 1),
         Buffer("combine temporaries", m.mid_tiles * F_MOV * 4, 2),
-        Buffer("epilogue tiles", (m.epi_tiles + m.row_inputs) * k * 4, 2),
+        Buffer("epilogue tiles", (m.epi_tiles + m.row_inputs + 1) * k * 4, 2),
         Buffer("epilogue columns", m.epi_cols * 4, 2),
         Buffer("[I] columns", m.col_vectors * n_h * 4, 1),
         Buffer("[K] broadcast rows", m.row_vectors * k * 4, 1),
@@ -71,15 +121,69 @@ def psum_banks(m: FfnModel) -> int:
     return 2 * (m.n_up + 1)
 
 
-def choose(m: FfnModel, rows: int, k: int, i: int, lnc: int, budget: int) -> tuple[int, int]:
-    """(S, CI): fewest weight re-streams, then the smallest super-block, then the widest chunk."""
-    per_core = max(1, rows_per_core(rows, lnc))
-    ci_max = cdiv(i, P) * P
-    for n_sb in range(1, cdiv(per_core, P) + 1):
-        s = cdiv(cdiv(per_core, n_sb), P) * P
-        for ci in range(ci_max, 0, -P):
-            if sbuf_bytes(m, s, ci, k, i) <= budget:
-                return s, ci
-    need = sbuf_bytes(m, P, P, k, i)
-    raise ValueError(f"no tile plan fits: the smallest (S=128, CI=128) needs {need} B/partition of SBUF "
-                     f"for K={k}, I={i}; the budget is {budget} B")
+def _pieces(total: int, size: int) -> list[int]:
+    """`total` cut into pieces of `size`, the last one ragged."""
+    return [min(size, total - start) for start in range(0, total, size)]
+
+
+def cost(m: FfnModel, mach: Machine, rows: int, k: int, i: int, lnc: int, plan: Plan) -> Cost:
+    """Modelled time of the busiest core for `plan`."""
+    comp_rows, inter = work_per_core(rows, i, lnc, plan.split)
+    own = rows_per_core(rows, lnc)
+    n_k = cdiv(k, P)
+    k_cycles = sum(max(MIN_CYCLES, nk) for nk in _pieces(k, F_MOV))  # one row tile's K in 512-wide chunks
+    pe = act = dve = 0.0
+    hbm = transfers = 0
+    for s_rows in _pieces(comp_rows, plan.s):
+        hbm, transfers = hbm + s_rows * k * m.x_bytes, transfers + n_k
+        for chunk in _pieces(inter, plan.ci):
+            n_hc = cdiv(chunk, P)
+            hbm += (m.n_up + 1) * k * chunk * m.x_bytes
+            transfers += m.n_up * n_k + n_hc
+            for rw in _pieces(s_rows, F_MOV):
+                width = max(MIN_CYCLES, rw)
+                pe += n_hc * (m.n_up * n_k * width + cdiv(rw, P) * k_cycles)
+                act += n_hc * m.mid_act * width
+                dve += n_hc * m.mid_dve * width + cdiv(rw, P) * k_cycles  # PSUM eviction into the accumulator
+    tiles = cdiv(own, P)
+    act += tiles * m.epi_act * max(MIN_CYCLES, k)
+    dve += tiles * m.epi_dve * max(MIN_CYCLES, k)
+    hbm += own * k * (m.row_inputs * 4 + m.out_bytes)
+    transfers += tiles * (m.row_inputs + 2)
+    if plan.split and lnc > 1:  # partial down-projections of the other core's rows, out and back in
+        hbm += 2 * own * k * 4
+        transfers += 2 * tiles
+        dve += tiles * k_cycles
+    dma = max(hbm / mach.dma_gbps, transfers * mach.dma_fixed_ns / mach.dma_queues)
+    return Cost(pe / mach.pe_ghz, act / mach.act_ghz, dve / mach.dve_ghz, dma, hbm)
+
+
+def candidates(m: FfnModel, rows: int, k: int, i: int, lnc: int, budget: int, exhaustive: bool = False) -> list[Plan]:
+    """Legal plans: every (S, CI) multiple of 128 when exhaustive, else a pruned set the search keeps."""
+    plans = []
+    for split in (0, 1) if lnc > 1 and cdiv(i, P) >= lnc else (0,):
+        comp_rows, inter = work_per_core(rows, i, lnc, split)
+        s_all = range(P, cdiv(comp_rows, P) * P + 1, P)
+        ci_all = range(P, cdiv(inter, P) * P + 1, P)
+        s_set = s_all if exhaustive else sorted({cdiv(cdiv(comp_rows, n), P) * P for n in range(1, 9)})
+        for s in s_set:
+            fits = [ci for ci in ci_all if sbuf_bytes(m, s, ci, k, i) <= budget]
+            for ci in fits if exhaustive else fits[-4:]:
+                plans.append(Plan(s, ci, split))
+    return plans
+
+
+def rank_key(m: FfnModel, mach: Machine, rows: int, k: int, i: int, lnc: int, plan: Plan) -> tuple[float, int, int]:
+    """Order of preference: modelled time, then HBM bytes, then SBUF."""
+    c = cost(m, mach, rows, k, i, lnc, plan)
+    return (round(c.total, 1), c.hbm_bytes, sbuf_bytes(m, plan.s, plan.ci, k, i))
+
+
+def choose(m: FfnModel, mach: Machine, rows: int, k: int, i: int, lnc: int) -> Plan:
+    """The best modelled legal plan; ValueError with the numbers when none fits."""
+    plans = candidates(m, rows, k, i, lnc, mach.sbuf_budget)
+    if not plans:
+        need = sbuf_bytes(m, P, P, k, i)
+        raise ValueError(f"no tile plan fits: the smallest (S=128, CI=128) needs {need} B/partition of SBUF "
+                         f"for K={k}, I={i}; the budget is {mach.sbuf_budget} B")  # fmt: skip
+    return min(plans, key=lambda p: rank_key(m, mach, rows, k, i, lnc, p))

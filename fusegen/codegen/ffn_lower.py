@@ -65,7 +65,9 @@ def lower_ffn(ir: KernelIR, m: FfnMatch) -> FfnLowering:
     model = FfnModel(
         n_up=len(m.ups), x_bytes=DTYPE_BYTES[m.x.dtype],
         mid_tiles=_count(mid, "tile"), epi_tiles=_count(epi, "tile"), epi_cols=_count(epi, "vec"),
-        col_vectors=len(col_vectors), row_vectors=len(epi_inputs["row"]), row_inputs=len(row_inputs),
+        col_vectors=len(col_vectors), row_vectors=len(epi_inputs["row"]), row_inputs=len(epi_inputs["tile"]),
+        out_bytes=sum(DTYPE_BYTES[o.dtype] for o in ir.outputs),
+        mid_act=mid.passes("act"), mid_dve=mid.passes("dve"), epi_act=epi.passes("act"), epi_dve=epi.passes("dve"),
     )  # fmt: skip
     return FfnLowering(
         x=kernel_arg(str(m.x.name)), x_nl_dtype=NL_DTYPE[m.x.dtype],

@@ -1,4 +1,8 @@
-"""The tile planner: (budget model, target, LNC, concrete dims) -> a frozen, explained TilePlan."""
+"""The tile planner: (budget model, target, LNC, concrete dims) -> a frozen, explained TilePlan.
+
+It enumerates legal plans (SBUF budget, PSUM banks) and picks the best by the FFN kernel's
+closed-form time model (`ffn_budget.cost`); `candidates()` returns the runner-up plans for `explain`.
+"""
 
 from __future__ import annotations
 
@@ -6,6 +10,11 @@ from dataclasses import dataclass
 
 from fusegen.codegen import ffn_budget as fb
 from fusegen.sim.targets import Target
+
+#: physical NeuronCores per chip, to share the chip's HBM bandwidth (nki.md §5/§6: trn1 2 NC, trn2 8 NC)
+CORES_PER_CHIP = {"trn1": 2, "trn2": 8}
+DMA_FIXED_NS = 1300.0  # fixed cost per DMA transfer (nki.md §6, nki-dma-bandwidth-guide.rst)
+DMA_QUEUES = 16  # DMA engines per NeuronCore (nki.md §5, nki-dma-overview.rst)
 
 
 class PlanError(Exception):
@@ -33,7 +42,7 @@ class TilePlan:
     target: str
     lnc: int
     dims: tuple[tuple[str, int], ...]
-    tiles: tuple[tuple[str, int], ...]  # e.g. (("S", 1024), ("CI", 512))
+    tiles: tuple[tuple[str, int], ...]  # e.g. (("S", 1024), ("CI", 512), ("split_i", 0))
     buffers: tuple[PlannedBuffer, ...]
     sbuf_bytes: int
     sbuf_budget: int
@@ -42,6 +51,7 @@ class TilePlan:
     hbm_bytes: tuple[tuple[str, int], ...]  # modelled HBM traffic by kind, e.g. weights streamed
     summary: tuple[tuple[str, str], ...]  # further pre-formatted rows for plan.md
     reasons: tuple[str, ...]
+    modeled_ns: float = 0.0
 
     def tile(self, name: str) -> int:
         """The tile size `name`."""
@@ -52,55 +62,90 @@ class TilePlan:
         return dict(self.hbm_bytes)[kind]
 
 
+def machine(target: Target) -> fb.Machine:
+    """The time model's figures for `target` (PlanError if the target table lacks them)."""
+    clocks = (target.tensor_clock_ghz, target.scalar_clock_ghz, target.vector_clock_ghz)
+    if None in clocks or target.hbm_gbps_per_chip is None or target.dma_gbps_per_core is None:
+        raise PlanError(f"the target table has no clock or bandwidth figures for {target.name} yet")
+    hbm_share = target.hbm_gbps_per_chip / CORES_PER_CHIP[target.name]
+    return fb.Machine(
+        pe_ghz=clocks[0], act_ghz=clocks[1], dve_ghz=clocks[2],  # type: ignore[arg-type]
+        dma_gbps=min(target.dma_gbps_per_core, hbm_share), dma_fixed_ns=DMA_FIXED_NS, dma_queues=DMA_QUEUES,
+        sbuf_budget=target.sbuf_usable_bytes,
+    )  # fmt: skip
+
+
 def plan_ffn(model: fb.FfnModel, target: Target, lnc: int, dims: dict[str, int], roles: tuple[str, str, str]) -> TilePlan:
     """Plan an FFN kernel; `roles` names the (rows, hidden, inter) dims."""
+    return candidates(model, target, lnc, dims, roles, count=1)[0]
+
+
+def candidates(
+    model: fb.FfnModel, target: Target, lnc: int, dims: dict[str, int], roles: tuple[str, str, str], count: int = 6
+) -> list[TilePlan]:
+    """The `count` best legal plans by modelled time, best first, each with its reasons."""
     rows, k, i = (dims[r] for r in roles)
-    budget = target.sbuf_usable_bytes
-    try:
-        s, ci = fb.choose(model, rows, k, i, lnc, budget)
-    except ValueError as err:
-        raise PlanError(f"{err} on {target.name}") from None
+    mach = machine(target)
     banks = fb.psum_banks(model)
     if banks > target.psum_banks:
         raise PlanError(f"the kernel needs {banks} PSUM banks; {target.name} has {target.psum_banks}")
-    per_core = fb.rows_per_core(rows, lnc)
-    core_rows = [max(0, min(per_core, rows - c * per_core)) for c in range(lnc)]
-    superblocks = tuple(fb.cdiv(r, s) for r in core_rows)
-    weight_bytes = (model.n_up + 1) * k * i * model.x_bytes
-    streamed = weight_bytes * sum(superblocks)
-    buffers = tuple(PlannedBuffer(b.name, "sbuf", b.bytes, b.copies) for b in fb.buffers(model, s, ci, k, i))
-    psum = PlannedBuffer("matmul accumulators (one bank each)", "psum", 2048, banks)
+    plans = fb.candidates(model, rows, k, i, lnc, mach.sbuf_budget)
+    if not plans:
+        need = fb.sbuf_bytes(model, fb.P, fb.P, k, i)
+        raise PlanError(f"no tile plan fits on {target.name}: the smallest (S=128, CI=128) needs {need} "
+                        f"B/partition of SBUF for K={k}, I={i}; the budget is {mach.sbuf_budget} B")  # fmt: skip
+    ranked = sorted(plans, key=lambda p: fb.rank_key(model, mach, rows, k, i, lnc, p))[:count]
+    best = fb.cost(model, mach, rows, k, i, lnc, ranked[0])
+    return [_tile_plan(model, target, mach, lnc, dims, (rows, k, i), p, best) for p in ranked]
+
+
+def _tile_plan(
+    model: fb.FfnModel, target: Target, mach: fb.Machine, lnc: int, dims: dict[str, int],
+    shape: tuple[int, int, int], p: fb.Plan, best: fb.Cost,
+) -> TilePlan:  # fmt: skip
+    rows, k, i = shape
+    c = fb.cost(model, mach, rows, k, i, lnc, p)
+    comp_rows, inter = fb.work_per_core(rows, i, lnc, p.split)
+    weights = (model.n_up + 1) * k * i * model.x_bytes
+    cores = lnc if not p.split else 1  # with the I split, each weight byte is read by one core
+    streamed = weights * fb.cdiv(comp_rows, p.s) * cores
+    engines = {"PE": c.pe, "ACT": c.act, "DVE": c.dve, "DMA": c.dma}
+    bound = max(engines, key=lambda e: engines[e])
     summary = (
-        ("rows per core", str(per_core)),
-        ("super-blocks per core", ", ".join(str(n) for n in superblocks)),
-        ("K tiles (128) / output chunks (512)", f"{fb.cdiv(k, fb.P)} / {fb.cdiv(k, fb.F_MOV)}"),
-        ("weight bytes streamed", f"{streamed:,} ({streamed / weight_bytes:.0f}x the {weight_bytes:,} B of weights)"),
+        ("work split", "over I: each core all rows, its share of I" if p.split else "over rows"),
+        ("rows / intermediate columns per core", f"{comp_rows} / {inter}"),
+        ("modelled time (busiest core)", f"{c.total / 1000:.1f} us, bound by {bound}"),
+        ("engine busy (us)", ", ".join(f"{e} {v / 1000:.1f}" for e, v in engines.items())),
+        ("weight bytes streamed", f"{streamed:,} ({streamed / weights:.0f}x the {weights:,} B of weights)"),
     )  # fmt: skip
+    buffers = tuple(PlannedBuffer(b.name, "sbuf", b.bytes, b.copies) for b in fb.buffers(model, p.s, p.ci, k, i))
+    psum = PlannedBuffer("matmul accumulators (one bank each)", "psum", 2048, fb.psum_banks(model))
     return TilePlan(
         family="ffn", target=target.name, lnc=lnc, dims=tuple(sorted(dims.items())),
-        tiles=(("S", s), ("CI", ci)), buffers=(*buffers, psum),
-        sbuf_bytes=fb.sbuf_bytes(model, s, ci, k, i), sbuf_budget=budget, psum_banks=banks,
-        psum_budget=target.psum_banks, hbm_bytes=(("weights streamed", streamed), ("weights", weight_bytes)),
-        summary=summary, reasons=_reasons(model, budget, s, ci, k, i, per_core),
+        tiles=(("S", p.s), ("CI", p.ci), ("split_i", p.split)), buffers=(*buffers, psum),
+        sbuf_bytes=fb.sbuf_bytes(model, p.s, p.ci, k, i), sbuf_budget=mach.sbuf_budget,
+        psum_banks=fb.psum_banks(model), psum_budget=target.psum_banks,
+        hbm_bytes=(("weights streamed", streamed), ("weights", weights), ("all", c.hbm_bytes)),
+        summary=summary, reasons=_reasons(model, mach, shape, lnc, p, c, best), modeled_ns=c.total,
     )  # fmt: skip
 
 
-def _reasons(model: fb.FfnModel, budget: int, s: int, ci: int, k: int, i: int, per_core: int) -> tuple[str, ...]:
-    n_sb = fb.cdiv(per_core, s)
-    first = (
-        f"S={s}: a core's {per_core} rows fit one super-block, so each weight byte is streamed once per core"
-        if n_sb == 1
-        else f"S={s}: {per_core} rows need {n_sb} super-blocks; one more super-block row tile does not fit"
-    )
-    reasons = [first]
-    wider = ci + fb.P
-    if wider <= fb.cdiv(i, fb.P) * fb.P:
-        need = fb.sbuf_bytes(model, s, wider, k, i)
-        reasons.append(f"CI={ci}: the widest chunk that fits; CI={wider} would need {need} B > {budget} B")
-    else:
-        reasons.append(f"CI={ci}: all of I in one chunk")
-    if n_sb > 1:
-        bigger = fb.cdiv(fb.cdiv(per_core, n_sb - 1), fb.P) * fb.P
-        need = fb.sbuf_bytes(model, bigger, fb.P, k, i)
-        reasons.append(f"{n_sb - 1} super-blocks would need S={bigger}: {need} B > {budget} B even at CI=128")
+def _reasons(
+    model: fb.FfnModel, mach: fb.Machine, shape: tuple[int, int, int], lnc: int, p: fb.Plan, c: fb.Cost,
+    best: fb.Cost,
+) -> tuple[str, ...]:  # fmt: skip
+    rows, k, i = shape
+    if c.total > best.total:
+        return (f"{c.total / best.total:.2f}x the best plan's modelled time",)
+    comp_rows, _ = fb.work_per_core(rows, i, lnc, p.split)
+    n_sb = fb.cdiv(comp_rows, p.s)
+    reasons = [f"S={p.s}: {comp_rows} rows per core in {n_sb} super-block(s); each one streams the weights once"]
+    wider = p.ci + fb.P
+    if wider <= fb.cdiv(i, fb.P) * fb.P and fb.sbuf_bytes(model, p.s, wider, k, i) > mach.sbuf_budget:
+        need = fb.sbuf_bytes(model, p.s, wider, k, i)
+        reasons.append(f"CI={p.ci}: CI={wider} would need {need} B > {mach.sbuf_budget} B of SBUF")
+    if lnc > 1:
+        other = fb.cost(model, mach, rows, k, i, lnc, fb.Plan(p.s, p.ci, 1 - p.split))
+        mode = "I split" if p.split else "row split"
+        reasons.append(f"{mode}: the other split models {other.total / 1000:.1f} us against {c.total / 1000:.1f} us")
     return tuple(reasons)

@@ -27,7 +27,7 @@ ONE = Dim.const(1)
 
 
 def rewrite(ir: KernelIR) -> KernelIR:
-    """`ir` with sums of products factored (see the module doc), CSE'd and DCE'd; unchanged if no rule fires."""
+    """`ir` with its sums of products factored (see the module doc), CSE'd and DCE'd; `ir` if none is."""
     graph = _Graph()
     expand = _rmsnorm_factors(ir)
     remap: dict[int, int] = {}
@@ -72,16 +72,20 @@ class _Graph:
         node = dataclasses.replace(like, id=len(self.nodes), args=args, **changes)  # type: ignore[arg-type]
         key = _key(node)
         if key in self._ids:
-            old = self.nodes[self._ids[key]]
-            if old.name is None and node.name is not None:  # a merged twin lends its name
-                self.nodes[old.id] = dataclasses.replace(old, name=node.name)
-            return old.id
+            self.name(self._ids[key], node.name)  # a merged twin lends its name
+            return self._ids[key]
         self._ids[key] = node.id
         self.nodes.append(node)
         return node.id
 
-    def op(self, like: Node, op: str, args: tuple[int, ...], shape: Shape,
-           attrs: tuple[tuple[str, AttrValue], ...] = ()) -> int:
+    def op(
+        self,
+        like: Node,
+        op: str,
+        args: tuple[int, ...],
+        shape: Shape,
+        attrs: tuple[tuple[str, AttrValue], ...] = (),
+    ) -> int:
         """An unnamed f32 node `op(args)` located at `like`'s source span."""
         return self.add(like, args, op=op, attrs=attrs, shape=shape, dtype="f32", name=None)
 
@@ -102,8 +106,7 @@ class _Graph:
         mean = self.op(node, "mean", (square,), stat, (("axis", len(shape) - 1), ("keepdim", True)))
         rstd = self.op(node, "rsqrt", (self.op(node, "add", (mean, eps), stat),), stat)
         out = self.product(node, (x, rstd, *gamma))
-        if node.name is not None:
-            self.nodes[out] = dataclasses.replace(self.nodes[out], name=node.name)
+        self.name(out, node.name)
         return out
 
     def factor_sum(self, node: Node, args: tuple[int, ...]) -> int | None:
@@ -121,9 +124,17 @@ class _Graph:
         body = self.product(node, inner)
         if self.nodes[body].shape != operand.shape:
             return None  # a factor would change what is summed; leave the sum alone
-        total = self.add(node, (body,), shape=node.shape, name=node.name)
+        total = self.add(node, (body,), shape=node.shape, name=None if hoisted else node.name)
         result = self.product(node, (total, *sorted(hoisted)))
-        return result if self.nodes[result].shape == node.shape else None
+        if self.nodes[result].shape != node.shape:
+            return None
+        self.name(result, node.name)
+        return result
+
+    def name(self, node_id: int, name: str | None) -> None:
+        """Give node `node_id` the spec's name `name` unless it already has one."""
+        if name is not None and self.nodes[node_id].name is None:
+            self.nodes[node_id] = dataclasses.replace(self.nodes[node_id], name=name)
 
 
 def _split_factors(graph: _Graph, operand: Node, axis: int) -> tuple[list[int], list[int], list[int]]:
@@ -169,7 +180,9 @@ def _key(node: Node) -> tuple[object, ...]:
     return (node.op, args, node.attrs, node.shape, node.dtype, name)
 
 
-def _live(nodes: list[Node], outputs: tuple[OutputDecl, ...]) -> tuple[tuple[Node, ...], tuple[OutputDecl, ...]]:
+def _live(
+    nodes: list[Node], outputs: tuple[OutputDecl, ...]
+) -> tuple[tuple[Node, ...], tuple[OutputDecl, ...]]:
     """Drop nodes no output reads (signature nodes stay) and renumber: ids == indices, order kept."""
     keep = {n.id for n in nodes if n.op in SIGNATURE_OPS}
     todo = [o.node for o in outputs]

@@ -12,7 +12,7 @@ from fusegen.codegen.reference import dim_bindings
 from fusegen.codegen.render import header, render
 from fusegen.codegen.rowreduce_lower import RowReduceLowering, kernel_arg, lower_rowreduce
 from fusegen.codegen.rowreduce_match import RowReduceMatch, match_rowreduce
-from fusegen.dsl.ir import DTYPE_BYTES, KernelIR
+from fusegen.dsl.ir import DTYPE_BYTES, KernelIR, Shape
 from fusegen.sim.targets import TARGETS, Target, get_target
 
 TEMPLATE = "rowreduce_kernel.py.jinja"
@@ -46,7 +46,7 @@ class RowReduceFamily:
 
     name: str = "rowreduce"
     summary: str = ("[T, G, H] data: last-axis reductions (chunked passes) -> per-row scalar math -> "
-                    "elementwise combine; weights without the token axis prepared once, resident")  # fmt: skip
+                    "elementwise combine; weights without the token axis prepared once")  # fmt: skip
     hooks: tuple[str, ...] = (
         "prep: weights broadcast over partitions and combined in fp32 once per launch (e.g. w_h * w_e)",
         "reduction passes: activation_reduce / tensor_reduce per chunk, folded into [P, 1] accumulators",
@@ -93,16 +93,18 @@ def plan_rowreduce(ir: KernelIR, m: RowReduceMatch, low: RowReduceLowering, targ
     per_token, minimum = token_bytes(ir, m, dims)
     weights = sum(DTYPE_BYTES[w.dtype] for w in m.weights) * heads * width
     cores = min(lnc, rb.cdiv(rows, rb.P))
-    buffers = tuple(PlannedBuffer(b.name, "sbuf", b.bytes, b.copies) for b in rb.buffers(low.model, width, heads, hb))
+    buffers = tuple(
+        PlannedBuffer(b.name, "sbuf", b.bytes, b.copies) for b in rb.buffers(low.model, width, heads, hb)
+    )
     summary = (
         ("token tiles (128) per core", str(rb.cdiv(rb.rows_per_core(rows, lnc), rb.P))),
         ("reduction chunks", f"{rb.cdiv(width, hb)} of {hb} columns"),
-        ("HBM bytes per token (save=True)", f"{per_token:,} modelled + {weights * cores / rows:,.1f} of weights "
-                                            f"(read once per core) = {_ratio(per_token, weights * cores / rows, minimum)}"),
+        ("HBM bytes per token (save=True)", _traffic(per_token, weights * cores / rows, minimum)),
     )  # fmt: skip
     return TilePlan(
         family="rowreduce", target=target.name, lnc=lnc, dims=tuple(sorted(dims.items())),
-        tiles=(("P", rb.P), ("HB", hb)), buffers=buffers, sbuf_bytes=rb.sbuf_bytes(low.model, width, heads, hb),
+        tiles=(("P", rb.P), ("HB", hb)), buffers=buffers,
+        sbuf_bytes=rb.sbuf_bytes(low.model, width, heads, hb),
         sbuf_budget=budget, psum_banks=0, psum_budget=target.psum_banks,
         hbm_bytes=(("per token", per_token), ("minimum per token", minimum), ("weights", weights)),
         summary=summary, reasons=_reasons(low, width, heads, hb, budget),
@@ -114,15 +116,20 @@ def token_bytes(ir: KernelIR, m: RowReduceMatch, dims: dict[str, int]) -> tuple[
     heads, width = m.heads.eval(dims), m.width.eval(dims)
     loads = sum(DTYPE_BYTES[ir.node(ld.node).dtype] * width * (heads if ld.per_head else 1) for ld in m.loads)
     outs = sum(DTYPE_BYTES[o.dtype] * _elems(o.shape[1:], dims) for o in ir.outputs)
-    read_once = sum(DTYPE_BYTES[i.dtype] * _elems(i.shape[1:], dims) for i in ir.inputs if i.shape[0] == m.rows)
+    read_once = sum(
+        DTYPE_BYTES[i.dtype] * _elems(i.shape[1:], dims) for i in ir.inputs if i.shape[0] == m.rows
+    )
     return loads + outs, read_once + outs
 
 
-def _ratio(per_token: int, weights: float, minimum: int) -> str:
-    return f"{(per_token + weights) / minimum:.4f}x the minimum {minimum:,} (each input read once)"
+def _traffic(per_token: int, weights: float, minimum: int) -> str:
+    """`per token + weights (read once per core) = ratio x the minimum`."""
+    ratio = (per_token + weights) / minimum
+    return (f"{per_token:,} + {weights:,.1f} of weights (read once per core) = {ratio:.4f}x the minimum "
+            f"{minimum:,} (each input read once)")  # fmt: skip
 
 
-def _elems(shape: tuple, dims: dict[str, int]) -> int:  # type: ignore[type-arg]
+def _elems(shape: Shape, dims: dict[str, int]) -> int:
     total = 1
     for d in shape:
         total *= d.eval(dims)
@@ -150,7 +157,7 @@ def _nl_dtype(dtype: str) -> str:
     return NL_DTYPE[dtype]
 
 
-def _dims(shape: tuple) -> list[str]:  # type: ignore[type-arg]
+def _dims(shape: Shape) -> list[str]:
     from fusegen.codegen.stage import dim_source
 
     return [dim_source(d) for d in shape]
@@ -173,16 +180,20 @@ def _host(ir: KernelIR, m: RowReduceMatch) -> HostSignature:
     params += ["save: bool = False"] if optional else []
     params += ["lnc: int = LNC", "target: str = TARGET"]
     required = [o.name for o in ir.outputs if not o.optional]
-    returns = "torch.Tensor" if len(required) == 1 else f"tuple[{', '.join(['torch.Tensor'] * len(required))}]"
+    returns = (
+        "torch.Tensor" if len(required) == 1 else f"tuple[{', '.join(['torch.Tensor'] * len(required))}]"
+    )
     returns += " | tuple[torch.Tensor, ...]" if optional else ""
     data = next(i for i in ir.inputs if len(i.shape) == 3)
     weights = [str(w.name) for w in m.weights]
     prep_ir = dataclasses.replace(ir, inputs=tuple(i for i in ir.inputs if i.name in weights))
     saved = f"; with save=True also ({', '.join(optional)})" if optional else ""
     return HostSignature(
-        params=", ".join(params), returns=returns, tensors=", ".join(tensors) + ("," if len(tensors) == 1 else ""),
+        params=", ".join(params), returns=returns,
+        tensors=", ".join(tensors) + ("," if len(tensors) == 1 else ""),
         width=f"{data.name}.shape[2]", heads=f"{data.name}.shape[1]",
-        launch_args=", ".join(tensors + [p.name for p in ir.params]), save_arg="save" if optional else "False",
+        launch_args=", ".join(tensors + [p.name for p in ir.params]),
+        save_arg="save" if optional else "False",
         kernel_returns=", ".join(kernel_arg(o) for o in required),
         saved_returns=", ".join(kernel_arg(o.name) for o in ir.outputs) if optional else "",
         prep_returns=", ".join(f"res{i}_hbm" for i in range(len(m.prep_roots))),

@@ -9,6 +9,7 @@ from __future__ import annotations
 from typing import NamedTuple
 
 P = 128  # partitions: tokens per tile
+F_MOV = 512  # one fp32 PSUM bank: the prep step broadcasts weights in chunks this wide
 
 
 class RowModel(NamedTuple):
@@ -16,7 +17,7 @@ class RowModel(NamedTuple):
 
     resident_per_head: int  # prepared weights kept for the whole launch, per head
     resident_shared: int  # prepared weights shared by all heads
-    prep_scratch: int  # weight loads and temporaries of the prep step
+    prep_scratch: int  # weight rows of the prep step (its PSUM-wide chunk temporaries are not counted)
     row_inputs: int  # [T, G, H] loads of one token tile and head (kept for the epilogue)
     epilogue: int  # full-width temporaries of the epilogue
     chunk: int  # temporaries of the widest reduction pass, per chunk column
@@ -44,7 +45,9 @@ def rows_per_core(rows: int, lnc: int) -> int:
 def buffers(m: RowModel, width: int, heads: int, hb: int) -> list[Buffer]:
     """The kernel's SBUF buffers at width `width`, `heads` heads and reduction chunk `hb` columns."""
     return [
-        Buffer("prepared weights (fp32, resident)", (m.resident_per_head * heads + m.resident_shared) * width, 1),
+        Buffer(
+            "prepared weights (fp32, resident)", (m.resident_per_head * heads + m.resident_shared) * width, 1
+        ),
         Buffer("row inputs of one token tile and head", m.row_inputs * width, 1),
         Buffer("epilogue tiles", m.epilogue * width, 1),
         Buffer("reduction chunk temporaries", m.chunk * hb, 1),
@@ -60,12 +63,14 @@ def sbuf_bytes(m: RowModel, width: int, heads: int, hb: int) -> int:
 
 
 def choose(m: RowModel, width: int, heads: int, budget: int) -> int:
-    """HB: the fewest reduction chunks that fit, then the narrowest chunk (a multiple of 128) for that count."""
+    """HB: the fewest reduction chunks that fit, then the narrowest chunk (a multiple of 128) for them."""
     fixed = sbuf_bytes(m, width, heads, 0)
     room = (budget - fixed) // m.chunk if m.chunk else width
     widest = min(cdiv(width, P) * P, room // P * P)
     if widest < P or sbuf_bytes(m, width, heads, P) > budget:
         need = sbuf_bytes(m, width, heads, P)
-        raise ValueError(f"no tile plan fits: width {width} with {heads} heads needs {need} B/partition of SBUF "
-                         f"even with 128-column chunks; the budget is {budget} B")
+        raise ValueError(
+            f"no tile plan fits: width {width} with {heads} heads needs {need} B/partition of SBUF "
+            f"even with 128-column chunks; the budget is {budget} B"
+        )
     return cdiv(cdiv(width, cdiv(width, widest)), P) * P

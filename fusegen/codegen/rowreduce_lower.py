@@ -10,20 +10,21 @@ Three stages share the stage/select machinery with the FFN family:
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass
 
 from fusegen.codegen.rowreduce_budget import RowModel
 from fusegen.codegen.rowreduce_match import RowLoad, RowReduceMatch
 from fusegen.codegen.select import NL_DTYPE, Layout, Selector
-from fusegen.codegen.stage import Operand, StageBuilder, dim_source
-from fusegen.dsl.ir import DTYPE_BYTES, KernelIR, Node
+from fusegen.codegen.stage import Expr, Operand, StageBuilder, dim_source
+from fusegen.dsl.ir import DTYPE_BYTES, KernelIR, Node, OutputDecl
 
 ONE_COLUMN = "0:1"
 
 
 @dataclass(frozen=True)
 class Load:
-    """One DMA into a fresh SBUF tile: tile name, nl dtype, free size, source access."""
+    """One DMA into a fresh SBUF tile: tile name, nl dtype, source access."""
 
     tile: str
     nl_dtype: str
@@ -91,9 +92,9 @@ def lower_rowreduce(ir: KernelIR, m: RowReduceMatch) -> RowReduceLowering:
     epi, n_required, tile_outs, col_outs = _lower_epilogue(ir, m, loads, resident)
     row_loads = [_load(ir, ld, width) for ld in m.loads]
     model = RowModel(
-        resident_per_head=sum(_tile_bytes(prep, n) for n in resident.values()),
+        resident_per_head=4 * len(resident),
         resident_shared=0,
-        prep_scratch=sum(DTYPE_BYTES[w.dtype] for w in m.weights) + _scratch_bytes(prep, resident.values()),
+        prep_scratch=sum(DTYPE_BYTES[w.dtype] for w in m.weights),
         row_inputs=sum(DTYPE_BYTES[ir.node(ld.node).dtype] for ld in m.loads),
         epilogue=sum(DTYPE_BYTES[dt] for _, kind, dt in epi.tiles if kind == "tile"),
         chunk=chunk_bytes,
@@ -102,7 +103,7 @@ def lower_rowreduce(ir: KernelIR, m: RowReduceMatch) -> RowReduceLowering:
     return RowReduceLowering(
         rows=dim_source(m.rows), heads=dim_source(m.heads), width=width,
         prologue=_prologue(prep_loads, prep.lines, resident, width, dim_source(m.heads)),
-        resident=tuple((f"res{i}", tile) for i, tile in enumerate(resident.values())),
+        resident=tuple((f"res{i}", code) for i, code in enumerate(resident.values())),
         shared_loads=tuple(ld for ld, spec in zip(row_loads, m.loads, strict=True) if not spec.per_head),
         head_loads=tuple(ld for ld, spec in zip(row_loads, m.loads, strict=True) if spec.per_head),
         levels=levels, epi_lines=tuple(epi.lines[:n_required]), save_lines=tuple(epi.lines[n_required:]),
@@ -113,24 +114,43 @@ def lower_rowreduce(ir: KernelIR, m: RowReduceMatch) -> RowReduceLowering:
 
 def _prologue(loads: tuple[Load, ...], lines: list[str], resident: dict[int, str], width: str, heads: str
               ) -> tuple[str, ...]:  # fmt: skip
-    """`resN = []`, then per head: broadcast weight loads, the prep lines, `resN.append(tile)`."""
+    """Per head: each weight row DMA'd once into one partition, broadcast to all partitions by a ones-matmul
+    (1.0 * w is exact in PSUM; a stride-0 DMA would read the row from HBM once per partition), the prep lines
+    per 512-column PSUM chunk, each root copied into its resident fp32 tile."""
+    dtypes = sorted({ld.nl_dtype for ld in loads})
+    head = [f"ones_{_short(dt)} = nl.ndarray((1, P), dtype={dt}, buffer=nl.sbuf)" for dt in dtypes]
+    head += [f"nisa.memset(dst=ones_{_short(dt)}[0:1, 0:P], value=1.0)" for dt in dtypes]
+    head += [f"res{i} = []" for i in range(len(resident))] + [f"for h in range({heads}):"]
     body = []
     for ld in loads:
-        body.append(f"{ld.tile} = nl.ndarray((P, {width}), dtype={ld.nl_dtype}, buffer=nl.sbuf)")
-        body.append(f"nisa.dma_copy(dst={ld.tile}[0:P, 0:{width}], src={ld.source})")
-    body += lines
-    body += [f"res{i}.append({tile})" for i, tile in enumerate(resident.values())]
-    head = [f"res{i} = []" for i in range(len(resident))] + [f"for h in range({heads}):"]
+        body.append(f"{_row(ld)} = nl.ndarray((1, {width}), dtype={ld.nl_dtype}, buffer=nl.sbuf)")
+        body.append(f"nisa.dma_copy(dst={_row(ld)}[0:1, 0:{width}], src={ld.source})")
+    body += [
+        f"res{i}_h = nl.ndarray((P, {width}), dtype=nl.float32, buffer=nl.sbuf)" for i in range(len(resident))
+    ]
+    body.append(f"for q0 in range(0, {width}, F_MOV):")
+    chunk = [f"qw = min(F_MOV, {width} - q0)"]
+    for ld in loads:
+        chunk.append(f"{ld.tile} = nl.ndarray((P, F_MOV), dtype=nl.float32, buffer=nl.psum)")
+        ones = f"ones_{_short(ld.nl_dtype)}[0:1, 0:P]"
+        chunk.append(f"nisa.nc_matmul(dst={ld.tile}[0:P, 0:qw], stationary={ones}, "
+                     f"moving={_row(ld)}[0:1, q0:q0 + qw], accumulate=False)")  # fmt: skip
+    chunk += lines
+    chunk += [
+        f"nisa.tensor_copy(dst=res{i}_h[0:P, q0:q0 + qw], src={code})"
+        for i, code in enumerate(resident.values())
+    ]
+    body += ["    " + line for line in chunk]
+    body += [f"res{i}.append(res{i}_h)" for i in range(len(resident))]
     return (*head, *("    " + line for line in body))
 
 
-def _tile_bytes(sel: Selector, tile: str) -> int:
-    return next((DTYPE_BYTES[dt] for name, _, dt in sel.tiles if name == tile), 2)
+def _row(load: Load) -> str:
+    return load.tile.removesuffix("_bc") + "_row"
 
 
-def _scratch_bytes(sel: Selector, keep: object) -> int:
-    kept = set(keep)  # type: ignore[call-overload]
-    return sum(DTYPE_BYTES[dt] for name, kind, dt in sel.tiles if kind == "tile" and name not in kept)
+def _short(nl_dtype: str) -> str:
+    return nl_dtype.removeprefix("nl.")
 
 
 def _leaf_name(ir: KernelIR, node: Node) -> str:
@@ -146,7 +166,7 @@ def _load(ir: KernelIR, ld: RowLoad, width: str) -> Load:
     return Load(_leaf_name(ir, node), NL_DTYPE[node.dtype], source)
 
 
-def _kind(m: RowReduceMatch):  # type: ignore[no-untyped-def]
+def _kind(m: RowReduceMatch) -> Callable[[Node], str]:
     def kind_of(node: Node) -> str:
         if node.shape == ():
             return "scalar"
@@ -155,18 +175,20 @@ def _kind(m: RowReduceMatch):  # type: ignore[no-untyped-def]
     return kind_of
 
 
-def _lower_prep(ir: KernelIR, m: RowReduceMatch, width: str) -> tuple[Selector, tuple[Load, ...], dict[int, str]]:
-    """Weights broadcast over partitions, prep nodes computed in fp32; root id -> resident tile name."""
+def _lower_prep(
+    ir: KernelIR, m: RowReduceMatch, width: str
+) -> tuple[Selector, tuple[Load, ...], dict[int, str]]:
+    """Weight rows and the prep nodes over one 512-column chunk; root id -> the access holding it."""
     leaves, loads = {}, []
     for w in m.weights:
-        tile = f"{w.name}_w"
+        tile = f"{w.name}_bc"  # the row broadcast over partitions, in PSUM
         offset = f"h * {width}" if len(w.shape) == 2 and w.shape[0] == m.heads else "0"
-        source = f"{kernel_arg(str(w.name))}.ap(pattern=[[0, P], [1, {width}]], offset={offset})"
+        source = f"{kernel_arg(str(w.name))}.ap(pattern=[[{width}, 1], [1, {width}]], offset={offset})"
         loads.append(Load(tile, NL_DTYPE[w.dtype], source))
-        leaves[w.id] = Operand("tile", f"{tile}[0:P, 0:{width}]", dtype=w.dtype)
+        leaves[w.id] = Operand("tile", f"{tile}[0:P, 0:qw]", memory="psum")
     builder = StageBuilder(ir, leaves, _kind(m), free_size=lambda n: m.width)
-    sel = Selector(Layout(part="P", free=width, free_alloc=width), prefix="w")
-    resident = {root: sel.value(builder.expr(root)).code.split("[")[0] for root in m.prep_roots}
+    sel = Selector(Layout(part="P", free="qw", free_alloc="F_MOV"), prefix="w")
+    resident = {root: sel.value(builder.expr(root)).code for root in m.prep_roots}
     return sel, tuple(loads), resident
 
 
@@ -207,7 +229,7 @@ def _row_leaves(ir: KernelIR, loads: dict[int, RowLoad], free: str) -> dict[int,
 def _lower_epilogue(
     ir: KernelIR, m: RowReduceMatch, loads: dict[int, RowLoad], resident: dict[int, str]
 ) -> tuple[Selector, int, tuple[tuple[str, str, str], ...], tuple[ColumnOutput, ...]]:
-    """Per-row math and the combine; returns the selector, how many lines the required outputs need, writes."""
+    """Per-row math and the combine: the selector, how many of its lines the required outputs need, writes."""
     full = f"0:{dim_source(m.width)}"
     leaves = _row_leaves(ir, loads, full) | _resident_leaves(m, resident, full)
     leaves |= {rid: _acc(rid) for level in m.levels for rid in level}
@@ -229,6 +251,6 @@ def _lower_epilogue(
     return sel, n_required, tuple(tiles), tuple(columns)
 
 
-def _column(sel: Selector, out, expr) -> ColumnOutput:  # type: ignore[no-untyped-def]
+def _column(sel: Selector, out: OutputDecl, expr: Expr) -> ColumnOutput:
     value = sel.value(expr)
     return ColumnOutput(kernel_arg(out.name), f"{out.name}_sv", value.code, out.optional)

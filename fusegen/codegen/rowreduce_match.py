@@ -60,7 +60,9 @@ def match_rowreduce(ir: KernelIR) -> RowReduceMatch:
     tile_outs, col_outs = _outputs(ir, shapes)
     roots = sorted({a for n in ir.nodes if n.id not in prep for a in n.args if a in prep})
     weights = tuple(n for n in ir.nodes if n.op == "input" and n.id in prep)
-    return RowReduceMatch(rows, heads, width, tuple(loads), weights, tuple(roots), levels, tile_outs, col_outs)
+    return RowReduceMatch(
+        rows, heads, width, tuple(loads), weights, tuple(roots), levels, tile_outs, col_outs
+    )
 
 
 @dataclass(frozen=True)
@@ -158,17 +160,27 @@ def _levels(ir: KernelIR, shapes: _Shapes) -> tuple[tuple[int, ...], ...]:
     return tuple(tuple(levels[d]) for d in sorted(levels))
 
 
-def _outputs(ir: KernelIR, shapes: _Shapes) -> tuple[tuple[OutputDecl, ...], tuple[tuple[OutputDecl, int], ...]]:
+def _outputs(
+    ir: KernelIR, shapes: _Shapes
+) -> tuple[tuple[OutputDecl, ...], tuple[tuple[OutputDecl, int], ...]]:
     tiles, columns = [], []
     for out in ir.outputs:
         node = ir.node(out.node)
-        if out.shape == (shapes.rows, shapes.heads, shapes.width) and shapes.is_tile(node) and not out.optional:
+        if (
+            out.shape == (shapes.rows, shapes.heads, shapes.width)
+            and shapes.is_tile(node)
+            and not out.optional
+        ):
             tiles.append(out)
         elif out.shape == (shapes.rows, shapes.heads) and node.op == "index":
             columns.append((out, node.args[0]))
         else:
-            raise Mismatch(FAMILY, out.span, f"outputs must be [{shapes.rows}, {shapes.heads}, {shapes.width}] "
-                           f"or per-row [{shapes.rows}, {shapes.heads}] (only per-row ones may be optional)")
+            raise Mismatch(
+                FAMILY,
+                out.span,
+                f"outputs must be [{shapes.rows}, {shapes.heads}, {shapes.width}] "
+                f"or per-row [{shapes.rows}, {shapes.heads}] (only per-row ones may be optional)",
+            )
     if not tiles:
         raise Mismatch(FAMILY, ir.outputs[0].span, "expected at least one [T, G, H] output")
     return tuple(tiles), tuple(columns)

@@ -30,6 +30,13 @@ ALU = {
     "maximum": "nl.maximum", "minimum": "nl.minimum", "pow": "nl.power",
 }  # fmt: skip
 COMMUTATIVE = {"add", "mul", "maximum", "minimum"}
+#: Engine of each emitted call, and its cost in passes over the free axis (nki.md §6: tensor_tensor and
+#: scalar_tensor_tensor read two tensors, 2N cycles; the rest N).
+CALL_COST = {
+    "activation": ("act", 1), "activation_reduce": ("act", 1), "tensor_scalar": ("dve", 1),
+    "tensor_copy": ("dve", 1), "tensor_reduce": ("dve", 1), "tensor_tensor": ("dve", 2),
+    "scalar_tensor_tensor": ("dve", 2),
+}  # fmt: skip
 NL_DTYPE = {"bf16": "nl.bfloat16", "f16": "nl.float16", "f32": "nl.float32"}
 
 
@@ -63,6 +70,7 @@ class Selector:
     prefix: str
     lines: list[str] = field(default_factory=list)
     tiles: list[tuple[str, str, str]] = field(default_factory=list)  # (name, kind, dtype) allocated
+    calls: list[tuple[str, str]] = field(default_factory=list)  # (call, destination kind) emitted
     _memo: dict[tuple[int, str], Operand] = field(default_factory=dict)
 
     def value(self, e: Expr, dtype: str = "f32") -> Operand:
@@ -88,6 +96,12 @@ class Selector:
     def _emit(self, call: str, **kwargs: str) -> None:
         args = ", ".join(f"{k}={v}" for k, v in kwargs.items())
         self.lines.append(f"nisa.{call}({args})")
+        kinds = {name: kind for name, kind, _ in self.tiles}
+        self.calls.append((call, kinds[kwargs["dst"].split("[")[0]]))
+
+    def passes(self, engine: str) -> int:
+        """Full-width passes (instructions weighted by cost) this stage puts on `engine`."""
+        return sum(CALL_COST[call][1] for call, kind in self.calls if kind == "tile" and CALL_COST[call][0] == engine)
 
     def _materialise(self, e: Expr, dtype: str) -> Operand:
         if e.op == "cast":

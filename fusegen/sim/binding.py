@@ -50,6 +50,7 @@ def _real_nki_present() -> bool:
 
 
 def _is_nki_name(name: str) -> bool:
+    """True for 'nki' and its submodules."""
     return name == "nki" or name.startswith("nki.")
 
 

@@ -15,13 +15,11 @@ from .errors import (
     SimError,
     UninitializedReadError,
     UninitializedReadWarning,
+    user_site,
 )
 from .memory import MemoryRegion
 from .tensor import NkiTensor, contiguous_strides
 from .trace import Record
-
-_REGION_LEVEL = {MemoryRegion.sbuf: 1, MemoryRegion.psum: 2,
-                 MemoryRegion.private_hbm: 0, MemoryRegion.shared_hbm: 0}
 
 
 class Instr:
@@ -30,8 +28,6 @@ class Instr:
     __slots__ = ("bytes", "ctx", "engine", "index", "op", "operands", "site")
 
     def __init__(self, op: str, engine: str) -> None:
-        from .errors import user_site
-
         self.ctx: Context = current()
         self.op = op
         self.engine = engine
@@ -75,18 +71,22 @@ class Instr:
     # ---- data access -----------------------------------------------------------------------------
     def read(self, t: NkiTensor, role: str = "in") -> torch.Tensor:
         """Storage view of `t` (its real dtype), after init/race checks and accounting."""
+        self._before_read(t, role)
+        return t.materialize()
+
+    def read_f32(self, t: NkiTensor, role: str = "in") -> torch.Tensor:
+        """Like read, but as fp32 (cached per allocation: engines upcast every input)."""
+        self._before_read(t, role)
+        return t.materialize(t.alloc.as_float32())
+
+    def _before_read(self, t: NkiTensor, role: str) -> None:
+        """Initialization and race checks, accounting."""
         alloc = t.alloc
         if not alloc.all_written and t.key not in alloc.known_written:
             self._check_initialized(t, role)
         if alloc.race is not None:
             self._track_race(t, write=False)
         self.account(t, "r", 0)
-        return t.materialize()
-
-    def read_f32(self, t: NkiTensor, role: str = "in") -> torch.Tensor:
-        """Like read, but as fp32 (cached per allocation: engines upcast every input)."""
-        self.read(t, role)
-        return t.materialize(t.alloc.as_float32())
 
     def write(self, t: NkiTensor, value: torch.Tensor, matmul: bool = False) -> None:
         """Store `value` (any dtype, t.numel elements) into `t`, rounding to t.dtype (RNE)."""
@@ -121,12 +121,12 @@ class Instr:
     def account(self, t: NkiTensor, role: str, write: int) -> None:
         """Bytes per memory level, liveness bounds and the operand list."""
         alloc = t.alloc
-        self.bytes[2 * _REGION_LEVEL[alloc.region] + write] += t.numel * alloc.dtype.itemsize
+        self.bytes[alloc.level + write] += t.numel * alloc.itemsize
         if alloc.on_chip:
             if alloc.first_use is None:
                 alloc.first_use = self.index
             alloc.last_use = self.index
-        self.operands.append((role, alloc.id, alloc.region.value, t.shape, str(alloc.dtype)[6:]))
+        self.operands.append((role, alloc.id, alloc.region_name, t.shape, alloc.dtype_name))
 
     def _check_initialized(self, t: NkiTensor, role: str) -> None:
         """Reads of never-written elements: error, or a warning (and NaN data) when strict=False."""

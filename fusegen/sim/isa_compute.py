@@ -66,6 +66,8 @@ def activation(dst: NkiTensor, op: Op, data: NkiTensor, bias: object = None, sca
     if not isinstance(scale_v, float) or scale_v != 1.0:
         x = x * scale_v
     if bias is not None:
+        if ins.ctx.target.nc_version < 3 and not isinstance(bias, NkiTensor):
+            raise ins.fail(InvalidArgumentError, "trn1 activation bias must be a [P,1] tensor, not a scalar")
         x = x + scalar_or_column(ins, bias, s.partitions, "bias")
     y = fn.fn(x)
     ins.write(d, y)

@@ -62,9 +62,14 @@ def _flag_state(d: NkiTensor) -> str:
     return "mixed" if bool(flags.any()) else "clear"
 
 
-def _accumulate(ins: Instr, d: NkiTensor, product: torch.Tensor, accumulate: object) -> bool:
+def _accumulate(ins: Instr, d: NkiTensor, a: torch.Tensor, b: torch.Tensor, accumulate: object) -> bool:
     """Overwrite / add per the 'holds matmul data' flags (nki.md §4); True if PSUM was read."""
     alloc = d.alloc
+
+    def product() -> torch.Tensor:
+        """The fresh matmul result, for the non-GEMM-in-place paths."""
+        return a @ b
+
     if accumulate not in (None, True, False):
         raise ins.fail(UnsupportedError, f"accumulate={accumulate!r}: use None, True or False")
     state = "clear" if accumulate is False else _flag_state(d)
@@ -73,12 +78,15 @@ def _accumulate(ins: Instr, d: NkiTensor, product: torch.Tensor, accumulate: obj
         raise ins.fail(AccumulateError, f"accumulate=True onto {int((~flags).sum())} PSUM elements no "
                        f"matmul has written since they were last overwritten ({alloc.label()})")
     out = d.materialize()
-    if state == "set":
-        out.add_(product)
-    elif state == "clear":
-        out.copy_(product)
+    if state == "mixed":
+        fresh = product().reshape(out.shape)
+        out.copy_(torch.where(d.materialize(alloc.matmul_flags()), out + fresh, fresh))
+    elif out.dim() == 2:  # in-place GEMM; beta=0 ignores (possibly NaN) old contents
+        out.addmm_(a, b, beta=1.0 if state == "set" else 0.0)
+    elif state == "set":
+        out.add_(product().reshape(out.shape))
     else:
-        out.copy_(torch.where(d.materialize(alloc.matmul_flags()), out + product, product))
+        out.copy_(product().reshape(out.shape))
     if d.key not in alloc.mm_full:
         d.materialize(alloc.matmul_flags()).fill_(True)
         alloc.mm_any = True
@@ -101,8 +109,7 @@ def nc_matmul(dst: NkiTensor, stationary: NkiTensor, moving: NkiTensor, is_stati
     # bf16/fp16 products are exact in fp32, so an fp32 matmul on upcast operands is faithful
     a = ins.read_f32(st, "stationary").reshape(k, st.free_size)
     b = ins.read_f32(mv, "moving").reshape(k, mv.free_size)
-    product = (a.t() @ b).reshape(d.shape)
-    if _accumulate(ins, d, product, accumulate):
+    if _accumulate(ins, d, a.t(), b, accumulate):
         ins.bytes[4] += d.numel * d.dtype.itemsize  # accumulation reads PSUM
     ins.account(d, "w", 1)
     bank = _check_bank(ins, d)

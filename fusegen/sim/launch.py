@@ -2,113 +2,28 @@
 
 from __future__ import annotations
 
+import contextlib
 import functools
-import queue
+import gc
 import threading
-from collections.abc import Callable
+import warnings
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 from typing import Any
 
 import numpy as np
 import torch
 
+from .barrier import CoreBarrier, worker
 from .context import Context, set_current
 from .errors import BarrierError, SimError, UninitializedReadError, UninitializedReadWarning
-from .instr import Instr, unwritten_count
+from .instr import unwritten_count
 from .liveness import check_instance
 from .memory import Alloc, MemoryRegion
 from .race import RaceTracker
 from .targets import Target, get_target
 from .tensor import NkiTensor
 from .trace import Trace
-
-
-class CoreBarrier:
-    """A reusable barrier that fails (instead of hanging) when an instance errors or exits early.
-
-    Instances take turns holding `turn` (one runs at a time, so torch ops keep all CPU threads and
-    Python threads do not fight over the GIL); a waiting instance hands its turn over.
-    """
-
-    def __init__(self, parties: int) -> None:
-        self.parties = parties
-        self.turn = threading.Lock()
-        self.cond = threading.Condition()
-        self.arrived = 0
-        self.generation = 0
-        self.broken: str | None = None
-        self.finished: list[int] = []
-
-    def wait(self, core: int, ins: Instr) -> None:
-        """Block until all parties arrive."""
-        ins.ctx.launch.start_pending()
-        self.turn.release()
-        try:
-            self._wait(core, ins)
-        finally:
-            self.turn.acquire()
-
-    def _wait(self, core: int, ins: Instr) -> None:
-        """The condition-variable part of wait()."""
-        with self.cond:
-            gen = self.generation
-            self.arrived += 1
-            if self.arrived == self.parties:
-                self.arrived, self.generation = 0, gen + 1
-                self.cond.notify_all()
-                return
-            while self.generation == gen and self.broken is None and not self.finished:
-                self.cond.wait()
-            if self.generation != gen:
-                return
-            why = self.broken or f"core(s) {self.finished} finished without reaching it"
-            raise ins.fail(BarrierError, f"core {core} waits at barrier #{gen}, but {why}")
-
-    def abort(self, reason: str) -> None:
-        """Release every waiter with an error."""
-        with self.cond:
-            self.broken = self.broken or reason
-            self.cond.notify_all()
-
-    def finish(self, core: int) -> None:
-        """An instance returned; anyone still waiting can never be released."""
-        with self.cond:
-            self.finished.append(core)
-            self.cond.notify_all()
-
-
-class _Worker:
-    """A daemon thread that runs submitted calls, reused across launches."""
-
-    def __init__(self, index: int) -> None:
-        self.jobs: queue.SimpleQueue[tuple[Callable[[int], None], int, threading.Event]] = queue.SimpleQueue()
-        threading.Thread(target=self._loop, name=f"nki-core{index}", daemon=True).start()
-
-    def _loop(self) -> None:
-        while True:
-            fn, arg, event = self.jobs.get()
-            try:
-                fn(arg)
-            finally:
-                event.set()
-
-    def submit(self, fn: Callable[[int], None], arg: int) -> threading.Event:
-        """Queue fn(arg); the event is set when it returns."""
-        event = threading.Event()
-        self.jobs.put((fn, arg, event))
-        return event
-
-
-_workers: dict[int, _Worker] = {}
-_workers_lock = threading.Lock()
-
-
-def _worker(index: int) -> _Worker:
-    """The worker thread serving program instance `index`."""
-    with _workers_lock:
-        if index not in _workers:
-            _workers[index] = _Worker(index)
-        return _workers[index]
 
 
 @dataclass
@@ -134,6 +49,7 @@ class Launch:
         self.pending: list[int] = []
         self.deferred: list[SimError] = []  # uninitialized shared-HBM reads, raised if no race explains them
         self.started: list[threading.Event] = []
+        self.errors: list[BaseException] = []
         self.body: Callable[[int], None] = lambda core: None
 
     def hbm_input(self, tensor: torch.Tensor, name: str, site: tuple[str, int]) -> NkiTensor:
@@ -169,9 +85,10 @@ class Launch:
         args = tuple(_to_hbm(self, a, f"arg{i}", site) for i, a in enumerate(args))
         kwargs = {k: _to_hbm(self, v, k, site) for k, v in kwargs.items()}
         results: list[Any] = [None] * self.grid
-        errors: list[BaseException] = []
+        errors = self.errors
 
         def body(core: int) -> None:
+            """Run one instance on the current thread, recording its result or error."""
             ctx = self.contexts[core]
             set_current(ctx)
             self.barrier.turn.acquire()
@@ -186,7 +103,8 @@ class Launch:
                 set_current(None)
 
         self.body = body
-        self._run_all(body)
+        with _quiet_runtime():
+            self._run_all(body)
         if errors:
             raise next((e for e in errors if not isinstance(e, BarrierError)), errors[0])
         if self.deferred:
@@ -207,7 +125,7 @@ class Launch:
         self.pending = list(range(1, self.grid))
         self.started = []
         body(0)
-        while self.pending:
+        while self.pending and not self.errors:
             body(self.pending.pop(0))
         for event in self.started:
             event.wait()
@@ -216,7 +134,7 @@ class Launch:
         """Start the not-yet-run instances on worker threads (called before a barrier wait)."""
         while self.pending:
             core = self.pending.pop(0)
-            self.started.append(_worker(core).submit(self.body, core))
+            self.started.append(worker(core).submit(self.body, core))
 
     @staticmethod
     def _write_back(args: tuple[Any, ...], kwargs: dict[str, Any]) -> None:
@@ -224,6 +142,21 @@ class Launch:
         for a in [*args, *kwargs.values()]:
             if isinstance(a, NkiTensor) and a.alloc.dirty and a.alloc.source is not None:
                 a.alloc.source.copy_(a.alloc.data.reshape(a.alloc.source.shape))
+
+
+@contextlib.contextmanager
+def _quiet_runtime() -> Iterator[None]:
+    """Single-threaded torch and no cyclic GC while instances run (both measured faster; docs/sim.md)."""
+    torch_threads = torch.get_num_threads()
+    gc_was_enabled = gc.isenabled()
+    torch.set_num_threads(1)
+    gc.disable()
+    try:
+        yield
+    finally:
+        torch.set_num_threads(torch_threads)
+        if gc_was_enabled:
+            gc.enable()
 
 
 def _to_hbm(launch: Launch, value: Any, name: str, site: tuple[str, int]) -> Any:
@@ -252,8 +185,6 @@ def _outputs(value: Any, site: tuple[str, int], strict: bool) -> Any:
         detail = f"{site[0]}:{site[1]}: return: output {value.alloc.label()} has never-written elements"
         if strict:
             raise UninitializedReadError(detail)
-        import warnings
-
         warnings.warn(detail, UninitializedReadWarning, stacklevel=4)
         value.alloc.poison_unwritten()
     return value.materialize().clone()
@@ -271,9 +202,11 @@ class Kernel:
         self.last_run: RunResult | None = None
 
     def __call__(self, *args: Any, **kwargs: Any) -> Any:
+        """Launch one program instance; returns the outputs."""
         return self.launch(1, args, kwargs).outputs
 
     def __getitem__(self, grid: Any) -> Callable[..., Any]:
+        """`kernel[n]`: a launcher for n program instances (the LNC degree)."""
         return lambda *args, **kwargs: self.launch(_grid_size(grid), args, kwargs).outputs
 
     def launch(self, grid: int, args: tuple[Any, ...], kwargs: dict[str, Any], target: str | None = None,

@@ -25,6 +25,7 @@ class MemoryRegion(enum.Enum):
 
 
 ON_CHIP = (MemoryRegion.sbuf, MemoryRegion.psum)
+_LEVEL = {MemoryRegion.private_hbm: 0, MemoryRegion.shared_hbm: 0, MemoryRegion.sbuf: 1, MemoryRegion.psum: 2}
 ViewKey = tuple[tuple[int, ...], tuple[int, ...], int]  # (shape, strides, offset)
 _ids = itertools.count(1)
 
@@ -33,9 +34,10 @@ class Alloc:
     """One allocation: storage, written mask, PSUM matmul flags and interval-liveness bounds."""
 
     __slots__ = (
-        "all_written", "bank_base", "bytes_per_partition", "data", "dirty", "dtype", "first_use", "id",
-        "known_written", "last_use", "mm", "mm_any", "mm_full", "name", "on_chip", "pstride", "race",
-        "region", "shadow", "shape", "site", "source", "written",
+        "all_written", "bank_base", "bytes_per_partition", "data", "dirty", "dtype", "dtype_name",
+        "first_use", "id", "itemsize", "known_written", "last_use", "level", "mm", "mm_any", "mm_full",
+        "name", "on_chip", "pstride", "race", "region", "region_name", "shadow", "shape", "site", "source",
+        "written",
     )
 
     def __init__(self, shape: tuple[int, ...], dtype: torch.dtype, region: MemoryRegion, name: str,
@@ -47,6 +49,11 @@ class Alloc:
         self.name = name
         self.site = site
         self.on_chip = region in ON_CHIP
+        # cached for the per-instruction trace path
+        self.region_name = region.value
+        self.dtype_name = str(dtype).removeprefix("torch.")
+        self.itemsize = dtype.itemsize
+        self.level = 2 * _LEVEL[region]  # index of this memory's read counter in Instr.bytes
         numel = math.prod(shape)
         self.pstride = math.prod(shape[1:]) if shape else 1
         self.bytes_per_partition = self.pstride * dtype.itemsize

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import torch
 
-from .errors import InvalidArgumentError, ShapeMismatchError
+from .errors import InvalidArgumentError, ShapeMismatchError, fault
 from .instr import Instr
 from .memory import MemoryRegion
 from .ops import Op, engine
@@ -19,8 +19,6 @@ def engine_name(value: object, default: str, allowed: tuple[str, ...], op: str) 
     if value is None or value is engine.unknown:
         return default
     if not isinstance(value, engine) or value.value not in allowed:
-        from .errors import fault
-
         raise fault(InvalidArgumentError, op, f"engine={value} not allowed; choose from {allowed}")
     return value.value
 

@@ -31,6 +31,7 @@ class Op:
         return f"nl.{self.name}"
 
     def __call__(self, *args: object, **kwargs: object) -> None:
+        """nl.<op>(...) tile wrappers are not modelled."""
         raise fault(UnsupportedError, f"nl.{self.name}", "nl.* tile wrappers are not modelled; use nki.isa")
 
 
@@ -40,6 +41,7 @@ def _flag(fn: Fn) -> Fn:
 
 
 def _reduce_flag(fn: Fn) -> Fn:
+    """Logical reductions produce 1.0/0.0 in fp32."""
     return lambda x, dim: fn(x != 0, dim=dim).to(torch.float32)
 
 

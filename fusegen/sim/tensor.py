@@ -9,7 +9,7 @@ from typing import Any
 import torch
 
 from . import dtypes
-from .errors import InvalidArgumentError, OutOfBoundsError, UnsupportedError, fault
+from .errors import InvalidArgumentError, OutOfBoundsError, PartitionError, UnsupportedError, fault
 from .memory import Alloc, MemoryRegion
 
 
@@ -97,6 +97,7 @@ class NkiTensor:
 
     # ---- indexing --------------------------------------------------------------------------------
     def __getitem__(self, key: Any) -> NkiTensor:
+        """Index with ints and slices; dim 0 of on-chip tensors keeps size 1 under an int."""
         keys = key if isinstance(key, tuple) else (key,)
         if any(k is Ellipsis for k in keys):
             at = keys.index(Ellipsis)
@@ -127,6 +128,7 @@ class NkiTensor:
         return NkiTensor(self.alloc, tuple(shape), tuple(strides), offset)
 
     def __setitem__(self, key: Any, value: Any) -> None:
+        """Item assignment is not NKI; writes go through nisa instructions."""
         raise fault(UnsupportedError, "setitem", "assign through nisa instructions (e.g. nisa.tensor_copy)")
 
     def ap(self, pattern: list[list[int]], offset: int | None = None, scalar_offset: Any = None,
@@ -151,6 +153,8 @@ class NkiTensor:
             raise fault(OutOfBoundsError, "reshape", f"cannot reshape {self.shape} to {shape}")
         if self.strides != contiguous_strides(self.shape) and self.numel > 1:
             raise fault(UnsupportedError, "reshape", f"view {self.shape} is not contiguous")
+        if self.alloc.on_chip and shape and shape[0] > self.alloc.shape[0]:
+            raise fault(PartitionError, "reshape", f"{shape} has more partitions than {self.alloc.label()}")
         return NkiTensor(self.alloc, shape, contiguous_strides(shape), self.offset)
 
     def check_extent(self, op: str) -> None:

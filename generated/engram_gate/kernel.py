@@ -21,6 +21,7 @@ TARGET = os.environ.get("FUSEGEN_TARGET", "trn2")
 # ---- tile planning (copied from fusegen/codegen/rowreduce_budget.py) ----
 
 P = 128  # partitions: tokens per tile
+F_MOV = 512  # one fp32 PSUM bank: the prep step broadcasts weights in chunks this wide
 
 
 class RowModel(NamedTuple):
@@ -28,7 +29,7 @@ class RowModel(NamedTuple):
 
     resident_per_head: int  # prepared weights kept for the whole launch, per head
     resident_shared: int  # prepared weights shared by all heads
-    prep_scratch: int  # weight loads and temporaries of the prep step
+    prep_scratch: int  # weight rows of the prep step (its PSUM-wide chunk temporaries are not counted)
     row_inputs: int  # [T, G, H] loads of one token tile and head (kept for the epilogue)
     epilogue: int  # full-width temporaries of the epilogue
     chunk: int  # temporaries of the widest reduction pass, per chunk column
@@ -56,7 +57,9 @@ def rows_per_core(rows: int, lnc: int) -> int:
 def buffers(m: RowModel, width: int, heads: int, hb: int) -> list[Buffer]:
     """The kernel's SBUF buffers at width `width`, `heads` heads and reduction chunk `hb` columns."""
     return [
-        Buffer("prepared weights (fp32, resident)", (m.resident_per_head * heads + m.resident_shared) * width, 1),
+        Buffer(
+            "prepared weights (fp32, resident)", (m.resident_per_head * heads + m.resident_shared) * width, 1
+        ),
         Buffer("row inputs of one token tile and head", m.row_inputs * width, 1),
         Buffer("epilogue tiles", m.epilogue * width, 1),
         Buffer("reduction chunk temporaries", m.chunk * hb, 1),
@@ -72,14 +75,16 @@ def sbuf_bytes(m: RowModel, width: int, heads: int, hb: int) -> int:
 
 
 def choose(m: RowModel, width: int, heads: int, budget: int) -> int:
-    """HB: the fewest reduction chunks that fit, then the narrowest chunk (a multiple of 128) for that count."""
+    """HB: the fewest reduction chunks that fit, then the narrowest chunk (a multiple of 128) for them."""
     fixed = sbuf_bytes(m, width, heads, 0)
     room = (budget - fixed) // m.chunk if m.chunk else width
     widest = min(cdiv(width, P) * P, room // P * P)
     if widest < P or sbuf_bytes(m, width, heads, P) > budget:
         need = sbuf_bytes(m, width, heads, P)
-        raise ValueError(f"no tile plan fits: width {width} with {heads} heads needs {need} B/partition of SBUF "
-                         f"even with 128-column chunks; the budget is {budget} B")
+        raise ValueError(
+            f"no tile plan fits: width {width} with {heads} heads needs {need} B/partition of SBUF "
+            f"even with 128-column chunks; the budget is {budget} B"
+        )
     return cdiv(cdiv(width, cdiv(width, widest)), P) * P
 
 MODEL = RowModel(resident_per_head=4, resident_shared=0, prep_scratch=4, row_inputs=6, epilogue=2, chunk=20, columns=100)
@@ -91,15 +96,27 @@ def fused_weight_kernel(w_h_hbm, w_e_hbm):
     d_H = w_h_hbm.shape[1]
     d_HC = w_h_hbm.shape[0]
     res0_hbm = nl.ndarray((d_HC, d_H), dtype=nl.float32, buffer=nl.shared_hbm)
+    ones_bfloat16 = nl.ndarray((1, P), dtype=nl.bfloat16, buffer=nl.sbuf)
+    nisa.memset(dst=ones_bfloat16[0:1, 0:P], value=1.0)
     res0 = []
     for h in range(d_HC):
-        w_h_w = nl.ndarray((P, d_H), dtype=nl.bfloat16, buffer=nl.sbuf)
-        nisa.dma_copy(dst=w_h_w[0:P, 0:d_H], src=w_h_hbm.ap(pattern=[[0, P], [1, d_H]], offset=h * d_H))
-        w_e_w = nl.ndarray((P, d_H), dtype=nl.bfloat16, buffer=nl.sbuf)
-        nisa.dma_copy(dst=w_e_w[0:P, 0:d_H], src=w_e_hbm.ap(pattern=[[0, P], [1, d_H]], offset=h * d_H))
-        w0 = nl.ndarray((P, d_H), dtype=nl.float32, buffer=nl.sbuf)
-        nisa.tensor_tensor(dst=w0[0:P, 0:d_H], data1=w_h_w[0:P, 0:d_H], data2=w_e_w[0:P, 0:d_H], op=nl.multiply)
-        res0.append(w0)
+        w_h_row = nl.ndarray((1, d_H), dtype=nl.bfloat16, buffer=nl.sbuf)
+        nisa.dma_copy(dst=w_h_row[0:1, 0:d_H], src=w_h_hbm.ap(pattern=[[d_H, 1], [1, d_H]], offset=h * d_H))
+        w_e_row = nl.ndarray((1, d_H), dtype=nl.bfloat16, buffer=nl.sbuf)
+        nisa.dma_copy(dst=w_e_row[0:1, 0:d_H], src=w_e_hbm.ap(pattern=[[d_H, 1], [1, d_H]], offset=h * d_H))
+        res0_h = nl.ndarray((P, d_H), dtype=nl.float32, buffer=nl.sbuf)
+        for q0 in range(0, d_H, F_MOV):
+            qw = min(F_MOV, d_H - q0)
+            w_h_bc = nl.ndarray((P, F_MOV), dtype=nl.float32, buffer=nl.psum)
+            nisa.nc_matmul(dst=w_h_bc[0:P, 0:qw], stationary=ones_bfloat16[0:1, 0:P], moving=w_h_row[0:1, q0:q0 + qw], accumulate=False)
+            w_e_bc = nl.ndarray((P, F_MOV), dtype=nl.float32, buffer=nl.psum)
+            nisa.nc_matmul(dst=w_e_bc[0:P, 0:qw], stationary=ones_bfloat16[0:1, 0:P], moving=w_e_row[0:1, q0:q0 + qw], accumulate=False)
+            w0 = nl.ndarray((P, F_MOV), dtype=nl.float32, buffer=nl.sbuf)
+            nisa.tensor_copy(dst=w0[0:P, 0:qw], src=w_e_bc[0:P, 0:qw])
+            w1 = nl.ndarray((P, F_MOV), dtype=nl.float32, buffer=nl.sbuf)
+            nisa.tensor_tensor(dst=w1[0:P, 0:qw], data1=w_h_bc[0:P, 0:qw], data2=w0[0:P, 0:qw], op=nl.multiply)
+            nisa.tensor_copy(dst=res0_h[0:P, q0:q0 + qw], src=w1[0:P, 0:qw])
+        res0.append(res0_h)
         nisa.dma_copy(dst=res0_hbm[h:h + 1, 0:d_H], src=res0[h][0:1, 0:d_H])
     return res0_hbm
 
@@ -116,15 +133,27 @@ def engram_gate_kernel(x_hbm, kv_hbm, w_h_hbm, w_e_hbm, eps_arg, clamp_arg, HB, 
     rstd_x_hbm = nl.ndarray((d_T, d_HC), dtype=nl.float32, buffer=nl.shared_hbm) if save else None
     rstd_k_hbm = nl.ndarray((d_T, d_HC), dtype=nl.float32, buffer=nl.shared_hbm) if save else None
     # prologue: the prepared weights, built once and resident for the whole launch
+    ones_bfloat16 = nl.ndarray((1, P), dtype=nl.bfloat16, buffer=nl.sbuf)
+    nisa.memset(dst=ones_bfloat16[0:1, 0:P], value=1.0)
     res0 = []
     for h in range(d_HC):
-        w_h_w = nl.ndarray((P, d_H), dtype=nl.bfloat16, buffer=nl.sbuf)
-        nisa.dma_copy(dst=w_h_w[0:P, 0:d_H], src=w_h_hbm.ap(pattern=[[0, P], [1, d_H]], offset=h * d_H))
-        w_e_w = nl.ndarray((P, d_H), dtype=nl.bfloat16, buffer=nl.sbuf)
-        nisa.dma_copy(dst=w_e_w[0:P, 0:d_H], src=w_e_hbm.ap(pattern=[[0, P], [1, d_H]], offset=h * d_H))
-        w0 = nl.ndarray((P, d_H), dtype=nl.float32, buffer=nl.sbuf)
-        nisa.tensor_tensor(dst=w0[0:P, 0:d_H], data1=w_h_w[0:P, 0:d_H], data2=w_e_w[0:P, 0:d_H], op=nl.multiply)
-        res0.append(w0)
+        w_h_row = nl.ndarray((1, d_H), dtype=nl.bfloat16, buffer=nl.sbuf)
+        nisa.dma_copy(dst=w_h_row[0:1, 0:d_H], src=w_h_hbm.ap(pattern=[[d_H, 1], [1, d_H]], offset=h * d_H))
+        w_e_row = nl.ndarray((1, d_H), dtype=nl.bfloat16, buffer=nl.sbuf)
+        nisa.dma_copy(dst=w_e_row[0:1, 0:d_H], src=w_e_hbm.ap(pattern=[[d_H, 1], [1, d_H]], offset=h * d_H))
+        res0_h = nl.ndarray((P, d_H), dtype=nl.float32, buffer=nl.sbuf)
+        for q0 in range(0, d_H, F_MOV):
+            qw = min(F_MOV, d_H - q0)
+            w_h_bc = nl.ndarray((P, F_MOV), dtype=nl.float32, buffer=nl.psum)
+            nisa.nc_matmul(dst=w_h_bc[0:P, 0:qw], stationary=ones_bfloat16[0:1, 0:P], moving=w_h_row[0:1, q0:q0 + qw], accumulate=False)
+            w_e_bc = nl.ndarray((P, F_MOV), dtype=nl.float32, buffer=nl.psum)
+            nisa.nc_matmul(dst=w_e_bc[0:P, 0:qw], stationary=ones_bfloat16[0:1, 0:P], moving=w_e_row[0:1, q0:q0 + qw], accumulate=False)
+            w0 = nl.ndarray((P, F_MOV), dtype=nl.float32, buffer=nl.sbuf)
+            nisa.tensor_copy(dst=w0[0:P, 0:qw], src=w_e_bc[0:P, 0:qw])
+            w1 = nl.ndarray((P, F_MOV), dtype=nl.float32, buffer=nl.sbuf)
+            nisa.tensor_tensor(dst=w1[0:P, 0:qw], data1=w_h_bc[0:P, 0:qw], data2=w0[0:P, 0:qw], op=nl.multiply)
+            nisa.tensor_copy(dst=res0_h[0:P, q0:q0 + qw], src=w1[0:P, 0:qw])
+        res0.append(res0_h)
     t_begin = min(d_T, nl.program_id(0) * rows_per_core(d_T, nl.num_programs()))
     t_end = min(d_T, t_begin + rows_per_core(d_T, nl.num_programs()))
     for t0 in range(t_begin, t_end, P):

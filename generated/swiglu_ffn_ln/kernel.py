@@ -14,19 +14,17 @@ import torch
 
 #: logical-core degree to launch with; must match NEURON_LOGICAL_NC_CONFIG on hardware.
 LNC = int(os.environ.get("NEURON_LOGICAL_NC_CONFIG", "2"))
-#: usable SBUF bytes per partition the planner may fill, per target.
-SBUF_BUDGET = {'trn1': 180224, 'trn2': 212984, 'trn3': 245752}
 TARGET = os.environ.get("FUSEGEN_TARGET", "trn2")
 
 # ---- tile planning (copied from fusegen/codegen/ffn_budget.py) ----
 
 P = 128  # partitions
 F_MOV = 512  # matmul moving free size, one fp32 PSUM bank
-PSUM_BANKS = 8
+MIN_CYCLES = 64  # minimum instruction initiation interval, cycles (nki.md §6 overheads)
 
 
 class FfnModel(NamedTuple):
-    """What a generated FFN kernel holds in SBUF, counted by its lowering."""
+    """What a generated FFN kernel holds in SBUF and computes, counted by its lowering."""
 
     n_up: int  # up projections: 1 plain MLP, 2 gated
     x_bytes: int  # bytes per element of x and of the weights
@@ -35,7 +33,24 @@ class FfnModel(NamedTuple):
     epi_cols: int  # f32 [P, 1] columns of the epilogue, per row tile
     col_vectors: int  # [I] inputs held as [P, n_h] f32 columns
     row_vectors: int  # [K] inputs held broadcast as [P, K] f32
-    row_inputs: int  # [R, K] inputs loaded per row tile
+    row_inputs: int  # [R, K] inputs loaded per row tile (a residual DMA'd into the accumulator included)
+    out_bytes: int  # bytes per row element written, over all outputs
+    mid_act: int  # Scalar-engine passes of the combine, per intermediate tile
+    mid_dve: int  # Vector-engine passes of the combine
+    epi_act: int  # Scalar-engine passes of the epilogue, per row tile
+    epi_dve: int  # Vector-engine passes of the epilogue
+
+
+class Machine(NamedTuple):
+    """The figures of one target the time model needs (per physical core)."""
+
+    pe_ghz: float  # tensor engine clock
+    act_ghz: float  # scalar engine clock
+    dve_ghz: float  # vector engine clock
+    dma_gbps: float  # min(DMA bandwidth, the core's share of HBM bandwidth), bytes/ns
+    dma_fixed_ns: float  # fixed cost of one DMA transfer
+    dma_queues: int  # transfers in flight
+    sbuf_budget: int  # usable SBUF bytes per partition
 
 
 class Buffer(NamedTuple):
@@ -46,14 +61,44 @@ class Buffer(NamedTuple):
     copies: int
 
 
+class Plan(NamedTuple):
+    """Tiles and core split: S rows per super-block, CI intermediate columns per chunk, split over I."""
+
+    s: int
+    ci: int
+    split: int  # 1: each core computes every row over its share of I; 0: each core its own rows
+
+
+class Cost(NamedTuple):
+    """Modelled busy time per engine of the busiest core, ns; the kernel takes the largest."""
+
+    pe: float
+    act: float
+    dve: float
+    dma: float
+    hbm_bytes: int
+
+    @property
+    def total(self) -> float:
+        """Modelled kernel time: engines overlap, so the busiest one bounds it."""
+        return max(self.pe, self.act, self.dve, self.dma)
+
+
 def cdiv(n: int, d: int) -> int:
     """Ceiling division."""
     return -(-n // d)
 
 
 def rows_per_core(rows: int, lnc: int) -> int:
-    """Rows one core handles: whole 128-row tiles are dealt out, the ragged tile goes last."""
+    """Rows one core owns: whole 128-row tiles are dealt out, the ragged tile goes last."""
     return min(rows, cdiv(cdiv(rows, P), lnc) * P)
+
+
+def work_per_core(rows: int, i: int, lnc: int, split: int) -> tuple[int, int]:
+    """(rows computed, intermediate columns) of the busiest core."""
+    if split:
+        return rows, min(i, cdiv(cdiv(i, P), lnc) * P)
+    return rows_per_core(rows, lnc), i
 
 
 def buffers(m: FfnModel, s: int, ci: int, k: int, i: int) -> list[Buffer]:
@@ -66,7 +111,7 @@ def buffers(m: FfnModel, s: int, ci: int, k: int, i: int) -> list[Buffer]:
         Buffer("down-projection weight chunk", n_hc * k * m.x_bytes, 2),
         Buffer("combine output (down-proj stationary)", n_hc * F_MOV * m.x_bytes, 1),
         Buffer("combine temporaries", m.mid_tiles * F_MOV * 4, 2),
-        Buffer("epilogue tiles", (m.epi_tiles + m.row_inputs) * k * 4, 2),
+        Buffer("epilogue tiles", (m.epi_tiles + m.row_inputs + 1) * k * 4, 2),
         Buffer("epilogue columns", m.epi_cols * 4, 2),
         Buffer("[I] columns", m.col_vectors * n_h * 4, 1),
         Buffer("[K] broadcast rows", m.row_vectors * k * 4, 1),
@@ -83,25 +128,89 @@ def psum_banks(m: FfnModel) -> int:
     return 2 * (m.n_up + 1)
 
 
-def choose(m: FfnModel, rows: int, k: int, i: int, lnc: int, budget: int) -> tuple[int, int]:
-    """(S, CI): fewest weight re-streams, then the smallest super-block, then the widest chunk."""
-    per_core = max(1, rows_per_core(rows, lnc))
-    ci_max = cdiv(i, P) * P
-    for n_sb in range(1, cdiv(per_core, P) + 1):
-        s = cdiv(cdiv(per_core, n_sb), P) * P
-        for ci in range(ci_max, 0, -P):
-            if sbuf_bytes(m, s, ci, k, i) <= budget:
-                return s, ci
-    need = sbuf_bytes(m, P, P, k, i)
-    raise ValueError(f"no tile plan fits: the smallest (S=128, CI=128) needs {need} B/partition of SBUF "
-                     f"for K={k}, I={i}; the budget is {budget} B")
+def _pieces(total: int, size: int) -> list[int]:
+    """`total` cut into pieces of `size`, the last one ragged."""
+    return [min(size, total - start) for start in range(0, total, size)]
 
-MODEL = FfnModel(n_up=2, x_bytes=2, mid_tiles=2, epi_tiles=4, epi_cols=5, col_vectors=2, row_vectors=1, row_inputs=1)
+
+def cost(m: FfnModel, mach: Machine, rows: int, k: int, i: int, lnc: int, plan: Plan) -> Cost:
+    """Modelled time of the busiest core for `plan`."""
+    comp_rows, inter = work_per_core(rows, i, lnc, plan.split)
+    own = rows_per_core(rows, lnc)
+    n_k = cdiv(k, P)
+    k_cycles = sum(max(MIN_CYCLES, nk) for nk in _pieces(k, F_MOV))  # one row tile's K in 512-wide chunks
+    pe = act = dve = 0.0
+    hbm = transfers = 0
+    for s_rows in _pieces(comp_rows, plan.s):
+        hbm, transfers = hbm + s_rows * k * m.x_bytes, transfers + n_k
+        for chunk in _pieces(inter, plan.ci):
+            n_hc = cdiv(chunk, P)
+            hbm += (m.n_up + 1) * k * chunk * m.x_bytes
+            transfers += m.n_up * n_k + n_hc
+            for rw in _pieces(s_rows, F_MOV):
+                width = max(MIN_CYCLES, rw)
+                pe += n_hc * (m.n_up * n_k * width + cdiv(rw, P) * k_cycles)
+                act += n_hc * m.mid_act * width
+                dve += n_hc * m.mid_dve * width + cdiv(rw, P) * k_cycles  # PSUM eviction into the accumulator
+    tiles = cdiv(own, P)
+    act += tiles * m.epi_act * max(MIN_CYCLES, k)
+    dve += tiles * m.epi_dve * max(MIN_CYCLES, k)
+    hbm += own * k * (m.row_inputs * 4 + m.out_bytes)
+    transfers += tiles * (m.row_inputs + 2)
+    if plan.split and lnc > 1:  # partial down-projections of the other core's rows, out and back in
+        hbm += 2 * own * k * 4
+        transfers += 2 * tiles
+        dve += tiles * k_cycles
+    dma = max(hbm / mach.dma_gbps, transfers * mach.dma_fixed_ns / mach.dma_queues)
+    return Cost(pe / mach.pe_ghz, act / mach.act_ghz, dve / mach.dve_ghz, dma, hbm)
+
+
+def candidates(m: FfnModel, rows: int, k: int, i: int, lnc: int, budget: int, exhaustive: bool = False) -> list[Plan]:
+    """Legal plans: every (S, CI) multiple of 128 when exhaustive, else a pruned set the search keeps."""
+    plans = []
+    for split in (0, 1) if lnc > 1 and cdiv(i, P) >= lnc else (0,):
+        comp_rows, inter = work_per_core(rows, i, lnc, split)
+        s_all = range(P, cdiv(comp_rows, P) * P + 1, P)
+        ci_all = range(P, cdiv(inter, P) * P + 1, P)
+        s_set = s_all if exhaustive else sorted({cdiv(cdiv(comp_rows, n), P) * P for n in range(1, 9)})
+        for s in s_set:
+            fits = [ci for ci in ci_all if sbuf_bytes(m, s, ci, k, i) <= budget]
+            for ci in fits if exhaustive else fits[-4:]:
+                plans.append(Plan(s, ci, split))
+    return plans
+
+
+def rank_key(m: FfnModel, mach: Machine, rows: int, k: int, i: int, lnc: int, plan: Plan) -> tuple[float, int, int]:
+    """Order of preference: modelled time, then HBM bytes, then SBUF."""
+    c = cost(m, mach, rows, k, i, lnc, plan)
+    return (round(c.total, 1), c.hbm_bytes, sbuf_bytes(m, plan.s, plan.ci, k, i))
+
+
+def choose(m: FfnModel, mach: Machine, rows: int, k: int, i: int, lnc: int) -> Plan:
+    """The best modelled legal plan; ValueError with the numbers when none fits."""
+    plans = candidates(m, rows, k, i, lnc, mach.sbuf_budget)
+    if not plans:
+        need = sbuf_bytes(m, P, P, k, i)
+        raise ValueError(f"no tile plan fits: the smallest (S=128, CI=128) needs {need} B/partition of SBUF "
+                         f"for K={k}, I={i}; the budget is {mach.sbuf_budget} B")  # fmt: skip
+    return min(plans, key=lambda p: rank_key(m, mach, rows, k, i, lnc, p))
+
+MODEL = FfnModel(n_up=2, x_bytes=2, mid_tiles=2, epi_tiles=4, epi_cols=5, col_vectors=2, row_vectors=1, row_inputs=1, out_bytes=6, mid_act=1, mid_dve=2, epi_act=2, epi_dve=3)
+#: the figures the planner's time model needs, per target (from fusegen/sim/targets.py).
+MACHINES = {
+    "trn1": Machine(pe_ghz=2.8, act_ghz=1.4, dve_ghz=1.12, dma_gbps=272.0, dma_fixed_ns=1300.0, dma_queues=16, sbuf_budget=180224),
+    "trn2": Machine(pe_ghz=2.4, act_ghz=1.2, dve_ghz=0.96, dma_gbps=362.5, dma_fixed_ns=1300.0, dma_queues=16, sbuf_budget=212984),
+}
 
 
 @nki.jit
-def swiglu_ffn_ln_kernel(x_hbm, w1t_hbm, b1_hbm, wgt_hbm, bg_hbm, w2t_hbm, b2_hbm, a_hbm, eps_arg, S, CI):
-    """One core's share of rows, in super-blocks of S rows; weights streamed in chunks of CI columns."""
+def swiglu_ffn_ln_kernel(x_hbm, w1t_hbm, b1_hbm, wgt_hbm, bg_hbm, w2t_hbm, b2_hbm, a_hbm, eps_arg, S, CI, SPLIT):
+    """Rows in super-blocks of S, weights streamed in chunks of CI columns, the chunk loop outermost.
+
+    SPLIT=0: each core computes the rows it owns. SPLIT=1 (few rows on several cores): each core computes
+    every row over its share of I, then the cores exchange partial down-projections through shared HBM
+    behind a core barrier, and each finishes the rows it owns.
+    """
     R, K = x_hbm.shape
     I = w1t_hbm.shape[1]
     d_I = w1t_hbm.shape[1]
@@ -117,11 +226,21 @@ def swiglu_ffn_ln_kernel(x_hbm, w1t_hbm, b1_hbm, wgt_hbm, bg_hbm, w2t_hbm, b2_hb
     nisa.dma_copy(dst=bg_hbm_col, src=bg_hbm)
     b2_hbm_row = nl.ndarray((P, K), dtype=nl.float32, buffer=nl.sbuf)
     nisa.dma_copy(dst=b2_hbm_row[0:P, 0:K], src=b2_hbm.ap(pattern=[[0, P], [1, K]], offset=0))
-    r_begin = min(R, nl.program_id(0) * rows_per_core(R, nl.num_programs()))
-    r_end = min(R, r_begin + rows_per_core(R, nl.num_programs()))
+    pid, cores = nl.program_id(0), nl.num_programs()
+    own_begin = min(R, pid * rows_per_core(R, cores))
+    own_end = min(R, own_begin + rows_per_core(R, cores))
+    if SPLIT:
+        i_share = min(I, cdiv(cdiv(I, P), cores) * P)
+        i_begin, i_end = min(I, pid * i_share), min(I, (pid + 1) * i_share)
+        r_begin, r_end = 0, R
+        partial = nl.ndarray((R, K), dtype=nl.float32, buffer=nl.shared_hbm)
+    else:
+        i_begin, i_end = 0, I
+        r_begin, r_end = own_begin, own_end
     for r_sb in range(r_begin, r_end, S):
         s_rows = min(S, r_end - r_sb)
         n_rs = cdiv(s_rows, P)
+        owned = [own_begin <= r_sb + rs * P < own_end for rs in range(n_rs)]
         # x^T for the super-block: K on partitions, rows on the free axis
         xt = []
         for kt in range(n_k):
@@ -133,25 +252,25 @@ def swiglu_ffn_ln_kernel(x_hbm, w1t_hbm, b1_hbm, wgt_hbm, bg_hbm, w2t_hbm, b2_hb
         for rs in range(n_rs):
             t = nl.ndarray((P, K), dtype=nl.float32, buffer=nl.sbuf)
             acc.append(t)
-        # chunk loop outermost: each weight chunk is streamed once per super-block
-        for c in range(cdiv(I, CI)):
-            i0 = c * CI
-            n_hc = cdiv(min(CI, I - i0), P)
+        for c in range(cdiv(i_end - i_begin, CI)):
+            i0 = i_begin + c * CI
+            ci = min(CI, i_end - i0)
+            n_hc = cdiv(ci, P)
             pj0_w = []
             for kt in range(n_k):
                 pk = min(P, K - kt * P)
                 t = nl.ndarray((P, CI), dtype=nl.bfloat16, buffer=nl.sbuf)
-                nisa.dma_copy(dst=t[0:pk, 0:min(CI, I - i0)], src=w1t_hbm[kt * P:kt * P + pk, i0:i0 + min(CI, I - i0)])
+                nisa.dma_copy(dst=t[0:pk, 0:ci], src=w1t_hbm[kt * P:kt * P + pk, i0:i0 + ci])
                 pj0_w.append(t)
             pj1_w = []
             for kt in range(n_k):
                 pk = min(P, K - kt * P)
                 t = nl.ndarray((P, CI), dtype=nl.bfloat16, buffer=nl.sbuf)
-                nisa.dma_copy(dst=t[0:pk, 0:min(CI, I - i0)], src=wgt_hbm[kt * P:kt * P + pk, i0:i0 + min(CI, I - i0)])
+                nisa.dma_copy(dst=t[0:pk, 0:ci], src=wgt_hbm[kt * P:kt * P + pk, i0:i0 + ci])
                 pj1_w.append(t)
             wd = []
             for hl in range(n_hc):
-                ph = min(P, I - i0 - hl * P)
+                ph = min(P, i_end - i0 - hl * P)
                 t = nl.ndarray((P, K), dtype=nl.bfloat16, buffer=nl.sbuf)
                 nisa.dma_copy(dst=t[0:ph, 0:K], src=w2t_hbm[i0 + hl * P:i0 + hl * P + ph, 0:K])
                 wd.append(t)
@@ -160,7 +279,7 @@ def swiglu_ffn_ln_kernel(x_hbm, w1t_hbm, b1_hbm, wgt_hbm, bg_hbm, w2t_hbm, b2_hb
                 g = []
                 for hl in range(n_hc):
                     hg = i0 // P + hl
-                    ph = min(P, I - hg * P)
+                    ph = min(P, i_end - hg * P)
                     pj0 = nl.ndarray((P, F_MOV), dtype=nl.float32, buffer=nl.psum)
                     for kt in range(n_k):
                         pk = min(P, K - kt * P)
@@ -184,16 +303,32 @@ def swiglu_ffn_ln_kernel(x_hbm, w1t_hbm, b1_hbm, wgt_hbm, bg_hbm, w2t_hbm, b2_hb
                         nk = min(F_MOV, K - k0)
                         ps = nl.ndarray((P, F_MOV), dtype=nl.float32, buffer=nl.psum)
                         for hl in range(n_hc):
-                            ph = min(P, I - i0 - hl * P)
+                            ph = min(P, i_end - i0 - hl * P)
                             nisa.nc_matmul(dst=ps[0:pr, 0:nk], stationary=g[hl][0:ph, rq:rq + pr],
                                            moving=wd[hl][0:ph, k0:k0 + nk], accumulate=(hl > 0))
-                        if c == 0:
+                        if c == 0 and owned[rs]:
                             nisa.tensor_tensor(dst=acc[rs][0:pr, k0:k0 + nk], data1=ps[0:pr, 0:nk], data2=b2_hbm_row[0:pr, k0:k0 + nk], op=nl.add)
+                        elif c == 0:
+                            nisa.tensor_copy(dst=acc[rs][0:pr, k0:k0 + nk], src=ps[0:pr, 0:nk])
                         else:
                             nisa.tensor_tensor(dst=acc[rs][0:pr, k0:k0 + nk], data1=acc[rs][0:pr, k0:k0 + nk],
                                                data2=ps[0:pr, 0:nk], op=nl.add)
-        # epilogue, one row tile at a time
+        if SPLIT:  # the other core's rows go out; after the barrier, this core's come in
+            for rs in range(n_rs):
+                r0, pr = r_sb + rs * P, min(P, s_rows - rs * P)
+                if not owned[rs]:
+                    nisa.dma_copy(dst=partial[r0:r0 + pr, 0:K], src=acc[rs][0:pr, 0:K])
+            nisa.core_barrier(data=partial, cores=tuple(range(cores)))
+            for rs in range(n_rs):
+                r0, pr = r_sb + rs * P, min(P, s_rows - rs * P)
+                if owned[rs]:
+                    t = nl.ndarray((P, K), dtype=nl.float32, buffer=nl.sbuf)
+                    nisa.dma_copy(dst=t[0:pr, 0:K], src=partial[r0:r0 + pr, 0:K])
+                    nisa.tensor_tensor(dst=acc[rs][0:pr, 0:K], data1=acc[rs][0:pr, 0:K], data2=t[0:pr, 0:K], op=nl.add)
+        # epilogue, one owned row tile at a time
         for rs in range(n_rs):
+            if not owned[rs]:
+                continue
             r0 = r_sb + rs * P
             pr = min(P, s_rows - rs * P)
             a_hbm_tile = nl.ndarray((P, K), dtype=nl.float32, buffer=nl.sbuf)
@@ -233,8 +368,8 @@ def swiglu_ffn_ln(x: torch.Tensor, w1t: torch.Tensor, b1: torch.Tensor, wgt: tor
             raise RuntimeError("swiglu_ffn_ln is inference-only: an input requires grad")
     rows, hidden = x.shape
     inter = w1t.shape[1]
-    s, ci = choose(MODEL, rows, hidden, inter, lnc, SBUF_BUDGET[target])
-    return swiglu_ffn_ln_kernel[lnc](x, w1t, _columns(b1), wgt, _columns(bg), w2t, b2, a, eps, s, ci)
+    plan = choose(MODEL, MACHINES[target], rows, hidden, inter, lnc)
+    return swiglu_ffn_ln_kernel[lnc](x, w1t, _columns(b1), wgt, _columns(bg), w2t, b2, a, eps, plan.s, plan.ci, plan.split)
 
 
 try:  # registers the op where torch_neuronx is installed; the file imports without it

@@ -2,17 +2,23 @@
 
 from __future__ import annotations
 
+from pathlib import Path
+
 import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from fusegen.codegen import ffn_budget as fb
-from fusegen.codegen.plan import PlanError, plan_ffn
+from fusegen.codegen.ffn_lower import lower_ffn
+from fusegen.codegen.ffn_match import match_ffn
+from fusegen.codegen.plan import PlanError, machine, plan_ffn
+from fusegen.dsl import load_spec
 from fusegen.sim.targets import get_target
 
-#: the budget model of generated/swiglu_ffn_ln (gated, residual + LayerNorm epilogue)
-MODEL = fb.FfnModel(n_up=2, x_bytes=2, mid_tiles=2, epi_tiles=4, epi_cols=5, col_vectors=2, row_vectors=1,
-                    row_inputs=1)  # fmt: skip
+ROOT = Path(__file__).resolve().parents[2]
+_IR, _ = load_spec(str(ROOT / "examples" / "swiglu_ffn_ln.spec"))
+#: the model of the gated FFN with a residual + LayerNorm epilogue, as its lowering counts it
+MODEL = lower_ffn(_IR, match_ffn(_IR)).model
 ROLES = ("R", "K", "I")
 
 
@@ -60,9 +66,27 @@ def test_streams_no_more_weights_than_the_seed(r: int) -> None:
     k, i, lnc = 1280, 3456, 2
     plan = plan_ffn(MODEL, get_target("trn2"), lnc, {"R": r, "K": k, "I": i}, ROLES)
     s_seed, _ = seed_plan(k, i, r // lnc)
-    assert max(-(-(r // lnc) // plan.tile("S")), 1) <= -(-(r // lnc) // s_seed)
+    seed_streamed = 3 * k * i * 2 * lnc * -(-(r // lnc) // s_seed)
+    assert plan.traffic("weights streamed") <= seed_streamed
 
 
 def test_no_plan_error_has_the_numbers() -> None:
     with pytest.raises(PlanError, match=r"needs \d+ B/partition of SBUF for K=65536, I=128; the budget is 212984 B"):
         plan_ffn(MODEL, get_target("trn2"), 2, {"R": 128, "K": 65536, "I": 128}, ROLES)
+
+
+@pytest.mark.parametrize("target", ["trn1", "trn2"])
+@pytest.mark.parametrize("lnc", [1, 2])
+@pytest.mark.parametrize(("r", "k", "i"), [(7, 256, 384), (128, 1280, 3416), (300, 384, 1000), (2048, 1280, 3416),
+                                           (8192, 1280, 3416), (64, 4096, 14336), (1000, 768, 3072)])
+def test_search_is_within_two_percent_of_exhaustive(r: int, k: int, i: int, lnc: int, target: str) -> None:
+    mach = machine(get_target(target))
+    best = lambda plans: min(fb.cost(MODEL, mach, r, k, i, lnc, p).total for p in plans)  # noqa: E731
+    every_plan = fb.candidates(MODEL, r, k, i, lnc, mach.sbuf_budget, exhaustive=True)
+    if not every_plan:  # nothing fits: the search must say so too
+        with pytest.raises(ValueError, match="no tile plan fits"):
+            fb.choose(MODEL, mach, r, k, i, lnc)
+        return
+    exhaustive = best(every_plan)
+    chosen = fb.cost(MODEL, mach, r, k, i, lnc, fb.choose(MODEL, mach, r, k, i, lnc)).total
+    assert chosen <= 1.02 * exhaustive

@@ -1,4 +1,4 @@
-"""The IR rewrite pass: golden dumps before/after, pass-through, validity, CSE, rmsnorm factors, same values."""
+"""The IR rewrite pass: golden dumps, pass-through, validity, CSE, rmsnorm factors, unchanged values."""
 
 from __future__ import annotations
 
@@ -51,7 +51,9 @@ def _golden(request: pytest.FixtureRequest, name: str, text: str) -> None:
         path.write_text(text, encoding="utf-8")
         return
     assert path.exists(), f"missing {path}; create it with `pytest tests/codegen --update-golden`"
-    assert text == path.read_text(encoding="utf-8"), f"{path} differs; if intended, rerun with --update-golden"
+    assert text == path.read_text(encoding="utf-8"), (
+        f"{path} differs; if intended, rerun with --update-golden"
+    )
 
 
 def _spec(text: str) -> KernelIR:

@@ -318,8 +318,9 @@ def test_matmul_accumulate_none_on_partially_flagged_tile():
     torch.testing.assert_close(kernel(a_t, b), expected)
 
 
-def test_dma_copy_casts_via_fp32_and_reshapes():
-    x = torch.randn(4, 64)
+@pytest.mark.parametrize("dtype", [torch.float32, torch.float16, torch.bfloat16, torch.int32])
+def test_dma_copy_casts_via_fp32_and_reshapes(dtype):
+    x = (torch.randn(4, 64) * 100).to(dtype)
 
     @nki.jit
     def kernel(x_hbm):
@@ -327,7 +328,7 @@ def test_dma_copy_casts_via_fp32_and_reshapes():
         nisa.dma_copy(dst=sb, src=x_hbm)
         return _store(sb, nl.float32)
 
-    assert torch.equal(kernel(x), x.to(torch.bfloat16).float().reshape(128, 2))
+    assert torch.equal(kernel(x), x.float().to(torch.bfloat16).float().reshape(128, 2))
 
 
 def test_mutated_input_is_written_back_and_untouched_inputs_are_not():

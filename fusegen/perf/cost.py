@@ -1,0 +1,206 @@
+"""Per-instruction cost model: engine cycles from documented data-path rules, DMA time from bytes.
+
+Every figure comes from /work/shared/reference/nki.md §5/§6; its source tag sits next to it.
+`instruction_cost` is a plain function over numbers so the tile planner can price plans without a
+trace; `record_cost` adapts an interpreter trace Record to it.
+"""
+
+from __future__ import annotations
+
+import functools
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import NamedTuple
+
+from fusegen.sim.targets import Target
+from fusegen.sim.trace import Record
+
+#: minimum initiation interval of a compute instruction, in engine cycles [v2 arch guide], nki_perf_guide.rst
+MIN_II_CYCLES = 64
+#: static overhead before a dependent instruction on another engine sees a result (semaphore hand-off),
+#: in the producer's cycles: "~100 cycles static overhead for small dependent instructions" [v2 arch guide]
+SYNC_OVERHEAD_CYCLES = 100
+#: fixed latency of one DMA transfer [SDK: nki-dma-bandwidth-guide.rst]
+DMA_FIXED_NS = 1300.0
+#: DMA engines (queues) per NeuronCore, each serving a share of the bandwidth [SDK: nki-dma-overview.rst]
+DMA_QUEUES = 16
+#: DMA transpose runs at <=90% (HBM->SBUF) / <=50% (SBUF->SBUF) of copy bandwidth [v3 arch guide]
+DMA_TRANSPOSE_FACTOR = {True: 0.9, False: 0.5}  # keyed by "source is HBM"
+#: fp32 matmul passes take 4x the bf16/fp16/tf32/fp8 time [SDK@2.26 isa cost tables], [v2], [v3]
+FP32_MATMUL_FACTOR = 4
+#: trn2 Vector "perf mode" for bf16/fp16 SBUF operands: tensor_copy/tensor_scalar up to 4x, tensor_tensor 2x [v3]
+PERF_MODE_SPEEDUP = {"tensor_copy": 4, "tensor_scalar": 4, "tensor_tensor": 2}
+HALF_DTYPES = frozenset({"bfloat16", "float16"})
+
+
+class Shape(NamedTuple):
+    """What a cycle rule needs to know of one instruction."""
+
+    partitions: int
+    elems: int  # elements per partition (moving free size for matmul)
+    stationary: int  # matmul stationary free size (0 otherwise)
+    dtype: str  # dtype of the main input
+    psum_input: bool  # one input lives in PSUM
+    reduce: bool  # activation also reduces into a register
+    perf_mode: bool  # trn2 Vector fast path applies (bf16/fp16, all operands in SBUF)
+
+
+@dataclass(frozen=True, slots=True)
+class Cost:
+    """busy_ns: how long the engine/queue is occupied; latency_ns: until dependents may use the result."""
+
+    busy_ns: float
+    latency_ns: float
+
+
+CycleRule = Callable[[Shape], float]
+
+
+def _matmul(s: Shape) -> float:
+    # max(min(64, N_stat), N_mov), x4 for fp32 [SDK@2.26 isa cost tables], [v2], [v3]
+    factor = FP32_MATMUL_FACTOR if s.dtype == "float32" else 1
+    return max(min(64, s.stationary), s.elems) * factor
+
+
+def _pe_transpose(s: Shape) -> float:
+    # max(P, min(64, F)) of the input [P, F]; the record holds the [F, P] output [SDK@2.26 isa cost tables]
+    return max(s.elems, min(64, s.partitions))
+
+
+def _activation(s: Shape) -> float:
+    # max(64, N), +~64 for the accumulator read when reducing [SDK@2.26 isa cost tables], [v2]
+    return max(64, s.elems) + (64 if s.reduce else 0)
+
+
+def _per_elem(factor: float, op: str = "") -> CycleRule:
+    """factor x N cycles, sped up by the trn2 perf mode where `op` has one [SDK@2.26 isa cost tables], [v3]."""
+
+    def rule(s: Shape) -> float:
+        speedup = PERF_MODE_SPEEDUP.get(op, 1) if s.perf_mode else 1
+        return factor * s.elems / speedup
+
+    return rule
+
+
+def _tensor_tensor(s: Shape) -> float:
+    # 2N, or N with one input in PSUM [SDK@2.26 isa cost tables]; perf mode 2x [v3]
+    return s.elems if s.psum_input else _per_elem(2, "tensor_tensor")(s)
+
+
+def _tensor_reduce(s: Shape) -> float:
+    # N, N/2 for bf16 add/max [SDK@2.26 isa cost tables]
+    return s.elems / 2 if s.dtype == "bfloat16" else s.elems
+
+
+def _gpsimd(s: Shape) -> float:
+    # ~150 + N [SDK@2.26 isa cost tables]
+    return 150 + s.elems
+
+
+#: (engine, op) -> cycles before the initiation-interval floor; (engine, "*") is the engine's default.
+CYCLE_RULES: dict[tuple[str, str], CycleRule] = {
+    ("tensor", "nc_matmul"): _matmul,
+    ("tensor", "nc_transpose"): _pe_transpose,
+    ("scalar", "activation"): _activation,
+    ("scalar", "*"): _per_elem(1),  # tensor_copy/tensor_scalar on ACT: as activation, max(64, N)
+    ("vector", "tensor_scalar"): _per_elem(1, "tensor_scalar"),
+    ("vector", "tensor_copy"): _per_elem(1, "tensor_copy"),
+    ("vector", "tensor_tensor"): _tensor_tensor,
+    ("vector", "scalar_tensor_tensor"): _per_elem(2),
+    ("vector", "tensor_reduce"): _tensor_reduce,
+    ("vector", "reciprocal"): _per_elem(8),
+    ("vector", "memset"): _per_elem(1),
+    ("vector", "nc_transpose"): _per_elem(1),
+    ("vector", "*"): _per_elem(1),  # bn_stats/bn_aggr: no published figure; assumed one pass, N
+    ("gpsimd", "*"): _gpsimd,
+}
+#: ops that only synchronise: no engine time of their own
+ZERO_COST_OPS = frozenset({"core_barrier"})
+
+
+def engine_clock_ghz(target: Target, engine: str) -> float:
+    """The clock of a compute engine (ValueError when the target table has none)."""
+    clock = {"tensor": target.tensor_clock_ghz, "vector": target.vector_clock_ghz,
+             "scalar": target.scalar_clock_ghz, "gpsimd": target.gpsimd_clock_ghz}.get(engine)  # fmt: skip
+    if clock is None:
+        raise ValueError(f"no clock figure for the {engine} engine of {target.name} in fusegen/sim/targets.py")
+    return clock
+
+
+def dma_queue_bytes_per_ns(target: Target) -> float:
+    """Bandwidth of one DMA queue: the core's DMA bandwidth over its 16 engines (trn2 23, trn1 17 B/ns)."""
+    if target.dma_gbps_per_core is None:
+        raise ValueError(f"no DMA bandwidth figure for {target.name} in fusegen/sim/targets.py")
+    return target.dma_gbps_per_core / DMA_QUEUES
+
+
+def dma_cost(target: Target, nbytes: int, transpose: bool = False, from_hbm: bool = True) -> Cost:
+    """One transfer on one queue: busy for bytes / queue bandwidth; the fixed cost is pipelined latency."""
+    rate = dma_queue_bytes_per_ns(target)
+    if transpose:
+        rate *= DMA_TRANSPOSE_FACTOR[from_hbm]
+    busy = nbytes / rate
+    return Cost(busy, busy + DMA_FIXED_NS)
+
+
+@functools.lru_cache(maxsize=4096)  # traces repeat a few shapes thousands of times
+def compute_cost(target: Target, engine: str, op: str, shape: Shape) -> Cost:
+    """Cycles of a compute instruction by its rule, floored at the initiation interval, in ns."""
+    if op in ZERO_COST_OPS:
+        return Cost(0.0, 0.0)
+    rule = CYCLE_RULES.get((engine, op)) or CYCLE_RULES.get((engine, "*"))
+    if rule is None:
+        raise ValueError(f"no cost rule for {op} on the {engine} engine")
+    clock = engine_clock_ghz(target, engine)
+    busy = max(MIN_II_CYCLES, rule(shape)) / clock
+    return Cost(busy, busy + SYNC_OVERHEAD_CYCLES / clock)
+
+
+def instruction_cost(
+    target: Target, engine: str, op: str, partitions: int, elems: int, dtype: str = "bfloat16", *,
+    stationary: int = 0, psum_input: bool = False, reduce: bool = False, perf_mode: bool = False,
+    nbytes: int = 0, from_hbm: bool = True,
+) -> Cost:  # fmt: skip
+    """Cost of one instruction described by numbers (DMA: `nbytes` moved; matmul: `elems` = moving N)."""
+    if engine == "dma":
+        return dma_cost(target, nbytes, transpose=op == "dma_transpose", from_hbm=from_hbm)
+    shape = Shape(partitions, elems, stationary, dtype, psum_input, reduce, perf_mode and target.nc_version >= 3)
+    return compute_cost(target, engine, op, shape)
+
+
+def instruction_ns(target: Target, engine: str, op: str, partitions: int, elems: int, dtype: str = "bfloat16",
+                   **details: int | bool) -> float:  # fmt: skip
+    """Engine-occupancy time of one instruction in ns; see instruction_cost for `details`."""
+    return instruction_cost(target, engine, op, partitions, elems, dtype, **details).busy_ns  # type: ignore[arg-type]
+
+
+def record_cost(target: Target, rec: Record) -> Cost:
+    """Cost of one trace record."""
+    if rec.op in ZERO_COST_OPS or not rec.operands:
+        return Cost(0.0, 0.0)
+    if rec.engine == "dma":
+        moved = max(rec.hbm_read + rec.sbuf_read, rec.hbm_write + rec.sbuf_write)
+        return dma_cost(target, moved, transpose=rec.op == "dma_transpose", from_hbm=rec.hbm_read > 0)
+    return compute_cost(target, rec.engine, rec.op, record_shape(target, rec))
+
+
+def record_shape(target: Target, rec: Record) -> Shape:
+    """The cost-relevant facts of a compute record, read from its operands."""
+    reads = [op for op in rec.operands if op[0] == "r"]
+    writes = [op for op in rec.operands if op[0] == "w"]
+    main = reads[1] if rec.op == "nc_matmul" and len(reads) > 1 else (reads[0] if reads else writes[0])
+    stationary = _free_size(reads[0][3]) if rec.op == "nc_matmul" and reads else 0
+    on_sbuf_half = all(op[2] == "sbuf" and op[4] in HALF_DTYPES for op in rec.operands)
+    return Shape(
+        partitions=rec.partitions, elems=rec.elems, stationary=stationary, dtype=main[4],
+        psum_input=any(op[2] == "psum" for op in reads), reduce=len(writes) > 1,
+        perf_mode=on_sbuf_half and target.nc_version >= 3,
+    )  # fmt: skip
+
+
+def _free_size(shape: tuple[int, ...]) -> int:
+    """Elements per partition of an operand shape."""
+    size = 1
+    for n in shape[1:]:
+        size *= n
+    return size

@@ -1,0 +1,169 @@
+"""Dependency-aware list schedule of an instruction trace: engines in parallel, dependencies respected.
+
+Each core runs one in-order queue per compute engine and DMA_QUEUES DMA queues. Records are placed in
+program order (per barrier epoch, per core); an instruction starts when its queue is free and when:
+
+* RAW: every allocation it reads has been written by its last writer;
+* WAR/WAW: every allocation it writes is no longer read or written by earlier instructions, so a
+  buffer is never overwritten early (the interpreter gives each `nl.ndarray` fresh storage, so this
+  only orders reuse of the same tile, e.g. an accumulator);
+* PSUM bank reuse: the first write of a tile into a bank (banks as the interpreter assigned them)
+  waits until every access to the bank's previous tile has finished;
+* barriers: nothing of epoch e+1 starts before every core has finished epoch e (core_barrier).
+
+A result reaches an instruction on another engine after the producer's latency (static sync overhead,
+or the DMA fixed cost); on the same engine, in-order issue suffices. SBUF reuse between different
+allocations is not modelled (ideal prefetch within the dependencies): see docs/performance.md.
+"""
+
+from __future__ import annotations
+
+from collections import defaultdict
+from collections.abc import Iterable
+from dataclasses import dataclass, field
+
+from fusegen.perf.cost import DMA_QUEUES, record_cost
+from fusegen.sim.targets import Target
+from fusegen.sim.trace import Record
+
+ENGINES = ("tensor", "vector", "scalar", "gpsimd", "dma")
+DMA_LANES = tuple(f"dma{q}" for q in range(DMA_QUEUES))
+
+
+@dataclass(frozen=True, slots=True)
+class Span:
+    """Where and when one record runs in the model."""
+
+    record: Record
+    lane: str  # engine name, or dma<q> for a DMA queue
+    start_ns: float
+    end_ns: float
+
+
+@dataclass
+class Schedule:
+    """The modelled timeline of one launch and its per-engine utilisation."""
+
+    time_ns: float
+    cores: int
+    spans: list[Span]
+    busy_ns: dict[str, float] = field(default_factory=dict)  # per engine, summed over cores (and DMA queues)
+
+    def lanes(self, engine: str) -> int:
+        """Parallel lanes of `engine` over all cores."""
+        return self.cores * (DMA_QUEUES if engine == "dma" else 1)
+
+    def busy_pct(self, engine: str) -> float:
+        """Share of the modelled time `engine`'s lanes were busy, in percent."""
+        if self.time_ns <= 0:
+            return 0.0
+        return 100 * self.busy_ns.get(engine, 0.0) / (self.time_ns * self.lanes(engine))
+
+    def engine_busy_ns(self, engine: str) -> float:
+        """Busy time of one lane of `engine`, averaged over its lanes."""
+        return self.busy_ns.get(engine, 0.0) / self.lanes(engine)
+
+    @property
+    def bound(self) -> str:
+        """The engine with the highest utilisation: what bounds the kernel."""
+        return max(ENGINES, key=self.busy_pct)
+
+
+@dataclass
+class _Tile:
+    """Timing state of one allocation on one core."""
+
+    written: float = 0.0  # when the last write is visible to another engine
+    written_end: float = 0.0  # when the last write left its engine (same-engine readers)
+    writer: str = ""
+    released: float = 0.0  # when every earlier access is done (a new write may start)
+
+
+class _Scheduler:
+    """Mutable state of one scheduling pass."""
+
+    def __init__(self, target: Target) -> None:
+        self.target = target
+        self.free: dict[tuple[int, str], float] = defaultdict(float)  # (core, lane) -> free at
+        self.tiles: dict[tuple[int, int], _Tile] = defaultdict(_Tile)
+        self.bank_of: dict[tuple[int, int], int] = {}  # (core, psum alloc) -> bank
+        self.bank_owner: dict[tuple[int, int], int] = {}  # (core, bank) -> psum alloc
+        self.bank_released: dict[tuple[int, int], float] = defaultdict(float)
+        self.busy: dict[str, float] = defaultdict(float)
+        self.end = 0.0
+
+    def place(self, rec: Record, floor: float) -> Span:
+        """Schedule one record no earlier than `floor`."""
+        cost = record_cost(self.target, rec)
+        ready = max(floor, self._ready(rec))
+        lane = self._lane(rec)
+        start = ready if ready > self.free[rec.core, lane] else self.free[rec.core, lane]
+        end = start + cost.busy_ns
+        self.free[rec.core, lane] = end
+        self.busy[rec.engine] += cost.busy_ns
+        done = start + cost.latency_ns
+        self._commit(rec, end, done)
+        self.end = max(self.end, done if rec.engine == "dma" else end)  # a DMA is over when its data lands
+        return Span(rec, lane, start, end)
+
+    def _ready(self, rec: Record) -> float:
+        """Earliest start allowed by data dependencies and PSUM bank reuse."""
+        ready = 0.0
+        for role, alloc, region, _, _ in rec.operands:
+            tile = self.tiles[rec.core, alloc]
+            if role == "r":
+                ready = max(ready, tile.written_end if tile.writer == rec.engine else tile.written)
+            else:
+                ready = max(ready, tile.released)
+                if region == "psum":
+                    ready = max(ready, self._bank_wait(rec, alloc))
+        return ready
+
+    def _bank_wait(self, rec: Record, alloc: int) -> float:
+        """A tile taking over a PSUM bank waits for the bank's previous tile to be done."""
+        if rec.psum_bank is None:
+            return 0.0
+        key = (rec.core, rec.psum_bank)
+        self.bank_of[rec.core, alloc] = rec.psum_bank
+        if self.bank_owner.get(key) == alloc:
+            return 0.0
+        self.bank_owner[key] = alloc
+        return self.bank_released[key]
+
+    def _lane(self, rec: Record) -> str:
+        """The engine's queue; for DMA the queue that frees up first (least loaded)."""
+        if rec.engine != "dma":
+            return rec.engine
+        free = self.free
+        return min(DMA_LANES, key=lambda lane: free[rec.core, lane])
+
+    def _commit(self, rec: Record, end: float, done: float) -> None:
+        """Record when this instruction's results are visible and its inputs released."""
+        release = done if rec.engine == "dma" else end  # a DMA holds its source until the data has landed
+        for role, alloc, region, _, _ in rec.operands:
+            tile = self.tiles[rec.core, alloc]
+            if role == "w":
+                tile.written, tile.written_end, tile.writer = done, end, rec.engine
+            tile.released = max(tile.released, release)
+            bank = self.bank_of.get((rec.core, alloc)) if region == "psum" else None
+            if bank is not None:
+                key = (rec.core, bank)
+                self.bank_released[key] = max(self.bank_released[key], release)
+
+
+def schedule(records: Iterable[Record], target: Target) -> Schedule:
+    """Model the timeline of `records` (one launch, any number of cores) on `target`."""
+    state = _Scheduler(target)
+    by_epoch: dict[int, list[Record]] = defaultdict(list)
+    cores = set()
+    for rec in records:
+        by_epoch[rec.epoch].append(rec)
+        cores.add(rec.core)
+    spans: list[Span] = []
+    floor = 0.0
+    for epoch in sorted(by_epoch):
+        # stable sort keeps program order within a core; cores interleave only through dependencies
+        for rec in sorted(by_epoch[epoch], key=lambda r: r.core):
+            spans.append(state.place(rec, floor))
+        floor = state.end  # core_barrier: every core has finished the epoch
+    return Schedule(time_ns=state.end, cores=max(1, len(cores)), spans=spans, busy_ns=dict(state.busy))

@@ -1,0 +1,99 @@
+"""Instance scheduling: a turn-taking core barrier and reusable worker threads."""
+
+from __future__ import annotations
+
+import queue
+import threading
+from collections.abc import Callable
+
+from .errors import BarrierError
+from .instr import Instr
+
+
+class CoreBarrier:
+    """A reusable barrier that fails (instead of hanging) when an instance errors or exits early.
+
+    Instances take turns holding `turn`: one runs at a time, so Python threads do not fight over the
+    GIL and results are deterministic; a waiting instance hands its turn over.
+    """
+
+    def __init__(self, parties: int) -> None:
+        self.parties = parties
+        self.turn = threading.Lock()
+        self.cond = threading.Condition()
+        self.arrived = 0
+        self.generation = 0
+        self.broken: str | None = None
+        self.finished: list[int] = []
+
+    def wait(self, core: int, ins: Instr, start_others: Callable[[], None]) -> None:
+        """Block until all parties arrive (after starting instances that have not run yet)."""
+        start_others()
+        self.turn.release()
+        try:
+            self._wait(core, ins)
+        finally:
+            self.turn.acquire()
+
+    def _wait(self, core: int, ins: Instr) -> None:
+        """The condition-variable part of wait()."""
+        with self.cond:
+            gen = self.generation
+            self.arrived += 1
+            if self.arrived == self.parties:
+                self.arrived, self.generation = 0, gen + 1
+                self.cond.notify_all()
+                return
+            while self.generation == gen and self.broken is None and not self.finished:
+                self.cond.wait()
+            if self.generation != gen:
+                return
+            why = self.broken or f"core(s) {self.finished} finished without reaching it"
+            raise ins.fail(BarrierError, f"core {core} waits at barrier #{gen}, but {why}")
+
+    def abort(self, reason: str) -> None:
+        """Release every waiter with an error."""
+        with self.cond:
+            self.broken = self.broken or reason
+            self.cond.notify_all()
+
+    def finish(self, core: int) -> None:
+        """An instance returned; anyone still waiting can never be released."""
+        with self.cond:
+            self.finished.append(core)
+            self.cond.notify_all()
+
+
+class _Worker:
+    """A daemon thread that runs submitted calls, reused across launches."""
+
+    def __init__(self, index: int) -> None:
+        self.jobs: queue.SimpleQueue[tuple[Callable[[int], None], int, threading.Event]] = queue.SimpleQueue()
+        threading.Thread(target=self._loop, name=f"nki-core{index}", daemon=True).start()
+
+    def _loop(self) -> None:
+        """Run queued jobs forever (daemon thread)."""
+        while True:
+            fn, arg, event = self.jobs.get()
+            try:
+                fn(arg)
+            finally:
+                event.set()
+
+    def submit(self, fn: Callable[[int], None], arg: int) -> threading.Event:
+        """Queue fn(arg); the event is set when it returns."""
+        event = threading.Event()
+        self.jobs.put((fn, arg, event))
+        return event
+
+
+_WORKERS: dict[int, _Worker] = {}
+_WORKERS_LOCK = threading.Lock()
+
+
+def worker(index: int) -> _Worker:
+    """The worker thread serving program instance `index`."""
+    with _WORKERS_LOCK:
+        if index not in _WORKERS:
+            _WORKERS[index] = _Worker(index)
+        return _WORKERS[index]
