@@ -91,15 +91,15 @@ def plan_rowreduce(ir: KernelIR, m: RowReduceMatch, low: RowReduceLowering, targ
     except ValueError as err:
         raise PlanError(f"{err} on {target.name}") from None
     per_token, minimum = token_bytes(ir, m, dims)
+    # every core builds its own resident copy of the prepared weights, even a core without tokens
     weights = sum(DTYPE_BYTES[w.dtype] for w in m.weights) * heads * width
-    cores = min(lnc, rb.cdiv(rows, rb.P))
     buffers = tuple(
         PlannedBuffer(b.name, "sbuf", b.bytes, b.copies) for b in rb.buffers(low.model, width, heads, hb)
     )
     summary = (
         ("token tiles (128) per core", str(rb.cdiv(rb.rows_per_core(rows, lnc), rb.P))),
         ("reduction chunks", f"{rb.cdiv(width, hb)} of {hb} columns"),
-        ("HBM bytes per token (save=True)", _traffic(per_token, weights * cores / rows, minimum)),
+        ("HBM bytes per token (save=True)", _traffic(per_token, weights * lnc / rows, minimum)),
     )  # fmt: skip
     return TilePlan(
         family="rowreduce", target=target.name, lnc=lnc, dims=tuple(sorted(dims.items())),
@@ -138,7 +138,7 @@ def _elems(shape: Shape, dims: dict[str, int]) -> int:
 
 def _reasons(low: RowReduceLowering, width: int, heads: int, hb: int, budget: int) -> tuple[str, ...]:
     model = low.model
-    resident = (model.resident_per_head * heads + model.resident_shared) * width
+    resident = model.resident_per_head * heads * width
     reasons = [f"prepared weights stay resident: {resident:,} B/partition ({heads} heads x {width} columns)"]
     if hb >= width:
         reasons.append(f"HB={hb}: the whole width in one reduction pass")

@@ -93,7 +93,6 @@ def lower_rowreduce(ir: KernelIR, m: RowReduceMatch) -> RowReduceLowering:
     row_loads = [_load(ir, ld, width) for ld in m.loads]
     model = RowModel(
         resident_per_head=4 * len(resident),
-        resident_shared=0,
         prep_scratch=sum(DTYPE_BYTES[w.dtype] for w in m.weights),
         row_inputs=sum(DTYPE_BYTES[ir.node(ld.node).dtype] for ld in m.loads),
         epilogue=sum(DTYPE_BYTES[dt] for _, kind, dt in epi.tiles if kind == "tile"),

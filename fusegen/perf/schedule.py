@@ -7,8 +7,9 @@ program order (per barrier epoch, per core); an instruction starts when its queu
 * WAR/WAW: every allocation it writes is no longer read or written by earlier instructions, so a
   buffer is never overwritten early (the interpreter gives each `nl.ndarray` fresh storage, so this
   only orders reuse of the same tile, e.g. an accumulator);
-* PSUM bank reuse: the first write of a tile into a bank (banks as the interpreter assigned them)
-  waits until every access to the bank's previous tile has finished;
+* PSUM banks: a new PSUM tile takes one of the target's 8 banks whose previous tile is dead (in
+  program order), the one that frees up first (the allocator rotates banks rather than reusing the
+  lowest, as the interpreter's capacity check does), and waits until that tile's last access is done;
 * barriers: nothing of epoch e+1 starts before every core has finished epoch e (core_barrier).
 
 A result reaches an instruction on another engine after the producer's latency (static sync overhead,
@@ -82,13 +83,14 @@ class _Tile:
 class _Scheduler:
     """Mutable state of one scheduling pass."""
 
-    def __init__(self, target: Target) -> None:
+    def __init__(self, target: Target, last_use: dict[tuple[int, int], int]) -> None:
         self.target = target
         self.free: dict[tuple[int, str], float] = defaultdict(float)  # (core, lane) -> free at
         self.tiles: dict[tuple[int, int], _Tile] = defaultdict(_Tile)
+        self.last_use = last_use
         self.bank_of: dict[tuple[int, int], int] = {}  # (core, psum alloc) -> bank
-        self.bank_owner: dict[tuple[int, int], int] = {}  # (core, bank) -> psum alloc
-        self.bank_released: dict[tuple[int, int], float] = defaultdict(float)
+        # per core, per bank: (owning alloc or -1, when every access to it is done)
+        self.banks: dict[int, list[tuple[int, float]]] = defaultdict(lambda: [(-1, 0.0)] * target.psum_banks)
         self.busy: dict[str, float] = defaultdict(float)
         self.end = 0.0
 
@@ -120,15 +122,16 @@ class _Scheduler:
         return ready
 
     def _bank_wait(self, rec: Record, alloc: int) -> float:
-        """A tile taking over a PSUM bank waits for the bank's previous tile to be done."""
-        if rec.psum_bank is None:
+        """A new PSUM tile takes the bank, among those whose tile is dead, that frees up first."""
+        if (rec.core, alloc) in self.bank_of:
             return 0.0
-        key = (rec.core, rec.psum_bank)
-        self.bank_of[rec.core, alloc] = rec.psum_bank
-        if self.bank_owner.get(key) == alloc:
-            return 0.0
-        self.bank_owner[key] = alloc
-        return self.bank_released[key]
+        banks = self.banks[rec.core]
+        dead = [b for b, (owner, _) in enumerate(banks) if owner < 0 or self.last_use[rec.core, owner] < rec.index]
+        bank = min(dead or range(len(banks)), key=lambda b: banks[b][1])
+        self.bank_of[rec.core, alloc] = bank
+        released = banks[bank][1]
+        banks[bank] = (alloc, released)
+        return released
 
     def _lane(self, rec: Record) -> str:
         """The engine's queue; for DMA the queue that frees up first (least loaded)."""
@@ -147,18 +150,20 @@ class _Scheduler:
             tile.released = max(tile.released, release)
             bank = self.bank_of.get((rec.core, alloc)) if region == "psum" else None
             if bank is not None:
-                key = (rec.core, bank)
-                self.bank_released[key] = max(self.bank_released[key], release)
+                owner, released = self.banks[rec.core][bank]
+                self.banks[rec.core][bank] = (owner, max(released, release))
 
 
 def schedule(records: Iterable[Record], target: Target) -> Schedule:
     """Model the timeline of `records` (one launch, any number of cores) on `target`."""
-    state = _Scheduler(target)
     by_epoch: dict[int, list[Record]] = defaultdict(list)
-    cores = set()
+    last_use: dict[tuple[int, int], int] = {}
     for rec in records:
         by_epoch[rec.epoch].append(rec)
-        cores.add(rec.core)
+        for op in rec.operands:
+            last_use[rec.core, op[1]] = rec.index
+    state = _Scheduler(target, last_use)
+    cores = {core for core, _ in last_use}
     spans: list[Span] = []
     floor = 0.0
     for epoch in sorted(by_epoch):

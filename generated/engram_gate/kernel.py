@@ -27,8 +27,7 @@ F_MOV = 512  # one fp32 PSUM bank: the prep step broadcasts weights in chunks th
 class RowModel(NamedTuple):
     """What a generated row-reduction kernel holds in SBUF, in bytes per partition per width column."""
 
-    resident_per_head: int  # prepared weights kept for the whole launch, per head
-    resident_shared: int  # prepared weights shared by all heads
+    resident_per_head: int  # prepared fp32 weights kept for the whole launch, per head
     prep_scratch: int  # weight rows of the prep step (its PSUM-wide chunk temporaries are not counted)
     row_inputs: int  # [T, G, H] loads of one token tile and head (kept for the epilogue)
     epilogue: int  # full-width temporaries of the epilogue
@@ -57,9 +56,7 @@ def rows_per_core(rows: int, lnc: int) -> int:
 def buffers(m: RowModel, width: int, heads: int, hb: int) -> list[Buffer]:
     """The kernel's SBUF buffers at width `width`, `heads` heads and reduction chunk `hb` columns."""
     return [
-        Buffer(
-            "prepared weights (fp32, resident)", (m.resident_per_head * heads + m.resident_shared) * width, 1
-        ),
+        Buffer("prepared weights (fp32, resident)", m.resident_per_head * heads * width, 1),
         Buffer("row inputs of one token tile and head", m.row_inputs * width, 1),
         Buffer("epilogue tiles", m.epilogue * width, 1),
         Buffer("reduction chunk temporaries", m.chunk * hb, 1),
@@ -70,7 +67,7 @@ def buffers(m: RowModel, width: int, heads: int, hb: int) -> list[Buffer]:
 def sbuf_bytes(m: RowModel, width: int, heads: int, hb: int) -> int:
     """Peak SBUF bytes per partition: the main loop, or the prep step if that is larger."""
     main = sum(b.bytes * b.copies for b in buffers(m, width, heads, hb))
-    prep = (m.resident_per_head * heads + m.resident_shared + m.prep_scratch) * width
+    prep = (m.resident_per_head * heads + m.prep_scratch) * width
     return max(main, prep)
 
 
@@ -87,7 +84,7 @@ def choose(m: RowModel, width: int, heads: int, budget: int) -> int:
         )
     return cdiv(cdiv(width, cdiv(width, widest)), P) * P
 
-MODEL = RowModel(resident_per_head=4, resident_shared=0, prep_scratch=4, row_inputs=6, epilogue=2, chunk=20, columns=100)
+MODEL = RowModel(resident_per_head=4, prep_scratch=4, row_inputs=6, epilogue=2, chunk=20, columns=100)
 
 
 @nki.jit

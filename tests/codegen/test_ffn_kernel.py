@@ -84,7 +84,14 @@ def test_i_split_across_cores_matches_formula(r: int, k: int, i: int, s: int, ci
     _close(x_new, want_x, rtol=1e-3)
     _close(z, F.layer_norm(want_x, (k,), eps=1e-6).bfloat16(), rtol=2e-2)
     assert result.trace.op_counts()["core_barrier"] == 2 * -(-r // s)
-    rows_split = run(module.swiglu_ffn_ln_kernel, x, w1t, cols(b1), wgt, cols(bg), w2t, b2, a, 1e-6, s, ci, 0, grid=2)
-    weights = 3 * k * i * 2
-    hbm_read = lambda res: sum(rec.hbm_read for rec in res.trace)  # noqa: E731
-    assert hbm_read(result) + 0.9 * weights < hbm_read(rows_split)  # each weight byte read by one core, not two
+    # each core streams only its share of I, once per super-block: the weights cross HBM once per super-block
+    assert _weight_bytes_read(result, args=(1, 3, 5)) == 3 * k * i * 2 * -(-r // s)
+
+
+def _weight_bytes_read(result, args: tuple[int, ...]) -> int:  # type: ignore[no-untyped-def]
+    """HBM bytes DMA'd from kernel arguments `args`; arguments are allocated first, in order."""
+    reads = [(op[1], rec.hbm_read) for rec in result.trace for op in rec.operands
+             if op[0] == "r" and op[2] == "shared_hbm" and rec.engine == "dma"]  # fmt: skip
+    ids = sorted({alloc for alloc, _ in reads})
+    wanted = {ids[n] for n in args}
+    return sum(nbytes for alloc, nbytes in reads if alloc in wanted)
