@@ -90,14 +90,10 @@ def _host(ir: KernelIR, m: FfnMatch, low: FfnLowering) -> HostSignature:
     returns = "torch.Tensor" if len(outs) == 1 else f"tuple[{', '.join(['torch.Tensor'] * len(outs))}]"
     return HostSignature(
         params=", ".join(params), returns=returns, tensors=", ".join(tensors) + ("," if len(tensors) == 1 else ""),
-        x=str(m.x.name), up_weight=str(ir.node(m.ups[0].args[1]).name), launch_args=", ".join(launch),
-        doc=f"Run the kernel on {lnc_text()} with a tile plan for these shapes; returns ({', '.join(outs)}).",
+        x=str(m.source.name), up_weight=str(ir.node(m.ups[0].args[1]).name), launch_args=", ".join(launch),
+        doc=f"Run the kernel on `lnc` logical cores with the best modelled plan for these shapes; returns "
+        f"({', '.join(outs)}).",
     )  # fmt: skip
-
-
-def lnc_text() -> str:
-    """How the host function picks its logical-core degree."""
-    return "`lnc` logical cores (default: NEURON_LOGICAL_NC_CONFIG)"
 
 
 def _machines() -> list[tuple[str, str]]:

@@ -29,6 +29,15 @@ class OutputWrite:
 
 
 @dataclass(frozen=True)
+class Prologue:
+    """Row-wise code computing the projected operand from row tiles of `source`, into tile `result`."""
+
+    source: str
+    lines: tuple[str, ...]
+    result: str
+
+
+@dataclass(frozen=True)
 class FfnLowering:
     """Everything the FFN template formats: names, hook-point code, the budget model."""
 
@@ -46,6 +55,7 @@ class FfnLowering:
     epi_lines: tuple[str, ...]
     outputs: tuple[OutputWrite, ...]
     model: FfnModel
+    prologue: Prologue | None = None
 
 
 def kernel_arg(name: str) -> str:
@@ -54,29 +64,32 @@ def kernel_arg(name: str) -> str:
 
 
 def lower_ffn(ir: KernelIR, m: FfnMatch) -> FfnLowering:
-    """Compile the combine and the epilogue of `m` into NKI lines for the template."""
+    """Compile the prologue, the combine and the epilogue of `m` into NKI lines for the template."""
     projections = tuple(Projection(kernel_arg(str(ir.node(u.args[1]).name)), f"pj{i}") for i, u in enumerate(m.ups))
     mid, mid_result, col_vectors = _lower_combine(ir, m, projections)
-    epi_inputs = _epilogue_inputs(ir, m)
+    epi_inputs = _row_stage_inputs(ir, m, m.epi_nodes)
     acc_init, first_chunk, acc_node = _accumulator(ir, m, epi_inputs)
     epi, outputs = _lower_epilogue(ir, m, epi_inputs, acc_node, acc_init)
     row_inputs = tuple(n for n in epi_inputs["tile"] if n != acc_init)
+    pro, prologue, pro_rows = _lower_prologue(ir, m)
+    row_vectors = tuple(kernel_arg(i.name) for i in ir.inputs if kernel_arg(i.name) in epi_inputs["row"] + pro_rows)
     down_weight = ir.node(m.down.args[1])
     model = FfnModel(
         n_up=len(m.ups), x_bytes=DTYPE_BYTES[m.x.dtype],
-        mid_tiles=_count(mid, "tile"), epi_tiles=_count(epi, "tile"), epi_cols=_count(epi, "vec"),
-        col_vectors=len(col_vectors), row_vectors=len(epi_inputs["row"]), row_inputs=len(epi_inputs["tile"]),
-        out_bytes=sum(DTYPE_BYTES[o.dtype] for o in ir.outputs),
-        mid_act=mid.passes("act"), mid_dve=mid.passes("dve"), epi_act=epi.passes("act"), epi_dve=epi.passes("dve"),
+        mid_tiles=_count(mid, "tile"), epi_tiles=_count(epi, "tile") + _count(pro, "tile") + bool(prologue),
+        epi_cols=_count(epi, "vec") + _count(pro, "vec"), col_vectors=len(col_vectors), row_vectors=len(row_vectors),
+        row_inputs=len(epi_inputs["tile"]), out_bytes=sum(DTYPE_BYTES[o.dtype] for o in ir.outputs),
+        mid_act=mid.passes("act"), mid_dve=mid.passes("dve"),
+        epi_act=epi.passes("act") + pro.passes("act"), epi_dve=epi.passes("dve") + pro.passes("dve"),
     )  # fmt: skip
     return FfnLowering(
-        x=kernel_arg(str(m.x.name)), x_nl_dtype=NL_DTYPE[m.x.dtype],
+        x=kernel_arg(str(m.source.name)), x_nl_dtype=NL_DTYPE[m.x.dtype],
         down_weight=kernel_arg(str(down_weight.name)), projections=projections,
-        col_vectors=col_vectors, row_vectors=epi_inputs["row"],
+        col_vectors=col_vectors, row_vectors=row_vectors,
         row_loads=tuple((n, "K") for n in row_inputs) + tuple((n, "1") for n in epi_inputs["vec"]),
         acc_init_dma=acc_init, first_chunk=first_chunk,
         mid_lines=tuple(mid.lines), mid_result=mid_result, epi_lines=tuple(epi.lines),
-        outputs=outputs, model=model,
+        outputs=outputs, model=model, prologue=prologue,
     )  # fmt: skip
 
 
@@ -110,10 +123,10 @@ def _inputs(ir: KernelIR, ids: tuple[int, ...]) -> list[Node]:
     return [ir.node(i) for i in ids if ir.node(i).op == "input"]
 
 
-def _epilogue_inputs(ir: KernelIR, m: FfnMatch) -> dict[str, tuple[str, ...]]:
-    """Epilogue inputs by how the kernel holds them: broadcast rows, row tiles, row columns."""
+def _row_stage_inputs(ir: KernelIR, m: FfnMatch, nodes: tuple[int, ...]) -> dict[str, tuple[str, ...]]:
+    """A rows-on-partitions stage's inputs by how the kernel holds them: broadcast rows, row tiles, columns."""
     groups: dict[str, list[str]] = {"row": [], "tile": [], "vec": []}
-    for node in _inputs(ir, m.epi_nodes):
+    for node in _inputs(ir, nodes):
         if node.shape == (m.rows, m.hidden):
             groups["tile"].append(kernel_arg(str(node.name)))
         elif node.shape[-1] == m.hidden:
@@ -121,6 +134,43 @@ def _epilogue_inputs(ir: KernelIR, m: FfnMatch) -> dict[str, tuple[str, ...]]:
         else:
             groups["vec"].append(kernel_arg(str(node.name)))
     return {k: tuple(v) for k, v in groups.items()}
+
+
+def _row_leaves(ir: KernelIR, nodes: tuple[int, ...], inputs: dict[str, tuple[str, ...]], skip: str | None) -> dict[int, Operand]:
+    """Leaf operands of a rows-on-partitions stage: its inputs' tiles, broadcast rows and columns."""
+    leaves = {}
+    for node in _inputs(ir, nodes):
+        name = kernel_arg(str(node.name))
+        if name in inputs["tile"] and name != skip:
+            leaves[node.id] = Operand("tile", f"{name}_tile[0:pr, 0:K]")
+        elif name in inputs["row"]:
+            leaves[node.id] = Operand("tile", f"{name}_row[0:pr, 0:K]")
+        elif name in inputs["vec"]:
+            leaves[node.id] = Operand("vec", f"{name}_tile[0:pr, 0:1]")
+    return leaves
+
+
+def _row_builder(ir: KernelIR, m: FfnMatch, leaves: dict[int, Operand]) -> StageBuilder:
+    one = Dim.const(1)
+
+    def kind_of(node: Node) -> str:
+        return "scalar" if node.shape == () else ("vec" if node.shape[-1] == one else "tile")
+
+    return StageBuilder(ir, leaves, kind_of, free_size=lambda n: m.hidden)
+
+
+def _lower_prologue(ir: KernelIR, m: FfnMatch) -> tuple[Selector, Prologue | None, tuple[str, ...]]:
+    """The pre-projection stage on row tiles of the source input; its result is cast to the weights' dtype."""
+    sel = Selector(Layout(part="pr", free="K", free_alloc="K"), prefix="p")
+    if not m.prologue_nodes:
+        return sel, None, ()
+    inputs = _row_stage_inputs(ir, m, m.prologue_nodes)
+    builder = _row_builder(ir, m, _row_leaves(ir, m.prologue_nodes, inputs, skip=None))
+    result = sel.value(builder.expr(m.x.id), dtype=m.x.dtype)
+    if result.dtype != m.x.dtype or not result.code.startswith(sel.prefix):
+        result = sel.copy(result, "tile", m.x.dtype)
+    prologue = Prologue(kernel_arg(str(m.source.name)), tuple(sel.lines), result.code.split("[")[0])
+    return sel, prologue, inputs["row"]
 
 
 def _accumulator(ir: KernelIR, m: FfnMatch, inputs: dict[str, tuple[str, ...]]) -> tuple[str | None, str, int]:
@@ -148,21 +198,8 @@ def _accumulator(ir: KernelIR, m: FfnMatch, inputs: dict[str, tuple[str, ...]]) 
 def _lower_epilogue(
     ir: KernelIR, m: FfnMatch, inputs: dict[str, tuple[str, ...]], acc_node: int, acc_init: str | None
 ) -> tuple[Selector, tuple[OutputWrite, ...]]:
-    leaves = {acc_node: Operand("tile", "acc[rs][0:pr, 0:K]")}
-    for node in _inputs(ir, m.epi_nodes):
-        name = kernel_arg(str(node.name))
-        if name in inputs["tile"] and name != acc_init:
-            leaves[node.id] = Operand("tile", f"{name}_tile[0:pr, 0:K]")
-        elif name in inputs["row"]:
-            leaves[node.id] = Operand("tile", f"{name}_row[0:pr, 0:K]")
-        elif name in inputs["vec"]:
-            leaves[node.id] = Operand("vec", f"{name}_tile[0:pr, 0:1]")
-    one = Dim.const(1)
-
-    def kind_of(node: Node) -> str:
-        return "scalar" if node.shape == () else ("vec" if node.shape[-1] == one else "tile")
-
-    builder = StageBuilder(ir, leaves, kind_of, free_size=lambda n: m.hidden)
+    leaves = {acc_node: Operand("tile", "acc[rs][0:pr, 0:K]"), **_row_leaves(ir, m.epi_nodes, inputs, acc_init)}
+    builder = _row_builder(ir, m, leaves)
     sel = Selector(Layout(part="pr", free="K", free_alloc="K"), prefix="e")
     writes = []
     exprs = [builder.expr(out.node) for out in ir.outputs]  # all first: users counts must be complete

@@ -20,7 +20,9 @@ SCALAR_LEAVES = frozenset(("param", "const", "dim"))
 class FfnMatch:
     """The matched structure: which nodes play which role."""
 
-    x: Node  # input [R, K]
+    x: Node  # the projected operand: an input [R, K], or the prologue's cast of one
+    source: Node  # the [R, K] input whose rows the kernel reads (x itself without a prologue)
+    prologue_nodes: tuple[int, ...]  # nodes computing x from source, topological; () without a prologue
     ups: tuple[Node, ...]  # x @ W, one (plain MLP) or two (gated)
     down: Node  # combine @ W2
     combine: Node  # the down-projection's left operand
@@ -42,6 +44,7 @@ def match_ffn(ir: KernelIR) -> FfnMatch:
         where = down if not ups else ups[2]
         raise leave(FAMILY, where, "expected one or two projections of the input, then a down-projection")
     x, hidden, inter, rows = _check_ups(ir, ups)
+    source, prologue = _prologue(ir, x, rows, hidden)
     weight = ir.node(down.args[1])
     if weight.op != "input" or not shape_is(weight.shape, (inter, hidden)):
         raise leave(FAMILY, weight, f"the down-projection's weight must be an input [{inter}, {hidden}]")
@@ -52,24 +55,42 @@ def match_ffn(ir: KernelIR) -> FfnMatch:
             raise leave(FAMILY, up, "every projection must feed the combine")
     _check_mid(ir, mid, rows, inter)
     epi = _epilogue(ir, down, rows, hidden)
-    return FfnMatch(x, ups, down, combine, rows, hidden, inter, tuple(sorted(mid)), tuple(sorted(epi)))
+    return FfnMatch(x, source, prologue, ups, down, combine, rows, hidden, inter, tuple(sorted(mid)),
+                    tuple(sorted(epi)))  # fmt: skip
 
 
 def _check_ups(ir: KernelIR, ups: tuple[Node, ...]) -> tuple[Node, Dim, Dim, Dim]:
     x = ir.node(ups[0].args[0])
-    if x.op != "input" or len(x.shape) != 2:
-        raise leave(FAMILY, x, "the projected operand must be a 2-D input [R, K]")
+    if x.op not in ("input", "cast") or len(x.shape) != 2:
+        raise leave(FAMILY, x, "the projected operand must be a 2-D input [R, K], or a cast of a row-wise prologue")
     rows, hidden = x.shape
     inter = ir.node(ups[0].args[1]).shape[-1]
     for up in ups:
         lhs, weight = ir.node(up.args[0]), ir.node(up.args[1])
         if lhs.id != x.id:
-            raise leave(FAMILY, lhs, f"every projection must multiply the same input `{x.name}`")
+            raise leave(FAMILY, lhs, f"every projection must multiply the same operand `{x.name or x.op}`")
         if weight.op != "input" or not shape_is(weight.shape, (hidden, inter)):
             raise leave(FAMILY, weight, f"a projection weight must be an input [{hidden}, {inter}]")
         if weight.dtype != x.dtype:
             raise leave(FAMILY, weight, f"projection weights must have the input's dtype {x.dtype}")
     return x, hidden, inter, rows
+
+
+def _prologue(ir: KernelIR, x: Node, rows: Dim, hidden: Dim) -> tuple[Node, tuple[int, ...]]:
+    """The [R, K] input the kernel reads, and the row-wise prologue computing the projected operand."""
+    if x.op == "input":
+        return x, ()
+    nodes = _stage_nodes(ir, x, stops=set(), what="prologue")
+    sources = [ir.node(n) for n in sorted(nodes) if ir.node(n).op == "input" and ir.node(n).shape == (rows, hidden)]
+    if len(sources) != 1:
+        raise leave(FAMILY, x, f"a prologue must read exactly one [{rows}, {hidden}] input")
+    for nid in sorted(nodes):
+        node = ir.node(nid)
+        if node.op == "input" and node.id != sources[0].id and not shape_is(node.shape, (hidden,), (Dim.const(1), hidden)):
+            raise leave(FAMILY, node, f"a prologue may read one [{rows}, {hidden}] input, [{hidden}] vectors and scalars")
+        if node.op in ("sum", "mean", "max") and (node.attr("axis") != 1 or not node.attr("keepdim")):
+            raise leave(FAMILY, node, "prologue reductions must be over the last axis with keepdim=true")
+    return sources[0], tuple(sorted(nodes))
 
 
 def _stage_nodes(ir: KernelIR, root: Node, stops: set[int], what: str) -> set[int]:

@@ -24,6 +24,9 @@ SYNC_OVERHEAD_CYCLES = 100
 DMA_FIXED_NS = 1300.0
 #: DMA engines (queues) per NeuronCore, each serving a share of the bandwidth [SDK: nki-dma-overview.rst]
 DMA_QUEUES = 16
+#: each DMA engine serves 8 partitions of a 128-partition transfer, so a transfer spreads over up to
+#: 16 queues [SDK: nki-dma-overview.rst]
+PARTITIONS_PER_DMA_QUEUE = 8
 #: DMA transpose runs at <=90% (HBM->SBUF) / <=50% (SBUF->SBUF) of copy bandwidth [v3 arch guide]
 DMA_TRANSPOSE_FACTOR = {True: 0.9, False: 0.5}  # keyed by "source is HBM"
 #: fp32 matmul passes take 4x the bf16/fp16/tf32/fp8 time [SDK@2.26 isa cost tables], [v2], [v3]
@@ -134,9 +137,15 @@ def dma_queue_bytes_per_ns(target: Target) -> float:
     return target.dma_gbps_per_core / DMA_QUEUES
 
 
-def dma_cost(target: Target, nbytes: int, transpose: bool = False, from_hbm: bool = True) -> Cost:
-    """One transfer on one queue: busy for bytes / queue bandwidth; the fixed cost is pipelined latency."""
-    rate = dma_queue_bytes_per_ns(target)
+def dma_queues_used(partitions: int) -> int:
+    """Queues one transfer spreads over: one per 8 partitions of its on-chip side, at most 16."""
+    return max(1, min(DMA_QUEUES, -(-partitions // PARTITIONS_PER_DMA_QUEUE)))
+
+
+def dma_cost(target: Target, nbytes: int, partitions: int = 128, transpose: bool = False,
+             from_hbm: bool = True) -> Cost:  # fmt: skip
+    """One transfer: its queues are busy for bytes / their bandwidth; the fixed cost is pipelined latency."""
+    rate = dma_queue_bytes_per_ns(target) * dma_queues_used(partitions)
     if transpose:
         rate *= DMA_TRANSPOSE_FACTOR[from_hbm]
     busy = nbytes / rate
@@ -161,9 +170,10 @@ def instruction_cost(
     stationary: int = 0, psum_input: bool = False, reduce: bool = False, perf_mode: bool = False,
     nbytes: int = 0, from_hbm: bool = True,
 ) -> Cost:  # fmt: skip
-    """Cost of one instruction described by numbers (DMA: `nbytes` moved; matmul: `elems` = moving N)."""
+    """Cost of one instruction described by numbers (DMA: `nbytes` moved over `partitions`; matmul: `elems`
+    is the moving free size N, `stationary` the stationary free size)."""
     if engine == "dma":
-        return dma_cost(target, nbytes, transpose=op == "dma_transpose", from_hbm=from_hbm)
+        return dma_cost(target, nbytes, partitions, transpose=op == "dma_transpose", from_hbm=from_hbm)
     shape = Shape(partitions, elems, stationary, dtype, psum_input, reduce, perf_mode and target.nc_version >= 3)
     return compute_cost(target, engine, op, shape)
 
@@ -180,7 +190,7 @@ def record_cost(target: Target, rec: Record) -> Cost:
         return Cost(0.0, 0.0)
     if rec.engine == "dma":
         moved = max(rec.hbm_read + rec.sbuf_read, rec.hbm_write + rec.sbuf_write)
-        return dma_cost(target, moved, transpose=rec.op == "dma_transpose", from_hbm=rec.hbm_read > 0)
+        return dma_cost(target, moved, rec.partitions, transpose=rec.op == "dma_transpose", from_hbm=rec.hbm_read > 0)
     return compute_cost(target, rec.engine, rec.op, record_shape(target, rec))
 
 

@@ -4,9 +4,11 @@ Each core runs one in-order queue per compute engine and DMA_QUEUES DMA queues. 
 program order (per barrier epoch, per core); an instruction starts when its queue is free and when:
 
 * RAW: every allocation it reads has been written by its last writer;
-* WAR/WAW: every allocation it writes is no longer read or written by earlier instructions, so a
-  buffer is never overwritten early (the interpreter gives each `nl.ndarray` fresh storage, so this
-  only orders reuse of the same tile, e.g. an accumulator);
+* WAR/WAW: an on-chip tile it writes is no longer read by earlier instructions, and its previous
+  write is done, so a buffer is never overwritten early (the interpreter gives each `nl.ndarray`
+  fresh storage, so this orders reuse of one tile, e.g. an accumulator). Not ordered: DMA writes
+  after DMA writes to one tile, and any writes to HBM tensors (kernels fill disjoint slices of them;
+  ordering them would serialise every output DMA);
 * PSUM banks: a new PSUM tile takes one of the target's 8 banks whose previous tile is dead (in
   program order), the one that frees up first (the allocator rotates banks rather than reusing the
   lowest, as the interpreter's capacity check does), and waits until that tile's last access is done;
@@ -23,11 +25,12 @@ from collections import defaultdict
 from collections.abc import Iterable
 from dataclasses import dataclass, field
 
-from fusegen.perf.cost import DMA_QUEUES, record_cost
+from fusegen.perf.cost import DMA_QUEUES, dma_queues_used, record_cost
 from fusegen.sim.targets import Target
 from fusegen.sim.trace import Record
 
 ENGINES = ("tensor", "vector", "scalar", "gpsimd", "dma")
+ON_CHIP = frozenset({"sbuf", "psum"})
 DMA_LANES = tuple(f"dma{q}" for q in range(DMA_QUEUES))
 
 
@@ -36,7 +39,7 @@ class Span:
     """Where and when one record runs in the model."""
 
     record: Record
-    lane: str  # engine name, or dma<q> for a DMA queue
+    lanes: tuple[str, ...]  # the engine's name, or the DMA queues (dma<q>) the transfer spread over
     start_ns: float
     end_ns: float
 
@@ -50,7 +53,7 @@ class Schedule:
     spans: list[Span]
     busy_ns: dict[str, float] = field(default_factory=dict)  # per engine, summed over cores (and DMA queues)
 
-    def lanes(self, engine: str) -> int:
+    def lane_count(self, engine: str) -> int:
         """Parallel lanes of `engine` over all cores."""
         return self.cores * (DMA_QUEUES if engine == "dma" else 1)
 
@@ -58,11 +61,11 @@ class Schedule:
         """Share of the modelled time `engine`'s lanes were busy, in percent."""
         if self.time_ns <= 0:
             return 0.0
-        return 100 * self.busy_ns.get(engine, 0.0) / (self.time_ns * self.lanes(engine))
+        return 100 * self.busy_ns.get(engine, 0.0) / (self.time_ns * self.lane_count(engine))
 
     def engine_busy_ns(self, engine: str) -> float:
         """Busy time of one lane of `engine`, averaged over its lanes."""
-        return self.busy_ns.get(engine, 0.0) / self.lanes(engine)
+        return self.busy_ns.get(engine, 0.0) / self.lane_count(engine)
 
     @property
     def bound(self) -> str:
@@ -77,7 +80,7 @@ class _Tile:
     written: float = 0.0  # when the last write is visible to another engine
     written_end: float = 0.0  # when the last write left its engine (same-engine readers)
     writer: str = ""
-    released: float = 0.0  # when every earlier access is done (a new write may start)
+    read_done: float = 0.0  # when every earlier read is done (WAR)
 
 
 class _Scheduler:
@@ -98,15 +101,16 @@ class _Scheduler:
         """Schedule one record no earlier than `floor`."""
         cost = record_cost(self.target, rec)
         ready = max(floor, self._ready(rec))
-        lane = self._lane(rec)
-        start = ready if ready > self.free[rec.core, lane] else self.free[rec.core, lane]
+        lanes = self._lanes(rec)
+        start = max(ready, *(self.free[rec.core, lane] for lane in lanes))
         end = start + cost.busy_ns
-        self.free[rec.core, lane] = end
-        self.busy[rec.engine] += cost.busy_ns
+        for lane in lanes:
+            self.free[rec.core, lane] = end
+        self.busy[rec.engine] += cost.busy_ns * len(lanes)
         done = start + cost.latency_ns
         self._commit(rec, end, done)
         self.end = max(self.end, done if rec.engine == "dma" else end)  # a DMA is over when its data lands
-        return Span(rec, lane, start, end)
+        return Span(rec, tuple(lanes), start, end)
 
     def _ready(self, rec: Record) -> float:
         """Earliest start allowed by data dependencies and PSUM bank reuse."""
@@ -115,11 +119,18 @@ class _Scheduler:
             tile = self.tiles[rec.core, alloc]
             if role == "r":
                 ready = max(ready, tile.written_end if tile.writer == rec.engine else tile.written)
-            else:
-                ready = max(ready, tile.released)
+            elif region in ON_CHIP:
+                ready = max(ready, tile.read_done, self._waw(tile, rec.engine))
                 if region == "psum":
                     ready = max(ready, self._bank_wait(rec, alloc))
         return ready
+
+    @staticmethod
+    def _waw(tile: _Tile, engine: str) -> float:
+        """A write follows the previous write to the tile, except DMA after DMA (they fill disjoint slices)."""
+        if engine == "dma" and tile.writer == "dma":
+            return 0.0
+        return tile.written_end if tile.writer == engine else tile.written
 
     def _bank_wait(self, rec: Record, alloc: int) -> float:
         """A new PSUM tile takes the bank, among those whose tile is dead, that frees up first."""
@@ -133,12 +144,12 @@ class _Scheduler:
         banks[bank] = (alloc, released)
         return released
 
-    def _lane(self, rec: Record) -> str:
-        """The engine's queue; for DMA the queue that frees up first (least loaded)."""
+    def _lanes(self, rec: Record) -> list[str]:
+        """The engine's queue; for DMA the queues the transfer spreads over, those that free up first."""
         if rec.engine != "dma":
-            return rec.engine
-        free = self.free
-        return min(DMA_LANES, key=lambda lane: free[rec.core, lane])
+            return [rec.engine]
+        free, core = self.free, rec.core
+        return sorted(DMA_LANES, key=lambda lane: free[core, lane])[: dma_queues_used(rec.partitions)]
 
     def _commit(self, rec: Record, end: float, done: float) -> None:
         """Record when this instruction's results are visible and its inputs released."""
@@ -147,7 +158,8 @@ class _Scheduler:
             tile = self.tiles[rec.core, alloc]
             if role == "w":
                 tile.written, tile.written_end, tile.writer = done, end, rec.engine
-            tile.released = max(tile.released, release)
+            else:
+                tile.read_done = max(tile.read_done, release)
             bank = self.bank_of.get((rec.core, alloc)) if region == "psum" else None
             if bank is not None:
                 owner, released = self.banks[rec.core][bank]

@@ -44,8 +44,6 @@ def core_barrier(data: NkiTensor, cores: tuple[int, ...], engine: object = engin
     t = ins.tensor(data, "data")
     if t.alloc.region is not MemoryRegion.shared_hbm:
         raise ins.fail(InvalidArgumentError, f"data must be in shared HBM, got {t.alloc.region.value}")
-    if ins.ctx.target.nc_version < 3:
-        raise ins.fail(InvalidArgumentError, f"core_barrier needs NeuronCore-v3+, not {ins.ctx.target.name}")
     grid = ins.ctx.launch.grid
     if not set(range(grid)) <= set(cores):
         raise ins.fail(InvalidArgumentError, f"cores={cores} must include every core of the launch "

@@ -237,8 +237,8 @@ def llama_swiglu_kernel(x_hbm, wgt_hbm, wut_hbm, wdt_hbm, S, CI, SPLIT):
         # x^T for the super-block: K on partitions, rows on the free axis
         xt = []
         for kt in range(n_k):
-            pk = min(P, K - kt * P)
             t = nl.ndarray((P, S), dtype=nl.bfloat16, buffer=nl.sbuf)
+            pk = min(P, K - kt * P)
             nisa.dma_transpose(dst=t[0:pk, 0:s_rows], src=x_hbm[r_sb:r_sb + s_rows, kt * P:kt * P + pk])
             xt.append(t)
         acc = []
@@ -338,7 +338,7 @@ def _columns(v: torch.Tensor) -> torch.Tensor:
 
 
 def llama_swiglu(x: torch.Tensor, wgt: torch.Tensor, wut: torch.Tensor, wdt: torch.Tensor, lnc: int = LNC, target: str = TARGET) -> torch.Tensor:
-    """Run the kernel on `lnc` logical cores (default: NEURON_LOGICAL_NC_CONFIG) with a tile plan for these shapes; returns (out)."""
+    """Run the kernel on `lnc` logical cores with the best modelled plan for these shapes; returns (out)."""
     for t in (x, wgt, wut, wdt):
         if t.requires_grad:
             raise RuntimeError("llama_swiglu is inference-only: an input requires grad")

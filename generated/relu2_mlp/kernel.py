@@ -237,8 +237,8 @@ def relu2_mlp_kernel(x_hbm, w1t_hbm, w2t_hbm, S, CI, SPLIT):
         # x^T for the super-block: K on partitions, rows on the free axis
         xt = []
         for kt in range(n_k):
-            pk = min(P, K - kt * P)
             t = nl.ndarray((P, S), dtype=nl.bfloat16, buffer=nl.sbuf)
+            pk = min(P, K - kt * P)
             nisa.dma_transpose(dst=t[0:pk, 0:s_rows], src=x_hbm[r_sb:r_sb + s_rows, kt * P:kt * P + pk])
             xt.append(t)
         acc = []
@@ -327,7 +327,7 @@ def _columns(v: torch.Tensor) -> torch.Tensor:
 
 
 def relu2_mlp(x: torch.Tensor, w1t: torch.Tensor, w2t: torch.Tensor, lnc: int = LNC, target: str = TARGET) -> torch.Tensor:
-    """Run the kernel on `lnc` logical cores (default: NEURON_LOGICAL_NC_CONFIG) with a tile plan for these shapes; returns (out)."""
+    """Run the kernel on `lnc` logical cores with the best modelled plan for these shapes; returns (out)."""
     for t in (x, w1t, w2t):
         if t.requires_grad:
             raise RuntimeError("relu2_mlp is inference-only: an input requires grad")

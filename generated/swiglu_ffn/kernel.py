@@ -243,8 +243,8 @@ def swiglu_ffn_kernel(x_hbm, w1t_hbm, b1_hbm, wgt_hbm, bg_hbm, w2t_hbm, b2_hbm, 
         # x^T for the super-block: K on partitions, rows on the free axis
         xt = []
         for kt in range(n_k):
-            pk = min(P, K - kt * P)
             t = nl.ndarray((P, S), dtype=nl.bfloat16, buffer=nl.sbuf)
+            pk = min(P, K - kt * P)
             nisa.dma_transpose(dst=t[0:pk, 0:s_rows], src=x_hbm[r_sb:r_sb + s_rows, kt * P:kt * P + pk])
             xt.append(t)
         acc = []
@@ -344,7 +344,7 @@ def _columns(v: torch.Tensor) -> torch.Tensor:
 
 
 def swiglu_ffn(x: torch.Tensor, w1t: torch.Tensor, b1: torch.Tensor, wgt: torch.Tensor, bg: torch.Tensor, w2t: torch.Tensor, b2: torch.Tensor, lnc: int = LNC, target: str = TARGET) -> torch.Tensor:
-    """Run the kernel on `lnc` logical cores (default: NEURON_LOGICAL_NC_CONFIG) with a tile plan for these shapes; returns (out)."""
+    """Run the kernel on `lnc` logical cores with the best modelled plan for these shapes; returns (out)."""
     for t in (x, w1t, b1, wgt, bg, w2t, b2):
         if t.requires_grad:
             raise RuntimeError("swiglu_ffn is inference-only: an input requires grad")

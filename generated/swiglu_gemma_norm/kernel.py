@@ -240,8 +240,8 @@ def swiglu_gemma_norm_kernel(x_hbm, w1t_hbm, wgt_hbm, w2t_hbm, a_hbm, gamma_hbm,
         # x^T for the super-block: K on partitions, rows on the free axis
         xt = []
         for kt in range(n_k):
-            pk = min(P, K - kt * P)
             t = nl.ndarray((P, S), dtype=nl.bfloat16, buffer=nl.sbuf)
+            pk = min(P, K - kt * P)
             nisa.dma_transpose(dst=t[0:pk, 0:s_rows], src=x_hbm[r_sb:r_sb + s_rows, kt * P:kt * P + pk])
             xt.append(t)
         acc = []
@@ -354,7 +354,7 @@ def _columns(v: torch.Tensor) -> torch.Tensor:
 
 
 def swiglu_gemma_norm(x: torch.Tensor, w1t: torch.Tensor, wgt: torch.Tensor, w2t: torch.Tensor, a: torch.Tensor, gamma: torch.Tensor, eps: float = 1e-06, lnc: int = LNC, target: str = TARGET) -> tuple[torch.Tensor, torch.Tensor]:
-    """Run the kernel on `lnc` logical cores (default: NEURON_LOGICAL_NC_CONFIG) with a tile plan for these shapes; returns (x_new, z)."""
+    """Run the kernel on `lnc` logical cores with the best modelled plan for these shapes; returns (x_new, z)."""
     for t in (x, w1t, wgt, w2t, a, gamma):
         if t.requires_grad:
             raise RuntimeError("swiglu_gemma_norm is inference-only: an input requires grad")

@@ -54,7 +54,7 @@ CASES: dict[str, tuple[tuple[str, ...], dict[str, float], Callable[[Tensors], tu
     "gelu_mlp": (("x", "w1t", "b1", "w2t", "b2"), {}, lambda d: (
         down(F.gelu(mm(d["x"], d["w1t"]) + d["b1"]), d) + d["b2"],)),
     "relu2_mlp": (("x", "w1t", "w2t"), {}, lambda d: (down(torch.relu(mm(d["x"], d["w1t"])) ** 2, d),)),
-    "llama_swiglu": (("x", "wgt", "wut", "w2t"), {}, lambda d: (
+    "llama_swiglu": (("x", "wgt", "wut", "wdt"), {}, lambda d: (
         down(F.silu(mm(d["x"], d["wgt"])) * mm(d["x"], d["wut"]), d),)),
     "swiglu_rmsnorm": (("x", "w1t", "b1", "wgt", "bg", "w2t", "b2", "a", "gamma"), {"eps": 1e-6}, lambda d: (
         swiglu(d) + d["a"], rmsnorm(swiglu(d) + d["a"], d["gamma"], 1e-6))),
@@ -66,6 +66,9 @@ CASES: dict[str, tuple[tuple[str, ...], dict[str, float], Callable[[Tensors], tu
         rmsnorm(down(F.silu(mm(d["x"], d["w1t"])) * mm(d["x"], d["wgt"]), d) + d["a"], 1 + d["gamma"], 1e-6))),
     "swiglu_layerscale": (("x", "w1t", "b1", "wgt", "bg", "w2t", "b2", "ls", "a"), {"eps": 1e-6}, lambda d: (
         F.layer_norm(d["a"] + d["ls"] * swiglu(d), (K,), eps=1e-6),)),
+    "prenorm_swiglu": (("x", "gamma", "wgt", "wut", "wdt"), {"eps": 1e-6}, lambda d: (
+        d["x"].float() + down(F.silu(mm(rmsnorm(d["x"].float(), d["gamma"], 1e-6).bfloat16(), d["wgt"]))
+                              * mm(rmsnorm(d["x"].float(), d["gamma"], 1e-6).bfloat16(), d["wut"]), d),)),
 }  # fmt: skip
 
 
@@ -74,9 +77,7 @@ CASES: dict[str, tuple[tuple[str, ...], dict[str, float], Callable[[Tensors], tu
 def test_variant_matches_independent_formula(name: str, lnc: int) -> None:
     arg_names, params, formula = CASES[name]
     data = _data(seed=len(name))
-    if name == "llama_swiglu":  # its spec names the weights wgt, wut, wdt
-        data["wdt"] = data["w2t"]
-        arg_names = ("x", "wgt", "wut", "wdt")
+    data["wdt"] = data["w2t"]  # the Llama-style specs name the down weight wdt
     module = load_module(GENERATED / name / "kernel.py", target="trn2")
     got = getattr(module, name)(*(data[n] for n in arg_names), **params, lnc=lnc)
     got = got if isinstance(got, tuple) else (got,)
