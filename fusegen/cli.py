@@ -18,6 +18,7 @@ EXAMPLES = """examples:
   fusegen build --check examples/*.spec       exit 1 if generated/ is stale
   fusegen check examples/swiglu_ffn.spec --shape R=300 K=384 I=1000
   fusegen list                                 the kernel families and their hook points
+  fusegen explain examples/swiglu_ffn.spec --shape R=2048 K=1280 I=3416 --trace t.json --svg t.svg
 """
 
 Command = Callable[[argparse.Namespace], int]
@@ -51,6 +52,13 @@ def _list(args: argparse.Namespace) -> int:
     from fusegen.codegen.commands import list_families
 
     return list_families()
+
+
+def _explain(args: argparse.Namespace) -> int:
+    from fusegen.perf.explain import explain
+
+    shape = _shape_args(args.shape)
+    return explain(args.spec, args.target, args.lnc, shape[0] if shape else None, args.trace, args.svg)
 
 
 def _shape_args(items: list[str] | None) -> list[dict[str, int]]:
@@ -99,6 +107,15 @@ def _parser() -> argparse.ArgumentParser:
     _target_args(p)
     p.add_argument("--shape", nargs="+", metavar="DIM=N", help="run this shape instead of the spec's checks")
     p.set_defaults(run=_check)
+
+    p = sub.add_parser("explain", help="model a kernel's time per engine against the roofline, and its plan")
+    p.add_argument("spec", metavar="SPEC")
+    p.add_argument("--target", default="trn2", choices=("trn1", "trn2"))
+    p.add_argument("--lnc", type=int, default=2, choices=(1, 2), help="logical-core degree (default 2)")
+    p.add_argument("--shape", nargs="+", metavar="DIM=N", help="model this shape (default: the first check line)")
+    p.add_argument("--trace", metavar="OUT.json", help="write the modelled timeline as Chrome trace-event JSON")
+    p.add_argument("--svg", metavar="OUT.svg", help="draw the SBUF budget and the engine timeline")
+    p.set_defaults(run=_explain)
     return parser
 
 

@@ -41,10 +41,18 @@ def rows_per_core(rows: int, lnc: int) -> int:
     return min(rows, cdiv(cdiv(rows, P), lnc) * P)
 
 
-def buffers(m: RowModel, width: int, heads: int, hb: int) -> list[Buffer]:
+def held_heads(heads: int, resident: bool) -> int:
+    """Heads whose prepared weights are in SBUF at once: all of them, or the current one when streaming."""
+    return heads if resident else 1
+
+
+def buffers(m: RowModel, width: int, heads: int, hb: int, resident: bool = True) -> list[Buffer]:
     """The kernel's SBUF buffers at width `width`, `heads` heads and reduction chunk `hb` columns."""
+    kept = "resident for the launch" if resident else "rebuilt per token tile and head"
     return [
-        Buffer("prepared weights (fp32, resident)", m.resident_per_head * heads * width, 1),
+        Buffer(
+            f"prepared weights (fp32, {kept})", m.resident_per_head * held_heads(heads, resident) * width, 1
+        ),
         Buffer("row inputs of one token tile and head", m.row_inputs * width, 1),
         Buffer("epilogue tiles", m.epilogue * width, 1),
         Buffer("reduction chunk temporaries", m.chunk * hb, 1),
@@ -52,22 +60,25 @@ def buffers(m: RowModel, width: int, heads: int, hb: int) -> list[Buffer]:
     ]
 
 
-def sbuf_bytes(m: RowModel, width: int, heads: int, hb: int) -> int:
+def sbuf_bytes(m: RowModel, width: int, heads: int, hb: int, resident: bool = True) -> int:
     """Peak SBUF bytes per partition: the main loop, or the prep step if that is larger."""
-    main = sum(b.bytes * b.copies for b in buffers(m, width, heads, hb))
-    prep = (m.resident_per_head * heads + m.prep_scratch) * width
+    main = sum(b.bytes * b.copies for b in buffers(m, width, heads, hb, resident))
+    prep = (m.resident_per_head * held_heads(heads, resident) + m.prep_scratch) * width
     return max(main, prep)
 
 
-def choose(m: RowModel, width: int, heads: int, budget: int) -> int:
-    """HB: the fewest reduction chunks that fit, then the narrowest chunk (a multiple of 128) for them."""
-    fixed = sbuf_bytes(m, width, heads, 0)
-    room = (budget - fixed) // m.chunk if m.chunk else width
-    widest = min(cdiv(width, P) * P, room // P * P)
-    if widest < P or sbuf_bytes(m, width, heads, P) > budget:
-        need = sbuf_bytes(m, width, heads, P)
-        raise ValueError(
-            f"no tile plan fits: width {width} with {heads} heads needs {need} B/partition of SBUF "
-            f"even with 128-column chunks; the budget is {budget} B"
-        )
-    return cdiv(cdiv(width, cdiv(width, widest)), P) * P
+def choose(m: RowModel, width: int, heads: int, budget: int) -> tuple[int, bool]:
+    """(HB, resident): prepared weights resident if they fit, else rebuilt per token tile and head (their
+    weights re-read once per 128 tokens); then the fewest reduction chunks, each the narrowest multiple
+    of 128 for that count."""
+    for resident in (True, False):
+        fixed = sbuf_bytes(m, width, heads, 0, resident)
+        room = (budget - fixed) // m.chunk if m.chunk else width
+        widest = min(cdiv(width, P) * P, room // P * P)
+        if widest >= P and sbuf_bytes(m, width, heads, P, resident) <= budget:
+            return cdiv(cdiv(width, cdiv(width, widest)), P) * P, resident
+    need = sbuf_bytes(m, width, heads, P, False)
+    raise ValueError(
+        f"no tile plan fits: width {width} with {heads} heads needs {need} B/partition of SBUF "
+        f"even with 128-column chunks and one head's weights at a time; the budget is {budget} B"
+    )

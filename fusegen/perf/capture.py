@@ -15,12 +15,22 @@ from fusegen.sim import Kernel, RunResult
 
 @dataclass(frozen=True)
 class Launch:
-    """One launch: the kernel's name, its scalar arguments (the tile plan) and the interpreter's result."""
+    """One launch: the kernel, its arguments (the scalars are the tile plan) and the interpreter's result."""
 
-    kernel: str
+    kernel: Kernel
     grid: int
-    scalars: tuple[Any, ...]
+    args: tuple[Any, ...]
     result: RunResult
+
+    @property
+    def name(self) -> str:
+        """The kernel function's name."""
+        return self.kernel.__name__
+
+    @property
+    def scalars(self) -> tuple[Any, ...]:
+        """The non-tensor arguments, in order."""
+        return tuple(a for a in self.args if not isinstance(a, torch.Tensor))
 
 
 @contextlib.contextmanager
@@ -43,8 +53,7 @@ def _recording(kernel: Kernel, captured: list[Launch]) -> Any:
 
     def recorded(grid: int, args: tuple[Any, ...], kwargs: dict[str, Any], **options: Any) -> RunResult:
         result = launch(grid, args, kwargs, **options)
-        scalars = tuple(a for a in (*args, *kwargs.values()) if not isinstance(a, torch.Tensor))
-        captured.append(Launch(kernel.__name__, grid, scalars, result))
+        captured.append(Launch(kernel, grid, (*args, *kwargs.values()), result))
         return result
 
     return recorded

@@ -8,11 +8,13 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
+from fusegen import testing
 from fusegen.codegen import ffn_budget as fb
 from fusegen.codegen.ffn_lower import lower_ffn
 from fusegen.codegen.ffn_match import match_ffn
 from fusegen.codegen.plan import PlanError, machine, plan_ffn
 from fusegen.dsl import load_spec
+from fusegen.sim import load_module
 from fusegen.sim.targets import get_target
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -90,3 +92,21 @@ def test_search_is_within_two_percent_of_exhaustive(r: int, k: int, i: int, lnc:
     exhaustive = best(every_plan)
     chosen = fb.cost(MODEL, mach, r, k, i, lnc, fb.choose(MODEL, mach, r, k, i, lnc)).total
     assert chosen <= 1.02 * exhaustive
+
+
+@pytest.mark.parametrize(("spec", "dims"), [
+    ("swiglu_ffn_ln", {"R": 300, "K": 384, "I": 1000}), ("swiglu_ffn", {"R": 256, "K": 1280, "I": 3416}),
+    ("prenorm_swiglu", {"R": 77, "K": 384, "I": 1000}), ("swiglu_layernorm_affine", {"R": 129, "K": 256, "I": 300}),
+])  # fmt: skip
+def test_interpreter_peak_sbuf_stays_within_the_budget_model(spec: str, dims: dict[str, int]) -> None:
+    """The budget model over-approximates what the kernel really keeps live (the interpreter's liveness)."""
+    directory = ROOT / "generated" / spec
+    generated_test = testing.load_reference(directory / f"test_{spec}.py")
+    args = testing.make_inputs(generated_test.INPUTS, generated_test.input_shapes(dims))
+    module = load_module(directory / "kernel.py", target="trn2")
+    getattr(module, spec)(*args, lnc=2, target="trn2")
+    run = getattr(module, f"{spec}_kernel").last_run
+    ir, _ = load_spec(str(ROOT / "examples" / f"{spec}.spec"))
+    plan = plan_ffn(lower_ffn(ir, match_ffn(ir)).model, get_target("trn2"), 2, dims, ROLES)
+    peak = max(core["sbuf_peak_bytes"] for core in run.stats["cores"])
+    assert 0 < peak <= plan.sbuf_bytes

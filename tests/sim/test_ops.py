@@ -342,3 +342,40 @@ def test_mutated_input_is_written_back_and_untouched_inputs_are_not():
 
     assert kernel(x, y) is None
     assert torch.equal(x, torch.ones(4, 8)) and torch.equal(y, torch.ones(4, 8))
+
+
+def test_overlapping_in_place_copies_read_before_writing():
+    x = torch.arange(8 * 6, dtype=torch.float32).reshape(8, 6)
+
+    @nki.jit
+    def kernel(x_hbm):
+        t = _load(x_hbm)
+        nisa.tensor_copy(dst=t[:, 1:6], src=t[:, 0:5])
+        nisa.activation(dst=t[:, 0:3], op=nl.copy, data=t[:, 2:5])
+        return _store(t)
+
+    expected = x.clone()
+    expected[:, 1:6] = x[:, 0:5].clone()
+    expected[:, 0:3] = expected[:, 2:5].clone()
+    assert torch.equal(kernel(x), expected)
+
+
+def test_allocation_helpers_and_tile_size_per_target():
+    x = torch.randn(16, 8, 4)
+
+    @nki.jit
+    def kernel(x_hbm):
+        ones = nl.ones((16, 4), dtype=nl.bfloat16)
+        zl = nl.zeros_like(ones, dtype=nl.float32)
+        el = nl.empty_like(zl)
+        nisa.tensor_tensor(dst=el, data1=ones, data2=zl, op=nl.add)
+        tr = nl.ndarray((4, 8, 16), dtype=nl.float32, buffer=nl.sbuf)
+        nisa.dma_transpose(dst=tr, src=x_hbm, axes=(2, 1, 0))
+        sizes = (nl.tile_size.pmax, nl.tile_size.psum_num_banks, nl.tile_size.sbuf_fmax_bytes,
+                 nl.tile_size.gemm_moving_fmax, nl.tile_size.bn_stats_fmax)
+        return _store(el), _store(tr), sizes
+
+    el, tr, sizes = kernel(x)
+    assert torch.equal(el, torch.ones(16, 4)) and torch.equal(tr, x.permute(2, 1, 0))
+    assert sizes == (128, 8, 212_984, 512, 512)
+    assert sim.run(kernel, x, target="trn1").outputs[2][2] == 180_224

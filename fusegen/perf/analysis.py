@@ -1,0 +1,197 @@
+"""Run a spec's generated kernel on the interpreter at one shape and model it: schedule, roofline, plans."""
+
+from __future__ import annotations
+
+import dataclasses
+import sys
+import tempfile
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import torch
+
+from fusegen import sim
+from fusegen.codegen import plan as planner
+from fusegen.codegen.build import FAMILIES, BuildOptions, build_spec, write_atomically
+from fusegen.codegen.family import Family, Mismatch
+from fusegen.codegen.plan import PlanError, TilePlan
+from fusegen.codegen.rewrites import rewrite
+from fusegen.dsl import load_spec
+from fusegen.dsl.ir import CheckShape, KernelIR
+from fusegen.perf.capture import Launch, launches
+from fusegen.perf.roofline import Roofline, hbm_bytes_moved, matmul_flops, roofline
+from fusegen.perf.schedule import Schedule, schedule
+from fusegen.testing import load_reference, make_inputs
+
+#: runner-up plans `explain` shows
+ALTERNATIVES = 5
+
+
+def progress(message: str) -> None:
+    """A progress line on stderr (interpreter runs take seconds)."""
+    print(f"fusegen: {message}", file=sys.stderr, flush=True)
+
+
+@dataclass(frozen=True)
+class Modeled:
+    """One interpreter run of a kernel, scheduled."""
+
+    launches: tuple[Launch, ...]
+    schedules: tuple[tuple[str, Schedule], ...]
+    roof: Roofline
+    hbm_moved: int
+
+    @property
+    def time_ns(self) -> float:
+        """Modelled time of all launches, one after another."""
+        return sum(s.time_ns for _, s in self.schedules)
+
+    @property
+    def instructions(self) -> int:
+        """Records scheduled."""
+        return sum(len(s.spans) for _, s in self.schedules)
+
+
+@dataclass(frozen=True)
+class Alternative:
+    """A runner-up plan: the planner's modelled time and, when it could be run, the trace-modelled time."""
+
+    plan: TilePlan
+    trace_ns: float | None
+
+
+@dataclass(frozen=True)
+class Analysis:
+    """Everything `fusegen explain` reports for one spec at one shape."""
+
+    name: str
+    family: str
+    dims: dict[str, int]
+    target: str
+    lnc: int
+    plan: TilePlan | None
+    plan_note: str
+    modeled: Modeled
+    alternatives: tuple[Alternative, ...]
+    alternatives_note: str
+
+
+def model_launches(found: list[Launch], target: str, lnc: int, min_hbm_bytes: int) -> Modeled:
+    """Schedule every captured launch and compare the whole with the roofline."""
+    tgt = sim.get_target(target)
+    schedules = tuple((launch.name, schedule(launch.result.trace, tgt)) for launch in found)
+    records = [rec for launch in found for rec in launch.result.trace]
+    flops, fp32 = matmul_flops(records)
+    return Modeled(tuple(found), schedules, roofline(tgt, lnc, flops, min_hbm_bytes, fp32), hbm_bytes_moved(records))
+
+
+def tensor_bytes(values: Any) -> int:
+    """Bytes of every tensor in `values` (a tensor or a tuple of them)."""
+    items = values if isinstance(values, tuple | list) else (values,)
+    return sum(t.numel() * t.element_size() for t in items if isinstance(t, torch.Tensor))
+
+
+def analyse(spec: str, dims: dict[str, int], target: str, lnc: int, alternatives: bool = True) -> Analysis:
+    """Build `spec` to a temporary directory, run its host function at `dims`, model what ran."""
+    with tempfile.TemporaryDirectory(prefix="fusegen-explain-") as tmp:
+        out = Path(tmp)
+        built = build_spec(spec, BuildOptions(out, target, lnc))
+        write_atomically(out, built.files)
+        test_module = load_reference(out / built.name / f"test_{built.name}.py")
+        kernels = sim.load_module(out / built.name / "kernel.py", target=target)
+    args = make_inputs(test_module.INPUTS, test_module.input_shapes(dims))
+    progress(f"running {built.name} at {dims_text(dims)} on the interpreter ({target}, LNC {lnc})")
+    with launches(kernels) as found:
+        outputs = getattr(kernels, built.name)(*args, lnc=lnc, target=target)
+    progress(f"scheduling {sum(len(f.result.trace) for f in found)} instructions")
+    modeled = model_launches(found, target, lnc, tensor_bytes(args) + tensor_bytes(outputs))
+    family, ir, match = _family(spec)
+    plan, plan_note = _plan_at(family, ir, match, dims, target, lnc)
+    alts, alts_note = _alternatives(family, ir, match, dims, target, lnc, plan, found) if alternatives else ((), "")
+    return Analysis(built.name, family.name, dims, target, lnc, plan, plan_note, modeled, alts, alts_note)
+
+
+def dims_text(dims: dict[str, int]) -> str:
+    """`R=256 K=1280` form."""
+    return " ".join(f"{k}={v}" for k, v in sorted(dims.items()))
+
+
+def _family(spec: str) -> tuple[Family, KernelIR, Any]:
+    """The family matching the rewritten spec (build_spec has already raised if none does)."""
+    ir = rewrite(load_spec(spec)[0])
+    for family in FAMILIES:
+        try:
+            return family, ir, family.match(ir)
+        except Mismatch:
+            continue
+    raise AssertionError("build_spec accepted a spec no family matches")
+
+
+def _plan_at(family: Family, ir: KernelIR, match: Any, dims: dict[str, int], target: str,
+             lnc: int) -> tuple[TilePlan | None, str]:  # fmt: skip
+    """The family's plan at `dims` (its plans() plans the check lines, so ask with one made of `dims`)."""
+    span = ir.checks[0].span if ir.checks else ir.outputs[0].span
+    at = dataclasses.replace(ir, checks=(CheckShape(tuple(sorted(dims.items())), span),))
+    try:
+        return family.plans(at, match, target, lnc)[0], ""
+    except PlanError as err:
+        return None, f"no tile plan: {err}"
+
+
+def _alternatives(
+    family: Family, ir: KernelIR, match: Any, dims: dict[str, int], target: str, lnc: int,
+    chosen: TilePlan | None, found: list[Launch],
+) -> tuple[tuple[Alternative, ...], str]:  # fmt: skip
+    """The planner's runner-up plans, each also run on the interpreter when its tiles are the launch's."""
+    ranked = _candidates(family, ir, match, dims, target, lnc)
+    if not ranked or chosen is None:
+        return (), f"the {family.name} planner offers no alternative plans (no candidates() for it)"
+    runnable = len(found) == 1 and _tile_args(found[0], chosen) is not None
+    alts = []
+    for plan in ranked[: ALTERNATIVES + 1]:
+        trace_ns = _rerun(found[0], chosen, plan, target) if runnable else None
+        alts.append(Alternative(plan, trace_ns))
+    note = "" if runnable else "runner-ups were not run: the launch's arguments do not end with the plan's tiles"
+    return tuple(alts), note
+
+
+def _candidates(family: Family, ir: KernelIR, match: Any, dims: dict[str, int], target: str,
+                lnc: int) -> list[TilePlan]:  # fmt: skip
+    """planner.candidates() for the FFN family (the only one with a search), else nothing."""
+    if family.name != "ffn" or not hasattr(planner, "candidates"):
+        return []
+    from fusegen.codegen.ffn_lower import lower_ffn
+
+    roles = (str(match.rows), str(match.hidden), str(match.inter))
+    env = {**ir.fixed_dims(), **dims}
+    try:
+        return list(planner.candidates(lower_ffn(ir, match).model, sim.get_target(target), lnc, env, roles,
+                                       count=ALTERNATIVES + 1))  # fmt: skip
+    except PlanError:
+        return []
+
+
+def _tile_args(launch: Launch, plan: TilePlan) -> int | None:
+    """Where the plan's tile values start in the launch's arguments, if they are its trailing ones."""
+    values = tuple(v for _, v in plan.tiles)
+    start = len(launch.args) - len(values)
+    return start if start >= 0 and tuple(launch.args[start:]) == values else None
+
+
+def _rerun(launch: Launch, chosen: TilePlan, plan: TilePlan, target: str) -> float:
+    """Modelled time of the launch re-run with another plan's tiles (the chosen one is not re-run)."""
+    tgt = sim.get_target(target)
+    if plan.tiles == chosen.tiles:
+        return schedule(launch.result.trace, tgt).time_ns
+    start = _tile_args(launch, chosen)
+    assert start is not None
+    args = (*launch.args[:start], *(v for _, v in plan.tiles))
+    progress(f"running the runner-up {tiles_text(plan)} on the interpreter")
+    result = sim.run(launch.kernel, *args, grid=launch.grid, target=target)
+    return schedule(result.trace, tgt).time_ns
+
+
+def tiles_text(plan: TilePlan) -> str:
+    """`S=256 CI=768` form."""
+    return " ".join(f"{k}={v}" for k, v in plan.tiles)
