@@ -26,14 +26,23 @@ def inputs() -> list[torch.Tensor]:
     """x, w1t, b1, wgt, bg, w2t, b2 in the seed op's layout."""
     gen = torch.Generator().manual_seed(0)
     w = lambda *s: (torch.randn(*s, generator=gen) / s[0] ** 0.5).bfloat16()  # noqa: E731
-    return [torch.randn(R, K, generator=gen).bfloat16(), w(K, I), torch.randn(I, generator=gen), w(K, I),
-            torch.randn(I, generator=gen), w(I, K), torch.randn(K, generator=gen)]  # fmt: skip
+    return [
+        torch.randn(R, K, generator=gen).bfloat16(),
+        w(K, I),
+        torch.randn(I, generator=gen),
+        w(K, I),
+        torch.randn(I, generator=gen),
+        w(I, K),
+        torch.randn(K, generator=gen),
+    ]
 
 
 def weight_bytes(result: sim.RunResult) -> int:
     """HBM bytes DMA'd from the weight arguments; arguments are allocated first, in order, so the
     k-th smallest HBM allocation id read is argument k."""
-    reads = [(op[1], rec) for rec in result.trace for op in rec.operands if op[0] == "r" and op[2] == "shared_hbm"]
+    reads = [
+        (op[1], rec) for rec in result.trace for op in rec.operands if op[0] == "r" and op[2] == "shared_hbm"
+    ]
     arg_ids = sorted({alloc for alloc, _ in reads})
     weights = {arg_ids[i] for i in WEIGHT_ARGS}
     return sum(rec.hbm_read for alloc, rec in reads if alloc in weights and rec.engine == "dma")
@@ -76,10 +85,14 @@ def main() -> int:
     print(f"swiglu FFN K={K} I={I} R={R} LNC={LNC} trn2; weights are {total:,} B")
     for label, result, (s, ci) in (("generated", gen, gen_plan), ("seed", seed, seed_plan)):
         wb = weight_bytes(result)
-        print(f"  {label:<9} S={s:<5} CI={ci:<5} weight bytes streamed {wb:>12,} ({wb / total:.2f}x)"
-              f"  SBUF peak {sbuf_peak(result):>7,} B/partition  {len(result.trace):>6} instructions")  # fmt: skip
-    print(f"ratio generated/seed: weight bytes {weight_bytes(gen) / weight_bytes(seed):.3f}, "
-          f"SBUF peak {sbuf_peak(gen) / sbuf_peak(seed):.3f}")
+        print(
+            f"  {label:<9} S={s:<5} CI={ci:<5} weight bytes streamed {wb:>12,} ({wb / total:.2f}x)"
+            f"  SBUF peak {sbuf_peak(result):>7,} B/partition  {len(result.trace):>6} instructions"
+        )
+    print(
+        f"ratio generated/seed: weight bytes {weight_bytes(gen) / weight_bytes(seed):.3f}, "
+        f"SBUF peak {sbuf_peak(gen) / sbuf_peak(seed):.3f}"
+    )
     return 0
 
 

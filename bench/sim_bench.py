@@ -51,8 +51,9 @@ def per_instruction_us(n: int = 2000) -> float:
     return statistics.median(seconds(lambda: tiny_ops(x, n)) for _ in range(REPEATS)) / (n + 2) * 1e6
 
 
-def swiglu_ratio(R: int = 512, K: int = 1280, I: int = 3456, lnc: int = 2) -> tuple[float, float, int]:  # noqa: E741
-    """(sim seconds, torch seconds, instructions) for the seed kernel and the same math in eager fp32."""
+def swiglu_times(R: int = 512, K: int = 1280, I: int = 3456, lnc: int = 2) -> tuple[dict[str, float], int]:
+    """Median seconds of the seed kernel ('sim') and the same math in eager fp32 ('torch' with all
+    threads, 'torch1' single-threaded), and the kernel's instruction count."""
     os.environ["NEURON_LOGICAL_NC_CONFIG"] = str(lnc)
     seed = sim.load_module(SEED)
     torch.manual_seed(0)
@@ -71,13 +72,21 @@ def swiglu_ratio(R: int = 512, K: int = 1280, I: int = 3456, lnc: int = 2) -> tu
         xf = x.float()
         (F.silu(xf @ w1t.float() + b1) * (xf @ wgt.float() + bg)) @ w2t.float() + b2
 
-    run_sim(), run_torch()  # warm-up (first BLAS calls are slow)
-    sim_times, torch_times = [], []
-    for _ in range(REPEATS):  # interleaved, so machine-load drift hits both alike
-        sim_times.append(seconds(run_sim))
-        torch_times.append(seconds(run_torch))
+    def run_torch_1thread() -> None:
+        threads = torch.get_num_threads()
+        torch.set_num_threads(1)
+        run_torch()
+        torch.set_num_threads(threads)
+
+    runs: dict[str, list[float]] = {"sim": [], "torch": [], "torch1": []}
+    fns = {"sim": run_sim, "torch": run_torch, "torch1": run_torch_1thread}
+    for fn in fns.values():
+        fn()  # warm-up (first BLAS calls are slow)
+    for _ in range(REPEATS):  # interleaved, so machine-load drift hits all alike
+        for name, fn in fns.items():
+            runs[name].append(seconds(fn))
     instructions = len(seed.swiglu_stream_kernel.last_run.trace)
-    return statistics.median(sim_times), statistics.median(torch_times), instructions
+    return {name: statistics.median(times) for name, times in runs.items()}, instructions
 
 
 def main() -> None:
@@ -86,9 +95,13 @@ def main() -> None:
     if not SEED.exists():
         print(f"seed kernel not found at {SEED}; skipping the SwiGLU comparison")
         return
-    sim_s, torch_s, count = swiglu_ratio()
+    times, count = swiglu_times()
+    sim_s, torch_s = times["sim"], times["torch"]
     print(f"swiglu_stream_kernel K=1280 I=3456 R=512 LNC=2: sim {sim_s * 1e3:.0f} ms ({count} instructions), "
-          f"eager torch fp32 {torch_s * 1e3:.0f} ms, ratio {sim_s / torch_s:.2f}x (goal <= 3x)")
+          f"eager torch fp32 {torch_s * 1e3:.0f} ms ({torch.get_num_threads()} threads), "
+          f"ratio {sim_s / torch_s:.2f}x (goal <= 3x)")
+    print(f"  for reference: eager torch fp32 single-threaded {times['torch1'] * 1e3:.0f} ms, "
+          f"ratio {sim_s / times['torch1']:.2f}x")
 
 
 if __name__ == "__main__":

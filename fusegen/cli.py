@@ -112,8 +112,12 @@ def _parser() -> argparse.ArgumentParser:
     p.add_argument("spec", metavar="SPEC")
     p.add_argument("--target", default="trn2", choices=("trn1", "trn2"))
     p.add_argument("--lnc", type=int, default=2, choices=(1, 2), help="logical-core degree (default 2)")
-    p.add_argument("--shape", nargs="+", metavar="DIM=N", help="model this shape (default: the first check line)")
-    p.add_argument("--trace", metavar="OUT.json", help="write the modelled timeline as Chrome trace-event JSON")
+    p.add_argument(
+        "--shape", nargs="+", metavar="DIM=N", help="model this shape (default: the first check line)"
+    )
+    p.add_argument(
+        "--trace", metavar="OUT.json", help="write the modelled timeline as Chrome trace-event JSON"
+    )
     p.add_argument("--svg", metavar="OUT.svg", help="draw the SBUF budget and the engine timeline")
     p.set_defaults(run=_explain)
     return parser

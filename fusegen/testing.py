@@ -56,8 +56,10 @@ class Report:
         for o in self.outputs:
             verdict = "ok" if o.ok else "MISMATCH"
             dtype = str(o.dtype).removeprefix("torch.")
-            lines.append(f"{self.label} {o.name} ({dtype}): max|out - ref| = {o.max_error:.3e}, "
-                         f"tolerance {o.bound:.3e}: {verdict}")  # fmt: skip
+            lines.append(
+                f"{self.label} {o.name} ({dtype}): max|out - ref| = {o.max_error:.3e}, "
+                f"tolerance {o.bound:.3e}: {verdict}"
+            )
         return "\n".join(lines)
 
 
@@ -75,7 +77,9 @@ def _kernel_module(path: Path, target: str) -> ModuleType:
     return load_module(path, target=target)
 
 
-def make_inputs(inputs: tuple[tuple[str, str, str], ...], shapes: dict[str, tuple[int, ...]]) -> list[torch.Tensor]:
+def make_inputs(
+    inputs: tuple[tuple[str, str, str], ...], shapes: dict[str, tuple[int, ...]]
+) -> list[torch.Tensor]:
     """Seeded random inputs: N(0, 1), weights scaled by 1/sqrt(fan-in); the seed depends on name and shape."""
     tensors = []
     for name, dtype, scale in inputs:
@@ -112,7 +116,9 @@ class Case:
     shapes: dict[str, tuple[int, ...]]
 
 
-def run_against_reference(directory: Path, name: str, case: Case, lnc: int = 1, target: str = "trn2") -> Report:
+def run_against_reference(
+    directory: Path, name: str, case: Case, lnc: int = 1, target: str = "trn2"
+) -> Report:
     """Run `directory`/kernel.py's host function on the interpreter and compare with reference.py."""
     kernel = _kernel_module(directory / "kernel.py", target)
     reference = load_reference(directory / "reference.py")

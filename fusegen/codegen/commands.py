@@ -6,7 +6,14 @@ import sys
 import tempfile
 from pathlib import Path
 
-from fusegen.codegen.build import FAMILIES, BuildOptions, build_spec, stale_files, test_shapes, write_atomically
+from fusegen.codegen.build import (
+    FAMILIES,
+    BuildOptions,
+    build_spec,
+    stale_files,
+    test_shapes,
+    write_atomically,
+)
 from fusegen.dsl import load_spec
 from fusegen.dsl.diagnostics import Diagnostic, SpecError
 from fusegen.dsl.ir import KernelIR
@@ -49,8 +56,12 @@ def check(specs: list[str], options: BuildOptions, shapes: list[dict[str, int]])
             generated_test = load_reference(out / built.name / f"test_{built.name}.py")
             for dims in runs:
                 _progress(f"fusegen: running {built.name} at {_dims_text(dims)} on the interpreter")
-                case = Case(generated_test.INPUTS, generated_test.OUTPUTS, dims, generated_test.input_shapes(dims))
-                report = run_against_reference(out / built.name, built.name, case, options.lnc, options.target)
+                case = Case(
+                    generated_test.INPUTS, generated_test.OUTPUTS, dims, generated_test.input_shapes(dims)
+                )
+                report = run_against_reference(
+                    out / built.name, built.name, case, options.lnc, options.target
+                )
                 print(report.text())
                 failures += not report.ok
     return 1 if failures else 0
@@ -64,15 +75,24 @@ def _validated(ir: KernelIR, spec: str, dims: dict[str, int]) -> dict[str, int]:
     """`--shape` dims, checked like a `check` line: every free dim given, constraints hold."""
     source = Path(spec).read_text(encoding="utf-8", errors="replace")
     free = [d for d in ir.dims if d.value is None]
-    errors = [Diagnostic(d.span, f"--shape does not give dim `{d.name}`", hint=f"add {d.name}=N") for d in free
-              if d.name not in dims]  # fmt: skip
+    errors = [
+        Diagnostic(d.span, f"--shape does not give dim `{d.name}`", hint=f"add {d.name}=N")
+        for d in free
+        if d.name not in dims
+    ]
     known = {d.name for d in ir.dims}
-    errors += [Diagnostic(ir.dims[0].span, f"--shape names `{name}`, which is not a dim of `{ir.name}`")
-               for name in dims if name not in known]  # fmt: skip
+    errors += [
+        Diagnostic(ir.dims[0].span, f"--shape names `{name}`, which is not a dim of `{ir.name}`")
+        for name in dims
+        if name not in known
+    ]
     if not errors:
         env = {**ir.fixed_dims(), **dims}
-        errors += [Diagnostic(c.span, f"--shape {_dims_text(dims)} violates `{c}`") for c in ir.constraints
-                   if not c.holds(env)]  # fmt: skip
+        errors += [
+            Diagnostic(c.span, f"--shape {_dims_text(dims)} violates `{c}`")
+            for c in ir.constraints
+            if not c.holds(env)
+        ]
     if errors:
         raise SpecError(errors, source)
     return {name: dims[name] for name in sorted(dims)}

@@ -46,7 +46,9 @@ class Mismatch(Exception):
 
 def leave(family: str, node: Node, reason: str) -> Mismatch:
     """A mismatch at `node`, with its shape in the message."""
-    return Mismatch(family, node.span, f"{reason} (`{node.name or node.op}` is {node.dtype}{shape_str(node.shape)})")
+    return Mismatch(
+        family, node.span, f"{reason} (`{node.name or node.op}` is {node.dtype}{shape_str(node.shape)})"
+    )
 
 
 def shape_is(shape: Shape, *expected: Shape) -> bool:
@@ -59,7 +61,9 @@ def no_family_error(ir: KernelIR, mismatches: Iterable[Mismatch], source: str) -
     found = list(mismatches)
     first = min((m.span for m in found), key=lambda s: (s.line, s.col))
     names = ", ".join(m.family for m in found)
-    notes = [Diagnostic(m.span, f"leaves the {m.family} family here: {m.reason}", level="note") for m in found]
+    notes = [
+        Diagnostic(m.span, f"leaves the {m.family} family here: {m.reason}", level="note") for m in found
+    ]
     head = Diagnostic(
         first,
         f"no kernel family matches `{ir.name}` (tried: {names})",

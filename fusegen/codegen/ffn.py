@@ -35,7 +35,9 @@ class FfnFamily:
     """Projections of one input over K, an elementwise combine, a down-projection, an epilogue."""
 
     name: str = "ffn"
-    summary: str = "x @ W (1 or 2 projections) -> elementwise combine -> @ W2 -> elementwise/row-wise epilogue"
+    summary: str = (
+        "x @ W (1 or 2 projections) -> elementwise combine -> @ W2 -> elementwise/row-wise epilogue"
+    )
     hooks: tuple[str, ...] = (
         "combine: activation(s) with per-partition [I] bias on the Scalar engine, then one fused "
         "scalar_tensor_tensor (gate * up)",
@@ -52,19 +54,29 @@ class FfnFamily:
         """One plan per `check` shape."""
         low = lower_ffn(ir, m)
         roles = (str(m.rows), str(m.hidden), str(m.inter))
-        return [plan_ffn(low.model, get_target(target), lnc, {**ir.fixed_dims(), **c.env()}, roles) for c in ir.checks]
+        return [
+            plan_ffn(low.model, get_target(target), lnc, {**ir.fixed_dims(), **c.env()}, roles)
+            for c in ir.checks
+        ]
 
     def kernel_source(self, ir: KernelIR, m: FfnMatch, target: str, lnc: int) -> str:
         """kernel.py: the NKI kernel, its vendored planner, the host function."""
         low = lower_ffn(ir, m)
         return render(
             TEMPLATE,
-            header=header(ir, TEMPLATE), name=ir.name, doc=_doc(ir), low=low, model=repr(low.model),
-            budget_source=_vendored_budget(), kernel_args=_kernel_args(ir),
-            host=_host(ir, m, low), dim_bindings=[f"d_{d} = {src}" for d, src in dim_bindings(ir, kernel_arg)],
+            header=header(ir, TEMPLATE),
+            name=ir.name,
+            doc=_doc(ir),
+            low=low,
+            model=repr(low.model),
+            budget_source=_vendored_budget(),
+            kernel_args=_kernel_args(ir),
+            host=_host(ir, m, low),
+            dim_bindings=[f"d_{d} = {src}" for d, src in dim_bindings(ir, kernel_arg)],
             machines=_machines(),
-            default_target=target, default_lnc=lnc,
-        )  # fmt: skip
+            default_target=target,
+            default_lnc=lnc,
+        )
 
 
 FFN = FfnFamily()
@@ -89,11 +101,15 @@ def _host(ir: KernelIR, m: FfnMatch, low: FfnLowering) -> HostSignature:
     outs = [o.name for o in ir.outputs]
     returns = "torch.Tensor" if len(outs) == 1 else f"tuple[{', '.join(['torch.Tensor'] * len(outs))}]"
     return HostSignature(
-        params=", ".join(params), returns=returns, tensors=", ".join(tensors) + ("," if len(tensors) == 1 else ""),
-        x=str(m.source.name), up_weight=str(ir.node(m.ups[0].args[1]).name), launch_args=", ".join(launch),
+        params=", ".join(params),
+        returns=returns,
+        tensors=", ".join(tensors) + ("," if len(tensors) == 1 else ""),
+        x=str(m.source.name),
+        up_weight=str(ir.node(m.ups[0].args[1]).name),
+        launch_args=", ".join(launch),
         doc=f"Run the kernel on `lnc` logical cores with the best modelled plan for these shapes; returns "
         f"({', '.join(outs)}).",
-    )  # fmt: skip
+    )
 
 
 def _machines() -> list[tuple[str, str]]:

@@ -65,39 +65,60 @@ def kernel_arg(name: str) -> str:
 
 def lower_ffn(ir: KernelIR, m: FfnMatch) -> FfnLowering:
     """Compile the prologue, the combine and the epilogue of `m` into NKI lines for the template."""
-    projections = tuple(Projection(kernel_arg(str(ir.node(u.args[1]).name)), f"pj{i}") for i, u in enumerate(m.ups))
+    projections = tuple(
+        Projection(kernel_arg(str(ir.node(u.args[1]).name)), f"pj{i}") for i, u in enumerate(m.ups)
+    )
     mid, mid_result, col_vectors = _lower_combine(ir, m, projections)
     epi_inputs = _row_stage_inputs(ir, m, m.epi_nodes)
     acc_init, first_chunk, acc_node = _accumulator(ir, m, epi_inputs)
     epi, outputs = _lower_epilogue(ir, m, epi_inputs, acc_node, acc_init)
     row_inputs = tuple(n for n in epi_inputs["tile"] if n != acc_init)
     pro, prologue, pro_rows = _lower_prologue(ir, m)
-    row_vectors = tuple(kernel_arg(i.name) for i in ir.inputs if kernel_arg(i.name) in epi_inputs["row"] + pro_rows)
+    row_vectors = tuple(
+        kernel_arg(i.name) for i in ir.inputs if kernel_arg(i.name) in epi_inputs["row"] + pro_rows
+    )
     down_weight = ir.node(m.down.args[1])
     model = FfnModel(
-        n_up=len(m.ups), x_bytes=DTYPE_BYTES[m.x.dtype],
-        mid_tiles=_count(mid, "tile"), epi_tiles=_count(epi, "tile") + _count(pro, "tile") + bool(prologue),
-        epi_cols=_count(epi, "vec") + _count(pro, "vec"), col_vectors=len(col_vectors), row_vectors=len(row_vectors),
-        row_inputs=len(epi_inputs["tile"]), out_bytes=sum(DTYPE_BYTES[o.dtype] for o in ir.outputs),
-        mid_act=mid.passes("act"), mid_dve=mid.passes("dve"),
-        epi_act=epi.passes("act") + pro.passes("act"), epi_dve=epi.passes("dve") + pro.passes("dve"),
-    )  # fmt: skip
+        n_up=len(m.ups),
+        x_bytes=DTYPE_BYTES[m.x.dtype],
+        mid_tiles=_count(mid, "tile"),
+        epi_tiles=_count(epi, "tile") + _count(pro, "tile") + bool(prologue),
+        epi_cols=_count(epi, "vec") + _count(pro, "vec"),
+        col_vectors=len(col_vectors),
+        row_vectors=len(row_vectors),
+        row_inputs=len(epi_inputs["tile"]),
+        out_bytes=sum(DTYPE_BYTES[o.dtype] for o in ir.outputs),
+        mid_act=mid.passes("act"),
+        mid_dve=mid.passes("dve"),
+        epi_act=epi.passes("act") + pro.passes("act"),
+        epi_dve=epi.passes("dve") + pro.passes("dve"),
+    )
     return FfnLowering(
-        x=kernel_arg(str(m.source.name)), x_nl_dtype=NL_DTYPE[m.x.dtype],
-        down_weight=kernel_arg(str(down_weight.name)), projections=projections,
-        col_vectors=col_vectors, row_vectors=row_vectors,
+        x=kernel_arg(str(m.source.name)),
+        x_nl_dtype=NL_DTYPE[m.x.dtype],
+        down_weight=kernel_arg(str(down_weight.name)),
+        projections=projections,
+        col_vectors=col_vectors,
+        row_vectors=row_vectors,
         row_loads=tuple((n, "K") for n in row_inputs) + tuple((n, "1") for n in epi_inputs["vec"]),
-        acc_init_dma=acc_init, first_chunk=first_chunk,
-        mid_lines=tuple(mid.lines), mid_result=mid_result, epi_lines=tuple(epi.lines),
-        outputs=outputs, model=model, prologue=prologue,
-    )  # fmt: skip
+        acc_init_dma=acc_init,
+        first_chunk=first_chunk,
+        mid_lines=tuple(mid.lines),
+        mid_result=mid_result,
+        epi_lines=tuple(epi.lines),
+        outputs=outputs,
+        model=model,
+        prologue=prologue,
+    )
 
 
 def _count(sel: Selector, kind: str) -> int:
     return sum(1 for _, k, _ in sel.tiles if k == kind)
 
 
-def _lower_combine(ir: KernelIR, m: FfnMatch, projections: tuple[Projection, ...]) -> tuple[Selector, str, tuple[str, ...]]:
+def _lower_combine(
+    ir: KernelIR, m: FfnMatch, projections: tuple[Projection, ...]
+) -> tuple[Selector, str, tuple[str, ...]]:
     leaves: dict[int, Operand] = {}
     for up, pj in zip(m.ups, projections, strict=True):
         leaves[up.id] = Operand("tile", f"{pj.psum}[0:ph, 0:rw]", memory="psum")
@@ -124,7 +145,7 @@ def _inputs(ir: KernelIR, ids: tuple[int, ...]) -> list[Node]:
 
 
 def _row_stage_inputs(ir: KernelIR, m: FfnMatch, nodes: tuple[int, ...]) -> dict[str, tuple[str, ...]]:
-    """A rows-on-partitions stage's inputs by how the kernel holds them: broadcast rows, row tiles, columns."""
+    """A rows-on-partitions stage's inputs by how the kernel holds them: [K] rows, row tiles, columns."""
     groups: dict[str, list[str]] = {"row": [], "tile": [], "vec": []}
     for node in _inputs(ir, nodes):
         if node.shape == (m.rows, m.hidden):
@@ -136,7 +157,9 @@ def _row_stage_inputs(ir: KernelIR, m: FfnMatch, nodes: tuple[int, ...]) -> dict
     return {k: tuple(v) for k, v in groups.items()}
 
 
-def _row_leaves(ir: KernelIR, nodes: tuple[int, ...], inputs: dict[str, tuple[str, ...]], skip: str | None) -> dict[int, Operand]:
+def _row_leaves(
+    ir: KernelIR, nodes: tuple[int, ...], inputs: dict[str, tuple[str, ...]], skip: str | None
+) -> dict[int, Operand]:
     """Leaf operands of a rows-on-partitions stage: its inputs' tiles, broadcast rows and columns."""
     leaves = {}
     for node in _inputs(ir, nodes):
@@ -173,7 +196,9 @@ def _lower_prologue(ir: KernelIR, m: FfnMatch) -> tuple[Selector, Prologue | Non
     return sel, prologue, inputs["row"]
 
 
-def _accumulator(ir: KernelIR, m: FfnMatch, inputs: dict[str, tuple[str, ...]]) -> tuple[str | None, str, int]:
+def _accumulator(
+    ir: KernelIR, m: FfnMatch, inputs: dict[str, tuple[str, ...]]
+) -> tuple[str | None, str, int]:
     """How the fp32 accumulator starts, and which node it holds after the last chunk.
 
     An input added straight to the down-projection is folded in for free: an [R, K] residual is
@@ -190,7 +215,9 @@ def _accumulator(ir: KernelIR, m: FfnMatch, inputs: dict[str, tuple[str, ...]]) 
         if name in inputs["tile"]:
             return name, add, users[0].id
         if name in inputs["row"]:
-            first = f"nisa.tensor_tensor(dst={acc}, data1={ps}, data2={name}_row[0:pr, k0:k0 + nk], op=nl.add)"
+            first = (
+                f"nisa.tensor_tensor(dst={acc}, data1={ps}, data2={name}_row[0:pr, k0:k0 + nk], op=nl.add)"
+            )
             return None, first, users[0].id
     return None, f"nisa.tensor_copy(dst={acc}, src={ps})", m.down.id
 
@@ -198,7 +225,10 @@ def _accumulator(ir: KernelIR, m: FfnMatch, inputs: dict[str, tuple[str, ...]]) 
 def _lower_epilogue(
     ir: KernelIR, m: FfnMatch, inputs: dict[str, tuple[str, ...]], acc_node: int, acc_init: str | None
 ) -> tuple[Selector, tuple[OutputWrite, ...]]:
-    leaves = {acc_node: Operand("tile", "acc[rs][0:pr, 0:K]"), **_row_leaves(ir, m.epi_nodes, inputs, acc_init)}
+    leaves = {
+        acc_node: Operand("tile", "acc[rs][0:pr, 0:K]"),
+        **_row_leaves(ir, m.epi_nodes, inputs, acc_init),
+    }
     builder = _row_builder(ir, m, leaves)
     sel = Selector(Layout(part="pr", free="K", free_alloc="K"), prefix="e")
     writes = []

@@ -55,14 +55,17 @@ def match_ffn(ir: KernelIR) -> FfnMatch:
             raise leave(FAMILY, up, "every projection must feed the combine")
     _check_mid(ir, mid, rows, inter)
     epi = _epilogue(ir, down, rows, hidden)
-    return FfnMatch(x, source, prologue, ups, down, combine, rows, hidden, inter, tuple(sorted(mid)),
-                    tuple(sorted(epi)))  # fmt: skip
+    return FfnMatch(
+        x, source, prologue, ups, down, combine, rows, hidden, inter, tuple(sorted(mid)), tuple(sorted(epi))
+    )
 
 
 def _check_ups(ir: KernelIR, ups: tuple[Node, ...]) -> tuple[Node, Dim, Dim, Dim]:
     x = ir.node(ups[0].args[0])
     if x.op not in ("input", "cast") or len(x.shape) != 2:
-        raise leave(FAMILY, x, "the projected operand must be a 2-D input [R, K], or a cast of a row-wise prologue")
+        raise leave(
+            FAMILY, x, "the projected operand must be a 2-D input [R, K], or a cast of a row-wise prologue"
+        )
     rows, hidden = x.shape
     inter = ir.node(ups[0].args[1]).shape[-1]
     for up in ups:
@@ -81,13 +84,23 @@ def _prologue(ir: KernelIR, x: Node, rows: Dim, hidden: Dim) -> tuple[Node, tupl
     if x.op == "input":
         return x, ()
     nodes = _stage_nodes(ir, x, stops=set(), what="prologue")
-    sources = [ir.node(n) for n in sorted(nodes) if ir.node(n).op == "input" and ir.node(n).shape == (rows, hidden)]
+    sources = [
+        ir.node(n) for n in sorted(nodes) if ir.node(n).op == "input" and ir.node(n).shape == (rows, hidden)
+    ]
     if len(sources) != 1:
         raise leave(FAMILY, x, f"a prologue must read exactly one [{rows}, {hidden}] input")
     for nid in sorted(nodes):
         node = ir.node(nid)
-        if node.op == "input" and node.id != sources[0].id and not shape_is(node.shape, (hidden,), (Dim.const(1), hidden)):
-            raise leave(FAMILY, node, f"a prologue may read one [{rows}, {hidden}] input, [{hidden}] vectors and scalars")
+        if (
+            node.op == "input"
+            and node.id != sources[0].id
+            and not shape_is(node.shape, (hidden,), (Dim.const(1), hidden))
+        ):
+            raise leave(
+                FAMILY,
+                node,
+                f"a prologue may read one [{rows}, {hidden}] input, [{hidden}] vectors and scalars",
+            )
         if node.op in ("sum", "mean", "max") and (node.attr("axis") != 1 or not node.attr("keepdim")):
             raise leave(FAMILY, node, "prologue reductions must be over the last axis with keepdim=true")
     return sources[0], tuple(sorted(nodes))
@@ -117,7 +130,9 @@ def _check_mid(ir: KernelIR, mid: set[int], rows: Dim, inter: Dim) -> None:
         if node.op in ROW_WISE:
             raise leave(FAMILY, node, "the combine must be elementwise (the intermediate is never whole)")
         if node.op == "input" and not shape_is(node.shape, (inter,), (Dim.const(1), inter)):
-            raise leave(FAMILY, node, f"the combine may read only the projections, [{inter}] vectors and scalars")
+            raise leave(
+                FAMILY, node, f"the combine may read only the projections, [{inter}] vectors and scalars"
+            )
         if node.op not in SCALAR_LEAVES and node.op != "input" and node.shape not in ((rows, inter), ()):
             raise leave(FAMILY, node, f"values in the combine must be [{rows}, {inter}]")
 
@@ -140,12 +155,22 @@ def _epilogue(ir: KernelIR, down: Node, rows: Dim, hidden: Dim) -> set[int]:
     one = Dim.const(1)
     for nid in sorted(epi):
         node = ir.node(nid)
-        if node.op == "input" and not shape_is(node.shape, (hidden,), (one, hidden), (rows, hidden), (rows, one)):
-            raise leave(FAMILY, node, f"the epilogue may read [{rows}, {hidden}], [{hidden}] or [{rows}, 1] inputs")
+        if node.op == "input" and not shape_is(
+            node.shape, (hidden,), (one, hidden), (rows, hidden), (rows, one)
+        ):
+            raise leave(
+                FAMILY, node, f"the epilogue may read [{rows}, {hidden}], [{hidden}] or [{rows}, 1] inputs"
+            )
         if node.op in ("sum", "mean", "max") and (node.attr("axis") != 1 or not node.attr("keepdim")):
             raise leave(FAMILY, node, "epilogue reductions must be over the last axis with keepdim=true")
-        if node.op not in SCALAR_LEAVES and node.op != "input" and node.shape not in _epilogue_shapes(rows, hidden):
-            raise leave(FAMILY, node, f"values in the epilogue must be [{rows}, {hidden}], [{hidden}] or [{rows}, 1]")
+        if (
+            node.op not in SCALAR_LEAVES
+            and node.op != "input"
+            and node.shape not in _epilogue_shapes(rows, hidden)
+        ):
+            raise leave(
+                FAMILY, node, f"values in the epilogue must be [{rows}, {hidden}], [{hidden}] or [{rows}, 1]"
+            )
     for out in ir.outputs:
         if out.shape != (rows, hidden):
             raise Mismatch(FAMILY, out.span, f"ffn outputs must be [{rows}, {hidden}]")

@@ -69,19 +69,30 @@ def machine(target: Target) -> fb.Machine:
         raise PlanError(f"the target table has no clock or bandwidth figures for {target.name} yet")
     hbm_share = target.hbm_gbps_per_chip / CORES_PER_CHIP[target.name]
     return fb.Machine(
-        pe_ghz=clocks[0], act_ghz=clocks[1], dve_ghz=clocks[2],  # type: ignore[arg-type]
-        dma_gbps=min(target.dma_gbps_per_core, hbm_share), dma_fixed_ns=DMA_FIXED_NS, dma_queues=DMA_QUEUES,
+        pe_ghz=clocks[0],
+        act_ghz=clocks[1],
+        dve_ghz=clocks[2],  # type: ignore[arg-type]
+        dma_gbps=min(target.dma_gbps_per_core, hbm_share),
+        dma_fixed_ns=DMA_FIXED_NS,
+        dma_queues=DMA_QUEUES,
         sbuf_budget=target.sbuf_usable_bytes,
-    )  # fmt: skip
+    )
 
 
-def plan_ffn(model: fb.FfnModel, target: Target, lnc: int, dims: dict[str, int], roles: tuple[str, str, str]) -> TilePlan:
+def plan_ffn(
+    model: fb.FfnModel, target: Target, lnc: int, dims: dict[str, int], roles: tuple[str, str, str]
+) -> TilePlan:
     """Plan an FFN kernel; `roles` names the (rows, hidden, inter) dims."""
     return candidates(model, target, lnc, dims, roles, count=1)[0]
 
 
 def candidates(
-    model: fb.FfnModel, target: Target, lnc: int, dims: dict[str, int], roles: tuple[str, str, str], count: int = 6
+    model: fb.FfnModel,
+    target: Target,
+    lnc: int,
+    dims: dict[str, int],
+    roles: tuple[str, str, str],
+    count: int = 6,
 ) -> list[TilePlan]:
     """The `count` best legal plans by modelled time, best first, each with its reasons."""
     rows, k, i = (dims[r] for r in roles)
@@ -92,17 +103,25 @@ def candidates(
     plans = fb.candidates(model, rows, k, i, lnc, mach.sbuf_budget)
     if not plans:
         need = fb.sbuf_bytes(model, fb.P, fb.P, k, i)
-        raise PlanError(f"no tile plan fits on {target.name}: the smallest (S=128, CI=128) needs {need} "
-                        f"B/partition of SBUF for K={k}, I={i}; the budget is {mach.sbuf_budget} B")  # fmt: skip
+        raise PlanError(
+            f"no tile plan fits on {target.name}: the smallest (S=128, CI=128) needs {need} "
+            f"B/partition of SBUF for K={k}, I={i}; the budget is {mach.sbuf_budget} B"
+        )
     ranked = sorted(plans, key=lambda p: fb.rank_key(model, mach, rows, k, i, lnc, p))[:count]
     best = fb.cost(model, mach, rows, k, i, lnc, ranked[0])
     return [_tile_plan(model, target, mach, lnc, dims, (rows, k, i), p, best) for p in ranked]
 
 
 def _tile_plan(
-    model: fb.FfnModel, target: Target, mach: fb.Machine, lnc: int, dims: dict[str, int],
-    shape: tuple[int, int, int], p: fb.Plan, best: fb.Cost,
-) -> TilePlan:  # fmt: skip
+    model: fb.FfnModel,
+    target: Target,
+    mach: fb.Machine,
+    lnc: int,
+    dims: dict[str, int],
+    shape: tuple[int, int, int],
+    p: fb.Plan,
+    best: fb.Cost,
+) -> TilePlan:
     rows, k, i = shape
     c = fb.cost(model, mach, rows, k, i, lnc, p)
     comp_rows, inter = fb.work_per_core(rows, i, lnc, p.split)
@@ -117,29 +136,46 @@ def _tile_plan(
         ("modelled time (busiest core)", f"{c.total / 1000:.1f} us, bound by {bound}"),
         ("engine busy (us)", ", ".join(f"{e} {v / 1000:.1f}" for e, v in engines.items())),
         ("weight bytes streamed", f"{streamed:,} ({streamed / weights:.0f}x the {weights:,} B of weights)"),
-    )  # fmt: skip
-    buffers = tuple(PlannedBuffer(b.name, "sbuf", b.bytes, b.copies) for b in fb.buffers(model, p.s, p.ci, k, i))
+    )
+    buffers = tuple(
+        PlannedBuffer(b.name, "sbuf", b.bytes, b.copies) for b in fb.buffers(model, p.s, p.ci, k, i)
+    )
     psum = PlannedBuffer("matmul accumulators (one bank each)", "psum", 2048, fb.psum_banks(model))
     return TilePlan(
-        family="ffn", target=target.name, lnc=lnc, dims=tuple(sorted(dims.items())),
-        tiles=(("S", p.s), ("CI", p.ci), ("split_i", p.split)), buffers=(*buffers, psum),
-        sbuf_bytes=fb.sbuf_bytes(model, p.s, p.ci, k, i), sbuf_budget=mach.sbuf_budget,
-        psum_banks=fb.psum_banks(model), psum_budget=target.psum_banks,
+        family="ffn",
+        target=target.name,
+        lnc=lnc,
+        dims=tuple(sorted(dims.items())),
+        tiles=(("S", p.s), ("CI", p.ci), ("split_i", p.split)),
+        buffers=(*buffers, psum),
+        sbuf_bytes=fb.sbuf_bytes(model, p.s, p.ci, k, i),
+        sbuf_budget=mach.sbuf_budget,
+        psum_banks=fb.psum_banks(model),
+        psum_budget=target.psum_banks,
         hbm_bytes=(("weights streamed", streamed), ("weights", weights), ("all", c.hbm_bytes)),
-        summary=summary, reasons=_reasons(model, mach, shape, lnc, p, c, best), modeled_ns=c.total,
-    )  # fmt: skip
+        summary=summary,
+        reasons=_reasons(model, mach, shape, lnc, p, c, best),
+        modeled_ns=c.total,
+    )
 
 
 def _reasons(
-    model: fb.FfnModel, mach: fb.Machine, shape: tuple[int, int, int], lnc: int, p: fb.Plan, c: fb.Cost,
+    model: fb.FfnModel,
+    mach: fb.Machine,
+    shape: tuple[int, int, int],
+    lnc: int,
+    p: fb.Plan,
+    c: fb.Cost,
     best: fb.Cost,
-) -> tuple[str, ...]:  # fmt: skip
+) -> tuple[str, ...]:
     rows, k, i = shape
     if c.total > best.total:
         return (f"{c.total / best.total:.2f}x the best plan's modelled time",)
     comp_rows, _ = fb.work_per_core(rows, i, lnc, p.split)
     n_sb = fb.cdiv(comp_rows, p.s)
-    reasons = [f"S={p.s}: {comp_rows} rows per core in {n_sb} super-block(s); each one streams the weights once"]
+    reasons = [
+        f"S={p.s}: {comp_rows} rows per core in {n_sb} super-block(s); each one streams the weights once"
+    ]
     wider = p.ci + fb.P
     if wider <= fb.cdiv(i, fb.P) * fb.P and fb.sbuf_bytes(model, p.s, wider, k, i) > mach.sbuf_budget:
         need = fb.sbuf_bytes(model, p.s, wider, k, i)
@@ -147,5 +183,7 @@ def _reasons(
     if lnc > 1:
         other = fb.cost(model, mach, rows, k, i, lnc, fb.Plan(p.s, p.ci, 1 - p.split))
         mode = "I split" if p.split else "row split"
-        reasons.append(f"{mode}: the other split models {other.total / 1000:.1f} us against {c.total / 1000:.1f} us")
+        reasons.append(
+            f"{mode}: the other split models {other.total / 1000:.1f} us against {c.total / 1000:.1f} us"
+        )
     return tuple(reasons)

@@ -1,4 +1,4 @@
-"""The torch reference: every IR node as one line of eager torch, f32 math, casts rounding where the spec says."""
+"""The torch reference: one line of eager torch per IR node, f32 math, casts rounding where the spec says."""
 
 from __future__ import annotations
 
@@ -10,16 +10,35 @@ from fusegen.dsl.ir import Dim, IndexItem, KernelIR, Node
 TORCH_DTYPE = {"bf16": "torch.bfloat16", "f16": "torch.float16", "f32": "torch.float32"}
 
 _UNARY = {
-    "neg": "-{}", "silu": "F.silu({})", "gelu": "F.gelu({})", "gelu_tanh": 'F.gelu({}, approximate="tanh")',
-    "relu": "F.relu({})", "sigmoid": "torch.sigmoid({})", "tanh": "torch.tanh({})", "exp": "torch.exp({})",
-    "sqrt": "torch.sqrt({})", "rsqrt": "torch.rsqrt({})", "abs": "torch.abs({})", "sign": "torch.sign({})",
+    "neg": "-{}",
+    "silu": "F.silu({})",
+    "gelu": "F.gelu({})",
+    "gelu_tanh": 'F.gelu({}, approximate="tanh")',
+    "relu": "F.relu({})",
+    "sigmoid": "torch.sigmoid({})",
+    "tanh": "torch.tanh({})",
+    "exp": "torch.exp({})",
+    "sqrt": "torch.sqrt({})",
+    "rsqrt": "torch.rsqrt({})",
+    "abs": "torch.abs({})",
+    "sign": "torch.sign({})",
     "square": "torch.square({})",
-}  # fmt: skip
+}
 _BINARY = {
-    "add": "{} + {}", "sub": "{} - {}", "mul": "{} * {}", "div": "{} / {}", "matmul": "{} @ {}",
-    "maximum": "torch.maximum({}, {})", "minimum": "torch.minimum({}, {})",
-    "lt": "{} < {}", "le": "{} <= {}", "gt": "{} > {}", "ge": "{} >= {}", "eq": "{} == {}", "ne": "{} != {}",
-}  # fmt: skip
+    "add": "{} + {}",
+    "sub": "{} - {}",
+    "mul": "{} * {}",
+    "div": "{} / {}",
+    "matmul": "{} @ {}",
+    "maximum": "torch.maximum({}, {})",
+    "minimum": "torch.minimum({}, {})",
+    "lt": "{} < {}",
+    "le": "{} <= {}",
+    "gt": "{} > {}",
+    "ge": "{} >= {}",
+    "eq": "{} == {}",
+    "ne": "{} != {}",
+}
 
 
 def value_name(node: Node) -> str:
@@ -58,7 +77,9 @@ def _expr(ir: KernelIR, node: Node) -> str:
     if node.op in _UNARY:
         return _UNARY[node.op].format(_tensor(ir, node.args[0], args[0]))
     if node.op in ("maximum", "minimum"):  # torch.maximum takes tensors only, not a Python float
-        return _BINARY[node.op].format(*(_tensor(ir, a, code) for a, code in zip(node.args, args, strict=True)))
+        return _BINARY[node.op].format(
+            *(_tensor(ir, a, code) for a, code in zip(node.args, args, strict=True))
+        )
     if node.op in _BINARY:
         return _BINARY[node.op].format(*args)
     return _SPECIAL[node.op](node, args)
@@ -79,7 +100,9 @@ def _tensor(ir: KernelIR, node_id: int, code: str) -> str:
 def _index(node: Node, args: list[str]) -> str:
     items: tuple[IndexItem, ...] = node.attr("index")  # type: ignore[assignment]
     parts = [
-        dim_source(it.start) if it.kind == "at" else f"{dim_source(it.start)}:{dim_source(it.stop or it.start)}"
+        dim_source(it.start)
+        if it.kind == "at"
+        else f"{dim_source(it.start)}:{dim_source(it.stop or it.start)}"
         for it in items
     ]
     return f"{args[0]}[{', '.join(parts)}]"
@@ -91,7 +114,7 @@ def _reduce(method: str) -> Callable[[Node, list[str]], str]:
 
 def _norm(node: Node, args: list[str]) -> str:
     x, eps, *affine = args
-    gamma, beta = (affine + ["None", "None"])[:2]
+    gamma, beta = [*affine, "None", "None"][:2]
     if node.op == "layernorm":
         return f"F.layer_norm({x}, ({x}.shape[-1],), {gamma}, {beta}, {eps})"
     scaled = f"{x} * torch.rsqrt({x}.square().mean(dim=-1, keepdim=True) + {eps})"

@@ -22,9 +22,12 @@ class PlanRows:
 def plan_markdown(ir: KernelIR, family: str, plans: tuple[TilePlan, ...]) -> str:
     """The plan report of one kernel."""
     return render(
-        "plan.md.jinja", header=header(ir, "plan.md.jinja", comment="<!--").replace("\n", " -->\n") + " -->",
-        name=ir.name, family=family, plans=[_rows(p) for p in plans],
-    )  # fmt: skip
+        "plan.md.jinja",
+        header=header(ir, "plan.md.jinja", comment="<!--").replace("\n", " -->\n") + " -->",
+        name=ir.name,
+        family=family,
+        plans=[_rows(p) for p in plans],
+    )
 
 
 def _rows(p: TilePlan) -> PlanRows:
@@ -32,13 +35,17 @@ def _rows(p: TilePlan) -> PlanRows:
     summary = (
         ("target, LNC", f"{p.target}, {p.lnc}"),
         *((f"tile {name}", str(value)) for name, value in p.tiles),
-        ("SBUF per partition", f"{_kib(p.sbuf_bytes)} of {_kib(p.sbuf_budget)} ({_pct(p.sbuf_bytes, p.sbuf_budget)})"),
+        (
+            "SBUF per partition",
+            f"{_kib(p.sbuf_bytes)} of {_kib(p.sbuf_budget)} ({_pct(p.sbuf_bytes, p.sbuf_budget)})",
+        ),
         ("PSUM banks", f"{p.psum_banks} of {p.psum_budget}"),
         *p.summary,
-    )  # fmt: skip
+    )
     budget = {"sbuf": p.sbuf_budget, "psum": p.psum_budget * 2048}
     buffers = tuple(
-        (b.name, b.memory, f"{b.bytes:,}", str(b.copies), _pct(b.bytes * b.copies, budget[b.memory])) for b in p.buffers
+        (b.name, b.memory, f"{b.bytes:,}", str(b.copies), _pct(b.bytes * b.copies, budget[b.memory]))
+        for b in p.buffers
     )
     return PlanRows(dims, summary, buffers, p.reasons)
 

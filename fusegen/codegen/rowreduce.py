@@ -34,7 +34,7 @@ class HostSignature:
     prep_args: str
     prep_kernel_args: str
     prep_dims: tuple[str, ...]
-    prep_returns: str
+    prep_outputs: tuple[str, ...]
     save_arg: str  # `save`, or `False` when the spec has no optional output
     kernel_returns: str
     saved_returns: str  # every output, when saving ("" without optional outputs)
@@ -83,31 +83,33 @@ ROWREDUCE = RowReduceFamily()
 
 def plan_rowreduce(ir: KernelIR, m: RowReduceMatch, low: RowReduceLowering, target: Target, lnc: int,
                    dims: dict[str, int]) -> TilePlan:  # fmt: skip
-    """The chunk width, SBUF budget and HBM traffic of one shape."""
+    """The weight residency, chunk width, SBUF budget and HBM traffic of one shape."""
     rows, heads, width = (d.eval(dims) for d in (m.rows, m.heads, m.width))
     budget = target.sbuf_usable_bytes
     try:
-        hb = rb.choose(low.model, width, heads, budget)
+        hb, resident = rb.choose(low.model, width, heads, budget)
     except ValueError as err:
         raise PlanError(f"{err} on {target.name}") from None
     per_token, minimum = token_bytes(ir, m, dims)
-    # every core builds its own resident copy of the prepared weights, even a core without tokens
     weights = sum(DTYPE_BYTES[w.dtype] for w in m.weights) * heads * width
+    # resident: every core builds its own copy, even a core without tokens; else once per token tile
+    builds = lnc if resident else rb.cdiv(rows, rb.P)
     buffers = tuple(
-        PlannedBuffer(b.name, "sbuf", b.bytes, b.copies) for b in rb.buffers(low.model, width, heads, hb)
+        PlannedBuffer(b.name, "sbuf", b.bytes, b.copies)
+        for b in rb.buffers(low.model, width, heads, hb, resident)
     )
     summary = (
         ("token tiles (128) per core", str(rb.cdiv(rb.rows_per_core(rows, lnc), rb.P))),
         ("reduction chunks", f"{rb.cdiv(width, hb)} of {hb} columns"),
-        ("HBM bytes per token (save=True)", _traffic(per_token, weights * lnc / rows, minimum)),
+        ("HBM bytes per token (save=True)", _traffic(per_token, weights * builds / rows, minimum, resident)),
     )  # fmt: skip
     return TilePlan(
         family="rowreduce", target=target.name, lnc=lnc, dims=tuple(sorted(dims.items())),
-        tiles=(("P", rb.P), ("HB", hb)), buffers=buffers,
-        sbuf_bytes=rb.sbuf_bytes(low.model, width, heads, hb),
-        sbuf_budget=budget, psum_banks=0, psum_budget=target.psum_banks,
-        hbm_bytes=(("per token", per_token), ("minimum per token", minimum), ("weights", weights)),
-        summary=summary, reasons=_reasons(low, width, heads, hb, budget),
+        tiles=(("P", rb.P), ("HB", hb), ("resident weights", int(resident))), buffers=buffers,
+        sbuf_bytes=rb.sbuf_bytes(low.model, width, heads, hb, resident),
+        sbuf_budget=budget, psum_banks=2 * len(m.weights), psum_budget=target.psum_banks,
+        hbm_bytes=(("per token", per_token), ("minimum per token", minimum), ("weights", weights * builds)),
+        summary=summary, reasons=_reasons(low, width, heads, hb, resident, budget),
     )  # fmt: skip
 
 
@@ -122,10 +124,11 @@ def token_bytes(ir: KernelIR, m: RowReduceMatch, dims: dict[str, int]) -> tuple[
     return loads + outs, read_once + outs
 
 
-def _traffic(per_token: int, weights: float, minimum: int) -> str:
-    """`per token + weights (read once per core) = ratio x the minimum`."""
+def _traffic(per_token: int, weights: float, minimum: int, resident: bool) -> str:
+    """`per token + weights (how often read) = ratio x the minimum`."""
     ratio = (per_token + weights) / minimum
-    return (f"{per_token:,} + {weights:,.1f} of weights (read once per core) = {ratio:.4f}x the minimum "
+    how = "read once per core" if resident else "re-read per token tile"
+    return (f"{per_token:,} + {weights:,.1f} of weights ({how}) = {ratio:.4f}x the minimum "
             f"{minimum:,} (each input read once)")  # fmt: skip
 
 
@@ -136,14 +139,20 @@ def _elems(shape: Shape, dims: dict[str, int]) -> int:
     return total
 
 
-def _reasons(low: RowReduceLowering, width: int, heads: int, hb: int, budget: int) -> tuple[str, ...]:
+def _reasons(low: RowReduceLowering, width: int, heads: int, hb: int, resident: bool, budget: int
+             ) -> tuple[str, ...]:  # fmt: skip
     model = low.model
-    resident = model.resident_per_head * heads * width
-    reasons = [f"prepared weights stay resident: {resident:,} B/partition ({heads} heads x {width} columns)"]
+    held = model.resident_per_head * heads * width
+    if resident:
+        reasons = [f"prepared weights stay resident: {held:,} B/partition ({heads} heads x {width} columns)"]
+    else:
+        reasons = [
+            f"prepared weights rebuilt per token tile and head: all heads would need {held:,} B/partition"
+        ]
     if hb >= width:
         reasons.append(f"HB={hb}: the whole width in one reduction pass")
     else:
-        need = rb.sbuf_bytes(model, width, heads, rb.cdiv(width, rb.P) * rb.P)
+        need = rb.sbuf_bytes(model, width, heads, rb.cdiv(width, rb.P) * rb.P, resident)
         reasons.append(f"HB={hb}: one full-width pass would need {need:,} B > {budget:,} B; "
                        f"{rb.cdiv(width, hb)} chunks of equal width instead")  # fmt: skip
     reasons.append("row inputs are loaded once per token tile and head and kept for the epilogue, so each "
@@ -196,7 +205,7 @@ def _host(ir: KernelIR, m: RowReduceMatch) -> HostSignature:
         save_arg="save" if optional else "False",
         kernel_returns=", ".join(kernel_arg(o) for o in required),
         saved_returns=", ".join(kernel_arg(o.name) for o in ir.outputs) if optional else "",
-        prep_returns=", ".join(f"res{i}_hbm" for i in range(len(m.prep_roots))),
+        prep_outputs=tuple(f"prep{i}_hbm" for i in range(len(m.prep_roots))),
         doc=f"Run the kernel on {_lnc_text()}; returns ({', '.join(required)}){saved}.",
         prep_name="fused_weight", prep_params=", ".join(f"{w}: torch.Tensor" for w in weights),
         prep_args=", ".join(weights), prep_kernel_args=", ".join(kernel_arg(w) for w in weights),

@@ -1,7 +1,8 @@
 """Lowering of a matched row reduction: weight prep, chunked reduction passes and the epilogue, as NKI lines.
 
 Three stages share the stage/select machinery with the FFN family:
-- prep (once per launch and head): weights broadcast to all partitions, combined in fp32, kept resident;
+- prep (per head, once per launch if it fits SBUF, else per token tile): weights broadcast to all
+  partitions and combined in fp32;
 - reduction passes (per token tile and head): each level's reductions over chunks of HB columns, the
   per-chunk partial results folded into one [P, 1] accumulator column per reduction;
 - epilogue (per token tile and head): per-row scalar math on the columns, the full-width combine, and
@@ -65,8 +66,7 @@ class RowReduceLowering:
     rows: str
     heads: str
     width: str
-    prologue: tuple[str, ...]  # builds the resident lists, one entry per head
-    resident: tuple[tuple[str, str], ...]  # (list name, tile name) per prep root
+    prepare: tuple[str, ...]  # body of `prepare_weights(h, ...)`: head h's prepared weights
     shared_loads: tuple[Load, ...]  # head-shared rows, once per token tile
     head_loads: tuple[Load, ...]
     levels: tuple[Level, ...]
@@ -101,8 +101,7 @@ def lower_rowreduce(ir: KernelIR, m: RowReduceMatch) -> RowReduceLowering:
     )  # fmt: skip
     return RowReduceLowering(
         rows=dim_source(m.rows), heads=dim_source(m.heads), width=width,
-        prologue=_prologue(prep_loads, prep.lines, resident, width, dim_source(m.heads)),
-        resident=tuple((f"res{i}", code) for i, code in enumerate(resident.values())),
+        prepare=_prepare_body(prep_loads, prep.lines, resident, width),
         shared_loads=tuple(ld for ld, spec in zip(row_loads, m.loads, strict=True) if not spec.per_head),
         head_loads=tuple(ld for ld, spec in zip(row_loads, m.loads, strict=True) if spec.per_head),
         levels=levels, epi_lines=tuple(epi.lines[:n_required]), save_lines=tuple(epi.lines[n_required:]),
@@ -111,37 +110,32 @@ def lower_rowreduce(ir: KernelIR, m: RowReduceMatch) -> RowReduceLowering:
     )  # fmt: skip
 
 
-def _prologue(loads: tuple[Load, ...], lines: list[str], resident: dict[int, str], width: str, heads: str
-              ) -> tuple[str, ...]:  # fmt: skip
-    """Per head: each weight row DMA'd once into one partition, broadcast to all partitions by a ones-matmul
-    (1.0 * w is exact in PSUM; a stride-0 DMA would read the row from HBM once per partition), the prep lines
-    per 512-column PSUM chunk, each root copied into its resident fp32 tile."""
+def _prepare_body(loads: tuple[Load, ...], lines: list[str], resident: dict[int, str], width: str
+                  ) -> tuple[str, ...]:  # fmt: skip
+    """Head h's prepared weights: each weight row DMA'd once into one partition and broadcast to all
+    partitions by a ones-matmul (1.0 * w is exact in PSUM; a stride-0 DMA would read the row from HBM once
+    per partition), the prep lines per 512-column PSUM chunk, each root copied into an fp32 tile."""
     dtypes = sorted({ld.nl_dtype for ld in loads})
-    head = [f"ones_{_short(dt)} = nl.ndarray((1, P), dtype={dt}, buffer=nl.sbuf)" for dt in dtypes]
-    head += [f"nisa.memset(dst=ones_{_short(dt)}[0:1, 0:P], value=1.0)" for dt in dtypes]
-    head += [f"res{i} = []" for i in range(len(resident))] + [f"for h in range({heads}):"]
-    body = []
+    body = [f"ones_{_short(dt)} = nl.ndarray((1, P), dtype={dt}, buffer=nl.sbuf)" for dt in dtypes]
+    body += [f"nisa.memset(dst=ones_{_short(dt)}[0:1, 0:P], value=1.0)" for dt in dtypes]
     for ld in loads:
         body.append(f"{_row(ld)} = nl.ndarray((1, {width}), dtype={ld.nl_dtype}, buffer=nl.sbuf)")
         body.append(f"nisa.dma_copy(dst={_row(ld)}[0:1, 0:{width}], src={ld.source})")
-    body += [
-        f"res{i}_h = nl.ndarray((P, {width}), dtype=nl.float32, buffer=nl.sbuf)" for i in range(len(resident))
-    ]
+    roots = [f"prep{i}" for i in range(len(resident))]
+    body += [f"{r} = nl.ndarray((P, {width}), dtype=nl.float32, buffer=nl.sbuf)" for r in roots]
     body.append(f"for q0 in range(0, {width}, F_MOV):")
     chunk = [f"qw = min(F_MOV, {width} - q0)"]
     for ld in loads:
-        chunk.append(f"{ld.tile} = nl.ndarray((P, F_MOV), dtype=nl.float32, buffer=nl.psum)")
         ones = f"ones_{_short(ld.nl_dtype)}[0:1, 0:P]"
+        chunk.append(f"{ld.tile} = nl.ndarray((P, F_MOV), dtype=nl.float32, buffer=nl.psum)")
         chunk.append(f"nisa.nc_matmul(dst={ld.tile}[0:P, 0:qw], stationary={ones}, "
                      f"moving={_row(ld)}[0:1, q0:q0 + qw], accumulate=False)")  # fmt: skip
     chunk += lines
-    chunk += [
-        f"nisa.tensor_copy(dst=res{i}_h[0:P, q0:q0 + qw], src={code})"
-        for i, code in enumerate(resident.values())
-    ]
+    copies = zip(roots, resident.values(), strict=True)
+    chunk += [f"nisa.tensor_copy(dst={r}[0:P, q0:q0 + qw], src={code})" for r, code in copies]
     body += ["    " + line for line in chunk]
-    body += [f"res{i}.append(res{i}_h)" for i in range(len(resident))]
-    return (*head, *("    " + line for line in body))
+    body.append(f"return ({', '.join(roots)},)")
+    return tuple(body)
 
 
 def _row(load: Load) -> str:
@@ -192,8 +186,8 @@ def _lower_prep(
 
 
 def _resident_leaves(m: RowReduceMatch, resident: dict[int, str], free: str) -> dict[int, Operand]:
-    names = {root: f"res{i}" for i, root in enumerate(resident)}
-    return {root: Operand("tile", f"{names[root]}[h][0:pt, {free}]") for root in resident}
+    """Prepared weights of the current head: `prepared[i]`, as `prepare_weights` returns them."""
+    return {root: Operand("tile", f"prepared[{i}][0:pt, {free}]") for i, root in enumerate(resident)}
 
 
 def _lower_levels(

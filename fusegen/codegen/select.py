@@ -20,23 +20,41 @@ from fusegen.codegen.stage import Expr, Operand
 
 #: Scalar-engine activation functions by stage op name.
 ACTIVATIONS = {
-    "silu": "nl.silu", "gelu": "nl.gelu", "gelu_tanh": "nl.gelu_apprx_tanh", "relu": "nl.relu",
-    "sigmoid": "nl.sigmoid", "tanh": "nl.tanh", "exp": "nl.exp", "sqrt": "nl.sqrt",
-    "rsqrt": "nl.rsqrt", "abs": "nl.abs", "sign": "nl.sign", "square": "nl.square",
-}  # fmt: skip
+    "silu": "nl.silu",
+    "gelu": "nl.gelu",
+    "gelu_tanh": "nl.gelu_apprx_tanh",
+    "relu": "nl.relu",
+    "sigmoid": "nl.sigmoid",
+    "tanh": "nl.tanh",
+    "exp": "nl.exp",
+    "sqrt": "nl.sqrt",
+    "rsqrt": "nl.rsqrt",
+    "abs": "nl.abs",
+    "sign": "nl.sign",
+    "square": "nl.square",
+}
 #: ALU ops usable in tensor_scalar / tensor_tensor / scalar_tensor_tensor.
 ALU = {
-    "add": "nl.add", "sub": "nl.subtract", "mul": "nl.multiply", "div": "nl.divide",
-    "maximum": "nl.maximum", "minimum": "nl.minimum", "pow": "nl.power",
-}  # fmt: skip
+    "add": "nl.add",
+    "sub": "nl.subtract",
+    "mul": "nl.multiply",
+    "div": "nl.divide",
+    "maximum": "nl.maximum",
+    "minimum": "nl.minimum",
+    "pow": "nl.power",
+}
 COMMUTATIVE = {"add", "mul", "maximum", "minimum"}
 #: Engine of each emitted call, and its cost in passes over the free axis (nki.md §6: tensor_tensor and
 #: scalar_tensor_tensor read two tensors, 2N cycles; the rest N).
 CALL_COST = {
-    "activation": ("act", 1), "activation_reduce": ("act", 1), "tensor_scalar": ("dve", 1),
-    "tensor_copy": ("dve", 1), "tensor_reduce": ("dve", 1), "tensor_tensor": ("dve", 2),
+    "activation": ("act", 1),
+    "activation_reduce": ("act", 1),
+    "tensor_scalar": ("dve", 1),
+    "tensor_copy": ("dve", 1),
+    "tensor_reduce": ("dve", 1),
+    "tensor_tensor": ("dve", 2),
     "scalar_tensor_tensor": ("dve", 2),
-}  # fmt: skip
+}
 NL_DTYPE = {"bf16": "nl.bfloat16", "f16": "nl.float16", "f32": "nl.float32"}
 
 
@@ -101,7 +119,9 @@ class Selector:
 
     def passes(self, engine: str) -> int:
         """Full-width passes (instructions weighted by cost) this stage puts on `engine`."""
-        return sum(CALL_COST[call][1] for call, kind in self.calls if kind == "tile" and CALL_COST[call][0] == engine)
+        return sum(
+            CALL_COST[call][1] for call, kind in self.calls if kind == "tile" and CALL_COST[call][0] == engine
+        )
 
     def _materialise(self, e: Expr, dtype: str) -> Operand:
         if e.op == "cast":
@@ -141,8 +161,13 @@ class Selector:
         data, scale, bias = self._affine(arg)
         scratch = self._alloc("tile", "f32")  # the elementwise result is discarded; only the sum is kept
         dst = self._alloc("vec", "f32")
-        kwargs = {"dst": scratch.code, "op": op, "data": data.code, "reduce_op": "nl.add",
-                  "reduce_res": dst.code}  # fmt: skip
+        kwargs = {
+            "dst": scratch.code,
+            "op": op,
+            "data": data.code,
+            "reduce_op": "nl.add",
+            "reduce_res": dst.code,
+        }
         kwargs.update(_affine_kwargs(scale, bias))
         self._emit("activation_reduce", **kwargs)
         return dst
@@ -187,9 +212,16 @@ class Selector:
         step = self._step(inner, s)
         data, operand1 = self._not_both_psum(self.value(t), self.value(other))
         dst = self._alloc(e.kind, dtype)
-        self._emit("scalar_tensor_tensor", dst=dst.code, data=data.code, op0=ALU[step.op],
-                   operand0=step.operand.code, op1=ALU[e.op], operand1=operand1.code,
-                   **({"reverse0": "True"} if step.reverse else {}))  # fmt: skip
+        self._emit(
+            "scalar_tensor_tensor",
+            dst=dst.code,
+            data=data.code,
+            op0=ALU[step.op],
+            operand0=step.operand.code,
+            op1=ALU[e.op],
+            operand1=operand1.code,
+            **({"reverse0": "True"} if step.reverse else {}),
+        )
         return dst
 
     def _scalar_chain(self, e: Expr) -> tuple[Expr, list[ScalarOp]] | None:

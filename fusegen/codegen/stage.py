@@ -135,11 +135,20 @@ def _mk(op: str, args: list[Expr] | tuple[Expr, ...], kind: str, dtype: str = "f
 
 
 _SCALAR_BINARY = {
-    "add": "({} + {})", "sub": "({} - {})", "mul": "({} * {})", "div": "({} / {})",
-    "maximum": "max({}, {})", "minimum": "min({}, {})",
-}  # fmt: skip
-_SCALAR_UNARY = {"neg": "(-{})", "sqrt": "({} ** 0.5)", "rsqrt": "({} ** -0.5)", "square": "({} ** 2)",
-                 "abs": "abs({})"}  # fmt: skip
+    "add": "({} + {})",
+    "sub": "({} - {})",
+    "mul": "({} * {})",
+    "div": "({} / {})",
+    "maximum": "max({}, {})",
+    "minimum": "min({}, {})",
+}
+_SCALAR_UNARY = {
+    "neg": "(-{})",
+    "sqrt": "({} ** 0.5)",
+    "rsqrt": "({} ** -0.5)",
+    "square": "({} ** 2)",
+    "abs": "abs({})",
+}
 
 
 def _expand_pow(b: StageBuilder, node: Node, args: list[Expr]) -> Expr:

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 from collections.abc import Iterator, Mapping
 from dataclasses import dataclass, field
+
 from fusegen.dsl.diagnostics import Span
 
 #: dtypes a spec may name (fp8 is reserved: the grammar accepts it, the checker rejects it for now).
@@ -217,9 +218,20 @@ class CheckShape:
 #:   cast     (a,)                    attrs: to (dtype); node dtype == to
 #:   index    (a,)                    attrs: index (tuple of IndexItem, one per source dim)
 UNARY_OPS = (
-    "neg", "silu", "gelu", "gelu_tanh", "relu", "sigmoid", "tanh", "exp", "sqrt", "rsqrt",
-    "abs", "sign", "square",
-)  # fmt: skip
+    "neg",
+    "silu",
+    "gelu",
+    "gelu_tanh",
+    "relu",
+    "sigmoid",
+    "tanh",
+    "exp",
+    "sqrt",
+    "rsqrt",
+    "abs",
+    "sign",
+    "square",
+)
 BINARY_OPS = ("add", "sub", "mul", "div", "maximum", "minimum")
 COMPARE_OPS = ("lt", "le", "gt", "ge", "eq", "ne")
 REDUCE_OPS = ("sum", "mean", "max")

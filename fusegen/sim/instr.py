@@ -93,6 +93,7 @@ class Instr:
         alloc = t.alloc
         if alloc.race is not None:
             self._track_race(t, write=True)
+        alloc.make_private()
         target = t.materialize()
         if value.untyped_storage().data_ptr() == alloc.data.untyped_storage().data_ptr():
             value = value.clone()  # e.g. a shifting copy within one tile: source and target overlap

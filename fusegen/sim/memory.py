@@ -34,7 +34,7 @@ class Alloc:
     """One allocation: storage, written mask, PSUM matmul flags and interval-liveness bounds."""
 
     __slots__ = (
-        "all_written", "bank_base", "bytes_per_partition", "data", "dirty", "dtype", "dtype_name",
+        "all_written", "bank_base", "borrowed", "bytes_per_partition", "data", "dirty", "dtype", "dtype_name",
         "first_use", "id", "itemsize", "known_written", "last_use", "level", "mm", "mm_any", "mm_full",
         "name", "on_chip", "pstride", "race", "region", "region_name", "shadow", "shape", "site", "source",
         "written",
@@ -61,7 +61,8 @@ class Alloc:
         # Storage starts uninitialized; elements read before any write are poisoned (NaN / int max) at
         # that moment, which is indistinguishable from filling at allocation but skips a full pass.
         # The written mask only exists once a partial write happens.
-        self.data = torch.empty(numel, dtype=dtype) if source is None else source.detach().reshape(-1).clone()
+        self.data = torch.empty(numel, dtype=dtype) if source is None else source.detach().reshape(-1)
+        self.borrowed = source is not None  # shares the caller's memory until the first write (copy on write)
         self.written: torch.Tensor | None = None
         self.all_written = source is not None or numel == 0
         # PSUM only: "holds matmul data" flag per element (nki.md §4), created by the first matmul
@@ -82,6 +83,12 @@ class Alloc:
     def numel(self) -> int:
         """Element count."""
         return self.data.numel()
+
+    def make_private(self) -> None:
+        """Copy a borrowed input before its first write, so the caller's tensor changes only by write-back."""
+        if self.borrowed:
+            self.data = self.data.clone()
+            self.borrowed = False
 
     def written_mask(self) -> torch.Tensor:
         """Per-element written flags (created on first partial write)."""

@@ -11,6 +11,7 @@ from typing import Any
 
 # An operand: (role 'r'/'w', allocation id, memory region, shape, dtype name)
 Operand = tuple[str, int, str, tuple[int, ...], str]
+ENGINES = ("dma", "tensor", "vector", "scalar", "gpsimd", "sync")
 BYTE_FIELDS = ("hbm_read", "hbm_write", "sbuf_read", "sbuf_write", "psum_read", "psum_write")
 
 
@@ -85,9 +86,17 @@ class Trace:
 
     def to_chrome_json(self, path: str | Path) -> None:
         """Write Chrome trace-event JSON; timestamps are instruction indices until a cost model exists."""
-        events = [
+        tids = {engine: i for i, engine in enumerate(ENGINES)}
+        lanes = sorted({(rec.core, rec.engine) for rec in self.records})
+        events: list[dict[str, Any]] = [
+            {"name": "thread_name", "ph": "M", "pid": core, "tid": tids.get(engine, len(tids)),
+             "args": {"name": engine}}
+            for core, engine in lanes
+        ]
+        events += [
             {"name": rec.op, "cat": rec.engine, "ph": "X", "ts": rec.index, "dur": 1, "pid": rec.core,
-             "tid": rec.engine, "args": {k: v for k, v in rec.to_dict().items() if k not in ("op", "engine")}}
+             "tid": tids.get(rec.engine, len(tids)),
+             "args": {k: v for k, v in rec.to_dict().items() if k not in ("op", "engine")}}
             for rec in self.records
         ]
         Path(path).write_text(json.dumps({"traceEvents": events, "displayTimeUnit": "ns"}))

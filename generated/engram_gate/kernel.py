@@ -53,10 +53,18 @@ def rows_per_core(rows: int, lnc: int) -> int:
     return min(rows, cdiv(cdiv(rows, P), lnc) * P)
 
 
-def buffers(m: RowModel, width: int, heads: int, hb: int) -> list[Buffer]:
+def held_heads(heads: int, resident: bool) -> int:
+    """Heads whose prepared weights are in SBUF at once: all of them, or the current one when streaming."""
+    return heads if resident else 1
+
+
+def buffers(m: RowModel, width: int, heads: int, hb: int, resident: bool = True) -> list[Buffer]:
     """The kernel's SBUF buffers at width `width`, `heads` heads and reduction chunk `hb` columns."""
+    kept = "resident for the launch" if resident else "rebuilt per token tile and head"
     return [
-        Buffer("prepared weights (fp32, resident)", m.resident_per_head * heads * width, 1),
+        Buffer(
+            f"prepared weights (fp32, {kept})", m.resident_per_head * held_heads(heads, resident) * width, 1
+        ),
         Buffer("row inputs of one token tile and head", m.row_inputs * width, 1),
         Buffer("epilogue tiles", m.epilogue * width, 1),
         Buffer("reduction chunk temporaries", m.chunk * hb, 1),
@@ -64,63 +72,75 @@ def buffers(m: RowModel, width: int, heads: int, hb: int) -> list[Buffer]:
     ]
 
 
-def sbuf_bytes(m: RowModel, width: int, heads: int, hb: int) -> int:
+def sbuf_bytes(m: RowModel, width: int, heads: int, hb: int, resident: bool = True) -> int:
     """Peak SBUF bytes per partition: the main loop, or the prep step if that is larger."""
-    main = sum(b.bytes * b.copies for b in buffers(m, width, heads, hb))
-    prep = (m.resident_per_head * heads + m.prep_scratch) * width
+    main = sum(b.bytes * b.copies for b in buffers(m, width, heads, hb, resident))
+    prep = (m.resident_per_head * held_heads(heads, resident) + m.prep_scratch) * width
     return max(main, prep)
 
 
-def choose(m: RowModel, width: int, heads: int, budget: int) -> int:
-    """HB: the fewest reduction chunks that fit, then the narrowest chunk (a multiple of 128) for them."""
-    fixed = sbuf_bytes(m, width, heads, 0)
-    room = (budget - fixed) // m.chunk if m.chunk else width
-    widest = min(cdiv(width, P) * P, room // P * P)
-    if widest < P or sbuf_bytes(m, width, heads, P) > budget:
-        need = sbuf_bytes(m, width, heads, P)
-        raise ValueError(
-            f"no tile plan fits: width {width} with {heads} heads needs {need} B/partition of SBUF "
-            f"even with 128-column chunks; the budget is {budget} B"
-        )
-    return cdiv(cdiv(width, cdiv(width, widest)), P) * P
+def choose(m: RowModel, width: int, heads: int, budget: int) -> tuple[int, bool]:
+    """(HB, resident): prepared weights resident if they fit, else rebuilt per token tile and head (their
+    weights re-read once per 128 tokens); then the fewest reduction chunks, each the narrowest multiple
+    of 128 for that count."""
+    for resident in (True, False):
+        fixed = sbuf_bytes(m, width, heads, 0, resident)
+        room = (budget - fixed) // m.chunk if m.chunk else width
+        widest = min(cdiv(width, P) * P, room // P * P)
+        if widest >= P and sbuf_bytes(m, width, heads, P, resident) <= budget:
+            return cdiv(cdiv(width, cdiv(width, widest)), P) * P, resident
+    need = sbuf_bytes(m, width, heads, P, False)
+    raise ValueError(
+        f"no tile plan fits: width {width} with {heads} heads needs {need} B/partition of SBUF "
+        f"even with 128-column chunks and one head's weights at a time; the budget is {budget} B"
+    )
 
 MODEL = RowModel(resident_per_head=4, prep_scratch=4, row_inputs=6, epilogue=2, chunk=20, columns=100)
 
 
-@nki.jit
-def fused_weight_kernel(w_h_hbm, w_e_hbm):
-    """The prepared weights alone ([heads, width] fp32 each), built exactly as the main kernel's prologue does."""
+def prepare_weights(h, w_h_hbm, w_e_hbm):
+    """Head `h`'s prepared weights as fp32 [P, width] SBUF tiles (a trace-time helper of both kernels)."""
     d_H = w_h_hbm.shape[1]
     d_HC = w_h_hbm.shape[0]
-    res0_hbm = nl.ndarray((d_HC, d_H), dtype=nl.float32, buffer=nl.shared_hbm)
     ones_bfloat16 = nl.ndarray((1, P), dtype=nl.bfloat16, buffer=nl.sbuf)
     nisa.memset(dst=ones_bfloat16[0:1, 0:P], value=1.0)
-    res0 = []
-    for h in range(d_HC):
-        w_h_row = nl.ndarray((1, d_H), dtype=nl.bfloat16, buffer=nl.sbuf)
-        nisa.dma_copy(dst=w_h_row[0:1, 0:d_H], src=w_h_hbm.ap(pattern=[[d_H, 1], [1, d_H]], offset=h * d_H))
-        w_e_row = nl.ndarray((1, d_H), dtype=nl.bfloat16, buffer=nl.sbuf)
-        nisa.dma_copy(dst=w_e_row[0:1, 0:d_H], src=w_e_hbm.ap(pattern=[[d_H, 1], [1, d_H]], offset=h * d_H))
-        res0_h = nl.ndarray((P, d_H), dtype=nl.float32, buffer=nl.sbuf)
-        for q0 in range(0, d_H, F_MOV):
-            qw = min(F_MOV, d_H - q0)
-            w_h_bc = nl.ndarray((P, F_MOV), dtype=nl.float32, buffer=nl.psum)
-            nisa.nc_matmul(dst=w_h_bc[0:P, 0:qw], stationary=ones_bfloat16[0:1, 0:P], moving=w_h_row[0:1, q0:q0 + qw], accumulate=False)
-            w_e_bc = nl.ndarray((P, F_MOV), dtype=nl.float32, buffer=nl.psum)
-            nisa.nc_matmul(dst=w_e_bc[0:P, 0:qw], stationary=ones_bfloat16[0:1, 0:P], moving=w_e_row[0:1, q0:q0 + qw], accumulate=False)
-            w0 = nl.ndarray((P, F_MOV), dtype=nl.float32, buffer=nl.sbuf)
-            nisa.tensor_copy(dst=w0[0:P, 0:qw], src=w_e_bc[0:P, 0:qw])
-            w1 = nl.ndarray((P, F_MOV), dtype=nl.float32, buffer=nl.sbuf)
-            nisa.tensor_tensor(dst=w1[0:P, 0:qw], data1=w_h_bc[0:P, 0:qw], data2=w0[0:P, 0:qw], op=nl.multiply)
-            nisa.tensor_copy(dst=res0_h[0:P, q0:q0 + qw], src=w1[0:P, 0:qw])
-        res0.append(res0_h)
-        nisa.dma_copy(dst=res0_hbm[h:h + 1, 0:d_H], src=res0[h][0:1, 0:d_H])
-    return res0_hbm
+    w_h_row = nl.ndarray((1, d_H), dtype=nl.bfloat16, buffer=nl.sbuf)
+    nisa.dma_copy(dst=w_h_row[0:1, 0:d_H], src=w_h_hbm.ap(pattern=[[d_H, 1], [1, d_H]], offset=h * d_H))
+    w_e_row = nl.ndarray((1, d_H), dtype=nl.bfloat16, buffer=nl.sbuf)
+    nisa.dma_copy(dst=w_e_row[0:1, 0:d_H], src=w_e_hbm.ap(pattern=[[d_H, 1], [1, d_H]], offset=h * d_H))
+    prep0 = nl.ndarray((P, d_H), dtype=nl.float32, buffer=nl.sbuf)
+    for q0 in range(0, d_H, F_MOV):
+        qw = min(F_MOV, d_H - q0)
+        w_h_bc = nl.ndarray((P, F_MOV), dtype=nl.float32, buffer=nl.psum)
+        nisa.nc_matmul(dst=w_h_bc[0:P, 0:qw], stationary=ones_bfloat16[0:1, 0:P], moving=w_h_row[0:1, q0:q0 + qw], accumulate=False)
+        w_e_bc = nl.ndarray((P, F_MOV), dtype=nl.float32, buffer=nl.psum)
+        nisa.nc_matmul(dst=w_e_bc[0:P, 0:qw], stationary=ones_bfloat16[0:1, 0:P], moving=w_e_row[0:1, q0:q0 + qw], accumulate=False)
+        w0 = nl.ndarray((P, F_MOV), dtype=nl.float32, buffer=nl.sbuf)
+        nisa.tensor_copy(dst=w0[0:P, 0:qw], src=w_e_bc[0:P, 0:qw])
+        w1 = nl.ndarray((P, F_MOV), dtype=nl.float32, buffer=nl.sbuf)
+        nisa.tensor_tensor(dst=w1[0:P, 0:qw], data1=w_h_bc[0:P, 0:qw], data2=w0[0:P, 0:qw], op=nl.multiply)
+        nisa.tensor_copy(dst=prep0[0:P, q0:q0 + qw], src=w1[0:P, 0:qw])
+    return (prep0,)
 
 
 @nki.jit
-def engram_gate_kernel(x_hbm, kv_hbm, w_h_hbm, w_e_hbm, eps_arg, clamp_arg, HB, save):
-    """One core's share of token tiles (128 tokens on partitions); heads looped; width reduced in chunks of HB."""
+def fused_weight_kernel(w_h_hbm, w_e_hbm):
+    """The prepared weights alone, [heads, width] fp32 each, built exactly as the main kernel builds them."""
+    d_H = w_h_hbm.shape[1]
+    d_HC = w_h_hbm.shape[0]
+    prep0_hbm = nl.ndarray((d_HC, d_H), dtype=nl.float32, buffer=nl.shared_hbm)
+    for h in range(d_HC):
+        prepared = prepare_weights(h, w_h_hbm, w_e_hbm)
+        nisa.dma_copy(dst=prep0_hbm[h:h + 1, 0:d_H], src=prepared[0][0:1, 0:d_H])
+    return prep0_hbm
+
+
+@nki.jit
+def engram_gate_kernel(x_hbm, kv_hbm, w_h_hbm, w_e_hbm, eps_arg, clamp_arg, HB, resident, save):
+    """One core's share of token tiles (128 tokens on partitions); heads looped; width reduced in chunks of HB.
+
+    resident: the prepared weights are built once and kept for the launch (else per token tile and head).
+    """
     d_H = x_hbm.shape[2]
     d_HC = x_hbm.shape[1]
     d_T = x_hbm.shape[0]
@@ -129,28 +149,7 @@ def engram_gate_kernel(x_hbm, kv_hbm, w_h_hbm, w_e_hbm, eps_arg, clamp_arg, HB, 
     gate_hbm = nl.ndarray((d_T, d_HC), dtype=nl.float32, buffer=nl.shared_hbm) if save else None
     rstd_x_hbm = nl.ndarray((d_T, d_HC), dtype=nl.float32, buffer=nl.shared_hbm) if save else None
     rstd_k_hbm = nl.ndarray((d_T, d_HC), dtype=nl.float32, buffer=nl.shared_hbm) if save else None
-    # prologue: the prepared weights, built once and resident for the whole launch
-    ones_bfloat16 = nl.ndarray((1, P), dtype=nl.bfloat16, buffer=nl.sbuf)
-    nisa.memset(dst=ones_bfloat16[0:1, 0:P], value=1.0)
-    res0 = []
-    for h in range(d_HC):
-        w_h_row = nl.ndarray((1, d_H), dtype=nl.bfloat16, buffer=nl.sbuf)
-        nisa.dma_copy(dst=w_h_row[0:1, 0:d_H], src=w_h_hbm.ap(pattern=[[d_H, 1], [1, d_H]], offset=h * d_H))
-        w_e_row = nl.ndarray((1, d_H), dtype=nl.bfloat16, buffer=nl.sbuf)
-        nisa.dma_copy(dst=w_e_row[0:1, 0:d_H], src=w_e_hbm.ap(pattern=[[d_H, 1], [1, d_H]], offset=h * d_H))
-        res0_h = nl.ndarray((P, d_H), dtype=nl.float32, buffer=nl.sbuf)
-        for q0 in range(0, d_H, F_MOV):
-            qw = min(F_MOV, d_H - q0)
-            w_h_bc = nl.ndarray((P, F_MOV), dtype=nl.float32, buffer=nl.psum)
-            nisa.nc_matmul(dst=w_h_bc[0:P, 0:qw], stationary=ones_bfloat16[0:1, 0:P], moving=w_h_row[0:1, q0:q0 + qw], accumulate=False)
-            w_e_bc = nl.ndarray((P, F_MOV), dtype=nl.float32, buffer=nl.psum)
-            nisa.nc_matmul(dst=w_e_bc[0:P, 0:qw], stationary=ones_bfloat16[0:1, 0:P], moving=w_e_row[0:1, q0:q0 + qw], accumulate=False)
-            w0 = nl.ndarray((P, F_MOV), dtype=nl.float32, buffer=nl.sbuf)
-            nisa.tensor_copy(dst=w0[0:P, 0:qw], src=w_e_bc[0:P, 0:qw])
-            w1 = nl.ndarray((P, F_MOV), dtype=nl.float32, buffer=nl.sbuf)
-            nisa.tensor_tensor(dst=w1[0:P, 0:qw], data1=w_h_bc[0:P, 0:qw], data2=w0[0:P, 0:qw], op=nl.multiply)
-            nisa.tensor_copy(dst=res0_h[0:P, q0:q0 + qw], src=w1[0:P, 0:qw])
-        res0.append(res0_h)
+    held = [prepare_weights(h, w_h_hbm, w_e_hbm) for h in range(d_HC)] if resident else []
     t_begin = min(d_T, nl.program_id(0) * rows_per_core(d_T, nl.num_programs()))
     t_end = min(d_T, t_begin + rows_per_core(d_T, nl.num_programs()))
     for t0 in range(t_begin, t_end, P):
@@ -162,6 +161,7 @@ def engram_gate_kernel(x_hbm, kv_hbm, w_h_hbm, w_e_hbm, eps_arg, clamp_arg, HB, 
         rstd_x_sv = nl.ndarray((P, d_HC), dtype=nl.float32, buffer=nl.sbuf)
         rstd_k_sv = nl.ndarray((P, d_HC), dtype=nl.float32, buffer=nl.sbuf)
         for h in range(d_HC):
+            prepared = held[h] if resident else prepare_weights(h, w_h_hbm, w_e_hbm)
             x_ld = nl.ndarray((P, d_H), dtype=nl.bfloat16, buffer=nl.sbuf)
             nisa.dma_copy(dst=x_ld[0:pt, 0:d_H], src=x_hbm[t0:t0 + pt, h, 0:d_H])
             k_ld = nl.ndarray((P, d_H), dtype=nl.bfloat16, buffer=nl.sbuf)
@@ -183,7 +183,7 @@ def engram_gate_kernel(x_hbm, kv_hbm, w_h_hbm, w_e_hbm, eps_arg, clamp_arg, HB, 
                 r0_6 = nl.ndarray((P, HB), dtype=nl.float32, buffer=nl.sbuf)
                 nisa.tensor_tensor(dst=r0_6[0:pt, 0:hw], data1=x_ld[0:pt, c0:c0 + hw], data2=k_ld[0:pt, c0:c0 + hw], op=nl.multiply)
                 r0_7 = nl.ndarray((P, HB), dtype=nl.float32, buffer=nl.sbuf)
-                nisa.tensor_tensor(dst=r0_7[0:pt, 0:hw], data1=r0_6[0:pt, 0:hw], data2=res0[h][0:pt, c0:c0 + hw], op=nl.multiply)
+                nisa.tensor_tensor(dst=r0_7[0:pt, 0:hw], data1=r0_6[0:pt, 0:hw], data2=prepared[0][0:pt, c0:c0 + hw], op=nl.multiply)
                 r0_8 = nl.ndarray((P, HB), dtype=nl.float32, buffer=nl.sbuf)
                 r0_9 = nl.ndarray((P, 1), dtype=nl.float32, buffer=nl.sbuf)
                 nisa.activation_reduce(dst=r0_8[0:pt, 0:hw], op=nl.copy, data=r0_7[0:pt, 0:hw], reduce_op=nl.add, reduce_res=r0_9[0:pt, 0:1])
@@ -254,8 +254,8 @@ def engram_gate(x: torch.Tensor, kv: torch.Tensor, w_h: torch.Tensor, w_e: torch
     for t in (x, kv, w_h, w_e):
         if t.requires_grad:
             raise RuntimeError("engram_gate is inference-only: an input requires grad")
-    hb = choose(MODEL, x.shape[2], x.shape[1], SBUF_BUDGET[target])
-    return engram_gate_kernel[lnc](x, kv, w_h, w_e, eps, clamp, hb, save)
+    hb, resident = choose(MODEL, x.shape[2], x.shape[1], SBUF_BUDGET[target])
+    return engram_gate_kernel[lnc](x, kv, w_h, w_e, eps, clamp, hb, resident, save)
 
 
 try:  # registers the op where torch_neuronx is installed; the file imports without it

@@ -47,7 +47,9 @@ def test_committed_generated_is_fresh() -> None:
     assert main(["build", "--check", "--out", str(ROOT / "generated"), *specs]) == 0
 
 
-def test_failed_build_leaves_existing_files_untouched(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+def test_failed_build_leaves_existing_files_untouched(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
     main(["build", "--out", str(tmp_path), SPEC])
     before = {p: p.read_bytes() for p in tmp_path.rglob("*") if p.is_file()}
     bad = tmp_path / "bad.spec"
@@ -63,7 +65,9 @@ def test_failed_build_leaves_existing_files_untouched(tmp_path: Path, capsys: py
     assert {p: p.read_bytes() for p in tmp_path.rglob("*") if p.is_file() and p.suffix != ".spec"} == before
 
 
-def test_spec_outside_every_family_names_where_it_leaves(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+def test_spec_outside_every_family_names_where_it_leaves(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
     spec = tmp_path / "scale.spec"
     spec.write_text(
         "kernel scale\ndim R, K\ninput x: bf16[R, K]\ninput w: bf16[K, K]\noutput y: bf16[R, K]\n"

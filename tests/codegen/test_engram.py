@@ -76,10 +76,31 @@ def test_matches_gate_naive_within_tilekernels_bar(tokens: int, heads: int, widt
 def test_chunked_reduction_agrees_with_one_pass() -> None:
     args = inputs(130, 2, 512, seed=1)
     module = kernel()
-    one_pass = module.engram_gate_kernel[1](*args, EPS, CLAMP, 512, True)
-    chunked = module.engram_gate_kernel[1](*args, EPS, CLAMP, 128, True)
+    one_pass = module.engram_gate_kernel[1](*args, EPS, CLAMP, 512, True, True)
+    chunked = module.engram_gate_kernel[1](*args, EPS, CLAMP, 128, True, True)
     for a, b in zip(one_pass, chunked, strict=True):
         assert calc_diff(a, b) < CALC_DIFF_BAR
+
+
+def test_weights_rebuilt_per_tile_give_the_same_bits() -> None:
+    args = inputs(200, 2, 256, seed=8)
+    module = kernel()
+    resident = module.engram_gate_kernel[2](*args, EPS, CLAMP, 256, True, True)
+    streamed = module.engram_gate_kernel[2](*args, EPS, CLAMP, 256, False, True)
+    for a, b in zip(resident, streamed, strict=True):
+        assert torch.equal(a, b)
+
+
+def test_weights_too_big_to_keep_are_rebuilt_per_tile() -> None:
+    """HC = 8, H = 7168: all heads' fp32 weights (229 KiB) exceed SBUF, one head's fit."""
+    module = kernel()
+    assert module.choose(module.MODEL, 4096, 8, module.SBUF_BUDGET["trn2"])[1] is True
+    hb, resident = module.choose(module.MODEL, 7168, 8, module.SBUF_BUDGET["trn2"])
+    assert not resident and hb % 128 == 0
+    args = inputs(130, 8, 7168, seed=9)
+    got = module.engram_gate(*args, save=True, lnc=2)
+    want = gate_naive(*args)
+    assert all(calc_diff(g, w) < CALC_DIFF_BAR for g, w in zip(got, want, strict=True))
 
 
 def test_save_does_not_change_out_bit_for_bit() -> None:

@@ -20,14 +20,19 @@ def _inputs(r: int, k: int, i: int, seed: int) -> list[torch.Tensor]:
         return torch.randn(*shape, generator=gen) * scale
 
     return [
-        randn(r, k).bfloat16(), randn(k, i, scale=k**-0.5).bfloat16(), randn(i),
-        randn(k, i, scale=k**-0.5).bfloat16(), randn(i), randn(i, k, scale=i**-0.5).bfloat16(), randn(k),
+        randn(r, k).bfloat16(),
+        randn(k, i, scale=k**-0.5).bfloat16(),
+        randn(i),
+        randn(k, i, scale=k**-0.5).bfloat16(),
+        randn(i),
+        randn(i, k, scale=i**-0.5).bfloat16(),
+        randn(k),
         randn(r, k),
-    ]  # fmt: skip
+    ]
 
 
 def swiglu(x, w1t, b1, wgt, bg, w2t, b2):  # type: ignore[no-untyped-def]
-    """The seed op, written independently of the spec: silu(x W1 + b1) * (x Wg + bg), rounded to bf16, @ W2 + b2."""
+    """The seed op, written independently of the spec: silu(x W1 + b1) * (x Wg + bg) -> bf16 -> @ W2 + b2."""
     h = F.silu(x.float() @ w1t.float() + b1) * (x.float() @ wgt.float() + bg)
     return h.bfloat16().float() @ w2t.float() + b2
 
@@ -71,14 +76,18 @@ def test_inference_only() -> None:
         module.swiglu_ffn(*args)
 
 
-@pytest.mark.parametrize(("r", "k", "i", "s", "ci"), [(7, 256, 300, 128, 128), (200, 384, 1000, 256, 256),
-                                                     (300, 256, 640, 128, 384)])
+@pytest.mark.parametrize(
+    ("r", "k", "i", "s", "ci"),
+    [(7, 256, 300, 128, 128), (200, 384, 1000, 256, 256), (300, 256, 640, 128, 384)],
+)
 def test_i_split_across_cores_matches_formula(r: int, k: int, i: int, s: int, ci: int) -> None:
     """SPLIT=1: each core streams half the weights; partial sums meet in shared HBM behind a barrier."""
     module = load_module(GENERATED / "swiglu_ffn_ln" / "kernel.py", target="trn2")
     x, w1t, b1, wgt, bg, w2t, b2, a = _inputs(r, k, i, seed=11 * r + i)
     cols = module._columns
-    result = run(module.swiglu_ffn_ln_kernel, x, w1t, cols(b1), wgt, cols(bg), w2t, b2, a, 1e-6, s, ci, 1, grid=2)
+    result = run(
+        module.swiglu_ffn_ln_kernel, x, w1t, cols(b1), wgt, cols(bg), w2t, b2, a, 1e-6, s, ci, 1, grid=2
+    )
     x_new, z = result.outputs
     want_x = swiglu(x, w1t, b1, wgt, bg, w2t, b2) + a
     _close(x_new, want_x, rtol=1e-3)
@@ -90,8 +99,12 @@ def test_i_split_across_cores_matches_formula(r: int, k: int, i: int, s: int, ci
 
 def _weight_bytes_read(result, args: tuple[int, ...]) -> int:  # type: ignore[no-untyped-def]
     """HBM bytes DMA'd from kernel arguments `args`; arguments are allocated first, in order."""
-    reads = [(op[1], rec.hbm_read) for rec in result.trace for op in rec.operands
-             if op[0] == "r" and op[2] == "shared_hbm" and rec.engine == "dma"]  # fmt: skip
+    reads = [
+        (op[1], rec.hbm_read)
+        for rec in result.trace
+        for op in rec.operands
+        if op[0] == "r" and op[2] == "shared_hbm" and rec.engine == "dma"
+    ]
     ids = sorted({alloc for alloc, _ in reads})
     wanted = {ids[n] for n in args}
     return sum(nbytes for alloc, nbytes in reads if alloc in wanted)

@@ -24,10 +24,17 @@ def _data(seed: int) -> Tensors:
 
     weights = {n: randn(K, I, scale=K**-0.5).bfloat16() for n in ("w1t", "wgt", "wut")}
     return {
-        "x": randn(R, K).bfloat16(), **weights, "w2t": randn(I, K, scale=I**-0.5).bfloat16(),
-        "b1": randn(I), "bg": randn(I), "b2": randn(K), "a": randn(R, K), "gamma": 1 + 0.1 * randn(K),
-        "beta": 0.1 * randn(K), "ls": 0.1 * randn(K),
-    }  # fmt: skip
+        "x": randn(R, K).bfloat16(),
+        **weights,
+        "w2t": randn(I, K, scale=I**-0.5).bfloat16(),
+        "b1": randn(I),
+        "bg": randn(I),
+        "b2": randn(K),
+        "a": randn(R, K),
+        "gamma": 1 + 0.1 * randn(K),
+        "beta": 0.1 * randn(K),
+        "ls": 0.1 * randn(K),
+    }
 
 
 def mm(a: torch.Tensor, b: torch.Tensor) -> torch.Tensor:
@@ -48,28 +55,66 @@ def rmsnorm(v: torch.Tensor, weight: torch.Tensor, eps: float) -> torch.Tensor:
 
 
 CASES: dict[str, tuple[tuple[str, ...], dict[str, float], Callable[[Tensors], tuple[torch.Tensor, ...]]]] = {
-    "geglu_ffn": (("x", "w1t", "b1", "wgt", "bg", "w2t", "b2"), {}, lambda d: (
-        down(F.gelu(mm(d["x"], d["w1t"]) + d["b1"], approximate="tanh") * (mm(d["x"], d["wgt"]) + d["bg"]), d)
-        + d["b2"],)),
-    "gelu_mlp": (("x", "w1t", "b1", "w2t", "b2"), {}, lambda d: (
-        down(F.gelu(mm(d["x"], d["w1t"]) + d["b1"]), d) + d["b2"],)),
+    "geglu_ffn": (
+        ("x", "w1t", "b1", "wgt", "bg", "w2t", "b2"),
+        {},
+        lambda d: (
+            down(
+                F.gelu(mm(d["x"], d["w1t"]) + d["b1"], approximate="tanh") * (mm(d["x"], d["wgt"]) + d["bg"]),
+                d,
+            )
+            + d["b2"],
+        ),
+    ),
+    "gelu_mlp": (
+        ("x", "w1t", "b1", "w2t", "b2"),
+        {},
+        lambda d: (down(F.gelu(mm(d["x"], d["w1t"]) + d["b1"]), d) + d["b2"],),
+    ),
     "relu2_mlp": (("x", "w1t", "w2t"), {}, lambda d: (down(torch.relu(mm(d["x"], d["w1t"])) ** 2, d),)),
-    "llama_swiglu": (("x", "wgt", "wut", "wdt"), {}, lambda d: (
-        down(F.silu(mm(d["x"], d["wgt"])) * mm(d["x"], d["wut"]), d),)),
-    "swiglu_rmsnorm": (("x", "w1t", "b1", "wgt", "bg", "w2t", "b2", "a", "gamma"), {"eps": 1e-6}, lambda d: (
-        swiglu(d) + d["a"], rmsnorm(swiglu(d) + d["a"], d["gamma"], 1e-6))),
-    "swiglu_layernorm_affine": (("x", "w1t", "b1", "wgt", "bg", "w2t", "b2", "a", "gamma", "beta"), {"eps": 1e-5},
-                                lambda d: (swiglu(d) + d["a"],
-                                           F.layer_norm(swiglu(d) + d["a"], (K,), d["gamma"], d["beta"], 1e-5))),
-    "swiglu_gemma_norm": (("x", "w1t", "wgt", "w2t", "a", "gamma"), {"eps": 1e-6}, lambda d: (
-        down(F.silu(mm(d["x"], d["w1t"])) * mm(d["x"], d["wgt"]), d) + d["a"],
-        rmsnorm(down(F.silu(mm(d["x"], d["w1t"])) * mm(d["x"], d["wgt"]), d) + d["a"], 1 + d["gamma"], 1e-6))),
-    "swiglu_layerscale": (("x", "w1t", "b1", "wgt", "bg", "w2t", "b2", "ls", "a"), {"eps": 1e-6}, lambda d: (
-        F.layer_norm(d["a"] + d["ls"] * swiglu(d), (K,), eps=1e-6),)),
-    "prenorm_swiglu": (("x", "gamma", "wgt", "wut", "wdt"), {"eps": 1e-6}, lambda d: (
-        d["x"].float() + down(F.silu(mm(rmsnorm(d["x"].float(), d["gamma"], 1e-6).bfloat16(), d["wgt"]))
-                              * mm(rmsnorm(d["x"].float(), d["gamma"], 1e-6).bfloat16(), d["wut"]), d),)),
-}  # fmt: skip
+    "llama_swiglu": (
+        ("x", "wgt", "wut", "wdt"),
+        {},
+        lambda d: (down(F.silu(mm(d["x"], d["wgt"])) * mm(d["x"], d["wut"]), d),),
+    ),
+    "swiglu_rmsnorm": (
+        ("x", "w1t", "b1", "wgt", "bg", "w2t", "b2", "a", "gamma"),
+        {"eps": 1e-6},
+        lambda d: (swiglu(d) + d["a"], rmsnorm(swiglu(d) + d["a"], d["gamma"], 1e-6)),
+    ),
+    "swiglu_layernorm_affine": (
+        ("x", "w1t", "b1", "wgt", "bg", "w2t", "b2", "a", "gamma", "beta"),
+        {"eps": 1e-5},
+        lambda d: (swiglu(d) + d["a"], F.layer_norm(swiglu(d) + d["a"], (K,), d["gamma"], d["beta"], 1e-5)),
+    ),
+    "swiglu_gemma_norm": (
+        ("x", "w1t", "wgt", "w2t", "a", "gamma"),
+        {"eps": 1e-6},
+        lambda d: (
+            down(F.silu(mm(d["x"], d["w1t"])) * mm(d["x"], d["wgt"]), d) + d["a"],
+            rmsnorm(
+                down(F.silu(mm(d["x"], d["w1t"])) * mm(d["x"], d["wgt"]), d) + d["a"], 1 + d["gamma"], 1e-6
+            ),
+        ),
+    ),
+    "swiglu_layerscale": (
+        ("x", "w1t", "b1", "wgt", "bg", "w2t", "b2", "ls", "a"),
+        {"eps": 1e-6},
+        lambda d: (F.layer_norm(d["a"] + d["ls"] * swiglu(d), (K,), eps=1e-6),),
+    ),
+    "prenorm_swiglu": (
+        ("x", "gamma", "wgt", "wut", "wdt"),
+        {"eps": 1e-6},
+        lambda d: (
+            d["x"].float()
+            + down(
+                F.silu(mm(rmsnorm(d["x"].float(), d["gamma"], 1e-6).bfloat16(), d["wgt"]))
+                * mm(rmsnorm(d["x"].float(), d["gamma"], 1e-6).bfloat16(), d["wut"]),
+                d,
+            ),
+        ),
+    ),
+}
 
 
 @pytest.mark.parametrize("lnc", [1, 2])

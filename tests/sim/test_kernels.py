@@ -207,5 +207,6 @@ def test_trace_records_export_and_psum_banks(tmp_path):
     assert "tensor" in run.trace.summary() and run.trace.totals()["tensor"]["count"] == len(mm)
     path = tmp_path / "trace.json"
     run.trace.to_chrome_json(path)
-    events = json.loads(path.read_text())["traceEvents"]
+    events = [e for e in json.loads(path.read_text())["traceEvents"] if e["ph"] == "X"]
     assert len(events) == len(run.trace) and events[0]["args"]["line"] > 0
+    assert [e["ts"] for e in events if e["pid"] == 0] == sorted(e["ts"] for e in events if e["pid"] == 0)

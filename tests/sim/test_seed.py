@@ -25,7 +25,7 @@ def _pack(b: torch.Tensor) -> torch.Tensor:
     return b.reshape(-1, 128).t().contiguous()
 
 
-def _inputs(R: int, K: int, I: int):  # noqa: E741 -- the seed's names
+def _inputs(R: int, K: int, I: int):
     x = torch.randn(R, K).bfloat16()
     w1t = (torch.randn(K, I) / K**0.5).bfloat16()
     wgt = (torch.randn(K, I) / K**0.5).bfloat16()
@@ -48,7 +48,7 @@ CASES = [  # (LNC, R, K, I, S, CI); S/CI None = the seed's own plan()
 
 
 @pytest.mark.parametrize(("lnc", "R", "K", "I", "S", "CI"), CASES)
-def test_swiglu_stream_kernel(monkeypatch, lnc, R, K, I, S, CI):  # noqa: E741
+def test_swiglu_stream_kernel(monkeypatch, lnc, R, K, I, S, CI):
     seed = _load(monkeypatch, lnc)
     if S is None:
         S, CI, _ = seed.plan(K, I, R // lnc)
@@ -63,7 +63,7 @@ def test_swiglu_stream_kernel(monkeypatch, lnc, R, K, I, S, CI):  # noqa: E741
 
 
 @pytest.mark.parametrize(("lnc", "R", "K", "I", "S", "CI"), [CASES[1], CASES[2]])
-def test_swiglu_stream_ln_kernel(monkeypatch, lnc, R, K, I, S, CI):  # noqa: E741
+def test_swiglu_stream_ln_kernel(monkeypatch, lnc, R, K, I, S, CI):
     seed = _load(monkeypatch, lnc)
     args = _inputs(R, K, I)
     x, w1t, b1, wgt, bg, w2t, b2 = args
