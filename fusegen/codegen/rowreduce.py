@@ -12,6 +12,8 @@ from fusegen.codegen.reference import dim_bindings
 from fusegen.codegen.render import header, render
 from fusegen.codegen.rowreduce_lower import RowReduceLowering, kernel_arg, lower_rowreduce
 from fusegen.codegen.rowreduce_match import RowReduceMatch, match_rowreduce
+from fusegen.codegen.select import NL_DTYPE
+from fusegen.codegen.stage import dim_source
 from fusegen.dsl.ir import DTYPE_BYTES, KernelIR, Shape
 from fusegen.sim.targets import TARGETS, Target, get_target
 
@@ -71,7 +73,7 @@ class RowReduceFamily:
             header=header(ir, TEMPLATE), name=ir.name, doc=_doc(ir), low=low, model=repr(low.model),
             budget_source=_vendored_budget(), kernel_args=_kernel_args(ir), host=_host(ir, m),
             dim_bindings=[f"d_{d} = {src}" for d, src in dim_bindings(ir, kernel_arg)],
-            outputs=[(kernel_arg(o.name), _nl_dtype(o.dtype), ", ".join(_dims(o.shape)),
+            outputs=[(kernel_arg(o.name), NL_DTYPE[o.dtype], ", ".join(dim_source(d) for d in o.shape),
                       " if save else None" if o.optional else "") for o in ir.outputs],
             sbuf_budgets=repr({name: t.sbuf_usable_bytes for name, t in sorted(TARGETS.items())}),
             default_target=target, default_lnc=lnc,
@@ -101,13 +103,14 @@ def plan_rowreduce(ir: KernelIR, m: RowReduceMatch, low: RowReduceLowering, targ
     summary = (
         ("token tiles (128) per core", str(rb.cdiv(rb.rows_per_core(rows, lnc), rb.P))),
         ("reduction chunks", f"{rb.cdiv(width, hb)} of {hb} columns"),
+        ("prepared weights", "resident for the launch" if resident else "rebuilt per token tile and head"),
         ("HBM bytes per token (save=True)", _traffic(per_token, weights * builds / rows, minimum, resident)),
     )  # fmt: skip
     return TilePlan(
         family="rowreduce", target=target.name, lnc=lnc, dims=tuple(sorted(dims.items())),
-        tiles=(("P", rb.P), ("HB", hb), ("resident weights", int(resident))), buffers=buffers,
+        tiles=(("P", rb.P), ("HB", hb)), buffers=buffers,
         sbuf_bytes=rb.sbuf_bytes(low.model, width, heads, hb, resident),
-        sbuf_budget=budget, psum_banks=2 * len(m.weights), psum_budget=target.psum_banks,
+        sbuf_budget=budget, psum_banks=len(m.weights), psum_budget=target.psum_banks,
         hbm_bytes=(("per token", per_token), ("minimum per token", minimum), ("weights", weights * builds)),
         summary=summary, reasons=_reasons(low, width, heads, hb, resident, budget),
     )  # fmt: skip
@@ -158,18 +161,6 @@ def _reasons(low: RowReduceLowering, width: int, heads: int, hb: int, resident: 
     reasons.append("row inputs are loaded once per token tile and head and kept for the epilogue, so each "
                    "input byte crosses HBM once")  # fmt: skip
     return tuple(reasons)
-
-
-def _nl_dtype(dtype: str) -> str:
-    from fusegen.codegen.select import NL_DTYPE
-
-    return NL_DTYPE[dtype]
-
-
-def _dims(shape: Shape) -> list[str]:
-    from fusegen.codegen.stage import dim_source
-
-    return [dim_source(d) for d in shape]
 
 
 def _doc(ir: KernelIR) -> str:

@@ -146,7 +146,7 @@ def _short(nl_dtype: str) -> str:
     return nl_dtype.removeprefix("nl.")
 
 
-def _leaf_name(ir: KernelIR, node: Node) -> str:
+def _leaf_name(node: Node) -> str:
     """A tile name for a loaded value: the spec's name, else its node id."""
     return f"{node.name or f'n{node.id}'}_ld"
 
@@ -156,7 +156,7 @@ def _load(ir: KernelIR, ld: RowLoad, width: str) -> Load:
     head = dim_source(ld.head_start) + (" + h" if ld.per_head else "")
     head = "h" if head == "0 + h" else head
     source = f"{kernel_arg(ld.input)}[t0:t0 + pt, {head}, 0:{width}]"
-    return Load(_leaf_name(ir, node), NL_DTYPE[node.dtype], source)
+    return Load(_leaf_name(node), NL_DTYPE[node.dtype], source)
 
 
 def _kind(m: RowReduceMatch) -> Callable[[Node], str]:
@@ -185,7 +185,7 @@ def _lower_prep(
     return sel, tuple(loads), resident
 
 
-def _resident_leaves(m: RowReduceMatch, resident: dict[int, str], free: str) -> dict[int, Operand]:
+def _resident_leaves(resident: dict[int, str], free: str) -> dict[int, Operand]:
     """Prepared weights of the current head: `prepared[i]`, as `prepare_weights` returns them."""
     return {root: Operand("tile", f"prepared[{i}][0:pt, {free}]") for i, root in enumerate(resident)}
 
@@ -196,7 +196,7 @@ def _lower_levels(
     """Each level's chunk lines and accumulations; also the widest level's chunk bytes per column."""
     levels, widest = [], 0
     for depth, ids in enumerate(m.levels):
-        leaves = _row_leaves(ir, loads, "c0:c0 + hw") | _resident_leaves(m, resident, "c0:c0 + hw")
+        leaves = _row_leaves(ir, loads, "c0:c0 + hw") | _resident_leaves(resident, "c0:c0 + hw")
         leaves |= {rid: _acc(rid) for lower in m.levels[:depth] for rid in lower}
         builder = StageBuilder(ir, leaves, _kind(m), free_size=lambda n: m.width)
         sel = Selector(Layout(part="pt", free="hw", free_alloc="HB"), prefix=f"r{depth}_")
@@ -215,7 +215,7 @@ def _acc(node_id: int) -> Operand:
 
 
 def _row_leaves(ir: KernelIR, loads: dict[int, RowLoad], free: str) -> dict[int, Operand]:
-    return {nid: Operand("tile", f"{_leaf_name(ir, ir.node(nid))}[0:pt, {free}]", dtype=ir.node(nid).dtype)
+    return {nid: Operand("tile", f"{_leaf_name(ir.node(nid))}[0:pt, {free}]", dtype=ir.node(nid).dtype)
             for nid in loads}  # fmt: skip
 
 
@@ -224,7 +224,7 @@ def _lower_epilogue(
 ) -> tuple[Selector, int, tuple[tuple[str, str, str], ...], tuple[ColumnOutput, ...]]:
     """Per-row math and the combine: the selector, how many of its lines the required outputs need, writes."""
     full = f"0:{dim_source(m.width)}"
-    leaves = _row_leaves(ir, loads, full) | _resident_leaves(m, resident, full)
+    leaves = _row_leaves(ir, loads, full) | _resident_leaves(resident, full)
     leaves |= {rid: _acc(rid) for level in m.levels for rid in level}
     builder = StageBuilder(ir, leaves, _kind(m), free_size=lambda n: m.width)
     sel = Selector(Layout(part="pt", free=dim_source(m.width), free_alloc=dim_source(m.width)), prefix="e")

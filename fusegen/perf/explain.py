@@ -14,6 +14,8 @@ from fusegen.perf.timeline import chrome_trace, svg
 
 #: below this busy share no engine really bounds the kernel: dependencies and latencies do
 BUSY_BOUND_PCT = 60.0
+#: a runner-up must be this much faster by the trace before we call the planner's choice into question
+DISAGREE_MARGIN = 0.02
 
 
 def explain(spec: str, target: str, lnc: int, shape: dict[str, int] | None, trace: str | None = None,
@@ -137,11 +139,12 @@ def _ratio(time: float | None, chosen: float | None, plan: TilePlan, chosen_plan
 def _disagreement(a: Analysis) -> list[str]:
     """Say so when the trace schedule ranks a runner-up above the planner's choice."""
     timed = [(alt.trace_ns, rank) for rank, alt in enumerate(a.alternatives) if alt.trace_ns is not None]
-    if not timed or min(timed)[1] == 0:
+    chosen_ns = a.alternatives[0].trace_ns
+    if not timed or chosen_ns is None or min(timed)[0] > chosen_ns * (1 - DISAGREE_MARGIN):
         return []
     best_ns, rank = min(timed)
     return [f"  note: by the trace schedule, plan #{rank + 1} is faster ({best_ns / 1000:.1f} us against "
-            f"{(a.alternatives[0].trace_ns or 0) / 1000:.1f} us): the planner's model and the trace disagree"]  # fmt: skip
+            f"{chosen_ns / 1000:.1f} us): the planner's model and the trace disagree"]  # fmt: skip
 
 
 def _pct(n: float, total: float) -> str:

@@ -97,7 +97,8 @@ class Instr:
         target = t.materialize()
         if value.untyped_storage().data_ptr() == alloc.data.untyped_storage().data_ptr():
             value = value.clone()  # e.g. a shifting copy within one tile: source and target overlap
-        target.copy_(dtypes.cast_for_store(value, alloc.dtype).reshape(t.shape))
+        value = dtypes.cast_for_store(value, alloc.dtype)
+        target.copy_(value if value.shape == t.shape else value.reshape(t.shape))
         self.mark_written(t)
         if alloc.mm_any and not matmul:  # non-matmul writes end an accumulation group
             t.materialize(alloc.matmul_flags()).fill_(False)

@@ -40,7 +40,8 @@ def require_op(ins: Instr, op: object, role: str, arity: int | None = None) -> O
 
 def as_rows(ins: Instr, t: NkiTensor, role: str) -> torch.Tensor:
     """Read `t` as fp32 [partitions, elements per partition]."""
-    return ins.read_f32(t, role).reshape(t.partitions, t.free_size)
+    rows = ins.read_f32(t, role)
+    return rows if rows.dim() == 2 else rows.reshape(t.partitions, t.free_size)
 
 
 def scalar_or_column(ins: Instr, value: object, partitions: int, role: str) -> torch.Tensor | float:

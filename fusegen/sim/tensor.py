@@ -26,13 +26,15 @@ def contiguous_strides(shape: Sequence[int]) -> tuple[int, ...]:
 class NkiTensor:
     """A view of an allocation; views share storage, so writes through any view are seen by all."""
 
-    __slots__ = ("alloc", "offset", "shape", "strides")
+    __slots__ = ("alloc", "free_size", "numel", "offset", "shape", "strides")
 
     def __init__(self, alloc: Alloc, shape: tuple[int, ...], strides: tuple[int, ...], offset: int) -> None:
         self.alloc = alloc
         self.shape = shape
         self.strides = strides
         self.offset = offset
+        self.free_size = math.prod(shape[1:])  # elements per partition
+        self.numel = self.free_size * shape[0] if shape else 1
 
     @classmethod
     def whole(cls, alloc: Alloc) -> NkiTensor:
@@ -64,16 +66,6 @@ class NkiTensor:
     def partitions(self) -> int:
         """Size of dim 0 (the partition dim on chip)."""
         return self.shape[0] if self.shape else 1
-
-    @property
-    def free_size(self) -> int:
-        """Elements per partition."""
-        return math.prod(self.shape[1:])
-
-    @property
-    def numel(self) -> int:
-        """Total element count."""
-        return math.prod(self.shape)
 
     def __repr__(self) -> str:
         return f"NkiTensor(shape={self.shape}, alloc={self.alloc.label()})"

@@ -165,7 +165,9 @@ def cost(m: FfnModel, mach: Machine, rows: int, k: int, i: int, lnc: int, plan: 
     return Cost(pe / mach.pe_ghz, act / mach.act_ghz, dve / mach.dve_ghz, dma, hbm)
 
 
-def candidates(m: FfnModel, rows: int, k: int, i: int, lnc: int, budget: int, exhaustive: bool = False) -> list[Plan]:
+def candidates(
+    m: FfnModel, rows: int, k: int, i: int, lnc: int, budget: int, exhaustive: bool = False
+) -> list[Plan]:
     """Legal plans: every (S, CI) multiple of 128 when exhaustive, else a pruned set the search keeps."""
     plans = []
     for split in (0, 1) if lnc > 1 and cdiv(i, P) >= lnc else (0,):
@@ -180,7 +182,9 @@ def candidates(m: FfnModel, rows: int, k: int, i: int, lnc: int, budget: int, ex
     return plans
 
 
-def rank_key(m: FfnModel, mach: Machine, rows: int, k: int, i: int, lnc: int, plan: Plan) -> tuple[float, int, int]:
+def rank_key(
+    m: FfnModel, mach: Machine, rows: int, k: int, i: int, lnc: int, plan: Plan
+) -> tuple[float, int, int]:
     """Order of preference: modelled time, then HBM bytes, then SBUF."""
     c = cost(m, mach, rows, k, i, lnc, plan)
     return (round(c.total, 1), c.hbm_bytes, sbuf_bytes(m, plan.s, plan.ci, k, i))
@@ -191,8 +195,10 @@ def choose(m: FfnModel, mach: Machine, rows: int, k: int, i: int, lnc: int) -> P
     plans = candidates(m, rows, k, i, lnc, mach.sbuf_budget)
     if not plans:
         need = sbuf_bytes(m, P, P, k, i)
-        raise ValueError(f"no tile plan fits: the smallest (S=128, CI=128) needs {need} B/partition of SBUF "
-                         f"for K={k}, I={i}; the budget is {mach.sbuf_budget} B")  # fmt: skip
+        raise ValueError(
+            f"no tile plan fits: the smallest (S=128, CI=128) needs {need} B/partition of SBUF "
+            f"for K={k}, I={i}; the budget is {mach.sbuf_budget} B"
+        )
     return min(plans, key=lambda p: rank_key(m, mach, rows, k, i, lnc, p))
 
 MODEL = FfnModel(n_up=1, x_bytes=2, mid_tiles=2, epi_tiles=1, epi_cols=0, col_vectors=0, row_vectors=0, row_inputs=0, out_bytes=2, mid_act=2, mid_dve=0, epi_act=0, epi_dve=1)
