@@ -83,7 +83,9 @@ def model_launches(found: list[Launch], target: str, lnc: int, min_hbm_bytes: in
     schedules = tuple((launch.name, schedule(launch.result.trace, tgt)) for launch in found)
     records = [rec for launch in found for rec in launch.result.trace]
     flops, fp32 = matmul_flops(records)
-    return Modeled(tuple(found), schedules, roofline(tgt, lnc, flops, min_hbm_bytes, fp32), hbm_bytes_moved(records))
+    return Modeled(
+        tuple(found), schedules, roofline(tgt, lnc, flops, min_hbm_bytes, fp32), hbm_bytes_moved(records)
+    )
 
 
 def tensor_bytes(values: Any) -> int:
@@ -108,7 +110,9 @@ def analyse(spec: str, dims: dict[str, int], target: str, lnc: int, alternatives
     modeled = model_launches(found, target, lnc, tensor_bytes(args) + tensor_bytes(outputs))
     family, ir, match = _family(spec)
     plan, plan_note = _plan_at(family, ir, match, dims, target, lnc)
-    alts, alts_note = _alternatives(family, ir, match, dims, target, lnc, plan, found) if alternatives else ((), "")
+    alts, alts_note = (
+        _alternatives(family, ir, match, dims, target, lnc, plan, found) if alternatives else ((), "")
+    )
     return Analysis(built.name, family.name, dims, target, lnc, plan, plan_note, modeled, alts, alts_note)
 
 
@@ -152,7 +156,9 @@ def _alternatives(
     for plan in ranked[: ALTERNATIVES + 1]:
         trace_ns = _rerun(found[0], chosen, plan, target) if runnable else None
         alts.append(Alternative(plan, trace_ns))
-    note = "" if runnable else "runner-ups were not run: the launch's arguments do not end with the plan's tiles"
+    note = (
+        "" if runnable else "runner-ups were not run: the launch's arguments do not end with the plan's tiles"
+    )
     return tuple(alts), note
 
 

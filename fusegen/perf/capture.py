@@ -25,7 +25,7 @@ class Launch:
     @property
     def name(self) -> str:
         """The kernel function's name."""
-        return self.kernel.__name__
+        return self.kernel.fn.__name__
 
     @property
     def scalars(self) -> tuple[Any, ...]:

@@ -13,7 +13,7 @@ from dataclasses import dataclass
 from typing import NamedTuple
 
 from fusegen.sim.targets import Target
-from fusegen.sim.trace import Record
+from fusegen.sim.trace import Operand, Record
 
 #: minimum initiation interval of a compute instruction, in engine cycles [v2 arch guide], nki_perf_guide.rst
 MIN_II_CYCLES = 64
@@ -31,7 +31,7 @@ PARTITIONS_PER_DMA_QUEUE = 8
 DMA_TRANSPOSE_FACTOR = {True: 0.9, False: 0.5}  # keyed by "source is HBM"
 #: fp32 matmul passes take 4x the bf16/fp16/tf32/fp8 time [SDK@2.26 isa cost tables], [v2], [v3]
 FP32_MATMUL_FACTOR = 4
-#: trn2 Vector "perf mode" for bf16/fp16 SBUF operands: tensor_copy/tensor_scalar up to 4x, tensor_tensor 2x [v3]
+#: trn2 Vector "perf mode" (bf16/fp16, SBUF): tensor_copy/tensor_scalar up to 4x, tensor_tensor 2x [v3]
 PERF_MODE_SPEEDUP = {"tensor_copy": 4, "tensor_scalar": 4, "tensor_tensor": 2}
 HALF_DTYPES = frozenset({"bfloat16", "float16"})
 
@@ -76,7 +76,7 @@ def _activation(s: Shape) -> float:
 
 
 def _per_elem(factor: float, op: str = "") -> CycleRule:
-    """factor x N cycles, sped up by the trn2 perf mode where `op` has one [SDK@2.26 isa cost tables], [v3]."""
+    """factor x N cycles, less the trn2 perf-mode speedup of `op` [SDK@2.26 isa cost tables], [v3]."""
 
     def rule(s: Shape) -> float:
         speedup = PERF_MODE_SPEEDUP.get(op, 1) if s.perf_mode else 1
@@ -126,7 +126,9 @@ def engine_clock_ghz(target: Target, engine: str) -> float:
     clock = {"tensor": target.tensor_clock_ghz, "vector": target.vector_clock_ghz,
              "scalar": target.scalar_clock_ghz, "gpsimd": target.gpsimd_clock_ghz}.get(engine)  # fmt: skip
     if clock is None:
-        raise ValueError(f"no clock figure for the {engine} engine of {target.name} in fusegen/sim/targets.py")
+        raise ValueError(
+            f"no clock figure for the {engine} engine of {target.name} in fusegen/sim/targets.py"
+        )
     return clock
 
 
@@ -174,7 +176,9 @@ def instruction_cost(
     is the moving free size N, `stationary` the stationary free size)."""
     if engine == "dma":
         return dma_cost(target, nbytes, partitions, transpose=op == "dma_transpose", from_hbm=from_hbm)
-    shape = Shape(partitions, elems, stationary, dtype, psum_input, reduce, perf_mode and target.nc_version >= 3)
+    shape = Shape(
+        partitions, elems, stationary, dtype, psum_input, reduce, perf_mode and target.nc_version >= 3
+    )
     return compute_cost(target, engine, op, shape)
 
 
@@ -190,21 +194,29 @@ def record_cost(target: Target, rec: Record) -> Cost:
         return Cost(0.0, 0.0)
     if rec.engine == "dma":
         moved = max(rec.hbm_read + rec.sbuf_read, rec.hbm_write + rec.sbuf_write)
-        return dma_cost(target, moved, rec.partitions, transpose=rec.op == "dma_transpose", from_hbm=rec.hbm_read > 0)
+        return dma_cost(
+            target, moved, rec.partitions, transpose=rec.op == "dma_transpose", from_hbm=rec.hbm_read > 0
+        )
     return compute_cost(target, rec.engine, rec.op, record_shape(target, rec))
 
 
 def record_shape(target: Target, rec: Record) -> Shape:
-    """The cost-relevant facts of a compute record, read from its operands."""
-    reads = [op for op in rec.operands if op[0] == "r"]
-    writes = [op for op in rec.operands if op[0] == "w"]
-    main = reads[1] if rec.op == "nc_matmul" and len(reads) > 1 else (reads[0] if reads else writes[0])
-    stationary = _free_size(reads[0][3]) if rec.op == "nc_matmul" and reads else 0
-    on_sbuf_half = all(op[2] == "sbuf" and op[4] in HALF_DTYPES for op in rec.operands)
+    """The cost-relevant facts of a compute record, read from its operands in one pass."""
+    reads: list[Operand] = []
+    writes = 0
+    half_on_sbuf = target.nc_version >= 3
+    for op in rec.operands:
+        if op[0] == "r":
+            reads.append(op)
+        else:
+            writes += 1
+        half_on_sbuf = half_on_sbuf and op[2] == "sbuf" and op[4] in HALF_DTYPES
+    matmul = rec.op == "nc_matmul" and len(reads) > 1
+    main = reads[1] if matmul else (reads[0] if reads else rec.operands[0])
     return Shape(
-        partitions=rec.partitions, elems=rec.elems, stationary=stationary, dtype=main[4],
-        psum_input=any(op[2] == "psum" for op in reads), reduce=len(writes) > 1,
-        perf_mode=on_sbuf_half and target.nc_version >= 3,
+        partitions=rec.partitions, elems=rec.elems, stationary=_free_size(reads[0][3]) if matmul else 0,
+        dtype=main[4], psum_input=any(op[2] == "psum" for op in reads), reduce=writes > 1,
+        perf_mode=half_on_sbuf,
     )  # fmt: skip
 
 

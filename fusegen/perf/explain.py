@@ -56,10 +56,13 @@ def _plan_section(a: Analysis) -> str:
     if a.plan is None:
         return f"plan\n  {a.plan_note}"
     p = a.plan
-    rows = [*((f"tile {name}", str(value)) for name, value in p.tiles),
-            ("SBUF per partition", f"{p.sbuf_bytes:,} of {p.sbuf_budget:,} B ({_pct(p.sbuf_bytes, p.sbuf_budget)}), "
-                                   f"headroom {p.sbuf_budget - p.sbuf_bytes:,} B"),
-            ("PSUM banks", f"{p.psum_banks} of {p.psum_budget}"), *p.summary]  # fmt: skip
+    sbuf = f"{p.sbuf_bytes:,} of {p.sbuf_budget:,} B ({_pct(p.sbuf_bytes, p.sbuf_budget)})"
+    rows = [
+        *((f"tile {name}", str(value)) for name, value in p.tiles),
+        ("SBUF per partition", f"{sbuf}, headroom {p.sbuf_budget - p.sbuf_bytes:,} B"),
+        ("PSUM banks", f"{p.psum_banks} of {p.psum_budget}"),
+        *p.summary,
+    ]
     lines = ["plan", *(f"  {k:<38} {v}" for k, v in rows), _buffer_table(p)]
     return "\n".join(lines)
 
@@ -69,19 +72,25 @@ def _buffer_table(p: TilePlan) -> str:
     lines = [f"  {'buffer':<40}{'memory':>7}{'bytes':>10}{'copies':>8}{'of budget':>11}"]
     for b in p.buffers:
         total = b.bytes * b.copies
-        lines.append(f"  {b.name[:39]:<40}{b.memory:>7}{b.bytes:>10,}{b.copies:>8}{_pct(total, budget[b.memory]):>11}")
+        lines.append(
+            f"  {b.name[:39]:<40}{b.memory:>7}{b.bytes:>10,}{b.copies:>8}{_pct(total, budget[b.memory]):>11}"
+        )
     return "\n".join(lines)
 
 
 def _engine_section(a: Analysis) -> str:
     m = a.modeled
-    lines = [f"modelled time {m.time_ns / 1000:.1f} us ({m.instructions} instructions scheduled; "
-             f"engines in parallel, dependencies respected)",  # fmt: skip
-             f"  {'engine':<8}{'busy us':>10}{'busy %':>8}"]
+    lines = [
+        f"modelled time {m.time_ns / 1000:.1f} us ({m.instructions} instructions scheduled; "
+        f"engines in parallel, dependencies respected)",
+        f"  {'engine':<8}{'busy us':>10}{'busy %':>8}",
+    ]
     for kernel, sched in m.schedules:
         if len(m.schedules) > 1:
             lines.append(f"  {kernel}: {sched.time_ns / 1000:.1f} us")
-        lines += [f"  {e:<8}{sched.engine_busy_ns(e) / 1000:>10.1f}{sched.busy_pct(e):>7.0f}%" for e in ENGINES]
+        lines += [
+            f"  {e:<8}{sched.engine_busy_ns(e) / 1000:>10.1f}{sched.busy_pct(e):>7.0f}%" for e in ENGINES
+        ]
     lines.append(f"  bound by: {_bound_text(_main_schedule(a))}")
     lines.append("  (busy per lane averaged over cores; DMA over its 16 queues per core)")
     return "\n".join(lines)
@@ -102,12 +111,14 @@ def _bound_text(sched: Schedule) -> str:
 def _roofline_section(a: Analysis) -> str:
     m, r = a.modeled, a.modeled.roof
     eff = r.efficiency(m.time_ns)
+    peak_tflops = r.pe_peak_flops_per_ns / 1000
+    moved = m.hbm_moved / max(1, r.min_hbm_bytes)
     return "\n".join([
         f"roofline {r.time_ns / 1000:.1f} us ({r.bound}-bound); modelled efficiency {100 * eff:.0f}%",
-        f"  PE:  {r.flops / 1e9:.2f} GFLOP at {r.pe_peak_flops_per_ns / 1000:.1f} TFLOPS = {r.compute_ns / 1000:.1f} us",
+        f"  PE:  {r.flops / 1e9:.2f} GFLOP at {peak_tflops:.1f} TFLOPS = {r.compute_ns / 1000:.1f} us",
         f"  HBM: {r.min_hbm_bytes / 1e6:.2f} MB minimum (inputs read once, outputs written once) at "
         f"{r.hbm_bytes_per_ns:.0f} GB/s = {r.memory_ns / 1000:.1f} us",
-        f"  HBM traffic moved {m.hbm_moved / 1e6:.2f} MB = {m.hbm_moved / max(1, r.min_hbm_bytes):.2f}x the minimum",
+        f"  HBM traffic moved {m.hbm_moved / 1e6:.2f} MB = {moved:.2f}x the minimum",
     ])  # fmt: skip
 
 
@@ -115,12 +126,15 @@ def _alternatives_section(a: Analysis) -> str:
     if not a.alternatives:
         return f"next plans\n  {a.alternatives_note}" if a.alternatives_note else ""
     chosen = a.alternatives[0]
-    lines = ["next plans (planner = the planner's closed-form model; trace = run on the interpreter and scheduled)",
-             f"  {'#':<3}{'tiles':<28}{'planner us':>11}{'trace us':>10}{'vs chosen':>11}"]  # fmt: skip
+    lines = [
+        "next plans (planner: the planner's closed-form model; trace: run on the interpreter, scheduled)",
+        f"  {'#':<3}{'tiles':<28}{'planner us':>11}{'trace us':>10}{'vs chosen':>11}",
+    ]
     for rank, alt in enumerate(a.alternatives):
         trace = f"{alt.trace_ns / 1000:.1f}" if alt.trace_ns is not None else "-"
         ratio = "chosen" if rank == 0 else _ratio(alt.trace_ns, chosen.trace_ns, alt.plan, chosen.plan)
-        lines.append(f"  {rank + 1:<3}{tiles_text(alt.plan):<28}{alt.plan.modeled_ns / 1000:>11.1f}{trace:>10}{ratio:>11}")
+        planned = alt.plan.modeled_ns / 1000
+        lines.append(f"  {rank + 1:<3}{tiles_text(alt.plan):<28}{planned:>11.1f}{trace:>10}{ratio:>11}")
     lines.append("  why the chosen plan wins:")
     lines += [f"  - {reason}" for reason in chosen.plan.reasons]
     lines += _disagreement(a)

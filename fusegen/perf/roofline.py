@@ -79,7 +79,9 @@ def matmul_flops(records: Iterable[Record]) -> tuple[float, bool]:
 
 def roofline(target: Target, lnc: int, flops: float, min_hbm_bytes: int, fp32: bool = False) -> Roofline:
     """The roofline of a launch over `lnc` physical cores."""
-    return Roofline(flops, min_hbm_bytes, pe_peak_flops_per_ns(target, fp32) * lnc, hbm_bytes_per_ns(target) * lnc)
+    return Roofline(
+        flops, min_hbm_bytes, pe_peak_flops_per_ns(target, fp32) * lnc, hbm_bytes_per_ns(target) * lnc
+    )
 
 
 def hbm_bytes_moved(records: Iterable[Record]) -> int:

@@ -83,99 +83,108 @@ class _Tile:
     read_done: float = 0.0  # when every earlier read is done (WAR)
 
 
+class _Core:
+    """Timing state of one core: queue availability, tiles, PSUM banks."""
+
+    def __init__(self, banks: int, last_use: dict[int, int]) -> None:
+        self.free: dict[str, float] = defaultdict(float)  # lane -> free at
+        self.tiles: dict[int, _Tile] = defaultdict(_Tile)  # by allocation id
+        self.last_use = last_use  # allocation id -> index of its last access (program order)
+        self.bank_of: dict[int, int] = {}  # PSUM allocation id -> bank
+        self.banks: list[tuple[int, float]] = [(-1, 0.0)] * banks  # (owning allocation or -1, free at)
+
+
 class _Scheduler:
     """Mutable state of one scheduling pass."""
 
-    def __init__(self, target: Target, last_use: dict[tuple[int, int], int]) -> None:
+    def __init__(self, target: Target, last_use: dict[int, dict[int, int]]) -> None:
         self.target = target
-        self.free: dict[tuple[int, str], float] = defaultdict(float)  # (core, lane) -> free at
-        self.tiles: dict[tuple[int, int], _Tile] = defaultdict(_Tile)
-        self.last_use = last_use
-        self.bank_of: dict[tuple[int, int], int] = {}  # (core, psum alloc) -> bank
-        # per core, per bank: (owning alloc or -1, when every access to it is done)
-        self.banks: dict[int, list[tuple[int, float]]] = defaultdict(lambda: [(-1, 0.0)] * target.psum_banks)
+        self.cores = {core: _Core(target.psum_banks, uses) for core, uses in last_use.items()}
         self.busy: dict[str, float] = defaultdict(float)
         self.end = 0.0
 
     def place(self, rec: Record, floor: float) -> Span:
         """Schedule one record no earlier than `floor`."""
+        core = self.cores[rec.core]
         cost = record_cost(self.target, rec)
-        ready = max(floor, self._ready(rec))
-        lanes = self._lanes(rec)
-        start = max(ready, *(self.free[rec.core, lane] for lane in lanes))
+        lanes = _lanes(core, rec)
+        start = max(floor, _ready(core, rec), max(core.free[lane] for lane in lanes))
         end = start + cost.busy_ns
         for lane in lanes:
-            self.free[rec.core, lane] = end
+            core.free[lane] = end
         self.busy[rec.engine] += cost.busy_ns * len(lanes)
         done = start + cost.latency_ns
-        self._commit(rec, end, done)
+        _commit(core, rec, end, done)
         self.end = max(self.end, done if rec.engine == "dma" else end)  # a DMA is over when its data lands
         return Span(rec, tuple(lanes), start, end)
 
-    def _ready(self, rec: Record) -> float:
-        """Earliest start allowed by data dependencies and PSUM bank reuse."""
-        ready = 0.0
-        for role, alloc, region, _, _ in rec.operands:
-            tile = self.tiles[rec.core, alloc]
-            if role == "r":
-                ready = max(ready, tile.written_end if tile.writer == rec.engine else tile.written)
-            elif region in ON_CHIP:
-                ready = max(ready, tile.read_done, self._waw(tile, rec.engine))
-                if region == "psum":
-                    ready = max(ready, self._bank_wait(rec, alloc))
-        return ready
 
-    @staticmethod
-    def _waw(tile: _Tile, engine: str) -> float:
-        """A write follows the previous write to the tile, except DMA after DMA (they fill disjoint slices)."""
-        if engine == "dma" and tile.writer == "dma":
-            return 0.0
-        return tile.written_end if tile.writer == engine else tile.written
+def _ready(core: _Core, rec: Record) -> float:
+    """Earliest start allowed by data dependencies and PSUM bank reuse."""
+    ready = 0.0
+    for role, alloc, region, _, _ in rec.operands:
+        tile = core.tiles[alloc]
+        if role == "r":
+            ready = max(ready, tile.written_end if tile.writer == rec.engine else tile.written)
+        elif region in ON_CHIP:
+            ready = max(ready, tile.read_done, _waw(tile, rec.engine))
+            if region == "psum":
+                ready = max(ready, _bank_wait(core, rec, alloc))
+    return ready
 
-    def _bank_wait(self, rec: Record, alloc: int) -> float:
-        """A new PSUM tile takes the bank, among those whose tile is dead, that frees up first."""
-        if (rec.core, alloc) in self.bank_of:
-            return 0.0
-        banks = self.banks[rec.core]
-        dead = [b for b, (owner, _) in enumerate(banks) if owner < 0 or self.last_use[rec.core, owner] < rec.index]
-        bank = min(dead or range(len(banks)), key=lambda b: banks[b][1])
-        self.bank_of[rec.core, alloc] = bank
-        released = banks[bank][1]
-        banks[bank] = (alloc, released)
-        return released
 
-    def _lanes(self, rec: Record) -> list[str]:
-        """The engine's queue; for DMA the queues the transfer spreads over, those that free up first."""
-        if rec.engine != "dma":
-            return [rec.engine]
-        free, core = self.free, rec.core
-        return sorted(DMA_LANES, key=lambda lane: free[core, lane])[: dma_queues_used(rec.partitions)]
+def _waw(tile: _Tile, engine: str) -> float:
+    """A write follows the tile's previous write, except DMA after DMA (they fill disjoint slices)."""
+    if engine == "dma" and tile.writer == "dma":
+        return 0.0
+    return tile.written_end if tile.writer == engine else tile.written
 
-    def _commit(self, rec: Record, end: float, done: float) -> None:
-        """Record when this instruction's results are visible and its inputs released."""
-        release = done if rec.engine == "dma" else end  # a DMA holds its source until the data has landed
-        for role, alloc, region, _, _ in rec.operands:
-            tile = self.tiles[rec.core, alloc]
-            if role == "w":
-                tile.written, tile.written_end, tile.writer = done, end, rec.engine
-            else:
-                tile.read_done = max(tile.read_done, release)
-            bank = self.bank_of.get((rec.core, alloc)) if region == "psum" else None
-            if bank is not None:
-                owner, released = self.banks[rec.core][bank]
-                self.banks[rec.core][bank] = (owner, max(released, release))
+
+def _bank_wait(core: _Core, rec: Record, alloc: int) -> float:
+    """A new PSUM tile takes the bank, among those whose tile is dead, that frees up first."""
+    if alloc in core.bank_of:
+        return 0.0
+    banks = core.banks
+    dead = [b for b, (owner, _) in enumerate(banks) if owner < 0 or core.last_use[owner] < rec.index]
+    bank = min(dead or range(len(banks)), key=lambda b: banks[b][1])
+    core.bank_of[alloc] = bank
+    released = banks[bank][1]
+    banks[bank] = (alloc, released)
+    return released
+
+
+def _lanes(core: _Core, rec: Record) -> list[str]:
+    """The engine's queue; for DMA the queues the transfer spreads over, those that free up first."""
+    if rec.engine != "dma":
+        return [rec.engine]
+    return sorted(DMA_LANES, key=core.free.__getitem__)[: dma_queues_used(rec.partitions)]
+
+
+def _commit(core: _Core, rec: Record, end: float, done: float) -> None:
+    """Record when this instruction's results are visible and its inputs released."""
+    release = done if rec.engine == "dma" else end  # a DMA holds its source until the data has landed
+    for role, alloc, region, _, _ in rec.operands:
+        tile = core.tiles[alloc]
+        if role == "w":
+            tile.written, tile.written_end, tile.writer = done, end, rec.engine
+        else:
+            tile.read_done = max(tile.read_done, release)
+        bank = core.bank_of.get(alloc) if region == "psum" else None
+        if bank is not None:
+            owner, released = core.banks[bank]
+            core.banks[bank] = (owner, max(released, release))
 
 
 def schedule(records: Iterable[Record], target: Target) -> Schedule:
     """Model the timeline of `records` (one launch, any number of cores) on `target`."""
     by_epoch: dict[int, list[Record]] = defaultdict(list)
-    last_use: dict[tuple[int, int], int] = {}
+    last_use: dict[int, dict[int, int]] = defaultdict(dict)  # core -> allocation -> last access index
     for rec in records:
         by_epoch[rec.epoch].append(rec)
+        uses = last_use[rec.core]
         for op in rec.operands:
-            last_use[rec.core, op[1]] = rec.index
+            uses[op[1]] = rec.index
     state = _Scheduler(target, last_use)
-    cores = {core for core, _ in last_use}
     spans: list[Span] = []
     floor = 0.0
     for epoch in sorted(by_epoch):
@@ -183,4 +192,4 @@ def schedule(records: Iterable[Record], target: Target) -> Schedule:
         for rec in sorted(by_epoch[epoch], key=lambda r: r.core):
             spans.append(state.place(rec, floor))
         floor = state.end  # core_barrier: every core has finished the epoch
-    return Schedule(time_ns=state.end, cores=max(1, len(cores)), spans=spans, busy_ns=dict(state.busy))
+    return Schedule(time_ns=state.end, cores=max(1, len(last_use)), spans=spans, busy_ns=dict(state.busy))

@@ -1,4 +1,4 @@
-"""Render modelled timelines: Chrome trace-event JSON (Perfetto) and a hand-written SVG with the SBUF budget."""
+"""Modelled timelines as Chrome trace-event JSON (Perfetto) and as hand-written SVG with the SBUF budget."""
 
 from __future__ import annotations
 
@@ -12,11 +12,17 @@ from fusegen.codegen.plan import TilePlan
 from fusegen.perf.schedule import ENGINES, Schedule, Span
 
 WIDTH, LEFT, ROW, BAR = 960, 190, 22, 14
-COLORS = {"tensor": "#4e79a7", "vector": "#f28e2b", "scalar": "#59a14f", "gpsimd": "#b07aa1", "dma": "#e15759"}
+COLORS = {
+    "tensor": "#4e79a7",
+    "vector": "#f28e2b",
+    "scalar": "#59a14f",
+    "gpsimd": "#b07aa1",
+    "dma": "#e15759",
+}
 
 
 def chrome_trace(schedules: Sequence[tuple[str, Schedule]], path: str | Path) -> None:
-    """Write the launches' modelled timelines, one after another: pid = core, tid = engine or DMA queue, µs."""
+    """Write the launches' timelines one after another: pid = core, tid = engine or DMA queue, times in µs."""
     events: list[dict[str, Any]] = []
     offset = 0.0
     for kernel, sched in schedules:
@@ -60,7 +66,9 @@ def _rect(x: float, y: float, w: float, h: float, color: str, title: str = "") -
 def _budget_panel(plan: TilePlan, parts: list[str], y: int) -> int:
     """SBUF buffers as bars scaled to the usable budget (a full-width bar = the whole budget)."""
     scale = (WIDTH - LEFT - 20) / plan.sbuf_budget
-    parts.append(_text(10, y + 4, f"SBUF per partition: {plan.sbuf_bytes:,} of {plan.sbuf_budget:,} B usable"))
+    parts.append(
+        _text(10, y + 4, f"SBUF per partition: {plan.sbuf_bytes:,} of {plan.sbuf_budget:,} B usable")
+    )
     y += 14
     rows = [(b.name, b.bytes * b.copies) for b in plan.buffers if b.memory == "sbuf"]
     for name, nbytes in [*rows, ("total", plan.sbuf_bytes)]:
@@ -86,14 +94,18 @@ def _timeline_panel(schedules: Sequence[tuple[str, Schedule]], parts: list[str],
                 y += 4
                 parts.append(_text(LEFT - 6, y + BAR - 3, f"core {core} {engine}", "end"))
                 for start, end in _busy_intervals(sched.spans, core, engine, total / 2000):
-                    parts.append(_rect(LEFT + (offset + start) * scale, y, (end - start) * scale, BAR, COLORS[engine]))
+                    parts.append(
+                        _rect(LEFT + (offset + start) * scale, y, (end - start) * scale, BAR, COLORS[engine])
+                    )
                 y += ROW - 4
         offset += sched.time_ns
 
 
 def _busy_intervals(spans: list[Span], core: int, engine: str, merge_gap: float) -> list[tuple[float, float]]:
-    """Busy intervals of one engine lane, merged across gaps shorter than `merge_gap` (keeps the SVG small)."""
-    intervals = sorted((s.start_ns, s.end_ns) for s in spans if s.record.core == core and s.record.engine == engine)
+    """Busy intervals of one engine lane, merged over gaps below `merge_gap` (keeps the SVG small)."""
+    intervals = sorted(
+        (s.start_ns, s.end_ns) for s in spans if s.record.core == core and s.record.engine == engine
+    )
     merged: list[tuple[float, float]] = []
     for start, end in intervals:
         if merged and start <= merged[-1][1] + merge_gap:

@@ -13,8 +13,8 @@ from .tensor import NkiTensor
 _FP32_ONLY_WITH = (torch.float32,)
 
 
-def _check_operands(ins: Instr, d: NkiTensor, st: NkiTensor, mv: NkiTensor) -> None:
-    """Memories, PE-array limits, PSUM bank, dtypes."""
+def _check_operands(ins: Instr, d: NkiTensor, st: NkiTensor, mv: NkiTensor) -> int:
+    """Memories, PE-array limits, dtypes; returns the dst's PSUM bank within its tile."""
     for t, role in ((st, "stationary"), (mv, "moving")):
         if t.alloc.region is not MemoryRegion.sbuf:
             raise ins.fail(EngineMemoryError, f"{role} must be in SBUF, got {t.alloc.region.value}")
@@ -36,7 +36,7 @@ def _check_operands(ins: Instr, d: NkiTensor, st: NkiTensor, mv: NkiTensor) -> N
     if (st.dtype in _FP32_ONLY_WITH) != (mv.dtype in _FP32_ONLY_WITH):
         raise ins.fail(DtypeError, f"fp32 inputs only pair with fp32: stationary {st.dtype}, "
                        f"moving {mv.dtype}")
-    _check_bank(ins, d)
+    return _check_bank(ins, d)
 
 
 def _check_bank(ins: Instr, d: NkiTensor) -> int:
@@ -102,9 +102,9 @@ def nc_matmul(dst: NkiTensor, stationary: NkiTensor, moving: NkiTensor, is_stati
     """dst[M,N] (+)= stationary[K,M].T @ moving[K,N], fp32 accumulation in PSUM."""
     ins = Instr("nc_matmul", "tensor")
     d, st, mv = ins.tensor(dst, "dst"), ins.tensor(stationary, "stationary"), ins.tensor(moving, "moving")
-    if is_transpose or tile_position or tile_size or perf_mode is not matmul_perf_mode.none:
+    if is_transpose or tile_position or tile_size or perf_mode not in (None, matmul_perf_mode.none):
         raise ins.fail(UnsupportedError, "is_transpose/tile_position/tile_size/perf_mode are not modelled")
-    _check_operands(ins, d, st, mv)
+    bank = _check_operands(ins, d, st, mv)
     k = st.partitions
     # bf16/fp16 products are exact in fp32, so an fp32 matmul on upcast operands is faithful
     a = ins.read_f32(st, "stationary").reshape(k, st.free_size)
@@ -112,5 +112,4 @@ def nc_matmul(dst: NkiTensor, stationary: NkiTensor, moving: NkiTensor, is_stati
     if _accumulate(ins, d, a.t(), b, accumulate):
         ins.bytes[4] += d.numel * d.dtype.itemsize  # accumulation reads PSUM
     ins.account(d, "w", 1)
-    bank = _check_bank(ins, d)
     ins.finish(d.partitions, mv.free_size, psum_bank=bank)

@@ -53,7 +53,7 @@ class Launch:
         self.body: Callable[[int], None] = lambda core: None
 
     def hbm_input(self, tensor: torch.Tensor, name: str, site: tuple[str, int]) -> NkiTensor:
-        """Copy a caller tensor into shared HBM (written back after the run only if the kernel wrote it)."""
+        """A caller tensor as shared HBM (copy on write; written back after the run if written)."""
         alloc = Alloc(tuple(tensor.shape), tensor.dtype, MemoryRegion.shared_hbm, name, site, source=tensor)
         self._track(alloc)
         return NkiTensor.whole(alloc)

@@ -11,7 +11,6 @@ from .ops import Op, engine
 from .tensor import NkiTensor
 
 PSUM = (MemoryRegion.psum,)
-HBM = (MemoryRegion.private_hbm, MemoryRegion.shared_hbm)
 
 
 def engine_name(value: object, default: str, allowed: tuple[str, ...], op: str) -> str:

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import math
+import operator
 from collections.abc import Sequence
 from typing import Any
 
@@ -107,7 +108,8 @@ class NkiTensor:
                 offset += start * s
                 shape.append(count)
                 strides.append(s * step)
-            elif isinstance(k, int):
+            elif hasattr(k, "__index__"):  # ints, numpy ints
+                k = operator.index(k)
                 if not -n <= k < n:
                     raise fault(OutOfBoundsError, "index", f"index {k} out of range for dim {dim} "
                                 f"of size {n}")
@@ -176,11 +178,14 @@ class NkiTensor:
 
 def _slice_bounds(k: slice, n: int, dim: int) -> tuple[int, int, int]:
     """Start, count and step of a slice; an out-of-range bound is an error, never a silent clamp."""
-    step = 1 if k.step is None else k.step
+    try:
+        step = 1 if k.step is None else operator.index(k.step)
+        start = 0 if k.start is None else operator.index(k.start)
+        stop = n if k.stop is None else operator.index(k.stop)
+    except TypeError:
+        raise fault(UnsupportedError, "index", f"slice {k} must use integer bounds") from None
     if step <= 0:
         raise fault(UnsupportedError, "index", f"slice step {step} (only positive steps are modelled)")
-    start = 0 if k.start is None else k.start
-    stop = n if k.stop is None else k.stop
     start = start + n if start < 0 else start
     stop = stop + n if stop < 0 else stop
     if not 0 <= start <= n or not 0 <= stop <= n:

@@ -243,3 +243,12 @@ def test_trn1_activation_bias_must_be_a_vector():
 
     sim.run(kernel, target="trn2")
     expect(sim.InvalidArgumentError, "<-bias", kernel, target="trn1")
+
+
+def test_unmodelled_features_are_reported_not_ignored():
+    def kernel(x):
+        sb = nl.ndarray((4, 8), dtype=F32, buffer=nl.sbuf)
+        idx = _sb((4, 1), nl.int32)
+        nisa.dma_copy(dst=sb, src=x.ap(pattern=[[8, 4], [1, 8]], vector_offset=idx))  # <-indirect
+
+    expect(sim.UnsupportedError, "<-indirect", kernel, torch.zeros(4, 8))
