@@ -44,6 +44,7 @@ class Machine(NamedTuple):
     dma_fixed_ns: float  # fixed cost of one DMA transfer
     dma_queues: int  # transfers in flight
     sbuf_budget: int  # usable SBUF bytes per partition
+    max_lnc: int  # logical cores one launch may span (trn2 pairs cores; trn1 has no LNC=2)
 
 
 class Buffer(NamedTuple):
@@ -185,6 +186,8 @@ def rank_key(
 
 def choose(m: FfnModel, mach: Machine, rows: int, k: int, i: int, lnc: int) -> Plan:
     """The best modelled legal plan; ValueError with the numbers when none fits."""
+    if lnc > mach.max_lnc:
+        raise ValueError(f"LNC={lnc} is not available on this target: at most {mach.max_lnc}")
     plans = candidates(m, rows, k, i, lnc, mach.sbuf_budget)
     if not plans:
         need = sbuf_bytes(m, P, P, k, i)

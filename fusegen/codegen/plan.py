@@ -76,6 +76,7 @@ def machine(target: Target) -> fb.Machine:
         dma_fixed_ns=DMA_FIXED_NS,
         dma_queues=DMA_QUEUES,
         sbuf_budget=target.sbuf_usable_bytes,
+        max_lnc=2 if target.nc_version >= 3 else 1,  # LNC=2 pairs NeuronCore-v3 cores (nki.md §2)
     )
 
 
@@ -97,6 +98,8 @@ def candidates(
     """The `count` best legal plans by modelled time, best first, each with its reasons."""
     rows, k, i = (dims[r] for r in roles)
     mach = machine(target)
+    if lnc > mach.max_lnc:
+        raise PlanError(f"LNC={lnc} needs NeuronCore-v3 core pairs; {target.name} runs LNC=1 only (use --lnc 1)")
     banks = fb.psum_banks(model)
     if banks > target.psum_banks:
         raise PlanError(f"the kernel needs {banks} PSUM banks; {target.name} has {target.psum_banks}")

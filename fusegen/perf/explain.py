@@ -63,7 +63,7 @@ def _plan_section(a: Analysis) -> str:
         ("PSUM banks", f"{p.psum_banks} of {p.psum_budget}"),
         *p.summary,
     ]
-    lines = ["plan", *(f"  {k:<38} {v}" for k, v in rows), _buffer_table(p)]
+    lines = ["plan", *(f"  {k:<38} {v}" for k, v in rows), "", _buffer_table(p)]
     return "\n".join(lines)
 
 

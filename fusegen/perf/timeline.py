@@ -12,6 +12,7 @@ from fusegen.codegen.plan import TilePlan
 from fusegen.perf.schedule import ENGINES, Schedule, Span
 
 WIDTH, LEFT, ROW, BAR = 960, 190, 22, 14
+TICKS = 4  # time-axis labels above the engine lanes
 COLORS = {
     "tensor": "#4e79a7",
     "vector": "#f28e2b",
@@ -85,6 +86,8 @@ def _timeline_panel(schedules: Sequence[tuple[str, Schedule]], parts: list[str],
     total = sum(s.time_ns for _, s in schedules) or 1.0
     scale = (WIDTH - LEFT - 20) / total
     parts.append(_text(10, y, f"modelled timeline, {total / 1000:.1f} us"))
+    parts += [_text(LEFT + i / TICKS * total * scale, y, f"{i / TICKS * total / 1000:.1f} us", "middle")
+              for i in range(1, TICKS + 1)]  # fmt: skip
     offset = 0.0
     for kernel, sched in schedules:
         y += 16

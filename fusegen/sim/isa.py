@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 from .context import active_target, current
-from .errors import InvalidArgumentError, SimError
+from .errors import InvalidArgumentError, SimError, UnsupportedError
 from .instr import Instr
 from .isa_compute import (  # noqa: F401 -- the public nisa surface
     activation,
@@ -44,6 +44,10 @@ def core_barrier(data: NkiTensor, cores: tuple[int, ...], engine: object = engin
     t = ins.tensor(data, "data")
     if t.alloc.region is not MemoryRegion.shared_hbm:
         raise ins.fail(InvalidArgumentError, f"data must be in shared HBM, got {t.alloc.region.value}")
+    if ins.ctx.launch.target.nc_version < 3:  # the AWS stub: logical-core barriers need NeuronCore-v3+
+        target = ins.ctx.launch.target.name
+        raise ins.fail(UnsupportedError, f"core_barrier needs NeuronCore-v3 or later; {target} has no "
+                       "logical-core pairs (launch with LNC=1)")
     grid = ins.ctx.launch.grid
     if not set(range(grid)) <= set(cores):
         raise ins.fail(InvalidArgumentError, f"cores={cores} must include every core of the launch "

@@ -51,6 +51,7 @@ class Machine(NamedTuple):
     dma_fixed_ns: float  # fixed cost of one DMA transfer
     dma_queues: int  # transfers in flight
     sbuf_budget: int  # usable SBUF bytes per partition
+    max_lnc: int  # logical cores one launch may span (trn2 pairs cores; trn1 has no LNC=2)
 
 
 class Buffer(NamedTuple):
@@ -192,6 +193,8 @@ def rank_key(
 
 def choose(m: FfnModel, mach: Machine, rows: int, k: int, i: int, lnc: int) -> Plan:
     """The best modelled legal plan; ValueError with the numbers when none fits."""
+    if lnc > mach.max_lnc:
+        raise ValueError(f"LNC={lnc} is not available on this target: at most {mach.max_lnc}")
     plans = candidates(m, rows, k, i, lnc, mach.sbuf_budget)
     if not plans:
         need = sbuf_bytes(m, P, P, k, i)
@@ -204,8 +207,8 @@ def choose(m: FfnModel, mach: Machine, rows: int, k: int, i: int, lnc: int) -> P
 MODEL = FfnModel(n_up=1, x_bytes=2, mid_tiles=2, epi_tiles=1, epi_cols=0, col_vectors=0, row_vectors=0, row_inputs=0, out_bytes=2, mid_act=2, mid_dve=0, epi_act=0, epi_dve=1)
 #: the figures the planner's time model needs, per target (from fusegen/sim/targets.py).
 MACHINES = {
-    "trn1": Machine(pe_ghz=2.8, act_ghz=1.4, dve_ghz=1.12, dma_gbps=272.0, dma_fixed_ns=1300.0, dma_queues=16, sbuf_budget=180224),
-    "trn2": Machine(pe_ghz=2.4, act_ghz=1.2, dve_ghz=0.96, dma_gbps=362.5, dma_fixed_ns=1300.0, dma_queues=16, sbuf_budget=212984),
+    "trn1": Machine(pe_ghz=2.8, act_ghz=1.4, dve_ghz=1.12, dma_gbps=272.0, dma_fixed_ns=1300.0, dma_queues=16, sbuf_budget=180224, max_lnc=1),
+    "trn2": Machine(pe_ghz=2.4, act_ghz=1.2, dve_ghz=0.96, dma_gbps=362.5, dma_fixed_ns=1300.0, dma_queues=16, sbuf_budget=212984, max_lnc=2),
 }
 
 

@@ -47,7 +47,7 @@ SHAPES = [(1, 128, 128), (129, 256, 300), (300, 384, 1000), (256, 1280, 3416)]
 
 
 @pytest.mark.parametrize(("r", "k", "i"), SHAPES)
-@pytest.mark.parametrize(("target", "lnc"), [("trn2", 2), ("trn2", 1), ("trn1", 2)])
+@pytest.mark.parametrize(("target", "lnc"), [("trn2", 2), ("trn2", 1), ("trn1", 1)])
 def test_swiglu_ffn_matches_formula(r: int, k: int, i: int, target: str, lnc: int) -> None:
     module = load_module(GENERATED / "swiglu_ffn" / "kernel.py", target=target)
     x, w1t, b1, wgt, bg, w2t, b2, _ = _inputs(r, k, i, seed=r + k + i)
