@@ -1,11 +1,11 @@
 """Modelled time, roofline efficiency and HBM traffic: the generated swiglu_ffn against the seed kernel.
 
 ViT-H SwiGLU FFN (K=1280, I=3416; the seed needs I % 128 == 0, so it runs zero-padded to I=3456) at
-R in {128, 256, 2048, 8192}, LNC 1/2, trn1/trn2. Each kernel runs on fusegen.sim with its own tile plan;
-fusegen.perf schedules its trace. Both are compared with the roofline of the real problem (I=3416):
-PE time of 2*R*K*I*3 FLOP, and the HBM time of reading x, the weights and biases once and writing out.
-Traces are cached per (kernel, R, LNC, plan), so a plan both targets choose runs once.
-Run: .venv/bin/python bench/ffn_perf.py [--quick]   (--quick: R <= 2048)
+R in {128, 256, 2048, 8192}, LNC 1/2, trn1/trn2 (trn1 has no LNC=2). Each kernel runs on fusegen.sim
+with its own tile plan; fusegen.perf schedules its trace. Both are compared with the roofline of the
+real problem (I=3416): PE time of 2*R*K*I*3 FLOP, and HBM time of reading x, the weights and biases
+once and writing out once. Traces are cached per (kernel, R, LNC, plan): a plan both targets choose
+runs once. Run: .venv/bin/python bench/ffn_perf.py [--quick]   (--quick: R <= 2048; ~1 min in full)
 """
 
 from __future__ import annotations
@@ -199,6 +199,9 @@ def main(argv: list[str]) -> int:
         seed_mod = seed_module(lnc)
         for rows in rows_set:
             for target in TARGETS:
+                if getattr(module.MACHINES[target], "max_lnc", lnc) < lnc:
+                    print(f"{target:<5}{lnc:>4}{rows:>6}  skipped: {target} has no LNC={lnc}")
+                    continue
                 pair = (generated(module, target, lnc, rows), seed(seed_mod, target, lnc, rows))
                 results[target, lnc, rows] = pair
                 for r in pair:

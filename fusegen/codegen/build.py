@@ -57,7 +57,7 @@ def build_spec(path: str, options: BuildOptions) -> Built:
         "kernel.py": family.kernel_source(ir, match, options.target, options.lnc),
         "reference.py": reference_source(user_ir),
         f"test_{ir.name}.py": test_source(ir, options.target),
-        "plan.md": plan_markdown(ir, family.name, plans),
+        "plan.md": plan_markdown(ir, family.name, family.planning, plans),
     }
     return Built(ir.name, tuple((f"{ir.name}/{name}", text) for name, text in sorted(files.items())), plans)
 

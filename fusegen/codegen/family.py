@@ -25,6 +25,10 @@ class Family(Protocol):
     def hooks(self) -> tuple[str, ...]:
         """The hook points its template offers."""
 
+    @property
+    def planning(self) -> str:
+        """How its planner chooses, for plan.md."""
+
     def match(self, ir: KernelIR) -> Any:
         """The family's roles in `ir` (raises Mismatch)."""
 

@@ -45,6 +45,11 @@ class FfnFamily:
         "epilogue: elementwise with [K] / [R, K] / [R, 1] inputs, row reductions, LayerNorm/RMSNorm "
         "statistics chains, output casts",
     )
+    planning: str = (
+        "The planner enumerates legal plans (SBUF budget, PSUM banks) and picks the one with the least "
+        "modelled time, then the fewest HBM bytes, then the least SBUF; the host function re-plans the "
+        "same way for runtime shapes."
+    )
 
     def match(self, ir: KernelIR) -> FfnMatch:
         """The FFN roles in `ir` (raises Mismatch)."""

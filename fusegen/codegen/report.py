@@ -19,13 +19,14 @@ class PlanRows:
     reasons: tuple[str, ...]
 
 
-def plan_markdown(ir: KernelIR, family: str, plans: tuple[TilePlan, ...]) -> str:
+def plan_markdown(ir: KernelIR, family: str, planning: str, plans: tuple[TilePlan, ...]) -> str:
     """The plan report of one kernel."""
     return render(
         "plan.md.jinja",
         header=header(ir, "plan.md.jinja", comment="<!--").replace("\n", " -->\n") + " -->",
         name=ir.name,
         family=family,
+        planning=planning,
         plans=[_rows(p) for p in plans],
     )
 

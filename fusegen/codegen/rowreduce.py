@@ -55,6 +55,12 @@ class RowReduceFamily:
         "epilogue: per-row scalar math on [P, 1] columns, the full-width combine, [T, G] outputs staged",
     )
 
+    planning: str = (
+        "The planner keeps the prepared weights of every head resident when they fit the SBUF budget "
+        "(else it rebuilds one head's per token tile), then takes the fewest reduction chunks, each the "
+        "narrowest multiple of 128 for that count."
+    )
+
     def match(self, ir: KernelIR) -> RowReduceMatch:
         """The row-reduction roles in `ir` (raises Mismatch)."""
         return match_rowreduce(ir)
