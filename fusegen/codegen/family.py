@@ -7,7 +7,16 @@ from dataclasses import dataclass
 from typing import Any, Protocol
 
 from fusegen.dsl.diagnostics import Diagnostic, Span, SpecError
-from fusegen.dsl.ir import KernelIR, Node, Shape, shape_str
+from fusegen.dsl.ir import BINARY_OPS, UNARY_OPS, KernelIR, Node, Shape, shape_str
+
+#: Ops every family treats as elementwise, and the nodes that are trace-time scalars.
+ELEMENTWISE = frozenset((*UNARY_OPS, *BINARY_OPS, "pow", "clamp", "cast"))
+SCALAR_LEAVES = frozenset(("param", "const", "dim"))
+
+
+def kernel_arg(name: str) -> str:
+    """A kernel's name for spec input `name` (suffixed so it never meets a template local)."""
+    return f"{name}_hbm"
 
 
 class Family(Protocol):

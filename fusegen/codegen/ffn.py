@@ -2,15 +2,15 @@
 
 from __future__ import annotations
 
-import inspect
 from dataclasses import dataclass
 
 from fusegen.codegen import ffn_budget
-from fusegen.codegen.ffn_lower import FfnLowering, kernel_arg, lower_ffn
+from fusegen.codegen.family import kernel_arg
+from fusegen.codegen.ffn_lower import FfnLowering, lower_ffn
 from fusegen.codegen.ffn_match import FfnMatch, match_ffn
 from fusegen.codegen.plan import PlanError, TilePlan, machine, plan_ffn
 from fusegen.codegen.reference import dim_bindings
-from fusegen.codegen.render import header, render
+from fusegen.codegen.render import header, render, vendored
 from fusegen.dsl.ir import KernelIR
 from fusegen.sim.targets import TARGETS, get_target
 
@@ -74,7 +74,7 @@ class FfnFamily:
             doc=_doc(ir),
             low=low,
             model=repr(low.model),
-            budget_source=_vendored_budget(),
+            budget_source=vendored(ffn_budget),
             kernel_args=_kernel_args(ir),
             host=_host(ir, m, low),
             dim_bindings=[f"d_{d} = {src}" for d, src in dim_bindings(ir, kernel_arg)],
@@ -127,8 +127,3 @@ def _machines() -> list[tuple[str, str]]:
             continue
     return out
 
-
-def _vendored_budget() -> str:
-    """ffn_budget.py's code from its first constant on (its docstring and imports stay behind)."""
-    source = inspect.getsource(ffn_budget)
-    return source[source.index("P = 128") :].rstrip("\n")

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+from fusegen.codegen.family import kernel_arg
 from fusegen.codegen.ffn_budget import FfnModel
 from fusegen.codegen.ffn_match import FfnMatch
 from fusegen.codegen.select import NL_DTYPE, Layout, Selector
@@ -57,10 +58,6 @@ class FfnLowering:
     model: FfnModel
     prologue: Prologue | None = None
 
-
-def kernel_arg(name: str) -> str:
-    """The kernel's name for spec input or param `name` (suffixed so it never meets a template local)."""
-    return f"{name}_hbm"
 
 
 def lower_ffn(ir: KernelIR, m: FfnMatch) -> FfnLowering:

@@ -6,14 +6,12 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from fusegen.codegen.family import Mismatch, leave, shape_is
-from fusegen.dsl.ir import BINARY_OPS, UNARY_OPS, Dim, KernelIR, Node
+from fusegen.codegen.family import ELEMENTWISE, SCALAR_LEAVES, Mismatch, leave, shape_is
+from fusegen.dsl.ir import Dim, KernelIR, Node
 
 FAMILY = "ffn"
 #: Ops allowed between the projections and the down-projection, and in the epilogue.
-ELEMENTWISE = frozenset((*UNARY_OPS, *BINARY_OPS, "pow", "clamp", "cast"))
 ROW_WISE = frozenset(("sum", "mean", "max", "layernorm", "rmsnorm"))
-SCALAR_LEAVES = frozenset(("param", "const", "dim"))
 
 
 @dataclass(frozen=True)

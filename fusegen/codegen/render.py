@@ -4,8 +4,10 @@ from __future__ import annotations
 
 import functools
 import hashlib
+import inspect
 import re
 from pathlib import Path
+from types import ModuleType
 from typing import Any
 
 import jinja2
@@ -53,6 +55,13 @@ def project_path(path: str) -> str:
     else:
         resolved = Path(resolved.name)
     return re.sub(r"[^A-Za-z0-9_./-]", "_", resolved.as_posix())
+
+
+def vendored(module: ModuleType) -> str:
+    """A standard-library-only module's code from its first constant on (docstring and imports stay
+    behind), to be copied into a generated kernel."""
+    source = inspect.getsource(module)
+    return source[source.index("\nP = 128") + 1 :].rstrip("\n")
 
 
 def sha256(text: str) -> str:

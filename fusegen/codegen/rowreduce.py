@@ -3,14 +3,14 @@
 from __future__ import annotations
 
 import dataclasses
-import inspect
 from dataclasses import dataclass
 
 from fusegen.codegen import rowreduce_budget as rb
+from fusegen.codegen.family import kernel_arg
 from fusegen.codegen.plan import PlanError, PlannedBuffer, TilePlan
 from fusegen.codegen.reference import dim_bindings
-from fusegen.codegen.render import header, render
-from fusegen.codegen.rowreduce_lower import RowReduceLowering, kernel_arg, lower_rowreduce
+from fusegen.codegen.render import header, render, vendored
+from fusegen.codegen.rowreduce_lower import RowReduceLowering, lower_rowreduce
 from fusegen.codegen.rowreduce_match import RowReduceMatch, match_rowreduce
 from fusegen.codegen.select import NL_DTYPE
 from fusegen.codegen.stage import dim_source
@@ -77,7 +77,7 @@ class RowReduceFamily:
         return render(
             TEMPLATE,
             header=header(ir, TEMPLATE), name=ir.name, doc=_doc(ir), low=low, model=repr(low.model),
-            budget_source=_vendored_budget(), kernel_args=_kernel_args(ir), host=_host(ir, m),
+            budget_source=vendored(rb), kernel_args=_kernel_args(ir), host=_host(ir, m),
             dim_bindings=[f"d_{d} = {src}" for d, src in dim_bindings(ir, kernel_arg)],
             outputs=[(kernel_arg(o.name), NL_DTYPE[o.dtype], ", ".join(dim_source(d) for d in o.shape),
                       " if save else None" if o.optional else "") for o in ir.outputs],
@@ -203,7 +203,7 @@ def _host(ir: KernelIR, m: RowReduceMatch) -> HostSignature:
         kernel_returns=", ".join(kernel_arg(o) for o in required),
         saved_returns=", ".join(kernel_arg(o.name) for o in ir.outputs) if optional else "",
         prep_outputs=tuple(f"prep{i}_hbm" for i in range(len(m.prep_roots))),
-        doc=f"Run the kernel on {_lnc_text()}; returns ({', '.join(required)}){saved}.",
+        doc=f"Run the kernel on `lnc` logical cores (default: NEURON_LOGICAL_NC_CONFIG); returns ({', '.join(required)}){saved}.",
         prep_name="fused_weight", prep_params=", ".join(f"{w}: torch.Tensor" for w in weights),
         prep_args=", ".join(weights), prep_kernel_args=", ".join(kernel_arg(w) for w in weights),
         prep_dims=tuple(f"d_{d} = {src}" for d, src in dim_bindings(prep_ir, kernel_arg)),
@@ -213,8 +213,3 @@ def _host(ir: KernelIR, m: RowReduceMatch) -> HostSignature:
 def _lnc_text() -> str:
     return "`lnc` logical cores (default: NEURON_LOGICAL_NC_CONFIG)"
 
-
-def _vendored_budget() -> str:
-    """rowreduce_budget.py's code from its first constant on (its docstring and imports stay behind)."""
-    source = inspect.getsource(rb)
-    return source[source.index("P = 128") :].rstrip("\n")

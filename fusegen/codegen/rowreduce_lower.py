@@ -14,6 +14,7 @@ from __future__ import annotations
 from collections.abc import Callable
 from dataclasses import dataclass
 
+from fusegen.codegen.family import kernel_arg
 from fusegen.codegen.rowreduce_budget import RowModel
 from fusegen.codegen.rowreduce_match import RowLoad, RowReduceMatch
 from fusegen.codegen.select import NL_DTYPE, Layout, Selector
@@ -77,10 +78,6 @@ class RowReduceLowering:
     optional_columns: tuple[ColumnOutput, ...]
     model: RowModel
 
-
-def kernel_arg(name: str) -> str:
-    """The kernel's name for spec input `name` (suffixed so it never meets a template local)."""
-    return f"{name}_hbm"
 
 
 def lower_rowreduce(ir: KernelIR, m: RowReduceMatch) -> RowReduceLowering:

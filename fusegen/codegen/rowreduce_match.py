@@ -7,13 +7,11 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from fusegen.codegen.family import Mismatch, leave
-from fusegen.dsl.ir import BINARY_OPS, UNARY_OPS, Dim, KernelIR, Node, OutputDecl
+from fusegen.codegen.family import ELEMENTWISE, SCALAR_LEAVES, Mismatch, leave
+from fusegen.dsl.ir import Dim, KernelIR, Node, OutputDecl
 
 FAMILY = "rowreduce"
-ELEMENTWISE = frozenset((*UNARY_OPS, *BINARY_OPS, "pow", "clamp", "cast"))
 REDUCTIONS = frozenset(("sum", "mean", "max"))
-SCALAR_LEAVES = frozenset(("param", "const", "dim"))
 ONE = Dim.const(1)
 
 
