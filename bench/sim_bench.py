@@ -97,11 +97,15 @@ def main() -> None:
         return
     times, count = swiglu_times()
     sim_s, torch_s = times["sim"], times["torch"]
-    print(f"swiglu_stream_kernel K=1280 I=3456 R=512 LNC=2: sim {sim_s * 1e3:.0f} ms ({count} instructions), "
-          f"eager torch fp32 {torch_s * 1e3:.0f} ms ({torch.get_num_threads()} threads), "
-          f"ratio {sim_s / torch_s:.2f}x (goal <= 3x)")
-    print(f"  for reference: eager torch fp32 single-threaded {times['torch1'] * 1e3:.0f} ms, "
-          f"ratio {sim_s / times['torch1']:.2f}x")
+    print(
+        f"swiglu_stream_kernel K=1280 I=3456 R=512 LNC=2: sim {sim_s * 1e3:.0f} ms ({count} instructions), "
+        f"eager torch fp32 {torch_s * 1e3:.0f} ms ({torch.get_num_threads()} threads), "
+        f"ratio {sim_s / torch_s:.2f}x (goal <= 3x)"
+    )
+    print(
+        f"  for reference: eager torch fp32 single-threaded {times['torch1'] * 1e3:.0f} ms, "
+        f"ratio {sim_s / times['torch1']:.2f}x"
+    )
 
 
 if __name__ == "__main__":

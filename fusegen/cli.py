@@ -7,9 +7,13 @@ import sys
 import traceback
 from collections.abc import Callable, Sequence
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 from fusegen import __version__
 from fusegen.dsl.diagnostics import SpecError
+
+if TYPE_CHECKING:
+    from fusegen.codegen.build import BuildOptions
 
 EXAMPLES = """examples:
   fusegen check-spec examples/*.spec          validate specs, print a typed summary
@@ -30,7 +34,7 @@ def _check_spec(args: argparse.Namespace) -> int:
     return check_spec(args.specs, dump=args.dump)
 
 
-def _options(args: argparse.Namespace):  # type: ignore[no-untyped-def]
+def _options(args: argparse.Namespace) -> BuildOptions:
     from fusegen.codegen.build import BuildOptions
 
     return BuildOptions(out_dir=Path(args.out), target=args.target, lnc=args.lnc)

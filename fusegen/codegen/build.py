@@ -52,7 +52,8 @@ def build_spec(path: str, options: BuildOptions) -> Built:
     try:
         plans = tuple(family.plans(ir, match, options.target, options.lnc))
     except PlanError as err:
-        raise SpecError([Diagnostic(ir.checks[0].span if ir.checks else ir.outputs[0].span, str(err))], source) from None
+        where = ir.checks[0].span if ir.checks else ir.outputs[0].span
+        raise SpecError([Diagnostic(where, str(err))], source) from None
     files = {
         "kernel.py": family.kernel_source(ir, match, options.target, options.lnc),
         "reference.py": reference_source(user_ir),
@@ -96,7 +97,8 @@ def test_source(ir: KernelIR, target: str) -> str:
     """test_<name>.py: the interpreter against the reference at every check shape and ragged variants."""
     fan_in = {ir.node(n.args[1]).name for n in ir.nodes if n.op == "matmul"}
     inputs = tuple((i.name, i.dtype, "fan_in" if i.name in fan_in else "1") for i in ir.inputs)
-    shapes = "{" + ", ".join(f'"{i.name}": ({", ".join(dim_source(d) for d in i.shape)},)' for i in ir.inputs) + "}"
+    shapes = ", ".join(f'"{i.name}": ({", ".join(dim_source(d) for d in i.shape)},)' for i in ir.inputs)
+    shapes = "{" + shapes + "}"
     return render(
         "test_kernel.py.jinja", header=header(ir, "test_kernel.py.jinja"), name=ir.name, target=target,
         shapes=[(repr(dims), label) for dims, label in test_shapes(ir)], inputs=repr(inputs),
@@ -112,7 +114,7 @@ def _is_free(ir: KernelIR, name: str) -> bool:
 
 
 def test_shapes(ir: KernelIR) -> list[tuple[dict[str, int], str]]:
-    """The check shapes, plus the smallest one with each free dim made odd (ragged) where constraints allow."""
+    """The check shapes, plus the smallest with one free dim moved by one (ragged) where constraints allow."""
     shapes = [(c.env(), "check-" + "-".join(f"{k}{v}" for k, v in c.dims)) for c in ir.checks]
     if not shapes:
         return shapes
@@ -122,7 +124,8 @@ def test_shapes(ir: KernelIR) -> list[tuple[dict[str, int], str]]:
         for value in (smallest[name] - 1, smallest[name] + 1):
             env = {**smallest, name: value}
             full = {**env_all, name: value}
-            if value >= 1 and all(c.holds(full) for c in ir.constraints) and env not in [s for s, _ in shapes]:
+            allowed = value >= 1 and all(c.holds(full) for c in ir.constraints)
+            if allowed and env not in [s for s, _ in shapes]:
                 shapes.append((env, f"ragged-{name}{value}"))
                 break
     return shapes

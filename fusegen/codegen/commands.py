@@ -50,7 +50,7 @@ def check(specs: list[str], options: BuildOptions, shapes: list[dict[str, int]])
         out = Path(tmp)
         for spec in specs:
             ir, _ = load_spec(spec)
-            runs = [_validated(ir, spec, dims) for dims in shapes] or [env for env, _ in test_shapes(ir)]
+            runs = [validated_shape(ir, spec, dims) for dims in shapes] or [env for env, _ in test_shapes(ir)]
             built = build_spec(spec, BuildOptions(out, options.target, options.lnc))
             write_atomically(out, built.files)
             generated_test = load_reference(out / built.name / f"test_{built.name}.py")
@@ -71,7 +71,7 @@ def _dims_text(dims: dict[str, int]) -> str:
     return " ".join(f"{k}={v}" for k, v in dims.items())
 
 
-def _validated(ir: KernelIR, spec: str, dims: dict[str, int]) -> dict[str, int]:
+def validated_shape(ir: KernelIR, spec: str, dims: dict[str, int]) -> dict[str, int]:
     """`--shape` dims, checked like a `check` line: every free dim given, constraints hold."""
     source = Path(spec).read_text(encoding="utf-8", errors="replace")
     free = [d for d in ir.dims if d.value is None]

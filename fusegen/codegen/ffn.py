@@ -126,4 +126,3 @@ def _machines() -> list[tuple[str, str]]:
         except PlanError:
             continue
     return out
-

@@ -59,7 +59,6 @@ class FfnLowering:
     prologue: Prologue | None = None
 
 
-
 def lower_ffn(ir: KernelIR, m: FfnMatch) -> FfnLowering:
     """Compile the prologue, the combine and the epilogue of `m` into NKI lines for the template."""
     projections = tuple(

@@ -64,15 +64,15 @@ class TilePlan:
 
 def machine(target: Target) -> fb.Machine:
     """The time model's figures for `target` (PlanError if the target table lacks them)."""
-    clocks = (target.tensor_clock_ghz, target.scalar_clock_ghz, target.vector_clock_ghz)
-    if None in clocks or target.hbm_gbps_per_chip is None or target.dma_gbps_per_core is None:
+    pe, act, dve = target.tensor_clock_ghz, target.scalar_clock_ghz, target.vector_clock_ghz
+    hbm, dma = target.hbm_gbps_per_chip, target.dma_gbps_per_core
+    if pe is None or act is None or dve is None or hbm is None or dma is None:
         raise PlanError(f"the target table has no clock or bandwidth figures for {target.name} yet")
-    hbm_share = target.hbm_gbps_per_chip / CORES_PER_CHIP[target.name]
     return fb.Machine(
-        pe_ghz=clocks[0],
-        act_ghz=clocks[1],
-        dve_ghz=clocks[2],  # type: ignore[arg-type]
-        dma_gbps=min(target.dma_gbps_per_core, hbm_share),
+        pe_ghz=pe,
+        act_ghz=act,
+        dve_ghz=dve,
+        dma_gbps=min(dma, hbm / CORES_PER_CHIP[target.name]),
         dma_fixed_ns=DMA_FIXED_NS,
         dma_queues=DMA_QUEUES,
         sbuf_budget=target.sbuf_usable_bytes,
@@ -99,7 +99,7 @@ def candidates(
     rows, k, i = (dims[r] for r in roles)
     mach = machine(target)
     if lnc > mach.max_lnc:
-        raise PlanError(f"LNC={lnc} needs NeuronCore-v3 core pairs; {target.name} runs LNC=1 only (use --lnc 1)")
+        raise PlanError(f"LNC={lnc} needs NeuronCore-v3 core pairs; {target.name} runs LNC=1 only (--lnc 1)")
     banks = fb.psum_banks(model)
     if banks > target.psum_banks:
         raise PlanError(f"the kernel needs {banks} PSUM banks; {target.name} has {target.psum_banks}")

@@ -203,7 +203,7 @@ def _host(ir: KernelIR, m: RowReduceMatch) -> HostSignature:
         kernel_returns=", ".join(kernel_arg(o) for o in required),
         saved_returns=", ".join(kernel_arg(o.name) for o in ir.outputs) if optional else "",
         prep_outputs=tuple(f"prep{i}_hbm" for i in range(len(m.prep_roots))),
-        doc=f"Run the kernel on `lnc` logical cores (default: NEURON_LOGICAL_NC_CONFIG); returns ({', '.join(required)}){saved}.",
+        doc=f"Run the kernel on `lnc` logical cores; returns ({', '.join(required)}){saved}.",
         prep_name="fused_weight", prep_params=", ".join(f"{w}: torch.Tensor" for w in weights),
         prep_args=", ".join(weights), prep_kernel_args=", ".join(kernel_arg(w) for w in weights),
         prep_dims=tuple(f"d_{d} = {src}" for d, src in dim_bindings(prep_ir, kernel_arg)),
@@ -212,4 +212,3 @@ def _host(ir: KernelIR, m: RowReduceMatch) -> HostSignature:
 
 def _lnc_text() -> str:
     return "`lnc` logical cores (default: NEURON_LOGICAL_NC_CONFIG)"
-

@@ -79,7 +79,6 @@ class RowReduceLowering:
     model: RowModel
 
 
-
 def lower_rowreduce(ir: KernelIR, m: RowReduceMatch) -> RowReduceLowering:
     """Compile the three stages of `m` into NKI lines for the template."""
     width = dim_source(m.width)

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from fusegen.codegen.commands import _validated
+from fusegen.codegen.commands import validated_shape
 from fusegen.codegen.plan import TilePlan
 from fusegen.dsl import load_spec
 from fusegen.dsl.diagnostics import Diagnostic, SpecError
@@ -36,7 +36,7 @@ def _dims(spec: str, shape: dict[str, int] | None) -> dict[str, int]:
     """`--shape` checked like a check line, else the spec's first check line."""
     ir, _ = load_spec(spec)
     if shape:
-        return _validated(ir, spec, shape)
+        return validated_shape(ir, spec, shape)
     if not ir.checks:
         source = Path(spec).read_text(encoding="utf-8", errors="replace")
         raise SpecError([Diagnostic(ir.outputs[0].span, f"`{ir.name}` has no check line",

@@ -78,8 +78,9 @@ def installed(target: str = "trn2", force: bool = False, strict: bool = True) ->
         sys.modules.update(saved)
 
 
-def load_module(path: str | Path, target: str = "trn2", force: bool = False,
-                strict: bool = True) -> types.ModuleType:
+def load_module(
+    path: str | Path, target: str = "trn2", force: bool = False, strict: bool = True
+) -> types.ModuleType:
     """Import a kernel source file under installed() and return the module."""
     path = Path(path)
     name = f"_fusegen_sim_kernels.{path.stem}_{next(_module_ids)}"

@@ -20,9 +20,20 @@ float8_e4m3fn = torch.float8_e4m3fn
 float8_e5m2 = torch.float8_e5m2
 
 NAMES: dict[str, torch.dtype] = {
-    "bool_": bool_, "int8": int8, "int16": int16, "int32": int32, "uint8": uint8, "uint16": uint16,
-    "uint32": uint32, "float16": float16, "float32": float32, "bfloat16": bfloat16, "tfloat32": tfloat32,
-    "float8_e4m3": float8_e4m3, "float8_e4m3fn": float8_e4m3fn, "float8_e5m2": float8_e5m2,
+    "bool_": bool_,
+    "int8": int8,
+    "int16": int16,
+    "int32": int32,
+    "uint8": uint8,
+    "uint16": uint16,
+    "uint32": uint32,
+    "float16": float16,
+    "float32": float32,
+    "bfloat16": bfloat16,
+    "tfloat32": tfloat32,
+    "float8_e4m3": float8_e4m3,
+    "float8_e4m3fn": float8_e4m3fn,
+    "float8_e5m2": float8_e5m2,
 }
 _BY_NAME_LOWER = {**NAMES, "bool": bool_, "fp32": float32, "bf16": bfloat16, "fp16": float16}
 

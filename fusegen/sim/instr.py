@@ -57,16 +57,22 @@ class Instr:
         """Compute engines read and write SBUF/PSUM only."""
         for t, role in pairs:
             if not t.alloc.on_chip:
-                raise self.fail(EngineMemoryError, f"{role} in {t.alloc.region.value}: {self.engine} engine "
-                                f"accesses SBUF/PSUM only; move HBM data with nisa.dma_copy")
+                raise self.fail(
+                    EngineMemoryError,
+                    f"{role} in {t.alloc.region.value}: {self.engine} engine "
+                    f"accesses SBUF/PSUM only; move HBM data with nisa.dma_copy",
+                )
 
     def same_layout(self, a: NkiTensor, b: NkiTensor, roles: str) -> None:
         """Elementwise rule: equal partitions and equal elements per partition."""
         if a.partitions != b.partitions or a.free_size != b.free_size:
-            raise self.fail(ShapeMismatchError, f"{roles}: shapes {a.shape} and {b.shape} differ in "
-                            f"partitions "
-                            f"({a.partitions} vs {b.partitions}) or elements per partition "
-                            f"({a.free_size} vs {b.free_size})")
+            raise self.fail(
+                ShapeMismatchError,
+                f"{roles}: shapes {a.shape} and {b.shape} differ in "
+                f"partitions "
+                f"({a.partitions} vs {b.partitions}) or elements per partition "
+                f"({a.free_size} vs {b.free_size})",
+            )
 
     # ---- data access -----------------------------------------------------------------------------
     def read(self, t: NkiTensor, role: str = "in") -> torch.Tensor:
@@ -146,8 +152,9 @@ class Instr:
         elif self.ctx.strict:
             raise self.fail(UninitializedReadError, detail)
         else:
-            warnings.warn(f"{self.site[0]}:{self.site[1]}: {self.op}: {detail}", UninitializedReadWarning,
-                          stacklevel=4)
+            warnings.warn(
+                f"{self.site[0]}:{self.site[1]}: {self.op}: {detail}", UninitializedReadWarning, stacklevel=4
+            )
         t.alloc.poison_unwritten()
 
     def _track_race(self, t: NkiTensor, write: bool) -> None:
@@ -162,16 +169,37 @@ class Instr:
         other, other_index, kind = conflict
         file, line = self.ctx.launch.contexts[other].sites[other_index]
         mine = "writes" if write else "reads"
-        raise self.fail(RaceError, f"core {self.ctx.core} {mine} elements of {t.alloc.label()} that core "
-                        f"{other} {kind}s at {file}:{line} in the same barrier epoch {self.ctx.epoch} "
-                        f"(separate them with nisa.core_barrier)")
+        raise self.fail(
+            RaceError,
+            f"core {self.ctx.core} {mine} elements of {t.alloc.label()} that core "
+            f"{other} {kind}s at {file}:{line} in the same barrier epoch {self.ctx.epoch} "
+            f"(separate them with nisa.core_barrier)",
+        )
 
     def finish(self, partitions: int, elems: int, psum_bank: int | None = None) -> None:
         """Append this instruction's trace record."""
         b = self.bytes
-        self.ctx.records.append(Record(
-            self.index, self.ctx.core, self.engine, self.op, tuple(self.operands), partitions, elems,
-            b[0], b[1], b[2], b[3], b[4], b[5], psum_bank, self.site[0], self.site[1], self.ctx.epoch))
+        self.ctx.records.append(
+            Record(
+                self.index,
+                self.ctx.core,
+                self.engine,
+                self.op,
+                tuple(self.operands),
+                partitions,
+                elems,
+                b[0],
+                b[1],
+                b[2],
+                b[3],
+                b[4],
+                b[5],
+                psum_bank,
+                self.site[0],
+                self.site[1],
+                self.ctx.epoch,
+            )
+        )
 
 
 def unwritten_count(t: NkiTensor) -> int:

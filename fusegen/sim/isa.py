@@ -36,22 +36,28 @@ def get_nc_version() -> nc_version:
     return nc_version(active_target().nc_version)
 
 
-def core_barrier(data: NkiTensor, cores: tuple[int, ...], engine: object = engine.gpsimd,
-                 name: object = None) -> None:
+def core_barrier(
+    data: NkiTensor, cores: tuple[int, ...], engine: object = engine.gpsimd, name: object = None
+) -> None:
     """Block until every listed core arrives; starts a new race-detection epoch."""
-    ins = Instr("core_barrier", engine_name(engine, "gpsimd", ("gpsimd", "vector", "scalar", "sync"),
-                                            "core_barrier"))
+    ins = Instr(
+        "core_barrier", engine_name(engine, "gpsimd", ("gpsimd", "vector", "scalar", "sync"), "core_barrier")
+    )
     t = ins.tensor(data, "data")
     if t.alloc.region is not MemoryRegion.shared_hbm:
         raise ins.fail(InvalidArgumentError, f"data must be in shared HBM, got {t.alloc.region.value}")
     if ins.ctx.launch.target.nc_version < 3:  # the AWS stub: logical-core barriers need NeuronCore-v3+
         target = ins.ctx.launch.target.name
-        raise ins.fail(UnsupportedError, f"core_barrier needs NeuronCore-v3 or later; {target} has no "
-                       "logical-core pairs (launch with LNC=1)")
+        raise ins.fail(
+            UnsupportedError,
+            f"core_barrier needs NeuronCore-v3 or later; {target} has no "
+            "logical-core pairs (launch with LNC=1)",
+        )
     grid = ins.ctx.launch.grid
     if not set(range(grid)) <= set(cores):
-        raise ins.fail(InvalidArgumentError, f"cores={cores} must include every core of the launch "
-                       f"{tuple(range(grid))}")
+        raise ins.fail(
+            InvalidArgumentError, f"cores={cores} must include every core of the launch {tuple(range(grid))}"
+        )
     ins.finish(0, 0)
     ctx = current()
     ctx.launch.barrier.wait(ctx.core, ins, ctx.launch.start_pending)

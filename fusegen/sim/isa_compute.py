@@ -32,8 +32,9 @@ def _elementwise(ins: Instr, dst: object, data: object, role: str = "data") -> t
     return d, s
 
 
-def _reduce_registers(ins: Instr, values: torch.Tensor, reduce_op: object, cmd: object,
-                      reduce_res: object) -> None:
+def _reduce_registers(
+    ins: Instr, values: torch.Tensor, reduce_op: object, cmd: object, reduce_res: object
+) -> None:
     """Apply `cmd` to the engine's 128 fp32 accumulation registers; read them out into reduce_res."""
     regs = ins.ctx.reduce_regs(ins.engine)
     parts = values.shape[0]
@@ -54,9 +55,17 @@ def _reduce_registers(ins: Instr, values: torch.Tensor, reduce_op: object, cmd: 
         ins.write(res, regs[:parts].clone())
 
 
-def activation(dst: NkiTensor, op: Op, data: NkiTensor, bias: object = None, scale: object = 1.0,
-               reduce_op: object = None, reduce_res: object = None, reduce_cmd: object = reduce_cmd.idle,
-               name: object = None) -> None:
+def activation(
+    dst: NkiTensor,
+    op: Op,
+    data: NkiTensor,
+    bias: object = None,
+    scale: object = 1.0,
+    reduce_op: object = None,
+    reduce_res: object = None,
+    reduce_cmd: object = reduce_cmd.idle,
+    name: object = None,
+) -> None:
     """dst = op(data*scale + bias) on the Scalar engine, with optional register reduction."""
     ins = Instr("activation", "scalar")
     fn = require_op(ins, op, "op", 1)
@@ -75,11 +84,27 @@ def activation(dst: NkiTensor, op: Op, data: NkiTensor, bias: object = None, sca
     ins.finish(d.partitions, d.free_size)
 
 
-def activation_reduce(dst: NkiTensor, op: Op, data: NkiTensor, reduce_op: Op, reduce_res: NkiTensor,
-                      bias: object = None, scale: object = 1.0, name: object = None) -> None:
+def activation_reduce(
+    dst: NkiTensor,
+    op: Op,
+    data: NkiTensor,
+    reduce_op: Op,
+    reduce_res: NkiTensor,
+    bias: object = None,
+    scale: object = 1.0,
+    name: object = None,
+) -> None:
     """activation with reduce_cmd=reset_reduce: reduce_res[p] = reduce over all free dims."""
-    activation(dst, op, data, bias=bias, scale=scale, reduce_op=reduce_op, reduce_res=reduce_res,
-               reduce_cmd=reduce_cmd.reset_reduce)
+    activation(
+        dst,
+        op,
+        data,
+        bias=bias,
+        scale=scale,
+        reduce_op=reduce_op,
+        reduce_res=reduce_res,
+        reduce_cmd=reduce_cmd.reset_reduce,
+    )
 
 
 def _compute_inputs(ins: Instr, op: Op, *views: tuple[NkiTensor, str]) -> list[torch.Tensor]:
@@ -91,8 +116,14 @@ def _compute_inputs(ins: Instr, op: Op, *views: tuple[NkiTensor, str]) -> list[t
     return [as_rows(ins, t, role) for t, role in views]
 
 
-def tensor_tensor(dst: NkiTensor, data1: NkiTensor, data2: NkiTensor, op: Op, engine: object = Engine.unknown,
-                  name: object = None) -> None:
+def tensor_tensor(
+    dst: NkiTensor,
+    data1: NkiTensor,
+    data2: NkiTensor,
+    op: Op,
+    engine: object = Engine.unknown,
+    name: object = None,
+) -> None:
     """dst = data1 op data2 elementwise (no broadcast)."""
     ins = start("tensor_tensor", engine, "vector", ("vector", "gpsimd"))
     fn = require_op(ins, op, "op", 2)
@@ -105,9 +136,18 @@ def tensor_tensor(dst: NkiTensor, data1: NkiTensor, data2: NkiTensor, op: Op, en
     ins.finish(d.partitions, d.free_size)
 
 
-def tensor_scalar(dst: NkiTensor, data: NkiTensor, op0: Op, operand0: object, reverse0: bool = False,
-                  op1: Op | None = None, operand1: object = None, reverse1: bool = False,
-                  engine: object = Engine.unknown, name: object = None) -> None:
+def tensor_scalar(
+    dst: NkiTensor,
+    data: NkiTensor,
+    op0: Op,
+    operand0: object,
+    reverse0: bool = False,
+    op1: Op | None = None,
+    operand1: object = None,
+    reverse1: bool = False,
+    engine: object = Engine.unknown,
+    name: object = None,
+) -> None:
     """dst = (data op0 operand0) op1 operand1; operands are numbers or [P,1] columns."""
     ins = start("tensor_scalar", engine, "vector", ("vector", "scalar", "gpsimd"))
     first = require_op(ins, op0, "op0", 2)
@@ -115,8 +155,10 @@ def tensor_scalar(dst: NkiTensor, data: NkiTensor, op0: Op, operand0: object, re
     if ins.engine == "scalar":
         pair = (first.name, None if second is None else second.name)
         if ins.ctx.target.nc_version < 3 or pair not in _SCALAR_ENGINE_PAIRS:
-            raise ins.fail(InvalidArgumentError, f"Scalar engine tensor_scalar supports "
-                           f"{_SCALAR_ENGINE_PAIRS} on trn2+, got {pair}")
+            raise ins.fail(
+                InvalidArgumentError,
+                f"Scalar engine tensor_scalar supports {_SCALAR_ENGINE_PAIRS} on trn2+, got {pair}",
+            )
     d, s = _elementwise(ins, dst, data)
     x = as_rows(ins, s, "data")
     y = apply(first, x, scalar_or_column(ins, operand0, s.partitions, "operand0"), reverse0)
@@ -126,9 +168,17 @@ def tensor_scalar(dst: NkiTensor, data: NkiTensor, op0: Op, operand0: object, re
     ins.finish(d.partitions, d.free_size)
 
 
-def scalar_tensor_tensor(dst: NkiTensor, data: NkiTensor, op0: Op, operand0: object, op1: Op,
-                         operand1: NkiTensor, reverse0: bool = False, reverse1: bool = False,
-                         name: object = None) -> None:
+def scalar_tensor_tensor(
+    dst: NkiTensor,
+    data: NkiTensor,
+    op0: Op,
+    operand0: object,
+    op1: Op,
+    operand1: NkiTensor,
+    reverse0: bool = False,
+    reverse1: bool = False,
+    name: object = None,
+) -> None:
     """dst = (data op0 operand0) op1 operand1, operand0 a number/[P,1], operand1 a full tile."""
     ins = Instr("scalar_tensor_tensor", "vector")
     first, second = require_op(ins, op0, "op0", 2), require_op(ins, op1, "op1", 2)
@@ -150,8 +200,15 @@ def reciprocal(dst: NkiTensor, data: NkiTensor, name: object = None) -> None:
     ins.finish(d.partitions, d.free_size)
 
 
-def tensor_reduce(dst: NkiTensor, op: Op, data: NkiTensor, axis: object, negate: bool = False,
-                  keepdims: bool = False, name: object = None) -> None:
+def tensor_reduce(
+    dst: NkiTensor,
+    op: Op,
+    data: NkiTensor,
+    axis: object,
+    negate: bool = False,
+    keepdims: bool = False,
+    name: object = None,
+) -> None:
     """Reduce trailing free axes of data (fp32), optionally negated."""
     ins = Instr("tensor_reduce", "vector")
     fn = require_op(ins, op, "op", 2)
@@ -160,16 +217,19 @@ def tensor_reduce(dst: NkiTensor, op: Op, data: NkiTensor, axis: object, negate:
     axes = tuple(sorted((axis,) if isinstance(axis, int) else tuple(axis)))  # type: ignore[arg-type]
     trailing = tuple(range(s.ndim - len(axes), s.ndim))
     if not axes or axes != trailing or 0 in axes:
-        raise ins.fail(InvalidArgumentError, f"axis={axis} must be trailing free axes of a {s.ndim}-D tensor "
-                       f"(e.g. {(s.ndim - 1,)})")
+        raise ins.fail(
+            InvalidArgumentError,
+            f"axis={axis} must be trailing free axes of a {s.ndim}-D tensor (e.g. {(s.ndim - 1,)})",
+        )
     if fn.reduce is None:
         raise ins.fail(InvalidArgumentError, f"op={fn!r} cannot reduce")
     y = fn.reduce(ins.read_f32(s, "data"), dim=axes)
     if negate:
         y = -y
     if d.partitions != s.partitions or d.free_size != y.numel() // max(s.partitions, 1):
-        raise ins.fail(ShapeMismatchError, f"dst {d.shape} must hold {y.numel()} results over "
-                       f"{s.partitions} partitions")
+        raise ins.fail(
+            ShapeMismatchError, f"dst {d.shape} must hold {y.numel()} results over {s.partitions} partitions"
+        )
     ins.write(d, y)
     ins.finish(s.partitions, s.free_size)
 
@@ -181,8 +241,9 @@ def bn_stats(dst: NkiTensor, data: NkiTensor, name: object = None) -> None:
     ins.on_chip((d, "dst"), (s, "data"))
     fmax = ins.ctx.target.bn_stats_fmax
     if s.free_size > fmax:
-        raise ins.fail(PartitionError, f"data has {s.free_size} elements per partition; "
-                       f"bn_stats takes <= {fmax}")
+        raise ins.fail(
+            PartitionError, f"data has {s.free_size} elements per partition; bn_stats takes <= {fmax}"
+        )
     if d.partitions != s.partitions or d.free_size != 6:
         raise ins.fail(ShapeMismatchError, f"dst must be [{s.partitions}, 6], got {d.shape}")
     x = as_rows(ins, s, "data")
@@ -206,8 +267,11 @@ def bn_aggr(dst: NkiTensor, data: NkiTensor, name: object = None) -> None:
     d, s = ins.tensor(dst, "dst"), ins.tensor(data, "data")
     ins.on_chip((d, "dst"), (s, "data"))
     if s.free_size % 3 or d.partitions != s.partitions or d.free_size != 2:
-        raise ins.fail(ShapeMismatchError, f"data needs a multiple of 3 elements per partition and dst "
-                       f"[{s.partitions}, 2]; got {s.shape} -> {d.shape}")
+        raise ins.fail(
+            ShapeMismatchError,
+            f"data needs a multiple of 3 elements per partition and dst "
+            f"[{s.partitions}, 2]; got {s.shape} -> {d.shape}",
+        )
     triples = as_rows(ins, s, "data").reshape(s.partitions, -1, 3)
     count, mean, m2 = triples.unbind(dim=2)
     total = count.sum(dim=1, keepdim=True)

@@ -23,8 +23,11 @@ def _check_operands(ins: Instr, d: NkiTensor, st: NkiTensor, mv: NkiTensor) -> i
     tgt = ins.ctx.target
     k, m, n = st.partitions, st.free_size, mv.free_size
     if mv.partitions != k or k > tgt.matmul_k_max:
-        raise ins.fail(MatmulShapeError, f"contraction (partition) sizes stationary {k}, moving "
-                       f"{mv.partitions}: must be equal and <= {tgt.matmul_k_max}")
+        raise ins.fail(
+            MatmulShapeError,
+            f"contraction (partition) sizes stationary {k}, moving "
+            f"{mv.partitions}: must be equal and <= {tgt.matmul_k_max}",
+        )
     if m > tgt.matmul_m_max:
         raise ins.fail(MatmulShapeError, f"stationary free size {m} > {tgt.matmul_m_max}")
     if n > tgt.matmul_n_max:
@@ -34,8 +37,9 @@ def _check_operands(ins: Instr, d: NkiTensor, st: NkiTensor, mv: NkiTensor) -> i
     if d.dtype != torch.float32 and not (tgt.nc_version >= 4 and d.dtype == torch.bfloat16):
         raise ins.fail(DtypeError, f"dst dtype {d.dtype}: PSUM matmul output is fp32")
     if (st.dtype in _FP32_ONLY_WITH) != (mv.dtype in _FP32_ONLY_WITH):
-        raise ins.fail(DtypeError, f"fp32 inputs only pair with fp32: stationary {st.dtype}, "
-                       f"moving {mv.dtype}")
+        raise ins.fail(
+            DtypeError, f"fp32 inputs only pair with fp32: stationary {st.dtype}, moving {mv.dtype}"
+        )
     return _check_bank(ins, d)
 
 
@@ -44,8 +48,11 @@ def _check_bank(ins: Instr, d: NkiTensor) -> int:
     bank_bytes = ins.ctx.target.psum_bank_bytes
     lo, hi = d.free_byte_range()
     if lo // bank_bytes != hi // bank_bytes:
-        raise ins.fail(MatmulShapeError, f"dst bytes {lo}..{hi} of each partition straddle a "
-                       f"{bank_bytes}-byte PSUM bank boundary ({d.alloc.label()})")
+        raise ins.fail(
+            MatmulShapeError,
+            f"dst bytes {lo}..{hi} of each partition straddle a "
+            f"{bank_bytes}-byte PSUM bank boundary ({d.alloc.label()})",
+        )
     return lo // bank_bytes
 
 
@@ -75,8 +82,11 @@ def _accumulate(ins: Instr, d: NkiTensor, a: torch.Tensor, b: torch.Tensor, accu
     state = "clear" if accumulate is False else _flag_state(d)
     if accumulate is True and state != "set":
         flags = d.materialize(alloc.matmul_flags())
-        raise ins.fail(AccumulateError, f"accumulate=True onto {int((~flags).sum())} PSUM elements no "
-                       f"matmul has written since they were last overwritten ({alloc.label()})")
+        raise ins.fail(
+            AccumulateError,
+            f"accumulate=True onto {int((~flags).sum())} PSUM elements no "
+            f"matmul has written since they were last overwritten ({alloc.label()})",
+        )
     out = d.materialize()
     if state == "mixed":
         fresh = product().reshape(out.shape)
@@ -95,10 +105,19 @@ def _accumulate(ins: Instr, d: NkiTensor, a: torch.Tensor, b: torch.Tensor, accu
     return state != "clear"
 
 
-def nc_matmul(dst: NkiTensor, stationary: NkiTensor, moving: NkiTensor, is_stationary_onezero: bool = False,
-              is_moving_onezero: bool = False, is_transpose: bool = False, accumulate: object = None,
-              tile_position: object = (), tile_size: object = (), perf_mode: object = matmul_perf_mode.none,
-              name: object = None) -> None:
+def nc_matmul(
+    dst: NkiTensor,
+    stationary: NkiTensor,
+    moving: NkiTensor,
+    is_stationary_onezero: bool = False,
+    is_moving_onezero: bool = False,
+    is_transpose: bool = False,
+    accumulate: object = None,
+    tile_position: object = (),
+    tile_size: object = (),
+    perf_mode: object = matmul_perf_mode.none,
+    name: object = None,
+) -> None:
     """dst[M,N] (+)= stationary[K,M].T @ moving[K,N], fp32 accumulation in PSUM."""
     ins = Instr("nc_matmul", "tensor")
     d, st, mv = ins.tensor(dst, "dst"), ins.tensor(stationary, "stationary"), ins.tensor(moving, "moving")

@@ -31,8 +31,9 @@ def _dma_mode(ins: Instr, dge: object, engine: object, d: NkiTensor, s: NkiTenso
     """hwdge rules: NeuronCore-v3+, equal dtypes; `engine` only with hwdge (sync or scalar)."""
     if dge is DgeMode.hwdge:
         if not ins.ctx.target.supports_hwdge:
-            raise ins.fail(InvalidArgumentError, f"dge_mode=hwdge needs NeuronCore-v3+, target is "
-                           f"{ins.ctx.target.name}")
+            raise ins.fail(
+                InvalidArgumentError, f"dge_mode=hwdge needs NeuronCore-v3+, target is {ins.ctx.target.name}"
+            )
         if d.dtype != s.dtype:
             raise ins.fail(DtypeError, f"hwdge copies raw bytes: dst {d.dtype} != src {s.dtype}")
         if engine not in (Engine.unknown, Engine.sync, Engine.scalar):
@@ -46,23 +47,36 @@ def _elems(t: NkiTensor) -> tuple[int, int]:
     return (t.partitions, t.free_size) if t.alloc.on_chip else (1, t.numel)
 
 
-def dma_copy(dst: NkiTensor, src: NkiTensor, priority: object = None, oob_mode: object = OobMode.error,
-             dge_mode: object = DgeMode.unknown, engine: object = Engine.unknown,
-             name: object = None) -> None:
+def dma_copy(
+    dst: NkiTensor,
+    src: NkiTensor,
+    priority: object = None,
+    oob_mode: object = OobMode.error,
+    dge_mode: object = DgeMode.unknown,
+    engine: object = Engine.unknown,
+    name: object = None,
+) -> None:
     """dst = src between HBM and SBUF (reshaping copy; dtype cast via fp32 unless hwdge)."""
     ins = Instr("dma_copy", "dma")
     d, s = _dma_operands(ins, dst, src)
     _dma_mode(ins, dge_mode, engine, d, s)
     if d.numel != s.numel:
-        raise ins.fail(ShapeMismatchError, f"dst {d.shape} has {d.numel} elements, "
-                       f"src {s.shape} has {s.numel}")
+        raise ins.fail(
+            ShapeMismatchError, f"dst {d.shape} has {d.numel} elements, src {s.shape} has {s.numel}"
+        )
     ins.write(d, ins.read(s, "src"))
     ins.finish(*_elems(d if d.alloc.on_chip else s))
 
 
-def dma_transpose(dst: NkiTensor, src: NkiTensor, axes: object = None, priority: object = None,
-                  dge_mode: object = DgeMode.unknown, oob_mode: object = OobMode.error,
-                  name: object = None) -> None:
+def dma_transpose(
+    dst: NkiTensor,
+    src: NkiTensor,
+    axes: object = None,
+    priority: object = None,
+    dge_mode: object = DgeMode.unknown,
+    oob_mode: object = OobMode.error,
+    name: object = None,
+) -> None:
     """dst = src permuted by `axes` (default: reversed), into SBUF."""
     ins = Instr("dma_transpose", "dma")
     d, s = _dma_operands(ins, dst, src)
@@ -109,8 +123,13 @@ def memset(dst: NkiTensor, value: object, engine: object = Engine.unknown, name:
     ins.finish(d.partitions, d.free_size)
 
 
-def iota(dst: NkiTensor, pattern: list[list[int]], offset: int = 0, channel_multiplier: int = 0,
-         name: object = None) -> None:
+def iota(
+    dst: NkiTensor,
+    pattern: list[list[int]],
+    offset: int = 0,
+    channel_multiplier: int = 0,
+    name: object = None,
+) -> None:
     """dst[p, ...] = offset + p*channel_multiplier + sum(index_i * step_i) (int32 arithmetic)."""
     ins = Instr("iota", "gpsimd")
     d = ins.tensor(dst, "dst")
@@ -118,8 +137,10 @@ def iota(dst: NkiTensor, pattern: list[list[int]], offset: int = 0, channel_mult
         raise ins.fail(InvalidArgumentError, f"dst must be in SBUF, got {d.alloc.region.value}")
     counts = [int(c) for _, c in pattern]
     if math.prod(counts) != d.free_size:
-        raise ins.fail(ShapeMismatchError, f"pattern covers {math.prod(counts)} elements, dst has "
-                       f"{d.free_size} per partition")
+        raise ins.fail(
+            ShapeMismatchError,
+            f"pattern covers {math.prod(counts)} elements, dst has {d.free_size} per partition",
+        )
     values = torch.full((d.partitions, *counts), int(offset), dtype=torch.int64)
     values += (torch.arange(d.partitions) * int(channel_multiplier)).reshape(-1, *[1] * len(counts))
     for axis, (step, count) in enumerate(pattern):
@@ -130,8 +151,9 @@ def iota(dst: NkiTensor, pattern: list[list[int]], offset: int = 0, channel_mult
     ins.finish(d.partitions, d.free_size)
 
 
-def nc_transpose(dst: NkiTensor, data: NkiTensor, engine: object = Engine.unknown,
-                 name: object = None) -> None:
+def nc_transpose(
+    dst: NkiTensor, data: NkiTensor, engine: object = Engine.unknown, name: object = None
+) -> None:
     """Swap partition and (flattened) free dims: Tensor engine <=128x128 into PSUM, Vector <=32x32."""
     d, s = dst, data
     default = "tensor" if isinstance(d, NkiTensor) and d.alloc.region is MemoryRegion.psum else "vector"
@@ -143,8 +165,10 @@ def nc_transpose(dst: NkiTensor, data: NkiTensor, engine: object = Engine.unknow
         ins.forbid(s, PSUM, "data", "the Tensor engine reads SBUF")
         ins.forbid(d, (MemoryRegion.sbuf,), "dst", "the Tensor engine writes PSUM")
     if s.partitions > limit or s.free_size > limit:
-        raise ins.fail(PartitionError, f"{ins.engine} transpose is limited to [{limit}, {limit}], got "
-                       f"[{s.partitions}, {s.free_size}]")
+        raise ins.fail(
+            PartitionError,
+            f"{ins.engine} transpose is limited to [{limit}, {limit}], got [{s.partitions}, {s.free_size}]",
+        )
     if d.dtype != s.dtype:
         raise ins.fail(DtypeError, f"dst {d.dtype} != data {s.dtype}")
     if (d.partitions, d.free_size) != (s.free_size, s.partitions):

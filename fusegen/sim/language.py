@@ -98,20 +98,30 @@ def _check_on_chip(shape: tuple[int, ...], dtype: torch.dtype, region: MemoryReg
     """Partition count and per-partition size of a new SBUF/PSUM tile."""
     tgt = active_target()
     if not shape or shape[0] > tgt.partitions:
-        raise fault(PartitionError, "ndarray", f"{region.value} tile {shape}: partition dim must be "
-                    f"1..{tgt.partitions}")
+        raise fault(
+            PartitionError,
+            "ndarray",
+            f"{region.value} tile {shape}: partition dim must be 1..{tgt.partitions}",
+        )
     per_partition = math.prod(shape[1:]) * dtype.itemsize
     limit = tgt.sbuf_usable_bytes if region is MemoryRegion.sbuf else tgt.psum_bytes_per_partition
     if per_partition > limit:
-        raise fault(CapacityError, "ndarray", f"{region.value} tile {shape} needs {per_partition} bytes per "
-                    f"partition; {tgt.name} has {limit}")
+        raise fault(
+            CapacityError,
+            "ndarray",
+            f"{region.value} tile {shape} needs {per_partition} bytes per partition; {tgt.name} has {limit}",
+        )
     if region is MemoryRegion.psum and address is not None and address[1] % tgt.psum_bank_bytes:
-        raise fault(InvalidArgumentError, "ndarray", f"PSUM address {address} must start on a "
-                    f"{tgt.psum_bank_bytes}-byte bank boundary")
+        raise fault(
+            InvalidArgumentError,
+            "ndarray",
+            f"PSUM address {address} must start on a {tgt.psum_bank_bytes}-byte bank boundary",
+        )
 
 
-def ndarray(shape: Sequence[int], dtype: Any, buffer: Any = sbuf, name: str = "",
-            address: Any = None) -> NkiTensor:
+def ndarray(
+    shape: Sequence[int], dtype: Any, buffer: Any = sbuf, name: str = "", address: Any = None
+) -> NkiTensor:
     """Allocate uninitialized storage (NaN / int sentinel filled)."""
     ctx = current()
     dims = tuple(int(n) for n in shape)
@@ -128,8 +138,9 @@ def ndarray(shape: Sequence[int], dtype: Any, buffer: Any = sbuf, name: str = ""
     return NkiTensor.whole(alloc)
 
 
-def full(shape: Sequence[int], fill_value: float, dtype: Any, buffer: Any = sbuf,
-         name: str = "") -> NkiTensor:
+def full(
+    shape: Sequence[int], fill_value: float, dtype: Any, buffer: Any = sbuf, name: str = ""
+) -> NkiTensor:
     """Allocate and fill with a constant (a memset instruction on chip)."""
     t = ndarray(shape, dtype, buffer, name)
     if t.alloc.on_chip:

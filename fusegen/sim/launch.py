@@ -58,8 +58,9 @@ class Launch:
         self._track(alloc)
         return NkiTensor.whole(alloc)
 
-    def shared_alloc(self, ctx: Context, shape: tuple[int, ...], dtype: torch.dtype, name: str,
-                     site: tuple[str, int]) -> Alloc:
+    def shared_alloc(
+        self, ctx: Context, shape: tuple[int, ...], dtype: torch.dtype, name: str, site: tuple[str, int]
+    ) -> Alloc:
         """The n-th shared_hbm allocation of every instance is the same tensor."""
         index = ctx.shared_count
         ctx.shared_count += 1
@@ -70,8 +71,10 @@ class Launch:
                 self.shared.append(alloc)
             alloc = self.shared[index]
         if (alloc.shape, alloc.dtype) != (shape, dtype):
-            raise SimError(f"{site[0]}:{site[1]}: ndarray: shared_hbm allocation #{index} is {shape} "
-                           f"{dtype} on core {ctx.core} but {alloc.shape} {alloc.dtype} on another core")
+            raise SimError(
+                f"{site[0]}:{site[1]}: ndarray: shared_hbm allocation #{index} is {shape} "
+                f"{dtype} on core {ctx.core} but {alloc.shape} {alloc.dtype} on another core"
+            )
         return alloc
 
     def _track(self, alloc: Alloc) -> None:
@@ -109,8 +112,11 @@ class Launch:
             raise next((e for e in errors if not isinstance(e, BarrierError)), errors[0])
         if self.deferred:
             raise self.deferred[0]
-        stats = {"grid": self.grid, "target": self.target.name,
-                 "cores": [check_instance(ctx) for ctx in self.contexts]}
+        stats = {
+            "grid": self.grid,
+            "target": self.target.name,
+            "cores": [check_instance(ctx) for ctx in self.contexts],
+        }
         outputs = _outputs(results[0], site, self.strict)
         self._write_back(args, kwargs)
         records = [r for ctx in self.contexts for r in ctx.records]
@@ -179,8 +185,9 @@ def _outputs(value: Any, site: tuple[str, int], strict: bool) -> Any:
     if isinstance(value, tuple | list):
         return tuple(_outputs(v, site, strict) for v in value)
     if not isinstance(value, NkiTensor) or value.alloc.region is not MemoryRegion.shared_hbm:
-        raise SimError(f"{site[0]}:{site[1]}: return: kernel outputs must be nl.shared_hbm tensors, "
-                       f"got {value!r}")
+        raise SimError(
+            f"{site[0]}:{site[1]}: return: kernel outputs must be nl.shared_hbm tensors, got {value!r}"
+        )
     if unwritten_count(value):
         detail = f"{site[0]}:{site[1]}: return: output {value.alloc.label()} has never-written elements"
         if strict:
@@ -209,8 +216,14 @@ class Kernel:
         """`kernel[n]`: a launcher for n program instances (the LNC degree)."""
         return lambda *args, **kwargs: self.launch(_grid_size(grid), args, kwargs).outputs
 
-    def launch(self, grid: int, args: tuple[Any, ...], kwargs: dict[str, Any], target: str | None = None,
-               strict: bool | None = None) -> RunResult:
+    def launch(
+        self,
+        grid: int,
+        args: tuple[Any, ...],
+        kwargs: dict[str, Any],
+        target: str | None = None,
+        strict: bool | None = None,
+    ) -> RunResult:
         """Run with `grid` instances; the result is also kept as `last_run`."""
         tgt = get_target(target or self.target)
         result = Launch(grid, tgt, self.strict if strict is None else strict).run(self.fn, args, kwargs)
@@ -227,8 +240,14 @@ def _grid_size(grid: Any) -> int:
     return grid
 
 
-def run(kernel: Kernel | Callable[..., Any], *args: Any, grid: int = 1, target: str | None = None,
-        strict: bool | None = None, **kwargs: Any) -> RunResult:
+def run(
+    kernel: Kernel | Callable[..., Any],
+    *args: Any,
+    grid: int = 1,
+    target: str | None = None,
+    strict: bool | None = None,
+    **kwargs: Any,
+) -> RunResult:
     """Launch `kernel` (a @nki.jit kernel or a plain function) and return outputs, trace and stats."""
     if not isinstance(kernel, Kernel):
         kernel = Kernel(kernel, target or "trn2", True if strict is None else strict, {})

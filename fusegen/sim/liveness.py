@@ -39,10 +39,14 @@ def _live_at(allocs: list[Alloc], pos: int) -> list[Alloc]:
 def _overflow(ctx: Context, what: str, used: str, limit: str, pos: int, live: list[Alloc]) -> CapacityError:
     """A CapacityError located at the peak instruction, listing the biggest live buffers."""
     file, line = ctx.sites[pos]
-    biggest = "; ".join(f"{a.label()} {a.bytes_per_partition} B/partition allocated at "
-                        f"{a.site[0]}:{a.site[1]}" for a in live[:5])
-    return CapacityError(f"{file}:{line}: core {ctx.core} {what} peak {used} exceeds {limit} "
-                         f"(interval liveness, at instruction #{pos}); biggest live: {biggest}")
+    biggest = "; ".join(
+        f"{a.label()} {a.bytes_per_partition} B/partition allocated at {a.site[0]}:{a.site[1]}"
+        for a in live[:5]
+    )
+    return CapacityError(
+        f"{file}:{line}: core {ctx.core} {what} peak {used} exceeds {limit} "
+        f"(interval liveness, at instruction #{pos}); biggest live: {biggest}"
+    )
 
 
 def _assign_banks(ctx: Context, psum: list[Alloc], banks: dict[int, int]) -> None:
@@ -52,11 +56,18 @@ def _assign_banks(ctx: Context, psum: list[Alloc], banks: dict[int, int]) -> Non
     for a in sorted(psum, key=lambda a: a.first_use or 0):
         active = [b for b in active if (b.last_use or 0) >= (a.first_use or 0)]
         taken = {b.bank_base + i for b in active if b.bank_base is not None for i in range(banks[b.id])}
-        base = next((s for s in range(total - banks[a.id] + 1)
-                     if not taken & set(range(s, s + banks[a.id]))), None)
+        base = next(
+            (s for s in range(total - banks[a.id] + 1) if not taken & set(range(s, s + banks[a.id]))), None
+        )
         if base is None:
-            raise _overflow(ctx, "PSUM", f"{len(taken) + banks[a.id]} banks", f"{total} banks (fragmented)",
-                            a.first_use or 0, _live_at(psum, a.first_use or 0))
+            raise _overflow(
+                ctx,
+                "PSUM",
+                f"{len(taken) + banks[a.id]} banks",
+                f"{total} banks (fragmented)",
+                a.first_use or 0,
+                _live_at(psum, a.first_use or 0),
+            )
         a.bank_base = base
         active.append(a)
 
@@ -74,12 +85,17 @@ def check_instance(ctx: Context) -> dict[str, Any]:
     banks = {a.id: max(1, math.ceil(a.bytes_per_partition / tgt.psum_bank_bytes)) for a in psum}
     psum_peak, psum_at = _peak(psum, banks)
     if psum_peak > tgt.psum_banks:
-        raise _overflow(ctx, "PSUM", f"{psum_peak} banks", f"{tgt.psum_banks} banks", psum_at,
-                        _live_at(psum, psum_at))
+        raise _overflow(
+            ctx, "PSUM", f"{psum_peak} banks", f"{tgt.psum_banks} banks", psum_at, _live_at(psum, psum_at)
+        )
     _assign_banks(ctx, psum, banks)
     _resolve_bank_numbers(ctx, {a.id: a.bank_base or 0 for a in psum})
-    return {"sbuf_peak_bytes": sbuf_peak, "sbuf_peak_site": ctx.sites[sbuf_at] if sbuf else None,
-            "psum_peak_banks": psum_peak, "instructions": len(ctx.records)}
+    return {
+        "sbuf_peak_bytes": sbuf_peak,
+        "sbuf_peak_site": ctx.sites[sbuf_at] if sbuf else None,
+        "psum_peak_banks": psum_peak,
+        "instructions": len(ctx.records),
+    }
 
 
 def _resolve_bank_numbers(ctx: Context, base: dict[int, int]) -> None:

@@ -34,14 +34,45 @@ class Alloc:
     """One allocation: storage, written mask, PSUM matmul flags and interval-liveness bounds."""
 
     __slots__ = (
-        "all_written", "bank_base", "borrowed", "bytes_per_partition", "data", "dirty", "dtype", "dtype_name",
-        "first_use", "id", "itemsize", "known_written", "last_use", "level", "mm", "mm_any", "mm_full",
-        "name", "on_chip", "pstride", "race", "region", "region_name", "shadow", "shape", "site", "source",
+        "all_written",
+        "bank_base",
+        "borrowed",
+        "bytes_per_partition",
+        "data",
+        "dirty",
+        "dtype",
+        "dtype_name",
+        "first_use",
+        "id",
+        "itemsize",
+        "known_written",
+        "last_use",
+        "level",
+        "mm",
+        "mm_any",
+        "mm_full",
+        "name",
+        "on_chip",
+        "pstride",
+        "race",
+        "region",
+        "region_name",
+        "shadow",
+        "shape",
+        "site",
+        "source",
         "written",
     )
 
-    def __init__(self, shape: tuple[int, ...], dtype: torch.dtype, region: MemoryRegion, name: str,
-                 site: tuple[str, int], source: torch.Tensor | None = None) -> None:
+    def __init__(
+        self,
+        shape: tuple[int, ...],
+        dtype: torch.dtype,
+        region: MemoryRegion,
+        name: str,
+        site: tuple[str, int],
+        source: torch.Tensor | None = None,
+    ) -> None:
         self.id = next(_ids)
         self.shape = shape
         self.dtype = dtype

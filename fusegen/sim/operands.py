@@ -52,8 +52,9 @@ def scalar_or_column(ins: Instr, value: object, partitions: int, role: str) -> t
     t = ins.tensor(value, role)
     ins.on_chip((t, role))
     if t.partitions != partitions or t.free_size != 1:
-        raise ins.fail(ShapeMismatchError, f"{role} must be [{partitions}, 1] (one value per partition), "
-                       f"got {t.shape}")
+        raise ins.fail(
+            ShapeMismatchError, f"{role} must be [{partitions}, 1] (one value per partition), got {t.shape}"
+        )
     return ins.read_f32(t, role).reshape(partitions, 1)
 
 

@@ -19,8 +19,9 @@ class Op:
 
     __slots__ = ("arity", "bitwise", "fn", "name", "reduce")
 
-    def __init__(self, name: str, arity: int, fn: Fn, reduce: Fn | None = None,
-                 bitwise: bool = False) -> None:
+    def __init__(
+        self, name: str, arity: int, fn: Fn, reduce: Fn | None = None, bitwise: bool = False
+    ) -> None:
         self.name = name
         self.arity = arity
         self.fn = fn

@@ -58,8 +58,9 @@ class RaceTracker:
             _mark(self.reads[core], view, epoch, instr)
         self.read_log = []
 
-    def _find(self, arrays: list[torch.Tensor], core: int, epoch: int, view: _View,
-              kind: str) -> Conflict | None:
+    def _find(
+        self, arrays: list[torch.Tensor], core: int, epoch: int, view: _View, kind: str
+    ) -> Conflict | None:
         """First element another core touched (per `arrays`) in this epoch."""
         floor = epoch << 32
         for other in range(self.cores):

@@ -95,7 +95,7 @@ class NkiTensor:
         if any(k is Ellipsis for k in keys):
             at = keys.index(Ellipsis)
             fill = (slice(None),) * (len(self.shape) - len(keys) + 1)
-            keys = keys[:at] + fill + keys[at + 1:]
+            keys = keys[:at] + fill + keys[at + 1 :]
         if len(keys) > len(self.shape):
             raise fault(OutOfBoundsError, "index", f"{len(keys)} indices for a {len(self.shape)}-D tensor")
         shape: list[int] = []
@@ -111,8 +111,9 @@ class NkiTensor:
             elif hasattr(k, "__index__"):  # ints, numpy ints
                 k = operator.index(k)
                 if not -n <= k < n:
-                    raise fault(OutOfBoundsError, "index", f"index {k} out of range for dim {dim} "
-                                f"of size {n}")
+                    raise fault(
+                        OutOfBoundsError, "index", f"index {k} out of range for dim {dim} of size {n}"
+                    )
                 offset += (k % n) * s
                 if dim == 0 and self.alloc.on_chip:  # the partition dim is kept (size 1)
                     shape.append(1)
@@ -125,8 +126,15 @@ class NkiTensor:
         """Item assignment is not NKI; writes go through nisa instructions."""
         raise fault(UnsupportedError, "setitem", "assign through nisa instructions (e.g. nisa.tensor_copy)")
 
-    def ap(self, pattern: list[list[int]], offset: int | None = None, scalar_offset: Any = None,
-           vector_offset: Any = None, indirect_dim: int = 0, dtype: Any = None) -> NkiTensor:
+    def ap(
+        self,
+        pattern: list[list[int]],
+        offset: int | None = None,
+        scalar_offset: Any = None,
+        vector_offset: Any = None,
+        indirect_dim: int = 0,
+        dtype: Any = None,
+    ) -> NkiTensor:
         """Address the underlying storage with explicit [[stride, count], ...] pairs."""
         if scalar_offset is not None or vector_offset is not None:
             raise fault(UnsupportedError, "ap", "indirect access (scalar/vector_offset) is not modelled")
@@ -159,8 +167,11 @@ class NkiTensor:
             return
         last = self.offset + sum((n - 1) * s for n, s in zip(self.shape, self.strides, strict=True))
         if self.offset < 0 or last >= self.alloc.numel:
-            raise fault(OutOfBoundsError, op, f"elements {self.offset}..{last} outside {self.alloc.label()} "
-                        f"({self.alloc.numel} elements)")
+            raise fault(
+                OutOfBoundsError,
+                op,
+                f"elements {self.offset}..{last} outside {self.alloc.label()} ({self.alloc.numel} elements)",
+            )
         if self.alloc.on_chip:
             self._check_partition_layout(op)
 
@@ -168,12 +179,20 @@ class NkiTensor:
         """On-chip patterns: dim 0 steps whole partitions and free dims stay inside one partition row."""
         pstride = self.alloc.pstride
         if self.shape[0] > 1 and self.strides[0] != pstride:
-            raise fault(OutOfBoundsError, op, f"partition stride {self.strides[0]} must equal the "
-                        f"per-partition element count {pstride} of {self.alloc.label()}")
+            raise fault(
+                OutOfBoundsError,
+                op,
+                f"partition stride {self.strides[0]} must equal the "
+                f"per-partition element count {pstride} of {self.alloc.label()}",
+            )
         _, hi = self.free_byte_range()
         if hi >= pstride * self.alloc.dtype.itemsize:
-            raise fault(OutOfBoundsError, op, f"free-dim access reaches byte {hi} of a "
-                        f"{pstride * self.alloc.dtype.itemsize}-byte partition row of {self.alloc.label()}")
+            raise fault(
+                OutOfBoundsError,
+                op,
+                f"free-dim access reaches byte {hi} of a "
+                f"{pstride * self.alloc.dtype.itemsize}-byte partition row of {self.alloc.label()}",
+            )
 
 
 def _slice_bounds(k: slice, n: int, dim: int) -> tuple[int, int, int]:
@@ -189,7 +208,8 @@ def _slice_bounds(k: slice, n: int, dim: int) -> tuple[int, int, int]:
     start = start + n if start < 0 else start
     stop = stop + n if stop < 0 else stop
     if not 0 <= start <= n or not 0 <= stop <= n:
-        raise fault(OutOfBoundsError, "index", f"slice {k.start}:{k.stop} out of range for dim {dim} "
-                    f"of size {n}")
+        raise fault(
+            OutOfBoundsError, "index", f"slice {k.start}:{k.stop} out of range for dim {dim} of size {n}"
+        )
     count = max(0, (stop - start + step - 1) // step)
     return start, count, step

@@ -78,10 +78,14 @@ class Trace:
         header = f"{'engine':<8}{'instrs':>8}{'elems':>14}" + "".join(f"{n:>13}" for n in BYTE_FIELDS)
         lines = [header]
         for engine, row in sorted(self.totals().items()):
-            lines.append(f"{engine:<8}{row['count']:>8}{row['elems']:>14}"
-                         + "".join(f"{row[n]:>13}" for n in BYTE_FIELDS))
-        lines.append(f"{len(self.records)} instructions; ops: "
-                     + ", ".join(f"{op}={n}" for op, n in sorted(self.op_counts().items())))
+            lines.append(
+                f"{engine:<8}{row['count']:>8}{row['elems']:>14}"
+                + "".join(f"{row[n]:>13}" for n in BYTE_FIELDS)
+            )
+        lines.append(
+            f"{len(self.records)} instructions; ops: "
+            + ", ".join(f"{op}={n}" for op, n in sorted(self.op_counts().items()))
+        )
         return "\n".join(lines)
 
     def to_chrome_json(self, path: str | Path) -> None:
@@ -89,14 +93,26 @@ class Trace:
         tids = {engine: i for i, engine in enumerate(ENGINES)}
         lanes = sorted({(rec.core, rec.engine) for rec in self.records})
         events: list[dict[str, Any]] = [
-            {"name": "thread_name", "ph": "M", "pid": core, "tid": tids.get(engine, len(tids)),
-             "args": {"name": engine}}
+            {
+                "name": "thread_name",
+                "ph": "M",
+                "pid": core,
+                "tid": tids.get(engine, len(tids)),
+                "args": {"name": engine},
+            }
             for core, engine in lanes
         ]
         events += [
-            {"name": rec.op, "cat": rec.engine, "ph": "X", "ts": rec.index, "dur": 1, "pid": rec.core,
-             "tid": tids.get(rec.engine, len(tids)),
-             "args": {k: v for k, v in rec.to_dict().items() if k not in ("op", "engine")}}
+            {
+                "name": rec.op,
+                "cat": rec.engine,
+                "ph": "X",
+                "ts": rec.index,
+                "dur": 1,
+                "pid": rec.core,
+                "tid": tids.get(rec.engine, len(tids)),
+                "args": {k: v for k, v in rec.to_dict().items() if k not in ("op", "engine")},
+            }
             for rec in self.records
         ]
         Path(path).write_text(json.dumps({"traceEvents": events, "displayTimeUnit": "ns"}))

@@ -11,7 +11,7 @@ import torch
 import fusegen.sim as sim
 from fusegen.sim import targets
 
-KERNEL_SOURCE = textwrap.dedent('''
+KERNEL_SOURCE = textwrap.dedent("""
     import nki
     import nki.isa as nisa
     import nki.language as nl
@@ -35,7 +35,7 @@ KERNEL_SOURCE = textwrap.dedent('''
         nisa.memset(dst=sb, value=nl.program_id(0))
         nisa.dma_copy(dst=out[nl.program_id(0):nl.program_id(0) + 1, 0:1], src=sb)
         return out
-''')
+""")
 
 
 @pytest.fixture

@@ -31,10 +31,10 @@ def tiled_matmul(a_t_hbm, b_hbm, style):
     b_t = []
     for kt in range(n_k):
         at = nl.ndarray((P, M), dtype=nl.bfloat16, buffer=nl.sbuf)
-        nisa.dma_copy(dst=at, src=a_t_hbm[kt * P:(kt + 1) * P, 0:M])
+        nisa.dma_copy(dst=at, src=a_t_hbm[kt * P : (kt + 1) * P, 0:M])
         a_t.append(at)
         bt = nl.ndarray((P, N), dtype=nl.bfloat16, buffer=nl.sbuf)
-        nisa.dma_copy(dst=bt, src=b_hbm[kt * P:(kt + 1) * P, 0:N])
+        nisa.dma_copy(dst=bt, src=b_hbm[kt * P : (kt + 1) * P, 0:N])
         b_t.append(bt)
     reused = nl.ndarray((P, TN), dtype=nl.float32, buffer=nl.psum)
     for m in range(M // P):
@@ -42,8 +42,8 @@ def tiled_matmul(a_t_hbm, b_hbm, style):
             res = nl.ndarray((P, TN), dtype=nl.float32, buffer=nl.sbuf)
             ps = reused if style == "explicit" else nl.ndarray((P, TN), dtype=nl.float32, buffer=nl.psum)
             for kt in nl.affine_range(n_k):
-                st = a_t[kt][0:P, m * P:(m + 1) * P]
-                mv = b_t[kt][0:P, n * TN:(n + 1) * TN]
+                st = a_t[kt][0:P, m * P : (m + 1) * P]
+                mv = b_t[kt][0:P, n * TN : (n + 1) * TN]
                 if style == "implicit":
                     nisa.nc_matmul(dst=ps, stationary=st, moving=mv)
                 elif style == "explicit":
@@ -56,7 +56,7 @@ def tiled_matmul(a_t_hbm, b_hbm, style):
                         nisa.tensor_tensor(dst=res, data1=res, data2=ps, op=nl.add)
             if style != "sbuf":
                 nisa.tensor_copy(dst=res, src=ps)
-            nisa.dma_copy(dst=c_hbm[m * P:(m + 1) * P, n * TN:(n + 1) * TN], src=res)
+            nisa.dma_copy(dst=c_hbm[m * P : (m + 1) * P, n * TN : (n + 1) * TN], src=res)
     return c_hbm
 
 
@@ -81,7 +81,7 @@ def rms_norm_lnc(x_hbm, eps):
     for t in range(rows // P):
         r0 = base + t * P
         xt = nl.ndarray((P, D), dtype=nl.float32, buffer=nl.sbuf)
-        nisa.dma_copy(dst=xt, src=x_hbm[r0:r0 + P, 0:D])
+        nisa.dma_copy(dst=xt, src=x_hbm[r0 : r0 + P, 0:D])
         sq = nl.ndarray((P, D), dtype=nl.float32, buffer=nl.sbuf)
         ss = nl.ndarray((P, 1), dtype=nl.float32, buffer=nl.sbuf)
         nisa.activation_reduce(dst=sq, op=nl.square, data=xt, reduce_op=nl.add, reduce_res=ss)
@@ -90,7 +90,7 @@ def rms_norm_lnc(x_hbm, eps):
         nisa.activation(dst=rstd, op=nl.rsqrt, data=rstd)
         y = nl.ndarray((P, D), dtype=nl.bfloat16, buffer=nl.sbuf)
         nisa.tensor_scalar(dst=y, data=xt, op0=nl.multiply, operand0=rstd)
-        nisa.dma_copy(dst=out[r0:r0 + P, 0:D], src=y)
+        nisa.dma_copy(dst=out[r0 : r0 + P, 0:D], src=y)
     return out
 
 
@@ -113,7 +113,7 @@ def online_softmax(x_hbm, chunk):
     s = nl.zeros((R, 1), dtype=nl.float32)
     for c in range(D // chunk):
         xc = nl.ndarray((R, chunk), dtype=nl.float32, buffer=nl.sbuf)
-        nisa.dma_copy(dst=xc, src=x_hbm[0:R, c * chunk:(c + 1) * chunk])
+        nisa.dma_copy(dst=xc, src=x_hbm[0:R, c * chunk : (c + 1) * chunk])
         cmax = nl.ndarray((R, 1), dtype=nl.float32, buffer=nl.sbuf)
         nisa.tensor_reduce(dst=cmax, op=nl.maximum, data=xc, axis=(1,))
         m_new = nl.ndarray((R, 1), dtype=nl.float32, buffer=nl.sbuf)
@@ -133,10 +133,10 @@ def online_softmax(x_hbm, chunk):
     nisa.tensor_scalar(dst=negm, data=m, op0=nl.multiply, operand0=-1.0)
     for c in range(D // chunk):
         xc = nl.ndarray((R, chunk), dtype=nl.float32, buffer=nl.sbuf)
-        nisa.dma_copy(dst=xc, src=x_hbm[0:R, c * chunk:(c + 1) * chunk])
+        nisa.dma_copy(dst=xc, src=x_hbm[0:R, c * chunk : (c + 1) * chunk])
         nisa.activation(dst=xc, op=nl.exp, data=xc, bias=negm)
         nisa.tensor_scalar(dst=xc, data=xc, op0=nl.multiply, operand0=inv)
-        nisa.dma_copy(dst=out[0:R, c * chunk:(c + 1) * chunk], src=xc)
+        nisa.dma_copy(dst=out[0:R, c * chunk : (c + 1) * chunk], src=xc)
     return out
 
 
@@ -155,14 +155,14 @@ def exchange(x_hbm, use_barrier):
     board = nl.ndarray((R, D), dtype=nl.float32, buffer=nl.shared_hbm)
     out = nl.ndarray((R, D), dtype=nl.float32, buffer=nl.shared_hbm)
     mine = nl.ndarray((half, D), dtype=nl.float32, buffer=nl.sbuf)
-    nisa.dma_copy(dst=mine, src=x_hbm[me * half:(me + 1) * half, 0:D])
+    nisa.dma_copy(dst=mine, src=x_hbm[me * half : (me + 1) * half, 0:D])
     nisa.activation(dst=mine, op=nl.square, data=mine)
-    nisa.dma_copy(dst=board[me * half:(me + 1) * half, 0:D], src=mine)  # <-publish
+    nisa.dma_copy(dst=board[me * half : (me + 1) * half, 0:D], src=mine)  # <-publish
     if use_barrier:
         nisa.core_barrier(data=board, cores=(0, 1))
     theirs = nl.ndarray((half, D), dtype=nl.float32, buffer=nl.sbuf)
-    nisa.dma_copy(dst=theirs, src=board[other * half:(other + 1) * half, 0:D])  # <-fetch
-    nisa.dma_copy(dst=out[me * half:(me + 1) * half, 0:D], src=theirs)
+    nisa.dma_copy(dst=theirs, src=board[other * half : (other + 1) * half, 0:D])  # <-fetch
+    nisa.dma_copy(dst=out[me * half : (me + 1) * half, 0:D], src=theirs)
     return out
 
 

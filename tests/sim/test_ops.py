@@ -37,10 +37,20 @@ def unary_kernel(x, op, out_dtype):
 
 
 UNARY = {
-    "copy": lambda x: x, "square": torch.square, "silu": F.silu, "gelu": F.gelu,
-    "gelu_apprx_tanh": lambda x: F.gelu(x, approximate="tanh"), "sigmoid": torch.sigmoid,
-    "tanh": torch.tanh, "exp": torch.exp, "relu": torch.relu, "abs": torch.abs, "sign": torch.sign,
-    "softplus": F.softplus, "erf": torch.erf, "mish": F.mish,
+    "copy": lambda x: x,
+    "square": torch.square,
+    "silu": F.silu,
+    "gelu": F.gelu,
+    "gelu_apprx_tanh": lambda x: F.gelu(x, approximate="tanh"),
+    "sigmoid": torch.sigmoid,
+    "tanh": torch.tanh,
+    "exp": torch.exp,
+    "relu": torch.relu,
+    "abs": torch.abs,
+    "sign": torch.sign,
+    "softplus": F.softplus,
+    "erf": torch.erf,
+    "mish": F.mish,
     "gelu_apprx_sigmoid": lambda x: x * torch.sigmoid(1.702 * x),
 }
 POSITIVE = {"log": torch.log, "sqrt": torch.sqrt, "rsqrt": torch.rsqrt, "reciprocal": torch.reciprocal}
@@ -95,11 +105,18 @@ def reduce_regs_kernel(x, y):
     junk = nl.ndarray(x.shape, dtype=nl.float32, buffer=nl.sbuf)
     first = nl.ndarray((x.shape[0], 1), dtype=nl.float32, buffer=nl.sbuf)
     total = nl.ndarray((x.shape[0], 1), dtype=nl.float32, buffer=nl.sbuf)
-    nisa.activation(dst=junk, op=nl.square, data=a, reduce_op=nl.add, reduce_res=first,
-                    reduce_cmd=nisa.reduce_cmd.reset_reduce)
+    nisa.activation(
+        dst=junk,
+        op=nl.square,
+        data=a,
+        reduce_op=nl.add,
+        reduce_res=first,
+        reduce_cmd=nisa.reduce_cmd.reset_reduce,
+    )
     nisa.activation(dst=junk, op=nl.copy, data=b, reduce_op=nl.add, reduce_cmd=nisa.reduce_cmd.reduce)
-    nisa.activation(dst=junk, op=nl.copy, data=b, reduce_op=nl.add, reduce_res=total,
-                    reduce_cmd=nisa.reduce_cmd.idle)
+    nisa.activation(
+        dst=junk, op=nl.copy, data=b, reduce_op=nl.add, reduce_res=total, reduce_cmd=nisa.reduce_cmd.idle
+    )
     return _store(first), _store(total)
 
 
@@ -119,10 +136,17 @@ def tensor_tensor_kernel(x, y, op):
 
 
 BINARY = {
-    "add": torch.add, "subtract": torch.sub, "multiply": torch.mul, "divide": torch.div,
-    "maximum": torch.maximum, "minimum": torch.minimum, "power": lambda a, b: torch.pow(a.abs(), b),
-    "equal": lambda a, b: (a == b).float(), "greater": lambda a, b: (a > b).float(),
-    "less_equal": lambda a, b: (a <= b).float(), "not_equal": lambda a, b: (a != b).float(),
+    "add": torch.add,
+    "subtract": torch.sub,
+    "multiply": torch.mul,
+    "divide": torch.div,
+    "maximum": torch.maximum,
+    "minimum": torch.minimum,
+    "power": lambda a, b: torch.pow(a.abs(), b),
+    "equal": lambda a, b: (a == b).float(),
+    "greater": lambda a, b: (a > b).float(),
+    "less_equal": lambda a, b: (a <= b).float(),
+    "not_equal": lambda a, b: (a != b).float(),
 }
 
 
@@ -153,8 +177,9 @@ def test_tensor_tensor_bitwise_on_int32_is_exact():
 def tensor_scalar_kernel(x, col, op0, rev0, op1, rev1):
     a, c = _load(x), _load(col)
     dst = nl.ndarray(x.shape, dtype=nl.float32, buffer=nl.sbuf)
-    nisa.tensor_scalar(dst=dst, data=a, op0=op0, operand0=c, reverse0=rev0, op1=op1, operand1=3.0,
-                       reverse1=rev1)
+    nisa.tensor_scalar(
+        dst=dst, data=a, op0=op0, operand0=c, reverse0=rev0, op1=op1, operand1=3.0, reverse1=rev1
+    )
     return _store(dst)
 
 
@@ -371,8 +396,13 @@ def test_allocation_helpers_and_tile_size_per_target():
         nisa.tensor_tensor(dst=el, data1=ones, data2=zl, op=nl.add)
         tr = nl.ndarray((4, 8, 16), dtype=nl.float32, buffer=nl.sbuf)
         nisa.dma_transpose(dst=tr, src=x_hbm, axes=(2, 1, 0))
-        sizes = (nl.tile_size.pmax, nl.tile_size.psum_num_banks, nl.tile_size.sbuf_fmax_bytes,
-                 nl.tile_size.gemm_moving_fmax, nl.tile_size.bn_stats_fmax)
+        sizes = (
+            nl.tile_size.pmax,
+            nl.tile_size.psum_num_banks,
+            nl.tile_size.sbuf_fmax_bytes,
+            nl.tile_size.gemm_moving_fmax,
+            nl.tile_size.bn_stats_fmax,
+        )
         return _store(el), _store(tr), sizes
 
     el, tr, sizes = kernel(x)

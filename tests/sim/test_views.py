@@ -68,7 +68,7 @@ def test_ap_past_the_partition_row_is_out_of_bounds():
 
 def test_numpy_ints_index_and_float_bounds_are_rejected():
     x = torch.arange(32, dtype=torch.float32).reshape(4, 8)
-    out = _copy_out(lambda t: t[np.int64(2), np.int32(1):np.int64(4)], (4, 8), x)
+    out = _copy_out(lambda t: t[np.int64(2), np.int32(1) : np.int64(4)], (4, 8), x)
     assert torch.equal(out, x[2:3, 1:4])
     with pytest.raises(sim.UnsupportedError, match="integer bounds"):
         _copy_out(lambda t: t[0:2, 0:2.5], (4, 8), x)
