@@ -21,6 +21,7 @@ GENERATED_CODE_NAMES = frozenset({
     "sequential_range", "static_range", "arange", "mgrid", "program_id", "num_programs", "spmd_dim",
     "bfloat16", "float16", "float32", "float8_e4m3", "float8_e5m2", "int32", "dtype", "shape", "device",
     "grid", "args", "kwargs", "result", "results", "out_tensor", "plan", "LNC", "TILE", "P_MAX",
+    "lnc", "target", "save", "TARGET", "MODEL", "MACHINES", "SBUF_BUDGET",  # host-function parameters
     "inf", "nan",  # would read as numbers, and specs allow only finite ones
 })  # fmt: skip
 #: every name a spec may not declare; mutable on purpose, so the code generator can add its own.
@@ -39,6 +40,8 @@ def name_problem(name: str) -> str | None:
         return "a name is an ASCII letter followed by letters, digits and `_`"
     if len(name) > MAX_NAME_LENGTH:
         return f"names are at most {MAX_NAME_LENGTH} characters"
+    if name.startswith("d_"):
+        return "names starting with `d_` are reserved: generated code spells dims that way"
     if name.lower().startswith("fusegen"):
         return "names starting with `fusegen` are reserved for generated code"
     if name in RESERVED_NAMES:

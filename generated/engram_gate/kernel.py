@@ -251,11 +251,11 @@ def fused_weight(w_h: torch.Tensor, w_e: torch.Tensor, lnc: int = 1, target: str
 
 def engram_gate(x: torch.Tensor, kv: torch.Tensor, w_h: torch.Tensor, w_e: torch.Tensor, eps: float = 1e-20, clamp: float = 1e-06, save: bool = False, lnc: int = LNC, target: str = TARGET) -> torch.Tensor | tuple[torch.Tensor, ...]:
     """Run the kernel on `lnc` logical cores; returns (out); with save=True also (dot, gate, rstd_x, rstd_k)."""
-    for t in (x, kv, w_h, w_e):
-        if t.requires_grad:
+    for _t in (x, kv, w_h, w_e):
+        if _t.requires_grad:
             raise RuntimeError("engram_gate is inference-only: an input requires grad")
-    hb, resident = choose(MODEL, x.shape[2], x.shape[1], SBUF_BUDGET[target])
-    return engram_gate_kernel[lnc](x, kv, w_h, w_e, eps, clamp, hb, resident, save)
+    _hb, _resident = choose(MODEL, x.shape[2], x.shape[1], SBUF_BUDGET[target])
+    return engram_gate_kernel[lnc](x, kv, w_h, w_e, eps, clamp, _hb, _resident, save)
 
 
 try:  # registers the op where torch_neuronx is installed; the file imports without it

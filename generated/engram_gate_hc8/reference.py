@@ -13,44 +13,44 @@ def engram_gate_hc8_reference(x, kv, w_h, w_e, eps=1e-20, clamp=1e-06, save=Fals
     d_H = x.shape[2]
     d_HC = 8
     d_T = x.shape[0]
-    v0 = x.float()
-    v1 = kv.float()
-    v2 = w_h.float()
-    v3 = w_e.float()
-    k_ = v1[0:d_T, 0:d_HC, 0:d_H]
-    v_ = v1[0:d_T, d_HC:(1 + d_HC), 0:d_H]
-    v8 = torch.square(v0)
-    v9 = v8.mean(dim=2, keepdim=True)
-    v10 = v9 + float(eps)
-    rx_ = torch.rsqrt(v10)
-    v12 = torch.square(k_)
-    v13 = v12.mean(dim=2, keepdim=True)
-    v14 = v13 + float(eps)
-    rk_ = torch.rsqrt(v14)
-    v16 = v0 * rx_
-    xn_ = v16 * v2
-    v18 = k_ * rk_
-    kn_ = v18 * v3
-    v20 = xn_ * kn_
-    v21 = v20.sum(dim=2, keepdim=True)
-    v22 = float(d_H)
-    v23 = (v22) ** -0.5
-    s_ = v21 * v23
-    v25 = torch.sign(s_)
-    v26 = torch.abs(s_)
-    v27 = torch.maximum(v26, torch.tensor(float(clamp)))
-    v28 = torch.sqrt(v27)
-    v29 = v25 * v28
-    g_ = torch.sigmoid(v29)
-    out_ = g_ * v_
-    v32 = v0 * v2
-    v33 = v32 * k_
-    v34 = v33 * v3
-    raw_ = v34.sum(dim=2, keepdim=True)
-    dot_ = raw_[0:d_T, 0:d_HC, 0]
-    gate_ = g_[0:d_T, 0:d_HC, 0]
-    rstd_x_ = rx_[0:d_T, 0:d_HC, 0]
-    rstd_k_ = rk_[0:d_T, 0:d_HC, 0]
+    _v0 = x.float()
+    _v1 = kv.float()
+    _v2 = w_h.float()
+    _v3 = w_e.float()
+    _k = _v1[0:d_T, 0:d_HC, 0:d_H]
+    _v = _v1[0:d_T, d_HC:(1 + d_HC), 0:d_H]
+    _v8 = torch.square(_v0)
+    _v9 = _v8.mean(dim=2, keepdim=True)
+    _v10 = _v9 + float(eps)
+    _rx = torch.rsqrt(_v10)
+    _v12 = torch.square(_k)
+    _v13 = _v12.mean(dim=2, keepdim=True)
+    _v14 = _v13 + float(eps)
+    _rk = torch.rsqrt(_v14)
+    _v16 = _v0 * _rx
+    _xn = _v16 * _v2
+    _v18 = _k * _rk
+    _kn = _v18 * _v3
+    _v20 = _xn * _kn
+    _v21 = _v20.sum(dim=2, keepdim=True)
+    _v22 = float(d_H)
+    _v23 = (_v22) ** -0.5
+    _s = _v21 * _v23
+    _v25 = torch.sign(_s)
+    _v26 = torch.abs(_s)
+    _v27 = torch.maximum(_v26, torch.tensor(float(clamp)))
+    _v28 = torch.sqrt(_v27)
+    _v29 = _v25 * _v28
+    _g = torch.sigmoid(_v29)
+    _out = _g * _v
+    _v32 = _v0 * _v2
+    _v33 = _v32 * _k
+    _v34 = _v33 * _v3
+    _raw = _v34.sum(dim=2, keepdim=True)
+    _dot = _raw[0:d_T, 0:d_HC, 0]
+    _gate = _g[0:d_T, 0:d_HC, 0]
+    _rstd_x = _rx[0:d_T, 0:d_HC, 0]
+    _rstd_k = _rk[0:d_T, 0:d_HC, 0]
     if save:
-        return out_.to(torch.bfloat16), dot_.to(torch.float32), gate_.to(torch.float32), rstd_x_.to(torch.float32), rstd_k_.to(torch.float32)
-    return out_.to(torch.bfloat16)
+        return _out.to(torch.bfloat16), _dot.to(torch.float32), _gate.to(torch.float32), _rstd_x.to(torch.float32), _rstd_k.to(torch.float32)
+    return _out.to(torch.bfloat16)

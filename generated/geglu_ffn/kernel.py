@@ -354,13 +354,12 @@ def _columns(v: torch.Tensor) -> torch.Tensor:
 
 def geglu_ffn(x: torch.Tensor, w1t: torch.Tensor, b1: torch.Tensor, wgt: torch.Tensor, bg: torch.Tensor, w2t: torch.Tensor, b2: torch.Tensor, lnc: int = LNC, target: str = TARGET) -> torch.Tensor:
     """Run the kernel on `lnc` logical cores with the best modelled plan for these shapes; returns (out)."""
-    for t in (x, w1t, b1, wgt, bg, w2t, b2):
-        if t.requires_grad:
+    for _t in (x, w1t, b1, wgt, bg, w2t, b2):
+        if _t.requires_grad:
             raise RuntimeError("geglu_ffn is inference-only: an input requires grad")
-    rows, hidden = x.shape
-    inter = w1t.shape[1]
-    plan = choose(MODEL, MACHINES[target], rows, hidden, inter, lnc)
-    return geglu_ffn_kernel[lnc](x, w1t, _columns(b1), wgt, _columns(bg), w2t, b2, plan.s, plan.ci, plan.split)
+    _rows, _hidden = x.shape
+    _plan = choose(MODEL, MACHINES[target], _rows, _hidden, w1t.shape[1], lnc)
+    return geglu_ffn_kernel[lnc](x, w1t, _columns(b1), wgt, _columns(bg), w2t, b2, _plan.s, _plan.ci, _plan.split)
 
 
 try:  # registers the op where torch_neuronx is installed; the file imports without it

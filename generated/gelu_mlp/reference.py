@@ -13,15 +13,15 @@ def gelu_mlp_reference(x, w1t, b1, w2t, b2):
     d_I = w1t.shape[1]
     d_K = x.shape[1]
     d_R = x.shape[0]
-    v0 = x.float()
-    v1 = w1t.float()
-    v2 = b1.float()
-    v3 = w2t.float()
-    v4 = b2.float()
-    v5 = v0 @ v1
-    v6 = v5 + v2
-    v7 = F.gelu(v6)
-    v8 = v7.to(torch.bfloat16).float()
-    v9 = v8 @ v3
-    out_ = v9 + v4
-    return out_.to(torch.bfloat16)
+    _v0 = x.float()
+    _v1 = w1t.float()
+    _v2 = b1.float()
+    _v3 = w2t.float()
+    _v4 = b2.float()
+    _v5 = _v0 @ _v1
+    _v6 = _v5 + _v2
+    _v7 = F.gelu(_v6)
+    _v8 = _v7.to(torch.bfloat16).float()
+    _v9 = _v8 @ _v3
+    _out = _v9 + _v4
+    return _out.to(torch.bfloat16)

@@ -348,13 +348,12 @@ def _columns(v: torch.Tensor) -> torch.Tensor:
 
 def llama_swiglu(x: torch.Tensor, wgt: torch.Tensor, wut: torch.Tensor, wdt: torch.Tensor, lnc: int = LNC, target: str = TARGET) -> torch.Tensor:
     """Run the kernel on `lnc` logical cores with the best modelled plan for these shapes; returns (out)."""
-    for t in (x, wgt, wut, wdt):
-        if t.requires_grad:
+    for _t in (x, wgt, wut, wdt):
+        if _t.requires_grad:
             raise RuntimeError("llama_swiglu is inference-only: an input requires grad")
-    rows, hidden = x.shape
-    inter = wgt.shape[1]
-    plan = choose(MODEL, MACHINES[target], rows, hidden, inter, lnc)
-    return llama_swiglu_kernel[lnc](x, wgt, wut, wdt, plan.s, plan.ci, plan.split)
+    _rows, _hidden = x.shape
+    _plan = choose(MODEL, MACHINES[target], _rows, _hidden, wgt.shape[1], lnc)
+    return llama_swiglu_kernel[lnc](x, wgt, wut, wdt, _plan.s, _plan.ci, _plan.split)
 
 
 try:  # registers the op where torch_neuronx is installed; the file imports without it

@@ -13,14 +13,14 @@ def llama_swiglu_reference(x, wgt, wut, wdt):
     d_I = wgt.shape[1]
     d_K = x.shape[1]
     d_R = x.shape[0]
-    v0 = x.float()
-    v1 = wgt.float()
-    v2 = wut.float()
-    v3 = wdt.float()
-    v4 = v0 @ v1
-    v5 = F.silu(v4)
-    v6 = v0 @ v2
-    v7 = v5 * v6
-    v8 = v7.to(torch.bfloat16).float()
-    out_ = v8 @ v3
-    return out_.to(torch.bfloat16)
+    _v0 = x.float()
+    _v1 = wgt.float()
+    _v2 = wut.float()
+    _v3 = wdt.float()
+    _v4 = _v0 @ _v1
+    _v5 = F.silu(_v4)
+    _v6 = _v0 @ _v2
+    _v7 = _v5 * _v6
+    _v8 = _v7.to(torch.bfloat16).float()
+    _out = _v8 @ _v3
+    return _out.to(torch.bfloat16)

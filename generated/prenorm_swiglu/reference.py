@@ -13,18 +13,18 @@ def prenorm_swiglu_reference(x, gamma, wgt, wut, wdt, eps=1e-06):
     d_I = wgt.shape[1]
     d_K = x.shape[1]
     d_R = x.shape[0]
-    v0 = x.float()
-    v1 = gamma.float()
-    v2 = wgt.float()
-    v3 = wut.float()
-    v4 = wdt.float()
-    v6 = v0 * torch.rsqrt(v0.square().mean(dim=-1, keepdim=True) + float(eps)) * v1
-    xn_ = v6.to(torch.bfloat16).float()
-    v8 = xn_ @ v2
-    v9 = F.silu(v8)
-    v10 = xn_ @ v3
-    v11 = v9 * v10
-    v12 = v11.to(torch.bfloat16).float()
-    v13 = v12 @ v4
-    out_ = v13 + v0
-    return out_.to(torch.bfloat16)
+    _v0 = x.float()
+    _v1 = gamma.float()
+    _v2 = wgt.float()
+    _v3 = wut.float()
+    _v4 = wdt.float()
+    _v6 = _v0 * torch.rsqrt(_v0.square().mean(dim=-1, keepdim=True) + float(eps)) * _v1
+    _xn = _v6.to(torch.bfloat16).float()
+    _v8 = _xn @ _v2
+    _v9 = F.silu(_v8)
+    _v10 = _xn @ _v3
+    _v11 = _v9 * _v10
+    _v12 = _v11.to(torch.bfloat16).float()
+    _v13 = _v12 @ _v4
+    _out = _v13 + _v0
+    return _out.to(torch.bfloat16)

@@ -337,13 +337,12 @@ def _columns(v: torch.Tensor) -> torch.Tensor:
 
 def relu2_mlp(x: torch.Tensor, w1t: torch.Tensor, w2t: torch.Tensor, lnc: int = LNC, target: str = TARGET) -> torch.Tensor:
     """Run the kernel on `lnc` logical cores with the best modelled plan for these shapes; returns (out)."""
-    for t in (x, w1t, w2t):
-        if t.requires_grad:
+    for _t in (x, w1t, w2t):
+        if _t.requires_grad:
             raise RuntimeError("relu2_mlp is inference-only: an input requires grad")
-    rows, hidden = x.shape
-    inter = w1t.shape[1]
-    plan = choose(MODEL, MACHINES[target], rows, hidden, inter, lnc)
-    return relu2_mlp_kernel[lnc](x, w1t, w2t, plan.s, plan.ci, plan.split)
+    _rows, _hidden = x.shape
+    _plan = choose(MODEL, MACHINES[target], _rows, _hidden, w1t.shape[1], lnc)
+    return relu2_mlp_kernel[lnc](x, w1t, w2t, _plan.s, _plan.ci, _plan.split)
 
 
 try:  # registers the op where torch_neuronx is installed; the file imports without it

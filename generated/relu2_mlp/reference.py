@@ -13,12 +13,12 @@ def relu2_mlp_reference(x, w1t, w2t):
     d_I = w1t.shape[1]
     d_K = x.shape[1]
     d_R = x.shape[0]
-    v0 = x.float()
-    v1 = w1t.float()
-    v2 = w2t.float()
-    v3 = v0 @ v1
-    v4 = F.relu(v3)
-    v5 = torch.square(v4)
-    v6 = v5.to(torch.bfloat16).float()
-    out_ = v6 @ v2
-    return out_.to(torch.bfloat16)
+    _v0 = x.float()
+    _v1 = w1t.float()
+    _v2 = w2t.float()
+    _v3 = _v0 @ _v1
+    _v4 = F.relu(_v3)
+    _v5 = torch.square(_v4)
+    _v6 = _v5.to(torch.bfloat16).float()
+    _out = _v6 @ _v2
+    return _out.to(torch.bfloat16)

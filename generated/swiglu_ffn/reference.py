@@ -13,20 +13,20 @@ def swiglu_ffn_reference(x, w1t, b1, wgt, bg, w2t, b2):
     d_I = w1t.shape[1]
     d_K = x.shape[1]
     d_R = x.shape[0]
-    v0 = x.float()
-    v1 = w1t.float()
-    v2 = b1.float()
-    v3 = wgt.float()
-    v4 = bg.float()
-    v5 = w2t.float()
-    v6 = b2.float()
-    v7 = v0 @ v1
-    v8 = v7 + v2
-    v9 = F.silu(v8)
-    v10 = v0 @ v3
-    v11 = v10 + v4
-    h_ = v9 * v11
-    v13 = h_.to(torch.bfloat16).float()
-    v14 = v13 @ v5
-    out_ = v14 + v6
-    return out_.to(torch.bfloat16)
+    _v0 = x.float()
+    _v1 = w1t.float()
+    _v2 = b1.float()
+    _v3 = wgt.float()
+    _v4 = bg.float()
+    _v5 = w2t.float()
+    _v6 = b2.float()
+    _v7 = _v0 @ _v1
+    _v8 = _v7 + _v2
+    _v9 = F.silu(_v8)
+    _v10 = _v0 @ _v3
+    _v11 = _v10 + _v4
+    _h = _v9 * _v11
+    _v13 = _h.to(torch.bfloat16).float()
+    _v14 = _v13 @ _v5
+    _out = _v14 + _v6
+    return _out.to(torch.bfloat16)

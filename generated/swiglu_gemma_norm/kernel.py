@@ -364,13 +364,12 @@ def _columns(v: torch.Tensor) -> torch.Tensor:
 
 def swiglu_gemma_norm(x: torch.Tensor, w1t: torch.Tensor, wgt: torch.Tensor, w2t: torch.Tensor, a: torch.Tensor, gamma: torch.Tensor, eps: float = 1e-06, lnc: int = LNC, target: str = TARGET) -> tuple[torch.Tensor, torch.Tensor]:
     """Run the kernel on `lnc` logical cores with the best modelled plan for these shapes; returns (x_new, z)."""
-    for t in (x, w1t, wgt, w2t, a, gamma):
-        if t.requires_grad:
+    for _t in (x, w1t, wgt, w2t, a, gamma):
+        if _t.requires_grad:
             raise RuntimeError("swiglu_gemma_norm is inference-only: an input requires grad")
-    rows, hidden = x.shape
-    inter = w1t.shape[1]
-    plan = choose(MODEL, MACHINES[target], rows, hidden, inter, lnc)
-    return swiglu_gemma_norm_kernel[lnc](x, w1t, wgt, w2t, a, gamma, eps, plan.s, plan.ci, plan.split)
+    _rows, _hidden = x.shape
+    _plan = choose(MODEL, MACHINES[target], _rows, _hidden, w1t.shape[1], lnc)
+    return swiglu_gemma_norm_kernel[lnc](x, w1t, wgt, w2t, a, gamma, eps, _plan.s, _plan.ci, _plan.split)
 
 
 try:  # registers the op where torch_neuronx is installed; the file imports without it

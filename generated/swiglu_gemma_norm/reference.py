@@ -13,20 +13,20 @@ def swiglu_gemma_norm_reference(x, w1t, wgt, w2t, a, gamma, eps=1e-06):
     d_I = w1t.shape[1]
     d_K = x.shape[1]
     d_R = x.shape[0]
-    v0 = x.float()
-    v1 = w1t.float()
-    v2 = wgt.float()
-    v3 = w2t.float()
-    v4 = a.float()
-    v5 = gamma.float()
-    v7 = v0 @ v1
-    v8 = F.silu(v7)
-    v9 = v0 @ v2
-    v10 = v8 * v9
-    v11 = v10.to(torch.bfloat16).float()
-    v12 = v11 @ v3
-    x_new_ = v12 + v4
-    v14 = 1.0
-    v15 = (v14) + v5
-    z_ = x_new_ * torch.rsqrt(x_new_.square().mean(dim=-1, keepdim=True) + float(eps)) * v15
-    return x_new_.to(torch.float32), z_.to(torch.bfloat16)
+    _v0 = x.float()
+    _v1 = w1t.float()
+    _v2 = wgt.float()
+    _v3 = w2t.float()
+    _v4 = a.float()
+    _v5 = gamma.float()
+    _v7 = _v0 @ _v1
+    _v8 = F.silu(_v7)
+    _v9 = _v0 @ _v2
+    _v10 = _v8 * _v9
+    _v11 = _v10.to(torch.bfloat16).float()
+    _v12 = _v11 @ _v3
+    _x_new = _v12 + _v4
+    _v14 = 1.0
+    _v15 = (_v14) + _v5
+    _z = _x_new * torch.rsqrt(_x_new.square().mean(dim=-1, keepdim=True) + float(eps)) * _v15
+    return _x_new.to(torch.float32), _z.to(torch.bfloat16)

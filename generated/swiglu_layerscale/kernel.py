@@ -374,13 +374,12 @@ def _columns(v: torch.Tensor) -> torch.Tensor:
 
 def swiglu_layerscale(x: torch.Tensor, w1t: torch.Tensor, b1: torch.Tensor, wgt: torch.Tensor, bg: torch.Tensor, w2t: torch.Tensor, b2: torch.Tensor, ls: torch.Tensor, a: torch.Tensor, eps: float = 1e-06, lnc: int = LNC, target: str = TARGET) -> torch.Tensor:
     """Run the kernel on `lnc` logical cores with the best modelled plan for these shapes; returns (z)."""
-    for t in (x, w1t, b1, wgt, bg, w2t, b2, ls, a):
-        if t.requires_grad:
+    for _t in (x, w1t, b1, wgt, bg, w2t, b2, ls, a):
+        if _t.requires_grad:
             raise RuntimeError("swiglu_layerscale is inference-only: an input requires grad")
-    rows, hidden = x.shape
-    inter = w1t.shape[1]
-    plan = choose(MODEL, MACHINES[target], rows, hidden, inter, lnc)
-    return swiglu_layerscale_kernel[lnc](x, w1t, _columns(b1), wgt, _columns(bg), w2t, b2, ls, a, eps, plan.s, plan.ci, plan.split)
+    _rows, _hidden = x.shape
+    _plan = choose(MODEL, MACHINES[target], _rows, _hidden, w1t.shape[1], lnc)
+    return swiglu_layerscale_kernel[lnc](x, w1t, _columns(b1), wgt, _columns(bg), w2t, b2, ls, a, eps, _plan.s, _plan.ci, _plan.split)
 
 
 try:  # registers the op where torch_neuronx is installed; the file imports without it

@@ -13,24 +13,24 @@ def swiglu_rmsnorm_reference(x, w1t, b1, wgt, bg, w2t, b2, a, gamma, eps=1e-06):
     d_I = w1t.shape[1]
     d_K = x.shape[1]
     d_R = x.shape[0]
-    v0 = x.float()
-    v1 = w1t.float()
-    v2 = b1.float()
-    v3 = wgt.float()
-    v4 = bg.float()
-    v5 = w2t.float()
-    v6 = b2.float()
-    v7 = a.float()
-    v8 = gamma.float()
-    v10 = v0 @ v1
-    v11 = v10 + v2
-    v12 = F.silu(v11)
-    v13 = v0 @ v3
-    v14 = v13 + v4
-    h_ = v12 * v14
-    v16 = h_.to(torch.bfloat16).float()
-    v17 = v16 @ v5
-    v18 = v17 + v6
-    x_new_ = v18 + v7
-    z_ = x_new_ * torch.rsqrt(x_new_.square().mean(dim=-1, keepdim=True) + float(eps)) * v8
-    return x_new_.to(torch.float32), z_.to(torch.bfloat16)
+    _v0 = x.float()
+    _v1 = w1t.float()
+    _v2 = b1.float()
+    _v3 = wgt.float()
+    _v4 = bg.float()
+    _v5 = w2t.float()
+    _v6 = b2.float()
+    _v7 = a.float()
+    _v8 = gamma.float()
+    _v10 = _v0 @ _v1
+    _v11 = _v10 + _v2
+    _v12 = F.silu(_v11)
+    _v13 = _v0 @ _v3
+    _v14 = _v13 + _v4
+    _h = _v12 * _v14
+    _v16 = _h.to(torch.bfloat16).float()
+    _v17 = _v16 @ _v5
+    _v18 = _v17 + _v6
+    _x_new = _v18 + _v7
+    _z = _x_new * torch.rsqrt(_x_new.square().mean(dim=-1, keepdim=True) + float(eps)) * _v8
+    return _x_new.to(torch.float32), _z.to(torch.bfloat16)

@@ -79,3 +79,17 @@ def test_spec_outside_every_family_names_where_it_leaves(
     assert "no kernel family matches `scale`" in err
     assert "leaves the ffn family here" in err
     assert not (tmp_path / "out").exists()
+
+
+def test_spec_names_never_meet_generated_locals(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    """Inputs named like the template's and the reference's locals still build and run correctly."""
+    spec = tmp_path / "names.spec"
+    spec.write_text(
+        "kernel names\ndim R, K, I\ninput t: bf16[R, K]\ninput v1: bf16[K, I]\ninput rows: f32[I]\n"
+        "input g: bf16[K, I]\ninput c: f32[I]\ninput acc: bf16[I, K]\ninput ps: f32[K]\ninput e0: f32[R, K]\n"
+        "param m0 = 1e-6\noutput pj0: f32[R, K]\noutput xt: bf16[R, K]\n"
+        "h = silu(t @ v1 + rows) * (t @ g + c)\npj0 = bf16(h) @ acc + ps + e0\nxt = layernorm(pj0, m0)\n"
+        "check R=130 K=256 I=300\n"
+    )
+    assert main(["check", str(spec)]) == 0, capsys.readouterr().out
+    assert capsys.readouterr().out.count(": ok") >= 2
