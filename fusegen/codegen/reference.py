@@ -23,6 +23,7 @@ _UNARY = {
     "abs": "torch.abs({})",
     "sign": "torch.sign({})",
     "square": "torch.square({})",
+    "erf": "torch.special.erf({})",  # backward IR only (codegen/autodiff.py)
 }
 _BINARY = {
     "add": "{} + {}",
@@ -122,6 +123,23 @@ def _norm(node: Node, args: list[str]) -> str:
     return f"{scaled} * {gamma}" if affine else scaled
 
 
+def _unindex(node: Node, args: list[str]) -> str:
+    """Zeros of the source shape with the operand at the index: new axes for positions, then padding."""
+    items: tuple[IndexItem, ...] = node.attr("index")  # type: ignore[assignment]
+    lifted = args[0]
+    if any(it.kind == "at" for it in items):
+        lifted += f"[{', '.join('None' if it.kind == 'at' else ':' for it in items)}]"
+    pads = []
+    for it, dim in reversed(list(zip(items, node.shape, strict=True))):
+        stop = it.stop if it.kind == "slice" and it.stop is not None else it.start + 1
+        pads += [dim_source(it.start), dim_source(dim - stop)]
+    return f"F.pad({lifted}, ({', '.join(pads)}))" if set(pads) != {"0"} else lifted
+
+
+def _expand(node: Node, args: list[str]) -> str:
+    return f"torch.as_tensor({args[0]}).expand({', '.join(dim_source(d) for d in node.shape)})"
+
+
 _SPECIAL: dict[str, Callable[[Node, list[str]], str]] = {
     "pow": lambda node, args: f"{args[0]} ** {float(node.attr('exponent'))!r}",  # type: ignore[arg-type]
     "sum": _reduce("sum"),
@@ -133,4 +151,8 @@ _SPECIAL: dict[str, Callable[[Node, list[str]], str]] = {
     "rmsnorm": _norm,
     "cast": lambda node, args: f"{args[0]}.to({TORCH_DTYPE[node.dtype]}).float()",
     "index": _index,
+    # backward IR only (codegen/autodiff.py)
+    "unindex": _unindex,
+    "expand": _expand,
+    "transpose": lambda node, args: f"{args[0]}.transpose(-1, -2)",
 }

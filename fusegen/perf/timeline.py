@@ -11,7 +11,7 @@ from xml.sax.saxutils import escape
 from fusegen.codegen.plan import TilePlan
 from fusegen.perf.schedule import ENGINES, Schedule, Span
 
-WIDTH, LEFT, ROW, BAR = 960, 190, 22, 14
+WIDTH, LEFT, ROW, BAR = 1000, 250, 22, 14
 TICKS = 4  # time-axis labels above the engine lanes
 COLORS = {
     "tensor": "#4e79a7",
@@ -73,7 +73,7 @@ def _budget_panel(plan: TilePlan, parts: list[str], y: int) -> int:
     y += 14
     rows = [(b.name, b.bytes * b.copies) for b in plan.buffers if b.memory == "sbuf"]
     for name, nbytes in [*rows, ("total", plan.sbuf_bytes)]:
-        parts.append(_text(LEFT - 6, y + BAR - 3, name[:30], "end"))
+        parts.append(_text(LEFT - 6, y + BAR - 3, name if len(name) <= 38 else name[:37] + "…", "end"))
         parts.append(_rect(LEFT, y, WIDTH - LEFT - 20, BAR, "#eeeeee"))
         color = "#4e79a7" if name != "total" else "#e15759"
         parts.append(_rect(LEFT, y, nbytes * scale, BAR, color, f"{name}: {nbytes:,} B"))
@@ -86,7 +86,8 @@ def _timeline_panel(schedules: Sequence[tuple[str, Schedule]], parts: list[str],
     total = sum(s.time_ns for _, s in schedules) or 1.0
     scale = (WIDTH - LEFT - 20) / total
     parts.append(_text(10, y, f"modelled timeline, {total / 1000:.1f} us"))
-    parts += [_text(LEFT + i / TICKS * total * scale, y, f"{i / TICKS * total / 1000:.1f} us", "middle")
+    anchors = ["middle"] * (TICKS - 1) + ["end"]  # the last tick sits at the right edge
+    parts += [_text(LEFT + i / TICKS * total * scale, y, f"{i / TICKS * total / 1000:.1f} us", anchors[i - 1])
               for i in range(1, TICKS + 1)]  # fmt: skip
     offset = 0.0
     for kernel, sched in schedules:

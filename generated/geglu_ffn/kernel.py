@@ -185,10 +185,12 @@ def candidates(
 
 def rank_key(
     m: FfnModel, mach: Machine, rows: int, k: int, i: int, lnc: int, plan: Plan
-) -> tuple[float, int, int]:
-    """Order of preference: modelled time, then HBM bytes, then SBUF."""
+) -> tuple[float, float, int, int]:
+    """Order of preference: modelled time, then total engine work (so ties at the bound go to the plan
+    that leaves the other engines most slack), then HBM bytes, then SBUF."""
     c = cost(m, mach, rows, k, i, lnc, plan)
-    return (round(c.total, 1), c.hbm_bytes, sbuf_bytes(m, plan.s, plan.ci, k, i))
+    work = c.pe + c.act + c.dve + c.dma
+    return (round(c.total, 1), round(work, 1), c.hbm_bytes, sbuf_bytes(m, plan.s, plan.ci, k, i))
 
 
 def choose(m: FfnModel, mach: Machine, rows: int, k: int, i: int, lnc: int) -> Plan:
