@@ -1,6 +1,6 @@
 """Per-instruction cost model: engine cycles from documented data-path rules, DMA time from bytes.
 
-Every figure comes from /work/shared/reference/nki.md §5/§6; its source tag sits next to it.
+Every figure comes from the NKI notes in shared/reference/nki.md §5/§6; its source tag sits next to it.
 `instruction_cost` is a plain function over numbers so the tile planner can price plans without a
 trace; `record_cost` adapts an interpreter trace Record to it.
 """

@@ -1,6 +1,6 @@
 """Per-target hardware constants (trn1, trn2, trn3) shared by the interpreter and the tile planner.
 
-Every value carries its source tag from /work/shared/reference/nki.md (§5 limits, §6 cost figures);
+Every value carries its source tag from the NKI notes in shared/reference/nki.md (§5 limits, §6 cost figures);
 `None` marks a figure the reference does not give.
 """
 
