@@ -38,9 +38,10 @@ def _rows(p: TilePlan) -> PlanRows:
         *((f"tile {name}", str(value)) for name, value in p.tiles),
         (
             "SBUF per partition",
-            f"{_kib(p.sbuf_bytes)} of {_kib(p.sbuf_budget)} ({_pct(p.sbuf_bytes, p.sbuf_budget)})",
+            f"{_kib(p.sbuf_bytes)} of {_kib(p.sbuf_budget)} ({_pct(p.sbuf_bytes, p.sbuf_budget)}), "
+            f"headroom {p.sbuf_budget - p.sbuf_bytes:,} B",
         ),
-        ("PSUM banks", f"{p.psum_banks} of {p.psum_budget}"),
+        ("PSUM banks", f"{p.psum_banks} of {p.psum_budget}, headroom {p.psum_budget - p.psum_banks}"),
         *p.summary,
     )
     budget = {"sbuf": p.sbuf_budget, "psum": p.psum_budget * 2048}
