@@ -48,8 +48,7 @@ class FfnFamily:
     planning: str = (
         "The planner enumerates legal plans (SBUF budget, PSUM banks) and picks the one with the least "
         "modelled time, then the least total engine work, then the fewest HBM bytes, then the least SBUF; "
-        "the host function re-plans the "
-        "same way for runtime shapes."
+        "the host function re-plans the same way for runtime shapes."
     )
 
     def match(self, ir: KernelIR) -> FfnMatch:
