@@ -37,7 +37,12 @@ def _check_spec(args: argparse.Namespace) -> int:
 def _options(args: argparse.Namespace) -> BuildOptions:
     from fusegen.codegen.build import BuildOptions
 
-    return BuildOptions(out_dir=Path(args.out), target=args.target, lnc=args.lnc)
+    return BuildOptions(out_dir=Path(args.out), target=args.target, lnc=_lnc(args))
+
+
+def _lnc(args: argparse.Namespace) -> int:
+    """The requested LNC, or the target's default: trn2 pairs cores (LNC=2), trn1 does not."""
+    return int(args.lnc) if args.lnc else (1 if args.target == "trn1" else 2)
 
 
 def _build(args: argparse.Namespace) -> int:
@@ -62,7 +67,7 @@ def _explain(args: argparse.Namespace) -> int:
     from fusegen.perf.explain import explain
 
     shape = _shape_args(args.shape)
-    return explain(args.spec, args.target, args.lnc, shape[0] if shape else None, args.trace, args.svg)
+    return explain(args.spec, args.target, _lnc(args), shape[0] if shape else None, args.trace, args.svg)
 
 
 def _shape_args(items: list[str] | None) -> list[dict[str, int]]:
@@ -81,7 +86,12 @@ def _target_args(p: argparse.ArgumentParser) -> None:
     p.add_argument("specs", nargs="+", metavar="SPEC")
     p.add_argument("--out", default="generated", help="output directory (default: generated/)")
     p.add_argument("--target", default="trn2", choices=("trn1", "trn2", "trn3"))
-    p.add_argument("--lnc", type=int, default=2, choices=(1, 2), help="logical-core degree (default 2)")
+    p.add_argument(
+        "--lnc",
+        type=int,
+        choices=(1, 2),
+        help="logical-core degree (default: 2 on trn2 and later, 1 on trn1)",
+    )
 
 
 def _parser() -> argparse.ArgumentParser:
@@ -115,7 +125,12 @@ def _parser() -> argparse.ArgumentParser:
     p = sub.add_parser("explain", help="model a kernel's time per engine against the roofline, and its plan")
     p.add_argument("spec", metavar="SPEC")
     p.add_argument("--target", default="trn2", choices=("trn1", "trn2"))
-    p.add_argument("--lnc", type=int, default=2, choices=(1, 2), help="logical-core degree (default 2)")
+    p.add_argument(
+        "--lnc",
+        type=int,
+        choices=(1, 2),
+        help="logical-core degree (default: 2 on trn2 and later, 1 on trn1)",
+    )
     p.add_argument(
         "--shape", nargs="+", metavar="DIM=N", help="model this shape (default: the first check line)"
     )
