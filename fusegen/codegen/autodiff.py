@@ -1,11 +1,12 @@
-"""Reverse-mode differentiation of a `KernelIR`: a backward KernelIR from inputs, saved values and output grads.
+"""Reverse-mode differentiation of a `KernelIR` into a backward KernelIR over inputs, saved values, grads.
 
 The backward IR reads the forward inputs, the optional f32 outputs that recover a forward value exactly
 (`gate = g[:, :, 0]` recovers `g`), and one `grad_<output>` per differentiated output; it returns one
-`grad_<input>` per input, in the input's dtype and shape. Forward values it needs and has not saved are
-recomputed. Besides the spec vocabulary it uses four ops the reference renders (docs/autodiff.md):
-  expand    (a,)   node shape is the target shape            torch broadcast of a to that shape
-  unindex   (a,)   attrs: index (of the forward `index`)     zeros of the source shape, a placed at index
+`grad_<input>` per input, in the input's shape and in f32 (the caller casts to the input's dtype).
+Forward values it needs and has not saved are recomputed. Besides the spec vocabulary it uses four ops
+that codegen/reference.py renders (docs/autodiff.md):
+  expand    (a,)   node shape is the target shape       a broadcast to that shape
+  unindex   (a,)   attrs: index (the forward index's)   zeros of the source shape, a placed at index
   transpose (a,)   swaps the last two axes
   erf       (a,)   the error function (exact gelu's derivative)
 """
@@ -40,8 +41,15 @@ class Graph:
     nodes: list[Node] = field(default_factory=list)
     memo: dict[tuple[object, ...], int] = field(default_factory=dict)
 
-    def add(self, op: str, args: Sequence[int], shape: Shape, dtype: str = "f32", name: str | None = None,
-            **attrs: AttrValue) -> int:  # fmt: skip
+    def add(
+        self,
+        op: str,
+        args: Sequence[int],
+        shape: Shape,
+        dtype: str = "f32",
+        name: str | None = None,
+        **attrs: AttrValue,
+    ) -> int:
         """The id of node `op(args)`, reusing an identical unnamed node."""
         items = tuple(sorted(attrs.items()))
         key = (op, tuple(args), items, shape, dtype)
@@ -60,9 +68,11 @@ class Graph:
         """A scalar constant."""
         return self.add("const", (), (), value=float(value))
 
-    def un(self, op: str, a: int, **attrs: AttrValue) -> int:
-        """A shape-preserving op."""
-        return self.add(op, (a,), self.shape(a), **attrs)
+    def un(self, op: str, a: int, exponent: float | None = None) -> int:
+        """A shape-preserving op (`pow` takes its exponent)."""
+        if exponent is None:
+            return self.add(op, (a,), self.shape(a))
+        return self.add(op, (a,), self.shape(a), exponent=exponent)
 
     def bin(self, op: str, a: int, b: int) -> int:
         """A broadcasting binary op; comparisons give bool."""
@@ -90,13 +100,13 @@ class Graph:
         """Insert a size-1 axis (the adjoint of indexing position 0 of a size-1 axis)."""
         shape = self.shape(a)
         items = tuple(IndexItem("slice", Dim.const(0), d) for d in shape)
-        items = items[:axis] + (IndexItem("at", Dim.const(0)),) + items[axis:]
-        return self.add("unindex", (a,), shape[:axis] + (ONE,) + shape[axis:], index=items)
+        items = (*items[:axis], IndexItem("at", Dim.const(0)), *items[axis:])
+        return self.add("unindex", (a,), (*shape[:axis], ONE, *shape[axis:]), index=items)
 
     def transpose(self, a: int) -> int:
         """Swap the last two axes."""
         s = self.shape(a)
-        return self.add("transpose", (a,), s[:-2] + (s[-1], s[-2]))
+        return self.add("transpose", (a,), (*s[:-2], s[-1], s[-2]))
 
     def fit(self, g: int, target: Shape) -> int:
         """Sum `g` over the axes broadcasting added, then expand it to `target` where it is still smaller."""
@@ -159,9 +169,12 @@ def _silu(gr: Graph, n: Node, g: int, a: list[int], y: int) -> list[int | None]:
 
 
 def _gelu(gr: Graph, n: Node, g: int, a: list[int], y: int) -> list[int | None]:
-    cdf = gr.mul(gr.bin("add", gr.un("erf", gr.mul(a[0], gr.const(math.sqrt(0.5)))), gr.const(1.0)),
-                 gr.const(0.5))  # fmt: skip
-    pdf = gr.mul(gr.un("exp", gr.mul(gr.un("square", a[0]), gr.const(-0.5))), gr.const(1 / math.sqrt(2 * math.pi)))
+    cdf = gr.mul(
+        gr.bin("add", gr.un("erf", gr.mul(a[0], gr.const(math.sqrt(0.5)))), gr.const(1.0)), gr.const(0.5)
+    )
+    pdf = gr.mul(
+        gr.un("exp", gr.mul(gr.un("square", a[0]), gr.const(-0.5))), gr.const(1 / math.sqrt(2 * math.pi))
+    )
     return [gr.mul(g, gr.bin("add", cdf, gr.mul(a[0], pdf)))]
 
 
@@ -177,8 +190,11 @@ def _gelu_tanh(gr: Graph, n: Node, g: int, a: list[int], y: int) -> list[int | N
 
 def _matmul(gr: Graph, n: Node, g: int, a: list[int], y: int) -> list[int | None]:
     def mm(p: int, q: int) -> int:
-        return gr.add("matmul", (p, q), broadcast(gr.shape(p)[:-2], gr.shape(q)[:-2])
-                      + (gr.shape(p)[-2], gr.shape(q)[-1]))  # fmt: skip
+        return gr.add(
+            "matmul",
+            (p, q),
+            (*broadcast(gr.shape(p)[:-2], gr.shape(q)[:-2]), gr.shape(p)[-2], gr.shape(q)[-1]),
+        )
 
     return [mm(g, gr.transpose(a[1])), mm(gr.transpose(a[0]), g)]
 
@@ -317,8 +333,11 @@ def backward_ir(ir: KernelIR, grads: Sequence[str] | None = None) -> KernelIR:
     fwd, where = primitive_graph(ir)
     outs = [o for o in ir.outputs if (o.name in grads if grads is not None else not o.optional)]
     saved = saved_values(ir, fwd, where)
-    decls = [*ir.inputs, *(TensorDecl(s.output.name, s.output.dtype, s.output.shape, s.output.span) for s in saved.values()),
-             *(TensorDecl(f"grad_{o.name}", o.dtype, o.shape, o.span) for o in outs)]  # fmt: skip
+    decls = [
+        *ir.inputs,
+        *(TensorDecl(s.output.name, s.output.dtype, s.output.shape, s.output.span) for s in saved.values()),
+        *(TensorDecl(f"grad_{o.name}", o.dtype, o.shape, o.span) for o in outs),
+    ]
     bw = Graph(fwd.span)
     inputs = {d.name: bw.add("input", (), d.shape, d.dtype, d.name, index=i) for i, d in enumerate(decls)}
     val = _Replay(fwd, bw, inputs, saved)
@@ -345,27 +364,24 @@ def _accumulate(gr: Graph, adj: dict[int, int], fid: int, grad: int) -> None:
 
 def _assemble(ir: KernelIR, bw: Graph, decls: list[TensorDecl], results: list[int], keep: int) -> KernelIR:
     """Drop dead nodes (and saved inputs nothing reads), renumber, and wrap as a KernelIR."""
+    # input nodes are bw's first len(decls) nodes; ids in [len(ir.inputs), keep) are the saved values
     live = set(results) | {n.id for n in bw.nodes if n.op == "param"}
-    live |= {n.id for n in bw.nodes if n.op == "input" and (int(n.attr("index")) < len(ir.inputs)  # type: ignore[arg-type]
-                                                         or int(n.attr("index")) >= keep)}  # type: ignore[arg-type]  # fmt: skip
+    live |= {i for i in range(len(decls)) if i < len(ir.inputs) or i >= keep}
     for n in reversed(bw.nodes):
         if n.id in live:
             live.update(n.args)
     remap: dict[int, int] = {}
     nodes: list[Node] = []
-    kept: list[TensorDecl] = []
-    for n in bw.nodes:
-        if n.id not in live:
-            continue
-        attrs = n.attrs
-        if n.op == "input":
-            attrs = (("index", len(kept)),)
-            kept.append(decls[int(n.attr("index"))])  # type: ignore[arg-type]
+    for n in (n for n in bw.nodes if n.id in live):
+        attrs = (("index", len(remap)),) if n.op == "input" else n.attrs
         remap[n.id] = len(nodes)
         nodes.append(replace(n, id=len(nodes), args=tuple(remap[a] for a in n.args), attrs=attrs))
     outputs = tuple(
-        OutputDecl(f"grad_{d.name}", remap[r], d.dtype, d.shape, False, d.span)
+        OutputDecl(f"grad_{d.name}", remap[r], "f32", d.shape, False, d.span)
         for d, r in zip(ir.inputs, results, strict=True)
     )
+    inputs = tuple(d for i, d in enumerate(decls) if i in live)
     doc = f"Backward of {ir.name}: the input gradients, derived by fusegen/codegen/autodiff.py."
-    return replace(ir, name=f"{ir.name}_backward", inputs=tuple(kept), nodes=tuple(nodes), outputs=outputs, doc=doc)
+    return replace(
+        ir, name=f"{ir.name}_backward", inputs=inputs, nodes=tuple(nodes), outputs=outputs, doc=doc
+    )

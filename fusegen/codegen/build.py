@@ -9,6 +9,7 @@ from pathlib import Path
 
 from fusegen.codegen.family import Family, Mismatch, no_family_error
 from fusegen.codegen.ffn import FFN
+from fusegen.codegen.ops import ops_files
 from fusegen.codegen.plan import PlanError, TilePlan
 from fusegen.codegen.reference import dim_bindings, reference_lines
 from fusegen.codegen.render import header, render
@@ -59,6 +60,7 @@ def build_spec(path: str, options: BuildOptions) -> Built:
         "reference.py": reference_source(user_ir),
         f"test_{ir.name}.py": test_source(ir, options.target),
         "plan.md": plan_markdown(ir, family.name, family.planning, plans),
+        **ops_files(user_ir, family.name),
     }
     return Built(ir.name, tuple((f"{ir.name}/{name}", text) for name, text in sorted(files.items())), plans)
 

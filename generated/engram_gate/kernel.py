@@ -258,9 +258,9 @@ def engram_gate(x: torch.Tensor, kv: torch.Tensor, w_h: torch.Tensor, w_e: torch
     return engram_gate_kernel[lnc](x, kv, w_h, w_e, eps, clamp, _hb, _resident, save)
 
 
-try:  # registers the op where torch_neuronx is installed; the file imports without it
+try:  # the NKI op on Neuron hosts (ops.py owns `fusegen::<name>`); the file imports without torch_neuronx
     from torch_neuronx import nki_op
 except ImportError:
     nki_op = None
 if nki_op is not None:
-    engram_gate_op = nki_op("fusegen::engram_gate", mutates_args={})(engram_gate)
+    engram_gate_op = nki_op("fusegen::engram_gate_nki", mutates_args={})(engram_gate)

@@ -9,7 +9,7 @@ import torch.nn.functional as F
 
 
 def engram_gate_hc8_reference(x, kv, w_h, w_e, eps=1e-20, clamp=1e-06, save=False):
-    """The spec's math on torch CPU tensors; same signature as the kernel's host function."""
+    """The math of `engram_gate_hc8` on torch CPU tensors, one line per IR node."""
     d_H = x.shape[2]
     d_HC = 8
     d_T = x.shape[0]

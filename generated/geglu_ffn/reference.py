@@ -9,7 +9,7 @@ import torch.nn.functional as F
 
 
 def geglu_ffn_reference(x, w1t, b1, wgt, bg, w2t, b2):
-    """The spec's math on torch CPU tensors; same signature as the kernel's host function."""
+    """The math of `geglu_ffn` on torch CPU tensors, one line per IR node."""
     d_I = w1t.shape[1]
     d_K = x.shape[1]
     d_R = x.shape[0]

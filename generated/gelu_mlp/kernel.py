@@ -349,9 +349,9 @@ def gelu_mlp(x: torch.Tensor, w1t: torch.Tensor, b1: torch.Tensor, w2t: torch.Te
     return gelu_mlp_kernel[lnc](x, w1t, _columns(b1), w2t, b2, _plan.s, _plan.ci, _plan.split)
 
 
-try:  # registers the op where torch_neuronx is installed; the file imports without it
+try:  # the NKI op on Neuron hosts (ops.py owns `fusegen::<name>`); the file imports without torch_neuronx
     from torch_neuronx import nki_op
 except ImportError:
     nki_op = None
 if nki_op is not None:
-    gelu_mlp_op = nki_op("fusegen::gelu_mlp", mutates_args={})(gelu_mlp)
+    gelu_mlp_op = nki_op("fusegen::gelu_mlp_nki", mutates_args={})(gelu_mlp)

@@ -358,9 +358,9 @@ def llama_swiglu(x: torch.Tensor, wgt: torch.Tensor, wut: torch.Tensor, wdt: tor
     return llama_swiglu_kernel[lnc](x, wgt, wut, wdt, _plan.s, _plan.ci, _plan.split)
 
 
-try:  # registers the op where torch_neuronx is installed; the file imports without it
+try:  # the NKI op on Neuron hosts (ops.py owns `fusegen::<name>`); the file imports without torch_neuronx
     from torch_neuronx import nki_op
 except ImportError:
     nki_op = None
 if nki_op is not None:
-    llama_swiglu_op = nki_op("fusegen::llama_swiglu", mutates_args={})(llama_swiglu)
+    llama_swiglu_op = nki_op("fusegen::llama_swiglu_nki", mutates_args={})(llama_swiglu)

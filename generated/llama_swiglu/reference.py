@@ -9,7 +9,7 @@ import torch.nn.functional as F
 
 
 def llama_swiglu_reference(x, wgt, wut, wdt):
-    """The spec's math on torch CPU tensors; same signature as the kernel's host function."""
+    """The math of `llama_swiglu` on torch CPU tensors, one line per IR node."""
     d_I = wgt.shape[1]
     d_K = x.shape[1]
     d_R = x.shape[0]

@@ -378,9 +378,9 @@ def prenorm_swiglu(x: torch.Tensor, gamma: torch.Tensor, wgt: torch.Tensor, wut:
     return prenorm_swiglu_kernel[lnc](x, gamma, wgt, wut, wdt, eps, _plan.s, _plan.ci, _plan.split)
 
 
-try:  # registers the op where torch_neuronx is installed; the file imports without it
+try:  # the NKI op on Neuron hosts (ops.py owns `fusegen::<name>`); the file imports without torch_neuronx
     from torch_neuronx import nki_op
 except ImportError:
     nki_op = None
 if nki_op is not None:
-    prenorm_swiglu_op = nki_op("fusegen::prenorm_swiglu", mutates_args={})(prenorm_swiglu)
+    prenorm_swiglu_op = nki_op("fusegen::prenorm_swiglu_nki", mutates_args={})(prenorm_swiglu)

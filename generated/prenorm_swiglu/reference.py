@@ -9,7 +9,7 @@ import torch.nn.functional as F
 
 
 def prenorm_swiglu_reference(x, gamma, wgt, wut, wdt, eps=1e-06):
-    """The spec's math on torch CPU tensors; same signature as the kernel's host function."""
+    """The math of `prenorm_swiglu` on torch CPU tensors, one line per IR node."""
     d_I = wgt.shape[1]
     d_K = x.shape[1]
     d_R = x.shape[0]

@@ -347,9 +347,9 @@ def relu2_mlp(x: torch.Tensor, w1t: torch.Tensor, w2t: torch.Tensor, lnc: int = 
     return relu2_mlp_kernel[lnc](x, w1t, w2t, _plan.s, _plan.ci, _plan.split)
 
 
-try:  # registers the op where torch_neuronx is installed; the file imports without it
+try:  # the NKI op on Neuron hosts (ops.py owns `fusegen::<name>`); the file imports without torch_neuronx
     from torch_neuronx import nki_op
 except ImportError:
     nki_op = None
 if nki_op is not None:
-    relu2_mlp_op = nki_op("fusegen::relu2_mlp", mutates_args={})(relu2_mlp)
+    relu2_mlp_op = nki_op("fusegen::relu2_mlp_nki", mutates_args={})(relu2_mlp)

@@ -9,7 +9,7 @@ import torch.nn.functional as F
 
 
 def relu2_mlp_reference(x, w1t, w2t):
-    """The spec's math on torch CPU tensors; same signature as the kernel's host function."""
+    """The math of `relu2_mlp` on torch CPU tensors, one line per IR node."""
     d_I = w1t.shape[1]
     d_K = x.shape[1]
     d_R = x.shape[0]

@@ -382,9 +382,9 @@ def swiglu_ffn_ln(x: torch.Tensor, w1t: torch.Tensor, b1: torch.Tensor, wgt: tor
     return swiglu_ffn_ln_kernel[lnc](x, w1t, _columns(b1), wgt, _columns(bg), w2t, b2, a, eps, _plan.s, _plan.ci, _plan.split)
 
 
-try:  # registers the op where torch_neuronx is installed; the file imports without it
+try:  # the NKI op on Neuron hosts (ops.py owns `fusegen::<name>`); the file imports without torch_neuronx
     from torch_neuronx import nki_op
 except ImportError:
     nki_op = None
 if nki_op is not None:
-    swiglu_ffn_ln_op = nki_op("fusegen::swiglu_ffn_ln", mutates_args={})(swiglu_ffn_ln)
+    swiglu_ffn_ln_op = nki_op("fusegen::swiglu_ffn_ln_nki", mutates_args={})(swiglu_ffn_ln)

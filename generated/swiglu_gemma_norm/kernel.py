@@ -374,9 +374,9 @@ def swiglu_gemma_norm(x: torch.Tensor, w1t: torch.Tensor, wgt: torch.Tensor, w2t
     return swiglu_gemma_norm_kernel[lnc](x, w1t, wgt, w2t, a, gamma, eps, _plan.s, _plan.ci, _plan.split)
 
 
-try:  # registers the op where torch_neuronx is installed; the file imports without it
+try:  # the NKI op on Neuron hosts (ops.py owns `fusegen::<name>`); the file imports without torch_neuronx
     from torch_neuronx import nki_op
 except ImportError:
     nki_op = None
 if nki_op is not None:
-    swiglu_gemma_norm_op = nki_op("fusegen::swiglu_gemma_norm", mutates_args={})(swiglu_gemma_norm)
+    swiglu_gemma_norm_op = nki_op("fusegen::swiglu_gemma_norm_nki", mutates_args={})(swiglu_gemma_norm)

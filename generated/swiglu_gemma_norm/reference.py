@@ -9,7 +9,7 @@ import torch.nn.functional as F
 
 
 def swiglu_gemma_norm_reference(x, w1t, wgt, w2t, a, gamma, eps=1e-06):
-    """The spec's math on torch CPU tensors; same signature as the kernel's host function."""
+    """The math of `swiglu_gemma_norm` on torch CPU tensors, one line per IR node."""
     d_I = w1t.shape[1]
     d_K = x.shape[1]
     d_R = x.shape[0]

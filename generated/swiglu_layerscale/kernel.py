@@ -384,9 +384,9 @@ def swiglu_layerscale(x: torch.Tensor, w1t: torch.Tensor, b1: torch.Tensor, wgt:
     return swiglu_layerscale_kernel[lnc](x, w1t, _columns(b1), wgt, _columns(bg), w2t, b2, ls, a, eps, _plan.s, _plan.ci, _plan.split)
 
 
-try:  # registers the op where torch_neuronx is installed; the file imports without it
+try:  # the NKI op on Neuron hosts (ops.py owns `fusegen::<name>`); the file imports without torch_neuronx
     from torch_neuronx import nki_op
 except ImportError:
     nki_op = None
 if nki_op is not None:
-    swiglu_layerscale_op = nki_op("fusegen::swiglu_layerscale", mutates_args={})(swiglu_layerscale)
+    swiglu_layerscale_op = nki_op("fusegen::swiglu_layerscale_nki", mutates_args={})(swiglu_layerscale)

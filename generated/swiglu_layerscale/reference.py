@@ -9,7 +9,7 @@ import torch.nn.functional as F
 
 
 def swiglu_layerscale_reference(x, w1t, b1, wgt, bg, w2t, b2, ls, a, eps=1e-06):
-    """The spec's math on torch CPU tensors; same signature as the kernel's host function."""
+    """The math of `swiglu_layerscale` on torch CPU tensors, one line per IR node."""
     d_I = w1t.shape[1]
     d_K = x.shape[1]
     d_R = x.shape[0]

@@ -1,0 +1,102 @@
+"""ops.py (and backward_reference.py): a generated kernel's torch.library op, with autograd if it has one."""
+
+from __future__ import annotations
+
+import importlib.util
+import sys
+from pathlib import Path
+from types import ModuleType
+
+from fusegen.codegen.autodiff import backward_ir
+from fusegen.codegen.reference import TORCH_DTYPE, dim_bindings
+from fusegen.codegen.render import header, render
+from fusegen.codegen.stage import dim_source
+from fusegen.dsl.ir import KernelIR, OutputDecl
+
+#: Families whose op trains: the row-reduction family's backward is small enough to run as torch code;
+#: an FFN backward needs weight-gradient GEMMs that belong in kernels, so those ops stay inference-only.
+TRAINABLE_FAMILIES = ("rowreduce",)
+TEMPLATE = "ops.py.jinja"
+
+
+def ops_files(ir: KernelIR, family: str) -> dict[str, str]:
+    """ops.py, plus backward_reference.py for trainable families; `ir` is the spec's own (unfused) IR."""
+    if family not in TRAINABLE_FAMILIES:
+        return {"ops.py": ops_source(ir, None)}
+    back = backward_ir(ir)
+    from fusegen.codegen.build import reference_source  # build imports this module
+
+    return {"ops.py": ops_source(ir, back), "backward_reference.py": reference_source(back)}
+
+
+def ops_source(ir: KernelIR, back: KernelIR | None) -> str:
+    """ops.py: the custom op, its fake, and its autograd (back given) or an inference-only guard."""
+    # a trainable op returns the saved outputs too, so autograd can keep them for the backward
+    outputs = [o for o in ir.outputs if back is not None or not o.optional]
+    names = [o.name for o in outputs]
+    return render(
+        TEMPLATE,
+        header=header(ir, TEMPLATE),
+        name=ir.name,
+        outputs=", ".join(names),
+        returns="torch.Tensor" if len(names) == 1 else f"tuple[{', '.join(['torch.Tensor'] * len(names))}]",
+        one_output=len(names) == 1,
+        save_kw=", save=True" if any(o.optional for o in ir.outputs) else "",
+        fake_lines=[f"d_{name} = {src}" for name, src in dim_bindings(ir, str)],
+        fake_outs=[_fake_output(ir, o) for o in outputs],
+        trainable=back is not None,
+        nondiff=", ".join(o.name for o in ir.outputs if o.optional),
+        **_signatures(ir),
+        **_autograd_context(ir, back),
+    )
+
+
+def _signatures(ir: KernelIR) -> dict[str, str]:
+    """The op's argument lists as source text: typed, with defaults, as a params dict."""
+    params = [(p.name, repr(p.default)) for p in ir.params]
+    tensors = [i.name for i in ir.inputs]
+    return {
+        "args": ", ".join(tensors),
+        "dtypes": "(" + " ".join(f"{TORCH_DTYPE[i.dtype]}," for i in ir.inputs) + ")",
+        "signature": ", ".join(
+            [f"{t}: torch.Tensor" for t in tensors] + [f"{p}: float = {d}" for p, d in params]
+        ),
+        "fake_signature": ", ".join(tensors + [f"{p}={d}" for p, d in params]),
+        "params_dict": "{" + ", ".join(f'"{p}": {p}' for p, _ in params) + "}",
+        "param_names": ", ".join(p for p, _ in params),
+    }
+
+
+def _fake_output(ir: KernelIR, out: OutputDecl) -> str:
+    dims = ", ".join(dim_source(d) for d in out.shape)
+    return f"{ir.inputs[0].name}.new_empty(({dims},), dtype={TORCH_DTYPE[out.dtype]})"
+
+
+def _autograd_context(ir: KernelIR, back: KernelIR | None) -> dict[str, str]:
+    """Names the autograd half of the template needs: saved outputs, output grads, backward arguments."""
+    if back is None:
+        return {"saved": "", "grads": "", "backward_args": "", "nones": ""}
+    forward_inputs = {i.name for i in ir.inputs}
+    grad_names = {f"grad_{o.name}" for o in ir.outputs}
+    return {
+        "saved": ", ".join(d.name for d in back.inputs if d.name not in forward_inputs | grad_names),
+        "grads": ", ".join(f"grad_{o.name}" for o in ir.outputs),
+        "backward_args": ", ".join(d.name for d in back.inputs),
+        "nones": "".join(", None" for _ in ir.params) or ",",
+    }
+
+
+def load_ops(name: str, out_dir: str | Path = "generated") -> ModuleType:
+    """Import <out_dir>/<name>/ops.py once per process (importing it registers torch.ops.fusegen.<name>)."""
+    key = f"_fusegen_ops_{name}"
+    if key not in sys.modules:
+        path = Path(out_dir) / name / "ops.py"
+        spec = importlib.util.spec_from_file_location(key, path)
+        if not path.is_file() or spec is None or spec.loader is None:
+            raise FileNotFoundError(
+                f"no {path} (from {Path.cwd()}): run `fusegen build` for `{name}`, or pass out_dir"
+            )
+        module = importlib.util.module_from_spec(spec)
+        spec.loader.exec_module(module)
+        sys.modules[key] = module
+    return sys.modules[key]

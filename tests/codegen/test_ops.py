@@ -1,0 +1,135 @@
+"""Generated ops.py: torch.ops.fusegen.<name> forward, autograd, fake/compile, training, inference guard."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from types import ModuleType
+
+import pytest
+import torch
+
+from fusegen.codegen import ops
+from fusegen.dsl import load_spec
+from tests.codegen.test_autodiff import calc_diff, naive_grads
+
+ROOT = Path(__file__).parents[2]
+#: The op computes in f32; against fp64 its gradients reach calc_diff 2.4e-8 at T=4001 (4.8e-8 with another
+#: grad_out draw; f32 autograd through gate_naive: 1.4e-9), set by the token with the smallest |s| (5.6e-5),
+#: where 1/sqrt|s| amplifies the cancellation in s's f32 sum. The fp64 checks (test_autodiff.py) meet 1e-8.
+OP_BAR = 1e-7
+
+
+def load_ops(name: str) -> ModuleType:
+    """generated/<name>/ops.py of this checkout."""
+    return ops.load_ops(name, ROOT / "generated")
+
+
+def engram_inputs(t: int, hc: int, h: int, seed: int = 0) -> list[torch.Tensor]:
+    """bf16 x, kv, w_h, w_e as the spec declares them."""
+    gen = torch.Generator().manual_seed(seed)
+    shapes = [(t, hc, h), (t, hc + 1, h), (hc, h), (hc, h)]
+    return [torch.randn(s, generator=gen).to(torch.bfloat16) for s in shapes]
+
+
+def op_grads(inputs: list[torch.Tensor], grad_out: torch.Tensor) -> list[torch.Tensor]:
+    """Gradients of <out, grad_out> through torch.ops.fusegen.engram_gate."""
+    leaves = [t.clone().requires_grad_(True) for t in inputs]
+    out = torch.ops.fusegen.engram_gate(*leaves)[0]
+    return list(torch.autograd.grad(out, leaves, grad_out))
+
+
+@pytest.mark.parametrize("backend", ["interpreter", "reference"])
+@pytest.mark.parametrize("check", range(5), ids=lambda i: f"check{i}")
+def test_op_gradients_at_check_shapes(check: int, backend: str, monkeypatch: pytest.MonkeyPatch) -> None:
+    load_ops("engram_gate")
+    monkeypatch.setenv("FUSEGEN_OPS_BACKEND", backend)
+    env = load_spec(str(ROOT / "examples" / "engram_gate.spec"))[0].checks[check].env()
+    inputs = [t.float() for t in engram_inputs(env["T"], env["HC"], env["H"], seed=check)]  # f32 grads
+    grad_out = torch.randn(env["T"], env["HC"], env["H"]).to(torch.bfloat16)
+    got = op_grads(inputs, grad_out)
+    expected = naive_grads([t.double() for t in inputs], grad_out.double(), resid=True)
+    diffs = [calc_diff(g, e) for g, e in zip(got, expected, strict=True)]
+    assert all(g.dtype == torch.float32 for g in got)
+    assert max(diffs) < OP_BAR, diffs
+
+
+def test_interpreter_and_reference_backends_agree(monkeypatch: pytest.MonkeyPatch) -> None:
+    load_ops("engram_gate")
+    inputs = engram_inputs(5, 2, 128)
+    monkeypatch.setenv("FUSEGEN_OPS_BACKEND", "reference")
+    ref = torch.ops.fusegen.engram_gate(*inputs)
+    monkeypatch.setenv("FUSEGEN_OPS_BACKEND", "interpreter")
+    sim = torch.ops.fusegen.engram_gate(*inputs)
+    for a, b in zip(sim, ref, strict=True):
+        torch.testing.assert_close(a.float(), b.float(), rtol=2e-2, atol=1e-5)
+    grads = op_grads(inputs, torch.ones_like(sim[0]))
+    assert [g.dtype for g in grads] == [torch.bfloat16] * 4  # each gradient in its input's dtype
+
+
+def test_compile_traces_without_graph_breaks(monkeypatch: pytest.MonkeyPatch) -> None:
+    load_ops("engram_gate")
+    monkeypatch.setenv("FUSEGEN_OPS_BACKEND", "reference")
+    x, kv, w_h, w_e = engram_inputs(4, 2, 128)
+    w_h = w_h.float().requires_grad_(True)
+
+    def fn(x: torch.Tensor, kv: torch.Tensor, w_h: torch.Tensor, w_e: torch.Tensor) -> torch.Tensor:
+        return torch.ops.fusegen.engram_gate(x, kv, w_h, w_e)[0].float().square().mean()
+
+    torch._dynamo.reset()
+    compiled = torch.compile(fn, fullgraph=True, backend="aot_eager")  # fullgraph: a graph break raises
+    loss = compiled(x, kv, w_h, w_e)
+    (grad,) = torch.autograd.grad(loss, w_h)
+    (eager,) = torch.autograd.grad(fn(x, kv, w_h, w_e), w_h)
+    torch.testing.assert_close(loss, fn(x, kv, w_h, w_e))
+    torch.testing.assert_close(grad, eager)
+
+
+class Gate(torch.nn.Module):
+    """A toy module: learnable RMSNorm weights in front of the generated Engram gate."""
+
+    def __init__(self, hc: int, h: int) -> None:
+        super().__init__()
+        self.w_h = torch.nn.Parameter(torch.ones(hc, h))
+        self.w_e = torch.nn.Parameter(torch.ones(hc, h))
+
+    def forward(self, x: torch.Tensor, kv: torch.Tensor) -> torch.Tensor:
+        return torch.ops.fusegen.engram_gate(x, kv, self.w_h, self.w_e)[0]
+
+
+def test_toy_module_trains_through_the_op_on_the_interpreter(monkeypatch: pytest.MonkeyPatch) -> None:
+    load_ops("engram_gate")
+    monkeypatch.setenv("FUSEGEN_OPS_BACKEND", "interpreter")
+    x, kv, _, _ = engram_inputs(8, 2, 128, seed=3)
+    target = x.float() + 0.9 * kv[:, 2:].float()  # reachable: a gate near 0.9 on every head
+    model = Gate(2, 128)
+    opt = torch.optim.SGD(model.parameters(), lr=50.0)
+    losses = []
+    for _ in range(5):
+        loss = torch.nn.functional.mse_loss(model(x, kv).float(), target)
+        opt.zero_grad()
+        loss.backward()
+        opt.step()
+        losses.append(loss.item())
+    assert losses[-1] < 0.8 * losses[0], losses
+
+
+def test_ffn_op_is_inference_only(monkeypatch: pytest.MonkeyPatch) -> None:
+    ffn = load_ops("swiglu_ffn")
+    monkeypatch.setenv("FUSEGEN_OPS_BACKEND", "reference")
+    gen = torch.Generator().manual_seed(0)
+    shapes = {
+        "x": (3, 128),
+        "w1t": (128, 5),
+        "b1": (5,),
+        "wgt": (128, 5),
+        "bg": (5,),
+        "w2t": (5, 128),
+        "b2": (128,),
+    }
+    args = [torch.randn(s, generator=gen).to(torch.bfloat16) for s in shapes.values()]
+    with torch.no_grad():
+        out = ffn.swiglu_ffn(*[a.float().requires_grad_(True) for a in args])
+    ref = ffn._module("reference.py").swiglu_ffn_reference(*args)
+    torch.testing.assert_close(out, ref)
+    with pytest.raises(RuntimeError, match="inference-only"):
+        torch.ops.fusegen.swiglu_ffn(args[0].float().requires_grad_(True), *args[1:])
