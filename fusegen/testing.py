@@ -63,9 +63,9 @@ class Report:
         return "\n".join(lines)
 
 
-def load_reference(path: Path) -> ModuleType:
-    """Import a generated reference.py by path (not through sys.path)."""
-    spec = importlib.util.spec_from_file_location(f"fusegen_ref_{zlib.crc32(str(path).encode())}", path)
+def load_generated(path: Path) -> ModuleType:
+    """Import a generated Python file (reference.py, test_<name>.py) by path, not through sys.path."""
+    spec = importlib.util.spec_from_file_location(f"fusegen_gen_{zlib.crc32(str(path).encode())}", path)
     assert spec is not None and spec.loader is not None
     module = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(module)
@@ -121,7 +121,7 @@ def run_against_reference(
 ) -> Report:
     """Run `directory`/kernel.py's host function on the interpreter and compare with reference.py."""
     kernel = _kernel_module(directory / "kernel.py", target)
-    reference = load_reference(directory / "reference.py")
+    reference = load_generated(directory / "reference.py")
     args = make_inputs(case.inputs, case.shapes)
     got = getattr(kernel, name)(*args, lnc=lnc, target=target)
     want = getattr(reference, f"{name}_reference")(*args)

@@ -17,7 +17,7 @@ from fusegen.codegen.build import (
 from fusegen.dsl import load_spec
 from fusegen.dsl.diagnostics import Diagnostic, SpecError
 from fusegen.dsl.ir import KernelIR
-from fusegen.testing import Case, load_reference, run_against_reference
+from fusegen.testing import Case, load_generated, run_against_reference
 
 
 def _progress(message: str) -> None:
@@ -53,7 +53,7 @@ def check(specs: list[str], options: BuildOptions, shapes: list[dict[str, int]])
             runs = [validated_shape(ir, spec, dims) for dims in shapes] or [env for env, _ in test_shapes(ir)]
             built = build_spec(spec, BuildOptions(out, options.target, options.lnc))
             write_atomically(out, built.files)
-            generated_test = load_reference(out / built.name / f"test_{built.name}.py")
+            generated_test = load_generated(out / built.name / f"test_{built.name}.py")
             for dims in runs:
                 _progress(f"fusegen: running {built.name} at {_dims_text(dims)} on the interpreter")
                 case = Case(

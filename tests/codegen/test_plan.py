@@ -137,7 +137,7 @@ def test_search_is_within_two_percent_of_exhaustive(r: int, k: int, i: int, lnc:
 def test_interpreter_peak_sbuf_stays_within_the_budget_model(spec: str, dims: dict[str, int]) -> None:
     """The budget model over-approximates what the kernel really keeps live (the interpreter's liveness)."""
     directory = ROOT / "generated" / spec
-    generated_test = testing.load_reference(directory / f"test_{spec}.py")
+    generated_test = testing.load_generated(directory / f"test_{spec}.py")
     args = testing.make_inputs(generated_test.INPUTS, generated_test.input_shapes(dims))
     module = load_module(directory / "kernel.py", target="trn2")
     getattr(module, spec)(*args, lnc=2, target="trn2")
