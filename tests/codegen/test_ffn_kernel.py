@@ -7,6 +7,8 @@ from pathlib import Path
 import pytest
 import torch
 import torch.nn.functional as F
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
 from fusegen.sim import load_module, run
 
@@ -108,3 +110,18 @@ def _weight_bytes_read(result, args: tuple[int, ...]) -> int:  # type: ignore[no
     ids = sorted({alloc for alloc, _ in reads})
     wanted = {ids[n] for n in args}
     return sum(nbytes for alloc, nbytes in reads if alloc in wanted)
+
+
+@settings(max_examples=12, deadline=None, derandomize=True)
+@given(
+    r=st.integers(1, 400), k=st.integers(1, 4).map(lambda n: 128 * n), i=st.integers(1, 700),
+    lnc=st.sampled_from([1, 2]),
+)  # fmt: skip
+def test_random_shapes_match_formula(r: int, k: int, i: int, lnc: int) -> None:
+    """Any R >= 1 and any I (ragged tiles everywhere), with the plan the host function picks."""
+    module = load_module(GENERATED / "swiglu_ffn_ln" / "kernel.py", target="trn2")
+    args = _inputs(r, k, i, seed=r * 7919 + i)
+    x_new, z = module.swiglu_ffn_ln(*args, eps=1e-6, lnc=lnc)
+    want_x = swiglu(*args[:7]) + args[7]
+    _close(x_new, want_x, rtol=1e-3)
+    _close(z, F.layer_norm(want_x, (k,), eps=1e-6).bfloat16(), rtol=2e-2)
