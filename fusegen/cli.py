@@ -45,16 +45,24 @@ def _lnc(args: argparse.Namespace) -> int:
     return int(args.lnc) if args.lnc else (1 if args.target == "trn1" else 2)
 
 
+def _specs(args: argparse.Namespace) -> list[str]:
+    """The specs named, or every spec under examples/ (what `generated/` is built from)."""
+    specs = args.specs or sorted(str(p) for p in Path("examples").glob("*.spec"))
+    if not specs:
+        raise SystemExit("fusegen: no SPEC given and no examples/*.spec here")
+    return specs
+
+
 def _build(args: argparse.Namespace) -> int:
     from fusegen.codegen.commands import build
 
-    return build(args.specs, _options(args), check_only=args.check)
+    return build(_specs(args), _options(args), check_only=args.check, every_spec=not args.specs)
 
 
 def _check(args: argparse.Namespace) -> int:
     from fusegen.codegen.commands import check
 
-    return check(args.specs, _options(args), _shape_args(args.shape))
+    return check(_specs(args), _options(args), _shape_args(args.shape))
 
 
 def _list(args: argparse.Namespace) -> int:
@@ -83,7 +91,7 @@ def _shape_args(items: list[str] | None) -> list[dict[str, int]]:
 
 
 def _target_args(p: argparse.ArgumentParser) -> None:
-    p.add_argument("specs", nargs="+", metavar="SPEC")
+    p.add_argument("specs", nargs="*", metavar="SPEC", help="spec files (default: examples/*.spec)")
     p.add_argument("--out", default="generated", help="output directory (default: generated/)")
     p.add_argument("--target", default="trn2", choices=("trn1", "trn2", "trn3"))
     p.add_argument(

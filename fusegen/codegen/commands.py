@@ -24,14 +24,19 @@ def _progress(message: str) -> None:
     print(message, file=sys.stderr, flush=True)
 
 
-def build(specs: list[str], options: BuildOptions, check_only: bool = False) -> int:
-    """Build every spec (all rendered before any is written); with check_only, report stale files."""
+def build(specs: list[str], options: BuildOptions, check_only: bool = False, every_spec: bool = False) -> int:
+    """Build every spec (all rendered before any is written); with check_only, report stale files (and,
+    when `specs` are all the project's, kernel folders no spec builds any more)."""
     built = []
     for spec in specs:
         _progress(f"fusegen: building {spec}")
         built.append(build_spec(spec, options))
     if check_only:
         stale = [rel for b in built for rel in stale_files(options.out_dir, b)]
+        if every_spec and options.out_dir.is_dir():
+            names = {b.name for b in built} | {"__pycache__"}
+            folders = [p.name for p in options.out_dir.iterdir() if p.is_dir() and not p.name.startswith(".")]
+            stale += sorted(f"{name}/" for name in folders if name not in names)
         for rel in stale:
             print(f"stale: {options.out_dir / rel}")
         if stale:

@@ -94,3 +94,17 @@ def test_spec_names_never_meet_generated_locals(tmp_path: Path, capsys: pytest.C
     )
     assert main(["check", str(spec)]) == 0, capsys.readouterr().out
     assert capsys.readouterr().out.count(": ok") >= 2
+
+
+def test_check_without_specs_covers_every_example_and_flags_orphans(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    (tmp_path / "examples").mkdir()
+    shutil.copy(SPEC, tmp_path / "examples" / "swiglu_ffn_ln.spec")
+    monkeypatch.chdir(tmp_path)
+    assert main(["build"]) == 0
+    assert main(["build", "--check"]) == 0
+    (tmp_path / "generated" / "retired_kernel").mkdir()
+    capsys.readouterr()
+    assert main(["build", "--check"]) == 1
+    assert "stale: generated/retired_kernel" in capsys.readouterr().out
