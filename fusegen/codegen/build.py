@@ -11,7 +11,7 @@ from fusegen.codegen.family import Family, Mismatch, no_family_error
 from fusegen.codegen.ffn import FFN
 from fusegen.codegen.ops import ops_files
 from fusegen.codegen.plan import PlanError, TilePlan
-from fusegen.codegen.reference import dim_bindings, reference_lines
+from fusegen.codegen.reference import TORCH_DTYPE, dim_bindings, reference_lines, value_name
 from fusegen.codegen.render import header, render
 from fusegen.codegen.report import plan_markdown
 from fusegen.codegen.rewrites import rewrite
@@ -90,8 +90,6 @@ def reference_source(ir: KernelIR) -> str:
 
 
 def _output_expr(ir: KernelIR, node_id: int, dtype: str) -> str:
-    from fusegen.codegen.reference import TORCH_DTYPE, value_name
-
     return f"{value_name(ir.node(node_id))}.to({TORCH_DTYPE[dtype]})"
 
 
