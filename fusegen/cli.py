@@ -5,7 +5,7 @@ from __future__ import annotations
 import argparse
 import sys
 import traceback
-from collections.abc import Callable, Sequence
+from collections.abc import Sequence
 from pathlib import Path
 from typing import TYPE_CHECKING
 
@@ -24,8 +24,6 @@ EXAMPLES = """examples:
   fusegen list                                 the kernel families and their hook points
   fusegen explain examples/swiglu_ffn.spec --shape R=2048 K=1280 I=3416 --trace t.json --svg t.svg
 """
-
-Command = Callable[[argparse.Namespace], int]
 
 
 def _check_spec(args: argparse.Namespace) -> int:

@@ -208,7 +208,3 @@ def _host(ir: KernelIR, m: RowReduceMatch) -> HostSignature:
         prep_args=", ".join(weights), prep_kernel_args=", ".join(kernel_arg(w) for w in weights),
         prep_dims=tuple(f"d_{d} = {src}" for d, src in dim_bindings(prep_ir, kernel_arg)),
     )  # fmt: skip
-
-
-def _lnc_text() -> str:
-    return "`lnc` logical cores (default: NEURON_LOGICAL_NC_CONFIG)"

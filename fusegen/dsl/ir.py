@@ -6,7 +6,7 @@ Math is f32 unless a cast says otherwise; inputs keep their declared dtype.
 
 from __future__ import annotations
 
-from collections.abc import Iterator, Mapping
+from collections.abc import Mapping
 from dataclasses import dataclass, field
 
 from fusegen.dsl.diagnostics import Span
@@ -300,14 +300,6 @@ class KernelIR:
     def users(self, node_id: int) -> tuple[Node, ...]:
         """The nodes that read `node_id`, in order."""
         return tuple(n for n in self.nodes if node_id in n.args)
-
-    def input_node(self, name: str) -> Node:
-        """The node of input `name`."""
-        return next(n for n in self.nodes if n.op == "input" and n.name == name)
-
-    def walk(self) -> Iterator[Node]:
-        """Nodes in topological order."""
-        return iter(self.nodes)
 
     def fixed_dims(self) -> dict[str, int]:
         """Dims the spec fixes (`HC = 4`)."""
