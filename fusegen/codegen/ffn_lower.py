@@ -186,7 +186,7 @@ def _lower_prologue(ir: KernelIR, m: FfnMatch) -> tuple[Selector, Prologue | Non
     inputs = _row_stage_inputs(ir, m, m.prologue_nodes)
     builder = _row_builder(ir, m, _row_leaves(ir, m.prologue_nodes, inputs, skip=None))
     result = sel.value(builder.expr(m.x.id), dtype=m.x.dtype)
-    if result.dtype != m.x.dtype or not result.code.startswith(sel.prefix):
+    if result.dtype != m.x.dtype:
         result = sel.copy(result, "tile", m.x.dtype)
     prologue = Prologue(kernel_arg(str(m.source.name)), tuple(sel.lines), result.code.split("[")[0])
     return sel, prologue, inputs["row"]

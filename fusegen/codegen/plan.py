@@ -9,12 +9,9 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from fusegen.codegen import ffn_budget as fb
+from fusegen.perf.cost import DMA_FIXED_NS, DMA_QUEUES
+from fusegen.perf.roofline import hbm_bytes_per_ns
 from fusegen.sim.targets import Target
-
-#: physical NeuronCores per chip, to share the chip's HBM bandwidth (nki.md §5/§6: trn1 2 NC, trn2 8 NC)
-CORES_PER_CHIP = {"trn1": 2, "trn2": 8}
-DMA_FIXED_NS = 1300.0  # fixed cost per DMA transfer (nki.md §6, nki-dma-bandwidth-guide.rst)
-DMA_QUEUES = 16  # DMA engines per NeuronCore (nki.md §5, nki-dma-overview.rst)
 
 
 class PlanError(Exception):
@@ -66,13 +63,13 @@ def machine(target: Target) -> fb.Machine:
     """The time model's figures for `target` (PlanError if the target table lacks them)."""
     pe, act, dve = target.tensor_clock_ghz, target.scalar_clock_ghz, target.vector_clock_ghz
     hbm, dma = target.hbm_gbps_per_chip, target.dma_gbps_per_core
-    if pe is None or act is None or dve is None or hbm is None or dma is None:
+    if pe is None or act is None or dve is None or hbm is None or dma is None:  # trn3's figures are unknown
         raise PlanError(f"the target table has no clock or bandwidth figures for {target.name} yet")
     return fb.Machine(
         pe_ghz=pe,
         act_ghz=act,
         dve_ghz=dve,
-        dma_gbps=min(dma, hbm / CORES_PER_CHIP[target.name]),
+        dma_gbps=min(dma, hbm_bytes_per_ns(target)),  # GB/s == bytes/ns
         dma_fixed_ns=DMA_FIXED_NS,
         dma_queues=DMA_QUEUES,
         sbuf_budget=target.sbuf_usable_bytes,

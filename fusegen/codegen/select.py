@@ -89,6 +89,7 @@ class Selector:
     lines: list[str] = field(default_factory=list)
     tiles: list[tuple[str, str, str]] = field(default_factory=list)  # (name, kind, dtype) allocated
     calls: list[tuple[str, str]] = field(default_factory=list)  # (call, destination kind) emitted
+    _kinds: dict[str, str] = field(default_factory=dict)  # tile name -> kind
     _memo: dict[tuple[int, str], Operand] = field(default_factory=dict)
 
     def value(self, e: Expr, dtype: str = "f32") -> Operand:
@@ -107,6 +108,7 @@ class Selector:
     def _alloc(self, kind: str, dtype: str) -> Operand:
         name = f"{self.prefix}{len(self.tiles)}"
         self.tiles.append((name, kind, dtype))
+        self._kinds[name] = kind
         free_alloc, free = ("1", "1") if kind == "vec" else (self.layout.free_alloc, self.layout.free)
         self.lines.append(f"{name} = nl.ndarray((P, {free_alloc}), dtype={NL_DTYPE[dtype]}, buffer=nl.sbuf)")
         return Operand(kind, f"{name}[0:{self.layout.part}, 0:{free}]", dtype=dtype)
@@ -114,8 +116,7 @@ class Selector:
     def _emit(self, call: str, **kwargs: str) -> None:
         args = ", ".join(f"{k}={v}" for k, v in kwargs.items())
         self.lines.append(f"nisa.{call}({args})")
-        kinds = {name: kind for name, kind, _ in self.tiles}
-        self.calls.append((call, kinds[kwargs["dst"].split("[")[0]]))
+        self.calls.append((call, self._kinds[kwargs["dst"].split("[")[0]]))
 
     def passes(self, engine: str) -> int:
         """Full-width passes (instructions weighted by cost) this stage puts on `engine`."""

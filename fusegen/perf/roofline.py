@@ -10,7 +10,6 @@ from fusegen.sim.targets import Target
 from fusegen.sim.trace import Record
 
 #: physical NeuronCores per chip, sharing the chip's HBM: trn1 2, trn2 8 [SDK: trainium.rst, trainium2.rst]
-CORES_PER_CHIP = {"trn1": 2, "trn2": 8}
 #: one 128-element moving column through the 128x128 PE array per cycle, 2 FLOP per MAC
 #: (128 x 128 x 2 x 2.4 GHz = 78.6 TFLOPS on trn2, 91.8 on trn1: nki.md §6 "derived check")
 PE_FLOPS_PER_CYCLE = 2 * 128 * 128
@@ -60,9 +59,9 @@ def pe_peak_flops_per_ns(target: Target, fp32: bool = False) -> float:
 
 def hbm_bytes_per_ns(target: Target) -> float:
     """One physical core's share of the chip's HBM bandwidth (trn2 2.9 TB/s / 8, trn1 820 GB/s / 2)."""
-    if target.hbm_gbps_per_chip is None or target.name not in CORES_PER_CHIP:
+    if target.hbm_gbps_per_chip is None:
         raise ValueError(f"no HBM bandwidth figure for {target.name}")
-    return target.hbm_gbps_per_chip / CORES_PER_CHIP[target.name]
+    return target.hbm_gbps_per_chip / target.cores_per_chip
 
 
 def matmul_flops(records: Iterable[Record]) -> tuple[float, bool]:

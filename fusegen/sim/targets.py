@@ -31,6 +31,7 @@ class Target:
     gpsimd_clock_ghz: float | None
     hbm_gbps_per_chip: float | None
     dma_gbps_per_core: float | None
+    cores_per_chip: int  # physical NeuronCores sharing the chip's HBM bandwidth
 
     @property
     def psum_bytes_per_partition(self) -> int:
@@ -58,6 +59,7 @@ TARGETS: dict[str, Target] = {
         gpsimd_clock_ghz=1.4,
         hbm_gbps_per_chip=820.0,  # [SDK: trainium.rst]
         dma_gbps_per_core=272.0,  # 16 x 17 B/ns [SDK: nki-dma-bandwidth-guide.rst]
+        cores_per_chip=2,  # [SDK: trainium.rst] 2 NC-v2 per chip
     ),
     "trn2": Target(
         name="trn2",
@@ -78,6 +80,7 @@ TARGETS: dict[str, Target] = {
         gpsimd_clock_ghz=1.2,
         hbm_gbps_per_chip=2900.0,  # [SDK: trainium2.rst]
         dma_gbps_per_core=368.0,  # 16 x 23 B/ns [SDK: nki-dma-bandwidth-guide.rst]
+        cores_per_chip=8,  # [SDK: trainium2.rst] 8 NC-v3 per chip
     ),
     "trn3": Target(
         name="trn3",
@@ -98,6 +101,7 @@ TARGETS: dict[str, Target] = {
         gpsimd_clock_ghz=None,
         hbm_gbps_per_chip=None,
         dma_gbps_per_core=None,
+        cores_per_chip=8,  # [SDK: trainium3.rst] 8 NC-v4 per device
     ),
 }
 

@@ -60,8 +60,9 @@ def test_interpreter_and_reference_backends_agree(monkeypatch: pytest.MonkeyPatc
     ref = torch.ops.fusegen.engram_gate(*inputs)
     monkeypatch.setenv("FUSEGEN_OPS_BACKEND", "interpreter")
     sim = torch.ops.fusegen.engram_gate(*inputs)
-    for a, b in zip(sim, ref, strict=True):
-        torch.testing.assert_close(a.float(), b.float(), rtol=2e-2, atol=1e-5)
+    for a, b in zip(sim, ref, strict=True):  # bf16 `out` within a bf16 rounding; f32 saved tensors tightly
+        rtol = 2e-2 if a.dtype == torch.bfloat16 else 1e-5
+        torch.testing.assert_close(a.float(), b.float(), rtol=rtol, atol=1e-5)
     grads = op_grads(inputs, torch.ones_like(sim[0]))
     assert [g.dtype for g in grads] == [torch.bfloat16] * 4  # each gradient in its input's dtype
 
