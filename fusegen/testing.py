@@ -1,7 +1,8 @@
 """Running a generated kernel on the interpreter against its reference: inputs, tolerances, reports.
 
 Used by the generated tests and by `fusegen check`. Tolerance follows nki-library's rule:
-|out - ref| <= atol + rtol * max|ref|, per output, with rtol/atol by output dtype.
+|out - ref| <= atol + rtol * max|ref|, per output, with rtol/atol by output dtype and, for f32 outputs,
+by whether a bf16/f16 rounding precedes them (the build decides and writes it into the generated test).
 """
 
 from __future__ import annotations
@@ -18,9 +19,20 @@ import torch
 
 from fusegen.sim import load_module
 
+#: (output name, rtol, atol)
+Tolerance = tuple[str, float, float]
 TORCH_DTYPES = {"bf16": torch.bfloat16, "f16": torch.float16, "f32": torch.float32}
-#: (rtol, atol) by output dtype: bf16 per nki-library; f32 outputs still pass through bf16 matmul inputs.
-TOLERANCE = {torch.bfloat16: (2e-2, 1e-5), torch.float16: (1e-2, 1e-5), torch.float32: (1e-3, 1e-5)}
+#: (rtol, atol) by output dtype: bf16 per nki-library; f32 for outputs downstream of a bf16 rounding
+#: (an FFN's `bf16(h) @ w2t`: measured ~7e-5 of max|ref|).
+TOLERANCE = {"bf16": (2e-2, 1e-5), "f16": (1e-2, 1e-5), "f32": (1e-3, 1e-5)}
+#: An f32 output that no bf16/f16 rounding precedes differs from its reference only by f32 evaluation
+#: order (measured <= 2e-6 of max|ref| on the Engram gate's saved statistics), so it is held tighter.
+F32_UNROUNDED = (1e-5, 1e-6)
+
+
+def tolerance(dtype: str, rounded: bool) -> tuple[float, float]:
+    """(rtol, atol) for an output of `dtype`; `rounded`: a bf16/f16 rounding precedes it."""
+    return TOLERANCE[dtype] if dtype != "f32" or rounded else F32_UNROUNDED
 
 
 @dataclass(frozen=True)
@@ -92,13 +104,12 @@ def make_inputs(
     return tensors
 
 
-def compare(got: Any, want: Any, names: tuple[str, ...], label: str) -> Report:
-    """Check every output of `got` against `want` with the dtype's tolerance."""
+def compare(got: Any, want: Any, outputs: tuple[Tolerance, ...], label: str) -> Report:
+    """Check every output of `got` against `want` within its (name, rtol, atol)."""
     got_t = got if isinstance(got, tuple) else (got,)
     want_t = want if isinstance(want, tuple) else (want,)
     checks = []
-    for name, g, w in zip(names, got_t, want_t, strict=True):
-        rtol, atol = TOLERANCE[w.dtype]
+    for (name, rtol, atol), g, w in zip(outputs, got_t, want_t, strict=True):
         wf = w.float()
         error = (g.float() - wf).abs().max().item() if g.shape == w.shape else float("inf")
         bound = atol + rtol * wf.abs().max().item()
@@ -108,12 +119,14 @@ def compare(got: Any, want: Any, names: tuple[str, ...], label: str) -> Report:
 
 @dataclass(frozen=True)
 class Case:
-    """One run: the kernel's inputs (name, dtype, scale), its output names, concrete dims and shapes."""
+    """One run: the kernel's inputs (name, dtype, scale), outputs with tolerances, concrete dims and shapes;
+    save: also request the optional outputs."""
 
     inputs: tuple[tuple[str, str, str], ...]
-    outputs: tuple[str, ...]
+    outputs: tuple[Tolerance, ...]
     dims: dict[str, int]
     shapes: dict[str, tuple[int, ...]]
+    save: bool = False
 
 
 def run_against_reference(
@@ -123,7 +136,8 @@ def run_against_reference(
     kernel = _kernel_module(directory / "kernel.py", target)
     reference = load_generated(directory / "reference.py")
     args = make_inputs(case.inputs, case.shapes)
-    got = getattr(kernel, name)(*args, lnc=lnc, target=target)
-    want = getattr(reference, f"{name}_reference")(*args)
+    save = {"save": True} if case.save else {}
+    got = getattr(kernel, name)(*args, **save, lnc=lnc, target=target)
+    want = getattr(reference, f"{name}_reference")(*args, **save)
     dims = " ".join(f"{k}={v}" for k, v in sorted(case.dims.items()))
     return compare(got, want, case.outputs, f"{name} [{dims}] {target} lnc={lnc}:")

@@ -20,6 +20,7 @@ from fusegen.codegen.stage import dim_source
 from fusegen.dsl import load_spec
 from fusegen.dsl.diagnostics import Diagnostic, SpecError
 from fusegen.dsl.ir import KernelIR
+from fusegen.testing import Tolerance, tolerance
 
 FAMILIES: tuple[Family, ...] = (FFN, ROWREDUCE)
 #: Logical-core degrees every generated test runs.
@@ -102,11 +103,28 @@ def test_source(ir: KernelIR, target: str) -> str:
     return render(
         "test_kernel.py.jinja", header=header(ir, "test_kernel.py.jinja"), name=ir.name, target=target,
         shapes=[(repr(dims), label) for dims, label in test_shapes(ir)], inputs=repr(inputs),
-        outputs=repr(tuple(o.name for o in ir.outputs if not o.optional)),
+        outputs=repr(output_tolerances(ir)), save=any(o.optional for o in ir.outputs),
         dim_lines=[f'd_{name} = dims["{name}"]' for name, _ in dim_bindings(ir, str) if _is_free(ir, name)]
         + [f"d_{d.name} = {d.value}" for d in ir.dims if d.value is not None],
         input_shapes=shapes, lncs=repr(list(TEST_LNCS)),
     )  # fmt: skip
+
+
+def output_tolerances(ir: KernelIR) -> tuple[Tolerance, ...]:
+    """(output, rtol, atol) for every output the generated test checks (optional ones too)."""
+    return tuple((o.name, *tolerance(o.dtype, _rounded(ir, o.node))) for o in ir.outputs)
+
+
+def _rounded(ir: KernelIR, node_id: int) -> bool:
+    """Whether a cast to bf16/f16 lies upstream of the node (inputs are read exactly on both sides)."""
+    seen, todo = {node_id}, [node_id]
+    while todo:
+        node = ir.node(todo.pop())
+        if node.op == "cast" and node.dtype in ("bf16", "f16"):
+            return True
+        todo += [a for a in node.args if a not in seen]
+        seen.update(node.args)
+    return False
 
 
 def _is_free(ir: KernelIR, name: str) -> bool:

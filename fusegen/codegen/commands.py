@@ -62,7 +62,11 @@ def check(specs: list[str], options: BuildOptions, shapes: list[dict[str, int]])
             for dims in runs:
                 _progress(f"fusegen: running {built.name} at {_dims_text(dims)} on the interpreter")
                 case = Case(
-                    generated_test.INPUTS, generated_test.OUTPUTS, dims, generated_test.input_shapes(dims)
+                    generated_test.INPUTS,
+                    generated_test.OUTPUTS,
+                    dims,
+                    generated_test.input_shapes(dims),
+                    save=any(o.optional for o in ir.outputs),
                 )
                 report = run_against_reference(
                     out / built.name, built.name, case, options.lnc, options.target

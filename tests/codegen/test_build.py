@@ -8,7 +8,10 @@ from pathlib import Path
 import pytest
 
 from fusegen.cli import main
-from fusegen.codegen.build import BuildOptions, build_spec
+from fusegen.codegen.build import BuildOptions, build_spec, output_tolerances
+from fusegen.codegen.rewrites import rewrite
+from fusegen.dsl import load_spec
+from fusegen.testing import F32_UNROUNDED, TOLERANCE
 
 ROOT = Path(__file__).resolve().parents[2]
 SPEC = str(ROOT / "examples" / "swiglu_ffn_ln.spec")
@@ -108,3 +111,16 @@ def test_check_without_specs_covers_every_example_and_flags_orphans(
     capsys.readouterr()
     assert main(["build", "--check"]) == 1
     assert "stale: generated/retired_kernel" in capsys.readouterr().out
+
+
+def test_f32_outputs_no_bf16_rounding_precedes_are_checked_tightly() -> None:
+    engram = rewrite(load_spec(str(ROOT / "examples" / "engram_gate.spec"))[0])
+    ffn = rewrite(load_spec(SPEC)[0])
+    tight, loose_f32, bf16 = F32_UNROUNDED, TOLERANCE["f32"], TOLERANCE["bf16"]
+    assert {name: (rtol, atol) for name, rtol, atol in output_tolerances(engram)} == {
+        "out": bf16, "dot": tight, "gate": tight, "rstd_x": tight, "rstd_k": tight,
+    }  # fmt: skip
+    # x_new = x + bf16(h) @ w2t + b2: the down-projection reads a bf16-rounded hidden
+    assert {name: (rtol, atol) for name, rtol, atol in output_tolerances(ffn)} == {
+        "x_new": loose_f32, "z": bf16,
+    }  # fmt: skip
