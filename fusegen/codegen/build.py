@@ -59,7 +59,7 @@ def build_spec(path: str, options: BuildOptions) -> Built:
     files = {
         "kernel.py": family.kernel_source(ir, match, options.target, options.lnc),
         "reference.py": reference_source(user_ir),
-        f"test_{ir.name}.py": test_source(ir, options.target),
+        f"test_{ir.name}.py": test_source(user_ir, options.target),
         "plan.md": plan_markdown(ir, family.name, family.planning, plans),
         **ops_files(user_ir, family.name),
     }

@@ -25,7 +25,7 @@ class HostSignature:
     returns: str
     tensors: str
     x: str
-    up_weight: str
+    down_weight: str
     launch_args: str
     doc: str
 
@@ -110,7 +110,7 @@ def _host(ir: KernelIR, m: FfnMatch, low: FfnLowering) -> HostSignature:
         returns=returns,
         tensors=", ".join(tensors) + ("," if len(tensors) == 1 else ""),
         x=str(m.source.name),
-        up_weight=str(ir.node(m.ups[0].args[1]).name),
+        down_weight=str(ir.node(m.down.args[1]).name),
         launch_args=", ".join(launch),
         doc=f"Run the kernel on `lnc` logical cores with the best modelled plan for these shapes; returns "
         f"({', '.join(outs)}).",

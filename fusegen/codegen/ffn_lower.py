@@ -6,18 +6,20 @@ from dataclasses import dataclass
 
 from fusegen.codegen.family import kernel_arg
 from fusegen.codegen.ffn_budget import FfnModel
-from fusegen.codegen.ffn_match import FfnMatch
+from fusegen.codegen.ffn_match import FfnMatch, weight_columns
 from fusegen.codegen.select import NL_DTYPE, Layout, Selector
-from fusegen.codegen.stage import Operand, StageBuilder
+from fusegen.codegen.stage import Operand, StageBuilder, dim_source
 from fusegen.dsl.ir import DTYPE_BYTES, Dim, KernelIR, Node
 
 
 @dataclass(frozen=True)
 class Projection:
-    """One up projection: its weight (kernel argument) and its PSUM tile name."""
+    """One up projection: its weight (kernel argument), its PSUM tile name and, for columns of a packed
+    weight, the source of the first column ("" for a whole input)."""
 
     weight: str
     psum: str
+    first_column: str = ""
 
 
 @dataclass(frozen=True)
@@ -61,9 +63,7 @@ class FfnLowering:
 
 def lower_ffn(ir: KernelIR, m: FfnMatch) -> FfnLowering:
     """Compile the prologue, the combine and the epilogue of `m` into NKI lines for the template."""
-    projections = tuple(
-        Projection(kernel_arg(str(ir.node(u.args[1]).name)), f"pj{i}") for i, u in enumerate(m.ups)
-    )
+    projections = tuple(_projection(ir, u, f"pj{i}") for i, u in enumerate(m.ups))
     mid, mid_result, col_vectors = _lower_combine(ir, m, projections)
     epi_inputs = _row_stage_inputs(ir, m, m.epi_nodes)
     acc_init, first_chunk, acc_node = _accumulator(ir, m, epi_inputs)
@@ -110,6 +110,13 @@ def lower_ffn(ir: KernelIR, m: FfnMatch) -> FfnLowering:
 
 def _count(sel: Selector, kind: str) -> int:
     return sum(1 for _, k, _ in sel.tiles if k == kind)
+
+
+def _projection(ir: KernelIR, up: Node, psum: str) -> Projection:
+    columns = weight_columns(ir, ir.node(up.args[1]))
+    assert columns is not None  # the matcher checked
+    source, first = columns
+    return Projection(kernel_arg(str(source.name)), psum, "" if first == Dim.const(0) else dim_source(first))
 
 
 def _lower_combine(

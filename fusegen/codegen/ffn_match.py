@@ -7,7 +7,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from fusegen.codegen.family import ELEMENTWISE, SCALAR_LEAVES, Mismatch, leave, shape_is
-from fusegen.dsl.ir import Dim, KernelIR, Node
+from fusegen.dsl.ir import Dim, IndexItem, KernelIR, Node
 
 FAMILY = "ffn"
 #: Ops allowed between the projections and the down-projection, and in the epilogue.
@@ -70,11 +70,28 @@ def _check_ups(ir: KernelIR, ups: tuple[Node, ...]) -> tuple[Node, Dim, Dim, Dim
         lhs, weight = ir.node(up.args[0]), ir.node(up.args[1])
         if lhs.id != x.id:
             raise leave(FAMILY, lhs, f"every projection must multiply the same operand `{x.name or x.op}`")
-        if weight.op != "input" or not shape_is(weight.shape, (hidden, inter)):
-            raise leave(FAMILY, weight, f"a projection weight must be an input [{hidden}, {inter}]")
+        if weight_columns(ir, weight) is None or not shape_is(weight.shape, (hidden, inter)):
+            raise leave(
+                FAMILY, weight, f"a projection weight must be an input [{hidden}, {inter}] or columns of one"
+            )
         if weight.dtype != x.dtype:
             raise leave(FAMILY, weight, f"projection weights must have the input's dtype {x.dtype}")
     return x, hidden, inter, rows
+
+
+def weight_columns(ir: KernelIR, weight: Node) -> tuple[Node, Dim] | None:
+    """(the input, its first column) a projection weight reads: an input, or a column slice of one
+    (a packed gate|up weight after the rewrite); None for anything else."""
+    if weight.op == "input":
+        return weight, Dim.const(0)
+    source = ir.node(weight.args[0]) if weight.op == "index" else None
+    if source is None or source.op != "input":
+        return None
+    items: tuple[IndexItem, ...] = weight.attr("index")  # type: ignore[assignment]
+    rows, columns = items
+    if rows.start != Dim.const(0) or rows.stop not in (None, source.shape[0]) or columns.kind != "slice":
+        return None
+    return source, columns.start
 
 
 def _prologue(ir: KernelIR, x: Node, rows: Dim, hidden: Dim) -> tuple[Node, tuple[int, ...]]:

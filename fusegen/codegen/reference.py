@@ -95,8 +95,8 @@ def _operand(ir: KernelIR, node_id: int) -> str:
 
 
 def _tensor(ir: KernelIR, node_id: int, code: str) -> str:
-    """Scalars (params, constants) are Python floats: torch's unary functions need a tensor."""
-    return f"torch.tensor({code})" if ir.node(node_id).shape == () else code
+    """Scalars are Python floats or 0-d tensors (`-limit`): torch's unary functions need a tensor."""
+    return f"torch.as_tensor({code})" if ir.node(node_id).shape == () else code
 
 
 def _index(node: Node, args: list[str]) -> str:

@@ -9,8 +9,10 @@ is split by each factor's shape relative to the product's:
 - everything else (the data) stays inside.
 So `sum((x * rx * w_h) * (k * rk * w_e))` becomes `sum(x * k * (w_h * w_e)) * rx * rk`, and an
 `rmsnorm(x, eps, w)` factor is first expanded into `x * rsqrt(mean(x^2) + eps) * w` so that its rstd
-can be hoisted. Nodes are hash-consed while they are rebuilt, so identical sums merge (CSE); nodes no
-output needs are dropped (DCE). A spec without the pattern comes back as the same object.
+can be hoisted. A column slice of a product with an input weight, `(x @ w12)[:, 0:I]`, becomes the
+product with the sliced weight, `x @ w12[:, 0:I]` (exact: the same dot products), so a packed gate|up
+weight gives two projections. Nodes are hash-consed while they are rebuilt, so identical sums merge
+(CSE); nodes no output needs are dropped (DCE). A spec without the patterns comes back as the same object.
 """
 
 from __future__ import annotations
@@ -18,7 +20,7 @@ from __future__ import annotations
 import dataclasses
 from collections.abc import Iterable
 
-from fusegen.dsl.ir import AttrValue, Dim, KernelIR, Node, OutputDecl, Shape
+from fusegen.dsl.ir import AttrValue, Dim, IndexItem, KernelIR, Node, OutputDecl, Shape
 
 COMMUTATIVE = frozenset(("add", "mul", "maximum", "minimum"))
 #: nodes kept even when nothing reads them: they are the kernel's signature.
@@ -38,9 +40,12 @@ def rewrite(ir: KernelIR) -> KernelIR:
             remap[node.id] = graph.expand_rmsnorm(node, args)
             changed = True
             continue
-        factored = graph.factor_sum(node, args) if node.op == "sum" else None
-        changed |= factored is not None
-        remap[node.id] = factored if factored is not None else graph.add(node, args)
+        if node.op == "sum":
+            rewritten = graph.factor_sum(node, args)
+        else:
+            rewritten = graph.slice_product(node, args) if node.op == "index" else None
+        changed |= rewritten is not None
+        remap[node.id] = rewritten if rewritten is not None else graph.add(node, args)
     outputs = tuple(dataclasses.replace(o, node=remap[o.node]) for o in ir.outputs)
     if not changed and len(graph.nodes) == len(ir.nodes):
         return ir
@@ -131,10 +136,31 @@ class _Graph:
         self.name(result, node.name)
         return result
 
+    def slice_product(self, node: Node, args: tuple[int, ...]) -> int | None:
+        """`(x @ w)[:, a:b]` as `x @ w[:, a:b]` for an input `w` (packed gate|up weights become two
+        projections), or None when `node` is not a column slice of such a product."""
+        product = self.nodes[args[0]]
+        items: tuple[IndexItem, ...] = node.attr("index")  # type: ignore[assignment]
+        if product.op != "matmul" or len(items) != 2 or not _whole(items[0], product.shape[0]):
+            return None
+        x, weight = (self.nodes[a] for a in product.args)
+        if weight.op != "input" or len(weight.shape) != 2 or items[1].kind != "slice":
+            return None
+        columns = (IndexItem("slice", Dim.const(0), weight.shape[0]), items[1])
+        shape = (weight.shape[0], node.shape[1])
+        sliced = self.add(node, (weight.id,), attrs=(("index", columns),), shape=shape, dtype=weight.dtype,
+                          name=None)  # fmt: skip
+        return self.add(product, (x.id, sliced), shape=node.shape, name=node.name)
+
     def name(self, node_id: int, name: str | None) -> None:
         """Give node `node_id` the spec's name `name` unless it already has one."""
         if name is not None and self.nodes[node_id].name is None:
             self.nodes[node_id] = dataclasses.replace(self.nodes[node_id], name=name)
+
+
+def _whole(item: IndexItem, dim: Dim) -> bool:
+    """Whether index item `item` takes all of an axis of size `dim`."""
+    return item.kind == "slice" and item.start == Dim.const(0) and item.stop in (None, dim)
 
 
 def _split_factors(graph: _Graph, operand: Node, axis: int) -> tuple[list[int], list[int], list[int]]:

@@ -38,7 +38,7 @@ def engram_gate_reference(x, kv, w_h, w_e, eps=1e-20, clamp=1e-06, save=False):
     _s = _v21 * _v23
     _v25 = torch.sign(_s)
     _v26 = torch.abs(_s)
-    _v27 = torch.maximum(_v26, torch.tensor(float(clamp)))
+    _v27 = torch.maximum(_v26, torch.as_tensor(float(clamp)))
     _v28 = torch.sqrt(_v27)
     _v29 = _v25 * _v28
     _g = torch.sigmoid(_v29)

@@ -41,7 +41,7 @@ def engram_gate_hc8_backward_reference(x, kv, w_h, w_e, gate, rstd_x, rstd_k, gr
     _s = _v22 * _v24
     _v26 = torch.sign(_s)
     _v27 = torch.abs(_s)
-    _v29 = torch.maximum(_v27, torch.tensor(float(clamp)))
+    _v29 = torch.maximum(_v27, torch.as_tensor(float(clamp)))
     _v30 = torch.sqrt(_v29)
     _v31 = 1.0
     _v32 = (_v31) - _v8

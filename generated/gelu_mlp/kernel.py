@@ -223,7 +223,7 @@ def gelu_mlp_kernel(x_hbm, w1t_hbm, b1_hbm, w2t_hbm, b2_hbm, S, CI, SPLIT):
     behind a core barrier, and each finishes the rows it owns.
     """
     R, K = x_hbm.shape
-    I = w1t_hbm.shape[1]
+    I = w2t_hbm.shape[0]
     d_I = w1t_hbm.shape[1]
     d_K = x_hbm.shape[1]
     d_R = x_hbm.shape[0]
@@ -345,7 +345,7 @@ def gelu_mlp(x: torch.Tensor, w1t: torch.Tensor, b1: torch.Tensor, w2t: torch.Te
         if _t.requires_grad:
             raise RuntimeError("gelu_mlp is inference-only: an input requires grad")
     _rows, _hidden = x.shape
-    _plan = choose(MODEL, MACHINES[target], _rows, _hidden, w1t.shape[1], lnc)
+    _plan = choose(MODEL, MACHINES[target], _rows, _hidden, w2t.shape[0], lnc)
     return gelu_mlp_kernel[lnc](x, w1t, _columns(b1), w2t, b2, _plan.s, _plan.ci, _plan.split)
 
 

@@ -223,7 +223,7 @@ def llama_swiglu_kernel(x_hbm, wgt_hbm, wut_hbm, wdt_hbm, S, CI, SPLIT):
     behind a core barrier, and each finishes the rows it owns.
     """
     R, K = x_hbm.shape
-    I = wgt_hbm.shape[1]
+    I = wdt_hbm.shape[0]
     d_I = wgt_hbm.shape[1]
     d_K = x_hbm.shape[1]
     d_R = x_hbm.shape[0]
@@ -354,7 +354,7 @@ def llama_swiglu(x: torch.Tensor, wgt: torch.Tensor, wut: torch.Tensor, wdt: tor
         if _t.requires_grad:
             raise RuntimeError("llama_swiglu is inference-only: an input requires grad")
     _rows, _hidden = x.shape
-    _plan = choose(MODEL, MACHINES[target], _rows, _hidden, wgt.shape[1], lnc)
+    _plan = choose(MODEL, MACHINES[target], _rows, _hidden, wdt.shape[0], lnc)
     return llama_swiglu_kernel[lnc](x, wgt, wut, wdt, _plan.s, _plan.ci, _plan.split)
 
 

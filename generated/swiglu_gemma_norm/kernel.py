@@ -223,7 +223,7 @@ def swiglu_gemma_norm_kernel(x_hbm, w1t_hbm, wgt_hbm, w2t_hbm, a_hbm, gamma_hbm,
     behind a core barrier, and each finishes the rows it owns.
     """
     R, K = x_hbm.shape
-    I = w1t_hbm.shape[1]
+    I = w2t_hbm.shape[0]
     d_I = w1t_hbm.shape[1]
     d_K = x_hbm.shape[1]
     d_R = x_hbm.shape[0]
@@ -370,7 +370,7 @@ def swiglu_gemma_norm(x: torch.Tensor, w1t: torch.Tensor, wgt: torch.Tensor, w2t
         if _t.requires_grad:
             raise RuntimeError("swiglu_gemma_norm is inference-only: an input requires grad")
     _rows, _hidden = x.shape
-    _plan = choose(MODEL, MACHINES[target], _rows, _hidden, w1t.shape[1], lnc)
+    _plan = choose(MODEL, MACHINES[target], _rows, _hidden, w2t.shape[0], lnc)
     return swiglu_gemma_norm_kernel[lnc](x, w1t, wgt, w2t, a, gamma, eps, _plan.s, _plan.ci, _plan.split)
 
 

@@ -223,7 +223,7 @@ def swiglu_layernorm_affine_kernel(x_hbm, w1t_hbm, b1_hbm, wgt_hbm, bg_hbm, w2t_
     behind a core barrier, and each finishes the rows it owns.
     """
     R, K = x_hbm.shape
-    I = w1t_hbm.shape[1]
+    I = w2t_hbm.shape[0]
     d_I = w1t_hbm.shape[1]
     d_K = x_hbm.shape[1]
     d_R = x_hbm.shape[0]
@@ -386,7 +386,7 @@ def swiglu_layernorm_affine(x: torch.Tensor, w1t: torch.Tensor, b1: torch.Tensor
         if _t.requires_grad:
             raise RuntimeError("swiglu_layernorm_affine is inference-only: an input requires grad")
     _rows, _hidden = x.shape
-    _plan = choose(MODEL, MACHINES[target], _rows, _hidden, w1t.shape[1], lnc)
+    _plan = choose(MODEL, MACHINES[target], _rows, _hidden, w2t.shape[0], lnc)
     return swiglu_layernorm_affine_kernel[lnc](x, w1t, _columns(b1), wgt, _columns(bg), w2t, b2, a, gamma, beta, eps, _plan.s, _plan.ci, _plan.split)
 
 

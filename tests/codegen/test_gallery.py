@@ -13,6 +13,7 @@ from fusegen.sim import load_module
 
 GENERATED = Path(__file__).resolve().parents[2] / "generated"
 R, K, I = 130, 256, 300  # ragged rows and intermediate
+LIMIT = 0.5  # the clamped SwiGLU's bound: low enough that most activations (|h| > 0.5: ~60%) clamp
 Tensors = dict[str, torch.Tensor]
 
 
@@ -102,6 +103,15 @@ CASES: dict[str, tuple[tuple[str, ...], dict[str, float], Callable[[Tensors], tu
         {"eps": 1e-6},
         lambda d: (F.layer_norm(d["a"] + d["ls"] * swiglu(d), (K,), eps=1e-6),),
     ),
+    "packed_clamped_swiglu": (
+        ("x", "w12t", "w2t"),
+        {"limit": LIMIT},
+        lambda d: (
+            down(
+                F.silu(mm(d["x"], d["wgt"]).clamp(max=LIMIT)) * mm(d["x"], d["wut"]).clamp(-LIMIT, LIMIT), d
+            ),
+        ),
+    ),
     "prenorm_swiglu": (
         ("x", "gamma", "wgt", "wut", "wdt"),
         {"eps": 1e-6},
@@ -123,6 +133,7 @@ def test_variant_matches_independent_formula(name: str, lnc: int) -> None:
     arg_names, params, formula = CASES[name]
     data = _data(seed=len(name))
     data["wdt"] = data["w2t"]  # the Llama-style specs name the down weight wdt
+    data["w12t"] = torch.cat((data["wgt"], data["wut"]), dim=1)  # packed [gate | up]
     module = load_module(GENERATED / name / "kernel.py", target="trn2")
     got = getattr(module, name)(*(data[n] for n in arg_names), **params, lnc=lnc)
     got = got if isinstance(got, tuple) else (got,)

@@ -137,3 +137,23 @@ def test_rewritten_ir_computes_the_same_values(engram: KernelIR, tmp_path: Path,
     got = getattr(_reference(after, tmp_path, "after"), f"{after.name}_reference")(*args, **save)
     for w, g_ in zip(want, got, strict=True):
         torch.testing.assert_close(g_.float(), w.float(), rtol=1e-5, atol=1e-5)
+
+
+def test_column_slices_of_a_packed_product_become_projections(
+    monkeypatch: pytest.MonkeyPatch, tmp_path: Path
+) -> None:
+    monkeypatch.chdir(REPO)
+    before = load_spec("examples/packed_clamped_swiglu.spec")[0]
+    after = rewrite(before)
+    assert _is_valid(after)
+    ups = [n for n in after.nodes if n.op == "matmul"][:-1]
+    weights = [after.node(u.args[1]) for u in ups]
+    assert [w.op for w in weights] == ["index", "index"]
+    assert {after.node(w.args[0]).name for w in weights} == {"w12t"}
+    assert [str(w.attr("index")[1].start) for w in weights] == ["0", "I"]  # type: ignore[index]
+    assert not [n for n in after.nodes if n.op == "index" and after.node(n.args[0]).op == "matmul"]
+    gen = torch.Generator().manual_seed(1)
+    args = [torch.randn(shape, generator=gen).bfloat16() for shape in ((5, 128), (128, 2 * 96), (96, 128))]
+    want = _reference(before, tmp_path, "before").packed_clamped_swiglu_reference(*args, limit=0.5)
+    got = _reference(after, tmp_path, "after").packed_clamped_swiglu_reference(*args, limit=0.5)
+    assert torch.equal(got, want), "a column slice of a product is the product with the sliced weight"
