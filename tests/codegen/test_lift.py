@@ -69,9 +69,8 @@ def test_lifted_ir_computes_the_same_values(text: str, tmp_path: Path) -> None:
         {"bf16": torch.bfloat16, "f32": torch.float32}[i.dtype]) for i in ir.inputs]  # fmt: skip
     want = getattr(_module(ir, tmp_path, "flat"), f"{ir.name}_reference")(*args)
     head_axis = {**dict.fromkeys(lifted.row_inputs, 1), **dict.fromkeys(lifted.weight_inputs, 0)}
-    lifted_args = [
-        a.unsqueeze(head_axis[i.name]) if i.name in head_axis else a for a, i in zip(args, ir.inputs, strict=True)
-    ]
+    lifted_args = [a.unsqueeze(head_axis[i.name]) if i.name in head_axis else a
+                   for a, i in zip(args, ir.inputs, strict=True)]  # fmt: skip
     got = getattr(_module(lifted.ir, tmp_path, "lifted"), f"{ir.name}_reference")(*lifted_args)
     want, got = (v if isinstance(v, tuple) else (v,) for v in (want, got))
     for out, w, g in zip(ir.outputs, want, got, strict=True):
