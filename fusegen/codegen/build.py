@@ -53,6 +53,8 @@ def build_spec(path: str, options: BuildOptions) -> Built:
     family, match = _select_family(ir, source)
     try:
         plans = tuple(family.plans(ir, match, options.target, options.lnc))
+        # with the backward's own kernels where the family carries its IR
+        ops = ops_files(user_ir, family.name, options.target, options.lnc)
     except PlanError as err:
         where = ir.checks[0].span if ir.checks else ir.outputs[0].span
         raise SpecError([Diagnostic(where, str(err))], source) from None
@@ -61,7 +63,7 @@ def build_spec(path: str, options: BuildOptions) -> Built:
         "reference.py": reference_source(user_ir),
         f"test_{ir.name}.py": test_source(user_ir, options.target),
         "plan.md": plan_markdown(ir, family.name, family.planning, plans),
-        **ops_files(user_ir, family.name),
+        **ops,
     }
     return Built(ir.name, tuple((f"{ir.name}/{name}", text) for name, text in sorted(files.items())), plans)
 

@@ -8,28 +8,36 @@ from pathlib import Path
 from types import ModuleType
 
 from fusegen.codegen.autodiff import backward_ir
+from fusegen.codegen.family import Mismatch
 from fusegen.codegen.reference import TORCH_DTYPE, dim_bindings
 from fusegen.codegen.render import header, render
 from fusegen.codegen.stage import dim_source
 from fusegen.dsl.ir import KernelIR, OutputDecl
 
-#: Families whose op trains: the row-reduction family's backward is small enough to run as torch code;
-#: an FFN backward needs weight-gradient GEMMs that belong in kernels, so those ops stay inference-only.
+#: Families whose op trains: the row-reduction family lowers its backward IR into NKI kernels of its own
+#: (rowreduce_backward.py); an FFN backward needs weight-gradient GEMMs it has no kernel for yet.
 TRAINABLE_FAMILIES = ("rowreduce",)
 TEMPLATE = "ops.py.jinja"
 
 
-def ops_files(ir: KernelIR, family: str) -> dict[str, str]:
-    """ops.py, plus backward_reference.py for trainable families; `ir` is the spec's own (unfused) IR."""
+def ops_files(ir: KernelIR, family: str, target: str = "trn2", lnc: int = 2) -> dict[str, str]:
+    """ops.py, plus backward_reference.py for trainable families and backward_kernel.py (with its plan)
+    where the family's matcher carries the backward IR; `ir` is the spec's own (unfused) IR."""
     if family not in TRAINABLE_FAMILIES:
         return {"ops.py": ops_source(ir, None)}
     back = backward_ir(ir)
     from fusegen.codegen.build import reference_source  # build imports this module
+    from fusegen.codegen.rowreduce_backward_render import backward_files
 
-    return {"ops.py": ops_source(ir, back), "backward_reference.py": reference_source(back)}
+    try:
+        kernels = backward_files(ir, target, lnc)
+    except Mismatch:  # e.g. an [H] weight's gradient sums over tokens and heads: torch code only
+        kernels = {}
+    ops = ops_source(ir, back, backward_kernel=bool(kernels))
+    return {"ops.py": ops, "backward_reference.py": reference_source(back), **kernels}
 
 
-def ops_source(ir: KernelIR, back: KernelIR | None) -> str:
+def ops_source(ir: KernelIR, back: KernelIR | None, backward_kernel: bool = False) -> str:
     """ops.py: the custom op, its fake, and its autograd (back given) or an inference-only guard."""
     # a trainable op returns the saved outputs too, so autograd can keep them for the backward
     outputs = [o for o in ir.outputs if back is not None or not o.optional]
@@ -45,6 +53,7 @@ def ops_source(ir: KernelIR, back: KernelIR | None) -> str:
         fake_lines=[f"d_{name} = {src}" for name, src in dim_bindings(ir, str)],
         fake_outs=[_fake_output(ir, o) for o in outputs],
         trainable=back is not None,
+        backward_kernel=backward_kernel,
         nondiff=", ".join(o.name for o in ir.outputs if o.optional),
         **_signatures(ir),
         **_autograd_context(ir, back),
@@ -75,13 +84,14 @@ def _fake_output(ir: KernelIR, out: OutputDecl) -> str:
 def _autograd_context(ir: KernelIR, back: KernelIR | None) -> dict[str, str]:
     """Names the autograd half of the template needs: saved outputs, output grads, backward arguments."""
     if back is None:
-        return {"saved": "", "grads": "", "backward_args": "", "nones": ""}
+        return {"saved": "", "grads": "", "backward_args": "", "backward_dtypes": "", "nones": ""}
     forward_inputs = {i.name for i in ir.inputs}
     grad_names = {f"grad_{o.name}" for o in ir.outputs}
     return {
         "saved": ", ".join(d.name for d in back.inputs if d.name not in forward_inputs | grad_names),
         "grads": ", ".join(f"grad_{o.name}" for o in ir.outputs),
         "backward_args": ", ".join(d.name for d in back.inputs),
+        "backward_dtypes": "(" + " ".join(f"{TORCH_DTYPE[d.dtype]}," for d in back.inputs) + ")",
         "nones": "".join(", None" for _ in ir.params) or ",",
     }
 

@@ -6,7 +6,7 @@ import dataclasses
 from dataclasses import dataclass
 
 from fusegen.codegen import rowreduce_budget as rb
-from fusegen.codegen.family import kernel_arg
+from fusegen.codegen.family import Mismatch, kernel_arg
 from fusegen.codegen.plan import PlanError, PlannedBuffer, TilePlan
 from fusegen.codegen.reference import dim_bindings
 from fusegen.codegen.render import header, render, vendored
@@ -63,7 +63,11 @@ class RowReduceFamily:
 
     def match(self, ir: KernelIR) -> RowReduceMatch:
         """The row-reduction roles in `ir` (raises Mismatch)."""
-        return match_rowreduce(ir)
+        m = match_rowreduce(ir)
+        if m.backward_only:
+            raise Mismatch(self.name, ir.outputs[0].span, "column inputs and sums over heads or tokens "
+                           "are carried only by the row-reduction backward kernel")  # fmt: skip
+        return m
 
     def plans(self, ir: KernelIR, m: RowReduceMatch, target: str, lnc: int) -> list[TilePlan]:
         """One plan per `check` shape."""
@@ -76,7 +80,7 @@ class RowReduceFamily:
         low = lower_rowreduce(ir, m)
         return render(
             TEMPLATE,
-            header=header(ir, TEMPLATE), name=ir.name, doc=_doc(ir), low=low, model=repr(low.model),
+            header=header(ir, TEMPLATE), name=ir.name, doc=kernel_doc(ir), low=low, model=repr(low.model),
             budget_source=vendored(rb), kernel_args=_kernel_args(ir), host=_host(ir, m),
             dim_bindings=[f"d_{d} = {src}" for d, src in dim_bindings(ir, kernel_arg)],
             outputs=[(kernel_arg(o.name), NL_DTYPE[o.dtype], ", ".join(dim_source(d) for d in o.shape),
@@ -169,10 +173,14 @@ def _reasons(low: RowReduceLowering, width: int, heads: int, hb: int, resident: 
     return tuple(reasons)
 
 
-def _doc(ir: KernelIR) -> str:
+FORWARD_DOC = "a row-reduction NKI kernel; reference.py spells out the math"
+
+
+def kernel_doc(ir: KernelIR, what: str = FORWARD_DOC) -> str:
+    """A generated kernel file's docstring: its signature and what it is."""
     outs = ", ".join(o.name for o in ir.outputs)
     ins = ", ".join(i.name for i in ir.inputs)
-    return f"{ir.name}: ({ins}) -> ({outs}), a row-reduction NKI kernel; reference.py spells out the math."
+    return f"{ir.name}: ({ins}) -> ({outs}), {what}."
 
 
 def _kernel_args(ir: KernelIR) -> list[str]:

@@ -7,16 +7,18 @@ Three stages share the stage/select machinery with the FFN family:
   per-chunk partial results folded into one [P, 1] accumulator column per reduction;
 - epilogue (per token tile and head): per-row scalar math on the columns, the full-width combine, and
   the outputs ([T, G, H] tiles stored directly, [T, G] columns staged per token tile).
+The prep and the reduction passes (`RowPasses`) are shared with the backward kernel (rowreduce_backward.py),
+whose epilogue is chunked like the passes and accumulates sums over heads and tokens.
 """
 
 from __future__ import annotations
 
-from collections.abc import Callable
+from collections.abc import Callable, Iterable
 from dataclasses import dataclass
 
 from fusegen.codegen.family import kernel_arg
 from fusegen.codegen.rowreduce_budget import RowModel
-from fusegen.codegen.rowreduce_match import RowLoad, RowReduceMatch
+from fusegen.codegen.rowreduce_match import ColumnLoad, RowLoad, RowReduceMatch
 from fusegen.codegen.select import NL_DTYPE, Layout, Selector
 from fusegen.codegen.stage import Expr, Operand, StageBuilder, dim_source
 from fusegen.dsl.ir import DTYPE_BYTES, KernelIR, Node, OutputDecl
@@ -44,10 +46,30 @@ class Combine:
 
 @dataclass(frozen=True)
 class Level:
-    """One pass over the width: the chunk's lines and how each partial result is accumulated."""
+    """One pass over the width: per-row math on lower levels (once per head), the chunk's lines, and how
+    each partial result is accumulated."""
 
+    columns: tuple[str, ...]
     lines: tuple[str, ...]
     combines: tuple[Combine, ...]
+
+
+@dataclass(frozen=True)
+class RowPasses:
+    """The weight prep, the loads and the reduction passes: the part every row-reduction kernel shares."""
+
+    rows: str
+    heads: str
+    width: str
+    prepare: tuple[str, ...]  # body of `prepare_weights(h, ...)`: head h's prepared weights
+    shared_loads: tuple[Load, ...]  # head-shared rows, once per token tile
+    head_loads: tuple[Load, ...]
+    column_loads: tuple[Load, ...]  # [T, G] columns, once per token tile into [P, G]
+    levels: tuple[Level, ...]
+    resident: dict[int, str]  # prep root id -> its code in the prep step
+    chunk_bytes: int  # the widest pass's temporaries per chunk column
+    column_tiles: int  # [P, 1] tiles of the passes, per head
+    hoisted: dict[int, Operand]  # per-row values computed before a pass's chunk loop, by node id
 
 
 @dataclass(frozen=True)
@@ -64,13 +86,7 @@ class ColumnOutput:
 class RowReduceLowering:
     """Everything the row-reduction template formats."""
 
-    rows: str
-    heads: str
-    width: str
-    prepare: tuple[str, ...]  # body of `prepare_weights(h, ...)`: head h's prepared weights
-    shared_loads: tuple[Load, ...]  # head-shared rows, once per token tile
-    head_loads: tuple[Load, ...]
-    levels: tuple[Level, ...]
+    passes: RowPasses
     epi_lines: tuple[str, ...]
     save_lines: tuple[str, ...]  # extra epilogue lines for optional outputs
     tile_outputs: tuple[tuple[str, str, str], ...]  # (hbm name, nl dtype, source access)
@@ -81,28 +97,36 @@ class RowReduceLowering:
 
 def lower_rowreduce(ir: KernelIR, m: RowReduceMatch) -> RowReduceLowering:
     """Compile the three stages of `m` into NKI lines for the template."""
-    width = dim_source(m.width)
-    prep, prep_loads, resident = _lower_prep(ir, m, width)
-    loads = {ld.node: ld for ld in m.loads}
-    levels, chunk_bytes = _lower_levels(ir, m, loads, resident)
-    epi, n_required, tile_outs, col_outs = _lower_epilogue(ir, m, loads, resident)
-    row_loads = [_load(ir, ld, width) for ld in m.loads]
+    passes = lower_passes(ir, m)
+    epi, n_required, tile_outs, col_outs = _lower_epilogue(ir, m, passes.resident)
     model = RowModel(
-        resident_per_head=4 * len(resident),
+        resident_per_head=4 * len(passes.resident),
         prep_scratch=sum(DTYPE_BYTES[w.dtype] for w in m.weights),
         row_inputs=sum(DTYPE_BYTES[ir.node(ld.node).dtype] for ld in m.loads),
         epilogue=sum(DTYPE_BYTES[dt] for _, kind, dt in epi.tiles if kind == "tile"),
-        chunk=chunk_bytes,
-        columns=4 * (sum(1 for _, kind, _ in epi.tiles if kind == "vec") + len(levels) * 8 + len(col_outs)),
+        chunk=passes.chunk_bytes,
+        columns=4 * (sum(1 for _, k, _ in epi.tiles if k == "vec") + len(passes.levels) * 8 + len(col_outs)),
     )  # fmt: skip
     return RowReduceLowering(
+        passes=passes, epi_lines=tuple(epi.lines[:n_required]), save_lines=tuple(epi.lines[n_required:]),
+        tile_outputs=tile_outs, required_columns=tuple(c for c in col_outs if not c.optional),
+        optional_columns=tuple(c for c in col_outs if c.optional), model=model,
+    )  # fmt: skip
+
+
+def lower_passes(ir: KernelIR, m: RowReduceMatch) -> RowPasses:
+    """The prep, the loads and the reduction passes of `m`."""
+    width = dim_source(m.width)
+    prep, prep_loads, resident = _lower_prep(ir, m, width)
+    levels, chunk_bytes, column_tiles, hoisted = _lower_levels(ir, m, resident)
+    row_loads = [_load(ir, ld, width) for ld in m.loads]
+    return RowPasses(
         rows=dim_source(m.rows), heads=dim_source(m.heads), width=width,
         prepare=_prepare_body(prep_loads, prep.lines, resident, width),
         shared_loads=tuple(ld for ld, spec in zip(row_loads, m.loads, strict=True) if not spec.per_head),
         head_loads=tuple(ld for ld, spec in zip(row_loads, m.loads, strict=True) if spec.per_head),
-        levels=levels, epi_lines=tuple(epi.lines[:n_required]), save_lines=tuple(epi.lines[n_required:]),
-        tile_outputs=tile_outs, required_columns=tuple(c for c in col_outs if not c.optional),
-        optional_columns=tuple(c for c in col_outs if c.optional), model=model,
+        column_loads=tuple(_column_load(ir, c, dim_source(m.heads)) for c in m.column_loads),
+        levels=levels, resident=resident, chunk_bytes=chunk_bytes, column_tiles=column_tiles, hoisted=hoisted,
     )  # fmt: skip
 
 
@@ -155,7 +179,23 @@ def _load(ir: KernelIR, ld: RowLoad, width: str) -> Load:
     return Load(_leaf_name(node), NL_DTYPE[node.dtype], source)
 
 
-def _kind(m: RowReduceMatch) -> Callable[[Node], str]:
+def _column_load(ir: KernelIR, col: ColumnLoad, heads: str) -> Load:
+    source = ir.node(ir.node(col.node).args[0])
+    return Load(_column_tile(col), NL_DTYPE[source.dtype], f"{kernel_arg(col.input)}[t0:t0 + pt, 0:{heads}]")
+
+
+def _column_tile(col: ColumnLoad) -> str:
+    return f"{col.input}_cl"
+
+
+def column_leaves(m: RowReduceMatch) -> dict[int, Operand]:
+    """Head h's column of every staged [T, G] input."""
+    return {c.node: Operand("vec", f"{_column_tile(c)}[0:pt, h:h + 1]") for c in m.column_loads}
+
+
+def row_kind(m: RowReduceMatch) -> Callable[[Node], str]:
+    """A node's kind in a stage: a width-long tile, a per-row [P, 1] column, or a trace-time scalar."""
+
     def kind_of(node: Node) -> str:
         if node.shape == ():
             return "scalar"
@@ -175,7 +215,7 @@ def _lower_prep(
         source = f"{kernel_arg(str(w.name))}.ap(pattern=[[{width}, 1], [1, {width}]], offset={offset})"
         loads.append(Load(tile, NL_DTYPE[w.dtype], source))
         leaves[w.id] = Operand("tile", f"{tile}[0:P, 0:qw]", memory="psum")
-    builder = StageBuilder(ir, leaves, _kind(m), free_size=lambda n: m.width)
+    builder = StageBuilder(ir, leaves, row_kind(m), free_size=lambda n: m.width)
     sel = Selector(Layout(part="P", free="qw", free_alloc="F_MOV"), prefix="w")
     resident = {root: sel.value(builder.expr(root)).code for root in m.prep_roots}
     return sel, tuple(loads), resident
@@ -187,23 +227,73 @@ def _resident_leaves(resident: dict[int, str], free: str) -> dict[int, Operand]:
 
 
 def _lower_levels(
-    ir: KernelIR, m: RowReduceMatch, loads: dict[int, RowLoad], resident: dict[int, str]
-) -> tuple[tuple[Level, ...], int]:
-    """Each level's chunk lines and accumulations; also the widest level's chunk bytes per column."""
-    levels, widest = [], 0
+    ir: KernelIR, m: RowReduceMatch, resident: dict[int, str]
+) -> tuple[tuple[Level, ...], int, int, dict[int, Operand]]:
+    """Each level's lines and accumulations, the widest level's chunk bytes per column, the [P, 1] tiles
+    of all levels, and the per-row values hoisted out of their chunk loops (later stages reuse them)."""
+    levels, widest, vecs = [], 0, 0
+    hoisted: dict[int, Operand] = {}
     for depth, ids in enumerate(m.levels):
-        leaves = _row_leaves(ir, loads, "c0:c0 + hw") | _resident_leaves(resident, "c0:c0 + hw")
-        leaves |= {rid: _acc(rid) for lower in m.levels[:depth] for rid in lower}
-        builder = StageBuilder(ir, leaves, _kind(m), free_size=lambda n: m.width)
+        below = column_leaves(m) | {rid: _acc(rid) for lower in m.levels[:depth] for rid in lower} | hoisted
+        cols, new = lower_columns(ir, m, below, ids, prefix=f"k{depth}_")
+        hoisted |= new
+        leaves = chunk_leaves(ir, m, resident) | below | new
+        builder = StageBuilder(ir, leaves, row_kind(m), free_size=lambda n: m.width)
         sel = Selector(Layout(part="pt", free="hw", free_alloc="HB"), prefix=f"r{depth}_")
         combines = []
         for rid in ids:
             part = sel.value(builder.expr(rid))
             op = "nl.maximum" if ir.node(rid).op == "max" else "nl.add"
             combines.append(Combine(_acc(rid).code.split("[")[0], part.code.split("[")[0], op))
-        widest = max(widest, sum(DTYPE_BYTES[dt] for _, kind, dt in sel.tiles if kind == "tile"))
-        levels.append(Level(tuple(sel.lines), tuple(combines)))
-    return tuple(levels), widest
+        widest = max(widest, tile_bytes(sel))
+        vecs += len(cols.tiles) + sum(1 for _, kind, _ in sel.tiles if kind == "vec")
+        levels.append(Level(tuple(cols.lines), tuple(sel.lines), tuple(combines)))
+    return tuple(levels), widest, vecs, hoisted
+
+
+def tile_bytes(sel: Selector) -> int:
+    """Bytes per free-axis column of the full tiles a stage allocates."""
+    return sum(DTYPE_BYTES[dt] for _, kind, dt in sel.tiles if kind == "tile")
+
+
+def chunk_leaves(ir: KernelIR, m: RowReduceMatch, resident: dict[int, str]) -> dict[int, Operand]:
+    """The loaded rows and prepared weights over the current chunk `c0:c0 + hw`."""
+    loads = {ld.node: ld for ld in m.loads}
+    return _row_leaves(ir, loads, "c0:c0 + hw") | _resident_leaves(resident, "c0:c0 + hw")
+
+
+def lower_columns(
+    ir: KernelIR, m: RowReduceMatch, leaves: dict[int, Operand], roots: Iterable[int], prefix: str
+) -> tuple[Selector, dict[int, Operand]]:
+    """The per-row values the chunks of `roots` read, computed once per head before the chunk loop
+    (rather than once per chunk): their lines, and each as a leaf for the chunk stage."""
+    kind = row_kind(m)
+    builder = StageBuilder(ir, leaves, kind, free_size=lambda n: m.width)
+    sel = Selector(Layout(part="pt", free="1", free_alloc="1"), prefix=prefix)
+    hoisted = {nid: sel.value(builder.expr(nid)) for nid in _frontier(ir, leaves, roots, kind)}
+    return sel, hoisted
+
+
+def _frontier(ir: KernelIR, leaves: dict[int, Operand], roots: Iterable[int], kind: Callable[[Node], str]
+              ) -> list[int]:  # fmt: skip
+    """Per-row (vec) nodes outside `leaves` that a width-long node reads, in topological order."""
+    found: set[int] = set()
+    seen: set[int] = set()
+    stack = [r for r in roots if r not in leaves]
+    while stack:
+        node = ir.node(stack.pop())
+        if node.id in seen:
+            continue
+        seen.add(node.id)
+        for a in node.args:
+            arg = ir.node(a)
+            if a in leaves or kind(arg) == "scalar":
+                continue
+            if kind(arg) == "vec" and kind(node) == "tile":
+                found.add(a)
+            else:
+                stack.append(a)
+    return sorted(found)
 
 
 def _acc(node_id: int) -> Operand:
@@ -216,28 +306,32 @@ def _row_leaves(ir: KernelIR, loads: dict[int, RowLoad], free: str) -> dict[int,
 
 
 def _lower_epilogue(
-    ir: KernelIR, m: RowReduceMatch, loads: dict[int, RowLoad], resident: dict[int, str]
+    ir: KernelIR, m: RowReduceMatch, resident: dict[int, str]
 ) -> tuple[Selector, int, tuple[tuple[str, str, str], ...], tuple[ColumnOutput, ...]]:
     """Per-row math and the combine: the selector, how many of its lines the required outputs need, writes."""
     full = f"0:{dim_source(m.width)}"
+    loads = {ld.node: ld for ld in m.loads}
     leaves = _row_leaves(ir, loads, full) | _resident_leaves(resident, full)
     leaves |= {rid: _acc(rid) for level in m.levels for rid in level}
-    builder = StageBuilder(ir, leaves, _kind(m), free_size=lambda n: m.width)
+    builder = StageBuilder(ir, leaves, row_kind(m), free_size=lambda n: m.width)
     sel = Selector(Layout(part="pt", free=dim_source(m.width), free_alloc=dim_source(m.width)), prefix="e")
     exprs = {o.node: builder.expr(o.node) for o in m.tile_outputs}  # all first: users counts must be complete
     cols = {o.name: builder.expr(src) for o, src in m.column_outputs}
     tiles = []
     for out in m.tile_outputs:
-        expr = exprs[out.node]
-        value = sel.value(expr, out.dtype if expr.users == 0 else "f32")
-        if value.dtype != out.dtype:
-            value = sel.copy(value, "tile", out.dtype)
+        value = output_value(sel, exprs[out.node], out.dtype)
         tiles.append((kernel_arg(out.name), NL_DTYPE[out.dtype], value.code))
     required = [o for o, _ in m.column_outputs if not o.optional]
     columns = [_column(sel, o, cols[o.name]) for o in required]
     n_required = len(sel.lines)
     columns += [_column(sel, o, cols[o.name]) for o, _ in m.column_outputs if o.optional]
     return sel, n_required, tuple(tiles), tuple(columns)
+
+
+def output_value(sel: Selector, expr: Expr, dtype: str) -> Operand:
+    """`expr` in an output's dtype: written so when nothing else reads it, else computed in fp32 and cast."""
+    value = sel.value(expr, dtype if expr.users == 0 else "f32")
+    return value if value.dtype == dtype else sel.copy(value, "tile", dtype)
 
 
 def _column(sel: Selector, out: OutputDecl, expr: Expr) -> ColumnOutput:

@@ -1,6 +1,12 @@
 """The row-reduction family's matcher: per-row reductions over the last axis of [T, G, H] data, scalar math
 on the per-row results, an elementwise combine with broadcast, and weights without the token axis that
 are prepared once per launch. Matches IR structure only, never names.
+
+A backward IR (codegen/autodiff.py) adds four shapes of node the same loop nest can carry: per-row [T, G]
+inputs read as columns (`unindex` restores the kept axis), columns `expand`ed over the width, sums over
+the head axis (accumulated across the head loop) and over the token axis (accumulated across token tiles,
+[G, H] outputs), and outputs packed from head slices (`unindex` + `add`, e.g. grad_kv from grad_k and
+grad_v).
 """
 
 from __future__ import annotations
@@ -13,6 +19,7 @@ from fusegen.dsl.ir import Dim, KernelIR, Node, OutputDecl
 FAMILY = "rowreduce"
 REDUCTIONS = frozenset(("sum", "mean", "max"))
 ONE = Dim.const(1)
+UNCOVERED = "the head slices of a packed output must cover it without overlap"
 
 
 @dataclass(frozen=True)
@@ -23,6 +30,31 @@ class RowLoad:
     input: str  # the input's name
     head_start: Dim  # first head index in the input
     per_head: bool  # False: one row shared by every head (loaded once per token tile)
+
+
+@dataclass(frozen=True)
+class ColumnLoad:
+    """A per-row [T, G] input read as a [T, G, 1] column: staged once per token tile."""
+
+    node: int  # the `unindex` node that restores the kept axis
+    input: str
+
+
+@dataclass(frozen=True)
+class PackedTerm:
+    """One head slice of a packed output: a per-head value (rows start + h) or a head sum (row start)."""
+
+    node: int
+    start: Dim
+    per_head: bool
+
+
+@dataclass(frozen=True)
+class PackedOutput:
+    """A [T, X, H] output assembled from disjoint head slices that cover it."""
+
+    output: OutputDecl
+    terms: tuple[PackedTerm, ...]
 
 
 @dataclass(frozen=True)
@@ -38,6 +70,15 @@ class RowReduceMatch:
     levels: tuple[tuple[int, ...], ...]  # reduction node ids; level n reads only levels < n
     tile_outputs: tuple[OutputDecl, ...]  # [T, G, H]
     column_outputs: tuple[tuple[OutputDecl, int], ...]  # [T, G] outputs and the [T, G, 1] node they drop from
+    column_loads: tuple[ColumnLoad, ...] = ()
+    head_sums: tuple[int, ...] = ()  # sum over the head axis: [T, G, H] -> [T, 1, H]
+    token_sums: tuple[OutputDecl, ...] = ()  # [G, H] outputs that sum a [T, G, H] value over the tokens
+    packed_outputs: tuple[PackedOutput, ...] = ()
+
+    @property
+    def backward_only(self) -> bool:
+        """Whether it uses a role only the backward kernel's template carries."""
+        return bool(self.column_loads or self.head_sums or self.token_sums or self.packed_outputs)
 
 
 def match_rowreduce(ir: KernelIR) -> RowReduceMatch:
@@ -48,19 +89,25 @@ def match_rowreduce(ir: KernelIR) -> RowReduceMatch:
     rows, heads, width = data.shape
     shapes = _Shapes(rows, heads, width)
     prep = _prep_nodes(ir, shapes)
+    packed = tuple(_packed(ir, o, shapes) for o in ir.outputs if _is_packed(o, shapes))
+    packing = {n for p in packed for n in _packing_nodes(ir, p.output.node)}
     loads: list[RowLoad] = []
+    columns: list[ColumnLoad] = []
     for node in ir.nodes:
-        if node.id not in prep and node.op not in SCALAR_LEAVES:
-            _check_main_node(ir, node, shapes, loads)
+        if node.id not in prep | packing and node.op not in SCALAR_LEAVES:
+            _check_main_node(ir, node, shapes, loads, columns)
     levels = _levels(ir, shapes)
     if not levels:
         raise Mismatch(FAMILY, ir.outputs[0].span, "there is no per-row reduction over the last axis")
-    tile_outs, col_outs = _outputs(ir, shapes)
+    tile_outs, col_outs, token_outs = _outputs(ir, shapes, packed)
     roots = sorted({a for n in ir.nodes if n.id not in prep for a in n.args if a in prep})
     weights = tuple(n for n in ir.nodes if n.op == "input" and n.id in prep)
+    head_sums = tuple(n.id for n in ir.nodes if n.op == "sum" and n.attr("axis") == 1)
+    _check_accumulated_once(ir, head_sums, packing, token_outs)
     return RowReduceMatch(
-        rows, heads, width, tuple(loads), weights, tuple(roots), levels, tile_outs, col_outs
-    )
+        rows, heads, width, tuple(loads), weights, tuple(roots), levels, tile_outs, col_outs,
+        tuple(columns), head_sums, token_outs, packed,
+    )  # fmt: skip
 
 
 @dataclass(frozen=True)
@@ -97,8 +144,10 @@ def _prep_nodes(ir: KernelIR, shapes: _Shapes) -> set[int]:
     return prep
 
 
-def _check_main_node(ir: KernelIR, node: Node, shapes: _Shapes, loads: list[RowLoad]) -> None:
-    """A node of the per-token graph must be a load, elementwise, or a last-axis reduction."""
+def _check_main_node(
+    ir: KernelIR, node: Node, shapes: _Shapes, loads: list[RowLoad], columns: list[ColumnLoad]
+) -> None:
+    """A node of the per-token graph must be a load, elementwise, or a reduction the loop nest carries."""
     if node.op == "input" and shapes.is_tile(node):
         loads.append(RowLoad(node.id, str(node.name), Dim.const(0), node.shape[1] != ONE))
     elif node.op == "index" and ir.node(node.args[0]).op == "input":
@@ -109,15 +158,47 @@ def _check_main_node(ir: KernelIR, node: Node, shapes: _Shapes, loads: list[RowL
         u.op == "index" for u in ir.users(node.id)
     ):  # fmt: skip
         pass  # packed rows (e.g. kv): read only through head slices, each a load of its own
+    elif node.op == "input" and node.shape == (shapes.rows, shapes.heads) and all(
+        u.op == "unindex" for u in ir.users(node.id)
+    ):  # fmt: skip
+        pass  # per-row columns: each read through an unsqueeze, a ColumnLoad of its own
     elif node.op == "input":
-        raise leave(FAMILY, node, "inputs must be [T, G, H] data or weights without the token axis")
+        raise leave(FAMILY, node, "inputs must be [T, G, H] data, [T, G] columns or weights (no token axis)")
+    elif node.op == "unindex":
+        columns.append(_column_load(ir, node, shapes))
+    elif node.op == "expand":
+        if not shapes.is_column(ir.node(node.args[0])) or not shapes.is_tile(node):
+            raise leave(FAMILY, node, "only a per-row column may be expanded, over the width")
     elif node.op in REDUCTIONS:
-        if node.attr("axis") != 2 or not node.attr("keepdim") or not shapes.is_column(node):
-            raise leave(FAMILY, node, "reductions must be over the last axis with keepdim=true")
+        _check_reduction(node, shapes)
     elif node.op not in ELEMENTWISE:
         raise leave(FAMILY, node, f"`{node.op}` is not an elementwise or row-reduction op")
     elif not (shapes.is_tile(node) or shapes.is_column(node) or node.shape == ()):
         raise leave(FAMILY, node, "values must be [T, G, H] tiles, [T, G, 1] per-row columns or scalars")
+
+
+def _check_reduction(node: Node, shapes: _Shapes) -> None:
+    """Over the width (keepdim), the heads (sums, keepdim) or the tokens (sums into a [G, H] output)."""
+    axis, keepdim = node.attr("axis"), node.attr("keepdim")
+    if axis == 2 and keepdim and shapes.is_column(node):
+        return
+    head_sum = node.shape == (shapes.rows, ONE, shapes.width)
+    token_sum = node.shape == (shapes.heads, shapes.width)
+    over_heads = axis == 1 and keepdim and head_sum
+    if node.op == "sum" and (over_heads or (axis == 0 and not keepdim and token_sum)):
+        return
+    raise leave(FAMILY, node, "reductions must be over the last axis with keepdim=true (or sums over "
+                              "the heads with keepdim, or over the tokens into an output)")  # fmt: skip
+
+
+def _column_load(ir: KernelIR, node: Node, shapes: _Shapes) -> ColumnLoad:
+    """`unindex(col)` restoring the kept last axis of a [T, G] input."""
+    source = ir.node(node.args[0])
+    items = node.attr("index")
+    ok = source.op == "input" and isinstance(items, tuple) and items[-1].kind == "at"
+    if not ok or not shapes.is_column(node) or source.shape != (shapes.rows, shapes.heads):
+        raise leave(FAMILY, node, "only a [T, G] input may be read as a per-row column")
+    return ColumnLoad(node.id, str(source.name))
 
 
 def _indexed_load(ir: KernelIR, node: Node, shapes: _Shapes) -> RowLoad:
@@ -147,24 +228,28 @@ def _levels(ir: KernelIR, shapes: _Shapes) -> tuple[tuple[int, ...], ...]:
     depth: dict[int, int] = {}  # node -> deepest reduction level it depends on
     for node in ir.nodes:
         below = max((depth[a] for a in node.args if a in depth), default=-1)
-        if node.op in REDUCTIONS:
+        if node.op in REDUCTIONS and node.attr("axis") == 2:
             depth[node.id] = below + 1
         elif below >= 0:
             depth[node.id] = below
     levels: dict[int, list[int]] = {}
     for node in ir.nodes:
-        if node.op in REDUCTIONS:
+        if node.id in depth and node.op in REDUCTIONS and node.attr("axis") == 2:
             levels.setdefault(depth[node.id], []).append(node.id)
     return tuple(tuple(levels[d]) for d in sorted(levels))
 
 
-def _outputs(
-    ir: KernelIR, shapes: _Shapes
-) -> tuple[tuple[OutputDecl, ...], tuple[tuple[OutputDecl, int], ...]]:
-    tiles, columns = [], []
+def _outputs(ir: KernelIR, shapes: _Shapes, packed: tuple[PackedOutput, ...]) -> tuple[
+    tuple[OutputDecl, ...], tuple[tuple[OutputDecl, int], ...], tuple[OutputDecl, ...]
+]:  # fmt: skip
+    tiles, columns, token_sums = [], [], []
     for out in ir.outputs:
         node = ir.node(out.node)
-        if (
+        if any(p.output == out for p in packed):
+            continue
+        if node.op == "sum" and node.attr("axis") == 0 and not out.optional:
+            token_sums.append(out)
+        elif (
             out.shape == (shapes.rows, shapes.heads, shapes.width)
             and shapes.is_tile(node)
             and not out.optional
@@ -179,6 +264,67 @@ def _outputs(
                 f"outputs must be [{shapes.rows}, {shapes.heads}, {shapes.width}] "
                 f"or per-row [{shapes.rows}, {shapes.heads}] (only per-row ones may be optional)",
             )
-    if not tiles:
+    if not tiles and not packed:
         raise Mismatch(FAMILY, ir.outputs[0].span, "expected at least one [T, G, H] output")
-    return tuple(tiles), tuple(columns)
+    return tuple(tiles), tuple(columns), tuple(token_sums)
+
+
+def _is_packed(out: OutputDecl, shapes: _Shapes) -> bool:
+    """A [T, X, H] output with X not the head count: rows assembled from head slices."""
+    return len(out.shape) == 3 and out.shape[0] == shapes.rows and out.shape[2] == shapes.width and (
+        out.shape[1] not in (shapes.heads, ONE)
+    )  # fmt: skip
+
+
+def _packing_nodes(ir: KernelIR, node_id: int) -> list[int]:
+    """The `add` / `unindex` nodes that assemble a packed output."""
+    node = ir.node(node_id)
+    if node.op == "add":
+        return [node_id, *_packing_nodes(ir, node.args[0]), *_packing_nodes(ir, node.args[1])]
+    return [node_id] if node.op == "unindex" else []
+
+
+def _packed(ir: KernelIR, out: OutputDecl, shapes: _Shapes) -> PackedOutput:
+    """The head slices of a packed output, which must be disjoint and cover it in order."""
+    terms = []
+    for nid in _packing_nodes(ir, out.node):
+        node = ir.node(nid)
+        if node.op == "unindex":
+            terms.append(_packed_term(ir, node, shapes))
+        elif node.op != "add":
+            raise leave(FAMILY, node, "a packed output is a sum of head slices (`unindex`)")
+    ordered: list[PackedTerm] = []
+    end = Dim.const(0)
+    while len(ordered) < len(terms):  # chain the slices from row 0: each must start where the last ended
+        term = next((t for t in terms if t.start == end), None)
+        if term is None:
+            raise Mismatch(FAMILY, out.span, UNCOVERED)
+        ordered.append(term)
+        end = term.start + (shapes.heads if term.per_head else ONE)
+    if end != out.shape[1]:
+        raise Mismatch(FAMILY, out.span, UNCOVERED)
+    return PackedOutput(out, tuple(ordered))
+
+
+def _packed_term(ir: KernelIR, node: Node, shapes: _Shapes) -> PackedTerm:
+    items = node.attr("index")
+    value = ir.node(node.args[0])
+    per_head = value.shape == (shapes.rows, shapes.heads, shapes.width)
+    shared = value.shape == (shapes.rows, ONE, shapes.width)
+    if not isinstance(items, tuple) or len(items) != 3 or items[1].kind != "slice" or not (
+        per_head or shared
+    ):  # fmt: skip
+        raise leave(FAMILY, node, "a packed output's slices run along the head axis")
+    return PackedTerm(value.id, items[1].start, per_head)
+
+
+def _check_accumulated_once(
+    ir: KernelIR, head_sums: tuple[int, ...], packing: set[int], token_outs: tuple[OutputDecl, ...]
+) -> None:
+    """Head sums are whole only after the head loop, token sums after every tile: only outputs read them."""
+    for nid in head_sums:
+        if any(u.id not in packing for u in ir.users(nid)):
+            raise leave(FAMILY, ir.node(nid), "a sum over the heads may only be written to an output")
+    for out in token_outs:
+        if ir.users(out.node):
+            raise leave(FAMILY, ir.node(out.node), "a sum over the tokens may only be an output")

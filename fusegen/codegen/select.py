@@ -33,6 +33,15 @@ ACTIVATIONS = {
     "sign": "nl.sign",
     "square": "nl.square",
 }
+#: ALU comparisons (1.0 where true, else 0.0): tensor_scalar / tensor_tensor only, not arithmetic chains.
+COMPARISONS = {
+    "eq": "nl.equal",
+    "ne": "nl.not_equal",
+    "gt": "nl.greater",
+    "ge": "nl.greater_equal",
+    "lt": "nl.less",
+    "le": "nl.less_equal",
+}
 #: ALU ops usable in tensor_scalar / tensor_tensor / scalar_tensor_tensor.
 ALU = {
     "add": "nl.add",
@@ -42,6 +51,7 @@ ALU = {
     "maximum": "nl.maximum",
     "minimum": "nl.minimum",
     "pow": "nl.power",
+    **COMPARISONS,
 }
 COMMUTATIVE = {"add", "mul", "maximum", "minimum"}
 #: Engine of each emitted call, and its cost in passes over the free axis (nki.md §6: tensor_tensor and
@@ -206,6 +216,8 @@ class Selector:
     def _stt(self, e: Expr, inner: Expr, other: Expr, dtype: str, reverse: bool = False) -> Operand | None:
         """`(t op0 s) op other` as one scalar_tensor_tensor, when `inner` is `t op0 s`."""
         if inner.kind != e.kind or other.kind != e.kind or inner.op not in ALU or inner.op == "pow":
+            return None
+        if inner.op in COMPARISONS or e.op in COMPARISONS:  # scalar_tensor_tensor takes arithmetic ops only
             return None
         t, s = _split_tile(inner)
         if t is None or s is None or (reverse and e.op not in COMMUTATIVE):

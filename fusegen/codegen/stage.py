@@ -206,7 +206,12 @@ def _affine(y: Expr, affine: list[Expr]) -> Expr:
     return y
 
 
+def _expand_broadcast(b: StageBuilder, node: Node, args: list[Expr]) -> Expr:
+    return args[0]  # a column broadcasts over the free axis wherever it is an operand
+
+
 _EXPANSIONS: dict[str, Callable[[StageBuilder, Node, list[Expr]], Expr]] = {
+    "expand": _expand_broadcast,
     "pow": _expand_pow,
     "mean": _expand_mean,
     "sum": _expand_reduce,

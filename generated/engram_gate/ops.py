@@ -4,7 +4,8 @@
 
 On CPU the op runs the generated kernel on fusegen's NKI interpreter, or the generated torch reference
 when FUSEGEN_OPS_BACKEND=reference; on a Neuron device it runs the NKI kernel itself.
-The backward runs backward_reference.py (torch code derived from the spec's IR), not yet an NKI kernel.
+The backward dispatches the same way: backward_kernel.py (the NKI kernels fusegen derives from the spec's
+IR) on the interpreter or the device, backward_reference.py (the same IR as torch code) on the reference.
 """
 
 import functools
@@ -17,6 +18,7 @@ import torch
 
 _HERE = Path(__file__).resolve().parent
 _DTYPES = (torch.bfloat16, torch.bfloat16, torch.bfloat16, torch.bfloat16,)
+_BACKWARD_DTYPES = (torch.bfloat16, torch.bfloat16, torch.bfloat16, torch.bfloat16, torch.float32, torch.float32, torch.float32, torch.bfloat16,)
 
 
 @functools.cache
@@ -33,16 +35,23 @@ def _module(file: str, sim: bool = False) -> ModuleType:
     return module
 
 
+def _call(prefix: str, fn: str, args: tuple[torch.Tensor, ...], **kwargs: object) -> tuple[torch.Tensor, ...]:
+    """`fn` of <prefix>kernel.py on this device's backend: the NKI kernel through torch_neuronx on a Neuron
+    device (untested here), on fusegen's interpreter on CPU, or `fn`_reference of <prefix>reference.py when
+    FUSEGEN_OPS_BACKEND=reference (read at every call)."""
+    if args[0].device.type != "cpu":
+        out = getattr(_module(f"{prefix}kernel.py"), fn)(*args, **kwargs)
+    elif os.environ.get("FUSEGEN_OPS_BACKEND", "interpreter") == "reference":
+        out = getattr(_module(f"{prefix}reference.py"), f"{fn}_reference")(*args, **kwargs)
+    else:
+        out = getattr(_module(f"{prefix}kernel.py", sim=True), fn)(*args, **kwargs)
+    return tuple(out) if isinstance(out, (tuple, list)) else (out,)
+
+
 def _run(args: tuple[torch.Tensor, ...], params: dict[str, float]) -> tuple[torch.Tensor, ...]:
     """The forward on the selected backend, inputs cast to the spec's dtypes."""
     args = tuple(t.detach().to(dtype) for t, dtype in zip(args, _DTYPES))  # the kernel refuses grad inputs
-    if args[0].device.type != "cpu":  # a Neuron device: the NKI kernel through torch_neuronx (untested here)
-        out = _module("kernel.py").engram_gate(*args, **params, save=True)
-    elif os.environ.get("FUSEGEN_OPS_BACKEND", "interpreter") == "reference":
-        out = _module("reference.py").engram_gate_reference(*args, **params, save=True)
-    else:
-        out = _module("kernel.py", sim=True).engram_gate(*args, **params, save=True)
-    outs = tuple(out) if isinstance(out, (tuple, list)) else (out,)
+    outs = _call("", "engram_gate", args, **params, save=True)
     # a custom op may not return its inputs' storage (an f32 input passed straight through)
     return tuple(o.clone() if any(o.data_ptr() == t.data_ptr() for t in args) else o for o in outs)
 
@@ -81,10 +90,10 @@ def _setup_context(ctx, inputs, output) -> None:
 
 
 def _backward(ctx, grad_out, grad_dot, grad_gate, grad_rstd_x, grad_rstd_k):
-    """Input gradients from backward_reference.py, in the inputs' dtypes; none for the float parameters."""
+    """Input gradients on the selected backend, in the inputs' dtypes; none for the float parameters."""
     x, kv, w_h, w_e, gate, rstd_x, rstd_k = ctx.saved_tensors
-    backward = _module("backward_reference.py").engram_gate_backward_reference
-    grads = backward(x, kv, w_h, w_e, gate, rstd_x, rstd_k, grad_out, **ctx.params)
+    args = tuple(t.detach().contiguous().to(dtype) for t, dtype in zip((x, kv, w_h, w_e, gate, rstd_x, rstd_k, grad_out), _BACKWARD_DTYPES))
+    grads = _call("backward_", "engram_gate_backward", args, **ctx.params)
     return (*(g.to(dtype) for g, dtype in zip(grads, ctx.dtypes)), None, None)
 
 

@@ -1,0 +1,162 @@
+"""The row-reduction family's backward kernels: the backward IR (autodiff.py) lowered into the same loop nest.
+
+The backward IR of a row-reduction spec is rewritten (rewrites.py) and matched by the family's own matcher;
+its prep and reduction passes are lowered as the forward's (`lower_passes`). Its epilogue differs: it is
+chunked like the passes (a backward holds many width-long temporaries), and besides [T, G, H] outputs it
+- accumulates sums over the heads (grad_v: Σ_h grad_out·gate) in a [P, H] fp32 tile across the head loop,
+  written to its head slice of a packed output (grad_kv) once per token tile;
+- accumulates sums over the tokens (weight gradients) in PSUM: per 128 columns, the chunk's product tile
+  [tokens, 128] is the stationary and a ones column [tokens, 1] the moving operand, so each matmul adds
+  the token sum of 128 columns into one [128, 1] PSUM column, accumulated across token tiles; each core
+  writes its sums to a per-core partial [cores, sums, G, H], and a second kernel adds the partials up.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from fusegen.codegen import rowreduce_budget as rb
+from fusegen.codegen.family import kernel_arg
+from fusegen.codegen.rowreduce_budget import RowModel
+from fusegen.codegen.rowreduce_lower import (
+    RowPasses,
+    chunk_leaves,
+    column_leaves,
+    lower_columns,
+    lower_passes,
+    output_value,
+    row_kind,
+    tile_bytes,
+)
+from fusegen.codegen.rowreduce_match import RowReduceMatch
+from fusegen.codegen.select import Layout, Selector
+from fusegen.codegen.stage import Operand, StageBuilder, dim_source
+from fusegen.dsl.ir import DTYPE_BYTES, Dim, KernelIR
+
+CHUNK = "c0:c0 + hw"
+
+
+@dataclass(frozen=True)
+class Write:
+    """One DMA of computed values into an output."""
+
+    dst: str
+    src: str
+
+
+@dataclass(frozen=True)
+class HeadSum:
+    """A sum over the heads: its [P, width] accumulator and the chunk value added per head."""
+
+    acc: str
+    part: str
+
+
+@dataclass(frozen=True)
+class TokenSum:
+    """A sum over the tokens: its PSUM accumulator of [128, 1] columns and the chunk tile summed into it."""
+
+    psum: str
+    stationary: str
+    staged: str  # its columns in the per-core staging tile, e.g. `0 * d_HC * nb:1 * d_HC * nb`
+
+
+@dataclass(frozen=True)
+class BackwardLowering:
+    """Everything the backward template formats."""
+
+    passes: RowPasses
+    epi_columns: tuple[str, ...]  # per-row math, once per head
+    epi_lines: tuple[str, ...]  # per chunk
+    head_writes: tuple[Write, ...]  # per head and chunk
+    head_sums: tuple[HeadSum, ...]
+    shared_writes: tuple[Write, ...]  # after the head loop, per token tile
+    token_sums: tuple[TokenSum, ...]
+    model: RowModel
+
+
+def lower_backward(ir: KernelIR, m: RowReduceMatch) -> BackwardLowering:
+    """Compile a matched backward IR: the shared passes, then the chunked epilogue with its accumulators."""
+    passes = lower_passes(ir, m)
+    below = column_leaves(m) | {rid: _acc(rid) for level in m.levels for rid in level} | passes.hoisted
+    roots = _epilogue_roots(ir, m)
+    cols, hoisted = lower_columns(ir, m, below, roots, prefix="ke_")
+    builder = StageBuilder(ir, chunk_leaves(ir, m, passes.resident) | below | hoisted, row_kind(m),
+                           free_size=lambda n: m.width)  # fmt: skip
+    sel = Selector(Layout(part="pt", free="hw", free_alloc="HB"), prefix="e")
+    exprs = {nid: builder.expr(nid) for nid in roots}  # all first: users counts must be complete
+    writes = [Write(f"{kernel_arg(o.name)}[t0:t0 + pt, h, {CHUNK}]",
+                    output_value(sel, exprs[o.node], o.dtype).code) for o in m.tile_outputs]  # fmt: skip
+    shared = []
+    for packed in m.packed_outputs:
+        hbm = kernel_arg(packed.output.name)
+        for term in packed.terms:
+            if term.per_head:
+                value = output_value(sel, exprs[term.node], packed.output.dtype)
+                writes.append(Write(f"{hbm}[t0:t0 + pt, {_row(term.start, 'h')}, {CHUNK}]", value.code))
+            else:
+                full = f"0:{dim_source(m.width)}"
+                shared.append(Write(f"{hbm}[t0:t0 + pt, {_row(term.start, '')}, {full}]",
+                                    f"{_head_acc(term.node)}[0:pt, {full}]"))  # fmt: skip
+    head_sums = [HeadSum(_head_acc(nid), sel.value(exprs[ir.node(nid).args[0]]).code) for nid in m.head_sums]
+    heads = dim_source(m.heads)
+    token_sums = [
+        TokenSum(f"tsum{i}", _stationary(sel, exprs[ir.node(o.node).args[0]]),
+                 f"{i} * {heads} * nb:{i + 1} * {heads} * nb")
+        for i, o in enumerate(m.token_sums)
+    ]  # fmt: skip
+    model = RowModel(
+        resident_per_head=4 * len(passes.resident),
+        prep_scratch=sum(DTYPE_BYTES[w.dtype] for w in m.weights),
+        row_inputs=sum(DTYPE_BYTES[ir.node(ld.node).dtype] for ld in m.loads),
+        epilogue=4 * len(m.head_sums),  # the head-sum accumulators are the only width-long epilogue tiles
+        chunk=max(passes.chunk_bytes, tile_bytes(sel)),
+        columns=4 * (passes.column_tiles + len(cols.tiles) + len(m.column_loads)),
+    )  # fmt: skip
+    return BackwardLowering(
+        passes=passes, epi_columns=tuple(cols.lines), epi_lines=tuple(sel.lines), head_writes=tuple(writes),
+        head_sums=tuple(head_sums), shared_writes=tuple(shared), token_sums=tuple(token_sums), model=model,
+    )  # fmt: skip
+
+
+def _epilogue_roots(ir: KernelIR, m: RowReduceMatch) -> list[int]:
+    """The width-long values the epilogue writes or accumulates."""
+    roots = [o.node for o in m.tile_outputs]
+    roots += [t.node for p in m.packed_outputs for t in p.terms if t.per_head]
+    roots += [ir.node(nid).args[0] for nid in m.head_sums]
+    roots += [ir.node(o.node).args[0] for o in m.token_sums]
+    return roots
+
+
+def _acc(node_id: int) -> Operand:
+    return Operand("vec", f"acc{node_id}[0:pt, 0:1]")
+
+
+def _head_acc(node_id: int) -> str:
+    return f"hsum{node_id}"
+
+
+def _row(start: Dim, head: str) -> str:
+    """The output row of head `head` (a head-shared row when empty) in a slice starting at `start`."""
+    base = dim_source(start)
+    if not head:
+        return base
+    return head if base == "0" else f"{base} + {head}"
+
+
+def _stationary(sel: Selector, expr: object) -> str:
+    """The chunk tile a token sum multiplies by the ones column: fp32 in SBUF (fp32 pairs only with fp32)."""
+    value = sel.value(expr)  # type: ignore[arg-type]
+    if value.memory != "sbuf" or value.dtype != "f32" or value.kind != "tile":
+        value = sel.copy(value, "tile", "f32")
+    return value.code.split("[")[0]
+
+
+def psum_banks(m: RowReduceMatch) -> int:
+    """PSUM banks the kernel holds at once: one per token sum, plus the prep step's broadcast weights."""
+    return len(m.token_sums) + len(m.weights)
+
+
+def token_sum_fits(heads: int, width: int) -> bool:
+    """Whether one token sum's [128, heads * width / 128] fp32 columns fit one 2 KiB PSUM bank."""
+    return width % rb.P == 0 and heads * width // rb.P * 4 <= 2048

@@ -1,0 +1,156 @@
+"""The row-reduction backward's files: backward_kernel.py (two NKI kernels and their host) and its plan."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, replace
+
+from fusegen.codegen import rowreduce_budget as rb
+from fusegen.codegen.autodiff import backward_ir
+from fusegen.codegen.family import kernel_arg
+from fusegen.codegen.plan import PlanError, PlannedBuffer, TilePlan
+from fusegen.codegen.reference import dim_bindings
+from fusegen.codegen.render import header, render, vendored
+from fusegen.codegen.report import plan_markdown
+from fusegen.codegen.rewrites import rewrite
+from fusegen.codegen.rowreduce import kernel_doc
+from fusegen.codegen.rowreduce_backward import BackwardLowering, lower_backward, psum_banks, token_sum_fits
+from fusegen.codegen.rowreduce_match import RowReduceMatch, match_rowreduce
+from fusegen.codegen.select import NL_DTYPE
+from fusegen.codegen.stage import dim_source
+from fusegen.dsl.ir import KernelIR
+from fusegen.sim.targets import TARGETS, Target, get_target
+
+TEMPLATE = "rowreduce_backward.py.jinja"
+BACKWARD_DOC = (
+    "row-reduction NKI kernels derived from the forward spec; backward_reference.py spells out the math"
+)
+PLANNING = (
+    "The backward kernel is planned like the forward: prepared weights resident when every head's fit, "
+    "else rebuilt per token tile and head; then the fewest chunks of HB columns for the reduction passes "
+    "and the epilogue alike. Sums over the tokens take one PSUM bank each ([128, HC*H/128] fp32 columns), "
+    "next to the prep step's broadcast weights."
+)
+
+
+@dataclass(frozen=True)
+class BackwardHost:
+    """Pieces of the backward host function's source, decided here and formatted by the template."""
+
+    params: str
+    doc: str
+    width: str
+    heads: str
+    launch_args: str
+    checks: tuple[str, ...]
+    prep_kernel_args: str
+    prep_dims: tuple[str, ...]
+    kernel_returns: str
+    main_results: str
+    reduce_results: str
+    returns: str
+
+
+def backward_files(user_ir: KernelIR, target: str, lnc: int) -> dict[str, str]:
+    """backward_kernel.py and backward_plan.md of a row-reduction spec's (unfused) IR."""
+    ir = rewrite(backward_ir(user_ir))
+    m = match_rowreduce(ir)
+    low = lower_backward(ir, m)
+    plans = tuple(plan_backward(ir, m, low, get_target(target), lnc, {**ir.fixed_dims(), **c.env()})
+                  for c in ir.checks)  # fmt: skip
+    return {
+        "backward_kernel.py": backward_source(ir, m, low, target, lnc),
+        "backward_plan.md": plan_markdown(ir, "rowreduce backward", PLANNING, plans),
+    }
+
+
+def backward_source(ir: KernelIR, m: RowReduceMatch, low: BackwardLowering, target: str, lnc: int) -> str:
+    """backward_kernel.py: the backward kernel, the partial-sum reduction kernel, the host function."""
+    token_outs = {o.name for o in m.token_sums}
+    return render(
+        TEMPLATE, header=header(ir, TEMPLATE), name=ir.name, doc=kernel_doc(ir, BACKWARD_DOC), low=low,
+        model=repr(low.model), budget_source=vendored(rb), host=_host(ir, m),
+        kernel_args=[kernel_arg(i.name) for i in ir.inputs] + [f"{p.name}_arg" for p in ir.params],
+        dim_bindings=[f"d_{d} = {src}" for d, src in dim_bindings(ir, kernel_arg)],
+        outputs=[(kernel_arg(o.name), NL_DTYPE[o.dtype], ", ".join(dim_source(d) for d in o.shape))
+                 for o in ir.outputs if o.name not in token_outs],
+        reduce_outputs=[kernel_arg(o.name) for o in m.token_sums],
+        sbuf_budgets=repr({name: t.sbuf_usable_bytes for name, t in sorted(TARGETS.items())}),
+        default_target=target, default_lnc=lnc,
+    )  # fmt: skip
+
+
+def plan_backward(ir: KernelIR, m: RowReduceMatch, low: BackwardLowering, target: Target, lnc: int,
+                  dims: dict[str, int]) -> TilePlan:  # fmt: skip
+    """Weight residency and chunk width within SBUF, and the token sums' PSUM banks, at one shape."""
+    rows, heads, width = (d.eval(dims) for d in (m.rows, m.heads, m.width))
+    if m.token_sums and not token_sum_fits(heads, width):
+        raise PlanError(f"sums over the tokens need H % 128 == 0 and HC * H <= 65536 (one PSUM bank of "
+                        f"fp32 [128, HC * H / 128] columns); HC={heads}, H={width}")  # fmt: skip
+    banks = psum_banks(m)
+    if banks > target.psum_banks:
+        raise PlanError(f"{banks} PSUM banks needed, {target.psum_banks} on {target.name}")
+    try:
+        hb, resident = rb.choose(low.model, width, heads, target.sbuf_usable_bytes)
+    except ValueError as err:
+        raise PlanError(f"{err} on {target.name}") from None
+    buffers = tuple(
+        PlannedBuffer(b.name.replace("epilogue tiles", "head-sum accumulators"), "sbuf", b.bytes, b.copies)
+        for b in rb.buffers(low.model, width, heads, hb, resident)
+    ) + tuple(
+        PlannedBuffer(f"token sum {o.name} ([128, HC*H/128] fp32)", "psum", heads * width // rb.P * 4, 1)
+        for o in m.token_sums
+    )
+    summary = (
+        ("token tiles (128) per core", str(rb.cdiv(rb.rows_per_core(rows, lnc), rb.P))),
+        ("chunks (passes and epilogue)", f"{rb.cdiv(width, hb)} of {hb} columns"),
+        ("prepared weights", "resident for the launch" if resident else "rebuilt per token tile and head"),
+        ("partial token sums", f"[{lnc}, {len(m.token_sums)}, {heads}, {width}] fp32, summed by kernel 2"),
+    )  # fmt: skip
+    return TilePlan(
+        family="rowreduce backward", target=target.name, lnc=lnc, dims=tuple(sorted(dims.items())),
+        tiles=(("P", rb.P), ("HB", hb)), buffers=buffers,
+        sbuf_bytes=rb.sbuf_bytes(low.model, width, heads, hb, resident), sbuf_budget=target.sbuf_usable_bytes,
+        psum_banks=banks, psum_budget=target.psum_banks,
+        hbm_bytes=(("partials", lnc * len(m.token_sums) * heads * width * 4),),
+        summary=summary, reasons=_reasons(low, width, heads, hb, resident),
+    )  # fmt: skip
+
+
+def _reasons(low: BackwardLowering, width: int, heads: int, hb: int, resident: bool) -> tuple[str, ...]:
+    held = low.model.resident_per_head * heads * width
+    if resident:
+        reasons = [f"prepared weights stay resident: {held:,} B/partition"]
+    else:
+        reasons = [f"prepared weights rebuilt per token tile and head: all heads need {held:,} B/partition"]
+    chunks = rb.cdiv(width, hb)
+    fit = f"{chunks} chunks fit next to the row inputs and accumulators"
+    reasons.append(f"HB={hb}: " + ("the whole width in one chunk" if hb >= width else fit))
+    reasons.append("sums over the tokens accumulate in PSUM across token tiles (a ones-column matmul per 128 "
+                   "columns), so each core writes its partial once")  # fmt: skip
+    return tuple(reasons)
+
+
+def _host(ir: KernelIR, m: RowReduceMatch) -> BackwardHost:
+    tensors = [i.name for i in ir.inputs]
+    params = [f"{t}: torch.Tensor" for t in tensors] + [f"{p.name}: float = {p.default!r}" for p in ir.params]
+    params += ["lnc: int = LNC", "target: str = TARGET"]
+    data = next(i for i in ir.inputs if len(i.shape) == 3)
+    width, heads = f"{data.name}.shape[2]", f"{data.name}.shape[1]"
+    token_outs = [o.name for o in m.token_sums]
+    main = [o.name for o in ir.outputs if o.name not in token_outs]
+    weights = [str(w.name) for w in m.weights]
+    prep_ir = replace(ir, inputs=tuple(i for i in ir.inputs if i.name in weights))
+    checks = (
+        f"if {width} % P or {heads} * {width} > P * F_MOV:",
+        '    raise ValueError("sums over the tokens need H % 128 == 0 and HC * H <= 65536 (one PSUM bank)")',
+    ) if m.token_sums else ()  # fmt: skip
+    return BackwardHost(
+        params=", ".join(params), width=width, heads=heads,
+        doc=f"Run the backward on `lnc` logical cores; returns ({', '.join(o.name for o in ir.outputs)})",
+        launch_args=", ".join(tensors + [p.name for p in ir.params]), checks=checks,
+        prep_kernel_args=", ".join(kernel_arg(w) for w in weights),
+        prep_dims=tuple(f"d_{d} = {src}" for d, src in dim_bindings(prep_ir, kernel_arg)),
+        kernel_returns=", ".join(kernel_arg(n) for n in main), main_results=", ".join(main),
+        reduce_results=", ".join(token_outs) + ("," if len(token_outs) == 1 else ""),
+        returns=", ".join(o.name for o in ir.outputs),
+    )  # fmt: skip
