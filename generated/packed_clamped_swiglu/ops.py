@@ -32,16 +32,23 @@ def _module(file: str, sim: bool = False) -> ModuleType:
     return module
 
 
+def _call(prefix: str, fn: str, args: tuple[torch.Tensor, ...], **kwargs: object) -> tuple[torch.Tensor, ...]:
+    """`fn` of <prefix>kernel.py on this device's backend: the NKI kernel through torch_neuronx on a Neuron
+    device (untested here), on fusegen's interpreter on CPU, or `fn`_reference of <prefix>reference.py when
+    FUSEGEN_OPS_BACKEND=reference (read at every call)."""
+    if args[0].device.type != "cpu":
+        out = getattr(_module(f"{prefix}kernel.py"), fn)(*args, **kwargs)
+    elif os.environ.get("FUSEGEN_OPS_BACKEND", "interpreter") == "reference":
+        out = getattr(_module(f"{prefix}reference.py"), f"{fn}_reference")(*args, **kwargs)
+    else:
+        out = getattr(_module(f"{prefix}kernel.py", sim=True), fn)(*args, **kwargs)
+    return tuple(out) if isinstance(out, (tuple, list)) else (out,)
+
+
 def _run(args: tuple[torch.Tensor, ...], params: dict[str, float]) -> tuple[torch.Tensor, ...]:
     """The forward on the selected backend, inputs cast to the spec's dtypes."""
     args = tuple(t.detach().to(dtype) for t, dtype in zip(args, _DTYPES))  # the kernel refuses grad inputs
-    if args[0].device.type != "cpu":  # a Neuron device: the NKI kernel through torch_neuronx (untested here)
-        out = _module("kernel.py").packed_clamped_swiglu(*args, **params)
-    elif os.environ.get("FUSEGEN_OPS_BACKEND", "interpreter") == "reference":
-        out = _module("reference.py").packed_clamped_swiglu_reference(*args, **params)
-    else:
-        out = _module("kernel.py", sim=True).packed_clamped_swiglu(*args, **params)
-    outs = tuple(out) if isinstance(out, (tuple, list)) else (out,)
+    outs = _call("", "packed_clamped_swiglu", args, **params)
     # a custom op may not return its inputs' storage (an f32 input passed straight through)
     return tuple(o.clone() if any(o.data_ptr() == t.data_ptr() for t in args) else o for o in outs)
 
