@@ -228,6 +228,7 @@ RULES: dict[str, Rule] = {
     "sigmoid": _simple(lambda gr, g, x, y: gr.mul(g, y, gr.bin("sub", gr.const(1.0), y))),
     "tanh": _simple(lambda gr, g, x, y: gr.mul(g, gr.bin("sub", gr.const(1.0), gr.un("square", y)))),
     "exp": _simple(lambda gr, g, x, y: gr.mul(g, y)),
+    "log": _simple(lambda gr, g, x, y: gr.bin("div", g, x)),
     "relu": _simple(lambda gr, g, x, y: gr.mul(g, gr.mask("gt", x, gr.const(0.0)))),
     "silu": _silu,
     "gelu": _gelu,

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 import os
 import tempfile
 from dataclasses import dataclass
@@ -25,6 +26,7 @@ from fusegen.testing import Tolerance, tolerance
 FAMILIES: tuple[Family, ...] = (FFN, ROWREDUCE)
 #: Logical-core degrees every generated test runs.
 TEST_LNCS = (1, 2)
+PLAN_HINT = "shrink this shape, or build for another --target"
 
 
 @dataclass(frozen=True)
@@ -51,9 +53,8 @@ def build_spec(path: str, options: BuildOptions) -> Built:
     ir = rewrite(user_ir)  # fusion identities first; reference.py keeps the spec's own (unfused) math
     source = Path(path).read_text(encoding="utf-8", errors="replace")
     family, match = _select_family(ir, source)
-    try:
-        plans = tuple(family.plans(ir, match, options.target, options.lnc))
-        # with the backward's own kernels where the family carries its IR
+    plans = _plans(family, ir, match, options, source)
+    try:  # with the backward's own kernels where the family carries its IR
         ops = ops_files(user_ir, family.name, options.target, options.lnc)
     except PlanError as err:
         where = ir.checks[0].span if ir.checks else ir.outputs[0].span
@@ -66,6 +67,22 @@ def build_spec(path: str, options: BuildOptions) -> Built:
         **ops,
     }
     return Built(ir.name, tuple((f"{ir.name}/{name}", text) for name, text in sorted(files.items())), plans)
+
+
+def _plans(family: Family, ir: KernelIR, match: object, options: BuildOptions, source: str
+           ) -> tuple[TilePlan, ...]:  # fmt: skip
+    """One plan per check line; a check no plan fits is an error at that line."""
+    plans: list[TilePlan] = []
+    errors = []
+    for check in ir.checks:
+        try:
+            at = dataclasses.replace(ir, checks=(check,))
+            plans += family.plans(at, match, options.target, options.lnc)
+        except PlanError as err:
+            errors.append(Diagnostic(check.span, str(err), hint=PLAN_HINT))
+    if errors:
+        raise SpecError(errors, source)
+    return tuple(plans)
 
 
 def _select_family(ir: KernelIR, source: str) -> tuple[Family, object]:

@@ -24,6 +24,7 @@ class Lifted:
     """The [T, 1, H] form of a 2-D spec and how the host converts between the two."""
 
     ir: KernelIR
+    flat: KernelIR  # the spec's own IR
     row_inputs: tuple[str, ...]  # [T, ...] inputs: `.unsqueeze(1)` on the way in
     weight_inputs: tuple[str, ...]  # [H] inputs: `.unsqueeze(0)`
     squeezed_outputs: tuple[str, ...]  # outputs that come back with the head axis: `.squeeze(1)`
@@ -46,6 +47,7 @@ def lift_rows(ir: KernelIR) -> Lifted | None:
     squeezed = tuple(o.name for o, new in zip(ir.outputs, outputs, strict=True) if new.shape != o.shape)
     return Lifted(
         lifted,
+        ir,
         row_inputs=tuple(i.name for i in ir.inputs if lift.is_row(i.shape)),
         weight_inputs=tuple(i.name for i in ir.inputs if lift.is_weight(i.shape)),
         squeezed_outputs=squeezed,

@@ -18,6 +18,7 @@ _UNARY = {
     "sigmoid": "torch.sigmoid({})",
     "tanh": "torch.tanh({})",
     "exp": "torch.exp({})",
+    "log": "torch.log({})",
     "sqrt": "torch.sqrt({})",
     "rsqrt": "torch.rsqrt({})",
     "abs": "torch.abs({})",

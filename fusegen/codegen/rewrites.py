@@ -26,24 +26,33 @@ COMMUTATIVE = frozenset(("add", "mul", "maximum", "minimum"))
 #: nodes kept even when nothing reads them: they are the kernel's signature.
 SIGNATURE_OPS = frozenset(("input", "param"))
 ONE = Dim.const(1)
+NORMS = frozenset(("rmsnorm", "layernorm"))
 
 
 def rewrite(ir: KernelIR) -> KernelIR:
     """`ir` with its sums of products factored (see the module doc), CSE'd and DCE'd; `ir` if none is."""
+    return _rebuild(ir, _rmsnorm_factors(ir), fuse=True)
+
+
+def expand_norms(ir: KernelIR) -> KernelIR:
+    """`ir` with every rmsnorm / layernorm spelled out as its reductions and per-row math, nothing else
+    changed (for a family that lowers reductions but not norms); `ir` if it has no norm."""
+    return _rebuild(ir, {n.id for n in ir.nodes if n.op in NORMS}, fuse=False)
+
+
+def _rebuild(ir: KernelIR, expand: set[int], fuse: bool) -> KernelIR:
+    """`ir` rebuilt node by node: norms in `expand` spelled out, sums factored and slices pushed into
+    products when `fuse`; CSE'd and DCE'd, or `ir` itself when nothing changed."""
     graph = _Graph()
-    expand = _rmsnorm_factors(ir)
     remap: dict[int, int] = {}
     changed = False
     for node in ir.nodes:
         args = tuple(remap[a] for a in node.args)
         if node.id in expand:
-            remap[node.id] = graph.expand_rmsnorm(node, args)
+            remap[node.id] = graph.expand_norm(node, args)
             changed = True
             continue
-        if node.op == "sum":
-            rewritten = graph.factor_sum(node, args)
-        else:
-            rewritten = graph.slice_product(node, args) if node.op == "index" else None
+        rewritten = graph.fuse(node, args) if fuse else None
         changed |= rewritten is not None
         remap[node.id] = rewritten if rewritten is not None else graph.add(node, args)
     outputs = tuple(dataclasses.replace(o, node=remap[o.node]) for o in ir.outputs)
@@ -102,17 +111,33 @@ class _Graph:
             acc = self.op(like, "mul", (acc, f), broadcast(self.nodes[acc].shape, self.nodes[f].shape))
         return acc
 
-    def expand_rmsnorm(self, node: Node, args: tuple[int, ...]) -> int:
-        """`rmsnorm(x, eps[, w])` as `x * rsqrt(mean(square(x)) + eps) [* w]`, so its rstd can be hoisted."""
-        x, eps, *gamma = args
+    def fuse(self, node: Node, args: tuple[int, ...]) -> int | None:
+        """The fused form of `node` over `args` (a factored sum, a sliced product), or None."""
+        if node.op == "sum":
+            return self.factor_sum(node, args)
+        return self.slice_product(node, args) if node.op == "index" else None
+
+    def expand_norm(self, node: Node, args: tuple[int, ...]) -> int:
+        """`rmsnorm(x, eps[, w])` as `x * rsqrt(mean(square(x)) + eps) [* w]` (so its rstd can be hoisted),
+        `layernorm(x, eps[, w, b])` as `c * rsqrt(mean(square(c)) + eps) [* w] [+ b]`, c = x - mean(x)."""
+        x, eps, *affine = args
         shape = self.nodes[x].shape
         stat = (*shape[:-1], ONE)
-        square = self.op(node, "square", (x,), shape)
-        mean = self.op(node, "mean", (square,), stat, (("axis", len(shape) - 1), ("keepdim", True)))
-        rstd = self.op(node, "rsqrt", (self.op(node, "add", (mean, eps), stat),), stat)
+        if node.op == "layernorm":
+            x = self.op(node, "sub", (x, self._mean(node, x)), shape)
+        variance = self._mean(node, self.op(node, "square", (x,), shape))
+        rstd = self.op(node, "rsqrt", (self.op(node, "add", (variance, eps), stat),), stat)
+        gamma, beta = affine[:1], affine[1:]
         out = self.product(node, (x, rstd, *gamma))
+        for b in beta:
+            out = self.op(node, "add", (out, b), shape)
         self.name(out, node.name)
         return out
+
+    def _mean(self, like: Node, x: int) -> int:
+        """mean(x, axis=-1, keepdim=true)."""
+        shape = self.nodes[x].shape
+        return self.op(like, "mean", (x,), (*shape[:-1], ONE), (("axis", len(shape) - 1), ("keepdim", True)))
 
     def factor_sum(self, node: Node, args: tuple[int, ...]) -> int | None:
         """The factored form of sum node `node` over `args`, or None when no factor moves."""

@@ -7,14 +7,16 @@ from dataclasses import dataclass
 
 from fusegen.codegen import rowreduce_budget as rb
 from fusegen.codegen.family import Mismatch, kernel_arg
+from fusegen.codegen.lift import Lifted, lift_rows
 from fusegen.codegen.plan import PlanError, PlannedBuffer, TilePlan
 from fusegen.codegen.reference import dim_bindings
 from fusegen.codegen.render import header, render, vendored
+from fusegen.codegen.rewrites import expand_norms, rewrite
 from fusegen.codegen.rowreduce_lower import RowReduceLowering, lower_rowreduce
 from fusegen.codegen.rowreduce_match import RowReduceMatch, match_rowreduce
 from fusegen.codegen.select import NL_DTYPE
 from fusegen.codegen.stage import dim_source
-from fusegen.dsl.ir import DTYPE_BYTES, KernelIR, Shape
+from fusegen.dsl.ir import DTYPE_BYTES, KernelIR, OutputDecl, Shape
 from fusegen.sim.targets import TARGETS, Target, get_target
 
 TEMPLATE = "rowreduce_kernel.py.jinja"
@@ -27,8 +29,10 @@ class HostSignature:
     params: str
     returns: str
     tensors: str
-    width: str  # source of H in the host, e.g. `x.shape[2]`
+    width: str  # source of H in the host, e.g. `x.shape[-1]`
     heads: str
+    lift_lines: tuple[str, ...]  # a 2-D spec's inputs viewed as [T, 1, H] (row_body)
+    prep_lift_lines: tuple[str, ...]
     launch_args: str
     doc: str
     prep_name: str
@@ -47,8 +51,9 @@ class RowReduceFamily:
     """Per-row reductions over the last axis, per-row scalar math, an elementwise combine with broadcast."""
 
     name: str = "rowreduce"
-    summary: str = ("[T, G, H] data: last-axis reductions (chunked passes) -> per-row scalar math -> "
-                    "elementwise combine; weights without the token axis prepared once")  # fmt: skip
+    summary: str = ("[T, G, H] data (or [T, H], as one head): last-axis reductions (chunked passes) -> "
+                    "per-row scalar math -> elementwise combine; weights without the token axis prepared "
+                    "once; norms spelled out as their reductions")  # fmt: skip
     hooks: tuple[str, ...] = (
         "prep: weights broadcast over partitions and combined in fp32 once per launch (e.g. w_h * w_e)",
         "reduction passes: activation_reduce / tensor_reduce per chunk, folded into [P, 1] accumulators",
@@ -62,8 +67,8 @@ class RowReduceFamily:
     )
 
     def match(self, ir: KernelIR) -> RowReduceMatch:
-        """The row-reduction roles in `ir` (raises Mismatch)."""
-        m = match_rowreduce(ir)
+        """The row-reduction roles in `row_body(ir)` (raises Mismatch)."""
+        m = match_rowreduce(row_body(ir)[0])
         if m.backward_only:
             raise Mismatch(self.name, ir.outputs[0].span, "column inputs and sums over heads or tokens "
                            "are carried only by the row-reduction backward kernel")  # fmt: skip
@@ -71,26 +76,73 @@ class RowReduceFamily:
 
     def plans(self, ir: KernelIR, m: RowReduceMatch, target: str, lnc: int) -> list[TilePlan]:
         """One plan per `check` shape."""
-        low = lower_rowreduce(ir, m)
-        return [plan_rowreduce(ir, m, low, get_target(target), lnc, {**ir.fixed_dims(), **c.env()})
+        body, _ = row_body(ir)
+        low = lower_rowreduce(body, m)
+        return [plan_rowreduce(body, m, low, get_target(target), lnc, {**ir.fixed_dims(), **c.env()})
                 for c in ir.checks]  # fmt: skip
 
     def kernel_source(self, ir: KernelIR, m: RowReduceMatch, target: str, lnc: int) -> str:
         """kernel.py: the NKI kernel and its prep kernel, the vendored planner, the host functions."""
-        low = lower_rowreduce(ir, m)
+        body, lifted = row_body(ir)
+        low = lower_rowreduce(body, m)
+        flat = {o.name: o.shape for o in (lifted.flat if lifted else body).outputs}
         return render(
             TEMPLATE,
             header=header(ir, TEMPLATE), name=ir.name, doc=kernel_doc(ir), low=low, model=repr(low.model),
-            budget_source=vendored(rb), kernel_args=_kernel_args(ir), host=_host(ir, m),
-            dim_bindings=[f"d_{d} = {src}" for d, src in dim_bindings(ir, kernel_arg)],
-            outputs=[(kernel_arg(o.name), NL_DTYPE[o.dtype], ", ".join(dim_source(d) for d in o.shape),
-                      " if save else None" if o.optional else "") for o in ir.outputs],
+            budget_source=vendored(rb), kernel_args=_kernel_args(body), host=_host(body, m, lifted),
+            dim_bindings=[f"d_{d} = {src}" for d, src in dim_bindings(body, kernel_arg)],
+            outputs=[(_allocation(o.name, lifted), NL_DTYPE[o.dtype], _shape(flat[o.name]), _guard(o))
+                     for o in body.outputs],
+            output_views=[_output_view(o, lifted) for o in body.outputs
+                          if lifted and o.name in lifted.squeezed_outputs],
             sbuf_budgets=repr({name: t.sbuf_usable_bytes for name, t in sorted(TARGETS.items())}),
             default_target=target, default_lnc=lnc,
         )  # fmt: skip
 
 
 ROWREDUCE = RowReduceFamily()
+
+
+def row_body(ir: KernelIR) -> tuple[KernelIR, Lifted | None]:
+    """What the family lowers: a 2-D spec lifted to [T, 1, H] (lift.py), norms spelled out as reductions."""
+    lifted = lift_rows(ir)
+    return rewrite(expand_norms(lifted.ir if lifted else ir)), lifted
+
+
+def _allocation(output: str, lifted: Lifted | None) -> str:
+    """The kernel's name for an output's HBM tensor: a lifted output is allocated flat, written via a view."""
+    flat = lifted is not None and output in lifted.squeezed_outputs
+    return kernel_arg(output) + ("_flat" if flat else "")
+
+
+def _output_view(out: OutputDecl, lifted: Lifted | None) -> str:
+    """The lifted [T, 1, H] view the kernel writes a flat output through."""
+    view = f"{_allocation(out.name, lifted)}.reshape(({_shape(out.shape)}))"
+    return f"{kernel_arg(out.name)} = {view}{_guard(out)}"
+
+
+def _guard(out: OutputDecl) -> str:
+    return " if save else None" if out.optional else ""
+
+
+def _shape(shape: Shape) -> str:
+    """The items of a shape tuple's source (`d_T,` for one dim)."""
+    return ", ".join(dim_source(d) for d in shape) + ("," if len(shape) == 1 else "")
+
+
+def _lift_lines(ir: KernelIR, lifted: Lifted | None, names: list[str]) -> tuple[str, ...]:
+    """Kernel lines viewing the spec's 2-D inputs among `names` in the lifted shapes ([T, H] as [T, 1, H])."""
+    if lifted is None:
+        return ()
+    lines = []
+    for decl in lifted.flat.inputs:
+        arg = kernel_arg(decl.name)
+        dims = [f"{arg}.shape[{axis}]" for axis in range(len(decl.shape))]
+        if decl.name in names and decl.name in lifted.row_inputs:
+            lines.append(f"{arg} = {arg}.reshape(({', '.join([dims[0], '1', *dims[1:]])}))")
+        elif decl.name in names and decl.name in lifted.weight_inputs:
+            lines.append(f"{arg} = {arg}.reshape((1, {dims[0]}))")
+    return tuple(lines)
 
 
 def plan_rowreduce(ir: KernelIR, m: RowReduceMatch, low: RowReduceLowering, target: Target, lnc: int,
@@ -187,7 +239,7 @@ def _kernel_args(ir: KernelIR) -> list[str]:
     return [kernel_arg(i.name) for i in ir.inputs] + [f"{p.name}_arg" for p in ir.params]
 
 
-def _host(ir: KernelIR, m: RowReduceMatch) -> HostSignature:
+def _host(ir: KernelIR, m: RowReduceMatch, lifted: Lifted | None = None) -> HostSignature:
     tensors = [i.name for i in ir.inputs]
     params = [f"{t}: torch.Tensor" for t in tensors] + [f"{p.name}: float = {p.default!r}" for p in ir.params]
     optional = [o.name for o in ir.outputs if o.optional]
@@ -200,16 +252,18 @@ def _host(ir: KernelIR, m: RowReduceMatch) -> HostSignature:
     returns += " | tuple[torch.Tensor, ...]" if optional else ""
     data = next(i for i in ir.inputs if len(i.shape) == 3)
     weights = [str(w.name) for w in m.weights]
+    kernel_out = {o.name: _allocation(o.name, lifted) for o in ir.outputs}
     prep_ir = dataclasses.replace(ir, inputs=tuple(i for i in ir.inputs if i.name in weights))
     saved = f"; with save=True also ({', '.join(optional)})" if optional else ""
     return HostSignature(
         params=", ".join(params), returns=returns,
         tensors=", ".join(tensors) + ("," if len(tensors) == 1 else ""),
-        width=f"{data.name}.shape[2]", heads=f"{data.name}.shape[1]",
+        width=f"{data.name}.shape[-1]", heads="1" if lifted else f"{data.name}.shape[1]",
+        lift_lines=_lift_lines(ir, lifted, tensors), prep_lift_lines=_lift_lines(ir, lifted, weights),
         launch_args=", ".join(tensors + [p.name for p in ir.params]),
         save_arg="save" if optional else "False",
-        kernel_returns=", ".join(kernel_arg(o) for o in required),
-        saved_returns=", ".join(kernel_arg(o.name) for o in ir.outputs) if optional else "",
+        kernel_returns=", ".join(kernel_out[o] for o in required),
+        saved_returns=", ".join(kernel_out[o.name] for o in ir.outputs) if optional else "",
         prep_outputs=tuple(f"prep{i}_hbm" for i in range(len(m.prep_roots))),
         doc=f"Run the kernel on `lnc` logical cores; returns ({', '.join(required)}){saved}.",
         prep_name="fused_weight", prep_params=", ".join(f"{w}: torch.Tensor" for w in weights),

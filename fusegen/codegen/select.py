@@ -27,6 +27,7 @@ ACTIVATIONS = {
     "sigmoid": "nl.sigmoid",
     "tanh": "nl.tanh",
     "exp": "nl.exp",
+    "log": "nl.log",
     "sqrt": "nl.sqrt",
     "rsqrt": "nl.rsqrt",
     "abs": "nl.abs",

@@ -226,6 +226,7 @@ UNARY_OPS = (
     "sigmoid",
     "tanh",
     "exp",
+    "log",
     "sqrt",
     "rsqrt",
     "abs",

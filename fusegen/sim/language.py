@@ -124,6 +124,8 @@ def ndarray(
 ) -> NkiTensor:
     """Allocate uninitialized storage (NaN / int sentinel filled)."""
     ctx = current()
+    if not isinstance(shape, (tuple, list)):
+        raise fault(InvalidArgumentError, "ndarray", f"shape must be a tuple of ints, got {shape!r}")
     dims = tuple(int(n) for n in shape)
     dt = to_torch(dtype)
     region = _region(buffer)

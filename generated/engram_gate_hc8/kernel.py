@@ -254,7 +254,7 @@ def engram_gate_hc8(x: torch.Tensor, kv: torch.Tensor, w_h: torch.Tensor, w_e: t
     for _t in (x, kv, w_h, w_e):
         if _t.requires_grad:
             raise RuntimeError("engram_gate_hc8 is inference-only: an input requires grad")
-    _hb, _resident = choose(MODEL, x.shape[2], x.shape[1], SBUF_BUDGET[target])
+    _hb, _resident = choose(MODEL, x.shape[-1], x.shape[1], SBUF_BUDGET[target])
     return engram_gate_hc8_kernel[lnc](x, kv, w_h, w_e, eps, clamp, _hb, _resident, save)
 
 
