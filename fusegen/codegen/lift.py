@@ -37,7 +37,7 @@ def lift_rows(ir: KernelIR) -> Lifted | None:
     data = next((i for i in ir.inputs if len(i.shape) == 2), None)
     if data is None:
         return None
-    lift = _Lift(ir.name, data.shape[0], data.shape[-1])
+    lift = _Lift(data.shape[0], data.shape[-1])
     nodes = tuple(lift.node(n, ir) for n in ir.nodes)
     extra: list[Node] = []
     outputs = tuple(_output(o, nodes, extra) for o in ir.outputs)
@@ -58,7 +58,6 @@ def lift_rows(ir: KernelIR) -> Lifted | None:
 class _Lift:
     """The shape rule: token-axis values gain a head axis, width-only weights a leading one."""
 
-    name: str
     rows: Dim
     width: Dim
 

@@ -2,17 +2,14 @@
 
 from __future__ import annotations
 
-import importlib.util
 from pathlib import Path
-from types import ModuleType
 
 import pytest
 import torch
 
-from fusegen.codegen.build import reference_source
 from fusegen.codegen.lift import lift_rows
 from fusegen.dsl import check, load_spec, parse
-from fusegen.dsl.ir import KernelIR
+from tests.codegen.test_rewrites import reference_module
 
 REPO = Path(__file__).resolve().parents[2]
 ADD_RMSNORM = """\
@@ -47,16 +44,6 @@ check T=5 H=256
 """
 
 
-def _module(ir: KernelIR, tmp_path: Path, tag: str) -> ModuleType:
-    path = tmp_path / f"{tag}.py"
-    path.write_text(reference_source(ir))
-    spec = importlib.util.spec_from_file_location(f"lift_{tag}", path)
-    assert spec is not None and spec.loader is not None
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return module
-
-
 @pytest.mark.parametrize("text", [ADD_RMSNORM, SOFTMAX], ids=["add_rmsnorm", "softmax"])
 def test_lifted_ir_computes_the_same_values(text: str, tmp_path: Path) -> None:
     ir = check(parse(text, "inline.spec"))
@@ -67,11 +54,11 @@ def test_lifted_ir_computes_the_same_values(text: str, tmp_path: Path) -> None:
     gen = torch.Generator().manual_seed(0)
     args = [torch.randn([d.eval({"T": 5, "H": 256}) for d in i.shape], generator=gen).to(
         {"bf16": torch.bfloat16, "f32": torch.float32}[i.dtype]) for i in ir.inputs]  # fmt: skip
-    want = getattr(_module(ir, tmp_path, "flat"), f"{ir.name}_reference")(*args)
+    want = getattr(reference_module(ir, tmp_path, "flat"), f"{ir.name}_reference")(*args)
     head_axis = {**dict.fromkeys(lifted.row_inputs, 1), **dict.fromkeys(lifted.weight_inputs, 0)}
     lifted_args = [a.unsqueeze(head_axis[i.name]) if i.name in head_axis else a
                    for a, i in zip(args, ir.inputs, strict=True)]  # fmt: skip
-    got = getattr(_module(lifted.ir, tmp_path, "lifted"), f"{ir.name}_reference")(*lifted_args)
+    got = getattr(reference_module(lifted.ir, tmp_path, "lifted"), f"{ir.name}_reference")(*lifted_args)
     want, got = (v if isinstance(v, tuple) else (v,) for v in (want, got))
     for out, w, g in zip(ir.outputs, want, got, strict=True):
         g = g.squeeze(1) if out.name in lifted.squeezed_outputs else g

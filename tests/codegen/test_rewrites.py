@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import importlib.util
 from pathlib import Path
 from types import ModuleType
 
@@ -13,6 +12,7 @@ from fusegen.codegen.build import reference_source
 from fusegen.codegen.rewrites import rewrite
 from fusegen.dsl import check, format_ir, load_spec, parse
 from fusegen.dsl.ir import KernelIR
+from fusegen.testing import load_generated
 
 REPO = Path(__file__).parents[2]
 GOLDEN = Path(__file__).parent / "golden"
@@ -113,14 +113,11 @@ def test_rmsnorm_factors_are_expanded_and_their_rstd_merges(request: pytest.Fixt
     _golden(request, "gate_rmsnorm.after.ir", format_ir(fused))
 
 
-def _reference(ir: KernelIR, tmp_path: Path, tag: str) -> ModuleType:
+def reference_module(ir: KernelIR, tmp_path: Path, tag: str) -> ModuleType:
+    """`ir`'s reference.py, written under `tmp_path` as `tag`.py and imported."""
     path = tmp_path / f"{tag}.py"
     path.write_text(reference_source(ir))
-    spec = importlib.util.spec_from_file_location(f"ref_{tag}", path)
-    assert spec is not None and spec.loader is not None
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return module
+    return load_generated(path)
 
 
 @pytest.mark.parametrize("source", ["engram", "rmsnorm"])
@@ -133,8 +130,8 @@ def test_rewritten_ir_computes_the_same_values(engram: KernelIR, tmp_path: Path,
               "wy": (h,)}  # fmt: skip
     args = [torch.randn(shapes[i.name], generator=gen).bfloat16() for i in before.inputs]
     save = {"save": True} if any(o.optional for o in before.outputs) else {}
-    want = getattr(_reference(before, tmp_path, "before"), f"{before.name}_reference")(*args, **save)
-    got = getattr(_reference(after, tmp_path, "after"), f"{after.name}_reference")(*args, **save)
+    want = getattr(reference_module(before, tmp_path, "before"), f"{before.name}_reference")(*args, **save)
+    got = getattr(reference_module(after, tmp_path, "after"), f"{after.name}_reference")(*args, **save)
     for w, g_ in zip(want, got, strict=True):
         torch.testing.assert_close(g_.float(), w.float(), rtol=1e-5, atol=1e-5)
 
@@ -154,6 +151,6 @@ def test_column_slices_of_a_packed_product_become_projections(
     assert not [n for n in after.nodes if n.op == "index" and after.node(n.args[0]).op == "matmul"]
     gen = torch.Generator().manual_seed(1)
     args = [torch.randn(shape, generator=gen).bfloat16() for shape in ((5, 128), (128, 2 * 96), (96, 128))]
-    want = _reference(before, tmp_path, "before").packed_clamped_swiglu_reference(*args, limit=0.5)
-    got = _reference(after, tmp_path, "after").packed_clamped_swiglu_reference(*args, limit=0.5)
+    want = reference_module(before, tmp_path, "before").packed_clamped_swiglu_reference(*args, limit=0.5)
+    got = reference_module(after, tmp_path, "after").packed_clamped_swiglu_reference(*args, limit=0.5)
     assert torch.equal(got, want), "a column slice of a product is the product with the sliced weight"
