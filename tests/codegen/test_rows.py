@@ -1,5 +1,6 @@
-"""2-D row-wise specs (add + RMSNorm, LayerNorm, scaled softmax) lifted into the row-reduction family:
-the generated kernels on the interpreter, and their torch ops' gradients, against torch's own functions."""
+"""Row-wise specs of the row-reduction family beyond the Engram gate: [T, H] ones lifted to one head (add +
+RMSNorm, LayerNorm, scaled softmax) and a per-head norm (QK-norm), on the interpreter, and a lifted op's
+gradients, against torch's own functions."""
 
 from __future__ import annotations
 
@@ -34,6 +35,10 @@ def scaled_softmax(x: torch.Tensor) -> tuple[torch.Tensor, ...]:
     return torch.softmax(z, dim=-1).bfloat16(), torch.logsumexp(z, dim=-1, keepdim=True)
 
 
+def qk_norm(q: torch.Tensor, w: torch.Tensor) -> tuple[torch.Tensor, ...]:
+    return (F.rms_norm(q.float(), (q.shape[-1],), w.float(), EPS_RMS).bfloat16(),)
+
+
 def _inputs(name: str) -> list[torch.Tensor]:
     gen = torch.Generator().manual_seed(7)
     x = torch.randn(T, H, generator=gen).bfloat16()
@@ -42,6 +47,8 @@ def _inputs(name: str) -> list[torch.Tensor]:
         return [x, torch.randn(T, H, generator=gen).bfloat16(), weight.bfloat16()]
     if name == "layernorm":
         return [x, 1 + 0.1 * torch.randn(H, generator=gen), 0.1 * torch.randn(H, generator=gen)]
+    if name == "qk_norm":  # [T, heads, head_dim]
+        return [x.reshape(T, 3, H // 3), (1 + 0.1 * torch.randn(H // 3, generator=gen)).bfloat16()]
     return [4 * x]  # logits spread wide enough that the softmax is far from uniform
 
 
@@ -49,6 +56,7 @@ CASES: dict[str, tuple[Formula, dict[str, bool]]] = {
     "add_rmsnorm": (add_rmsnorm, {}),
     "layernorm": (layernorm, {"save": True}),
     "scaled_softmax": (scaled_softmax, {}),
+    "qk_norm": (qk_norm, {}),
 }
 
 
