@@ -10,6 +10,8 @@ that fuses it, which is free: a bias, a scale or a second scalar op costs no ext
 - `max(t)`                               -> nisa.tensor_reduce
 Each materialised value gets a fresh SBUF tile named after a counter; its dtype is f32 unless the
 consumer (a cast, an output, a matmul operand) asks for its own dtype, which the engines write at no cost.
+A value already held in f32 that a consumer wants in another dtype is rounded by an identity activation
+on the Scalar engine instead of being computed again.
 """
 
 from __future__ import annotations
@@ -111,7 +113,11 @@ class Selector:
             return e.leaf
         key = (id(e), dtype)
         if key not in self._memo:
-            self._memo[key] = self._materialise(e, dtype)
+            held = self._memo.get((id(e), "f32"))
+            if held is not None and held.kind == "tile":  # already computed: round it, don't recompute
+                self._memo[key] = self._convert(held, dtype)
+            else:
+                self._memo[key] = self._materialise(e, dtype)
         return self._memo[key]
 
     # ---- emission ----------------------------------------------------------------------------
@@ -157,6 +163,13 @@ class Selector:
         """A fresh tile holding `src` in `dtype`."""
         dst = self._alloc(kind, dtype)
         self._emit("tensor_copy", dst=dst.code, src=src.code)
+        return dst
+
+    def _convert(self, src: Operand, dtype: str) -> Operand:
+        """`src` in another dtype by an identity activation: one pass on the Scalar engine, which these
+        kernels leave idler than the Vector engine (recomputing a tensor_tensor would take two there)."""
+        dst = self._alloc(src.kind, dtype)
+        self._emit("activation", dst=dst.code, op="nl.copy", data=src.code)
         return dst
 
     def _activation(self, e: Expr, dtype: str) -> Operand:

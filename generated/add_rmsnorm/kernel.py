@@ -177,7 +177,7 @@ def add_rmsnorm_kernel(x_hbm, r_hbm, w_hbm, eps_arg, HB, resident, save):
             e3 = nl.ndarray((P, d_H), dtype=nl.bfloat16, buffer=nl.sbuf)
             nisa.scalar_tensor_tensor(dst=e3[0:pt, 0:d_H], data=e2[0:pt, 0:d_H], op0=nl.multiply, operand0=e1[0:pt, 0:1], op1=nl.multiply, operand1=prepared[0][0:pt, 0:d_H])
             e4 = nl.ndarray((P, d_H), dtype=nl.bfloat16, buffer=nl.sbuf)
-            nisa.tensor_tensor(dst=e4[0:pt, 0:d_H], data1=x_ld[0:pt, 0:d_H], data2=r_ld[0:pt, 0:d_H], op=nl.add)
+            nisa.activation(dst=e4[0:pt, 0:d_H], op=nl.copy, data=e2[0:pt, 0:d_H])
             nisa.dma_copy(dst=y_hbm[t0:t0 + pt, h, 0:d_H], src=e3[0:pt, 0:d_H])
             nisa.dma_copy(dst=h_hbm[t0:t0 + pt, h, 0:d_H], src=e4[0:pt, 0:d_H])
     return y_hbm_flat, h_hbm_flat
