@@ -22,23 +22,28 @@ TEMPLATE = "ops.py.jinja"
 
 def ops_files(ir: KernelIR, family: str, target: str = "trn2", lnc: int = 2) -> dict[str, str]:
     """ops.py, plus backward_reference.py for trainable families and backward_kernel.py (with its plan)
-    where the family's matcher carries the backward IR; `ir` is the spec's own (unfused) IR."""
+    where the family's matcher carries the backward IR; `ir` is the spec's own (unfused) IR.
+
+    The reference differentiates the spec's own math and the kernels the rewritten forward's, so the two
+    derivations check each other; each reads the saved tensors its own backward IR names."""
     if family not in TRAINABLE_FAMILIES:
         return {"ops.py": ops_source(ir, None)}
     back = backward_ir(ir)
     from fusegen.codegen.build import reference_source  # build imports this module
-    from fusegen.codegen.rowreduce_backward_render import backward_files
+    from fusegen.codegen.rowreduce_backward_render import backward_files, kernel_backward_ir
 
+    kernel_back = kernel_backward_ir(ir)
     try:
-        kernels = backward_files(ir, target, lnc)
+        kernels = backward_files(kernel_back, target, lnc)
     except Mismatch:  # e.g. an [H] weight's gradient sums over tokens and heads: torch code only
         kernels = {}
-    ops = ops_source(ir, back, backward_kernel=bool(kernels))
+    ops = ops_source(ir, back, kernel_back if kernels else None)
     return {"ops.py": ops, "backward_reference.py": reference_source(back), **kernels}
 
 
-def ops_source(ir: KernelIR, back: KernelIR | None, backward_kernel: bool = False) -> str:
-    """ops.py: the custom op, its fake, and its autograd (back given) or an inference-only guard."""
+def ops_source(ir: KernelIR, back: KernelIR | None, kernel_back: KernelIR | None = None) -> str:
+    """ops.py: the custom op, its fake, and its autograd (back given: the reference's backward IR;
+    kernel_back: the backward kernels' IR, where there are kernels) or an inference-only guard."""
     # a trainable op returns the saved outputs too, so autograd can keep them for the backward
     outputs = [o for o in ir.outputs if back is not None or not o.optional]
     names = [o.name for o in outputs]
@@ -53,10 +58,10 @@ def ops_source(ir: KernelIR, back: KernelIR | None, backward_kernel: bool = Fals
         fake_lines=[f"d_{name} = {src}" for name, src in dim_bindings(ir, str)],
         fake_outs=[_fake_output(ir, o) for o in outputs],
         trainable=back is not None,
-        backward_kernel=backward_kernel,
+        backward_kernel=kernel_back is not None,
         nondiff=", ".join(o.name for o in ir.outputs if o.optional),
         **_signatures(ir),
-        **_autograd_context(ir, back),
+        **_autograd_context(ir, back, kernel_back),
     )
 
 
@@ -73,6 +78,7 @@ def _signatures(ir: KernelIR) -> dict[str, str]:
         "fake_signature": ", ".join(tensors + [f"{p}={d}" for p, d in params]),
         "params_dict": "{" + ", ".join(f'"{p}": {p}' for p, _ in params) + "}",
         "param_names": ", ".join(p for p, _ in params),
+        "first_input": tensors[0],
     }
 
 
@@ -81,18 +87,27 @@ def _fake_output(ir: KernelIR, out: OutputDecl) -> str:
     return f"{ir.inputs[0].name}.new_empty(({dims},), dtype={TORCH_DTYPE[out.dtype]})"
 
 
-def _autograd_context(ir: KernelIR, back: KernelIR | None) -> dict[str, str]:
-    """Names the autograd half of the template needs: saved outputs, output grads, backward arguments."""
+def _autograd_context(ir: KernelIR, back: KernelIR | None, kernel_back: KernelIR | None) -> dict[str, str]:
+    """Names the autograd half of the template needs: saved outputs (those either backward reads), output
+    grads, and each backward's arguments and their dtypes."""
     if back is None:
-        return {"saved": "", "grads": "", "backward_args": "", "backward_dtypes": "", "nones": ""}
-    forward_inputs = {i.name for i in ir.inputs}
-    grad_names = {f"grad_{o.name}" for o in ir.outputs}
-    return {
-        "saved": ", ".join(d.name for d in back.inputs if d.name not in forward_inputs | grad_names),
+        return {"saved": "", "grads": "", "nones": ""}
+    backs = [b for b in (back, kernel_back) if b is not None]
+    read = {d.name for b in backs for d in b.inputs}
+    context = {
+        "saved": ", ".join(o.name for o in ir.outputs if o.name in read and o.optional),
         "grads": ", ".join(f"grad_{o.name}" for o in ir.outputs),
-        "backward_args": ", ".join(d.name for d in back.inputs),
-        "backward_dtypes": "(" + " ".join(f"{TORCH_DTYPE[d.dtype]}," for d in back.inputs) + ")",
         "nones": "".join(", None" for _ in ir.params) or ",",
+        **_arguments("reference", back),
+    }
+    return context | (_arguments("kernel", kernel_back) if kernel_back is not None else {})
+
+
+def _arguments(which: str, back: KernelIR) -> dict[str, str]:
+    """`<which>_args`: a backward's tensor arguments; `<which>_dtypes`: their dtypes, as source text."""
+    return {
+        f"{which}_args": ", ".join(d.name for d in back.inputs),
+        f"{which}_dtypes": "(" + " ".join(f"{TORCH_DTYPE[d.dtype]}," for d in back.inputs) + ")",
     }
 
 

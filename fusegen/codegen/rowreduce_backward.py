@@ -8,7 +8,9 @@ chunked like the passes (a backward holds many width-long temporaries), and besi
 - accumulates sums over the tokens (weight gradients) in PSUM: per 128 columns, the chunk's product tile
   [tokens, 128] is the stationary and a ones column [tokens, 1] the moving operand, so each matmul adds
   the token sum of 128 columns into one [128, 1] PSUM column, accumulated across token tiles; each core
-  writes its sums to a per-core partial [cores, sums, G, H], and a second kernel adds the partials up.
+  writes its sums to a per-core partial [cores, sums, G, H]. A second kernel adds the partials up and
+  evaluates the elementwise post-ops on the whole sums (grad_w_h = Σ_T(...)·w_e), every [G, H] value
+  viewed as [128, G*H/128].
 """
 
 from __future__ import annotations
@@ -19,6 +21,7 @@ from fusegen.codegen import rowreduce_budget as rb
 from fusegen.codegen.family import kernel_arg
 from fusegen.codegen.rowreduce_budget import RowModel
 from fusegen.codegen.rowreduce_lower import (
+    Load,
     RowPasses,
     chunk_leaves,
     column_leaves,
@@ -29,11 +32,13 @@ from fusegen.codegen.rowreduce_lower import (
     tile_bytes,
 )
 from fusegen.codegen.rowreduce_match import RowReduceMatch
-from fusegen.codegen.select import Layout, Selector
+from fusegen.codegen.select import NL_DTYPE, Layout, Selector
 from fusegen.codegen.stage import Operand, StageBuilder, dim_source
 from fusegen.dsl.ir import DTYPE_BYTES, Dim, KernelIR
 
 CHUNK = "c0:c0 + hw"
+#: a [G, H] value as the reduce kernel's [P, G*H/P] tile: rows r0:r0 + pr of this core, fg columns each
+FLAT = "ap(pattern=[[fg, pr], [1, fg]], offset=r0 * fg)"
 
 
 @dataclass(frozen=True)
@@ -62,6 +67,17 @@ class TokenSum:
 
 
 @dataclass(frozen=True)
+class ReduceLowering:
+    """The second kernel: the cores' partial token sums added up, then the post-ops that give the outputs."""
+
+    args: tuple[str, ...]  # kernel arguments after the partials: the post-ops' weights and params
+    loads: tuple[Load, ...]  # [G, H] weights as [P, G*H/P] tiles
+    lines: tuple[str, ...]  # the post-ops over the summed tiles and the weights
+    writes: tuple[Write, ...]
+    outputs: tuple[tuple[str, str], ...]  # (hbm name, nl dtype)
+
+
+@dataclass(frozen=True)
 class BackwardLowering:
     """Everything the backward template formats."""
 
@@ -72,6 +88,7 @@ class BackwardLowering:
     head_sums: tuple[HeadSum, ...]
     shared_writes: tuple[Write, ...]  # after the head loop, per token tile
     token_sums: tuple[TokenSum, ...]
+    reduce: ReduceLowering
     model: RowModel
 
 
@@ -101,9 +118,9 @@ def lower_backward(ir: KernelIR, m: RowReduceMatch) -> BackwardLowering:
     head_sums = [HeadSum(_head_acc(nid), sel.value(exprs[ir.node(nid).args[0]]).code) for nid in m.head_sums]
     heads = dim_source(m.heads)
     token_sums = [
-        TokenSum(f"tsum{i}", _stationary(sel, exprs[ir.node(o.node).args[0]]),
+        TokenSum(f"tsum{i}", _stationary(sel, exprs[ir.node(nid).args[0]]),
                  f"{i} * {heads} * nb:{i + 1} * {heads} * nb")
-        for i, o in enumerate(m.token_sums)
+        for i, nid in enumerate(m.token_sums)
     ]  # fmt: skip
     model = RowModel(
         resident_per_head=4 * len(passes.resident),
@@ -115,7 +132,29 @@ def lower_backward(ir: KernelIR, m: RowReduceMatch) -> BackwardLowering:
     )  # fmt: skip
     return BackwardLowering(
         passes=passes, epi_columns=tuple(cols.lines), epi_lines=tuple(sel.lines), head_writes=tuple(writes),
-        head_sums=tuple(head_sums), shared_writes=tuple(shared), token_sums=tuple(token_sums), model=model,
+        head_sums=tuple(head_sums), shared_writes=tuple(shared), token_sums=tuple(token_sums),
+        reduce=lower_reduce(ir, m), model=model,
+    )  # fmt: skip
+
+
+def lower_reduce(ir: KernelIR, m: RowReduceMatch) -> ReduceLowering:
+    """The reduce kernel's post-ops: a stage over the summed [P, G*H/P] tiles and the weights in the same
+    layout, so an elementwise op pairs matching elements."""
+    sums = {nid: Operand("tile", f"totals[0:pr, {i} * fg:{i + 1} * fg]")
+            for i, nid in enumerate(m.token_sums)}  # fmt: skip
+    weights = [n for n in m.post_inputs if n.op == "input"]
+    tiles = {n.id: Operand("tile", f"{n.name}_fl[0:pr, 0:fg]", dtype=n.dtype) for n in weights}
+    builder = StageBuilder(ir, sums | tiles, row_kind(m), free_size=lambda n: m.width)
+    sel = Selector(Layout(part="pr", free="fg", free_alloc="fg"), prefix="g")
+    exprs = {o.node: builder.expr(o.node) for o in m.token_outputs}  # all first: users counts complete
+    writes = [Write(f"{kernel_arg(o.name)}.{FLAT}", output_value(sel, exprs[o.node], o.dtype).code)
+              for o in m.token_outputs]  # fmt: skip
+    loads = [Load(f"{n.name}_fl", NL_DTYPE[n.dtype], f"{kernel_arg(str(n.name))}.{FLAT}") for n in weights]
+    return ReduceLowering(
+        # params are read as scalars `<name>_arg`, as in any stage
+        args=tuple(kernel_arg(str(n.name)) if n.op == "input" else f"{n.name}_arg" for n in m.post_inputs),
+        loads=tuple(loads), lines=tuple(sel.lines), writes=tuple(writes),
+        outputs=tuple((kernel_arg(o.name), NL_DTYPE[o.dtype]) for o in m.token_outputs),
     )  # fmt: skip
 
 
@@ -124,7 +163,7 @@ def _epilogue_roots(ir: KernelIR, m: RowReduceMatch) -> list[int]:
     roots = [o.node for o in m.tile_outputs]
     roots += [t.node for p in m.packed_outputs for t in p.terms if t.per_head]
     roots += [ir.node(nid).args[0] for nid in m.head_sums]
-    roots += [ir.node(o.node).args[0] for o in m.token_sums]
+    roots += [ir.node(nid).args[0] for nid in m.token_sums]
     return roots
 
 

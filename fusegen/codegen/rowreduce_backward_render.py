@@ -28,7 +28,8 @@ PLANNING = (
     "The backward kernel is planned like the forward: prepared weights resident when every head's fit, "
     "else rebuilt per token tile and head; then the fewest chunks of HB columns for the reduction passes "
     "and the epilogue alike. Sums over the tokens take one PSUM bank each ([128, HC*H/128] fp32 columns), "
-    "next to the prep step's broadcast weights."
+    "next to the prep step's broadcast weights; kernel 2 adds the cores' partial sums and applies the "
+    "post-ops that turn them into the [HC, H] outputs."
 )
 
 
@@ -46,13 +47,20 @@ class BackwardHost:
     prep_dims: tuple[str, ...]
     kernel_returns: str
     main_results: str
+    reduce_args: str
     reduce_results: str
     returns: str
 
 
-def backward_files(user_ir: KernelIR, target: str, lnc: int) -> dict[str, str]:
-    """backward_kernel.py and backward_plan.md of a row-reduction spec's (unfused) IR."""
-    ir = rewrite(backward_ir(user_ir))
+def kernel_backward_ir(user_ir: KernelIR) -> KernelIR:
+    """What the backward kernels compute: the derivative of the rewritten forward (the one kernel.py runs), so
+    it reads the forward's saved fused dot instead of re-summing it, and its weight gradients share one
+    token sum (of the fused weight); rewritten in turn."""
+    return rewrite(backward_ir(rewrite(user_ir)))
+
+
+def backward_files(ir: KernelIR, target: str, lnc: int) -> dict[str, str]:
+    """backward_kernel.py and backward_plan.md of a backward IR (`kernel_backward_ir`); raises Mismatch."""
     m = match_rowreduce(ir)
     low = lower_backward(ir, m)
     plans = tuple(plan_backward(ir, m, low, get_target(target), lnc, {**ir.fixed_dims(), **c.env()})
@@ -65,7 +73,7 @@ def backward_files(user_ir: KernelIR, target: str, lnc: int) -> dict[str, str]:
 
 def backward_source(ir: KernelIR, m: RowReduceMatch, low: BackwardLowering, target: str, lnc: int) -> str:
     """backward_kernel.py: the backward kernel, the partial-sum reduction kernel, the host function."""
-    token_outs = {o.name for o in m.token_sums}
+    token_outs = {o.name for o in m.token_outputs}
     return render(
         TEMPLATE, header=header(ir, TEMPLATE), name=ir.name, doc=kernel_doc(ir, BACKWARD_DOC), low=low,
         model=repr(low.model), budget_source=vendored(rb), host=_host(ir, m),
@@ -73,7 +81,6 @@ def backward_source(ir: KernelIR, m: RowReduceMatch, low: BackwardLowering, targ
         dim_bindings=[f"d_{d} = {src}" for d, src in dim_bindings(ir, kernel_arg)],
         outputs=[(kernel_arg(o.name), NL_DTYPE[o.dtype], ", ".join(dim_source(d) for d in o.shape))
                  for o in ir.outputs if o.name not in token_outs],
-        reduce_outputs=[kernel_arg(o.name) for o in m.token_sums],
         sbuf_budgets=repr({name: t.sbuf_usable_bytes for name, t in sorted(TARGETS.items())}),
         default_target=target, default_lnc=lnc,
     )  # fmt: skip
@@ -97,14 +104,16 @@ def plan_backward(ir: KernelIR, m: RowReduceMatch, low: BackwardLowering, target
         PlannedBuffer(b.name.replace("epilogue tiles", "head-sum accumulators"), "sbuf", b.bytes, b.copies)
         for b in rb.buffers(low.model, width, heads, hb, resident)
     ) + tuple(
-        PlannedBuffer(f"token sum {o.name} ([128, HC*H/128] fp32)", "psum", heads * width // rb.P * 4, 1)
-        for o in m.token_sums
+        PlannedBuffer(f"token sum {i} ([128, HC*H/128] fp32)", "psum", heads * width // rb.P * 4, 1)
+        for i in range(len(m.token_sums))
     )
+    outs = ", ".join(o.name for o in m.token_outputs)
     summary = (
         ("token tiles (128) per core", str(rb.cdiv(rb.rows_per_core(rows, lnc), rb.P))),
         ("chunks (passes and epilogue)", f"{rb.cdiv(width, hb)} of {hb} columns"),
         ("prepared weights", "resident for the launch" if resident else "rebuilt per token tile and head"),
-        ("partial token sums", f"[{lnc}, {len(m.token_sums)}, {heads}, {width}] fp32, summed by kernel 2"),
+        ("partial token sums", f"[{lnc}, {len(m.token_sums)}, {heads}, {width}] fp32; kernel 2 sums them "
+                               f"and gives {outs}"),
     )  # fmt: skip
     return TilePlan(
         family="rowreduce backward", target=target.name, lnc=lnc, dims=tuple(sorted(dims.items())),
@@ -136,7 +145,7 @@ def _host(ir: KernelIR, m: RowReduceMatch) -> BackwardHost:
     params += ["lnc: int = LNC", "target: str = TARGET"]
     data = next(i for i in ir.inputs if len(i.shape) == 3)
     width, heads = f"{data.name}.shape[2]", f"{data.name}.shape[1]"
-    token_outs = [o.name for o in m.token_sums]
+    token_outs = [o.name for o in m.token_outputs]
     main = [o.name for o in ir.outputs if o.name not in token_outs]
     weights = [str(w.name) for w in m.weights]
     prep_ir = replace(ir, inputs=tuple(i for i in ir.inputs if i.name in weights))
@@ -151,6 +160,7 @@ def _host(ir: KernelIR, m: RowReduceMatch) -> BackwardHost:
         prep_kernel_args=", ".join(kernel_arg(w) for w in weights),
         prep_dims=tuple(f"d_{d} = {src}" for d, src in dim_bindings(prep_ir, kernel_arg)),
         kernel_returns=", ".join(kernel_arg(n) for n in main), main_results=", ".join(main),
-        reduce_results=", ".join(token_outs) + ("," if len(token_outs) == 1 else ""),
+        reduce_args="".join(f", {n.name}" for n in m.post_inputs),
+        reduce_results=", ".join(token_outs),  # a kernel returning one tensor returns it bare
         returns=", ".join(o.name for o in ir.outputs),
     )  # fmt: skip

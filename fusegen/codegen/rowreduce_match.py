@@ -4,9 +4,10 @@ are prepared once per launch. Matches IR structure only, never names.
 
 A backward IR (codegen/autodiff.py) adds four shapes of node the same loop nest can carry: per-row [T, G]
 inputs read as columns (`unindex` restores the kept axis), columns `expand`ed over the width, sums over
-the head axis (accumulated across the head loop) and over the token axis (accumulated across token tiles,
-[G, H] outputs), and outputs packed from head slices (`unindex` + `add`, e.g. grad_kv from grad_k and
-grad_v).
+the head axis (accumulated across the head loop) and over the token axis (accumulated across token tiles),
+and outputs packed from head slices (`unindex` + `add`, e.g. grad_kv from grad_k and grad_v). A [G, H]
+output may apply elementwise post-ops to token sums, [G, H] weights and scalars (grad_w_h = Σ_T(...)·w_e):
+they run once the sums are whole, in the kernel that adds up the cores' partial sums.
 """
 
 from __future__ import annotations
@@ -72,7 +73,9 @@ class RowReduceMatch:
     column_outputs: tuple[tuple[OutputDecl, int], ...]  # [T, G] outputs and the [T, G, 1] node they drop from
     column_loads: tuple[ColumnLoad, ...] = ()
     head_sums: tuple[int, ...] = ()  # sum over the head axis: [T, G, H] -> [T, 1, H]
-    token_sums: tuple[OutputDecl, ...] = ()  # [G, H] outputs that sum a [T, G, H] value over the tokens
+    token_sums: tuple[int, ...] = ()  # sum over the token axis: [T, G, H] -> [G, H]
+    token_outputs: tuple[OutputDecl, ...] = ()  # [G, H] outputs: token sums under elementwise post-ops
+    post_inputs: tuple[Node, ...] = ()  # the [G, H] weights and params the post-ops read
     packed_outputs: tuple[PackedOutput, ...] = ()
 
     @property
@@ -91,22 +94,23 @@ def match_rowreduce(ir: KernelIR) -> RowReduceMatch:
     prep = _prep_nodes(ir, shapes)
     packed = tuple(_packed(ir, o, shapes) for o in ir.outputs if _is_packed(o, shapes))
     packing = {n for p in packed for n in _packing_nodes(ir, p.output.node)}
+    token_sums = tuple(n.id for n in ir.nodes if n.op == "sum" and n.attr("axis") == 0)
+    post = _post_ops(ir, shapes, token_sums)
     loads: list[RowLoad] = []
     columns: list[ColumnLoad] = []
     for node in ir.nodes:
-        if node.id not in prep | packing and node.op not in SCALAR_LEAVES:
+        if node.id not in prep | packing | post.nodes and node.op not in SCALAR_LEAVES:
             _check_main_node(ir, node, shapes, loads, columns)
     levels = _levels(ir, shapes)
     if not levels:
         raise Mismatch(FAMILY, ir.outputs[0].span, "there is no per-row reduction over the last axis")
-    tile_outs, col_outs, token_outs = _outputs(ir, shapes, packed)
-    roots = sorted({a for n in ir.nodes if n.id not in prep for a in n.args if a in prep})
-    weights = tuple(n for n in ir.nodes if n.op == "input" and n.id in prep)
+    tile_outs, col_outs, token_outs = _outputs(ir, shapes, packed, post.after)
+    roots = sorted({a for n in ir.nodes if n.id not in prep | post.nodes for a in n.args if a in prep})
     head_sums = tuple(n.id for n in ir.nodes if n.op == "sum" and n.attr("axis") == 1)
-    _check_accumulated_once(ir, head_sums, packing, token_outs)
+    _check_accumulated_once(ir, head_sums, packing)
     return RowReduceMatch(
-        rows, heads, width, tuple(loads), weights, tuple(roots), levels, tile_outs, col_outs,
-        tuple(columns), head_sums, token_outs, packed,
+        rows, heads, width, tuple(loads), _graph_inputs(ir, roots), tuple(roots), levels, tile_outs, col_outs,
+        tuple(columns), head_sums, token_sums, token_outs, post.inputs, packed,
     )  # fmt: skip
 
 
@@ -129,6 +133,56 @@ class _Shapes:
     def is_weight(self, node: Node) -> bool:
         """[G, H], [1, H] or [H]: no token axis."""
         return node.shape in ((self.heads, self.width), (ONE, self.width), (self.width,))
+
+
+@dataclass(frozen=True)
+class _PostOps:
+    """What follows the sums over the tokens: nodes that read one, the elementwise graph to the outputs."""
+
+    after: set[int]  # every node that depends on a token sum, the sums included
+    nodes: set[int]  # the post-op graphs' nodes (weight-only ones too), outside the per-token loop nest
+    inputs: tuple[Node, ...]  # [G, H] weights and params the post-ops read, in IR order
+
+
+def _post_ops(ir: KernelIR, shapes: _Shapes, token_sums: tuple[int, ...]) -> _PostOps:
+    """The elementwise graph from the token sums to the [G, H] outputs, over [G, H] weights and scalars."""
+    after = set(token_sums)
+    for node in ir.nodes:
+        if any(a in after for a in node.args):
+            after.add(node.id)
+    nodes: set[int] = set()
+    leaves: set[int] = set()
+    stack = [o.node for o in ir.outputs if o.node in after]
+    while stack:
+        node = ir.node(stack.pop())
+        if node.id in nodes | leaves or node.id in token_sums or node.op == "const":
+            continue
+        if node.op == "param" or (node.op == "input" and node.shape == (shapes.heads, shapes.width)):
+            leaves.add(node.id)
+        elif node.op == "dim":
+            raise leave(FAMILY, node, "the post-ops of a sum over the tokens cannot read a dim")
+        elif node.op in ELEMENTWISE and node.shape in ((shapes.heads, shapes.width), ()):
+            nodes.add(node.id)
+            stack.extend(node.args)
+        else:
+            raise leave(FAMILY, node, "a sum over the tokens is followed only by elementwise [G, H] ops "
+                                      "on token sums, [G, H] weights and scalars")  # fmt: skip
+    stray = sorted(after - nodes - set(token_sums))
+    if stray:  # read by the per-token graph, which runs before the sums are whole
+        raise leave(FAMILY, ir.node(stray[0]), "a sum over the tokens may only feed [G, H] outputs")
+    return _PostOps(after, nodes, tuple(n for n in ir.nodes if n.id in leaves))
+
+
+def _graph_inputs(ir: KernelIR, roots: list[int]) -> tuple[Node, ...]:
+    """The inputs the nodes `roots` are computed from, in IR order."""
+    seen: set[int] = set()
+    stack = list(roots)
+    while stack:
+        nid = stack.pop()
+        if nid not in seen:
+            seen.add(nid)
+            stack.extend(ir.node(nid).args)
+    return tuple(n for n in ir.nodes if n.op == "input" and n.id in seen)
 
 
 def _prep_nodes(ir: KernelIR, shapes: _Shapes) -> set[int]:
@@ -239,7 +293,7 @@ def _levels(ir: KernelIR, shapes: _Shapes) -> tuple[tuple[int, ...], ...]:
     return tuple(tuple(levels[d]) for d in sorted(levels))
 
 
-def _outputs(ir: KernelIR, shapes: _Shapes, packed: tuple[PackedOutput, ...]) -> tuple[
+def _outputs(ir: KernelIR, shapes: _Shapes, packed: tuple[PackedOutput, ...], after: set[int]) -> tuple[
     tuple[OutputDecl, ...], tuple[tuple[OutputDecl, int], ...], tuple[OutputDecl, ...]
 ]:  # fmt: skip
     tiles, columns, token_sums = [], [], []
@@ -247,7 +301,7 @@ def _outputs(ir: KernelIR, shapes: _Shapes, packed: tuple[PackedOutput, ...]) ->
         node = ir.node(out.node)
         if any(p.output == out for p in packed):
             continue
-        if node.op == "sum" and node.attr("axis") == 0 and not out.optional:
+        if node.id in after and not out.optional:
             token_sums.append(out)
         elif (
             out.shape == (shapes.rows, shapes.heads, shapes.width)
@@ -318,13 +372,8 @@ def _packed_term(ir: KernelIR, node: Node, shapes: _Shapes) -> PackedTerm:
     return PackedTerm(value.id, items[1].start, per_head)
 
 
-def _check_accumulated_once(
-    ir: KernelIR, head_sums: tuple[int, ...], packing: set[int], token_outs: tuple[OutputDecl, ...]
-) -> None:
-    """Head sums are whole only after the head loop, token sums after every tile: only outputs read them."""
+def _check_accumulated_once(ir: KernelIR, head_sums: tuple[int, ...], packing: set[int]) -> None:
+    """Head sums are whole only after the head loop: only the packed outputs may read them."""
     for nid in head_sums:
         if any(u.id not in packing for u in ir.users(nid)):
             raise leave(FAMILY, ir.node(nid), "a sum over the heads may only be written to an output")
-    for out in token_outs:
-        if ir.users(out.node):
-            raise leave(FAMILY, ir.node(out.node), "a sum over the tokens may only be an output")
