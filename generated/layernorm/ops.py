@@ -18,7 +18,7 @@ import torch
 
 _HERE = Path(__file__).resolve().parent
 _DTYPES = (torch.bfloat16, torch.float32, torch.float32,)
-_BACKWARD_DTYPES = (torch.bfloat16, torch.float32, torch.float32, torch.bfloat16,)
+_REFERENCE_DTYPES = (torch.bfloat16, torch.float32, torch.float32, torch.bfloat16,)
 
 
 @functools.cache
@@ -35,22 +35,34 @@ def _module(file: str, sim: bool = False) -> ModuleType:
     return module
 
 
+def _backend(t: torch.Tensor) -> str:
+    """Where `t`'s op runs: "device" off CPU; on CPU "reference" when FUSEGEN_OPS_BACKEND=reference (read at
+    every call), else "interpreter"."""
+    if t.device.type != "cpu":
+        return "device"
+    return "reference" if os.environ.get("FUSEGEN_OPS_BACKEND", "interpreter") == "reference" else "interpreter"
+
+
 def _call(prefix: str, fn: str, args: tuple[torch.Tensor, ...], **kwargs: object) -> tuple[torch.Tensor, ...]:
     """`fn` of <prefix>kernel.py on this device's backend: the NKI kernel through torch_neuronx on a Neuron
-    device (untested here), on fusegen's interpreter on CPU, or `fn`_reference of <prefix>reference.py when
-    FUSEGEN_OPS_BACKEND=reference (read at every call)."""
-    if args[0].device.type != "cpu":
-        out = getattr(_module(f"{prefix}kernel.py"), fn)(*args, **kwargs)
-    elif os.environ.get("FUSEGEN_OPS_BACKEND", "interpreter") == "reference":
+    device (untested here), on fusegen's interpreter on CPU, or `fn`_reference of <prefix>reference.py on
+    the reference backend."""
+    backend = _backend(args[0])
+    if backend == "reference":
         out = getattr(_module(f"{prefix}reference.py"), f"{fn}_reference")(*args, **kwargs)
     else:
-        out = getattr(_module(f"{prefix}kernel.py", sim=True), fn)(*args, **kwargs)
+        out = getattr(_module(f"{prefix}kernel.py", sim=backend == "interpreter"), fn)(*args, **kwargs)
     return tuple(out) if isinstance(out, (tuple, list)) else (out,)
+
+
+def _cast(tensors: tuple[torch.Tensor, ...], dtypes: tuple[torch.dtype, ...]) -> tuple[torch.Tensor, ...]:
+    """Detached (the kernels refuse grad inputs), contiguous copies in the dtypes a kernel declares."""
+    return tuple(t.detach().contiguous().to(dtype) for t, dtype in zip(tensors, dtypes))
 
 
 def _run(args: tuple[torch.Tensor, ...], params: dict[str, float]) -> tuple[torch.Tensor, ...]:
     """The forward on the selected backend, inputs cast to the spec's dtypes."""
-    args = tuple(t.detach().to(dtype) for t, dtype in zip(args, _DTYPES))  # the kernel refuses grad inputs
+    args = _cast(args, _DTYPES)
     outs = _call("", "layernorm", args, **params, save=True)
     # a custom op may not return its inputs' storage (an f32 input passed straight through)
     return tuple(o.clone() if any(o.data_ptr() == t.data_ptr() for t in args) else o for o in outs)
@@ -89,7 +101,7 @@ def _setup_context(ctx, inputs, output) -> None:
 def _backward(ctx, grad_y, grad_mu, grad_rstd):
     """Input gradients on the selected backend, in the inputs' dtypes; none for the float parameters."""
     x, w, b,  = ctx.saved_tensors
-    args = tuple(t.detach().contiguous().to(dtype) for t, dtype in zip((x, w, b, grad_y), _BACKWARD_DTYPES))
+    args = _cast((x, w, b, grad_y), _REFERENCE_DTYPES)
     grads = _module("backward_reference.py").layernorm_backward_reference(*args, **ctx.params)
     return (*(g.to(dtype) for g, dtype in zip(grads, ctx.dtypes)), None)
 
