@@ -17,6 +17,7 @@ import math
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field, replace
 
+from fusegen.codegen.rewrites import expand_norms
 from fusegen.dsl.diagnostics import Span
 from fusegen.dsl.ir import AttrValue, Dim, IndexItem, KernelIR, Node, OutputDecl, Shape, TensorDecl
 
@@ -245,30 +246,13 @@ RULES: dict[str, Rule] = {
 }
 
 
-# ---- norms are differentiated as the primitives they stand for ------------------------------------
-
-
-def _norm(gr: Graph, n: Node, args: list[int]) -> int:
-    x, eps, *affine = args
-    axis = len(n.shape) - 1
-    centred = gr.bin("sub", x, gr.reduce("mean", x, axis, True)) if n.op == "layernorm" else x
-    var = gr.reduce("mean", gr.un("square", centred), axis, True)
-    y = gr.mul(centred, gr.un("rsqrt", gr.bin("add", var, eps)))
-    if affine:
-        y = gr.mul(y, affine[0])
-    return gr.bin("add", y, affine[1]) if len(affine) > 1 else y
-
-
 def primitive_graph(ir: KernelIR) -> tuple[Graph, dict[int, int]]:
-    """The forward as a graph of differentiable primitives, and each IR node's id in it."""
+    """The forward as a graph of differentiable primitives (norms spelled out by rewrites.expand_norms
+    first), and each IR node's id in it."""
     gr = Graph(Span.whole_file(ir.path))
     where: dict[int, int] = {}
     for n in ir.nodes:
-        args = [where[a] for a in n.args]
-        if n.op in ("layernorm", "rmsnorm"):
-            where[n.id] = _norm(gr, n, args)
-        else:
-            where[n.id] = gr.add(n.op, args, n.shape, n.dtype, n.name, **dict(n.attrs))
+        where[n.id] = gr.add(n.op, [where[a] for a in n.args], n.shape, n.dtype, n.name, **dict(n.attrs))
     return gr, where
 
 
@@ -331,6 +315,7 @@ class _Replay:
 
 def backward_ir(ir: KernelIR, grads: Sequence[str] | None = None) -> KernelIR:
     """The backward of `ir` for the outputs named in `grads` (default: the required outputs)."""
+    ir = expand_norms(ir)
     fwd, where = primitive_graph(ir)
     outs = [o for o in ir.outputs if (o.name in grads if grads is not None else not o.optional)]
     saved = saved_values(ir, fwd, where)

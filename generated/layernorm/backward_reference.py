@@ -8,42 +8,41 @@ import torch
 import torch.nn.functional as F
 
 
-def layernorm_backward_reference(x, w, b, grad_y, eps=1e-05):
+def layernorm_backward_reference(x, w, b, mu, rstd, grad_y, eps=1e-05):
     """The math of `layernorm_backward` on torch CPU tensors, one line per IR node."""
     d_H = x.shape[1]
     d_T = x.shape[0]
     _v0 = x.float()
     _v1 = w.float()
     _v2 = b.float()
-    _v3 = grad_y.float()
-    _v4 = _v0.mean(dim=1, keepdim=True)
-    _v5 = _v0 - _v4
-    _v6 = torch.square(_v5)
-    _v7 = _v6.mean(dim=1, keepdim=True)
-    _v9 = _v7 + float(eps)
-    _v10 = torch.rsqrt(_v9)
-    _v11 = _v5 * _v10
-    _v12 = _v3.sum(dim=0, keepdim=False)
-    _v13 = _v3 * _v1
-    _v14 = _v3 * _v11
-    _v15 = _v14.sum(dim=0, keepdim=False)
-    _v16 = _v13 * _v10
-    _v17 = _v13 * _v5
-    _v18 = _v17.sum(dim=1, keepdim=True)
-    _v19 = _v10 ** 3.0
-    _v20 = -0.5
-    _v21 = _v18 * _v19
-    _v22 = _v21 * (_v20)
-    _v23 = float(d_H)
-    _v24 = _v22 / (_v23)
-    _v25 = torch.as_tensor(_v24).expand(d_T, d_H)
-    _v26 = 2.0
-    _v27 = _v25 * _v5
-    _v28 = _v27 * (_v26)
-    _v29 = _v16 + _v28
-    _v30 = -_v29
-    _v31 = _v30.sum(dim=1, keepdim=True)
-    _v32 = _v31 / (_v23)
-    _v33 = torch.as_tensor(_v32).expand(d_T, d_H)
-    _v34 = _v29 + _v33
-    return _v34.to(torch.float32), _v15.to(torch.float32), _v12.to(torch.float32)
+    _v3 = mu.float()
+    _v4 = rstd.float()
+    _v5 = grad_y.float()
+    _v6 = _v3[:, None]
+    _v7 = _v0 - _v6
+    _v8 = _v4[:, None]
+    _v9 = _v7 * _v8
+    _v10 = _v5.sum(dim=0, keepdim=False)
+    _v11 = _v5 * _v1
+    _v12 = _v5 * _v9
+    _v13 = _v12.sum(dim=0, keepdim=False)
+    _v14 = _v11 * _v8
+    _v15 = _v11 * _v7
+    _v16 = _v15.sum(dim=1, keepdim=True)
+    _v18 = _v8 ** 3.0
+    _v19 = -0.5
+    _v20 = _v16 * _v18
+    _v21 = _v20 * (_v19)
+    _v22 = float(d_H)
+    _v23 = _v21 / (_v22)
+    _v24 = torch.as_tensor(_v23).expand(d_T, d_H)
+    _v25 = 2.0
+    _v26 = _v24 * _v7
+    _v27 = _v26 * (_v25)
+    _v28 = _v14 + _v27
+    _v29 = -_v28
+    _v30 = _v29.sum(dim=1, keepdim=True)
+    _v31 = _v30 / (_v22)
+    _v32 = torch.as_tensor(_v31).expand(d_T, d_H)
+    _v33 = _v28 + _v32
+    return _v33.to(torch.float32), _v13.to(torch.float32), _v10.to(torch.float32)

@@ -18,7 +18,7 @@ import torch
 
 _HERE = Path(__file__).resolve().parent
 _DTYPES = (torch.bfloat16, torch.float32, torch.float32,)
-_REFERENCE_DTYPES = (torch.bfloat16, torch.float32, torch.float32, torch.bfloat16,)
+_REFERENCE_DTYPES = (torch.bfloat16, torch.float32, torch.float32, torch.float32, torch.float32, torch.bfloat16,)
 
 
 @functools.cache
@@ -93,15 +93,15 @@ def _setup_context(ctx, inputs, output) -> None:
     x, w, b, eps = inputs
     y, mu, rstd = output
     ctx.mark_non_differentiable(mu, rstd)
-    ctx.save_for_backward(*(t.to(dtype) for t, dtype in zip((x, w, b), _DTYPES)), )
+    ctx.save_for_backward(*(t.to(dtype) for t, dtype in zip((x, w, b), _DTYPES)), mu, rstd)
     ctx.params = {"eps": eps}
     ctx.dtypes = tuple(t.dtype for t in (x, w, b))
 
 
 def _backward(ctx, grad_y, grad_mu, grad_rstd):
     """Input gradients on the selected backend, in the inputs' dtypes; none for the float parameters."""
-    x, w, b,  = ctx.saved_tensors
-    args = _cast((x, w, b, grad_y), _REFERENCE_DTYPES)
+    x, w, b, mu, rstd = ctx.saved_tensors
+    args = _cast((x, w, b, mu, rstd, grad_y), _REFERENCE_DTYPES)
     grads = _module("backward_reference.py").layernorm_backward_reference(*args, **ctx.params)
     return (*(g.to(dtype) for g, dtype in zip(grads, ctx.dtypes)), None)
 
