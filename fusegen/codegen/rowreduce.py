@@ -158,9 +158,10 @@ def plan_rowreduce(ir: KernelIR, m: RowReduceMatch, low: RowReduceLowering, targ
     weights = sum(DTYPE_BYTES[w.dtype] for w in m.weights) * heads * width
     # resident: every core builds its own copy, even a core without tokens; else once per token tile
     builds = lnc if resident else rb.cdiv(rows, rb.P)
+    overlap = rb.overlaps(low.model, width, heads, hb, resident, budget)
     buffers = tuple(
         PlannedBuffer(b.name, "sbuf", b.bytes, b.copies)
-        for b in rb.buffers(low.model, width, heads, hb, resident)
+        for b in rb.buffers(low.model, width, heads, hb, resident, overlap)
     )
     summary = (
         ("token tiles (128) per core", str(rb.cdiv(rb.rows_per_core(rows, lnc), rb.P))),
@@ -171,7 +172,7 @@ def plan_rowreduce(ir: KernelIR, m: RowReduceMatch, low: RowReduceLowering, targ
     return TilePlan(
         family="rowreduce", target=target.name, lnc=lnc, dims=tuple(sorted(dims.items())),
         tiles=(("P", rb.P), ("HB", hb)), buffers=buffers,
-        sbuf_bytes=rb.sbuf_bytes(low.model, width, heads, hb, resident),
+        sbuf_bytes=rb.sbuf_bytes(low.model, width, heads, hb, resident, overlap),
         sbuf_budget=budget, psum_banks=len(m.weights), psum_budget=target.psum_banks,
         hbm_bytes=(("per token", per_token), ("minimum per token", minimum), ("weights", weights * builds)),
         summary=summary, reasons=_reasons(low, width, heads, hb, resident, budget),

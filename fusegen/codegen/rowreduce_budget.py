@@ -21,6 +21,7 @@ class RowModel(NamedTuple):
     epilogue: int  # full-width temporaries of the epilogue
     chunk: int  # temporaries of the widest reduction pass, per chunk column
     columns: int  # bytes of [P, 1] columns and per-head staging, per head
+    row_copies: int = 1  # row inputs in flight: 2 when the next head's loads overlap this head's epilogue
 
 
 class Buffer(NamedTuple):
@@ -46,38 +47,47 @@ def held_heads(heads: int, resident: bool) -> int:
     return heads if resident else 1
 
 
-def buffers(m: RowModel, width: int, heads: int, hb: int, resident: bool = True) -> list[Buffer]:
-    """The kernel's SBUF buffers at width `width`, `heads` heads and reduction chunk `hb` columns."""
+def buffers(m: RowModel, width: int, heads: int, hb: int, resident: bool = True, overlap: bool = True
+            ) -> list[Buffer]:  # fmt: skip
+    """The kernel's SBUF buffers at width `width`, `heads` heads and reduction chunk `hb` columns (overlap:
+    the next head's loads and passes run before this head's full-width epilogue)."""
     kept = "resident for the launch" if resident else "rebuilt per token tile and head"
     return [
         Buffer(
             f"prepared weights (fp32, {kept})", m.resident_per_head * held_heads(heads, resident) * width, 1
         ),
-        Buffer("row inputs of one token tile and head", m.row_inputs * width, 1),
+        Buffer("row inputs of one token tile and head", m.row_inputs * width, m.row_copies if overlap else 1),
         Buffer("epilogue tiles", m.epilogue * width, 1),
         Buffer("reduction chunk temporaries", m.chunk * hb, 1),
         Buffer("per-row columns and output staging", m.columns * heads, 1),
     ]
 
 
-def sbuf_bytes(m: RowModel, width: int, heads: int, hb: int, resident: bool = True) -> int:
+def sbuf_bytes(m: RowModel, width: int, heads: int, hb: int, resident: bool = True, overlap: bool = True
+               ) -> int:  # fmt: skip
     """Peak SBUF bytes per partition: the main loop, or the prep step if that is larger."""
-    main = sum(b.bytes * b.copies for b in buffers(m, width, heads, hb, resident))
+    main = sum(b.bytes * b.copies for b in buffers(m, width, heads, hb, resident, overlap))
     prep = (m.resident_per_head * held_heads(heads, resident) + m.prep_scratch) * width
     return max(main, prep)
 
 
+def overlaps(m: RowModel, width: int, heads: int, hb: int, resident: bool, budget: int) -> bool:
+    """Whether the plan (hb, resident) leaves room for two heads' row inputs at once."""
+    return sbuf_bytes(m, width, heads, hb, resident, True) <= budget
+
+
 def choose(m: RowModel, width: int, heads: int, budget: int) -> tuple[int, bool]:
     """(HB, resident): prepared weights resident if they fit, else rebuilt per token tile and head (their
-    weights re-read once per 128 tokens); then the fewest reduction chunks, each the narrowest multiple
-    of 128 for that count."""
+    weights re-read once per 128 tokens), with heads overlapped if that fits too; then the fewest reduction
+    chunks, each the narrowest multiple of 128 for that count."""
     for resident in (True, False):
-        fixed = sbuf_bytes(m, width, heads, 0, resident)
-        room = (budget - fixed) // m.chunk if m.chunk else width
-        widest = min(cdiv(width, P) * P, room // P * P)
-        if widest >= P and sbuf_bytes(m, width, heads, P, resident) <= budget:
-            return cdiv(cdiv(width, cdiv(width, widest)), P) * P, resident
-    need = sbuf_bytes(m, width, heads, P, False)
+        for overlap in (True, False):
+            fixed = sbuf_bytes(m, width, heads, 0, resident, overlap)
+            room = (budget - fixed) // m.chunk if m.chunk else width
+            widest = min(cdiv(width, P) * P, room // P * P)
+            if widest >= P and sbuf_bytes(m, width, heads, P, resident, overlap) <= budget:
+                return cdiv(cdiv(width, cdiv(width, widest)), P) * P, resident
+    need = sbuf_bytes(m, width, heads, P, False, False)
     raise ValueError(
         f"no tile plan fits: width {width} with {heads} heads needs {need} B/partition of SBUF "
         f"even with 128-column chunks and one head's weights at a time; the budget is {budget} B"

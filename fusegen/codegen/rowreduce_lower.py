@@ -19,7 +19,7 @@ from dataclasses import dataclass
 from fusegen.codegen.family import kernel_arg
 from fusegen.codegen.rowreduce_budget import RowModel
 from fusegen.codegen.rowreduce_match import ColumnLoad, RowLoad, RowReduceMatch
-from fusegen.codegen.select import NL_DTYPE, Layout, Selector
+from fusegen.codegen.select import GPSIMD, NL_DTYPE, Layout, Selector
 from fusegen.codegen.stage import Expr, Operand, StageBuilder, dim_source
 from fusegen.dsl.ir import DTYPE_BYTES, KernelIR, Node, OutputDecl
 
@@ -42,6 +42,7 @@ class Combine:
     acc: str
     part: str
     op: str  # nl.add | nl.maximum
+    engine: str = GPSIMD  # [P, 1] work stays off the Vector engine's queue
 
 
 @dataclass(frozen=True)
@@ -87,7 +88,8 @@ class RowReduceLowering:
     """Everything the row-reduction template formats."""
 
     passes: RowPasses
-    epi_lines: tuple[str, ...]
+    epi_columns: tuple[str, ...]  # the per-row math, issued before the yield to the next head's passes
+    epi_lines: tuple[str, ...]  # the full-width rest (and per-row math reading it)
     save_lines: tuple[str, ...]  # extra epilogue lines for optional outputs
     tile_outputs: tuple[tuple[str, str, str], ...]  # (hbm name, nl dtype, source access)
     required_columns: tuple[ColumnOutput, ...]
@@ -99,6 +101,7 @@ def lower_rowreduce(ir: KernelIR, m: RowReduceMatch) -> RowReduceLowering:
     """Compile the three stages of `m` into NKI lines for the template."""
     passes = lower_passes(ir, m)
     epi, n_required, tile_outs, col_outs = _lower_epilogue(ir, m, passes.resident)
+    n_columns = column_prefix(epi, n_required)
     model = RowModel(
         resident_per_head=4 * len(passes.resident),
         prep_scratch=sum(DTYPE_BYTES[w.dtype] for w in m.weights),
@@ -106,9 +109,11 @@ def lower_rowreduce(ir: KernelIR, m: RowReduceMatch) -> RowReduceLowering:
         epilogue=sum(DTYPE_BYTES[dt] for _, kind, dt in epi.tiles if kind == "tile"),
         chunk=passes.chunk_bytes,
         columns=4 * (sum(1 for _, k, _ in epi.tiles if k == "vec") + len(passes.levels) * 8 + len(col_outs)),
+        row_copies=2,  # head_steps: the next head's loads and passes precede this full-width epilogue
     )  # fmt: skip
     return RowReduceLowering(
-        passes=passes, epi_lines=tuple(epi.lines[:n_required]), save_lines=tuple(epi.lines[n_required:]),
+        passes=passes, epi_columns=tuple(epi.lines[:n_columns]),
+        epi_lines=tuple(epi.lines[n_columns:n_required]), save_lines=tuple(epi.lines[n_required:]),
         tile_outputs=tile_outs, required_columns=tuple(c for c in col_outs if not c.optional),
         optional_columns=tuple(c for c in col_outs if c.optional), model=model,
     )  # fmt: skip
@@ -239,7 +244,8 @@ def _lower_levels(
         hoisted |= new
         leaves = chunk_leaves(ir, m, resident) | below | new
         builder = StageBuilder(ir, leaves, row_kind(m), free_size=lambda n: m.width)
-        sel = Selector(Layout(part="pt", free="hw", free_alloc="HB"), prefix=f"r{depth}_")
+        layout = Layout(part="pt", free="hw", free_alloc="HB")
+        sel = Selector(layout, prefix=f"r{depth}_", column_engine=GPSIMD)
         combines = []
         for rid in ids:
             part = sel.value(builder.expr(rid))
@@ -269,7 +275,7 @@ def lower_columns(
     (rather than once per chunk): their lines, and each as a leaf for the chunk stage."""
     kind = row_kind(m)
     builder = StageBuilder(ir, leaves, kind, free_size=lambda n: m.width)
-    sel = Selector(Layout(part="pt", free="1", free_alloc="1"), prefix=prefix)
+    sel = Selector(Layout(part="pt", free="1", free_alloc="1"), prefix=prefix, column_engine=GPSIMD)
     hoisted = {nid: sel.value(builder.expr(nid)) for nid in _frontier(ir, leaves, roots, kind)}
     return sel, hoisted
 
@@ -314,7 +320,8 @@ def _lower_epilogue(
     leaves = _row_leaves(ir, loads, full) | _resident_leaves(resident, full)
     leaves |= {rid: _acc(rid) for level in m.levels for rid in level}
     builder = StageBuilder(ir, leaves, row_kind(m), free_size=lambda n: m.width)
-    sel = Selector(Layout(part="pt", free=dim_source(m.width), free_alloc=dim_source(m.width)), prefix="e")
+    width = dim_source(m.width)
+    sel = Selector(Layout(part="pt", free=width, free_alloc=width), prefix="e", column_engine=GPSIMD)
     exprs = {o.node: builder.expr(o.node) for o in m.tile_outputs}  # all first: users counts must be complete
     cols = {o.name: builder.expr(src) for o, src in m.column_outputs}
     tiles = []
@@ -326,6 +333,12 @@ def _lower_epilogue(
     n_required = len(sel.lines)
     columns += [_column(sel, o, cols[o.name]) for o, _ in m.column_outputs if o.optional]
     return sel, n_required, tuple(tiles), tuple(columns)
+
+
+def column_prefix(sel: Selector, end: int) -> int:
+    """How many of the first `end` lines compute [P, 1] columns only (the per-row math before a full tile)."""
+    kinds = sel.line_kinds[:end]
+    return next((i for i, kind in enumerate(kinds) if kind != "vec"), len(kinds))
 
 
 def output_value(sel: Selector, expr: Expr, dtype: str) -> Operand:

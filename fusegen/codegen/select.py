@@ -68,6 +68,10 @@ CALL_COST = {
     "tensor_tensor": ("dve", 2),
     "scalar_tensor_tensor": ("dve", 2),
 }
+#: calls that take `engine=` and run on GpSimd as well as on the Vector engine.
+COLUMN_ENGINE_CALLS = frozenset({"tensor_scalar", "tensor_tensor", "tensor_copy"})
+#: GpSimd: [P, 1] ALU work of row-wise kernels, off the in-order Vector queue their full-width work fills.
+GPSIMD = "nisa.engine.gpsimd"
 NL_DTYPE = {"bf16": "nl.bfloat16", "f16": "nl.float16", "f32": "nl.float32"}
 
 
@@ -99,7 +103,9 @@ class Selector:
 
     layout: Layout
     prefix: str
+    column_engine: str = ""  # `engine=` of [P, 1] ALU instructions (GpSimd: off the Vector queue)
     lines: list[str] = field(default_factory=list)
+    line_kinds: list[str] = field(default_factory=list)  # kind of the tile each line allocates or writes
     tiles: list[tuple[str, str, str]] = field(default_factory=list)  # (name, kind, dtype) allocated
     calls: list[tuple[str, str]] = field(default_factory=list)  # (call, destination kind) emitted
     _kinds: dict[str, str] = field(default_factory=dict)  # tile name -> kind
@@ -128,12 +134,17 @@ class Selector:
         self._kinds[name] = kind
         free_alloc, free = ("1", "1") if kind == "vec" else (self.layout.free_alloc, self.layout.free)
         self.lines.append(f"{name} = nl.ndarray((P, {free_alloc}), dtype={NL_DTYPE[dtype]}, buffer=nl.sbuf)")
+        self.line_kinds.append(kind)
         return Operand(kind, f"{name}[0:{self.layout.part}, 0:{free}]", dtype=dtype)
 
     def _emit(self, call: str, **kwargs: str) -> None:
+        kind = self._kinds[kwargs["dst"].split("[")[0]]
+        if kind == "vec" and self.column_engine and call in COLUMN_ENGINE_CALLS:
+            kwargs["engine"] = self.column_engine
         args = ", ".join(f"{k}={v}" for k, v in kwargs.items())
         self.lines.append(f"nisa.{call}({args})")
-        self.calls.append((call, self._kinds[kwargs["dst"].split("[")[0]]))
+        self.line_kinds.append(kind)
+        self.calls.append((call, kind))
 
     def passes(self, engine: str) -> int:
         """Full-width passes (instructions weighted by cost) this stage puts on `engine`."""

@@ -33,6 +33,7 @@ class RowModel(NamedTuple):
     epilogue: int  # full-width temporaries of the epilogue
     chunk: int  # temporaries of the widest reduction pass, per chunk column
     columns: int  # bytes of [P, 1] columns and per-head staging, per head
+    row_copies: int = 1  # row inputs in flight: 2 when the next head's loads overlap this head's epilogue
 
 
 class Buffer(NamedTuple):
@@ -58,44 +59,53 @@ def held_heads(heads: int, resident: bool) -> int:
     return heads if resident else 1
 
 
-def buffers(m: RowModel, width: int, heads: int, hb: int, resident: bool = True) -> list[Buffer]:
-    """The kernel's SBUF buffers at width `width`, `heads` heads and reduction chunk `hb` columns."""
+def buffers(m: RowModel, width: int, heads: int, hb: int, resident: bool = True, overlap: bool = True
+            ) -> list[Buffer]:  # fmt: skip
+    """The kernel's SBUF buffers at width `width`, `heads` heads and reduction chunk `hb` columns (overlap:
+    the next head's loads and passes run before this head's full-width epilogue)."""
     kept = "resident for the launch" if resident else "rebuilt per token tile and head"
     return [
         Buffer(
             f"prepared weights (fp32, {kept})", m.resident_per_head * held_heads(heads, resident) * width, 1
         ),
-        Buffer("row inputs of one token tile and head", m.row_inputs * width, 1),
+        Buffer("row inputs of one token tile and head", m.row_inputs * width, m.row_copies if overlap else 1),
         Buffer("epilogue tiles", m.epilogue * width, 1),
         Buffer("reduction chunk temporaries", m.chunk * hb, 1),
         Buffer("per-row columns and output staging", m.columns * heads, 1),
     ]
 
 
-def sbuf_bytes(m: RowModel, width: int, heads: int, hb: int, resident: bool = True) -> int:
+def sbuf_bytes(m: RowModel, width: int, heads: int, hb: int, resident: bool = True, overlap: bool = True
+               ) -> int:  # fmt: skip
     """Peak SBUF bytes per partition: the main loop, or the prep step if that is larger."""
-    main = sum(b.bytes * b.copies for b in buffers(m, width, heads, hb, resident))
+    main = sum(b.bytes * b.copies for b in buffers(m, width, heads, hb, resident, overlap))
     prep = (m.resident_per_head * held_heads(heads, resident) + m.prep_scratch) * width
     return max(main, prep)
 
 
+def overlaps(m: RowModel, width: int, heads: int, hb: int, resident: bool, budget: int) -> bool:
+    """Whether the plan (hb, resident) leaves room for two heads' row inputs at once."""
+    return sbuf_bytes(m, width, heads, hb, resident, True) <= budget
+
+
 def choose(m: RowModel, width: int, heads: int, budget: int) -> tuple[int, bool]:
     """(HB, resident): prepared weights resident if they fit, else rebuilt per token tile and head (their
-    weights re-read once per 128 tokens); then the fewest reduction chunks, each the narrowest multiple
-    of 128 for that count."""
+    weights re-read once per 128 tokens), with heads overlapped if that fits too; then the fewest reduction
+    chunks, each the narrowest multiple of 128 for that count."""
     for resident in (True, False):
-        fixed = sbuf_bytes(m, width, heads, 0, resident)
-        room = (budget - fixed) // m.chunk if m.chunk else width
-        widest = min(cdiv(width, P) * P, room // P * P)
-        if widest >= P and sbuf_bytes(m, width, heads, P, resident) <= budget:
-            return cdiv(cdiv(width, cdiv(width, widest)), P) * P, resident
-    need = sbuf_bytes(m, width, heads, P, False)
+        for overlap in (True, False):
+            fixed = sbuf_bytes(m, width, heads, 0, resident, overlap)
+            room = (budget - fixed) // m.chunk if m.chunk else width
+            widest = min(cdiv(width, P) * P, room // P * P)
+            if widest >= P and sbuf_bytes(m, width, heads, P, resident, overlap) <= budget:
+                return cdiv(cdiv(width, cdiv(width, widest)), P) * P, resident
+    need = sbuf_bytes(m, width, heads, P, False, False)
     raise ValueError(
         f"no tile plan fits: width {width} with {heads} heads needs {need} B/partition of SBUF "
         f"even with 128-column chunks and one head's weights at a time; the budget is {budget} B"
     )
 
-MODEL = RowModel(resident_per_head=4, prep_scratch=2, row_inputs=4, epilogue=8, chunk=8, columns=40)
+MODEL = RowModel(resident_per_head=4, prep_scratch=2, row_inputs=4, epilogue=8, chunk=8, columns=40, row_copies=2)
 
 
 def prepare_weights(h, w_hbm):
@@ -127,10 +137,11 @@ def fused_weight_kernel(w_hbm):
 
 
 @nki.jit
-def add_rmsnorm_kernel(x_hbm, r_hbm, w_hbm, eps_arg, HB, resident, save):
+def add_rmsnorm_kernel(x_hbm, r_hbm, w_hbm, eps_arg, HB, resident, overlap, save):
     """One core's share of token tiles (128 tokens on partitions); heads looped; width reduced in chunks of HB.
 
     resident: the prepared weights are built once and kept for the launch (else per token tile and head).
+    overlap: a head's full-width epilogue runs after the next head's passes (two heads' row inputs in SBUF).
     """
     x_hbm = x_hbm.reshape((x_hbm.shape[0], 1, x_hbm.shape[1]))
     r_hbm = r_hbm.reshape((r_hbm.shape[0], 1, r_hbm.shape[1]))
@@ -142,8 +153,44 @@ def add_rmsnorm_kernel(x_hbm, r_hbm, w_hbm, eps_arg, HB, resident, save):
     y_hbm = y_hbm_flat.reshape((d_T, 1, d_H))
     h_hbm = h_hbm_flat.reshape((d_T, 1, d_H))
     held = [prepare_weights(h, w_hbm) for h in range(1)] if resident else []
+    stores = []  # output DMAs, issued once the next head's loads are queued (the DMA queues are in order)
+
+    def head_steps(t0, pt, h, x_ld, r_ld):
+        """Token tile t0, head h: loads, reduction passes, per-row math; resumed, the full-width epilogue."""
+        prepared = held[h] if resident else prepare_weights(h, w_hbm)
+        # reduction pass 1: partial results per chunk, folded into [P, 1] accumulators
+        for c in range(cdiv(d_H, HB)):
+            c0 = c * HB
+            hw = min(HB, d_H - c0)
+            r0_0 = nl.ndarray((P, HB), dtype=nl.float32, buffer=nl.sbuf)
+            nisa.tensor_tensor(dst=r0_0[0:pt, 0:hw], data1=x_ld[0:pt, c0:c0 + hw], data2=r_ld[0:pt, c0:c0 + hw], op=nl.add)
+            r0_1 = nl.ndarray((P, HB), dtype=nl.float32, buffer=nl.sbuf)
+            r0_2 = nl.ndarray((P, 1), dtype=nl.float32, buffer=nl.sbuf)
+            nisa.activation_reduce(dst=r0_1[0:pt, 0:hw], op=nl.square, data=r0_0[0:pt, 0:hw], reduce_op=nl.add, reduce_res=r0_2[0:pt, 0:1])
+            r0_3 = nl.ndarray((P, 1), dtype=nl.float32, buffer=nl.sbuf)
+            nisa.tensor_scalar(dst=r0_3[0:pt, 0:1], data=r0_2[0:pt, 0:1], op0=nl.multiply, operand0=(1.0 / float(d_H)), engine=nisa.engine.gpsimd)
+            if c == 0:
+                acc7 = r0_3
+            else:
+                nisa.tensor_tensor(dst=acc7[0:pt, 0:1], data1=acc7[0:pt, 0:1], data2=r0_3[0:pt, 0:1], op=nl.add, engine=nisa.engine.gpsimd)
+        # epilogue: per-row math on the accumulators; then, after the next head's passes, the full-width combine
+        e0 = nl.ndarray((P, 1), dtype=nl.float32, buffer=nl.sbuf)
+        nisa.tensor_scalar(dst=e0[0:pt, 0:1], data=acc7[0:pt, 0:1], op0=nl.add, operand0=eps_arg, engine=nisa.engine.gpsimd)
+        e1 = nl.ndarray((P, 1), dtype=nl.float32, buffer=nl.sbuf)
+        nisa.activation(dst=e1[0:pt, 0:1], op=nl.rsqrt, data=e0[0:pt, 0:1])
+        yield
+        e2 = nl.ndarray((P, d_H), dtype=nl.float32, buffer=nl.sbuf)
+        nisa.tensor_tensor(dst=e2[0:pt, 0:d_H], data1=x_ld[0:pt, 0:d_H], data2=r_ld[0:pt, 0:d_H], op=nl.add)
+        e3 = nl.ndarray((P, d_H), dtype=nl.bfloat16, buffer=nl.sbuf)
+        nisa.scalar_tensor_tensor(dst=e3[0:pt, 0:d_H], data=e2[0:pt, 0:d_H], op0=nl.multiply, operand0=e1[0:pt, 0:1], op1=nl.multiply, operand1=prepared[0][0:pt, 0:d_H])
+        e4 = nl.ndarray((P, d_H), dtype=nl.bfloat16, buffer=nl.sbuf)
+        nisa.activation(dst=e4[0:pt, 0:d_H], op=nl.copy, data=e2[0:pt, 0:d_H])
+        stores.append((y_hbm[t0:t0 + pt, h, 0:d_H], e3[0:pt, 0:d_H]))
+        stores.append((h_hbm[t0:t0 + pt, h, 0:d_H], e4[0:pt, 0:d_H]))
+
     t_begin = min(d_T, nl.program_id(0) * rows_per_core(d_T, nl.num_programs()))
     t_end = min(d_T, t_begin + rows_per_core(d_T, nl.num_programs()))
+    prev = None  # the previous head's steps, its epilogue still to run
     for t0 in range(t_begin, t_end, P):
         pt = min(P, t_end - t0)
         x_ld = nl.ndarray((P, d_H), dtype=nl.bfloat16, buffer=nl.sbuf)
@@ -151,35 +198,21 @@ def add_rmsnorm_kernel(x_hbm, r_hbm, w_hbm, eps_arg, HB, resident, save):
         r_ld = nl.ndarray((P, d_H), dtype=nl.bfloat16, buffer=nl.sbuf)
         nisa.dma_copy(dst=r_ld[0:pt, 0:d_H], src=r_hbm[t0:t0 + pt, 0, 0:d_H])
         for h in range(1):
-            prepared = held[h] if resident else prepare_weights(h, w_hbm)
-            # reduction pass 1: partial results per chunk, folded into [P, 1] accumulators
-            for c in range(cdiv(d_H, HB)):
-                c0 = c * HB
-                hw = min(HB, d_H - c0)
-                r0_0 = nl.ndarray((P, HB), dtype=nl.float32, buffer=nl.sbuf)
-                nisa.tensor_tensor(dst=r0_0[0:pt, 0:hw], data1=x_ld[0:pt, c0:c0 + hw], data2=r_ld[0:pt, c0:c0 + hw], op=nl.add)
-                r0_1 = nl.ndarray((P, HB), dtype=nl.float32, buffer=nl.sbuf)
-                r0_2 = nl.ndarray((P, 1), dtype=nl.float32, buffer=nl.sbuf)
-                nisa.activation_reduce(dst=r0_1[0:pt, 0:hw], op=nl.square, data=r0_0[0:pt, 0:hw], reduce_op=nl.add, reduce_res=r0_2[0:pt, 0:1])
-                r0_3 = nl.ndarray((P, 1), dtype=nl.float32, buffer=nl.sbuf)
-                nisa.tensor_scalar(dst=r0_3[0:pt, 0:1], data=r0_2[0:pt, 0:1], op0=nl.multiply, operand0=(1.0 / float(d_H)))
-                if c == 0:
-                    acc7 = r0_3
-                else:
-                    nisa.tensor_tensor(dst=acc7[0:pt, 0:1], data1=acc7[0:pt, 0:1], data2=r0_3[0:pt, 0:1], op=nl.add)
-            # epilogue: per-row math on the accumulators, then the full-width combine
-            e0 = nl.ndarray((P, 1), dtype=nl.float32, buffer=nl.sbuf)
-            nisa.tensor_scalar(dst=e0[0:pt, 0:1], data=acc7[0:pt, 0:1], op0=nl.add, operand0=eps_arg)
-            e1 = nl.ndarray((P, 1), dtype=nl.float32, buffer=nl.sbuf)
-            nisa.activation(dst=e1[0:pt, 0:1], op=nl.rsqrt, data=e0[0:pt, 0:1])
-            e2 = nl.ndarray((P, d_H), dtype=nl.float32, buffer=nl.sbuf)
-            nisa.tensor_tensor(dst=e2[0:pt, 0:d_H], data1=x_ld[0:pt, 0:d_H], data2=r_ld[0:pt, 0:d_H], op=nl.add)
-            e3 = nl.ndarray((P, d_H), dtype=nl.bfloat16, buffer=nl.sbuf)
-            nisa.scalar_tensor_tensor(dst=e3[0:pt, 0:d_H], data=e2[0:pt, 0:d_H], op0=nl.multiply, operand0=e1[0:pt, 0:1], op1=nl.multiply, operand1=prepared[0][0:pt, 0:d_H])
-            e4 = nl.ndarray((P, d_H), dtype=nl.bfloat16, buffer=nl.sbuf)
-            nisa.activation(dst=e4[0:pt, 0:d_H], op=nl.copy, data=e2[0:pt, 0:d_H])
-            nisa.dma_copy(dst=y_hbm[t0:t0 + pt, h, 0:d_H], src=e3[0:pt, 0:d_H])
-            nisa.dma_copy(dst=h_hbm[t0:t0 + pt, h, 0:d_H], src=e4[0:pt, 0:d_H])
+            steps = head_steps(t0, pt, h, x_ld, r_ld)
+            next(steps)  # this head's loads and passes go ahead of the previous head's epilogue and stores
+            for dst, src in stores:
+                nisa.dma_copy(dst=dst, src=src)
+            stores.clear()
+            if prev is not None:
+                next(prev, None)
+            prev = steps
+            if not overlap:
+                next(prev, None)
+                prev = None
+    if prev is not None:
+        next(prev, None)
+    for dst, src in stores:
+        nisa.dma_copy(dst=dst, src=src)
     return y_hbm_flat, h_hbm_flat
 
 
@@ -194,7 +227,8 @@ def add_rmsnorm(x: torch.Tensor, r: torch.Tensor, w: torch.Tensor, eps: float = 
         if _t.requires_grad:
             raise RuntimeError("add_rmsnorm is inference-only: an input requires grad")
     _hb, _resident = choose(MODEL, x.shape[-1], 1, SBUF_BUDGET[target])
-    return add_rmsnorm_kernel[lnc](x, r, w, eps, _hb, _resident, False)
+    _overlap = overlaps(MODEL, x.shape[-1], 1, _hb, _resident, SBUF_BUDGET[target])
+    return add_rmsnorm_kernel[lnc](x, r, w, eps, _hb, _resident, _overlap, False)
 
 
 try:  # the NKI op on Neuron hosts (ops.py owns `fusegen::<name>`); the file imports without torch_neuronx

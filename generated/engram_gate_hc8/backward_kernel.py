@@ -33,6 +33,7 @@ class RowModel(NamedTuple):
     epilogue: int  # full-width temporaries of the epilogue
     chunk: int  # temporaries of the widest reduction pass, per chunk column
     columns: int  # bytes of [P, 1] columns and per-head staging, per head
+    row_copies: int = 1  # row inputs in flight: 2 when the next head's loads overlap this head's epilogue
 
 
 class Buffer(NamedTuple):
@@ -58,44 +59,53 @@ def held_heads(heads: int, resident: bool) -> int:
     return heads if resident else 1
 
 
-def buffers(m: RowModel, width: int, heads: int, hb: int, resident: bool = True) -> list[Buffer]:
-    """The kernel's SBUF buffers at width `width`, `heads` heads and reduction chunk `hb` columns."""
+def buffers(m: RowModel, width: int, heads: int, hb: int, resident: bool = True, overlap: bool = True
+            ) -> list[Buffer]:  # fmt: skip
+    """The kernel's SBUF buffers at width `width`, `heads` heads and reduction chunk `hb` columns (overlap:
+    the next head's loads and passes run before this head's full-width epilogue)."""
     kept = "resident for the launch" if resident else "rebuilt per token tile and head"
     return [
         Buffer(
             f"prepared weights (fp32, {kept})", m.resident_per_head * held_heads(heads, resident) * width, 1
         ),
-        Buffer("row inputs of one token tile and head", m.row_inputs * width, 1),
+        Buffer("row inputs of one token tile and head", m.row_inputs * width, m.row_copies if overlap else 1),
         Buffer("epilogue tiles", m.epilogue * width, 1),
         Buffer("reduction chunk temporaries", m.chunk * hb, 1),
         Buffer("per-row columns and output staging", m.columns * heads, 1),
     ]
 
 
-def sbuf_bytes(m: RowModel, width: int, heads: int, hb: int, resident: bool = True) -> int:
+def sbuf_bytes(m: RowModel, width: int, heads: int, hb: int, resident: bool = True, overlap: bool = True
+               ) -> int:  # fmt: skip
     """Peak SBUF bytes per partition: the main loop, or the prep step if that is larger."""
-    main = sum(b.bytes * b.copies for b in buffers(m, width, heads, hb, resident))
+    main = sum(b.bytes * b.copies for b in buffers(m, width, heads, hb, resident, overlap))
     prep = (m.resident_per_head * held_heads(heads, resident) + m.prep_scratch) * width
     return max(main, prep)
 
 
+def overlaps(m: RowModel, width: int, heads: int, hb: int, resident: bool, budget: int) -> bool:
+    """Whether the plan (hb, resident) leaves room for two heads' row inputs at once."""
+    return sbuf_bytes(m, width, heads, hb, resident, True) <= budget
+
+
 def choose(m: RowModel, width: int, heads: int, budget: int) -> tuple[int, bool]:
     """(HB, resident): prepared weights resident if they fit, else rebuilt per token tile and head (their
-    weights re-read once per 128 tokens); then the fewest reduction chunks, each the narrowest multiple
-    of 128 for that count."""
+    weights re-read once per 128 tokens), with heads overlapped if that fits too; then the fewest reduction
+    chunks, each the narrowest multiple of 128 for that count."""
     for resident in (True, False):
-        fixed = sbuf_bytes(m, width, heads, 0, resident)
-        room = (budget - fixed) // m.chunk if m.chunk else width
-        widest = min(cdiv(width, P) * P, room // P * P)
-        if widest >= P and sbuf_bytes(m, width, heads, P, resident) <= budget:
-            return cdiv(cdiv(width, cdiv(width, widest)), P) * P, resident
-    need = sbuf_bytes(m, width, heads, P, False)
+        for overlap in (True, False):
+            fixed = sbuf_bytes(m, width, heads, 0, resident, overlap)
+            room = (budget - fixed) // m.chunk if m.chunk else width
+            widest = min(cdiv(width, P) * P, room // P * P)
+            if widest >= P and sbuf_bytes(m, width, heads, P, resident, overlap) <= budget:
+                return cdiv(cdiv(width, cdiv(width, widest)), P) * P, resident
+    need = sbuf_bytes(m, width, heads, P, False, False)
     raise ValueError(
         f"no tile plan fits: width {width} with {heads} heads needs {need} B/partition of SBUF "
         f"even with 128-column chunks and one head's weights at a time; the budget is {budget} B"
     )
 
-MODEL = RowModel(resident_per_head=4, prep_scratch=4, row_inputs=8, epilogue=4, chunk=36, columns=124)
+MODEL = RowModel(resident_per_head=4, prep_scratch=4, row_inputs=8, epilogue=4, chunk=36, columns=124, row_copies=1)
 
 
 def prepare_weights(h, w_h_hbm, w_e_hbm):
@@ -178,60 +188,60 @@ def engram_gate_hc8_backward_kernel(x_hbm, kv_hbm, w_h_hbm, w_e_hbm, dot_hbm, ga
                 if c == 0:
                     acc13 = r0_2
                 else:
-                    nisa.tensor_tensor(dst=acc13[0:pt, 0:1], data1=acc13[0:pt, 0:1], data2=r0_2[0:pt, 0:1], op=nl.add)
+                    nisa.tensor_tensor(dst=acc13[0:pt, 0:1], data1=acc13[0:pt, 0:1], data2=r0_2[0:pt, 0:1], op=nl.add, engine=nisa.engine.gpsimd)
             # epilogue: per-row math once per head, then chunks as in the passes
             ke_0 = nl.ndarray((P, 1), dtype=nl.float32, buffer=nl.sbuf)
-            nisa.tensor_tensor(dst=ke_0[0:pt, 0:1], data1=acc13[0:pt, 0:1], data2=gate_cl[0:pt, h:h + 1], op=nl.multiply)
+            nisa.tensor_tensor(dst=ke_0[0:pt, 0:1], data1=acc13[0:pt, 0:1], data2=gate_cl[0:pt, h:h + 1], op=nl.multiply, engine=nisa.engine.gpsimd)
             ke_1 = nl.ndarray((P, 1), dtype=nl.float32, buffer=nl.sbuf)
             nisa.scalar_tensor_tensor(dst=ke_1[0:pt, 0:1], data=gate_cl[0:pt, h:h + 1], op0=nl.subtract, operand0=1.0, op1=nl.multiply, operand1=ke_0[0:pt, 0:1], reverse0=True)
             ke_2 = nl.ndarray((P, 1), dtype=nl.float32, buffer=nl.sbuf)
-            nisa.tensor_tensor(dst=ke_2[0:pt, 0:1], data1=dot_cl[0:pt, h:h + 1], data2=rstd_x_cl[0:pt, h:h + 1], op=nl.multiply)
+            nisa.tensor_tensor(dst=ke_2[0:pt, 0:1], data1=dot_cl[0:pt, h:h + 1], data2=rstd_x_cl[0:pt, h:h + 1], op=nl.multiply, engine=nisa.engine.gpsimd)
             ke_3 = nl.ndarray((P, 1), dtype=nl.float32, buffer=nl.sbuf)
-            nisa.tensor_tensor(dst=ke_3[0:pt, 0:1], data1=ke_2[0:pt, 0:1], data2=rstd_k_cl[0:pt, h:h + 1], op=nl.multiply)
+            nisa.tensor_tensor(dst=ke_3[0:pt, 0:1], data1=ke_2[0:pt, 0:1], data2=rstd_k_cl[0:pt, h:h + 1], op=nl.multiply, engine=nisa.engine.gpsimd)
             ke_4 = nl.ndarray((P, 1), dtype=nl.float32, buffer=nl.sbuf)
-            nisa.tensor_scalar(dst=ke_4[0:pt, 0:1], data=ke_3[0:pt, 0:1], op0=nl.multiply, operand0=(float(d_H) ** -0.5))
+            nisa.tensor_scalar(dst=ke_4[0:pt, 0:1], data=ke_3[0:pt, 0:1], op0=nl.multiply, operand0=(float(d_H) ** -0.5), engine=nisa.engine.gpsimd)
             ke_5 = nl.ndarray((P, 1), dtype=nl.float32, buffer=nl.sbuf)
             nisa.activation(dst=ke_5[0:pt, 0:1], op=nl.sign, data=ke_4[0:pt, 0:1])
             ke_6 = nl.ndarray((P, 1), dtype=nl.float32, buffer=nl.sbuf)
-            nisa.tensor_tensor(dst=ke_6[0:pt, 0:1], data1=ke_1[0:pt, 0:1], data2=ke_5[0:pt, 0:1], op=nl.multiply)
+            nisa.tensor_tensor(dst=ke_6[0:pt, 0:1], data1=ke_1[0:pt, 0:1], data2=ke_5[0:pt, 0:1], op=nl.multiply, engine=nisa.engine.gpsimd)
             ke_7 = nl.ndarray((P, 1), dtype=nl.float32, buffer=nl.sbuf)
             nisa.activation(dst=ke_7[0:pt, 0:1], op=nl.abs, data=ke_4[0:pt, 0:1])
             ke_8 = nl.ndarray((P, 1), dtype=nl.float32, buffer=nl.sbuf)
-            nisa.tensor_scalar(dst=ke_8[0:pt, 0:1], data=ke_7[0:pt, 0:1], op0=nl.maximum, operand0=clamp_arg)
+            nisa.tensor_scalar(dst=ke_8[0:pt, 0:1], data=ke_7[0:pt, 0:1], op0=nl.maximum, operand0=clamp_arg, engine=nisa.engine.gpsimd)
             ke_9 = nl.ndarray((P, 1), dtype=nl.float32, buffer=nl.sbuf)
             nisa.activation(dst=ke_9[0:pt, 0:1], op=nl.sqrt, data=ke_8[0:pt, 0:1])
             ke_10 = nl.ndarray((P, 1), dtype=nl.float32, buffer=nl.sbuf)
             nisa.scalar_tensor_tensor(dst=ke_10[0:pt, 0:1], data=ke_6[0:pt, 0:1], op0=nl.multiply, operand0=0.5, op1=nl.divide, operand1=ke_9[0:pt, 0:1])
             ke_11 = nl.ndarray((P, 1), dtype=nl.float32, buffer=nl.sbuf)
-            nisa.tensor_scalar(dst=ke_11[0:pt, 0:1], data=ke_7[0:pt, 0:1], op0=nl.equal, operand0=clamp_arg)
+            nisa.tensor_scalar(dst=ke_11[0:pt, 0:1], data=ke_7[0:pt, 0:1], op0=nl.equal, operand0=clamp_arg, engine=nisa.engine.gpsimd)
             ke_12 = nl.ndarray((P, 1), dtype=nl.float32, buffer=nl.sbuf)
-            nisa.tensor_scalar(dst=ke_12[0:pt, 0:1], data=ke_7[0:pt, 0:1], op0=nl.greater, operand0=clamp_arg)
+            nisa.tensor_scalar(dst=ke_12[0:pt, 0:1], data=ke_7[0:pt, 0:1], op0=nl.greater, operand0=clamp_arg, engine=nisa.engine.gpsimd)
             ke_13 = nl.ndarray((P, 1), dtype=nl.float32, buffer=nl.sbuf)
             nisa.scalar_tensor_tensor(dst=ke_13[0:pt, 0:1], data=ke_11[0:pt, 0:1], op0=nl.multiply, operand0=0.5, op1=nl.add, operand1=ke_12[0:pt, 0:1])
             ke_14 = nl.ndarray((P, 1), dtype=nl.float32, buffer=nl.sbuf)
-            nisa.tensor_tensor(dst=ke_14[0:pt, 0:1], data1=ke_10[0:pt, 0:1], data2=ke_13[0:pt, 0:1], op=nl.multiply)
+            nisa.tensor_tensor(dst=ke_14[0:pt, 0:1], data1=ke_10[0:pt, 0:1], data2=ke_13[0:pt, 0:1], op=nl.multiply, engine=nisa.engine.gpsimd)
             ke_15 = nl.ndarray((P, 1), dtype=nl.float32, buffer=nl.sbuf)
-            nisa.tensor_tensor(dst=ke_15[0:pt, 0:1], data1=ke_14[0:pt, 0:1], data2=ke_5[0:pt, 0:1], op=nl.multiply)
+            nisa.tensor_tensor(dst=ke_15[0:pt, 0:1], data1=ke_14[0:pt, 0:1], data2=ke_5[0:pt, 0:1], op=nl.multiply, engine=nisa.engine.gpsimd)
             ke_16 = nl.ndarray((P, 1), dtype=nl.float32, buffer=nl.sbuf)
             nisa.scalar_tensor_tensor(dst=ke_16[0:pt, 0:1], data=ke_15[0:pt, 0:1], op0=nl.multiply, operand0=(float(d_H) ** -0.5), op1=nl.multiply, operand1=rstd_k_cl[0:pt, h:h + 1])
             ke_17 = nl.ndarray((P, 1), dtype=nl.float32, buffer=nl.sbuf)
-            nisa.tensor_tensor(dst=ke_17[0:pt, 0:1], data1=ke_16[0:pt, 0:1], data2=rstd_x_cl[0:pt, h:h + 1], op=nl.multiply)
+            nisa.tensor_tensor(dst=ke_17[0:pt, 0:1], data1=ke_16[0:pt, 0:1], data2=rstd_x_cl[0:pt, h:h + 1], op=nl.multiply, engine=nisa.engine.gpsimd)
             ke_18 = nl.ndarray((P, 1), dtype=nl.float32, buffer=nl.sbuf)
             nisa.scalar_tensor_tensor(dst=ke_18[0:pt, 0:1], data=ke_15[0:pt, 0:1], op0=nl.multiply, operand0=(float(d_H) ** -0.5), op1=nl.multiply, operand1=ke_2[0:pt, 0:1])
             ke_19 = nl.ndarray((P, 1), dtype=nl.float32, buffer=nl.sbuf)
-            nisa.tensor_scalar(dst=ke_19[0:pt, 0:1], data=rstd_k_cl[0:pt, h:h + 1], op0=nl.power, operand0=3.0)
+            nisa.tensor_scalar(dst=ke_19[0:pt, 0:1], data=rstd_k_cl[0:pt, h:h + 1], op0=nl.power, operand0=3.0, engine=nisa.engine.gpsimd)
             ke_20 = nl.ndarray((P, 1), dtype=nl.float32, buffer=nl.sbuf)
-            nisa.tensor_tensor(dst=ke_20[0:pt, 0:1], data1=ke_18[0:pt, 0:1], data2=ke_19[0:pt, 0:1], op=nl.multiply)
+            nisa.tensor_tensor(dst=ke_20[0:pt, 0:1], data1=ke_18[0:pt, 0:1], data2=ke_19[0:pt, 0:1], op=nl.multiply, engine=nisa.engine.gpsimd)
             ke_21 = nl.ndarray((P, 1), dtype=nl.float32, buffer=nl.sbuf)
-            nisa.tensor_scalar(dst=ke_21[0:pt, 0:1], data=ke_20[0:pt, 0:1], op0=nl.multiply, operand0=-0.5, op1=nl.divide, operand1=float(d_H))
+            nisa.tensor_scalar(dst=ke_21[0:pt, 0:1], data=ke_20[0:pt, 0:1], op0=nl.multiply, operand0=-0.5, op1=nl.divide, operand1=float(d_H), engine=nisa.engine.gpsimd)
             ke_22 = nl.ndarray((P, 1), dtype=nl.float32, buffer=nl.sbuf)
-            nisa.tensor_tensor(dst=ke_22[0:pt, 0:1], data1=ke_16[0:pt, 0:1], data2=dot_cl[0:pt, h:h + 1], op=nl.multiply)
+            nisa.tensor_tensor(dst=ke_22[0:pt, 0:1], data1=ke_16[0:pt, 0:1], data2=dot_cl[0:pt, h:h + 1], op=nl.multiply, engine=nisa.engine.gpsimd)
             ke_23 = nl.ndarray((P, 1), dtype=nl.float32, buffer=nl.sbuf)
-            nisa.tensor_scalar(dst=ke_23[0:pt, 0:1], data=rstd_x_cl[0:pt, h:h + 1], op0=nl.power, operand0=3.0)
+            nisa.tensor_scalar(dst=ke_23[0:pt, 0:1], data=rstd_x_cl[0:pt, h:h + 1], op0=nl.power, operand0=3.0, engine=nisa.engine.gpsimd)
             ke_24 = nl.ndarray((P, 1), dtype=nl.float32, buffer=nl.sbuf)
-            nisa.tensor_tensor(dst=ke_24[0:pt, 0:1], data1=ke_22[0:pt, 0:1], data2=ke_23[0:pt, 0:1], op=nl.multiply)
+            nisa.tensor_tensor(dst=ke_24[0:pt, 0:1], data1=ke_22[0:pt, 0:1], data2=ke_23[0:pt, 0:1], op=nl.multiply, engine=nisa.engine.gpsimd)
             ke_25 = nl.ndarray((P, 1), dtype=nl.float32, buffer=nl.sbuf)
-            nisa.tensor_scalar(dst=ke_25[0:pt, 0:1], data=ke_24[0:pt, 0:1], op0=nl.multiply, operand0=-0.5, op1=nl.divide, operand1=float(d_H))
+            nisa.tensor_scalar(dst=ke_25[0:pt, 0:1], data=ke_24[0:pt, 0:1], op0=nl.multiply, operand0=-0.5, op1=nl.divide, operand1=float(d_H), engine=nisa.engine.gpsimd)
             for c in range(cdiv(d_H, HB)):
                 c0 = c * HB
                 hw = min(HB, d_H - c0)

@@ -33,6 +33,7 @@ class RowModel(NamedTuple):
     epilogue: int  # full-width temporaries of the epilogue
     chunk: int  # temporaries of the widest reduction pass, per chunk column
     columns: int  # bytes of [P, 1] columns and per-head staging, per head
+    row_copies: int = 1  # row inputs in flight: 2 when the next head's loads overlap this head's epilogue
 
 
 class Buffer(NamedTuple):
@@ -58,44 +59,53 @@ def held_heads(heads: int, resident: bool) -> int:
     return heads if resident else 1
 
 
-def buffers(m: RowModel, width: int, heads: int, hb: int, resident: bool = True) -> list[Buffer]:
-    """The kernel's SBUF buffers at width `width`, `heads` heads and reduction chunk `hb` columns."""
+def buffers(m: RowModel, width: int, heads: int, hb: int, resident: bool = True, overlap: bool = True
+            ) -> list[Buffer]:  # fmt: skip
+    """The kernel's SBUF buffers at width `width`, `heads` heads and reduction chunk `hb` columns (overlap:
+    the next head's loads and passes run before this head's full-width epilogue)."""
     kept = "resident for the launch" if resident else "rebuilt per token tile and head"
     return [
         Buffer(
             f"prepared weights (fp32, {kept})", m.resident_per_head * held_heads(heads, resident) * width, 1
         ),
-        Buffer("row inputs of one token tile and head", m.row_inputs * width, 1),
+        Buffer("row inputs of one token tile and head", m.row_inputs * width, m.row_copies if overlap else 1),
         Buffer("epilogue tiles", m.epilogue * width, 1),
         Buffer("reduction chunk temporaries", m.chunk * hb, 1),
         Buffer("per-row columns and output staging", m.columns * heads, 1),
     ]
 
 
-def sbuf_bytes(m: RowModel, width: int, heads: int, hb: int, resident: bool = True) -> int:
+def sbuf_bytes(m: RowModel, width: int, heads: int, hb: int, resident: bool = True, overlap: bool = True
+               ) -> int:  # fmt: skip
     """Peak SBUF bytes per partition: the main loop, or the prep step if that is larger."""
-    main = sum(b.bytes * b.copies for b in buffers(m, width, heads, hb, resident))
+    main = sum(b.bytes * b.copies for b in buffers(m, width, heads, hb, resident, overlap))
     prep = (m.resident_per_head * held_heads(heads, resident) + m.prep_scratch) * width
     return max(main, prep)
 
 
+def overlaps(m: RowModel, width: int, heads: int, hb: int, resident: bool, budget: int) -> bool:
+    """Whether the plan (hb, resident) leaves room for two heads' row inputs at once."""
+    return sbuf_bytes(m, width, heads, hb, resident, True) <= budget
+
+
 def choose(m: RowModel, width: int, heads: int, budget: int) -> tuple[int, bool]:
     """(HB, resident): prepared weights resident if they fit, else rebuilt per token tile and head (their
-    weights re-read once per 128 tokens); then the fewest reduction chunks, each the narrowest multiple
-    of 128 for that count."""
+    weights re-read once per 128 tokens), with heads overlapped if that fits too; then the fewest reduction
+    chunks, each the narrowest multiple of 128 for that count."""
     for resident in (True, False):
-        fixed = sbuf_bytes(m, width, heads, 0, resident)
-        room = (budget - fixed) // m.chunk if m.chunk else width
-        widest = min(cdiv(width, P) * P, room // P * P)
-        if widest >= P and sbuf_bytes(m, width, heads, P, resident) <= budget:
-            return cdiv(cdiv(width, cdiv(width, widest)), P) * P, resident
-    need = sbuf_bytes(m, width, heads, P, False)
+        for overlap in (True, False):
+            fixed = sbuf_bytes(m, width, heads, 0, resident, overlap)
+            room = (budget - fixed) // m.chunk if m.chunk else width
+            widest = min(cdiv(width, P) * P, room // P * P)
+            if widest >= P and sbuf_bytes(m, width, heads, P, resident, overlap) <= budget:
+                return cdiv(cdiv(width, cdiv(width, widest)), P) * P, resident
+    need = sbuf_bytes(m, width, heads, P, False, False)
     raise ValueError(
         f"no tile plan fits: width {width} with {heads} heads needs {need} B/partition of SBUF "
         f"even with 128-column chunks and one head's weights at a time; the budget is {budget} B"
     )
 
-MODEL = RowModel(resident_per_head=4, prep_scratch=4, row_inputs=6, epilogue=2, chunk=20, columns=100)
+MODEL = RowModel(resident_per_head=4, prep_scratch=4, row_inputs=6, epilogue=2, chunk=20, columns=100, row_copies=2)
 
 
 def prepare_weights(h, w_h_hbm, w_e_hbm):
@@ -136,10 +146,11 @@ def fused_weight_kernel(w_h_hbm, w_e_hbm):
 
 
 @nki.jit
-def engram_gate_noresid_kernel(x_hbm, kv_hbm, w_h_hbm, w_e_hbm, eps_arg, clamp_arg, HB, resident, save):
+def engram_gate_noresid_kernel(x_hbm, kv_hbm, w_h_hbm, w_e_hbm, eps_arg, clamp_arg, HB, resident, overlap, save):
     """One core's share of token tiles (128 tokens on partitions); heads looped; width reduced in chunks of HB.
 
     resident: the prepared weights are built once and kept for the launch (else per token tile and head).
+    overlap: a head's full-width epilogue runs after the next head's passes (two heads' row inputs in SBUF).
     """
     d_H = x_hbm.shape[2]
     d_HC = x_hbm.shape[1]
@@ -150,8 +161,94 @@ def engram_gate_noresid_kernel(x_hbm, kv_hbm, w_h_hbm, w_e_hbm, eps_arg, clamp_a
     rstd_x_hbm = nl.ndarray((d_T, d_HC), dtype=nl.float32, buffer=nl.shared_hbm) if save else None
     rstd_k_hbm = nl.ndarray((d_T, d_HC), dtype=nl.float32, buffer=nl.shared_hbm) if save else None
     held = [prepare_weights(h, w_h_hbm, w_e_hbm) for h in range(d_HC)] if resident else []
+    stores = []  # output DMAs, issued once the next head's loads are queued (the DMA queues are in order)
+
+    def head_steps(t0, pt, h, v_ld, dot_sv, gate_sv, rstd_x_sv, rstd_k_sv):
+        """Token tile t0, head h: loads, reduction passes, per-row math; resumed, the full-width epilogue."""
+        prepared = held[h] if resident else prepare_weights(h, w_h_hbm, w_e_hbm)
+        x_ld = nl.ndarray((P, d_H), dtype=nl.bfloat16, buffer=nl.sbuf)
+        nisa.dma_copy(dst=x_ld[0:pt, 0:d_H], src=x_hbm[t0:t0 + pt, h, 0:d_H])
+        k_ld = nl.ndarray((P, d_H), dtype=nl.bfloat16, buffer=nl.sbuf)
+        nisa.dma_copy(dst=k_ld[0:pt, 0:d_H], src=kv_hbm[t0:t0 + pt, h, 0:d_H])
+        # reduction pass 1: partial results per chunk, folded into [P, 1] accumulators
+        for c in range(cdiv(d_H, HB)):
+            c0 = c * HB
+            hw = min(HB, d_H - c0)
+            r0_0 = nl.ndarray((P, HB), dtype=nl.float32, buffer=nl.sbuf)
+            r0_1 = nl.ndarray((P, 1), dtype=nl.float32, buffer=nl.sbuf)
+            nisa.activation_reduce(dst=r0_0[0:pt, 0:hw], op=nl.square, data=x_ld[0:pt, c0:c0 + hw], reduce_op=nl.add, reduce_res=r0_1[0:pt, 0:1])
+            r0_2 = nl.ndarray((P, 1), dtype=nl.float32, buffer=nl.sbuf)
+            nisa.tensor_scalar(dst=r0_2[0:pt, 0:1], data=r0_1[0:pt, 0:1], op0=nl.multiply, operand0=(1.0 / float(d_H)), engine=nisa.engine.gpsimd)
+            r0_3 = nl.ndarray((P, HB), dtype=nl.float32, buffer=nl.sbuf)
+            r0_4 = nl.ndarray((P, 1), dtype=nl.float32, buffer=nl.sbuf)
+            nisa.activation_reduce(dst=r0_3[0:pt, 0:hw], op=nl.square, data=k_ld[0:pt, c0:c0 + hw], reduce_op=nl.add, reduce_res=r0_4[0:pt, 0:1])
+            r0_5 = nl.ndarray((P, 1), dtype=nl.float32, buffer=nl.sbuf)
+            nisa.tensor_scalar(dst=r0_5[0:pt, 0:1], data=r0_4[0:pt, 0:1], op0=nl.multiply, operand0=(1.0 / float(d_H)), engine=nisa.engine.gpsimd)
+            r0_6 = nl.ndarray((P, HB), dtype=nl.float32, buffer=nl.sbuf)
+            nisa.tensor_tensor(dst=r0_6[0:pt, 0:hw], data1=x_ld[0:pt, c0:c0 + hw], data2=k_ld[0:pt, c0:c0 + hw], op=nl.multiply)
+            r0_7 = nl.ndarray((P, HB), dtype=nl.float32, buffer=nl.sbuf)
+            nisa.tensor_tensor(dst=r0_7[0:pt, 0:hw], data1=r0_6[0:pt, 0:hw], data2=prepared[0][0:pt, c0:c0 + hw], op=nl.multiply)
+            r0_8 = nl.ndarray((P, HB), dtype=nl.float32, buffer=nl.sbuf)
+            r0_9 = nl.ndarray((P, 1), dtype=nl.float32, buffer=nl.sbuf)
+            nisa.activation_reduce(dst=r0_8[0:pt, 0:hw], op=nl.copy, data=r0_7[0:pt, 0:hw], reduce_op=nl.add, reduce_res=r0_9[0:pt, 0:1])
+            if c == 0:
+                acc9 = r0_2
+            else:
+                nisa.tensor_tensor(dst=acc9[0:pt, 0:1], data1=acc9[0:pt, 0:1], data2=r0_2[0:pt, 0:1], op=nl.add, engine=nisa.engine.gpsimd)
+            if c == 0:
+                acc13 = r0_5
+            else:
+                nisa.tensor_tensor(dst=acc13[0:pt, 0:1], data1=acc13[0:pt, 0:1], data2=r0_5[0:pt, 0:1], op=nl.add, engine=nisa.engine.gpsimd)
+            if c == 0:
+                acc19 = r0_9
+            else:
+                nisa.tensor_tensor(dst=acc19[0:pt, 0:1], data1=acc19[0:pt, 0:1], data2=r0_9[0:pt, 0:1], op=nl.add, engine=nisa.engine.gpsimd)
+        # epilogue: per-row math on the accumulators; then, after the next head's passes, the full-width combine
+        e0 = nl.ndarray((P, 1), dtype=nl.float32, buffer=nl.sbuf)
+        nisa.tensor_scalar(dst=e0[0:pt, 0:1], data=acc9[0:pt, 0:1], op0=nl.add, operand0=eps_arg, engine=nisa.engine.gpsimd)
+        e1 = nl.ndarray((P, 1), dtype=nl.float32, buffer=nl.sbuf)
+        nisa.activation(dst=e1[0:pt, 0:1], op=nl.rsqrt, data=e0[0:pt, 0:1])
+        e2 = nl.ndarray((P, 1), dtype=nl.float32, buffer=nl.sbuf)
+        nisa.tensor_tensor(dst=e2[0:pt, 0:1], data1=acc19[0:pt, 0:1], data2=e1[0:pt, 0:1], op=nl.multiply, engine=nisa.engine.gpsimd)
+        e3 = nl.ndarray((P, 1), dtype=nl.float32, buffer=nl.sbuf)
+        nisa.tensor_scalar(dst=e3[0:pt, 0:1], data=acc13[0:pt, 0:1], op0=nl.add, operand0=eps_arg, engine=nisa.engine.gpsimd)
+        e4 = nl.ndarray((P, 1), dtype=nl.float32, buffer=nl.sbuf)
+        nisa.activation(dst=e4[0:pt, 0:1], op=nl.rsqrt, data=e3[0:pt, 0:1])
+        e5 = nl.ndarray((P, 1), dtype=nl.float32, buffer=nl.sbuf)
+        nisa.tensor_tensor(dst=e5[0:pt, 0:1], data1=e2[0:pt, 0:1], data2=e4[0:pt, 0:1], op=nl.multiply, engine=nisa.engine.gpsimd)
+        e6 = nl.ndarray((P, 1), dtype=nl.float32, buffer=nl.sbuf)
+        nisa.tensor_scalar(dst=e6[0:pt, 0:1], data=e5[0:pt, 0:1], op0=nl.multiply, operand0=(float(d_H) ** -0.5), engine=nisa.engine.gpsimd)
+        e7 = nl.ndarray((P, 1), dtype=nl.float32, buffer=nl.sbuf)
+        nisa.activation(dst=e7[0:pt, 0:1], op=nl.sign, data=e6[0:pt, 0:1])
+        e8 = nl.ndarray((P, 1), dtype=nl.float32, buffer=nl.sbuf)
+        nisa.activation(dst=e8[0:pt, 0:1], op=nl.abs, data=e6[0:pt, 0:1])
+        e9 = nl.ndarray((P, 1), dtype=nl.float32, buffer=nl.sbuf)
+        nisa.tensor_scalar(dst=e9[0:pt, 0:1], data=e8[0:pt, 0:1], op0=nl.maximum, operand0=clamp_arg, engine=nisa.engine.gpsimd)
+        e10 = nl.ndarray((P, 1), dtype=nl.float32, buffer=nl.sbuf)
+        nisa.activation(dst=e10[0:pt, 0:1], op=nl.sqrt, data=e9[0:pt, 0:1])
+        e11 = nl.ndarray((P, 1), dtype=nl.float32, buffer=nl.sbuf)
+        nisa.tensor_tensor(dst=e11[0:pt, 0:1], data1=e7[0:pt, 0:1], data2=e10[0:pt, 0:1], op=nl.multiply, engine=nisa.engine.gpsimd)
+        e12 = nl.ndarray((P, 1), dtype=nl.float32, buffer=nl.sbuf)
+        nisa.activation(dst=e12[0:pt, 0:1], op=nl.sigmoid, data=e11[0:pt, 0:1])
+        yield
+        e13 = nl.ndarray((P, d_H), dtype=nl.bfloat16, buffer=nl.sbuf)
+        nisa.tensor_scalar(dst=e13[0:pt, 0:d_H], data=v_ld[0:pt, 0:d_H], op0=nl.multiply, operand0=e12[0:pt, 0:1])
+        stores.append((out_hbm[t0:t0 + pt, h, 0:d_H], e13[0:pt, 0:d_H]))
+        if save:
+            nisa.tensor_copy(dst=dot_sv[0:pt, h:h + 1], src=acc19[0:pt, 0:1])
+            nisa.tensor_copy(dst=gate_sv[0:pt, h:h + 1], src=e12[0:pt, 0:1])
+            nisa.tensor_copy(dst=rstd_x_sv[0:pt, h:h + 1], src=e1[0:pt, 0:1])
+            nisa.tensor_copy(dst=rstd_k_sv[0:pt, h:h + 1], src=e4[0:pt, 0:1])
+        if h == d_HC - 1:
+            if save:
+                stores.append((dot_hbm[t0:t0 + pt, 0:d_HC], dot_sv[0:pt, 0:d_HC]))
+                stores.append((gate_hbm[t0:t0 + pt, 0:d_HC], gate_sv[0:pt, 0:d_HC]))
+                stores.append((rstd_x_hbm[t0:t0 + pt, 0:d_HC], rstd_x_sv[0:pt, 0:d_HC]))
+                stores.append((rstd_k_hbm[t0:t0 + pt, 0:d_HC], rstd_k_sv[0:pt, 0:d_HC]))
+
     t_begin = min(d_T, nl.program_id(0) * rows_per_core(d_T, nl.num_programs()))
     t_end = min(d_T, t_begin + rows_per_core(d_T, nl.num_programs()))
+    prev = None  # the previous head's steps, its epilogue still to run
     for t0 in range(t_begin, t_end, P):
         pt = min(P, t_end - t0)
         v_ld = nl.ndarray((P, d_H), dtype=nl.bfloat16, buffer=nl.sbuf)
@@ -161,84 +258,21 @@ def engram_gate_noresid_kernel(x_hbm, kv_hbm, w_h_hbm, w_e_hbm, eps_arg, clamp_a
         rstd_x_sv = nl.ndarray((P, d_HC), dtype=nl.float32, buffer=nl.sbuf)
         rstd_k_sv = nl.ndarray((P, d_HC), dtype=nl.float32, buffer=nl.sbuf)
         for h in range(d_HC):
-            prepared = held[h] if resident else prepare_weights(h, w_h_hbm, w_e_hbm)
-            x_ld = nl.ndarray((P, d_H), dtype=nl.bfloat16, buffer=nl.sbuf)
-            nisa.dma_copy(dst=x_ld[0:pt, 0:d_H], src=x_hbm[t0:t0 + pt, h, 0:d_H])
-            k_ld = nl.ndarray((P, d_H), dtype=nl.bfloat16, buffer=nl.sbuf)
-            nisa.dma_copy(dst=k_ld[0:pt, 0:d_H], src=kv_hbm[t0:t0 + pt, h, 0:d_H])
-            # reduction pass 1: partial results per chunk, folded into [P, 1] accumulators
-            for c in range(cdiv(d_H, HB)):
-                c0 = c * HB
-                hw = min(HB, d_H - c0)
-                r0_0 = nl.ndarray((P, HB), dtype=nl.float32, buffer=nl.sbuf)
-                r0_1 = nl.ndarray((P, 1), dtype=nl.float32, buffer=nl.sbuf)
-                nisa.activation_reduce(dst=r0_0[0:pt, 0:hw], op=nl.square, data=x_ld[0:pt, c0:c0 + hw], reduce_op=nl.add, reduce_res=r0_1[0:pt, 0:1])
-                r0_2 = nl.ndarray((P, 1), dtype=nl.float32, buffer=nl.sbuf)
-                nisa.tensor_scalar(dst=r0_2[0:pt, 0:1], data=r0_1[0:pt, 0:1], op0=nl.multiply, operand0=(1.0 / float(d_H)))
-                r0_3 = nl.ndarray((P, HB), dtype=nl.float32, buffer=nl.sbuf)
-                r0_4 = nl.ndarray((P, 1), dtype=nl.float32, buffer=nl.sbuf)
-                nisa.activation_reduce(dst=r0_3[0:pt, 0:hw], op=nl.square, data=k_ld[0:pt, c0:c0 + hw], reduce_op=nl.add, reduce_res=r0_4[0:pt, 0:1])
-                r0_5 = nl.ndarray((P, 1), dtype=nl.float32, buffer=nl.sbuf)
-                nisa.tensor_scalar(dst=r0_5[0:pt, 0:1], data=r0_4[0:pt, 0:1], op0=nl.multiply, operand0=(1.0 / float(d_H)))
-                r0_6 = nl.ndarray((P, HB), dtype=nl.float32, buffer=nl.sbuf)
-                nisa.tensor_tensor(dst=r0_6[0:pt, 0:hw], data1=x_ld[0:pt, c0:c0 + hw], data2=k_ld[0:pt, c0:c0 + hw], op=nl.multiply)
-                r0_7 = nl.ndarray((P, HB), dtype=nl.float32, buffer=nl.sbuf)
-                nisa.tensor_tensor(dst=r0_7[0:pt, 0:hw], data1=r0_6[0:pt, 0:hw], data2=prepared[0][0:pt, c0:c0 + hw], op=nl.multiply)
-                r0_8 = nl.ndarray((P, HB), dtype=nl.float32, buffer=nl.sbuf)
-                r0_9 = nl.ndarray((P, 1), dtype=nl.float32, buffer=nl.sbuf)
-                nisa.activation_reduce(dst=r0_8[0:pt, 0:hw], op=nl.copy, data=r0_7[0:pt, 0:hw], reduce_op=nl.add, reduce_res=r0_9[0:pt, 0:1])
-                if c == 0:
-                    acc9 = r0_2
-                else:
-                    nisa.tensor_tensor(dst=acc9[0:pt, 0:1], data1=acc9[0:pt, 0:1], data2=r0_2[0:pt, 0:1], op=nl.add)
-                if c == 0:
-                    acc13 = r0_5
-                else:
-                    nisa.tensor_tensor(dst=acc13[0:pt, 0:1], data1=acc13[0:pt, 0:1], data2=r0_5[0:pt, 0:1], op=nl.add)
-                if c == 0:
-                    acc19 = r0_9
-                else:
-                    nisa.tensor_tensor(dst=acc19[0:pt, 0:1], data1=acc19[0:pt, 0:1], data2=r0_9[0:pt, 0:1], op=nl.add)
-            # epilogue: per-row math on the accumulators, then the full-width combine
-            e0 = nl.ndarray((P, 1), dtype=nl.float32, buffer=nl.sbuf)
-            nisa.tensor_scalar(dst=e0[0:pt, 0:1], data=acc9[0:pt, 0:1], op0=nl.add, operand0=eps_arg)
-            e1 = nl.ndarray((P, 1), dtype=nl.float32, buffer=nl.sbuf)
-            nisa.activation(dst=e1[0:pt, 0:1], op=nl.rsqrt, data=e0[0:pt, 0:1])
-            e2 = nl.ndarray((P, 1), dtype=nl.float32, buffer=nl.sbuf)
-            nisa.tensor_tensor(dst=e2[0:pt, 0:1], data1=acc19[0:pt, 0:1], data2=e1[0:pt, 0:1], op=nl.multiply)
-            e3 = nl.ndarray((P, 1), dtype=nl.float32, buffer=nl.sbuf)
-            nisa.tensor_scalar(dst=e3[0:pt, 0:1], data=acc13[0:pt, 0:1], op0=nl.add, operand0=eps_arg)
-            e4 = nl.ndarray((P, 1), dtype=nl.float32, buffer=nl.sbuf)
-            nisa.activation(dst=e4[0:pt, 0:1], op=nl.rsqrt, data=e3[0:pt, 0:1])
-            e5 = nl.ndarray((P, 1), dtype=nl.float32, buffer=nl.sbuf)
-            nisa.tensor_tensor(dst=e5[0:pt, 0:1], data1=e2[0:pt, 0:1], data2=e4[0:pt, 0:1], op=nl.multiply)
-            e6 = nl.ndarray((P, 1), dtype=nl.float32, buffer=nl.sbuf)
-            nisa.tensor_scalar(dst=e6[0:pt, 0:1], data=e5[0:pt, 0:1], op0=nl.multiply, operand0=(float(d_H) ** -0.5))
-            e7 = nl.ndarray((P, 1), dtype=nl.float32, buffer=nl.sbuf)
-            nisa.activation(dst=e7[0:pt, 0:1], op=nl.sign, data=e6[0:pt, 0:1])
-            e8 = nl.ndarray((P, 1), dtype=nl.float32, buffer=nl.sbuf)
-            nisa.activation(dst=e8[0:pt, 0:1], op=nl.abs, data=e6[0:pt, 0:1])
-            e9 = nl.ndarray((P, 1), dtype=nl.float32, buffer=nl.sbuf)
-            nisa.tensor_scalar(dst=e9[0:pt, 0:1], data=e8[0:pt, 0:1], op0=nl.maximum, operand0=clamp_arg)
-            e10 = nl.ndarray((P, 1), dtype=nl.float32, buffer=nl.sbuf)
-            nisa.activation(dst=e10[0:pt, 0:1], op=nl.sqrt, data=e9[0:pt, 0:1])
-            e11 = nl.ndarray((P, 1), dtype=nl.float32, buffer=nl.sbuf)
-            nisa.tensor_tensor(dst=e11[0:pt, 0:1], data1=e7[0:pt, 0:1], data2=e10[0:pt, 0:1], op=nl.multiply)
-            e12 = nl.ndarray((P, 1), dtype=nl.float32, buffer=nl.sbuf)
-            nisa.activation(dst=e12[0:pt, 0:1], op=nl.sigmoid, data=e11[0:pt, 0:1])
-            e13 = nl.ndarray((P, d_H), dtype=nl.bfloat16, buffer=nl.sbuf)
-            nisa.tensor_scalar(dst=e13[0:pt, 0:d_H], data=v_ld[0:pt, 0:d_H], op0=nl.multiply, operand0=e12[0:pt, 0:1])
-            nisa.dma_copy(dst=out_hbm[t0:t0 + pt, h, 0:d_H], src=e13[0:pt, 0:d_H])
-            if save:
-                nisa.tensor_copy(dst=dot_sv[0:pt, h:h + 1], src=acc19[0:pt, 0:1])
-                nisa.tensor_copy(dst=gate_sv[0:pt, h:h + 1], src=e12[0:pt, 0:1])
-                nisa.tensor_copy(dst=rstd_x_sv[0:pt, h:h + 1], src=e1[0:pt, 0:1])
-                nisa.tensor_copy(dst=rstd_k_sv[0:pt, h:h + 1], src=e4[0:pt, 0:1])
-        if save:
-            nisa.dma_copy(dst=dot_hbm[t0:t0 + pt, 0:d_HC], src=dot_sv[0:pt, 0:d_HC])
-            nisa.dma_copy(dst=gate_hbm[t0:t0 + pt, 0:d_HC], src=gate_sv[0:pt, 0:d_HC])
-            nisa.dma_copy(dst=rstd_x_hbm[t0:t0 + pt, 0:d_HC], src=rstd_x_sv[0:pt, 0:d_HC])
-            nisa.dma_copy(dst=rstd_k_hbm[t0:t0 + pt, 0:d_HC], src=rstd_k_sv[0:pt, 0:d_HC])
+            steps = head_steps(t0, pt, h, v_ld, dot_sv, gate_sv, rstd_x_sv, rstd_k_sv)
+            next(steps)  # this head's loads and passes go ahead of the previous head's epilogue and stores
+            for dst, src in stores:
+                nisa.dma_copy(dst=dst, src=src)
+            stores.clear()
+            if prev is not None:
+                next(prev, None)
+            prev = steps
+            if not overlap:
+                next(prev, None)
+                prev = None
+    if prev is not None:
+        next(prev, None)
+    for dst, src in stores:
+        nisa.dma_copy(dst=dst, src=src)
     if save:
         return out_hbm, dot_hbm, gate_hbm, rstd_x_hbm, rstd_k_hbm
     return out_hbm
@@ -255,7 +289,8 @@ def engram_gate_noresid(x: torch.Tensor, kv: torch.Tensor, w_h: torch.Tensor, w_
         if _t.requires_grad:
             raise RuntimeError("engram_gate_noresid is inference-only: an input requires grad")
     _hb, _resident = choose(MODEL, x.shape[-1], x.shape[1], SBUF_BUDGET[target])
-    return engram_gate_noresid_kernel[lnc](x, kv, w_h, w_e, eps, clamp, _hb, _resident, save)
+    _overlap = overlaps(MODEL, x.shape[-1], x.shape[1], _hb, _resident, SBUF_BUDGET[target])
+    return engram_gate_noresid_kernel[lnc](x, kv, w_h, w_e, eps, clamp, _hb, _resident, _overlap, save)
 
 
 try:  # the NKI op on Neuron hosts (ops.py owns `fusegen::<name>`); the file imports without torch_neuronx

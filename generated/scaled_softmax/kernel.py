@@ -33,6 +33,7 @@ class RowModel(NamedTuple):
     epilogue: int  # full-width temporaries of the epilogue
     chunk: int  # temporaries of the widest reduction pass, per chunk column
     columns: int  # bytes of [P, 1] columns and per-head staging, per head
+    row_copies: int = 1  # row inputs in flight: 2 when the next head's loads overlap this head's epilogue
 
 
 class Buffer(NamedTuple):
@@ -58,51 +59,61 @@ def held_heads(heads: int, resident: bool) -> int:
     return heads if resident else 1
 
 
-def buffers(m: RowModel, width: int, heads: int, hb: int, resident: bool = True) -> list[Buffer]:
-    """The kernel's SBUF buffers at width `width`, `heads` heads and reduction chunk `hb` columns."""
+def buffers(m: RowModel, width: int, heads: int, hb: int, resident: bool = True, overlap: bool = True
+            ) -> list[Buffer]:  # fmt: skip
+    """The kernel's SBUF buffers at width `width`, `heads` heads and reduction chunk `hb` columns (overlap:
+    the next head's loads and passes run before this head's full-width epilogue)."""
     kept = "resident for the launch" if resident else "rebuilt per token tile and head"
     return [
         Buffer(
             f"prepared weights (fp32, {kept})", m.resident_per_head * held_heads(heads, resident) * width, 1
         ),
-        Buffer("row inputs of one token tile and head", m.row_inputs * width, 1),
+        Buffer("row inputs of one token tile and head", m.row_inputs * width, m.row_copies if overlap else 1),
         Buffer("epilogue tiles", m.epilogue * width, 1),
         Buffer("reduction chunk temporaries", m.chunk * hb, 1),
         Buffer("per-row columns and output staging", m.columns * heads, 1),
     ]
 
 
-def sbuf_bytes(m: RowModel, width: int, heads: int, hb: int, resident: bool = True) -> int:
+def sbuf_bytes(m: RowModel, width: int, heads: int, hb: int, resident: bool = True, overlap: bool = True
+               ) -> int:  # fmt: skip
     """Peak SBUF bytes per partition: the main loop, or the prep step if that is larger."""
-    main = sum(b.bytes * b.copies for b in buffers(m, width, heads, hb, resident))
+    main = sum(b.bytes * b.copies for b in buffers(m, width, heads, hb, resident, overlap))
     prep = (m.resident_per_head * held_heads(heads, resident) + m.prep_scratch) * width
     return max(main, prep)
 
 
+def overlaps(m: RowModel, width: int, heads: int, hb: int, resident: bool, budget: int) -> bool:
+    """Whether the plan (hb, resident) leaves room for two heads' row inputs at once."""
+    return sbuf_bytes(m, width, heads, hb, resident, True) <= budget
+
+
 def choose(m: RowModel, width: int, heads: int, budget: int) -> tuple[int, bool]:
     """(HB, resident): prepared weights resident if they fit, else rebuilt per token tile and head (their
-    weights re-read once per 128 tokens); then the fewest reduction chunks, each the narrowest multiple
-    of 128 for that count."""
+    weights re-read once per 128 tokens), with heads overlapped if that fits too; then the fewest reduction
+    chunks, each the narrowest multiple of 128 for that count."""
     for resident in (True, False):
-        fixed = sbuf_bytes(m, width, heads, 0, resident)
-        room = (budget - fixed) // m.chunk if m.chunk else width
-        widest = min(cdiv(width, P) * P, room // P * P)
-        if widest >= P and sbuf_bytes(m, width, heads, P, resident) <= budget:
-            return cdiv(cdiv(width, cdiv(width, widest)), P) * P, resident
-    need = sbuf_bytes(m, width, heads, P, False)
+        for overlap in (True, False):
+            fixed = sbuf_bytes(m, width, heads, 0, resident, overlap)
+            room = (budget - fixed) // m.chunk if m.chunk else width
+            widest = min(cdiv(width, P) * P, room // P * P)
+            if widest >= P and sbuf_bytes(m, width, heads, P, resident, overlap) <= budget:
+                return cdiv(cdiv(width, cdiv(width, widest)), P) * P, resident
+    need = sbuf_bytes(m, width, heads, P, False, False)
     raise ValueError(
         f"no tile plan fits: width {width} with {heads} heads needs {need} B/partition of SBUF "
         f"even with 128-column chunks and one head's weights at a time; the budget is {budget} B"
     )
 
-MODEL = RowModel(resident_per_head=0, prep_scratch=0, row_inputs=2, epilogue=10, chunk=8, columns=76)
+MODEL = RowModel(resident_per_head=0, prep_scratch=0, row_inputs=2, epilogue=10, chunk=8, columns=76, row_copies=2)
 
 
 @nki.jit
-def scaled_softmax_kernel(x_hbm, scale_arg, HB, resident, save):
+def scaled_softmax_kernel(x_hbm, scale_arg, HB, resident, overlap, save):
     """One core's share of token tiles (128 tokens on partitions); heads looped; width reduced in chunks of HB.
 
     resident: the prepared weights are built once and kept for the launch (else per token tile and head).
+    overlap: a head's full-width epilogue runs after the next head's passes (two heads' row inputs in SBUF).
     """
     x_hbm = x_hbm.reshape((x_hbm.shape[0], 1, x_hbm.shape[1]))
     d_H = x_hbm.shape[2]
@@ -110,53 +121,76 @@ def scaled_softmax_kernel(x_hbm, scale_arg, HB, resident, save):
     p_hbm_flat = nl.ndarray((d_T, d_H), dtype=nl.bfloat16, buffer=nl.shared_hbm)
     lse_hbm = nl.ndarray((d_T, 1), dtype=nl.float32, buffer=nl.shared_hbm)
     p_hbm = p_hbm_flat.reshape((d_T, 1, d_H))
+    stores = []  # output DMAs, issued once the next head's loads are queued (the DMA queues are in order)
+
+    def head_steps(t0, pt, h, x_ld, lse_sv):
+        """Token tile t0, head h: loads, reduction passes, per-row math; resumed, the full-width epilogue."""
+        # reduction pass 1: partial results per chunk, folded into [P, 1] accumulators
+        for c in range(cdiv(d_H, HB)):
+            c0 = c * HB
+            hw = min(HB, d_H - c0)
+            r0_0 = nl.ndarray((P, 1), dtype=nl.float32, buffer=nl.sbuf)
+            r0_1 = nl.ndarray((P, HB), dtype=nl.float32, buffer=nl.sbuf)
+            nisa.tensor_scalar(dst=r0_1[0:pt, 0:hw], data=x_ld[0:pt, c0:c0 + hw], op0=nl.multiply, operand0=scale_arg)
+            nisa.tensor_reduce(dst=r0_0[0:pt, 0:1], op=nl.maximum, data=r0_1[0:pt, 0:hw], axis=(1,))
+            if c == 0:
+                acc3 = r0_0
+            else:
+                nisa.tensor_tensor(dst=acc3[0:pt, 0:1], data1=acc3[0:pt, 0:1], data2=r0_0[0:pt, 0:1], op=nl.maximum, engine=nisa.engine.gpsimd)
+        # reduction pass 2: partial results per chunk, folded into [P, 1] accumulators
+        for c in range(cdiv(d_H, HB)):
+            c0 = c * HB
+            hw = min(HB, d_H - c0)
+            r1_0 = nl.ndarray((P, HB), dtype=nl.float32, buffer=nl.sbuf)
+            nisa.tensor_scalar(dst=r1_0[0:pt, 0:hw], data=x_ld[0:pt, c0:c0 + hw], op0=nl.multiply, operand0=scale_arg, op1=nl.subtract, operand1=acc3[0:pt, 0:1])
+            r1_1 = nl.ndarray((P, HB), dtype=nl.float32, buffer=nl.sbuf)
+            r1_2 = nl.ndarray((P, 1), dtype=nl.float32, buffer=nl.sbuf)
+            nisa.activation_reduce(dst=r1_1[0:pt, 0:hw], op=nl.exp, data=r1_0[0:pt, 0:hw], reduce_op=nl.add, reduce_res=r1_2[0:pt, 0:1])
+            if c == 0:
+                acc6 = r1_2
+            else:
+                nisa.tensor_tensor(dst=acc6[0:pt, 0:1], data1=acc6[0:pt, 0:1], data2=r1_2[0:pt, 0:1], op=nl.add, engine=nisa.engine.gpsimd)
+        # epilogue: per-row math on the accumulators; then, after the next head's passes, the full-width combine
+        yield
+        e0 = nl.ndarray((P, d_H), dtype=nl.float32, buffer=nl.sbuf)
+        nisa.tensor_scalar(dst=e0[0:pt, 0:d_H], data=x_ld[0:pt, 0:d_H], op0=nl.multiply, operand0=scale_arg, op1=nl.subtract, operand1=acc3[0:pt, 0:1])
+        e1 = nl.ndarray((P, d_H), dtype=nl.float32, buffer=nl.sbuf)
+        nisa.activation(dst=e1[0:pt, 0:d_H], op=nl.exp, data=e0[0:pt, 0:d_H])
+        e2 = nl.ndarray((P, d_H), dtype=nl.bfloat16, buffer=nl.sbuf)
+        nisa.tensor_scalar(dst=e2[0:pt, 0:d_H], data=e1[0:pt, 0:d_H], op0=nl.divide, operand0=acc6[0:pt, 0:1])
+        e3 = nl.ndarray((P, 1), dtype=nl.float32, buffer=nl.sbuf)
+        nisa.activation(dst=e3[0:pt, 0:1], op=nl.log, data=acc6[0:pt, 0:1])
+        e4 = nl.ndarray((P, 1), dtype=nl.float32, buffer=nl.sbuf)
+        nisa.tensor_tensor(dst=e4[0:pt, 0:1], data1=acc3[0:pt, 0:1], data2=e3[0:pt, 0:1], op=nl.add, engine=nisa.engine.gpsimd)
+        stores.append((p_hbm[t0:t0 + pt, h, 0:d_H], e2[0:pt, 0:d_H]))
+        nisa.tensor_copy(dst=lse_sv[0:pt, h:h + 1], src=e4[0:pt, 0:1])
+        if h == 1 - 1:
+            stores.append((lse_hbm[t0:t0 + pt, 0:1], lse_sv[0:pt, 0:1]))
+
     t_begin = min(d_T, nl.program_id(0) * rows_per_core(d_T, nl.num_programs()))
     t_end = min(d_T, t_begin + rows_per_core(d_T, nl.num_programs()))
+    prev = None  # the previous head's steps, its epilogue still to run
     for t0 in range(t_begin, t_end, P):
         pt = min(P, t_end - t0)
         x_ld = nl.ndarray((P, d_H), dtype=nl.bfloat16, buffer=nl.sbuf)
         nisa.dma_copy(dst=x_ld[0:pt, 0:d_H], src=x_hbm[t0:t0 + pt, 0, 0:d_H])
         lse_sv = nl.ndarray((P, 1), dtype=nl.float32, buffer=nl.sbuf)
         for h in range(1):
-            # reduction pass 1: partial results per chunk, folded into [P, 1] accumulators
-            for c in range(cdiv(d_H, HB)):
-                c0 = c * HB
-                hw = min(HB, d_H - c0)
-                r0_0 = nl.ndarray((P, 1), dtype=nl.float32, buffer=nl.sbuf)
-                r0_1 = nl.ndarray((P, HB), dtype=nl.float32, buffer=nl.sbuf)
-                nisa.tensor_scalar(dst=r0_1[0:pt, 0:hw], data=x_ld[0:pt, c0:c0 + hw], op0=nl.multiply, operand0=scale_arg)
-                nisa.tensor_reduce(dst=r0_0[0:pt, 0:1], op=nl.maximum, data=r0_1[0:pt, 0:hw], axis=(1,))
-                if c == 0:
-                    acc3 = r0_0
-                else:
-                    nisa.tensor_tensor(dst=acc3[0:pt, 0:1], data1=acc3[0:pt, 0:1], data2=r0_0[0:pt, 0:1], op=nl.maximum)
-            # reduction pass 2: partial results per chunk, folded into [P, 1] accumulators
-            for c in range(cdiv(d_H, HB)):
-                c0 = c * HB
-                hw = min(HB, d_H - c0)
-                r1_0 = nl.ndarray((P, HB), dtype=nl.float32, buffer=nl.sbuf)
-                nisa.tensor_scalar(dst=r1_0[0:pt, 0:hw], data=x_ld[0:pt, c0:c0 + hw], op0=nl.multiply, operand0=scale_arg, op1=nl.subtract, operand1=acc3[0:pt, 0:1])
-                r1_1 = nl.ndarray((P, HB), dtype=nl.float32, buffer=nl.sbuf)
-                r1_2 = nl.ndarray((P, 1), dtype=nl.float32, buffer=nl.sbuf)
-                nisa.activation_reduce(dst=r1_1[0:pt, 0:hw], op=nl.exp, data=r1_0[0:pt, 0:hw], reduce_op=nl.add, reduce_res=r1_2[0:pt, 0:1])
-                if c == 0:
-                    acc6 = r1_2
-                else:
-                    nisa.tensor_tensor(dst=acc6[0:pt, 0:1], data1=acc6[0:pt, 0:1], data2=r1_2[0:pt, 0:1], op=nl.add)
-            # epilogue: per-row math on the accumulators, then the full-width combine
-            e0 = nl.ndarray((P, d_H), dtype=nl.float32, buffer=nl.sbuf)
-            nisa.tensor_scalar(dst=e0[0:pt, 0:d_H], data=x_ld[0:pt, 0:d_H], op0=nl.multiply, operand0=scale_arg, op1=nl.subtract, operand1=acc3[0:pt, 0:1])
-            e1 = nl.ndarray((P, d_H), dtype=nl.float32, buffer=nl.sbuf)
-            nisa.activation(dst=e1[0:pt, 0:d_H], op=nl.exp, data=e0[0:pt, 0:d_H])
-            e2 = nl.ndarray((P, d_H), dtype=nl.bfloat16, buffer=nl.sbuf)
-            nisa.tensor_scalar(dst=e2[0:pt, 0:d_H], data=e1[0:pt, 0:d_H], op0=nl.divide, operand0=acc6[0:pt, 0:1])
-            e3 = nl.ndarray((P, 1), dtype=nl.float32, buffer=nl.sbuf)
-            nisa.activation(dst=e3[0:pt, 0:1], op=nl.log, data=acc6[0:pt, 0:1])
-            e4 = nl.ndarray((P, 1), dtype=nl.float32, buffer=nl.sbuf)
-            nisa.tensor_tensor(dst=e4[0:pt, 0:1], data1=acc3[0:pt, 0:1], data2=e3[0:pt, 0:1], op=nl.add)
-            nisa.dma_copy(dst=p_hbm[t0:t0 + pt, h, 0:d_H], src=e2[0:pt, 0:d_H])
-            nisa.tensor_copy(dst=lse_sv[0:pt, h:h + 1], src=e4[0:pt, 0:1])
-        nisa.dma_copy(dst=lse_hbm[t0:t0 + pt, 0:1], src=lse_sv[0:pt, 0:1])
+            steps = head_steps(t0, pt, h, x_ld, lse_sv)
+            next(steps)  # this head's loads and passes go ahead of the previous head's epilogue and stores
+            for dst, src in stores:
+                nisa.dma_copy(dst=dst, src=src)
+            stores.clear()
+            if prev is not None:
+                next(prev, None)
+            prev = steps
+            if not overlap:
+                next(prev, None)
+                prev = None
+    if prev is not None:
+        next(prev, None)
+    for dst, src in stores:
+        nisa.dma_copy(dst=dst, src=src)
     return p_hbm_flat, lse_hbm
 
 
@@ -167,7 +201,8 @@ def scaled_softmax(x: torch.Tensor, scale: float = 0.125, lnc: int = LNC, target
         if _t.requires_grad:
             raise RuntimeError("scaled_softmax is inference-only: an input requires grad")
     _hb, _resident = choose(MODEL, x.shape[-1], 1, SBUF_BUDGET[target])
-    return scaled_softmax_kernel[lnc](x, scale, _hb, _resident, False)
+    _overlap = overlaps(MODEL, x.shape[-1], 1, _hb, _resident, SBUF_BUDGET[target])
+    return scaled_softmax_kernel[lnc](x, scale, _hb, _resident, _overlap, False)
 
 
 try:  # the NKI op on Neuron hosts (ops.py owns `fusegen::<name>`); the file imports without torch_neuronx
