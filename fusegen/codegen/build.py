@@ -52,7 +52,7 @@ def build_spec(path: str, options: BuildOptions) -> Built:
     user_ir, _warnings = load_spec(path)
     ir = rewrite(user_ir)  # fusion identities first; reference.py keeps the spec's own (unfused) math
     source = Path(path).read_text(encoding="utf-8", errors="replace")
-    family, match = _select_family(ir, source)
+    family, match = select_family(ir, source)
     plans = _plans(family, ir, match, options, source)
     try:  # with the backward's own kernels where the family carries its IR
         ops = ops_files(user_ir, family.name, options.target, options.lnc)
@@ -85,7 +85,8 @@ def _plans(family: Family, ir: KernelIR, match: object, options: BuildOptions, s
     return tuple(plans)
 
 
-def _select_family(ir: KernelIR, source: str) -> tuple[Family, object]:
+def select_family(ir: KernelIR, source: str) -> tuple[Family, object]:
+    """The first family whose matcher accepts `ir`, and its match; else one error naming every family."""
     mismatches = []
     for family in FAMILIES:
         try:

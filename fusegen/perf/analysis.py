@@ -13,8 +13,8 @@ import torch
 
 from fusegen import sim
 from fusegen.codegen import plan as planner
-from fusegen.codegen.build import FAMILIES, BuildOptions, build_spec, write_atomically
-from fusegen.codegen.family import Family, Mismatch
+from fusegen.codegen.build import BuildOptions, build_spec, select_family, write_atomically
+from fusegen.codegen.family import Family
 from fusegen.codegen.plan import PlanError, TilePlan
 from fusegen.codegen.rewrites import rewrite
 from fusegen.dsl import load_spec
@@ -122,14 +122,10 @@ def dims_text(dims: dict[str, int]) -> str:
 
 
 def _family(spec: str) -> tuple[Family, KernelIR, Any]:
-    """The family matching the rewritten spec (build_spec has already raised if none does)."""
+    """The family matching the rewritten spec, as `fusegen build` selects it."""
     ir = rewrite(load_spec(spec)[0])
-    for family in FAMILIES:
-        try:
-            return family, ir, family.match(ir)
-        except Mismatch:
-            continue
-    raise AssertionError("build_spec accepted a spec no family matches")
+    family, match = select_family(ir, Path(spec).read_text(encoding="utf-8", errors="replace"))
+    return family, ir, match
 
 
 def _plan_at(family: Family, ir: KernelIR, match: Any, dims: dict[str, int], target: str,
