@@ -1,6 +1,8 @@
 """fusegen.sim speed: per-instruction overhead, and the seed SwiGLU kernel versus eager torch fp32.
 
 Run: .venv/bin/python bench/sim_bench.py   (not a test; prints medians of interleaved repeats)
+Eager torch runs with its default thread count; the interpreter, at LNC=2, overlaps one instance's
+GEMMs with the other's Python work, so both use the machine's cores (docs/sim.md, Performance).
 """
 
 from __future__ import annotations

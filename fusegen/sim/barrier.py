@@ -1,20 +1,26 @@
-"""Instance scheduling: a turn-taking core barrier and reusable worker threads."""
+"""Instance scheduling: a turn lock, a core barrier that fails instead of hanging, worker threads."""
 
 from __future__ import annotations
 
 import queue
 import threading
 from collections.abc import Callable
+from typing import TypeVar
 
 from .errors import BarrierError
 from .instr import Instr
+
+T = TypeVar("T")
 
 
 class CoreBarrier:
     """A reusable barrier that fails (instead of hanging) when an instance errors or exits early.
 
-    Instances take turns holding `turn`: one runs at a time, so Python threads do not fight over the
-    GIL and results are deterministic; a waiting instance hands its turn over.
+    Instances take turns holding `turn`: only the holder runs interpreter code, so interpreter state is
+    never touched concurrently, and threads do not fight over the GIL at every small torch call (each
+    releases it; free-running threads measured much slower). An instance hands the turn over while it
+    waits here and while it runs long GIL-free torch ops (`off_turn`: deferred GEMMs), which then
+    overlap another instance's Python work on the other core.
     """
 
     def __init__(self, parties: int) -> None:
@@ -26,14 +32,17 @@ class CoreBarrier:
         self.broken: str | None = None
         self.finished: list[int] = []
 
-    def wait(self, core: int, ins: Instr, start_others: Callable[[], None]) -> None:
-        """Block until all parties arrive (after starting instances that have not run yet)."""
-        start_others()
+    def off_turn(self, fn: Callable[[], T]) -> T:
+        """Run `fn` (a long torch op that releases the GIL) while another instance takes the turn."""
         self.turn.release()
         try:
-            self._wait(core, ins)
+            return fn()
         finally:
             self.turn.acquire()
+
+    def wait(self, core: int, ins: Instr) -> None:
+        """Block until all parties arrive."""
+        self.off_turn(lambda: self._wait(core, ins))
 
     def _wait(self, core: int, ins: Instr) -> None:
         """The condition-variable part of wait()."""

@@ -7,12 +7,13 @@ from typing import TYPE_CHECKING
 
 import torch
 
+from .deferred import MatmulQueue
 from .errors import SimError, fault
 from .targets import TARGETS, Target
 
 if TYPE_CHECKING:
     from .launch import Launch
-    from .memory import Alloc
+    from .memory import Span
     from .trace import Record
 
 _tls = threading.local()
@@ -30,9 +31,11 @@ class Context:
         self.strict: bool = launch.strict
         self.records: list[Record] = []
         self.sites: list[tuple[str, int]] = []  # source line of every started instruction
+        self.ops: list[str] = []  # and its op name
         self.epoch = 0
         self.regs: dict[str, torch.Tensor] = {}
-        self.allocs: list[Alloc] = []  # on-chip allocations, for interval liveness
+        self.matmuls = MatmulQueue(launch.barrier.off_turn)
+        self.spans: list[Span] = []  # of on-chip allocations, for interval liveness
         self.shared_count = 0  # shared_hbm allocations so far (matched across instances by order)
 
     def reduce_regs(self, engine: str) -> torch.Tensor:

@@ -7,8 +7,9 @@ import warnings
 import torch
 
 from . import dtypes
-from .context import Context, current
+from .context import current
 from .errors import (
+    BarrierError,
     EngineMemoryError,
     RaceError,
     ShapeMismatchError,
@@ -28,12 +29,15 @@ class Instr:
     __slots__ = ("bytes", "ctx", "engine", "index", "op", "operands", "site")
 
     def __init__(self, op: str, engine: str) -> None:
-        self.ctx: Context = current()
+        ctx = self.ctx = current()
         self.op = op
         self.engine = engine
         self.site = user_site()
-        self.index = len(self.ctx.sites)
-        self.ctx.sites.append(self.site)
+        if ctx.core > ctx.launch.stop_above:
+            raise self.fail(BarrierError, f"core {ctx.core} stopped: core {ctx.launch.stop_above} failed")
+        self.index = len(ctx.sites)
+        ctx.sites.append(self.site)
+        ctx.ops.append(op)
         self.operands: list[tuple[str, int, str, tuple[int, ...], str]] = []
         self.bytes = [0, 0, 0, 0, 0, 0]  # hbm r/w, sbuf r/w, psum r/w
 
@@ -77,36 +81,41 @@ class Instr:
     # ---- data access -----------------------------------------------------------------------------
     def read(self, t: NkiTensor, role: str = "in") -> torch.Tensor:
         """Storage view of `t` (its real dtype), after init/race checks and accounting."""
-        self._before_read(t, role)
+        self.check_read(t, role)
         return t.materialize()
 
     def read_f32(self, t: NkiTensor, role: str = "in") -> torch.Tensor:
         """Like read, but as fp32 (cached per allocation: engines upcast every input)."""
-        self._before_read(t, role)
-        return t.materialize(t.alloc.as_float32())
+        self.check_read(t, role)
+        return t.alloc.f32_view(t.key)
 
-    def _before_read(self, t: NkiTensor, role: str) -> None:
+    def check_read(self, t: NkiTensor, role: str) -> None:
         """Initialization and race checks, accounting."""
         alloc = t.alloc
+        if alloc.pending:
+            self.ctx.matmuls.flush(alloc)
         if not alloc.all_written and t.key not in alloc.known_written:
             self._check_initialized(t, role)
         if alloc.race is not None:
             self._track_race(t, write=False)
         self.account(t, "r", 0)
 
-    def write(self, t: NkiTensor, value: torch.Tensor, matmul: bool = False) -> None:
+    def write(self, t: NkiTensor, value: torch.Tensor) -> None:
         """Store `value` (any dtype, t.numel elements) into `t`, rounding to t.dtype (RNE)."""
         alloc = t.alloc
+        if alloc.pending:
+            self.ctx.matmuls.flush(alloc)
         if alloc.race is not None:
             self._track_race(t, write=True)
         alloc.make_private()
         target = t.materialize()
-        if value.untyped_storage().data_ptr() == alloc.data.untyped_storage().data_ptr():
+        start = alloc.data.data_ptr()
+        if start <= value.data_ptr() < start + alloc.numel * alloc.itemsize:
             value = value.clone()  # e.g. a shifting copy within one tile: source and target overlap
         value = dtypes.cast_for_store(value, alloc.dtype)
         target.copy_(value if value.shape == t.shape else value.reshape(t.shape))
         self.mark_written(t)
-        if alloc.mm_any and not matmul:  # non-matmul writes end an accumulation group
+        if alloc.mm_any:  # non-matmul writes end an accumulation group
             t.materialize(alloc.matmul_flags()).fill_(False)
             alloc.mm_full.clear()
         self.account(t, "w", 1)
@@ -115,8 +124,9 @@ class Instr:
         """Set the written mask over `t` (a write of the whole allocation needs no mask)."""
         alloc = t.alloc
         alloc.dirty = True
-        alloc.shadow = None
-        if alloc.all_written:
+        alloc.shadow_ok = False
+        alloc.version += 1
+        if alloc.all_written or t.key in alloc.known_written:
             return
         if t.numel == alloc.numel and t.key == (alloc.shape, contiguous_strides(alloc.shape), 0):
             alloc.all_written = True
@@ -132,14 +142,22 @@ class Instr:
         """Bytes per memory level, liveness bounds and the operand list."""
         alloc = t.alloc
         self.bytes[alloc.level + write] += t.numel * alloc.itemsize
-        if alloc.on_chip:
-            if alloc.first_use is None:
-                alloc.first_use = self.index
-            alloc.last_use = self.index
-        self.operands.append((role, alloc.id, alloc.region_name, t.shape, alloc.dtype_name))
+        span = alloc.span
+        if span is not None:
+            if span.first_use is None:
+                span.first_use = self.index
+            span.last_use = self.index
+        use = (role, t.shape)
+        operand = alloc.operands.get(use)
+        if operand is None:  # one tuple per distinct use: fewer objects for the cyclic GC to scan later
+            operand = alloc.operands[use] = (role, alloc.id, alloc.region_name, t.shape, alloc.dtype_name)
+        self.operands.append(operand)
 
     def _check_initialized(self, t: NkiTensor, role: str) -> None:
         """Reads of never-written elements: error, or a warning (and NaN data) when strict=False."""
+        if any(t.within(key) for key in t.alloc.known_written):  # no mask reduction (~30 us) needed
+            t.alloc.known_written.add(t.key)
+            return
         missing = unwritten_count(t)
         if not missing:
             t.alloc.known_written.add(t.key)
@@ -148,14 +166,14 @@ class Instr:
         if self.ctx.strict and t.alloc.race is not None:
             # Shared HBM under LNC: another core may be about to write these elements, which is a race
             # (reported when it happens); the read itself is reported after the run if no race is.
-            self.ctx.launch.deferred.append(self.fail(UninitializedReadError, detail))
+            self.ctx.launch.deferred.append((self.ctx.core, self.fail(UninitializedReadError, detail)))
         elif self.ctx.strict:
             raise self.fail(UninitializedReadError, detail)
         else:
             warnings.warn(
                 f"{self.site[0]}:{self.site[1]}: {self.op}: {detail}", UninitializedReadWarning, stacklevel=4
             )
-        t.alloc.poison_unwritten()
+        t.alloc.poison_unwritten(t.key)
 
     def _track_race(self, t: NkiTensor, write: bool) -> None:
         """Raise RaceError when another core touched these elements in this barrier epoch."""
@@ -167,13 +185,19 @@ class Instr:
         if conflict is None:
             return
         other, other_index, kind = conflict
-        file, line = self.ctx.launch.contexts[other].sites[other_index]
-        mine = "writes" if write else "reads"
-        raise self.fail(
-            RaceError,
-            f"core {self.ctx.core} {mine} elements of {t.alloc.label()} that core "
-            f"{other} {kind}s at {file}:{line} in the same barrier epoch {self.ctx.epoch} "
-            f"(separate them with nisa.core_barrier)",
+        ctx = self.ctx
+        them = ctx.launch.contexts[other]
+        accesses = [
+            (ctx.core, "write" if write else "read", self.site, self.op),
+            (other, kind, them.sites[other_index], them.ops[other_index]),
+        ]
+        # Named from the higher core's side whichever core noticed: the message does not depend on timing
+        late, early = sorted(accesses, reverse=True)
+        (file, line), early_file, early_line = late[2], *early[2]
+        raise RaceError(
+            f"{file}:{line}: {late[3]}: core {late[0]} {late[1]}s elements of {t.alloc.label()} that core "
+            f"{early[0]} {early[1]}s at {early_file}:{early_line} in the same barrier epoch "
+            f"{ctx.epoch} (separate them with nisa.core_barrier)"
         )
 
     def finish(self, partitions: int, elems: int, psum_bank: int | None = None) -> None:

@@ -60,5 +60,5 @@ def core_barrier(
         )
     ins.finish(0, 0)
     ctx = current()
-    ctx.launch.barrier.wait(ctx.core, ins, ctx.launch.start_pending)
+    ctx.launch.barrier.wait(ctx.core, ins)
     ctx.epoch += 1

@@ -11,6 +11,9 @@ from .ops import matmul_perf_mode
 from .tensor import NkiTensor
 
 _FP32_ONLY_WITH = (torch.float32,)
+# Narrower products are computed at once: K-stacking gains nothing there (MKL runs tall-skinny GEMMs
+# slowly), and they are cheap.
+_DEFER_MIN_N = 64
 
 
 def _check_operands(ins: Instr, d: NkiTensor, st: NkiTensor, mv: NkiTensor) -> int:
@@ -69,14 +72,9 @@ def _flag_state(d: NkiTensor) -> str:
     return "mixed" if bool(flags.any()) else "clear"
 
 
-def _accumulate(ins: Instr, d: NkiTensor, a: torch.Tensor, b: torch.Tensor, accumulate: object) -> bool:
+def _accumulate(ins: Instr, d: NkiTensor, st: NkiTensor, mv: NkiTensor, accumulate: object) -> bool:
     """Overwrite / add per the 'holds matmul data' flags (nki.md §4); True if PSUM was read."""
     alloc = d.alloc
-
-    def product() -> torch.Tensor:
-        """The fresh matmul result, for the non-GEMM-in-place paths."""
-        return a @ b
-
     if accumulate not in (None, True, False):
         raise ins.fail(UnsupportedError, f"accumulate={accumulate!r}: use None, True or False")
     state = "clear" if accumulate is False else _flag_state(d)
@@ -88,15 +86,18 @@ def _accumulate(ins: Instr, d: NkiTensor, a: torch.Tensor, b: torch.Tensor, accu
             f"matmul has written since they were last overwritten ({alloc.label()})",
         )
     out = d.materialize()
-    if state == "mixed":
-        fresh = product().reshape(out.shape)
-        out.copy_(torch.where(d.materialize(alloc.matmul_flags()), out + fresh, fresh))
-    elif out.dim() == 2:  # in-place GEMM; beta=0 ignores (possibly NaN) old contents
-        out.addmm_(a, b, beta=1.0 if state == "set" else 0.0)
-    elif state == "set":
-        out.add_(product().reshape(out.shape))
+    if state != "mixed" and out.dim() == 2 and mv.free_size >= _DEFER_MIN_N:  # the common case
+        ins.ctx.matmuls.add(d, out, st, mv, 1.0 if state == "set" else 0.0)
     else:
-        out.copy_(product().reshape(out.shape))
+        if alloc.pending:  # the paths below use the tile's current contents
+            ins.ctx.matmuls.flush(alloc)
+        fresh = (st.matrix().float().t() @ mv.matrix().float()).reshape(out.shape)
+        if state == "mixed":
+            out.copy_(torch.where(d.materialize(alloc.matmul_flags()), out + fresh, fresh))
+        elif state == "set":
+            out.add_(fresh)
+        else:
+            out.copy_(fresh)
     if d.key not in alloc.mm_full:
         d.materialize(alloc.matmul_flags()).fill_(True)
         alloc.mm_any = True
@@ -124,11 +125,10 @@ def nc_matmul(
     if is_transpose or tile_position or tile_size or perf_mode not in (None, matmul_perf_mode.none):
         raise ins.fail(UnsupportedError, "is_transpose/tile_position/tile_size/perf_mode are not modelled")
     bank = _check_operands(ins, d, st, mv)
-    k = st.partitions
+    ins.check_read(st, "stationary")
+    ins.check_read(mv, "moving")
     # bf16/fp16 products are exact in fp32, so an fp32 matmul on upcast operands is faithful
-    a = ins.read_f32(st, "stationary").reshape(k, st.free_size)
-    b = ins.read_f32(mv, "moving").reshape(k, mv.free_size)
-    if _accumulate(ins, d, a.t(), b, accumulate):
+    if _accumulate(ins, d, st, mv, accumulate):
         ins.bytes[4] += d.numel * d.dtype.itemsize  # accumulation reads PSUM
     ins.account(d, "w", 1)
     ins.finish(d.partitions, mv.free_size, psum_bank=bank)

@@ -134,9 +134,9 @@ def ndarray(
         return NkiTensor.whole(ctx.launch.shared_alloc(ctx, dims, dt, name, site))
     if region in (MemoryRegion.sbuf, MemoryRegion.psum):
         _check_on_chip(dims, dt, region, address)
-    alloc = Alloc(dims, dt, region, name, site)
-    if alloc.on_chip:
-        ctx.allocs.append(alloc)
+    alloc = Alloc(dims, dt, region, name, site, ctx.launch.pool)
+    if alloc.span is not None:
+        ctx.spans.append(alloc.span)
     return NkiTensor.whole(alloc)
 
 

@@ -19,7 +19,7 @@ from .context import Context, set_current
 from .errors import BarrierError, SimError, UninitializedReadError, UninitializedReadWarning
 from .instr import unwritten_count
 from .liveness import check_instance
-from .memory import Alloc, MemoryRegion
+from .memory import Alloc, MemoryRegion, StoragePool
 from .race import RaceTracker
 from .targets import Target, get_target
 from .tensor import NkiTensor
@@ -42,19 +42,21 @@ class Launch:
         self.grid = grid
         self.target = target
         self.strict = strict
+        self.barrier = CoreBarrier(grid)
         self.contexts = [Context(core, self) for core in range(grid)]
         self.shared: list[Alloc] = []
+        self.pool = StoragePool()
         self.lock = threading.Lock()
-        self.barrier = CoreBarrier(grid)
-        self.pending: list[int] = []
-        self.deferred: list[SimError] = []  # uninitialized shared-HBM reads, raised if no race explains them
-        self.started: list[threading.Event] = []
-        self.errors: list[BaseException] = []
-        self.body: Callable[[int], None] = lambda core: None
+        # uninitialized shared-HBM reads as (core, error), raised if no race explains them
+        self.deferred: list[tuple[int, SimError]] = []
+        self.errors: list[tuple[int, BaseException]] = []
+        self.stop_above = grid  # cores above this index stop at their next instruction (one failed)
 
     def hbm_input(self, tensor: torch.Tensor, name: str, site: tuple[str, int]) -> NkiTensor:
         """A caller tensor as shared HBM (copy on write; written back after the run if written)."""
-        alloc = Alloc(tuple(tensor.shape), tensor.dtype, MemoryRegion.shared_hbm, name, site, source=tensor)
+        alloc = Alloc(
+            tuple(tensor.shape), tensor.dtype, MemoryRegion.shared_hbm, name, site, self.pool, source=tensor
+        )
         self._track(alloc)
         return NkiTensor.whole(alloc)
 
@@ -66,7 +68,7 @@ class Launch:
         ctx.shared_count += 1
         with self.lock:
             if index == len(self.shared):
-                alloc = Alloc(shape, dtype, MemoryRegion.shared_hbm, name, site)
+                alloc = Alloc(shape, dtype, MemoryRegion.shared_hbm, name, site, self.pool)
                 self._track(alloc)
                 self.shared.append(alloc)
             alloc = self.shared[index]
@@ -88,30 +90,28 @@ class Launch:
         args = tuple(_to_hbm(self, a, f"arg{i}", site) for i, a in enumerate(args))
         kwargs = {k: _to_hbm(self, v, k, site) for k, v in kwargs.items()}
         results: list[Any] = [None] * self.grid
-        errors = self.errors
 
         def body(core: int) -> None:
             """Run one instance on the current thread, recording its result or error."""
             ctx = self.contexts[core]
             set_current(ctx)
+            torch.set_num_threads(1)  # per thread: worker threads keep their own OpenMP/MKL setting
             self.barrier.turn.acquire()
             try:
                 results[core] = fn(*args, **kwargs)
+                ctx.matmuls.flush()
                 self.barrier.finish(core)
             except BaseException as exc:
-                errors.append(exc)
-                self.barrier.abort(f"core {core} failed: {type(exc).__name__}")
+                self.fail(core, exc)
             finally:
                 self.barrier.turn.release()
                 set_current(None)
 
-        self.body = body
-        with _quiet_runtime():
-            self._run_all(body)
-        if errors:
-            raise next((e for e in errors if not isinstance(e, BarrierError)), errors[0])
-        if self.deferred:
-            raise self.deferred[0]
+        done = [worker(core).submit(body, core) for core in range(1, self.grid)]
+        body(0)
+        for event in done:
+            event.wait()
+        self._raise_first()
         stats = {
             "grid": self.grid,
             "target": self.target.name,
@@ -122,25 +122,28 @@ class Launch:
         records = [r for ctx in self.contexts for r in ctx.records]
         return RunResult(outputs, Trace(records), stats)
 
-    def _run_all(self, body: Callable[[int], None]) -> None:
-        """Run instances one after another on this thread; a core_barrier moves the rest to threads.
+    def close(self) -> None:
+        """Free pooled storage and break the launch <-> context cycle (no cyclic GC pass needed)."""
+        self.pool.close()
+        self.contexts = []
 
-        Instances take turns (see CoreBarrier), so sequential execution is equivalent until the first
-        barrier, and it keeps every torch op on one thread (one OpenMP team, no GIL contention).
+    def fail(self, core: int, exc: BaseException) -> None:
+        """Record an instance's exception; stop the higher cores and release barrier waiters.
+
+        Lower cores run on, so the reported error is the lowest failing core's, whatever the timing.
         """
-        self.pending = list(range(1, self.grid))
-        self.started = []
-        body(0)
-        while self.pending and not self.errors:
-            body(self.pending.pop(0))
-        for event in self.started:
-            event.wait()
+        self.errors.append((core, exc))
+        self.stop_above = min(self.stop_above, core)
+        self.barrier.abort(f"core {core} failed: {type(exc).__name__}")
 
-    def start_pending(self) -> None:
-        """Start the not-yet-run instances on worker threads (called before a barrier wait)."""
-        while self.pending:
-            core = self.pending.pop(0)
-            self.started.append(worker(core).submit(self.body, core))
+    def _raise_first(self) -> None:
+        """Re-raise the lowest core's primary (non-barrier) error, else a deferred uninitialized read."""
+        primary = sorted((e for e in self.errors if not isinstance(e[1], BarrierError)), key=lambda e: e[0])
+        first = primary or sorted(self.errors, key=lambda e: e[0])
+        if first:
+            raise first[0][1]
+        if self.deferred:
+            raise min(self.deferred, key=lambda e: e[0])[1]
 
     @staticmethod
     def _write_back(args: tuple[Any, ...], kwargs: dict[str, Any]) -> None:
@@ -152,7 +155,7 @@ class Launch:
 
 @contextlib.contextmanager
 def _quiet_runtime() -> Iterator[None]:
-    """Single-threaded torch and no cyclic GC while instances run (both measured faster; docs/sim.md)."""
+    """One torch thread per instance and no cyclic GC during a launch (measured faster; docs/sim.md)."""
     torch_threads = torch.get_num_threads()
     gc_was_enabled = gc.isenabled()
     torch.set_num_threads(1)
@@ -163,6 +166,7 @@ def _quiet_runtime() -> Iterator[None]:
         torch.set_num_threads(torch_threads)
         if gc_was_enabled:
             gc.enable()
+            gc.collect(0)  # the launch's young objects: paid here, not by the caller's next statement
 
 
 def _to_hbm(launch: Launch, value: Any, name: str, site: tuple[str, int]) -> Any:
@@ -193,7 +197,10 @@ def _outputs(value: Any, site: tuple[str, int], strict: bool) -> Any:
         if strict:
             raise UninitializedReadError(detail)
         warnings.warn(detail, UninitializedReadWarning, stacklevel=4)
-        value.alloc.poison_unwritten()
+        value.alloc.poison_unwritten(value.key)
+    alloc = value.alloc
+    if not alloc.borrowed and value.key == NkiTensor.whole(alloc).key:
+        return alloc.hand_over()  # the launch is over: no copy needed
     return value.materialize().clone()
 
 
@@ -226,7 +233,13 @@ class Kernel:
     ) -> RunResult:
         """Run with `grid` instances; the result is also kept as `last_run`."""
         tgt = get_target(target or self.target)
-        result = Launch(grid, tgt, self.strict if strict is None else strict).run(self.fn, args, kwargs)
+        launch = Launch(grid, tgt, self.strict if strict is None else strict)
+        # cyclic GC stays paused until close(): the launch's garbage then goes by reference counting
+        with _quiet_runtime():
+            try:
+                result = launch.run(self.fn, args, kwargs)
+            finally:
+                launch.close()
         self.last_run = result
         return result
 

@@ -12,13 +12,13 @@ from typing import Any
 
 from .context import Context
 from .errors import CapacityError
-from .memory import Alloc, MemoryRegion
+from .memory import MemoryRegion, Span
 
 
-def _peak(allocs: list[Alloc], size: dict[int, int]) -> tuple[int, int]:
+def _peak(spans: list[Span], size: dict[int, int]) -> tuple[int, int]:
     """(peak total size, first instruction index where it occurs) over live intervals."""
     deltas: dict[int, int] = {}
-    for a in allocs:
+    for a in spans:
         assert a.first_use is not None and a.last_use is not None
         deltas[a.first_use] = deltas.get(a.first_use, 0) + size[a.id]
         deltas[a.last_use + 1] = deltas.get(a.last_use + 1, 0) - size[a.id]
@@ -30,13 +30,13 @@ def _peak(allocs: list[Alloc], size: dict[int, int]) -> tuple[int, int]:
     return peak, at
 
 
-def _live_at(allocs: list[Alloc], pos: int) -> list[Alloc]:
+def _live_at(spans: list[Span], pos: int) -> list[Span]:
     """Allocations live at instruction `pos`, biggest first."""
-    live = [a for a in allocs if a.first_use is not None and a.first_use <= pos <= (a.last_use or 0)]
+    live = [a for a in spans if a.first_use is not None and a.first_use <= pos <= (a.last_use or 0)]
     return sorted(live, key=lambda a: -a.bytes_per_partition)
 
 
-def _overflow(ctx: Context, what: str, used: str, limit: str, pos: int, live: list[Alloc]) -> CapacityError:
+def _overflow(ctx: Context, what: str, used: str, limit: str, pos: int, live: list[Span]) -> CapacityError:
     """A CapacityError located at the peak instruction, listing the biggest live buffers."""
     file, line = ctx.sites[pos]
     biggest = "; ".join(
@@ -49,10 +49,10 @@ def _overflow(ctx: Context, what: str, used: str, limit: str, pos: int, live: li
     )
 
 
-def _assign_banks(ctx: Context, psum: list[Alloc], banks: dict[int, int]) -> None:
+def _assign_banks(ctx: Context, psum: list[Span], banks: dict[int, int]) -> None:
     """Greedy first-fit of contiguous banks in first-use order (optimal for interval graphs)."""
     total = ctx.target.psum_banks
-    active: list[Alloc] = []
+    active: list[Span] = []
     for a in sorted(psum, key=lambda a: a.first_use or 0):
         active = [b for b in active if (b.last_use or 0) >= (a.first_use or 0)]
         taken = {b.bank_base + i for b in active if b.bank_base is not None for i in range(banks[b.id])}
@@ -74,7 +74,7 @@ def _assign_banks(ctx: Context, psum: list[Alloc], banks: dict[int, int]) -> Non
 
 def check_instance(ctx: Context) -> dict[str, Any]:
     """Verify SBUF/PSUM capacity for one finished instance; return its usage statistics."""
-    used = [a for a in ctx.allocs if a.first_use is not None]
+    used = [a for a in ctx.spans if a.first_use is not None]
     sbuf = [a for a in used if a.region is MemoryRegion.sbuf]
     psum = [a for a in used if a.region is MemoryRegion.psum]
     tgt = ctx.target

@@ -10,6 +10,7 @@ from typing import TYPE_CHECKING
 import torch
 
 from . import dtypes
+from .trace import Operand
 
 if TYPE_CHECKING:
     from .race import RaceTracker
@@ -27,40 +28,105 @@ class MemoryRegion(enum.Enum):
 ON_CHIP = (MemoryRegion.sbuf, MemoryRegion.psum)
 _LEVEL = {MemoryRegion.private_hbm: 0, MemoryRegion.shared_hbm: 0, MemoryRegion.sbuf: 1, MemoryRegion.psum: 2}
 ViewKey = tuple[tuple[int, ...], tuple[int, ...], int]  # (shape, strides, offset)
+Storage = tuple[torch.Tensor, dict[ViewKey, torch.Tensor]]  # flat tensor, views of it by ViewKey
 _ids = itertools.count(1)
+_VIEW_CACHE = 64  # views cached per allocation before the cache starts over
+
+
+class StoragePool:
+    """Flat tensors of freed allocations (with their cached views), reused by new allocations.
+
+    Fresh memory costs a page fault per 4 KiB page on first touch, and kernels allocate many more tiles
+    over a run than are live at once (the seed kernel: ~300 MB of fresh pages per run before pooling).
+    """
+
+    def __init__(self) -> None:
+        self.free: dict[tuple[torch.dtype, int], list[Storage]] = {}
+        self.closed = False
+
+    def take(self, numel: int, dtype: torch.dtype) -> Storage:
+        """A flat tensor with arbitrary contents, and the views cached on it so far."""
+        stack = self.free.get((dtype, numel))
+        return stack.pop() if stack else (torch.empty(numel, dtype=dtype), {})
+
+    def give(self, *storages: Storage | None) -> None:
+        """Return storage nobody references any more (dropped once the launch has finished)."""
+        if not self.closed:
+            for st in storages:
+                if st is not None:
+                    self.free.setdefault((st[0].dtype, st[0].numel()), []).append(st)
+
+    def close(self) -> None:
+        """Free everything; later returns are dropped."""
+        self.closed = True
+        self.free.clear()
+
+
+class Span:
+    """Interval-liveness record of an on-chip allocation; outlives the allocation (and its storage)."""
+
+    __slots__ = (
+        "bank_base",
+        "bytes_per_partition",
+        "dtype",
+        "first_use",
+        "id",
+        "last_use",
+        "name",
+        "region",
+        "shape",
+        "site",
+    )
+
+    def __init__(self, alloc: Alloc) -> None:
+        self.id, self.name, self.region = alloc.id, alloc.name, alloc.region
+        self.shape, self.dtype, self.site = alloc.shape, alloc.dtype, alloc.site
+        self.bytes_per_partition = alloc.bytes_per_partition
+        self.first_use: int | None = None
+        self.last_use: int | None = None
+        self.bank_base: int | None = None
+
+    def label(self) -> str:
+        """The allocation's label (see Alloc.label)."""
+        return label(self.id, self.name, self.region, self.shape, self.dtype)
 
 
 class Alloc:
-    """One allocation: storage, written mask, PSUM matmul flags and interval-liveness bounds."""
+    """One allocation: storage, written mask, PSUM matmul flags and its liveness span."""
 
     __slots__ = (
         "all_written",
-        "bank_base",
         "borrowed",
         "bytes_per_partition",
         "data",
         "dirty",
         "dtype",
         "dtype_name",
-        "first_use",
+        "fviews",
         "id",
         "itemsize",
         "known_written",
-        "last_use",
         "level",
         "mm",
         "mm_any",
         "mm_full",
         "name",
         "on_chip",
+        "operands",
+        "pending",
+        "pool",
         "pstride",
         "race",
         "region",
         "region_name",
         "shadow",
+        "shadow_ok",
         "shape",
         "site",
         "source",
+        "span",
+        "version",
+        "views",
         "written",
     )
 
@@ -71,8 +137,10 @@ class Alloc:
         region: MemoryRegion,
         name: str,
         site: tuple[str, int],
+        pool: StoragePool,
         source: torch.Tensor | None = None,
     ) -> None:
+        self.pool = pool  # first: __del__ needs it even if construction fails below
         self.id = next(_ids)
         self.shape = shape
         self.dtype = dtype
@@ -89,10 +157,13 @@ class Alloc:
         self.pstride = math.prod(shape[1:]) if shape else 1
         self.bytes_per_partition = self.pstride * dtype.itemsize
         self.source = source  # the caller's torch tensor for kernel inputs (written back if mutated)
-        # Storage starts uninitialized; elements read before any write are poisoned (NaN / int max) at
-        # that moment, which is indistinguishable from filling at allocation but skips a full pass.
-        # The written mask only exists once a partial write happens.
-        self.data = torch.empty(numel, dtype=dtype) if source is None else source.detach().reshape(-1)
+        # Storage starts uninitialized (possibly a freed allocation's data); elements read before any
+        # write are poisoned (NaN / int max) at that moment, which is indistinguishable from filling at
+        # allocation but skips a full pass. The written mask only exists once a partial write happens.
+        if source is None:
+            self.data, self.views = pool.take(numel, dtype)
+        else:
+            self.data, self.views = source.detach().reshape(-1), {}
         self.borrowed = source is not None  # shares the caller's memory until the first write (copy on write)
         self.written: torch.Tensor | None = None
         self.all_written = source is not None or numel == 0
@@ -103,12 +174,32 @@ class Alloc:
         # matmul-flagged (the same view is typically written, then read or accumulated many times).
         self.known_written: set[ViewKey] = set()
         self.mm_full: set[ViewKey] = set()
-        self.shadow: torch.Tensor | None = None  # fp32 copy of low-precision data, dropped on write
-        self.first_use: int | None = None
-        self.last_use: int | None = None
-        self.bank_base: int | None = None
+        self.shadow: torch.Tensor | None = None  # fp32 copy of low-precision data, refreshed after writes
+        self.shadow_ok = False
+        # self.views / fviews: torch views of data / shadow by ViewKey (as_strided costs microseconds and
+        # kernels reuse a handful of views a lot); they travel with the storage through the pool
+        self.fviews: dict[ViewKey, torch.Tensor] = {}
         self.race: RaceTracker | None = None
         self.dirty = False
+        self.pending = False  # PSUM tile with deferred matmuls (deferred.py): flushed before any other use
+        self.operands: dict[tuple[str, tuple[int, ...]], Operand] = {}  # trace operand tuples, shared
+        self.version = 0  # write count: tells deferred.py whether stacked operand copies are current
+        self.span = Span(self) if self.on_chip else None
+
+    def __del__(self) -> None:
+        """The kernel dropped its last view: recycle the storage this allocation owns."""
+        if hasattr(self, "mm"):  # fully constructed
+            self.pool.give(
+                None if self.borrowed else (self.data, self.views),
+                None if self.shadow is None else (self.shadow, self.fviews),
+                None if self.written is None else (self.written, {}),
+                None if self.mm is None else (self.mm, {}),
+            )
+
+    def hand_over(self) -> torch.Tensor:
+        """The storage as a tensor of the allocation's shape that now belongs to the caller (not pooled)."""
+        self.borrowed = True  # like a caller's input: not recycled, copied before any further write
+        return self.data.view(self.shape)
 
     @property
     def numel(self) -> int:
@@ -119,39 +210,69 @@ class Alloc:
         """Copy a borrowed input before its first write, so the caller's tensor changes only by write-back."""
         if self.borrowed:
             self.data = self.data.clone()
+            self.views = {}
             self.borrowed = False
+
+    def view(self, key: ViewKey) -> torch.Tensor:
+        """The storage viewed as (shape, strides, offset), cached."""
+        v = self.views.get(key)
+        if v is None:
+            if len(self.views) >= _VIEW_CACHE:
+                self.views = {}
+            v = self.views[key] = torch.as_strided(self.data, *key)
+        return v
+
+    def f32_view(self, key: ViewKey) -> torch.Tensor:
+        """Like view(), on the fp32 version of the storage (see as_float32)."""
+        if self.dtype == torch.float32:
+            return self.view(key)
+        shadow = self.as_float32()
+        v = self.fviews.get(key)
+        if v is None:
+            if len(self.fviews) >= _VIEW_CACHE:
+                self.fviews = {}
+            v = self.fviews[key] = torch.as_strided(shadow, *key)
+        return v
 
     def written_mask(self) -> torch.Tensor:
         """Per-element written flags (created on first partial write)."""
         if self.written is None:
-            self.written = torch.zeros(self.numel, dtype=torch.bool)
+            self.written = self.pool.take(self.numel, torch.bool)[0].zero_()
         return self.written
 
     def matmul_flags(self) -> torch.Tensor:
         """Per-element 'holds matmul data' flags of a PSUM tile."""
         if self.mm is None:
-            self.mm = torch.zeros(self.numel, dtype=torch.bool)
+            self.mm = self.pool.take(self.numel, torch.bool)[0].zero_()
         return self.mm
 
-    def poison_unwritten(self) -> None:
-        """Give never-written elements the documented fill value (NaN for floats)."""
-        value = dtypes.fill_value(self.dtype)
-        if self.written is None:
-            self.data.fill_(value)
-        else:
-            self.data[~self.written] = value
-        self.shadow = None
+    def poison_unwritten(self, key: ViewKey) -> None:
+        """Give the view's never-written elements the documented fill value (NaN for floats)."""
+        index = torch.as_strided(torch.arange(self.numel), *key).reshape(-1)  # views may overlap (stride 0)
+        if self.written is not None:
+            index = index[~self.written[index]]
+        self.data[index] = dtypes.fill_value(self.dtype)
+        self.shadow_ok = False
+        self.version += 1
 
     def as_float32(self) -> torch.Tensor:
         """Storage as fp32; non-fp32 storage is converted once and cached until the next write."""
         if self.dtype == torch.float32:
             return self.data
         if self.shadow is None:
-            self.shadow = self.data.float()
+            self.shadow, self.fviews = self.pool.take(self.numel, torch.float32)
+        if not self.shadow_ok:
+            self.shadow.copy_(self.data)
+            self.shadow_ok = True
         return self.shadow
 
     def label(self) -> str:
         """Short human-readable identity for messages."""
-        name = f" '{self.name}'" if self.name else ""
-        dims = "x".join(map(str, self.shape))
-        return f"#{self.id}{name} {self.region.value} [{dims}] {str(self.dtype).removeprefix('torch.')}"
+        return label(self.id, self.name, self.region, self.shape, self.dtype)
+
+
+def label(ident: int, name: str, region: MemoryRegion, shape: tuple[int, ...], dtype: torch.dtype) -> str:
+    """'#id 'name' region [AxB] dtype': an allocation in messages."""
+    quoted = f" '{name}'" if name else ""
+    dims = "x".join(map(str, shape))
+    return f"#{ident}{quoted} {region.value} [{dims}] {str(dtype).removeprefix('torch.')}"

@@ -2,8 +2,8 @@
 
 A code is ``epoch << 32 | instruction index``. Cores run in lock-step between barriers, so another
 core's entry belongs to the current epoch exactly when its code is >= ``epoch << 32``: the check is
-independent of thread interleaving. Arrays are created on the first write; reads before that are only
-logged (read-only inputs then cost one list append per read).
+independent of thread interleaving. Arrays are created once a tensor is first written (per core and
+kind, when first needed); reads before that are only logged (read-only inputs cost a list append).
 """
 
 from __future__ import annotations
@@ -23,50 +23,59 @@ class RaceTracker:
         self.numel = numel
         self.cores = cores
         self.lock = threading.Lock()
-        self.reads: list[torch.Tensor] | None = None
-        self.writes: list[torch.Tensor] | None = None
+        self.tracking = False  # False until the first write: reads are only logged until then
+        # code arrays per core, created when that core first reads / writes once tracking started
+        self.reads: list[torch.Tensor | None] = [None] * cores
+        self.writes: list[torch.Tensor | None] = [None] * cores
         self.read_log: list[tuple[int, int, int, _View]] = []  # (core, epoch, instr, view) before arrays
+        self.log_epoch = 0  # entries of earlier epochs are dropped when a read of a later one comes
 
     def on_read(self, core: int, epoch: int, instr: int, view: _View) -> Conflict | None:
         """Record a read; report another core's write of the same elements in this epoch."""
         with self.lock:
-            if self.writes is None or self.reads is None:
-                self.read_log = [e for e in self.read_log if e[1] >= epoch]
+            if not self.tracking:
+                if epoch > self.log_epoch:
+                    self.read_log = [e for e in self.read_log if e[1] >= epoch]
+                    self.log_epoch = epoch
                 self.read_log.append((core, epoch, instr, view))
                 return None
             conflict = self._find(self.writes, core, epoch, view, "write")
-            _mark(self.reads[core], view, epoch, instr)
+            _mark(self._array(self.reads, core), view, epoch, instr)
             return conflict
 
     def on_write(self, core: int, epoch: int, instr: int, view: _View) -> Conflict | None:
         """Record a write; report another core's read or write of the same elements in this epoch."""
         with self.lock:
-            if self.writes is None or self.reads is None:
+            if not self.tracking:
                 self._start_tracking()
-            assert self.writes is not None and self.reads is not None
             conflict = self._find(self.writes, core, epoch, view, "write")
             conflict = conflict or self._find(self.reads, core, epoch, view, "read")
-            _mark(self.writes[core], view, epoch, instr)
+            _mark(self._array(self.writes, core), view, epoch, instr)
             return conflict
 
+    def _array(self, arrays: list[torch.Tensor | None], core: int) -> torch.Tensor:
+        """The core's code array of one kind (created filled with 'never')."""
+        array = arrays[core]
+        if array is None:
+            array = arrays[core] = torch.full((self.numel,), -1, dtype=torch.int64)
+        return array
+
     def _start_tracking(self) -> None:
-        """Allocate the code arrays and replay the logged reads."""
-        fresh = [torch.full((self.numel,), -1, dtype=torch.int64) for _ in range(self.cores)]
-        self.writes = fresh
-        self.reads = [torch.full((self.numel,), -1, dtype=torch.int64) for _ in range(self.cores)]
+        """Replay the logged reads into code arrays."""
+        self.tracking = True
         for core, epoch, instr, view in self.read_log:
-            _mark(self.reads[core], view, epoch, instr)
+            _mark(self._array(self.reads, core), view, epoch, instr)
         self.read_log = []
 
     def _find(
-        self, arrays: list[torch.Tensor], core: int, epoch: int, view: _View, kind: str
+        self, arrays: list[torch.Tensor | None], core: int, epoch: int, view: _View, kind: str
     ) -> Conflict | None:
         """First element another core touched (per `arrays`) in this epoch."""
         floor = epoch << 32
-        for other in range(self.cores):
-            if other == core:
+        for other, array in enumerate(arrays):
+            if other == core or array is None:
                 continue
-            codes = torch.as_strided(arrays[other], *view)
+            codes = torch.as_strided(array, *view)
             hit = codes >= floor
             if bool(hit.any()):
                 code = int(codes[hit].reshape(-1)[0])

@@ -11,7 +11,7 @@ import torch
 
 from . import dtypes
 from .errors import InvalidArgumentError, OutOfBoundsError, PartitionError, UnsupportedError, fault
-from .memory import Alloc, MemoryRegion
+from .memory import Alloc, MemoryRegion, ViewKey
 
 
 def contiguous_strides(shape: Sequence[int]) -> tuple[int, ...]:
@@ -27,15 +27,17 @@ def contiguous_strides(shape: Sequence[int]) -> tuple[int, ...]:
 class NkiTensor:
     """A view of an allocation; views share storage, so writes through any view are seen by all."""
 
-    __slots__ = ("alloc", "free_size", "numel", "offset", "shape", "strides")
+    __slots__ = ("alloc", "free_size", "key", "numel", "offset", "partitions", "shape", "strides")
 
     def __init__(self, alloc: Alloc, shape: tuple[int, ...], strides: tuple[int, ...], offset: int) -> None:
         self.alloc = alloc
         self.shape = shape
         self.strides = strides
         self.offset = offset
-        self.free_size = math.prod(shape[1:])  # elements per partition
-        self.numel = self.free_size * shape[0] if shape else 1
+        self.key = (shape, strides, offset)  # identifies the addressed elements (cache key)
+        self.partitions = shape[0] if shape else 1  # size of dim 0 (the partition dim on chip)
+        self.free_size = shape[1] if len(shape) == 2 else math.prod(shape[1:])  # elements per partition
+        self.numel = self.free_size * self.partitions
 
     @classmethod
     def whole(cls, alloc: Alloc) -> NkiTensor:
@@ -63,28 +65,46 @@ class NkiTensor:
         """Number of dimensions."""
         return len(self.shape)
 
-    @property
-    def partitions(self) -> int:
-        """Size of dim 0 (the partition dim on chip)."""
-        return self.shape[0] if self.shape else 1
-
     def __repr__(self) -> str:
         return f"NkiTensor(shape={self.shape}, alloc={self.alloc.label()})"
 
-    @property
-    def key(self) -> tuple[tuple[int, ...], tuple[int, ...], int]:
-        """(shape, strides, offset): identifies the addressed elements."""
-        return self.shape, self.strides, self.offset
-
     def materialize(self, base: torch.Tensor | None = None) -> torch.Tensor:
         """A torch view of the storage (or of a same-sized mask) with this view's layout."""
-        storage = self.alloc.data if base is None else base
-        return torch.as_strided(storage, self.shape, self.strides, self.offset)
+        if base is None:
+            return self.alloc.view(self.key)
+        return torch.as_strided(base, self.shape, self.strides, self.offset)
+
+    def matrix(self) -> torch.Tensor:
+        """The storage viewed as [partitions, elements per partition] (a copy if not viewable)."""
+        view = self.materialize()
+        return view if view.dim() == 2 else view.reshape(self.partitions, self.free_size)
+
+    def within(self, key: ViewKey) -> bool:
+        """True when view `key` of the same allocation holds every element of this one.
+
+        Only for 2-D row-major blocks with equal strides (other views answer False).
+        """
+        shape, strides, offset = key
+        rows = strides[0]
+        if len(shape) != 2 or strides != self.strides or strides[1] != 1 or rows <= 0 or len(self.shape) != 2:
+            return False
+        (r0, c0), (r, c) = divmod(offset, rows), divmod(self.offset, rows)
+        return (
+            c0 + shape[1] <= rows
+            and c + self.shape[1] <= rows
+            and r0 <= r
+            and r + self.shape[0] <= r0 + shape[0]
+            and c0 <= c
+            and c + self.shape[1] <= c0 + shape[1]
+        )
 
     def free_byte_range(self) -> tuple[int, int]:
         """First and last byte touched within a partition row (on-chip views)."""
         start = self.offset % self.alloc.pstride
-        span = sum((n - 1) * s for n, s in zip(self.shape[1:], self.strides[1:], strict=True) if n > 0)
+        if len(self.shape) == 2:  # the common case, without the generic sum
+            span = (self.shape[1] - 1) * self.strides[1] if self.shape[1] > 0 else 0
+        else:
+            span = sum((n - 1) * s for n, s in zip(self.shape[1:], self.strides[1:], strict=True) if n > 0)
         size = self.alloc.dtype.itemsize
         return start * size, (start + span) * size + size - 1
 
@@ -92,6 +112,10 @@ class NkiTensor:
     def __getitem__(self, key: Any) -> NkiTensor:
         """Index with ints and slices; dim 0 of on-chip tensors keeps size 1 under an int."""
         keys = key if isinstance(key, tuple) else (key,)
+        if len(keys) == len(self.shape):
+            view = _plain_slices(self, keys)  # the common case, kept cheap
+            if view is not None:
+                return view
         if any(k is Ellipsis for k in keys):
             at = keys.index(Ellipsis)
             fill = (slice(None),) * (len(self.shape) - len(keys) + 1)
@@ -193,6 +217,21 @@ class NkiTensor:
                 f"free-dim access reaches byte {hi} of a "
                 f"{pstride * self.alloc.dtype.itemsize}-byte partition row of {self.alloc.label()}",
             )
+
+
+def _plain_slices(t: NkiTensor, keys: tuple[Any, ...]) -> NkiTensor | None:
+    """Fast path of __getitem__ for in-range unit-step int-bounded slices of every dim; None otherwise."""
+    shape = []
+    offset = t.offset
+    for k, n, s in zip(keys, t.shape, t.strides, strict=True):
+        if type(k) is not slice or k.step is not None:
+            return None
+        start, stop = k.start, k.stop
+        if type(start) is not int or type(stop) is not int or not 0 <= start <= stop <= n:
+            return None
+        offset += start * s
+        shape.append(stop - start)
+    return NkiTensor(t.alloc, tuple(shape), t.strides, offset)
 
 
 def _slice_bounds(k: slice, n: int, dim: int) -> tuple[int, int, int]:

@@ -9,6 +9,8 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 import fusegen.sim as sim
+from fusegen.sim.memory import Alloc, MemoryRegion, StoragePool
+from fusegen.sim.tensor import NkiTensor
 
 with sim.installed():
     import nki.isa as nisa
@@ -72,3 +74,21 @@ def test_numpy_ints_index_and_float_bounds_are_rejected():
     assert torch.equal(out, x[2:3, 1:4])
     with pytest.raises(sim.UnsupportedError, match="integer bounds"):
         _copy_out(lambda t: t[0:2, 0:2.5], (4, 8), x)
+
+
+@settings(max_examples=60, deadline=None)
+@given(st.integers(1, 6), st.integers(1, 8), st.data())
+def test_within_agrees_with_the_element_sets(p, f, data):
+    """NkiTensor.within (the written-check shortcut) never claims containment that is not there."""
+
+    def block(t):
+        r0 = data.draw(st.integers(0, p - 1))
+        c0 = data.draw(st.integers(0, f - 1))
+        return t[r0 : data.draw(st.integers(r0 + 1, p)), c0 : data.draw(st.integers(c0 + 1, f))]
+
+    def elements(v):
+        return set(torch.as_strided(torch.arange(p * f), v.shape, v.strides, v.offset).reshape(-1).tolist())
+
+    whole = NkiTensor.whole(Alloc((p, f), torch.float32, MemoryRegion.sbuf, "", ("", 0), StoragePool()))
+    big, small = block(whole), block(whole)
+    assert small.within(big.key) == (elements(small) <= elements(big))

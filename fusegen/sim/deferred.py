@@ -1,0 +1,176 @@
+"""Deferred nc_matmul: an accumulation group is computed as one GEMM when its PSUM tile is next used.
+
+Kernels accumulate a PSUM tile over the contraction dim in many small matmuls (the seed kernel: ten of
+K=128 per tile). Each matmul's operands are copied as fp32 into its group's K-stacked buffers at once,
+so later writes to the operand tiles do not matter; the group's GEMM runs when another instruction
+touches the PSUM tile, when too many groups are pending, or when the instance ends. One K-stacked GEMM
+is cheaper than many small ones, and it runs off the instance's turn, overlapping the other instances'
+Python work (CoreBarrier). The result equals accumulating in PSUM one matmul at a time, up to fp32
+summation order.
+
+Operands that are column ranges of whole partition rows are stacked as those whole rows (copying
+rows is sequential, so fast, where column blocks are strided), and a stacked block is not copied again
+while the buffer still holds it unchanged (same allocation, rows and write version): the seed kernel's
+later matmuls mostly read other columns of rows stacked for an earlier group.
+"""
+
+from __future__ import annotations
+
+import math
+import threading
+from collections.abc import Callable
+
+import torch
+
+from .memory import Alloc, ViewKey
+from .tensor import NkiTensor
+
+_ROWS = 2048  # stacked contraction rows per group; a longer accumulation continues in a new group
+_STACK = 1 << 20  # elements per stack (4 MiB): wide row-stacked operands allow fewer rows
+_WIDE = 2048  # operand tiles up to this many elements per partition are stacked as whole rows
+_SLOTS = 4  # pending groups per instance, each with its own pair of stacks
+_threads = threading.local()  # stacks per thread, kept across launches (no fresh pages per launch)
+Tag = tuple[int, int, ViewKey]  # (allocation id, write version, view): identifies an operand's data
+Layout = tuple[ViewKey, int, int]  # (view to stack, stacked width, operand's first column in it)
+Places = tuple[tuple[int, int], tuple[int, int]]  # (stacked width, column) of stationary and moving
+
+
+class _Stack:
+    """A flat fp32 buffer of K-stacked operand blocks, remembering which data each block holds."""
+
+    __slots__ = ("flat", "tags")
+
+    def __init__(self) -> None:
+        self.flat = torch.empty(0)
+        self.tags: dict[int, tuple[Tag, int]] = {}  # start offset -> (tag, length) of blocks in place
+
+    def reserve(self, size: int) -> None:
+        """Make room for `size` elements (contents are lost when it grows)."""
+        if self.flat.numel() < size:
+            self.flat = torch.empty(size)
+            self.tags = {}
+
+    def put(self, start: int, t: NkiTensor, key: ViewKey) -> None:
+        """Store view `key` of t's allocation at flat offset `start` (contiguously), unless in place."""
+        alloc = t.alloc
+        tag = (alloc.id, alloc.version, key)
+        length = math.prod(key[0])
+        if self.tags.get(start) == (tag, length):
+            return
+        rows = alloc.view(key)
+        self.flat[start : start + length].view(rows.shape).copy_(rows)
+        end = start + length
+        for old in [s for s, (_, n) in self.tags.items() if s < end and start < s + n]:
+            del self.tags[old]
+        self.tags[start] = (tag, length)
+
+    def matrix(self, rows: int, layout: tuple[int, int], cols: int) -> torch.Tensor:
+        """The stacked operand: [rows, cols] at column `col` of a [rows, width] stack."""
+        width, col = layout
+        return self.flat[: rows * width].view(rows, width)[:, col : col + cols]
+
+
+def _stacks(slot: int) -> tuple[_Stack, _Stack]:
+    """This thread's stacks (stationary, moving) for a slot."""
+    slots: list[tuple[_Stack, _Stack]] = getattr(_threads, "slots", [])
+    _threads.slots = slots
+    while len(slots) <= slot:
+        slots.append((_Stack(), _Stack()))
+    return slots[slot]
+
+
+def _layout(t: NkiTensor) -> Layout:
+    """How an operand is stacked: its whole partition rows when it is a wide enough column range of them
+    (a narrow one would leave the GEMM a narrow strided operand, which MKL handles slowly)."""
+    w, p, n = t.alloc.pstride, t.partitions, t.free_size
+    if len(t.shape) == 2 and t.strides[1] == 1 and (p == 1 or t.strides[0] == w) and n * 4 >= w <= _WIDE:
+        row, col = divmod(t.offset, w)
+        if col + n <= w:
+            return ((p, w), (w, 1), row * w), w, col
+    return t.key, n, 0  # any other view: its elements, stacked contiguously as [p, n]
+
+
+class _Group:
+    """Pending matmuls into one PSUM view: out (+)= A.T @ B over the K-stacked operands."""
+
+    __slots__ = ("alloc", "beta", "key", "limit", "out", "places", "rows", "slot", "stacks")
+
+    def __init__(self, d: NkiTensor, out: torch.Tensor, slot: int, beta: float, places: Places) -> None:
+        self.alloc = d.alloc  # keeps the tile (and its pooled storage) alive until the GEMM ran
+        self.key = d.key
+        self.out = out
+        self.beta = beta
+        self.rows = 0
+        self.places = places
+        self.slot = slot
+        self.limit = min(_ROWS, _STACK // max(width for width, _ in self.places))
+        self.stacks = _stacks(slot)
+        for stack, (width, _) in zip(self.stacks, self.places, strict=True):
+            stack.reserve(self.limit * width)
+
+    def fits(self, d: NkiTensor, k: int, beta: float, places: Places) -> bool:
+        """Can a matmul into `d` join this group (same view, accumulating, operands placed alike)?"""
+        return (
+            self.alloc is d.alloc
+            and self.key == d.key
+            and beta != 0.0
+            and self.rows + k <= self.limit
+            and self.places == places
+        )
+
+    def gemm(self) -> None:
+        """out (+)= the stacked product (torch releases the GIL inside)."""
+        m, n = self.out.shape
+        a = self.stacks[0].matrix(self.rows, self.places[0], m)
+        b = self.stacks[1].matrix(self.rows, self.places[1], n)
+        self.out.addmm_(a.t(), b, beta=self.beta)
+
+
+class MatmulQueue:
+    """One instance's pending accumulation groups, computed in order by flush()."""
+
+    def __init__(self, off_turn: Callable[[Callable[[], None]], None]) -> None:
+        self.groups: list[_Group] = []
+        self.off_turn = off_turn
+
+    def add(self, d: NkiTensor, out: torch.Tensor, st: NkiTensor, mv: NkiTensor, beta: float) -> None:
+        """Queue out (+)= st.T @ mv (SBUF views of any dtype as [K, M] and [K, N]); beta 0 overwrites."""
+        (key_a, width_a, col_a), (key_b, width_b, col_b) = _layout(st), _layout(mv)
+        places = ((width_a, col_a), (width_b, col_b))
+        group = self.groups[-1] if self.groups else None
+        if group is None or not group.fits(d, st.partitions, beta, places):
+            if len(self.groups) == _SLOTS:
+                self.flush()
+            used = {g.slot for g in self.groups}  # pending groups own their stacks (flushes may be partial)
+            slot = next(i for i in range(_SLOTS) if i not in used)
+            group = _Group(d, out, slot, beta, places)
+            self.groups.append(group)
+            d.alloc.pending = True
+        stack_a, stack_b = group.stacks
+        stack_a.put(group.rows * width_a, st, key_a)
+        stack_b.put(group.rows * width_b, mv, key_b)
+        group.rows += st.partitions
+
+    def flush(self, alloc: Alloc | None = None) -> None:
+        """Run the pending GEMMs in issue order, up to the last one into `alloc` (default: all).
+
+        They run while other instances take their turn. Only what is needed runs: between two GEMMs
+        this thread needs the GIL, which the instance holding the turn rarely yields (it may wait a
+        whole switch interval), so one GEMM per flush keeps both cores busy.
+        """
+        if alloc is None:
+            count = len(self.groups)
+        else:
+            count = 1 + max(i for i, g in enumerate(self.groups) if g.alloc is alloc)
+        if not count:
+            return
+        done, self.groups = self.groups[:count], self.groups[count:]
+
+        def gemms() -> None:
+            """The GEMMs of the flushed groups."""
+            for g in done:
+                g.gemm()
+
+        self.off_turn(gemms)
+        for g in done:
+            g.alloc.pending = any(p.alloc is g.alloc for p in self.groups)

@@ -1,0 +1,197 @@
+"""Deferred matmul groups, recycled storage and concurrent instances behave like eager execution."""
+
+from __future__ import annotations
+
+import re
+
+import pytest
+import torch
+
+import fusegen.sim as sim
+
+with sim.installed():
+    import nki
+    import nki.isa as nisa
+    import nki.language as nl
+
+
+def _load(t):
+    """SBUF copy of an HBM tensor."""
+    sb = nl.ndarray(t.shape, dtype=t.dtype, buffer=nl.sbuf)
+    nisa.dma_copy(dst=sb, src=t)
+    return sb
+
+
+def _evict(ps):
+    """shared_hbm fp32 copy of a PSUM tile (via SBUF)."""
+    sb = nl.ndarray(ps.shape, dtype=nl.float32, buffer=nl.sbuf)
+    nisa.tensor_copy(dst=sb, src=ps)
+    out = nl.ndarray(ps.shape, dtype=nl.float32, buffer=nl.shared_hbm)
+    nisa.dma_copy(dst=out, src=sb)
+    return out
+
+
+def _close(out, ref):
+    torch.testing.assert_close(out, ref, rtol=1e-5, atol=1e-4)
+
+
+def test_operands_rewritten_after_a_matmul_do_not_change_it():
+    a, b = torch.randn(128, 64).bfloat16(), torch.randn(128, 96).bfloat16()
+
+    @nki.jit
+    def kernel(a_hbm, b_hbm):
+        sa, sb = _load(a_hbm), _load(b_hbm)
+        ps = nl.ndarray((64, 96), dtype=nl.float32, buffer=nl.psum)
+        nisa.nc_matmul(dst=ps, stationary=sa, moving=sb)
+        nisa.activation(dst=sa, op=nl.square, data=sa)  # new operand values before the PSUM is read
+        nisa.tensor_scalar(dst=sb, data=sb, op0=nl.multiply, operand0=-2.0)
+        nisa.nc_matmul(dst=ps, stationary=sa, moving=sb)
+        return _evict(ps)
+
+    af, bf = a.float(), b.float()
+    a2 = (af * af).bfloat16().float()
+    _close(kernel(a, b), af.t() @ bf + a2.t() @ (-2 * bf))
+
+
+def test_long_accumulations_and_reads_between_matmuls():
+    a, b = torch.randn(128, 12 * 128).bfloat16(), torch.randn(128, 12 * 512).bfloat16()
+
+    @nki.jit
+    def kernel(a_hbm, b_hbm):
+        sa, sb = _load(a_hbm), _load(b_hbm)
+        ps = nl.ndarray((128, 512), dtype=nl.float32, buffer=nl.psum)
+        outs = []
+        for k in range(12):  # 1536 contraction rows: more than one stacked group
+            st, mv = sa[:, k * 128 : (k + 1) * 128], sb[:, k * 512 : (k + 1) * 512]
+            nisa.nc_matmul(dst=ps, stationary=st, moving=mv)
+            if k in (0, 7):
+                outs.append(_evict(ps))  # a read in the middle of the accumulation
+        return (*outs, _evict(ps))
+
+    af, bf = a.float(), b.float()
+    blocks = [af[:, k * 128 : (k + 1) * 128].t() @ bf[:, k * 512 : (k + 1) * 512] for k in range(12)]
+    first, mid, last = kernel(a, b)
+    _close(first, blocks[0])
+    _close(mid, sum(blocks[:8]))
+    _close(last, sum(blocks))
+
+
+def test_interleaved_groups_over_column_ranges_of_shared_tiles():
+    w, x = torch.randn(128, 1024).bfloat16(), torch.randn(128, 1280).bfloat16()
+
+    @nki.jit
+    def kernel(w_hbm, x_hbm):
+        sw, sx = _load(w_hbm), _load(x_hbm)
+        outs = []
+        for j in range(2):
+            ps = [nl.ndarray((128, 512), dtype=nl.float32, buffer=nl.psum) for _ in range(3)]
+            for i in range(3):  # three pending groups reading other columns of the same rows
+                n = 512 if i < 2 else 256
+                st, mv = sw[:, j * 128 : (j + 1) * 128], sx[:, i * 512 : i * 512 + n]
+                nisa.nc_matmul(dst=ps[i][:, 0:n], stationary=st, moving=mv)
+            outs += [_evict(ps[i][:, 0 : 512 if i < 2 else 256]) for i in range(3)]
+        return tuple(outs)
+
+    outs = kernel(w, x)
+    for j in range(2):
+        for i in range(3):
+            n = 512 if i < 2 else 256
+            ref = w[:, j * 128 : (j + 1) * 128].float().t() @ x[:, i * 512 : i * 512 + n].float()
+            _close(outs[3 * j + i], ref)
+
+
+def test_recycled_storage_still_counts_as_never_written():
+    x = torch.randn(128, 64)
+
+    @nki.jit
+    def kernel(x_hbm):
+        for _ in range(3):
+            _load(x_hbm)  # written, then dropped: its storage is recycled below
+        fresh = nl.ndarray((128, 64), dtype=nl.float32, buffer=nl.sbuf)
+        out = nl.ndarray((128, 64), dtype=nl.float32, buffer=nl.shared_hbm)
+        nisa.dma_copy(dst=out, src=fresh)
+        return out
+
+    with pytest.raises(sim.UninitializedReadError):
+        kernel(x)
+    with pytest.warns(sim.UninitializedReadWarning):
+        out = sim.run(kernel, x, strict=False).outputs
+    assert torch.isnan(out).all()
+
+
+def test_outputs_of_successive_launches_are_independent():
+    @nki.jit
+    def kernel(x_hbm):
+        return _evict(_load(x_hbm))
+
+    x = torch.randn(64, 32)
+    first = kernel(x)
+    second = kernel(x * 2)
+    assert torch.equal(first, x) and torch.equal(second, x * 2)
+
+
+@nki.jit
+def two_core_matmul(a_hbm, b_hbm):
+    """Each core multiplies its half of b's columns, publishes it, and reads the other core's half."""
+    me = nl.program_id(0)
+    sa = _load(a_hbm)
+    sb = nl.ndarray((128, 256), dtype=nl.bfloat16, buffer=nl.sbuf)
+    nisa.dma_copy(dst=sb, src=b_hbm[:, me * 256 : (me + 1) * 256])
+    ps = nl.ndarray((128, 256), dtype=nl.float32, buffer=nl.psum)
+    for k in range(4):
+        nisa.nc_matmul(dst=ps, stationary=sa[:, k * 128 : (k + 1) * 128], moving=sb)
+    board = nl.ndarray((128, 512), dtype=nl.float32, buffer=nl.shared_hbm)
+    mine = nl.ndarray((128, 256), dtype=nl.float32, buffer=nl.sbuf)
+    nisa.tensor_copy(dst=mine, src=ps)
+    nisa.dma_copy(dst=board[:, me * 256 : (me + 1) * 256], src=mine)
+    nisa.core_barrier(data=board, cores=(0, 1))
+    theirs = nl.ndarray((128, 256), dtype=nl.float32, buffer=nl.sbuf)
+    nisa.dma_copy(dst=theirs, src=board[:, (1 - me) * 256 : (2 - me) * 256])
+    out = nl.ndarray((128, 512), dtype=nl.float32, buffer=nl.shared_hbm)
+    nisa.dma_copy(dst=out[:, me * 256 : (me + 1) * 256], src=theirs)
+    return out
+
+
+def test_concurrent_instances_exchange_matmul_results():
+    a, b = torch.randn(128, 512).bfloat16(), torch.randn(128, 512).bfloat16()
+    ref = sum(a[:, k * 128 : (k + 1) * 128].float().t() @ b.float() for k in range(4))
+    for _ in range(3):
+        out = two_core_matmul[2](a, b)
+        _close(out, torch.cat([ref[:, 256:], ref[:, :256]], dim=1))
+
+
+def test_errors_of_concurrent_instances_are_reported_deterministically():
+    def failing(x_hbm):
+        me = nl.program_id(0)
+        return x_hbm[0:4, 10 + me]  # out of range on every core: the lowest core's error is reported
+
+    def racy(x_hbm):
+        out = nl.ndarray((128, 8), dtype=nl.float32, buffer=nl.shared_hbm)
+        sb = _load(x_hbm)
+        nisa.dma_copy(dst=out, src=sb)
+        return out
+
+    cases = ((failing, sim.OutOfBoundsError, "index 10 "), (racy, sim.RaceError, "core 1 writes"))
+    for kernel, error, needle in cases:
+        messages = set()
+        for _ in range(4):
+            with pytest.raises(error) as info:
+                sim.run(kernel, torch.zeros(128, 8), grid=2)
+            messages.add(re.sub(r"#\d+", "#", str(info.value)))  # allocation ids differ per launch
+        assert len(messages) == 1 and needle in messages.pop()
+
+
+def test_groups_pending_after_a_partial_flush_keep_their_operands():
+    a, b = torch.randn(3, 128, 128).bfloat16(), torch.randn(3, 128, 256).bfloat16()
+
+    @nki.jit
+    def kernel(a_hbm, b_hbm):
+        outs, ps = [], [nl.ndarray((128, 256), dtype=nl.float32, buffer=nl.psum) for _ in range(3)]
+        for i in range(3):
+            if i == 2:
+                outs.append(_evict(ps[0]))  # runs the first group only; the second stays pending
+            nisa.nc_matmul(dst=ps[i], stationary=_load(a_hbm[i]), moving=_load(b_hbm[i]))
+        return (*outs, _evict(ps[1]), _evict(ps[2]))
+
+    for i, out in enumerate(kernel(a, b)):
+        _close(out, a[i].float().t() @ b[i].float())
