@@ -89,7 +89,7 @@ class RowReduceFamily:
         return render(
             TEMPLATE,
             header=header(ir, TEMPLATE), name=ir.name, doc=kernel_doc(ir), low=low, model=repr(low.model),
-            budget_source=vendored(rb), kernel_args=_kernel_args(body), host=_host(body, m, lifted),
+            budget_source=vendored(rb), kernel_args=kernel_args(body), host=_host(body, m, lifted),
             dim_bindings=[f"d_{d} = {src}" for d, src in dim_bindings(body, kernel_arg)],
             outputs=[(_allocation(o.name, lifted), NL_DTYPE[o.dtype], _shape(flat[o.name]), _guard(o))
                      for o in body.outputs],
@@ -236,13 +236,26 @@ def kernel_doc(ir: KernelIR, what: str = FORWARD_DOC) -> str:
     return f"{ir.name}: ({ins}) -> ({outs}), {what}."
 
 
-def _kernel_args(ir: KernelIR) -> list[str]:
+def kernel_args(ir: KernelIR) -> list[str]:
+    """The NKI kernel's parameters: every input's HBM tensor, then the params."""
     return [kernel_arg(i.name) for i in ir.inputs] + [f"{p.name}_arg" for p in ir.params]
+
+
+def host_params(ir: KernelIR) -> list[str]:
+    """A host function's typed parameters: the input tensors, then the params with their defaults."""
+    tensors = [f"{i.name}: torch.Tensor" for i in ir.inputs]
+    return tensors + [f"{p.name}: float = {p.default!r}" for p in ir.params]
+
+
+def prep_dims(ir: KernelIR, weights: list[str]) -> tuple[str, ...]:
+    """Dim bindings of the weight prep, which sees only the weights."""
+    prep_ir = dataclasses.replace(ir, inputs=tuple(i for i in ir.inputs if i.name in weights))
+    return tuple(f"d_{d} = {src}" for d, src in dim_bindings(prep_ir, kernel_arg))
 
 
 def _host(ir: KernelIR, m: RowReduceMatch, lifted: Lifted | None = None) -> HostSignature:
     tensors = [i.name for i in ir.inputs]
-    params = [f"{t}: torch.Tensor" for t in tensors] + [f"{p.name}: float = {p.default!r}" for p in ir.params]
+    params = host_params(ir)
     optional = [o.name for o in ir.outputs if o.optional]
     params += ["save: bool = False"] if optional else []
     params += ["lnc: int = LNC", "target: str = TARGET"]
@@ -254,7 +267,6 @@ def _host(ir: KernelIR, m: RowReduceMatch, lifted: Lifted | None = None) -> Host
     data = next(i for i in ir.inputs if len(i.shape) == 3)
     weights = [str(w.name) for w in m.weights]
     kernel_out = {o.name: _allocation(o.name, lifted) for o in ir.outputs}
-    prep_ir = dataclasses.replace(ir, inputs=tuple(i for i in ir.inputs if i.name in weights))
     saved = f"; with save=True also ({', '.join(optional)})" if optional else ""
     return HostSignature(
         params=", ".join(params), returns=returns,
@@ -269,5 +281,5 @@ def _host(ir: KernelIR, m: RowReduceMatch, lifted: Lifted | None = None) -> Host
         doc=f"Run the kernel on `lnc` logical cores; returns ({', '.join(required)}){saved}.",
         prep_name="fused_weight", prep_params=", ".join(f"{w}: torch.Tensor" for w in weights),
         prep_args=", ".join(weights), prep_kernel_args=", ".join(kernel_arg(w) for w in weights),
-        prep_dims=tuple(f"d_{d} = {src}" for d, src in dim_bindings(prep_ir, kernel_arg)),
+        prep_dims=prep_dims(ir, weights),
     )  # fmt: skip

@@ -23,6 +23,7 @@ from fusegen.codegen.rowreduce_budget import RowModel
 from fusegen.codegen.rowreduce_lower import (
     Load,
     RowPasses,
+    acc,
     chunk_leaves,
     column_leaves,
     lower_columns,
@@ -95,7 +96,7 @@ class BackwardLowering:
 def lower_backward(ir: KernelIR, m: RowReduceMatch) -> BackwardLowering:
     """Compile a matched backward IR: the shared passes, then the chunked epilogue with its accumulators."""
     passes = lower_passes(ir, m)
-    below = column_leaves(m) | {rid: _acc(rid) for level in m.levels for rid in level} | passes.hoisted
+    below = column_leaves(m) | {rid: acc(rid) for level in m.levels for rid in level} | passes.hoisted
     roots = _epilogue_roots(ir, m)
     cols, hoisted = lower_columns(ir, m, below, roots, prefix="ke_")
     builder = StageBuilder(ir, chunk_leaves(ir, m, passes.resident) | below | hoisted, row_kind(m),
@@ -165,10 +166,6 @@ def _epilogue_roots(ir: KernelIR, m: RowReduceMatch) -> list[int]:
     roots += [ir.node(nid).args[0] for nid in m.head_sums]
     roots += [ir.node(nid).args[0] for nid in m.token_sums]
     return roots
-
-
-def _acc(node_id: int) -> Operand:
-    return Operand("vec", f"acc{node_id}[0:pt, 0:1]")
 
 
 def _head_acc(node_id: int) -> str:

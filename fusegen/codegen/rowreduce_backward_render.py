@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from dataclasses import dataclass, replace
+from dataclasses import dataclass
 
 from fusegen.codegen import rowreduce_budget as rb
 from fusegen.codegen.autodiff import backward_ir
@@ -12,7 +12,7 @@ from fusegen.codegen.reference import dim_bindings
 from fusegen.codegen.render import header, render, vendored
 from fusegen.codegen.report import plan_markdown
 from fusegen.codegen.rewrites import rewrite
-from fusegen.codegen.rowreduce import kernel_doc
+from fusegen.codegen.rowreduce import host_params, kernel_args, kernel_doc, prep_dims
 from fusegen.codegen.rowreduce_backward import BackwardLowering, lower_backward, psum_banks, token_sum_fits
 from fusegen.codegen.rowreduce_match import RowReduceMatch, match_rowreduce
 from fusegen.codegen.select import NL_DTYPE
@@ -77,7 +77,7 @@ def backward_source(ir: KernelIR, m: RowReduceMatch, low: BackwardLowering, targ
     return render(
         TEMPLATE, header=header(ir, TEMPLATE), name=ir.name, doc=kernel_doc(ir, BACKWARD_DOC), low=low,
         model=repr(low.model), budget_source=vendored(rb), host=_host(ir, m),
-        kernel_args=[kernel_arg(i.name) for i in ir.inputs] + [f"{p.name}_arg" for p in ir.params],
+        kernel_args=kernel_args(ir),
         dim_bindings=[f"d_{d} = {src}" for d, src in dim_bindings(ir, kernel_arg)],
         outputs=[(kernel_arg(o.name), NL_DTYPE[o.dtype], ", ".join(dim_source(d) for d in o.shape))
                  for o in ir.outputs if o.name not in token_outs],
@@ -141,14 +141,12 @@ def _reasons(low: BackwardLowering, width: int, heads: int, hb: int, resident: b
 
 def _host(ir: KernelIR, m: RowReduceMatch) -> BackwardHost:
     tensors = [i.name for i in ir.inputs]
-    params = [f"{t}: torch.Tensor" for t in tensors] + [f"{p.name}: float = {p.default!r}" for p in ir.params]
-    params += ["lnc: int = LNC", "target: str = TARGET"]
+    params = [*host_params(ir), "lnc: int = LNC", "target: str = TARGET"]
     data = next(i for i in ir.inputs if len(i.shape) == 3)
     width, heads = f"{data.name}.shape[2]", f"{data.name}.shape[1]"
     token_outs = [o.name for o in m.token_outputs]
     main = [o.name for o in ir.outputs if o.name not in token_outs]
     weights = [str(w.name) for w in m.weights]
-    prep_ir = replace(ir, inputs=tuple(i for i in ir.inputs if i.name in weights))
     checks = (
         f"if {width} % P or {heads} * {width} > P * F_MOV:",
         '    raise ValueError("sums over the tokens need H % 128 == 0 and HC * H <= 65536 (one PSUM bank)")',
@@ -158,7 +156,7 @@ def _host(ir: KernelIR, m: RowReduceMatch) -> BackwardHost:
         doc=f"Run the backward on `lnc` logical cores; returns ({', '.join(o.name for o in ir.outputs)})",
         launch_args=", ".join(tensors + [p.name for p in ir.params]), checks=checks,
         prep_kernel_args=", ".join(kernel_arg(w) for w in weights),
-        prep_dims=tuple(f"d_{d} = {src}" for d, src in dim_bindings(prep_ir, kernel_arg)),
+        prep_dims=prep_dims(ir, weights),
         kernel_returns=", ".join(kernel_arg(n) for n in main), main_results=", ".join(main),
         reduce_args="".join(f", {n.name}" for n in m.post_inputs),
         reduce_results=", ".join(token_outs),  # a kernel returning one tensor returns it bare

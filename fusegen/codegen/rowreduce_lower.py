@@ -239,7 +239,7 @@ def _lower_levels(
     levels, widest, vecs = [], 0, 0
     hoisted: dict[int, Operand] = {}
     for depth, ids in enumerate(m.levels):
-        below = column_leaves(m) | {rid: _acc(rid) for lower in m.levels[:depth] for rid in lower} | hoisted
+        below = column_leaves(m) | {rid: acc(rid) for lower in m.levels[:depth] for rid in lower} | hoisted
         cols, new = lower_columns(ir, m, below, ids, prefix=f"k{depth}_")
         hoisted |= new
         leaves = chunk_leaves(ir, m, resident) | below | new
@@ -250,7 +250,7 @@ def _lower_levels(
         for rid in ids:
             part = sel.value(builder.expr(rid))
             op = "nl.maximum" if ir.node(rid).op == "max" else "nl.add"
-            combines.append(Combine(_acc(rid).code.split("[")[0], part.code.split("[")[0], op))
+            combines.append(Combine(acc(rid).code.split("[")[0], part.code.split("[")[0], op))
         widest = max(widest, tile_bytes(sel))
         vecs += len(cols.tiles) + sum(1 for _, kind, _ in sel.tiles if kind == "vec")
         levels.append(Level(tuple(cols.lines), tuple(sel.lines), tuple(combines)))
@@ -302,7 +302,8 @@ def _frontier(ir: KernelIR, leaves: dict[int, Operand], roots: Iterable[int], ki
     return sorted(found)
 
 
-def _acc(node_id: int) -> Operand:
+def acc(node_id: int) -> Operand:
+    """The [P, 1] accumulator column of reduction node `node_id`."""
     return Operand("vec", f"acc{node_id}[0:pt, {ONE_COLUMN}]")
 
 
@@ -318,7 +319,7 @@ def _lower_epilogue(
     full = f"0:{dim_source(m.width)}"
     loads = {ld.node: ld for ld in m.loads}
     leaves = _row_leaves(ir, loads, full) | _resident_leaves(resident, full)
-    leaves |= {rid: _acc(rid) for level in m.levels for rid in level}
+    leaves |= {rid: acc(rid) for level in m.levels for rid in level}
     builder = StageBuilder(ir, leaves, row_kind(m), free_size=lambda n: m.width)
     width = dim_source(m.width)
     sel = Selector(Layout(part="pt", free=width, free_alloc=width), prefix="e", column_engine=GPSIMD)
