@@ -19,7 +19,7 @@ from .context import Context, set_current
 from .errors import BarrierError, SimError, UninitializedReadError, UninitializedReadWarning
 from .instr import unwritten_count
 from .liveness import check_instance
-from .memory import Alloc, MemoryRegion, StoragePool
+from .memory import Alloc, MemoryRegion, StoragePool, contiguous_strides
 from .race import RaceTracker
 from .targets import Target, get_target
 from .tensor import NkiTensor
@@ -150,7 +150,7 @@ class Launch:
         """Inputs the kernel wrote are copied back to the caller's tensors (like nki.simulate)."""
         for a in [*args, *kwargs.values()]:
             if isinstance(a, NkiTensor) and a.alloc.dirty and a.alloc.source is not None:
-                a.alloc.source.copy_(a.alloc.data.reshape(a.alloc.source.shape))
+                a.alloc.source.copy_(a.materialize())  # through the caller's strides and offset
 
 
 @contextlib.contextmanager
@@ -199,7 +199,7 @@ def _outputs(value: Any, site: tuple[str, int], strict: bool) -> Any:
         warnings.warn(detail, UninitializedReadWarning, stacklevel=4)
         value.alloc.poison_unwritten(value.key)
     alloc = value.alloc
-    if not alloc.borrowed and value.key == NkiTensor.whole(alloc).key:
+    if not alloc.borrowed and value.key == (alloc.shape, contiguous_strides(alloc.shape), 0):
         return alloc.hand_over()  # the launch is over: no copy needed
     return value.materialize().clone()
 

@@ -5,6 +5,7 @@ from __future__ import annotations
 import enum
 import itertools
 import math
+from collections.abc import Sequence
 from typing import TYPE_CHECKING
 
 import torch
@@ -96,6 +97,7 @@ class Alloc:
 
     __slots__ = (
         "all_written",
+        "base",
         "borrowed",
         "bytes_per_partition",
         "data",
@@ -125,6 +127,7 @@ class Alloc:
         "site",
         "source",
         "span",
+        "strides",
         "version",
         "views",
         "written",
@@ -162,8 +165,11 @@ class Alloc:
         # allocation but skips a full pass. The written mask only exists once a partial write happens.
         if source is None:
             self.data, self.views = pool.take(numel, dtype)
-        else:
-            self.data, self.views = source.detach().reshape(-1), {}
+            self.strides = contiguous_strides(shape)
+        else:  # HBM as the caller laid it out: its storage from its offset, addressed with its strides
+            self.data, self.views = storage_span(source.detach()), {}
+            self.strides = tuple(source.stride())
+        self.base = self.data.storage_offset()  # as_strided offsets count from the storage's start
         self.borrowed = source is not None  # shares the caller's memory until the first write (copy on write)
         self.written: torch.Tensor | None = None
         self.all_written = source is not None or numel == 0
@@ -210,6 +216,7 @@ class Alloc:
         """Copy a borrowed input before its first write, so the caller's tensor changes only by write-back."""
         if self.borrowed:
             self.data = self.data.clone()
+            self.base = 0
             self.views = {}
             self.borrowed = False
 
@@ -219,7 +226,8 @@ class Alloc:
         if v is None:
             if len(self.views) >= _VIEW_CACHE:
                 self.views = {}
-            v = self.views[key] = torch.as_strided(self.data, *key)
+            shape, strides, offset = key
+            v = self.views[key] = torch.as_strided(self.data, shape, strides, self.base + offset)
         return v
 
     def f32_view(self, key: ViewKey) -> torch.Tensor:
@@ -269,6 +277,23 @@ class Alloc:
     def label(self) -> str:
         """Short human-readable identity for messages."""
         return label(self.id, self.name, self.region, self.shape, self.dtype)
+
+
+def contiguous_strides(shape: Sequence[int]) -> tuple[int, ...]:
+    """Row-major element strides for a shape."""
+    strides = []
+    step = 1
+    for n in reversed(shape):
+        strides.append(step)
+        step *= n
+    return tuple(reversed(strides))
+
+
+def storage_span(tensor: torch.Tensor) -> torch.Tensor:
+    """A flat view of `tensor`'s storage from its storage offset through the last element it addresses
+    (views, slices and expanded tensors included; torch strides are never negative)."""
+    extent = 0 if tensor.numel() == 0 else 1 + sum((n - 1) * s for n, s in zip(tensor.shape, tensor.stride()))
+    return torch.as_strided(tensor, (extent,), (1,), tensor.storage_offset())
 
 
 def label(ident: int, name: str, region: MemoryRegion, shape: tuple[int, ...], dtype: torch.dtype) -> str:

@@ -11,17 +11,7 @@ import torch
 
 from . import dtypes
 from .errors import InvalidArgumentError, OutOfBoundsError, PartitionError, UnsupportedError, fault
-from .memory import Alloc, MemoryRegion, ViewKey
-
-
-def contiguous_strides(shape: Sequence[int]) -> tuple[int, ...]:
-    """Row-major element strides for a shape."""
-    strides = []
-    step = 1
-    for n in reversed(shape):
-        strides.append(step)
-        step *= n
-    return tuple(reversed(strides))
+from .memory import Alloc, MemoryRegion, ViewKey, contiguous_strides
 
 
 class NkiTensor:
@@ -41,8 +31,8 @@ class NkiTensor:
 
     @classmethod
     def whole(cls, alloc: Alloc) -> NkiTensor:
-        """A view covering the full allocation."""
-        return cls(alloc, alloc.shape, contiguous_strides(alloc.shape), 0)
+        """A view covering the full allocation (a caller's tensor with its own strides)."""
+        return cls(alloc, alloc.shape, alloc.strides, 0)
 
     # ---- metadata -------------------------------------------------------------------------------
     @property
