@@ -20,8 +20,8 @@ from fusegen.codegen.rowreduce import ROWREDUCE
 from fusegen.codegen.stage import dim_source
 from fusegen.dsl import load_spec
 from fusegen.dsl.diagnostics import Diagnostic, SpecError
-from fusegen.dsl.ir import KernelIR
-from fusegen.testing import Tolerance, tolerance
+from fusegen.dsl.ir import KernelIR, eval_shape
+from fusegen.testing import Case, Tolerance, tolerance
 
 FAMILIES: tuple[Family, ...] = (FFN, ROWREDUCE)
 #: Logical-core degrees every generated test runs.
@@ -114,10 +114,23 @@ def _output_expr(ir: KernelIR, node_id: int, dtype: str) -> str:
     return f"{value_name(ir.node(node_id))}.to({TORCH_DTYPE[dtype]})"
 
 
+def test_inputs(ir: KernelIR) -> tuple[tuple[str, str, str], ...]:
+    """(input, dtype, scale) of every input: matmul weights are scaled by 1/sqrt(fan-in)."""
+    fan_in = {ir.node(n.args[1]).name for n in ir.nodes if n.op == "matmul"}
+    return tuple((i.name, i.dtype, "fan_in" if i.name in fan_in else "1") for i in ir.inputs)
+
+
+def test_case(ir: KernelIR, dims: dict[str, int]) -> Case:
+    """What the generated test runs at `dims`, from the IR (so `fusegen check` and `explain` need no pytest)."""
+    env = {**ir.fixed_dims(), **dims}
+    shapes = {i.name: eval_shape(i.shape, env) for i in ir.inputs}
+    save = any(o.optional for o in ir.outputs)
+    return Case(test_inputs(ir), output_tolerances(ir), dims, shapes, save=save)
+
+
 def test_source(ir: KernelIR, target: str) -> str:
     """test_<name>.py: the interpreter against the reference at every check shape and ragged variants."""
-    fan_in = {ir.node(n.args[1]).name for n in ir.nodes if n.op == "matmul"}
-    inputs = tuple((i.name, i.dtype, "fan_in" if i.name in fan_in else "1") for i in ir.inputs)
+    inputs = test_inputs(ir)
     shapes = ", ".join(f'"{i.name}": ({", ".join(dim_source(d) for d in i.shape)},)' for i in ir.inputs)
     shapes = "{" + shapes + "}"
     return render(

@@ -11,13 +11,14 @@ from fusegen.codegen.build import (
     BuildOptions,
     build_spec,
     stale_files,
+    test_case,
     test_shapes,
     write_atomically,
 )
 from fusegen.dsl import load_spec
 from fusegen.dsl.diagnostics import Diagnostic, SpecError
 from fusegen.dsl.ir import KernelIR
-from fusegen.testing import Case, load_generated, run_against_reference
+from fusegen.testing import run_against_reference
 
 
 def _progress(message: str) -> None:
@@ -58,16 +59,9 @@ def check(specs: list[str], options: BuildOptions, shapes: list[dict[str, int]])
             runs = [validated_shape(ir, spec, dims) for dims in shapes] or [env for env, _ in test_shapes(ir)]
             built = build_spec(spec, BuildOptions(out, options.target, options.lnc))
             write_atomically(out, built.files)
-            generated_test = load_generated(out / built.name / f"test_{built.name}.py")
             for dims in runs:
                 _progress(f"fusegen: running {built.name} at {_dims_text(dims)} on the interpreter")
-                case = Case(
-                    generated_test.INPUTS,
-                    generated_test.OUTPUTS,
-                    dims,
-                    generated_test.input_shapes(dims),
-                    save=any(o.optional for o in ir.outputs),
-                )
+                case = test_case(ir, dims)
                 report = run_against_reference(
                     out / built.name, built.name, case, options.lnc, options.target
                 )

@@ -13,7 +13,7 @@ import torch
 
 from fusegen import sim
 from fusegen.codegen import plan as planner
-from fusegen.codegen.build import BuildOptions, build_spec, select_family, write_atomically
+from fusegen.codegen.build import BuildOptions, build_spec, select_family, test_case, write_atomically
 from fusegen.codegen.family import Family
 from fusegen.codegen.plan import PlanError, TilePlan
 from fusegen.codegen.rewrites import rewrite
@@ -22,7 +22,7 @@ from fusegen.dsl.ir import CheckShape, KernelIR
 from fusegen.perf.capture import Launch, launches
 from fusegen.perf.roofline import Roofline, hbm_bytes_moved, matmul_flops, roofline
 from fusegen.perf.schedule import Schedule, schedule
-from fusegen.testing import load_generated, make_inputs
+from fusegen.testing import make_inputs
 
 #: runner-up plans `explain` shows
 ALTERNATIVES = 5
@@ -100,9 +100,9 @@ def analyse(spec: str, dims: dict[str, int], target: str, lnc: int, alternatives
         out = Path(tmp)
         built = build_spec(spec, BuildOptions(out, target, lnc))
         write_atomically(out, built.files)
-        test_module = load_generated(out / built.name / f"test_{built.name}.py")
         kernels = sim.load_module(out / built.name / "kernel.py", target=target)
-    args = make_inputs(test_module.INPUTS, test_module.input_shapes(dims))
+    case = test_case(load_spec(spec)[0], dims)
+    args = make_inputs(case.inputs, case.shapes)
     progress(f"running {built.name} at {dims_text(dims)} on the interpreter ({target}, LNC {lnc})")
     with launches(kernels) as found:
         outputs = getattr(kernels, built.name)(*args, lnc=lnc, target=target)
