@@ -47,7 +47,8 @@ class _Stack:
     def reserve(self, size: int) -> None:
         """Make room for `size` elements (contents are lost when it grows)."""
         if self.flat.numel() < size:
-            self.flat = torch.empty(size)
+            with torch.inference_mode(False):  # kept across launches: a normal tensor, writable in any mode
+                self.flat = torch.empty(size)
             self.tags = {}
 
     def put(self, start: int, t: NkiTensor, key: ViewKey) -> None:

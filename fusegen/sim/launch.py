@@ -90,6 +90,7 @@ class Launch:
         args = tuple(_to_hbm(self, a, f"arg{i}", site) for i, a in enumerate(args))
         kwargs = {k: _to_hbm(self, v, k, site) for k, v in kwargs.items()}
         results: list[Any] = [None] * self.grid
+        modes = _torch_modes()  # thread-local: the caller's, carried into every instance's thread
 
         def body(core: int) -> None:
             """Run one instance on the current thread, recording its result or error."""
@@ -98,7 +99,8 @@ class Launch:
             torch.set_num_threads(1)  # per thread: worker threads keep their own OpenMP/MKL setting
             self.barrier.turn.acquire()
             try:
-                results[core] = fn(*args, **kwargs)
+                with modes():
+                    results[core] = fn(*args, **kwargs)
                 ctx.matmuls.flush()
                 self.barrier.finish(core)
             except BaseException as exc:
@@ -167,6 +169,19 @@ def _quiet_runtime() -> Iterator[None]:
         if gc_was_enabled:
             gc.enable()
             gc.collect(0)  # the launch's young objects: paid here, not by the caller's next statement
+
+
+def _torch_modes() -> Callable[[], contextlib.AbstractContextManager[None]]:
+    """The calling thread's grad and inference modes, to enter on the instances' threads: tensors one
+    instance makes under inference_mode (pooled tiles, shared HBM) are written by the others."""
+    inference, grad = torch.is_inference_mode_enabled(), torch.is_grad_enabled()
+
+    @contextlib.contextmanager
+    def enter() -> Iterator[None]:
+        with torch.inference_mode(inference), torch.set_grad_enabled(grad):
+            yield
+
+    return enter
 
 
 def _to_hbm(launch: Launch, value: Any, name: str, site: tuple[str, int]) -> Any:
