@@ -121,7 +121,7 @@ def test_inputs(ir: KernelIR) -> tuple[tuple[str, str, str], ...]:
 
 
 def test_case(ir: KernelIR, dims: dict[str, int]) -> Case:
-    """What the generated test runs at `dims`, from the IR (so `fusegen check` and `explain` need no pytest)."""
+    """What the generated test runs at `dims`, from the IR: `fusegen check` and `explain` need no pytest."""
     env = {**ir.fixed_dims(), **dims}
     shapes = {i.name: eval_shape(i.shape, env) for i in ir.inputs}
     save = any(o.optional for o in ir.outputs)

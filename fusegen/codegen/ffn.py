@@ -11,6 +11,7 @@ from fusegen.codegen.ffn_match import FfnMatch, match_ffn
 from fusegen.codegen.plan import PlanError, TilePlan, machine, plan_ffn
 from fusegen.codegen.reference import dim_bindings
 from fusegen.codegen.render import header, render, vendored
+from fusegen.codegen.signature import Returned, door_lines, door_source, signature
 from fusegen.dsl.ir import KernelIR
 from fusegen.sim.targets import TARGETS, get_target
 
@@ -28,6 +29,7 @@ class HostSignature:
     down_weight: str
     launch_args: str
     doc: str
+    door: tuple[str, ...]  # argument checks (signature.py), then an empty call's early return
 
 
 @dataclass(frozen=True)
@@ -79,6 +81,7 @@ class FfnFamily:
             host=_host(ir, m, low),
             dim_bindings=[f"d_{d} = {src}" for d, src in dim_bindings(ir, kernel_arg)],
             machines=_machines(),
+            door_source=door_source([("_SIGNATURE", signature(ir.name, ir, _returned(ir), _targets()))]),
             default_target=target,
             default_lnc=lnc,
         )
@@ -100,7 +103,7 @@ def _kernel_args(ir: KernelIR) -> list[str]:
 def _host(ir: KernelIR, m: FfnMatch, low: FfnLowering) -> HostSignature:
     tensors = [i.name for i in ir.inputs]
     params = [f"{t}: torch.Tensor" for t in tensors] + [f"{p.name}: float = {p.default!r}" for p in ir.params]
-    params += ["lnc: int = LNC", "target: str = TARGET"]
+    params += ["lnc: int | None = None", "target: str = TARGET"]
     launch = [f"_columns({t})" if kernel_arg(t) in low.col_vectors else t for t in tensors]
     launch += [p.name for p in ir.params]
     outs = [o.name for o in ir.outputs]
@@ -112,9 +115,20 @@ def _host(ir: KernelIR, m: FfnMatch, low: FfnLowering) -> HostSignature:
         x=str(m.source.name),
         down_weight=str(ir.node(m.down.args[1]).name),
         launch_args=", ".join(launch),
-        doc=f"Run the kernel on `lnc` logical cores with the best modelled plan for these shapes; returns "
-        f"({', '.join(outs)}).",
+        doc=f"Run the kernel on `lnc` logical cores (default LNC, capped at the target's) with the best "
+        f"modelled plan for these shapes; returns ({', '.join(outs)}).",
+        door=door_lines("_SIGNATURE", ir),
     )
+
+
+def _returned(ir: KernelIR) -> list[Returned]:
+    """What the host returns: every output, in order."""
+    return [Returned(o.name, o.dtype, o.shape) for o in ir.outputs]
+
+
+def _targets() -> list[str]:
+    """The targets the host can plan for: those with the time model's figures."""
+    return [name for name, _ in _machines()]
 
 
 def _machines() -> list[tuple[str, str]]:

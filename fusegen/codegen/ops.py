@@ -11,6 +11,7 @@ from fusegen.codegen.autodiff import backward_ir
 from fusegen.codegen.family import Mismatch
 from fusegen.codegen.reference import TORCH_DTYPE, dim_bindings
 from fusegen.codegen.render import header, render
+from fusegen.codegen.signature import Returned, door_source, op_check, signature
 from fusegen.codegen.stage import dim_source
 from fusegen.dsl.ir import KernelIR, OutputDecl
 
@@ -57,6 +58,8 @@ def ops_source(ir: KernelIR, back: KernelIR | None, kernel_back: KernelIR | None
         save_kw=", save=True" if any(o.optional for o in ir.outputs) else "",
         fake_lines=[f"d_{name} = {src}" for name, src in dim_bindings(ir, str)],
         fake_outs=[_fake_output(ir, o) for o in outputs],
+        door_source=door_source([("_SIGNATURE", signature(f"fusegen::{ir.name}", ir, _returned(outputs)))]),
+        op_check=op_check("_SIGNATURE", ir),
         trainable=back is not None,
         backward_kernel=kernel_back is not None,
         nondiff=", ".join(o.name for o in ir.outputs if o.optional),
@@ -80,6 +83,11 @@ def _signatures(ir: KernelIR) -> dict[str, str]:
         "param_names": ", ".join(p for p, _ in params),
         "first_input": tensors[0],
     }
+
+
+def _returned(outputs: list[OutputDecl]) -> list[Returned]:
+    """What the op returns: every output it lists, saved ones included."""
+    return [Returned(o.name, o.dtype, o.shape) for o in outputs]
 
 
 def _fake_output(ir: KernelIR, out: OutputDecl) -> str:

@@ -73,7 +73,7 @@ def machine(target: Target) -> fb.Machine:
         dma_fixed_ns=DMA_FIXED_NS,
         dma_queues=DMA_QUEUES,
         sbuf_budget=target.sbuf_usable_bytes,
-        max_lnc=2 if target.nc_version >= 3 else 1,  # LNC=2 pairs NeuronCore-v3 cores (nki.md §2)
+        max_lnc=target.max_lnc,  # LNC=2 pairs NeuronCore-v3 cores (nki.md §2)
     )
 
 

@@ -57,11 +57,11 @@ def project_path(path: str) -> str:
     return re.sub(r"[^A-Za-z0-9_./-]", "_", resolved.as_posix())
 
 
-def vendored(module: ModuleType) -> str:
-    """A standard-library-only module's code from its first constant on (docstring and imports stay
-    behind), to be copied into a generated kernel."""
+def vendored(module: ModuleType, start: str = "P = 128") -> str:
+    """A standard-library-only module's code from the line starting with `start` on (docstring and
+    imports stay behind: the generated file imports what it needs), to be copied into a generated file."""
     source = inspect.getsource(module)
-    return source[source.index("\nP = 128") + 1 :].rstrip("\n")
+    return source[source.index("\n" + start) + 1 :].rstrip("\n")
 
 
 def sha256(text: str) -> str:

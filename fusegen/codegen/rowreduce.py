@@ -15,6 +15,7 @@ from fusegen.codegen.rewrites import expand_norms, rewrite
 from fusegen.codegen.rowreduce_lower import RowReduceLowering, lower_rowreduce
 from fusegen.codegen.rowreduce_match import RowReduceMatch, match_rowreduce
 from fusegen.codegen.select import NL_DTYPE
+from fusegen.codegen.signature import Returned, door_lines, door_source, signature
 from fusegen.codegen.stage import dim_source
 from fusegen.dsl.ir import DTYPE_BYTES, KernelIR, OutputDecl, Shape
 from fusegen.sim.targets import TARGETS, Target, get_target
@@ -44,6 +45,8 @@ class HostSignature:
     save_arg: str  # `save`, or `False` when the spec has no optional output
     kernel_returns: str
     saved_returns: str  # every output, when saving ("" without optional outputs)
+    door: tuple[str, ...]  # argument checks (signature.py), then an empty call's early return
+    prep_door: tuple[str, ...]  # the same for the weight-prep host
 
 
 @dataclass(frozen=True)
@@ -89,7 +92,8 @@ class RowReduceFamily:
         return render(
             TEMPLATE,
             header=header(ir, TEMPLATE), name=ir.name, doc=kernel_doc(ir), low=low, model=repr(low.model),
-            budget_source=vendored(rb), kernel_args=kernel_args(body), host=_host(body, m, lifted),
+            budget_source=vendored(rb), kernel_args=kernel_args(body), host=_host(body, m, lifted, ir),
+            door_source=door_source(_signatures(ir, body, m)),
             dim_bindings=[f"d_{d} = {src}" for d, src in dim_bindings(body, kernel_arg)],
             outputs=[(_allocation(o.name, lifted), NL_DTYPE[o.dtype], _shape(flat[o.name]), _guard(o))
                      for o in body.outputs],
@@ -253,12 +257,28 @@ def prep_dims(ir: KernelIR, weights: list[str]) -> tuple[str, ...]:
     return tuple(f"d_{d} = {src}" for d, src in dim_bindings(prep_ir, kernel_arg))
 
 
-def _host(ir: KernelIR, m: RowReduceMatch, lifted: Lifted | None = None) -> HostSignature:
+def _signatures(flat: KernelIR, body: KernelIR, m: RowReduceMatch) -> list[tuple[str, str]]:
+    """The hosts' signatures: the kernel's over the spec's own shapes, the weight prep's over the weights."""
+    outputs = [Returned(o.name, o.dtype, o.shape, o.optional) for o in flat.outputs]
+    sigs = [("_SIGNATURE", signature(flat.name, flat, outputs))]
+    if m.prep_roots:
+        prep = [Returned(f"prep{i}", "f32", body.node(root).shape) for i, root in enumerate(m.prep_roots)]
+        sigs.append(("_PREP_SIGNATURE", signature("fused_weight", _prep_ir(flat, m), prep)))
+    return sigs
+
+
+def _prep_ir(ir: KernelIR, m: RowReduceMatch) -> KernelIR:
+    """The weight prep's view of the spec: the weights alone, no params."""
+    weights = {str(w.name) for w in m.weights}
+    return dataclasses.replace(ir, inputs=tuple(i for i in ir.inputs if i.name in weights), params=())
+
+
+def _host(ir: KernelIR, m: RowReduceMatch, lifted: Lifted | None, flat: KernelIR) -> HostSignature:
     tensors = [i.name for i in ir.inputs]
     params = host_params(ir)
     optional = [o.name for o in ir.outputs if o.optional]
     params += ["save: bool = False"] if optional else []
-    params += ["lnc: int = LNC", "target: str = TARGET"]
+    params += ["lnc: int | None = None", "target: str = TARGET"]
     required = [o.name for o in ir.outputs if not o.optional]
     returns = (
         "torch.Tensor" if len(required) == 1 else f"tuple[{', '.join(['torch.Tensor'] * len(required))}]"
@@ -278,8 +298,11 @@ def _host(ir: KernelIR, m: RowReduceMatch, lifted: Lifted | None = None) -> Host
         kernel_returns=", ".join(kernel_out[o] for o in required),
         saved_returns=", ".join(kernel_out[o.name] for o in ir.outputs) if optional else "",
         prep_outputs=tuple(f"prep{i}_hbm" for i in range(len(m.prep_roots))),
-        doc=f"Run the kernel on `lnc` logical cores; returns ({', '.join(required)}){saved}.",
+        doc=f"Run the kernel on `lnc` logical cores (default LNC, capped at the target's); returns "
+            f"({', '.join(required)}){saved}.",
         prep_name="fused_weight", prep_params=", ".join(f"{w}: torch.Tensor" for w in weights),
         prep_args=", ".join(weights), prep_kernel_args=", ".join(kernel_arg(w) for w in weights),
         prep_dims=prep_dims(ir, weights),
+        door=door_lines("_SIGNATURE", flat, save="save" if optional else "False"),
+        prep_door=door_lines("_PREP_SIGNATURE", _prep_ir(flat, m), default_lnc="1") if m.prep_roots else (),
     )  # fmt: skip

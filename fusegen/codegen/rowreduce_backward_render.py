@@ -16,6 +16,7 @@ from fusegen.codegen.rowreduce import host_params, kernel_args, kernel_doc, prep
 from fusegen.codegen.rowreduce_backward import BackwardLowering, lower_backward, psum_banks, token_sum_fits
 from fusegen.codegen.rowreduce_match import RowReduceMatch, match_rowreduce
 from fusegen.codegen.select import NL_DTYPE
+from fusegen.codegen.signature import Returned, door_lines, door_source, signature
 from fusegen.codegen.stage import dim_source
 from fusegen.dsl.ir import KernelIR
 from fusegen.sim.targets import TARGETS, Target, get_target
@@ -50,6 +51,7 @@ class BackwardHost:
     reduce_args: str
     reduce_results: str
     returns: str
+    door: tuple[str, ...]  # argument checks (signature.py), then an empty call's early return
 
 
 def kernel_backward_ir(user_ir: KernelIR) -> KernelIR:
@@ -77,6 +79,7 @@ def backward_source(ir: KernelIR, m: RowReduceMatch, low: BackwardLowering, targ
     return render(
         TEMPLATE, header=header(ir, TEMPLATE), name=ir.name, doc=kernel_doc(ir, BACKWARD_DOC), low=low,
         model=repr(low.model), budget_source=vendored(rb), host=_host(ir, m),
+        door_source=door_source([("_SIGNATURE", signature(ir.name, ir, _returned(ir), sums=True))]),
         kernel_args=kernel_args(ir),
         dim_bindings=[f"d_{d} = {src}" for d, src in dim_bindings(ir, kernel_arg)],
         outputs=[(kernel_arg(o.name), NL_DTYPE[o.dtype], ", ".join(dim_source(d) for d in o.shape))
@@ -141,7 +144,7 @@ def _reasons(low: BackwardLowering, width: int, heads: int, hb: int, resident: b
 
 def _host(ir: KernelIR, m: RowReduceMatch) -> BackwardHost:
     tensors = [i.name for i in ir.inputs]
-    params = [*host_params(ir), "lnc: int = LNC", "target: str = TARGET"]
+    params = [*host_params(ir), "lnc: int | None = None", "target: str = TARGET"]
     data = next(i for i in ir.inputs if len(i.shape) == 3)
     width, heads = f"{data.name}.shape[2]", f"{data.name}.shape[1]"
     token_outs = [o.name for o in m.token_outputs]
@@ -153,7 +156,8 @@ def _host(ir: KernelIR, m: RowReduceMatch) -> BackwardHost:
     ) if m.token_sums else ()  # fmt: skip
     return BackwardHost(
         params=", ".join(params), width=width, heads=heads,
-        doc=f"Run the backward on `lnc` logical cores; returns ({', '.join(o.name for o in ir.outputs)})",
+        doc=f"Run the backward on `lnc` logical cores (default LNC, capped at the target's); returns "
+            f"({', '.join(o.name for o in ir.outputs)})",
         launch_args=", ".join(tensors + [p.name for p in ir.params]), checks=checks,
         prep_kernel_args=", ".join(kernel_arg(w) for w in weights),
         prep_dims=prep_dims(ir, weights),
@@ -161,4 +165,10 @@ def _host(ir: KernelIR, m: RowReduceMatch) -> BackwardHost:
         reduce_args="".join(f", {n.name}" for n in m.post_inputs),
         reduce_results=", ".join(token_outs),  # a kernel returning one tensor returns it bare
         returns=", ".join(o.name for o in ir.outputs),
+        door=door_lines("_SIGNATURE", ir),
     )  # fmt: skip
+
+
+def _returned(ir: KernelIR) -> list[Returned]:
+    """The gradients the host returns; over no rows, the weights' (sums over the rows) are zero."""
+    return [Returned(o.name, o.dtype, o.shape) for o in ir.outputs]

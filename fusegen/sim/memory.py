@@ -292,7 +292,8 @@ def contiguous_strides(shape: Sequence[int]) -> tuple[int, ...]:
 def storage_span(tensor: torch.Tensor) -> torch.Tensor:
     """A flat view of `tensor`'s storage from its storage offset through the last element it addresses
     (views, slices and expanded tensors included; torch strides are never negative)."""
-    extent = 0 if tensor.numel() == 0 else 1 + sum((n - 1) * s for n, s in zip(tensor.shape, tensor.stride()))
+    steps = zip(tensor.shape, tensor.stride(), strict=True)
+    extent = 0 if tensor.numel() == 0 else 1 + sum((n - 1) * s for n, s in steps)
     return torch.as_strided(tensor, (extent,), (1,), tensor.storage_offset())
 
 

@@ -34,6 +34,11 @@ class Target:
     cores_per_chip: int  # physical NeuronCores sharing the chip's HBM bandwidth
 
     @property
+    def max_lnc(self) -> int:
+        """The largest LNC degree: LNC=2 pairs NeuronCore-v3+ cores; trn1 has no logical cores."""
+        return 2 if self.nc_version >= 3 else 1
+
+    @property
     def psum_bytes_per_partition(self) -> int:
         """Total PSUM bytes per partition."""
         return self.psum_banks * self.psum_bank_bytes

@@ -4,6 +4,7 @@
 
 from __future__ import annotations
 
+import numbers
 import os
 from typing import NamedTuple
 
@@ -317,8 +318,269 @@ def engram_gate_hc8_backward_reduce_kernel(partial_hbm, w_h_hbm, w_e_hbm):
     return grad_w_h_hbm, grad_w_e_hbm
 
 
-def engram_gate_hc8_backward(x: torch.Tensor, kv: torch.Tensor, w_h: torch.Tensor, w_e: torch.Tensor, dot: torch.Tensor, gate: torch.Tensor, rstd_x: torch.Tensor, rstd_k: torch.Tensor, grad_out: torch.Tensor, eps: float = 1e-20, clamp: float = 1e-06, lnc: int = LNC, target: str = TARGET) -> tuple[torch.Tensor, ...]:
-    """Run the backward on `lnc` logical cores; returns (grad_x, grad_kv, grad_w_h, grad_w_e)"""
+# ---- argument checks (copied from fusegen/codegen/argcheck.py; the signature from the spec) ----
+
+class _Decl(NamedTuple):
+    """A declared tensor: name, torch dtype name, dims as spec text (`T`, `HC + 1`, `2*I`); optional outputs
+    come back only with save=True."""
+
+    name: str
+    dtype: str
+    shape: tuple[str, ...]
+    optional: bool = False
+
+
+class _Require(NamedTuple):
+    """A `require` line, `expr % modulus op rhs` (modulus 0: none), with its spec text for messages."""
+
+    text: str
+    expr: str
+    modulus: int
+    op: str
+    rhs: int
+
+
+class _Signature(NamedTuple):
+    """What one generated host function or op accepts and returns, from its spec."""
+
+    name: str
+    inputs: tuple[_Decl, ...]
+    params: tuple[str, ...]
+    fixed: tuple[tuple[str, int], ...]
+    requires: tuple[_Require, ...]
+    outputs: tuple[_Decl, ...]
+    targets: tuple[tuple[str, int], ...]  # (target the host plans for, its largest LNC degree)
+    sums: bool = False  # outputs sum over the rows (a backward): a call without rows gives zeros
+
+
+_Env = dict[str, int]  # bound dims
+_Outputs = torch.Tensor | tuple[torch.Tensor, ...]
+
+
+_COMPARE = {
+    "==": lambda a, b: a == b, "!=": lambda a, b: a != b, "<": lambda a, b: a < b,
+    "<=": lambda a, b: a <= b, ">": lambda a, b: a > b, ">=": lambda a, b: a >= b,
+}  # fmt: skip
+
+
+def _prod(values: list[int] | tuple[int, ...]) -> int:
+    """The product of `values` (1 for none)."""
+    total = 1
+    for v in values:
+        total *= v
+    return total
+
+
+def _factors(expr: str) -> list[tuple[int, list[str]]]:
+    """A dim polynomial as printed by the IR (`HC + 1`, `2*I - 1`) as (coefficient, symbols) terms."""
+    terms = []
+    for term in expr.replace(" - ", " + -").split(" + "):
+        sign = -1 if term.startswith("-") else 1
+        parts = term.lstrip("-").split("*")
+        coef = _prod([int(p) for p in parts if p.isdigit()])
+        terms.append((sign * coef, [p for p in parts if not p.isdigit()]))
+    return terms
+
+
+def _symbols(expr: str) -> list[str]:
+    """The dim names an expression mentions, in order of first mention."""
+    return list(dict.fromkeys(s for _, names in _factors(expr) for s in names))
+
+
+def _value(expr: str, env: _Env) -> int | None:
+    """The expression's value under `env`, or None when a dim it mentions is unbound."""
+    if any(s not in env for s in _symbols(expr)):
+        return None
+    return sum(coef * _prod([env[s] for s in names]) for coef, names in _factors(expr))
+
+
+def _size(expr: str, env: _Env) -> int:
+    """The value of an expression over bound dims only."""
+    value = _value(expr, env)
+    assert value is not None, expr
+    return value
+
+
+def _plain(expr: str) -> str | None:
+    """The dim name when the expression is just one (`T`), else None."""
+    return expr if expr.isidentifier() else None
+
+
+def _door(sig: _Signature, tensors: tuple[torch.Tensor, ...], params: tuple[float, ...], save: bool = False,
+          lnc: int | None = None, target: str | None = None, default_lnc: int = 1, cast: bool = False
+          ) -> tuple[tuple[torch.Tensor, ...], int | None, _Outputs | None]:  # fmt: skip
+    """Check a call against its spec: (its tensors made dense, the LNC to launch with, None or the outputs of
+    a call with a zero-size dim). cast: the op's check, which takes any floating dtype (it casts)."""
+    _check_tensors(sig, tensors, cast)
+    env, source = _bind(sig, tensors)
+    zero = [name for name, value in env.items() if value == 0]
+    _check_requires(sig, env, source, zero)  # first: `K % 128` says more than a K mismatch further on
+    _check_shapes(sig, tensors, env, source)
+    _check_params(sig, params)
+    lnc = _check_launch(sig, lnc, target, default_lnc)
+    empty = _empty_outputs(sig, env, zero, save, tensors[0].device) if zero else None
+    return tuple(t.contiguous() for t in tensors), lnc, empty
+
+
+def _check_tensors(sig: _Signature, tensors: tuple[torch.Tensor, ...], cast: bool) -> None:
+    """Type, dtype, rank and device of every tensor argument; no autograd graph through a host function."""
+    for decl, t in zip(sig.inputs, tensors, strict=True):
+        if not isinstance(t, torch.Tensor):
+            raise TypeError(f"{sig.name}: {decl.name}: expected a torch.Tensor [{', '.join(decl.shape)}], "
+                            f"got {type(t).__name__}")  # fmt: skip
+        want = getattr(torch, decl.dtype)
+        if cast and not t.dtype.is_floating_point:
+            raise TypeError(f"{sig.name}: {decl.name}: expected a floating-point tensor (cast to {want}), "
+                            f"got {t.dtype}")  # fmt: skip
+        if not cast and t.dtype != want:
+            raise TypeError(f"{sig.name}: {decl.name}: expected dtype {want}, got {t.dtype}")
+        if t.dim() != len(decl.shape):
+            raise ValueError(f"{sig.name}: {decl.name}: expected {len(decl.shape)} dims "
+                             f"[{', '.join(decl.shape)}], got {t.dim()}: {list(t.shape)}")  # fmt: skip
+        if t.device != tensors[0].device:
+            raise ValueError(f"{sig.name}: {decl.name} is on {t.device} but {sig.inputs[0].name} on "
+                             f"{tensors[0].device}: pass every tensor on one device")  # fmt: skip
+    if cast:
+        return
+    if tensors[0].device.type == "meta":
+        raise ValueError(f"{sig.name}: no backend for device meta: a host function runs its kernel on CPU "
+                         "tensors (fusegen's interpreter) or on a Neuron device")  # fmt: skip
+    if torch.is_grad_enabled() and any(t.requires_grad for t in tensors):
+        raise RuntimeError(f"{sig.name} is inference-only (a host function records no autograd graph): an "
+                           "input requires grad; call it under torch.no_grad(), or train through "
+                           "torch.ops.fusegen")  # fmt: skip
+
+
+def _bind(sig: _Signature, tensors: tuple[torch.Tensor, ...]) -> tuple[_Env, dict[str, str]]:
+    """Each dim's value and where it came from: fixed by the spec (""), else its first plain use."""
+    env: _Env = dict(sig.fixed)
+    source = dict.fromkeys(env, "")
+    for decl, t in zip(sig.inputs, tensors, strict=True):
+        for expr, size in zip(decl.shape, t.shape, strict=True):
+            name = _plain(expr)
+            if name is not None and name not in env:
+                env[name], source[name] = size, decl.name
+    return env, source
+
+
+def _check_shapes(sig: _Signature, tensors: tuple[torch.Tensor, ...], env: _Env, source: dict[str, str]
+                  ) -> None:  # fmt: skip
+    """Every dim of every tensor equals its declaration under the bound dims."""
+    for decl, t in zip(sig.inputs, tensors, strict=True):
+        for expr, size in zip(decl.shape, t.shape, strict=True):
+            want = _value(expr, env)
+            if want is not None and size != want:
+                raise ValueError(f"{sig.name}: {decl.name}: expected {_expected(decl, env, source)}, "
+                                 f"got {list(t.shape)}")  # fmt: skip
+
+
+def _origin(source: str) -> str:
+    return f"from {source}" if source else "fixed by the spec"
+
+
+def _expected(decl: _Decl, env: _Env, source: dict[str, str]) -> str:
+    """`[K=256, I] (K from x)`: dims bound by other arguments (or the spec) with their values."""
+    parts: list[str] = []
+    origins: dict[str, list[str]] = {}
+    for expr in decl.shape:
+        names = _symbols(expr)
+        if names and all(source.get(s, decl.name) != decl.name for s in names):
+            parts.append(f"{expr.replace(' ', '')}={_value(expr, env)}")
+            for s in names:
+                origins.setdefault(source[s], []).append(s)
+        else:
+            parts.append(expr)
+    notes = [f"{', '.join(dict.fromkeys(names))} {_origin(src)}" for src, names in origins.items()]
+    return f"[{', '.join(parts)}]" + (f" ({'; '.join(notes)})" if notes else "")
+
+
+def _check_requires(sig: _Signature, env: _Env, source: dict[str, str], zero: list[str]) -> None:
+    """Every `require` line over the bound dims; lines about a zero-size dim describe launches, so an
+    empty call skips them."""
+    for req in sig.requires:
+        names = _symbols(req.expr)
+        if any(s not in env or s in zero for s in names):
+            continue
+        value = _size(req.expr, env)
+        if not _COMPARE[req.op](value % req.modulus if req.modulus else value, req.rhs):
+            got = ", ".join(f"{s}={env[s]} ({_origin(source[s])})" for s in names)
+            raise ValueError(f"{sig.name}: requires {req.text}, got {got}")
+
+
+def _check_params(sig: _Signature, params: tuple[float, ...]) -> None:
+    """Scalar params are real numbers."""
+    for name, value in zip(sig.params, params, strict=True):
+        if isinstance(value, bool) or not isinstance(value, numbers.Real):
+            raise TypeError(f"{sig.name}: {name}: expected a number, got {type(value).__name__} {value!r}")
+
+
+def _check_launch(sig: _Signature, lnc: int | None, target: str | None, default_lnc: int) -> int | None:
+    """The target is one the host plans for; the LNC degree one it has (default: `default_lnc`, capped at
+    the target's: trn1 has no logical cores)."""
+    if target is None:  # an op: the host function it calls checks its own launch
+        return lnc
+    degrees = dict(sig.targets)
+    if not isinstance(target, str) or target not in degrees:
+        raise ValueError(f"{sig.name}: target={target!r} is not a target it plans for; known targets: "
+                         f"{', '.join(degrees)}")  # fmt: skip
+    if lnc is None:
+        return min(default_lnc, degrees[target])
+    if isinstance(lnc, bool) or not isinstance(lnc, numbers.Integral):
+        raise TypeError(f"{sig.name}: lnc: expected an int, got {type(lnc).__name__} {lnc!r}")
+    if not 1 <= lnc <= degrees[target]:
+        has = "no logical cores (lnc=1 only)" if degrees[target] == 1 else f"lnc 1 to {degrees[target]}"
+        raise ValueError(f"{sig.name}: lnc={lnc} is not available on {target}, which has {has}")
+    return int(lnc)
+
+
+def _empty_outputs(sig: _Signature, env: _Env, zero: list[str], save: bool, device: torch.device) -> _Outputs:
+    """The outputs of a call with a zero-size dim: empty, or zero where a backward sums over no rows."""
+    outputs = [o for o in sig.outputs if save or not o.optional]
+    shapes = [tuple(_size(expr, env) for expr in o.shape) for o in outputs]
+    full = [o.name for o, shape in zip(outputs, shapes, strict=True) if _prod(shape)]
+    if full and not sig.sums:
+        dims = ", ".join(f"{name}=0" for name in zero)
+        raise ValueError(f"{sig.name}: {dims} leaves output {full[0]} non-empty: the kernel needs "
+                         f"{' and '.join(zero)} >= 1")  # fmt: skip
+    made = tuple(torch.zeros(shape, dtype=getattr(torch, o.dtype), device=device)
+                 for o, shape in zip(outputs, shapes, strict=True))  # fmt: skip
+    return made[0] if len(made) == 1 else made
+
+
+_SIGNATURE = _Signature(
+    'engram_gate_hc8_backward',
+    inputs=(
+        _Decl('x', 'bfloat16', ('T', 'HC', 'H')),
+        _Decl('kv', 'bfloat16', ('T', 'HC + 1', 'H')),
+        _Decl('w_h', 'bfloat16', ('HC', 'H')),
+        _Decl('w_e', 'bfloat16', ('HC', 'H')),
+        _Decl('dot', 'float32', ('T', 'HC')),
+        _Decl('gate', 'float32', ('T', 'HC')),
+        _Decl('rstd_x', 'float32', ('T', 'HC')),
+        _Decl('rstd_k', 'float32', ('T', 'HC')),
+        _Decl('grad_out', 'bfloat16', ('T', 'HC', 'H')),
+    ),
+    params=('eps', 'clamp'),
+    fixed=(('HC', 8),),
+    requires=(
+        _Require('H % 128 == 0', 'H', 128, '==', 0),
+    ),
+    outputs=(
+        _Decl('grad_x', 'float32', ('T', 'HC', 'H')),
+        _Decl('grad_kv', 'float32', ('T', 'HC + 1', 'H')),
+        _Decl('grad_w_h', 'float32', ('HC', 'H')),
+        _Decl('grad_w_e', 'float32', ('HC', 'H')),
+    ),
+    targets=(('trn1', 1), ('trn2', 2), ('trn3', 2)),
+    sums=True,
+)
+
+
+def engram_gate_hc8_backward(x: torch.Tensor, kv: torch.Tensor, w_h: torch.Tensor, w_e: torch.Tensor, dot: torch.Tensor, gate: torch.Tensor, rstd_x: torch.Tensor, rstd_k: torch.Tensor, grad_out: torch.Tensor, eps: float = 1e-20, clamp: float = 1e-06, lnc: int | None = None, target: str = TARGET) -> tuple[torch.Tensor, ...]:
+    """Run the backward on `lnc` logical cores (default LNC, capped at the target's); returns (grad_x, grad_kv, grad_w_h, grad_w_e)"""
+    (x, kv, w_h, w_e, dot, gate, rstd_x, rstd_k, grad_out,), lnc, _empty = _door(_SIGNATURE, (x, kv, w_h, w_e, dot, gate, rstd_x, rstd_k, grad_out,), (eps, clamp,), False, lnc, target, LNC)
+    if _empty is not None:
+        return _empty
     if x.shape[2] % P or x.shape[1] * x.shape[2] > P * F_MOV:
         raise ValueError("sums over the tokens need H % 128 == 0 and HC * H <= 65536 (one PSUM bank)")
     _hb, _resident = choose(MODEL, x.shape[2], x.shape[1], SBUF_BUDGET[target])

@@ -73,7 +73,7 @@ def test_swiglu_ffn_ln_matches_formula(r: int, k: int, i: int) -> None:
 def test_inference_only() -> None:
     module = load_module(GENERATED / "swiglu_ffn" / "kernel.py", target="trn2")
     args = _inputs(4, 128, 128, seed=0)[:7]
-    args[0] = args[0].float().requires_grad_()
+    args[0] = args[0].clone().requires_grad_()
     with pytest.raises(RuntimeError, match="inference-only"):
         module.swiglu_ffn(*args)
 
