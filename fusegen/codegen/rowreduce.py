@@ -17,7 +17,7 @@ from fusegen.codegen.rowreduce_match import RowReduceMatch, match_rowreduce
 from fusegen.codegen.select import NL_DTYPE
 from fusegen.codegen.signature import Returned, door_lines, door_source, signature
 from fusegen.codegen.stage import dim_source
-from fusegen.dsl.ir import DTYPE_BYTES, KernelIR, OutputDecl, Shape
+from fusegen.dsl.ir import DTYPE_BYTES, Dim, KernelIR, OutputDecl, Shape
 from fusegen.sim.targets import TARGETS, Target, get_target
 
 TEMPLATE = "rowreduce_kernel.py.jinja"
@@ -42,6 +42,7 @@ class HostSignature:
     prep_kernel_args: str
     prep_dims: tuple[str, ...]
     prep_outputs: tuple[str, ...]
+    prep_heads: str  # heads the weight prep builds: the weights' head axis, or 1 if every head shares them
     save_arg: str  # `save`, or `False` when the spec has no optional output
     kernel_returns: str
     saved_returns: str  # every output, when saving ("" without optional outputs)
@@ -262,9 +263,15 @@ def _signatures(flat: KernelIR, body: KernelIR, m: RowReduceMatch) -> list[tuple
     outputs = [Returned(o.name, o.dtype, o.shape, o.optional) for o in flat.outputs]
     sigs = [("_SIGNATURE", signature(flat.name, flat, outputs))]
     if m.prep_roots:
-        prep = [Returned(f"prep{i}", "f32", body.node(root).shape) for i, root in enumerate(m.prep_roots)]
+        shape = (_prep_heads(body, m), m.width)
+        prep = [Returned(f"prep{i}", "f32", shape) for i in range(len(m.prep_roots))]
         sigs.append(("_PREP_SIGNATURE", signature("fused_weight", _prep_ir(flat, m), prep)))
     return sigs
+
+
+def _prep_heads(ir: KernelIR, m: RowReduceMatch) -> Dim:
+    """The weight prep's head count: the weights' head axis where they have one (the prep sees no data)."""
+    return m.heads if any(m.heads in w.shape for w in m.weights) else Dim.const(1)
 
 
 def _prep_ir(ir: KernelIR, m: RowReduceMatch) -> KernelIR:
@@ -298,6 +305,7 @@ def _host(ir: KernelIR, m: RowReduceMatch, lifted: Lifted | None, flat: KernelIR
         kernel_returns=", ".join(kernel_out[o] for o in required),
         saved_returns=", ".join(kernel_out[o.name] for o in ir.outputs) if optional else "",
         prep_outputs=tuple(f"prep{i}_hbm" for i in range(len(m.prep_roots))),
+        prep_heads=dim_source(_prep_heads(ir, m)),
         doc=f"Run the kernel on `lnc` logical cores (default LNC, capped at the target's); returns "
             f"({', '.join(required)}){saved}.",
         prep_name="fused_weight", prep_params=", ".join(f"{w}: torch.Tensor" for w in weights),

@@ -129,8 +129,8 @@ def prepare_weights(h, w_hbm):
 def fused_weight_kernel(w_hbm):
     """The prepared weights alone, [heads, width] fp32 each, built exactly as the main kernel builds them."""
     d_D = w_hbm.shape[0]
-    prep0_hbm = nl.ndarray((d_NH, d_D), dtype=nl.float32, buffer=nl.shared_hbm)
-    for h in range(d_NH):
+    prep0_hbm = nl.ndarray((1, d_D), dtype=nl.float32, buffer=nl.shared_hbm)
+    for h in range(1):
         prepared = prepare_weights(h, w_hbm)
         nisa.dma_copy(dst=prep0_hbm[h:h + 1, 0:d_D], src=prepared[0][0:1, 0:d_D])
     return prep0_hbm
@@ -460,7 +460,7 @@ _PREP_SIGNATURE = _Signature(
         _Require('D % 32 == 0', 'D', 32, '==', 0),
     ),
     outputs=(
-        _Decl('prep0', 'float32', ('D',)),
+        _Decl('prep0', 'float32', ('1', 'D')),
     ),
     targets=(('trn1', 1), ('trn2', 2), ('trn3', 2)),
 )
