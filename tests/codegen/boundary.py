@@ -30,10 +30,14 @@ def spec_ir(name: str) -> KernelIR:
     return load_spec(str(ROOT / "examples" / f"{name}.spec"))[0]
 
 
-@functools.cache
 def kernel(name: str, file: str = "kernel.py") -> ModuleType:
     """generated/<name>/<file> on the interpreter (one import per file)."""
-    return load_module(GENERATED / name / file)
+    return _load(GENERATED / name / file)
+
+
+@functools.cache
+def _load(path: Path) -> ModuleType:
+    return load_module(path)
 
 
 def op(name: str) -> object:
