@@ -1,0 +1,61 @@
+"""Every op under torch.inference_mode() and torch.no_grad(), at LNC 1 and 2 (rows on both cores): the
+interpreter's per-core threads run in the caller's modes. FFN ops in an eval-mode module with
+nn.Parameter weights: fine under no_grad, a clear error with grad enabled."""
+
+from __future__ import annotations
+
+import contextlib
+from collections.abc import Callable
+
+import pytest
+import torch
+
+from fusegen.codegen import ops
+from tests.codegen.boundary import GENERATED, KERNELS, as_tuple, inputs, op, small_dims, spec_ir
+
+MODES: dict[str, Callable[[], contextlib.AbstractContextManager[object]]] = {
+    "inference_mode": torch.inference_mode, "no_grad": torch.no_grad,
+}  # fmt: skip
+
+
+@pytest.mark.parametrize("lnc", [1, 2])
+@pytest.mark.parametrize("name", KERNELS)
+def test_op_in_inference_contexts(name: str, lnc: int, monkeypatch: pytest.MonkeyPatch) -> None:
+    kernels = ops.load_ops(name, GENERATED)._module("kernel.py", sim=True)  # what the op launches
+    monkeypatch.setattr(kernels, "LNC", lnc)
+    ir = spec_ir(name)
+    args = inputs(ir, small_dims(ir, rows=130))  # 130 rows: both cores of LNC 2 write outputs
+    want = as_tuple(op(name)(*args))  # type: ignore[operator]
+    assert kernels.LNC == lnc
+    for mode in MODES.values():
+        with mode():
+            got = as_tuple(op(name)(*args))  # type: ignore[operator]
+        assert all(torch.equal(g, w) for g, w in zip(got, want, strict=True))
+    with torch.inference_mode():  # an inference tensor in, too
+        got = as_tuple(op(name)(*(a.clone() for a in args)))  # type: ignore[operator]
+    assert all(torch.equal(g, w) for g, w in zip(got, want, strict=True))
+
+
+class _Ffn(torch.nn.Module):
+    """A SwiGLU FFN layer holding its weights as parameters, calling torch.ops.fusegen.swiglu_ffn."""
+
+    def __init__(self, weights: list[torch.Tensor]) -> None:
+        super().__init__()
+        self.weights = torch.nn.ParameterList(torch.nn.Parameter(w) for w in weights)
+        self.ffn = op("swiglu_ffn")
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.ffn(x, *self.weights)  # type: ignore[operator, no-any-return]
+
+
+def test_ffn_op_in_an_eval_module_with_parameters() -> None:
+    ir = spec_ir("swiglu_ffn")
+    x, *weights = inputs(ir, small_dims(ir, rows=130))
+    want = op("swiglu_ffn")(x, *weights)  # type: ignore[operator]
+    model = _Ffn(weights).eval()
+    assert all(p.requires_grad for p in model.parameters())
+    for mode in MODES.values():
+        with mode():
+            assert torch.equal(model(x), want)
+    with pytest.raises(RuntimeError, match=r"inference-only.*torch\.no_grad\(\)"):
+        model(x)  # grad enabled, parameters require grad: the op says how to use it
