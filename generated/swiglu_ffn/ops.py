@@ -8,7 +8,6 @@ when FUSEGEN_OPS_BACKEND=reference; on a Neuron device it runs the NKI kernel it
 
 import functools
 import importlib.util
-import numbers
 import os
 from pathlib import Path
 from types import ModuleType
@@ -261,6 +260,8 @@ def _check_requires(sig: _Signature, env: _Env, source: dict[str, str], zero: li
 
 def _check_params(sig: _Signature, params: tuple[float, ...]) -> None:
     """Scalar params are real numbers."""
+    import numbers  # here, not from the generated module's globals, which spec names share
+
     for name, value in zip(sig.params, params, strict=True):
         if isinstance(value, bool) or not isinstance(value, numbers.Real):
             raise TypeError(f"{sig.name}: {name}: expected a number, got {type(value).__name__} {value!r}")
@@ -269,6 +270,8 @@ def _check_params(sig: _Signature, params: tuple[float, ...]) -> None:
 def _check_launch(sig: _Signature, lnc: int | None, target: str | None, default_lnc: int) -> int | None:
     """The target is one the host plans for; the LNC degree one it has (default: `default_lnc`, capped at
     the target's: trn1 has no logical cores)."""
+    import numbers  # here, not from the generated module's globals, which spec names share
+
     if target is None:  # an op: the host function it calls checks its own launch
         return lnc
     degrees = dict(sig.targets)
