@@ -83,3 +83,8 @@ def test_a_strided_input_cannot_be_reshaped_like_dense_memory() -> None:
 
     with pytest.raises(sim.SimError, match="not contiguous"):
         sim.run(kernel, _base().t())
+
+
+def test_a_tensor_off_the_cpu_is_refused_by_name() -> None:
+    with pytest.raises(sim.SimError, match=r"no backend for device meta \(argument arg0\)"):
+        sim.run(_copy, torch.empty(2, 2, device="meta"))
