@@ -24,7 +24,6 @@ class HostSignature:
 
     params: str
     returns: str
-    tensors: str
     x: str
     down_weight: str
     launch_args: str
@@ -111,7 +110,6 @@ def _host(ir: KernelIR, m: FfnMatch, low: FfnLowering) -> HostSignature:
     return HostSignature(
         params=", ".join(params),
         returns=returns,
-        tensors=", ".join(tensors) + ("," if len(tensors) == 1 else ""),
         x=str(m.source.name),
         down_weight=str(ir.node(m.down.args[1]).name),
         launch_args=", ".join(launch),

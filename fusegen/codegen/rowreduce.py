@@ -29,7 +29,6 @@ class HostSignature:
 
     params: str
     returns: str
-    tensors: str
     width: str  # source of H in the host, e.g. `x.shape[-1]`
     heads: str
     lift_lines: tuple[str, ...]  # a 2-D spec's inputs viewed as [T, 1, H] (row_body)
@@ -297,7 +296,6 @@ def _host(ir: KernelIR, m: RowReduceMatch, lifted: Lifted | None, flat: KernelIR
     saved = f"; with save=True also ({', '.join(optional)})" if optional else ""
     return HostSignature(
         params=", ".join(params), returns=returns,
-        tensors=", ".join(tensors) + ("," if len(tensors) == 1 else ""),
         width=f"{data.name}.shape[-1]", heads="1" if lifted else f"{data.name}.shape[1]",
         lift_lines=_lift_lines(ir, lifted, tensors), prep_lift_lines=_lift_lines(ir, lifted, weights),
         launch_args=", ".join(tensors + [p.name for p in ir.params]),
