@@ -6,6 +6,7 @@ Kernels are found by listing generated/, so a new example is covered without tou
 from __future__ import annotations
 
 import functools
+import re
 from pathlib import Path
 from types import ModuleType
 
@@ -26,8 +27,11 @@ CANDIDATES = (3, 2, 1, 32, 64, 128, 256)
 
 @functools.cache
 def spec_ir(name: str) -> KernelIR:
-    """The spec's own IR (examples/<name>.spec)."""
-    return load_spec(str(ROOT / "examples" / f"{name}.spec"))[0]
+    """The spec's own IR, from the spec the generated files name in their header."""
+    header = (GENERATED / name / "kernel.py").read_text(encoding="utf-8").splitlines()[0]
+    match = re.search(r" from (\S+\.spec) ", header)
+    assert match, header
+    return load_spec(str(ROOT / match.group(1)))[0]
 
 
 def kernel(name: str, file: str = "kernel.py") -> ModuleType:
