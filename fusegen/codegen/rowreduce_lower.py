@@ -16,10 +16,11 @@ from __future__ import annotations
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass
 
+from fusegen.codegen.engines import GPSIMD, VECTOR, gpsimd_allows
 from fusegen.codegen.family import kernel_arg
 from fusegen.codegen.rowreduce_budget import RowModel
 from fusegen.codegen.rowreduce_match import ColumnLoad, RowLoad, RowReduceMatch
-from fusegen.codegen.select import GPSIMD, NL_DTYPE, Layout, Selector
+from fusegen.codegen.select import NL_DTYPE, Layout, Selector
 from fusegen.codegen.stage import Expr, Operand, StageBuilder, dim_source
 from fusegen.dsl.ir import DTYPE_BYTES, KernelIR, Node, OutputDecl
 
@@ -42,7 +43,11 @@ class Combine:
     acc: str
     part: str
     op: str  # nl.add | nl.maximum
-    engine: str = GPSIMD  # [P, 1] work stays off the Vector engine's queue
+
+    @property
+    def engine(self) -> str:
+        """GpSimd where engines.py allows the op (keeps [P, 1] work off the Vector queue), else Vector."""
+        return GPSIMD if gpsimd_allows("tensor_tensor", (self.op,), reads_psum=False) else VECTOR
 
 
 @dataclass(frozen=True)

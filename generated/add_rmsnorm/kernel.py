@@ -168,14 +168,14 @@ def add_rmsnorm_kernel(x_hbm, r_hbm, w_hbm, eps_arg, HB, resident, overlap, save
             r0_2 = nl.ndarray((P, 1), dtype=nl.float32, buffer=nl.sbuf)
             nisa.activation_reduce(dst=r0_1[0:pt, 0:hw], op=nl.square, data=r0_0[0:pt, 0:hw], reduce_op=nl.add, reduce_res=r0_2[0:pt, 0:1])
             r0_3 = nl.ndarray((P, 1), dtype=nl.float32, buffer=nl.sbuf)
-            nisa.tensor_scalar(dst=r0_3[0:pt, 0:1], data=r0_2[0:pt, 0:1], op0=nl.multiply, operand0=(1.0 / float(d_H)), engine=nisa.engine.gpsimd)
+            nisa.tensor_scalar(dst=r0_3[0:pt, 0:1], data=r0_2[0:pt, 0:1], op0=nl.multiply, operand0=(1.0 / float(d_H)))
             if c == 0:
                 acc7 = r0_3
             else:
                 nisa.tensor_tensor(dst=acc7[0:pt, 0:1], data1=acc7[0:pt, 0:1], data2=r0_3[0:pt, 0:1], op=nl.add, engine=nisa.engine.gpsimd)
         # epilogue: per-row math on the accumulators; then, after the next head's passes, the full-width combine
         e0 = nl.ndarray((P, 1), dtype=nl.float32, buffer=nl.sbuf)
-        nisa.tensor_scalar(dst=e0[0:pt, 0:1], data=acc7[0:pt, 0:1], op0=nl.add, operand0=eps_arg, engine=nisa.engine.gpsimd)
+        nisa.tensor_scalar(dst=e0[0:pt, 0:1], data=acc7[0:pt, 0:1], op0=nl.add, operand0=eps_arg)
         e1 = nl.ndarray((P, 1), dtype=nl.float32, buffer=nl.sbuf)
         nisa.activation(dst=e1[0:pt, 0:1], op=nl.rsqrt, data=e0[0:pt, 0:1])
         yield

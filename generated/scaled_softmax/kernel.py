@@ -105,7 +105,7 @@ def choose(m: RowModel, width: int, heads: int, budget: int) -> tuple[int, bool]
         f"even with 128-column chunks and one head's weights at a time; the budget is {budget} B"
     )
 
-MODEL = RowModel(resident_per_head=0, prep_scratch=0, row_inputs=2, epilogue=10, chunk=8, columns=76, row_copies=2)
+MODEL = RowModel(resident_per_head=0, prep_scratch=0, row_inputs=2, epilogue=10, chunk=8, columns=80, row_copies=2)
 
 
 @nki.jit
@@ -136,7 +136,7 @@ def scaled_softmax_kernel(x_hbm, scale_arg, HB, resident, overlap, save):
             if c == 0:
                 acc3 = r0_0
             else:
-                nisa.tensor_tensor(dst=acc3[0:pt, 0:1], data1=acc3[0:pt, 0:1], data2=r0_0[0:pt, 0:1], op=nl.maximum, engine=nisa.engine.gpsimd)
+                nisa.tensor_tensor(dst=acc3[0:pt, 0:1], data1=acc3[0:pt, 0:1], data2=r0_0[0:pt, 0:1], op=nl.maximum, engine=nisa.engine.vector)
         # reduction pass 2: partial results per chunk, folded into [P, 1] accumulators
         for c in range(cdiv(d_H, HB)):
             c0 = c * HB
@@ -151,19 +151,21 @@ def scaled_softmax_kernel(x_hbm, scale_arg, HB, resident, overlap, save):
             else:
                 nisa.tensor_tensor(dst=acc6[0:pt, 0:1], data1=acc6[0:pt, 0:1], data2=r1_2[0:pt, 0:1], op=nl.add, engine=nisa.engine.gpsimd)
         # epilogue: per-row math on the accumulators; then, after the next head's passes, the full-width combine
+        e0 = nl.ndarray((P, 1), dtype=nl.float32, buffer=nl.sbuf)
+        nisa.reciprocal(dst=e0[0:pt, 0:1], data=acc6[0:pt, 0:1])
         yield
-        e0 = nl.ndarray((P, d_H), dtype=nl.float32, buffer=nl.sbuf)
-        nisa.tensor_scalar(dst=e0[0:pt, 0:d_H], data=x_ld[0:pt, 0:d_H], op0=nl.multiply, operand0=scale_arg, op1=nl.subtract, operand1=acc3[0:pt, 0:1])
         e1 = nl.ndarray((P, d_H), dtype=nl.float32, buffer=nl.sbuf)
-        nisa.activation(dst=e1[0:pt, 0:d_H], op=nl.exp, data=e0[0:pt, 0:d_H])
-        e2 = nl.ndarray((P, d_H), dtype=nl.bfloat16, buffer=nl.sbuf)
-        nisa.tensor_scalar(dst=e2[0:pt, 0:d_H], data=e1[0:pt, 0:d_H], op0=nl.divide, operand0=acc6[0:pt, 0:1])
-        e3 = nl.ndarray((P, 1), dtype=nl.float32, buffer=nl.sbuf)
-        nisa.activation(dst=e3[0:pt, 0:1], op=nl.log, data=acc6[0:pt, 0:1])
+        nisa.tensor_scalar(dst=e1[0:pt, 0:d_H], data=x_ld[0:pt, 0:d_H], op0=nl.multiply, operand0=scale_arg, op1=nl.subtract, operand1=acc3[0:pt, 0:1])
+        e2 = nl.ndarray((P, d_H), dtype=nl.float32, buffer=nl.sbuf)
+        nisa.activation(dst=e2[0:pt, 0:d_H], op=nl.exp, data=e1[0:pt, 0:d_H])
+        e3 = nl.ndarray((P, d_H), dtype=nl.bfloat16, buffer=nl.sbuf)
+        nisa.tensor_scalar(dst=e3[0:pt, 0:d_H], data=e2[0:pt, 0:d_H], op0=nl.multiply, operand0=e0[0:pt, 0:1])
         e4 = nl.ndarray((P, 1), dtype=nl.float32, buffer=nl.sbuf)
-        nisa.tensor_tensor(dst=e4[0:pt, 0:1], data1=acc3[0:pt, 0:1], data2=e3[0:pt, 0:1], op=nl.add, engine=nisa.engine.gpsimd)
-        stores.append((p_hbm[t0:t0 + pt, h, 0:d_H], e2[0:pt, 0:d_H]))
-        nisa.tensor_copy(dst=lse_sv[0:pt, h:h + 1], src=e4[0:pt, 0:1])
+        nisa.activation(dst=e4[0:pt, 0:1], op=nl.log, data=acc6[0:pt, 0:1])
+        e5 = nl.ndarray((P, 1), dtype=nl.float32, buffer=nl.sbuf)
+        nisa.tensor_tensor(dst=e5[0:pt, 0:1], data1=acc3[0:pt, 0:1], data2=e4[0:pt, 0:1], op=nl.add, engine=nisa.engine.gpsimd)
+        stores.append((p_hbm[t0:t0 + pt, h, 0:d_H], e3[0:pt, 0:d_H]))
+        nisa.tensor_copy(dst=lse_sv[0:pt, h:h + 1], src=e5[0:pt, 0:1])
         if h == 1 - 1:
             stores.append((lse_hbm[t0:t0 + pt, 0:1], lse_sv[0:pt, 0:1]))
 
