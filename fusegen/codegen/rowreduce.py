@@ -14,12 +14,14 @@ from fusegen.codegen.render import header, render, vendored
 from fusegen.codegen.rewrites import expand_norms, rewrite
 from fusegen.codegen.rowreduce_lower import RowReduceLowering, lower_rowreduce
 from fusegen.codegen.rowreduce_match import RowReduceMatch, match_rowreduce
+from fusegen.codegen.rowreduce_pipeline import head_helpers
 from fusegen.codegen.select import NL_DTYPE
 from fusegen.codegen.stage import dim_source
 from fusegen.dsl.ir import DTYPE_BYTES, KernelIR, OutputDecl, Shape
 from fusegen.sim.targets import TARGETS, Target, get_target
 
 TEMPLATE = "rowreduce_kernel.py.jinja"
+PROLOGUE = "rowreduce_prologue.py.jinja"
 
 
 @dataclass(frozen=True)
@@ -86,17 +88,22 @@ class RowReduceFamily:
         body, lifted = row_body(ir)
         low = lower_rowreduce(body, m)
         flat = {o.name: o.shape for o in (lifted.flat if lifted else body).outputs}
+        host = _host(body, m, lifted)
+        prologue = dict(low=low, host=host, model=repr(low.model), budget_source=vendored(rb),
+                        sbuf_budgets=repr({name: t.sbuf_usable_bytes for name, t in sorted(TARGETS.items())}),
+                        default_target=target, default_lnc=lnc)  # fmt: skip
+        varying = ["prepared", *(ld.tile for ld in low.passes.shared_loads),
+                   *(c.staging for c in low.required_columns + low.optional_columns)]  # fmt: skip
+        helpers = head_helpers(low, tuple(varying), render(PROLOGUE, **prologue))
         return render(
-            TEMPLATE,
-            header=header(ir, TEMPLATE), name=ir.name, doc=kernel_doc(ir), low=low, model=repr(low.model),
-            budget_source=vendored(rb), kernel_args=kernel_args(body), host=_host(body, m, lifted),
+            TEMPLATE, **prologue,
+            header=header(ir, TEMPLATE), name=ir.name, doc=kernel_doc(ir), helpers=helpers,
+            kernel_args=kernel_args(body),
             dim_bindings=[f"d_{d} = {src}" for d, src in dim_bindings(body, kernel_arg)],
             outputs=[(_allocation(o.name, lifted), NL_DTYPE[o.dtype], _shape(flat[o.name]), _guard(o))
                      for o in body.outputs],
             output_views=[_output_view(o, lifted) for o in body.outputs
                           if lifted and o.name in lifted.squeezed_outputs],
-            sbuf_budgets=repr({name: t.sbuf_usable_bytes for name, t in sorted(TARGETS.items())}),
-            default_target=target, default_lnc=lnc,
         )  # fmt: skip
 
 

@@ -93,7 +93,7 @@ class RowReduceLowering:
     """Everything the row-reduction template formats."""
 
     passes: RowPasses
-    epi_columns: tuple[str, ...]  # the per-row math, issued before the yield to the next head's passes
+    epi_columns: tuple[str, ...]  # the per-row math, in head_passes (ahead of the previous head's epilogue)
     epi_lines: tuple[str, ...]  # the full-width rest (and per-row math reading it)
     save_lines: tuple[str, ...]  # extra epilogue lines for optional outputs
     tile_outputs: tuple[tuple[str, str, str], ...]  # (hbm name, nl dtype, source access)
@@ -114,7 +114,7 @@ def lower_rowreduce(ir: KernelIR, m: RowReduceMatch) -> RowReduceLowering:
         epilogue=sum(DTYPE_BYTES[dt] for _, kind, dt in epi.tiles if kind == "tile"),
         chunk=passes.chunk_bytes,
         columns=4 * (sum(1 for _, k, _ in epi.tiles if k == "vec") + len(passes.levels) * 8 + len(col_outs)),
-        row_copies=2,  # head_steps: the next head's loads and passes precede this full-width epilogue
+        row_copies=2,  # head_passes of the next head runs before this head's full-width epilogue
     )  # fmt: skip
     return RowReduceLowering(
         passes=passes, epi_columns=tuple(epi.lines[:n_columns]),
