@@ -28,6 +28,10 @@ GPSIMD_OPS: dict[str, frozenset[str]] = {
     "tensor_copy": frozenset({""}),  # [ISA] no ALU op; legal on GpSimd from and to SBUF
 }
 
+#: Element sizes `nisa.dma_transpose` takes ([ISA] dma_transpose: "src.dtype is 2 bytes", for hardware-DGE
+#: and software-DGE transposes alike); codegen transposes other dtypes on the PE (nc_transpose).
+DMA_TRANSPOSE_BYTES = frozenset({2})
+
 #: ALU ops with no hardware instruction [RN], [ALU]: codegen multiplies by a reciprocal instead.
 NOT_INSTRUCTIONS = frozenset({"nl.divide"})
 

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+from fusegen.codegen.engines import DMA_TRANSPOSE_BYTES
 from fusegen.codegen.family import kernel_arg
 from fusegen.codegen.ffn_budget import FfnModel
 from fusegen.codegen.ffn_match import FfnMatch, weight_columns
@@ -59,6 +60,7 @@ class FfnLowering:
     outputs: tuple[OutputWrite, ...]
     model: FfnModel
     prologue: Prologue | None = None
+    pe_transpose: bool = False  # x^T on the PE: DMA transposes take 2-byte dtypes only (engines.py)
 
 
 def lower_ffn(ir: KernelIR, m: FfnMatch) -> FfnLowering:
@@ -74,11 +76,12 @@ def lower_ffn(ir: KernelIR, m: FfnMatch) -> FfnLowering:
         kernel_arg(i.name) for i in ir.inputs if kernel_arg(i.name) in epi_inputs["row"] + pro_rows
     )
     down_weight = ir.node(m.down.args[1])
+    pe_transpose = DTYPE_BYTES[m.x.dtype] not in DMA_TRANSPOSE_BYTES
     model = FfnModel(
         n_up=len(m.ups),
         x_bytes=DTYPE_BYTES[m.x.dtype],
         mid_tiles=_count(mid, "tile"),
-        epi_tiles=_count(epi, "tile") + _count(pro, "tile") + bool(prologue),
+        epi_tiles=_count(epi, "tile") + _count(pro, "tile") + bool(prologue or pe_transpose),  # rows of x
         epi_cols=_count(epi, "vec") + _count(pro, "vec"),
         col_vectors=len(col_vectors),
         row_vectors=len(row_vectors),
@@ -105,6 +108,7 @@ def lower_ffn(ir: KernelIR, m: FfnMatch) -> FfnLowering:
         outputs=outputs,
         model=model,
         prologue=prologue,
+        pe_transpose=pe_transpose,
     )
 
 

@@ -8,7 +8,7 @@ from dataclasses import dataclass
 from fusegen.codegen import rowreduce_budget as rb
 from fusegen.codegen.family import Mismatch, kernel_arg
 from fusegen.codegen.lift import Lifted, lift_rows
-from fusegen.codegen.plan import PlanError, PlannedBuffer, TilePlan
+from fusegen.codegen.plan import PlanError, PlannedBuffer, TilePlan, check_lnc
 from fusegen.codegen.reference import dim_bindings
 from fusegen.codegen.render import header, render, vendored
 from fusegen.codegen.rewrites import expand_norms, rewrite
@@ -156,6 +156,7 @@ def plan_rowreduce(ir: KernelIR, m: RowReduceMatch, low: RowReduceLowering, targ
                    dims: dict[str, int]) -> TilePlan:  # fmt: skip
     """The weight residency, chunk width, SBUF budget and HBM traffic of one shape."""
     rows, heads, width = (d.eval(dims) for d in (m.rows, m.heads, m.width))
+    check_lnc(target, lnc)
     budget = target.sbuf_usable_bytes
     try:
         hb, resident = rb.choose(low.model, width, heads, budget)
