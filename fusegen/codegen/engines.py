@@ -26,6 +26,7 @@ GPSIMD_OPS: dict[str, frozenset[str]] = {
     "tensor_tensor": GPSIMD_ALU,  # [ISA] "using Vector Engine or GpSimd Engine"
     "tensor_scalar": frozenset({"nl.rsqrt"}),  # [ISA] engine: "gpsimd (only allowed for rsqrt)"
     "tensor_copy": frozenset({""}),  # [ISA] no ALU op; legal on GpSimd from and to SBUF
+    "memset": frozenset({""}),  # [ISA] memset: "using Vector or GpSimd Engine"
 }
 
 #: Element sizes `nisa.dma_transpose` takes ([ISA] dma_transpose: "src.dtype is 2 bytes", for hardware-DGE

@@ -332,6 +332,8 @@ class Selector:
 
     def _tensor_scalar(self, base: Expr, ops: list[ScalarOp], kind: str, dtype: str) -> Operand:
         data = self.value(base)
+        if self._on_gpsimd(kind, data, ops):
+            return self._column_chain(data, ops, dtype)
         operands = [self._fp32(step.operand) for step in ops]
         dst = self._alloc(kind, dtype)
         kwargs = {"dst": dst.code, "data": data.code}
@@ -343,6 +345,55 @@ class Selector:
                 kwargs[f"reverse{i}"] = "True"
         self._emit("tensor_scalar", _present(data, *operands), **kwargs)
         return dst
+
+    def _on_gpsimd(self, kind: str, data: Operand, ops: list[ScalarOp]) -> bool:
+        """Whether a [P, 1] scalar chain can stay off the in-order Vector queue the full-width work fills:
+        add and multiply as tensor_tensor on GpSimd (engines.py: SBUF only), a maximum with a scalar on the
+        Scalar engine (`_column_max`)."""
+        if kind != "vec" or self.column_engine != GPSIMD:
+            return False
+        return all(
+            gpsimd_allows("tensor_tensor", (ALU[s.op],), _psum((data, s.operand)))
+            or (s.op == "maximum" and s.operand.kind == "scalar")
+            for s in ops
+        )
+
+    def _column_chain(self, data: Operand, ops: list[ScalarOp], dtype: str) -> Operand:
+        """`(data op0 s0) op1 s1` on a column, one instruction per step off the Vector engine; a scalar
+        operand is memset into a column (tensor_scalar takes GpSimd only for rsqrt, tensor_tensor for add
+        and multiply)."""
+        value = data
+        for step in ops:
+            if step.op == "maximum":
+                value = self._column_max(value, step.operand.code)
+                continue
+            operand = self._fp32(step.operand)
+            assert operand is not None
+            if operand.kind == "scalar":
+                operand = self._column_of(operand.code)
+            dst = self._alloc("vec", "f32")
+            self._emit("tensor_tensor", (value, operand), dst=dst.code, data1=value.code, data2=operand.code,
+                       op=ALU[step.op])  # fmt: skip
+            value = dst
+        return value if value.dtype == dtype else self.copy(value, "vec", dtype)
+
+    def _column_max(self, x: Operand, bound: str) -> Operand:
+        """max(x, bound) = relu(x - bound) + bound: the relu on the Scalar engine (bias a column), the add on
+        GpSimd; exact where x <= bound, else within an ulp of x (the maximum is Vector-only, engines.py)."""
+        shifted = self._alloc("vec", "f32")
+        self._emit("activation", (x,), dst=shifted.code, op="nl.relu", data=x.code,
+                   bias=self._column_of(f"(-{bound})").code)  # fmt: skip
+        dst = self._alloc("vec", "f32")
+        offset = self._column_of(bound)
+        self._emit("tensor_tensor", (shifted, offset), dst=dst.code, data1=shifted.code, data2=offset.code,
+                   op="nl.add")  # fmt: skip
+        return dst
+
+    def _column_of(self, value: str) -> Operand:
+        """A [P, 1] fp32 column holding the trace-time scalar `value` (memset, on GpSimd)."""
+        column = self._alloc("vec", "f32")
+        self._emit("memset", dst=column.code, value=value)
+        return column
 
     def _not_both_psum(self, x: Operand, y: Operand) -> tuple[Operand, Operand]:
         """Two-tensor instructions may not read PSUM twice: evict one operand to SBUF first."""

@@ -105,7 +105,7 @@ def choose(m: RowModel, width: int, heads: int, budget: int) -> tuple[int, bool]
         f"even with 128-column chunks and one head's weights at a time; the budget is {budget} B"
     )
 
-MODEL = RowModel(resident_per_head=4, prep_scratch=4, row_inputs=6, epilogue=2, chunk=20, columns=100, row_copies=2)
+MODEL = RowModel(resident_per_head=4, prep_scratch=4, row_inputs=6, epilogue=2, chunk=20, columns=124, row_copies=2)
 
 
 def prepare_weights(h, w_h_hbm, w_e_hbm):
@@ -159,73 +159,89 @@ def head_passes(t0, pt, h, HB, clamp_arg, d_H, dot_sv, eps_arg, gate_sv, kv_hbm,
         r0_1 = nl.ndarray((P, 1), dtype=nl.float32, buffer=nl.sbuf)
         nisa.activation_reduce(dst=r0_0[0:pt, 0:hw], op=nl.square, data=x_ld[0:pt, c0:c0 + hw], reduce_op=nl.add, reduce_res=r0_1[0:pt, 0:1])
         r0_2 = nl.ndarray((P, 1), dtype=nl.float32, buffer=nl.sbuf)
-        nisa.tensor_scalar(dst=r0_2[0:pt, 0:1], data=r0_1[0:pt, 0:1], op0=nl.multiply, operand0=(1.0 / float(d_H)))
-        r0_3 = nl.ndarray((P, HB), dtype=nl.float32, buffer=nl.sbuf)
-        r0_4 = nl.ndarray((P, 1), dtype=nl.float32, buffer=nl.sbuf)
-        nisa.activation_reduce(dst=r0_3[0:pt, 0:hw], op=nl.square, data=k_ld[0:pt, c0:c0 + hw], reduce_op=nl.add, reduce_res=r0_4[0:pt, 0:1])
+        nisa.memset(dst=r0_2[0:pt, 0:1], value=(1.0 / float(d_H)), engine=nisa.engine.gpsimd)
+        r0_3 = nl.ndarray((P, 1), dtype=nl.float32, buffer=nl.sbuf)
+        nisa.tensor_tensor(dst=r0_3[0:pt, 0:1], data1=r0_1[0:pt, 0:1], data2=r0_2[0:pt, 0:1], op=nl.multiply, engine=nisa.engine.gpsimd)
+        r0_4 = nl.ndarray((P, HB), dtype=nl.float32, buffer=nl.sbuf)
         r0_5 = nl.ndarray((P, 1), dtype=nl.float32, buffer=nl.sbuf)
-        nisa.tensor_scalar(dst=r0_5[0:pt, 0:1], data=r0_4[0:pt, 0:1], op0=nl.multiply, operand0=(1.0 / float(d_H)))
-        r0_6 = nl.ndarray((P, HB), dtype=nl.float32, buffer=nl.sbuf)
-        nisa.tensor_tensor(dst=r0_6[0:pt, 0:hw], data1=x_ld[0:pt, c0:c0 + hw], data2=k_ld[0:pt, c0:c0 + hw], op=nl.multiply)
-        r0_7 = nl.ndarray((P, HB), dtype=nl.float32, buffer=nl.sbuf)
-        nisa.tensor_tensor(dst=r0_7[0:pt, 0:hw], data1=r0_6[0:pt, 0:hw], data2=prepared[0][0:pt, c0:c0 + hw], op=nl.multiply)
+        nisa.activation_reduce(dst=r0_4[0:pt, 0:hw], op=nl.square, data=k_ld[0:pt, c0:c0 + hw], reduce_op=nl.add, reduce_res=r0_5[0:pt, 0:1])
+        r0_6 = nl.ndarray((P, 1), dtype=nl.float32, buffer=nl.sbuf)
+        nisa.memset(dst=r0_6[0:pt, 0:1], value=(1.0 / float(d_H)), engine=nisa.engine.gpsimd)
+        r0_7 = nl.ndarray((P, 1), dtype=nl.float32, buffer=nl.sbuf)
+        nisa.tensor_tensor(dst=r0_7[0:pt, 0:1], data1=r0_5[0:pt, 0:1], data2=r0_6[0:pt, 0:1], op=nl.multiply, engine=nisa.engine.gpsimd)
         r0_8 = nl.ndarray((P, HB), dtype=nl.float32, buffer=nl.sbuf)
-        r0_9 = nl.ndarray((P, 1), dtype=nl.float32, buffer=nl.sbuf)
-        nisa.activation_reduce(dst=r0_8[0:pt, 0:hw], op=nl.copy, data=r0_7[0:pt, 0:hw], reduce_op=nl.add, reduce_res=r0_9[0:pt, 0:1])
+        nisa.tensor_tensor(dst=r0_8[0:pt, 0:hw], data1=x_ld[0:pt, c0:c0 + hw], data2=k_ld[0:pt, c0:c0 + hw], op=nl.multiply)
+        r0_9 = nl.ndarray((P, HB), dtype=nl.float32, buffer=nl.sbuf)
+        nisa.tensor_tensor(dst=r0_9[0:pt, 0:hw], data1=r0_8[0:pt, 0:hw], data2=prepared[0][0:pt, c0:c0 + hw], op=nl.multiply)
+        r0_10 = nl.ndarray((P, HB), dtype=nl.float32, buffer=nl.sbuf)
+        r0_11 = nl.ndarray((P, 1), dtype=nl.float32, buffer=nl.sbuf)
+        nisa.activation_reduce(dst=r0_10[0:pt, 0:hw], op=nl.copy, data=r0_9[0:pt, 0:hw], reduce_op=nl.add, reduce_res=r0_11[0:pt, 0:1])
         if c == 0:
-            acc9 = r0_2
+            acc9 = r0_3
         else:
-            nisa.tensor_tensor(dst=acc9[0:pt, 0:1], data1=acc9[0:pt, 0:1], data2=r0_2[0:pt, 0:1], op=nl.add, engine=nisa.engine.gpsimd)
+            nisa.tensor_tensor(dst=acc9[0:pt, 0:1], data1=acc9[0:pt, 0:1], data2=r0_3[0:pt, 0:1], op=nl.add, engine=nisa.engine.gpsimd)
         if c == 0:
-            acc13 = r0_5
+            acc13 = r0_7
         else:
-            nisa.tensor_tensor(dst=acc13[0:pt, 0:1], data1=acc13[0:pt, 0:1], data2=r0_5[0:pt, 0:1], op=nl.add, engine=nisa.engine.gpsimd)
+            nisa.tensor_tensor(dst=acc13[0:pt, 0:1], data1=acc13[0:pt, 0:1], data2=r0_7[0:pt, 0:1], op=nl.add, engine=nisa.engine.gpsimd)
         if c == 0:
-            acc19 = r0_9
+            acc19 = r0_11
         else:
-            nisa.tensor_tensor(dst=acc19[0:pt, 0:1], data1=acc19[0:pt, 0:1], data2=r0_9[0:pt, 0:1], op=nl.add, engine=nisa.engine.gpsimd)
+            nisa.tensor_tensor(dst=acc19[0:pt, 0:1], data1=acc19[0:pt, 0:1], data2=r0_11[0:pt, 0:1], op=nl.add, engine=nisa.engine.gpsimd)
     # per-row math on the accumulators, before the previous head's full-width epilogue
     e0 = nl.ndarray((P, 1), dtype=nl.float32, buffer=nl.sbuf)
-    nisa.tensor_scalar(dst=e0[0:pt, 0:1], data=acc9[0:pt, 0:1], op0=nl.add, operand0=eps_arg)
+    nisa.memset(dst=e0[0:pt, 0:1], value=eps_arg, engine=nisa.engine.gpsimd)
     e1 = nl.ndarray((P, 1), dtype=nl.float32, buffer=nl.sbuf)
-    nisa.activation(dst=e1[0:pt, 0:1], op=nl.rsqrt, data=e0[0:pt, 0:1])
+    nisa.tensor_tensor(dst=e1[0:pt, 0:1], data1=acc9[0:pt, 0:1], data2=e0[0:pt, 0:1], op=nl.add, engine=nisa.engine.gpsimd)
     e2 = nl.ndarray((P, 1), dtype=nl.float32, buffer=nl.sbuf)
-    nisa.tensor_tensor(dst=e2[0:pt, 0:1], data1=acc19[0:pt, 0:1], data2=e1[0:pt, 0:1], op=nl.multiply, engine=nisa.engine.gpsimd)
+    nisa.activation(dst=e2[0:pt, 0:1], op=nl.rsqrt, data=e1[0:pt, 0:1])
     e3 = nl.ndarray((P, 1), dtype=nl.float32, buffer=nl.sbuf)
-    nisa.tensor_scalar(dst=e3[0:pt, 0:1], data=acc13[0:pt, 0:1], op0=nl.add, operand0=eps_arg)
+    nisa.tensor_tensor(dst=e3[0:pt, 0:1], data1=acc19[0:pt, 0:1], data2=e2[0:pt, 0:1], op=nl.multiply, engine=nisa.engine.gpsimd)
     e4 = nl.ndarray((P, 1), dtype=nl.float32, buffer=nl.sbuf)
-    nisa.activation(dst=e4[0:pt, 0:1], op=nl.rsqrt, data=e3[0:pt, 0:1])
+    nisa.memset(dst=e4[0:pt, 0:1], value=eps_arg, engine=nisa.engine.gpsimd)
     e5 = nl.ndarray((P, 1), dtype=nl.float32, buffer=nl.sbuf)
-    nisa.tensor_tensor(dst=e5[0:pt, 0:1], data1=e2[0:pt, 0:1], data2=e4[0:pt, 0:1], op=nl.multiply, engine=nisa.engine.gpsimd)
+    nisa.tensor_tensor(dst=e5[0:pt, 0:1], data1=acc13[0:pt, 0:1], data2=e4[0:pt, 0:1], op=nl.add, engine=nisa.engine.gpsimd)
     e6 = nl.ndarray((P, 1), dtype=nl.float32, buffer=nl.sbuf)
-    nisa.tensor_scalar(dst=e6[0:pt, 0:1], data=e5[0:pt, 0:1], op0=nl.multiply, operand0=(float(d_H) ** -0.5))
+    nisa.activation(dst=e6[0:pt, 0:1], op=nl.rsqrt, data=e5[0:pt, 0:1])
     e7 = nl.ndarray((P, 1), dtype=nl.float32, buffer=nl.sbuf)
-    nisa.activation(dst=e7[0:pt, 0:1], op=nl.sign, data=e6[0:pt, 0:1])
+    nisa.tensor_tensor(dst=e7[0:pt, 0:1], data1=e3[0:pt, 0:1], data2=e6[0:pt, 0:1], op=nl.multiply, engine=nisa.engine.gpsimd)
     e8 = nl.ndarray((P, 1), dtype=nl.float32, buffer=nl.sbuf)
-    nisa.activation(dst=e8[0:pt, 0:1], op=nl.abs, data=e6[0:pt, 0:1])
+    nisa.memset(dst=e8[0:pt, 0:1], value=(float(d_H) ** -0.5), engine=nisa.engine.gpsimd)
     e9 = nl.ndarray((P, 1), dtype=nl.float32, buffer=nl.sbuf)
-    nisa.tensor_scalar(dst=e9[0:pt, 0:1], data=e8[0:pt, 0:1], op0=nl.maximum, operand0=clamp_arg)
+    nisa.tensor_tensor(dst=e9[0:pt, 0:1], data1=e7[0:pt, 0:1], data2=e8[0:pt, 0:1], op=nl.multiply, engine=nisa.engine.gpsimd)
     e10 = nl.ndarray((P, 1), dtype=nl.float32, buffer=nl.sbuf)
-    nisa.activation(dst=e10[0:pt, 0:1], op=nl.sqrt, data=e9[0:pt, 0:1])
+    nisa.activation(dst=e10[0:pt, 0:1], op=nl.sign, data=e9[0:pt, 0:1])
     e11 = nl.ndarray((P, 1), dtype=nl.float32, buffer=nl.sbuf)
-    nisa.tensor_tensor(dst=e11[0:pt, 0:1], data1=e7[0:pt, 0:1], data2=e10[0:pt, 0:1], op=nl.multiply, engine=nisa.engine.gpsimd)
+    nisa.activation(dst=e11[0:pt, 0:1], op=nl.abs, data=e9[0:pt, 0:1])
     e12 = nl.ndarray((P, 1), dtype=nl.float32, buffer=nl.sbuf)
-    nisa.activation(dst=e12[0:pt, 0:1], op=nl.sigmoid, data=e11[0:pt, 0:1])
-    return (t0, pt, h, acc19, dot_sv, e1, e12, e4, gate_sv, rstd_k_sv, rstd_x_sv, v_ld, x_ld)
+    e13 = nl.ndarray((P, 1), dtype=nl.float32, buffer=nl.sbuf)
+    nisa.memset(dst=e13[0:pt, 0:1], value=(-clamp_arg), engine=nisa.engine.gpsimd)
+    nisa.activation(dst=e12[0:pt, 0:1], op=nl.relu, data=e11[0:pt, 0:1], bias=e13[0:pt, 0:1])
+    e14 = nl.ndarray((P, 1), dtype=nl.float32, buffer=nl.sbuf)
+    e15 = nl.ndarray((P, 1), dtype=nl.float32, buffer=nl.sbuf)
+    nisa.memset(dst=e15[0:pt, 0:1], value=clamp_arg, engine=nisa.engine.gpsimd)
+    nisa.tensor_tensor(dst=e14[0:pt, 0:1], data1=e12[0:pt, 0:1], data2=e15[0:pt, 0:1], op=nl.add, engine=nisa.engine.gpsimd)
+    e16 = nl.ndarray((P, 1), dtype=nl.float32, buffer=nl.sbuf)
+    nisa.activation(dst=e16[0:pt, 0:1], op=nl.sqrt, data=e14[0:pt, 0:1])
+    e17 = nl.ndarray((P, 1), dtype=nl.float32, buffer=nl.sbuf)
+    nisa.tensor_tensor(dst=e17[0:pt, 0:1], data1=e10[0:pt, 0:1], data2=e16[0:pt, 0:1], op=nl.multiply, engine=nisa.engine.gpsimd)
+    e18 = nl.ndarray((P, 1), dtype=nl.float32, buffer=nl.sbuf)
+    nisa.activation(dst=e18[0:pt, 0:1], op=nl.sigmoid, data=e17[0:pt, 0:1])
+    return (t0, pt, h, acc19, dot_sv, e18, e2, e6, gate_sv, rstd_k_sv, rstd_x_sv, v_ld, x_ld)
 
 
 def head_epilogue(head, d_H, d_HC, dot_hbm, gate_hbm, out_hbm, rstd_k_hbm, rstd_x_hbm, save):
     """Head state `head` from head_passes: the full-width combine and staged columns; returns its output DMAs."""
-    t0, pt, h, acc19, dot_sv, e1, e12, e4, gate_sv, rstd_k_sv, rstd_x_sv, v_ld, x_ld = head
+    t0, pt, h, acc19, dot_sv, e18, e2, e6, gate_sv, rstd_k_sv, rstd_x_sv, v_ld, x_ld = head
     stores = []
-    e13 = nl.ndarray((P, d_H), dtype=nl.bfloat16, buffer=nl.sbuf)
-    nisa.scalar_tensor_tensor(dst=e13[0:pt, 0:d_H], data=v_ld[0:pt, 0:d_H], op0=nl.multiply, operand0=e12[0:pt, 0:1], op1=nl.add, operand1=x_ld[0:pt, 0:d_H])
-    stores.append((out_hbm[t0:t0 + pt, h, 0:d_H], e13[0:pt, 0:d_H]))
+    e19 = nl.ndarray((P, d_H), dtype=nl.bfloat16, buffer=nl.sbuf)
+    nisa.scalar_tensor_tensor(dst=e19[0:pt, 0:d_H], data=v_ld[0:pt, 0:d_H], op0=nl.multiply, operand0=e18[0:pt, 0:1], op1=nl.add, operand1=x_ld[0:pt, 0:d_H])
+    stores.append((out_hbm[t0:t0 + pt, h, 0:d_H], e19[0:pt, 0:d_H]))
     if save:
         nisa.tensor_copy(dst=dot_sv[0:pt, h:h + 1], src=acc19[0:pt, 0:1])
-        nisa.tensor_copy(dst=gate_sv[0:pt, h:h + 1], src=e12[0:pt, 0:1])
-        nisa.tensor_copy(dst=rstd_x_sv[0:pt, h:h + 1], src=e1[0:pt, 0:1])
-        nisa.tensor_copy(dst=rstd_k_sv[0:pt, h:h + 1], src=e4[0:pt, 0:1])
+        nisa.tensor_copy(dst=gate_sv[0:pt, h:h + 1], src=e18[0:pt, 0:1])
+        nisa.tensor_copy(dst=rstd_x_sv[0:pt, h:h + 1], src=e2[0:pt, 0:1])
+        nisa.tensor_copy(dst=rstd_k_sv[0:pt, h:h + 1], src=e6[0:pt, 0:1])
     if h == d_HC - 1:
         if save:
             stores.append((dot_hbm[t0:t0 + pt, 0:d_HC], dot_sv[0:pt, 0:d_HC]))

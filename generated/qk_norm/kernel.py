@@ -105,7 +105,7 @@ def choose(m: RowModel, width: int, heads: int, budget: int) -> tuple[int, bool]
         f"even with 128-column chunks and one head's weights at a time; the budget is {budget} B"
     )
 
-MODEL = RowModel(resident_per_head=4, prep_scratch=2, row_inputs=2, epilogue=2, chunk=4, columns=40, row_copies=2)
+MODEL = RowModel(resident_per_head=4, prep_scratch=2, row_inputs=2, epilogue=2, chunk=4, columns=44, row_copies=2)
 
 
 def prepare_weights(h, w_hbm):
@@ -147,26 +147,30 @@ def head_passes(t0, pt, h, HB, d_D, eps_arg, prepared, q_hbm):
         r0_1 = nl.ndarray((P, 1), dtype=nl.float32, buffer=nl.sbuf)
         nisa.activation_reduce(dst=r0_0[0:pt, 0:hw], op=nl.square, data=q_ld[0:pt, c0:c0 + hw], reduce_op=nl.add, reduce_res=r0_1[0:pt, 0:1])
         r0_2 = nl.ndarray((P, 1), dtype=nl.float32, buffer=nl.sbuf)
-        nisa.tensor_scalar(dst=r0_2[0:pt, 0:1], data=r0_1[0:pt, 0:1], op0=nl.multiply, operand0=(1.0 / float(d_D)))
+        nisa.memset(dst=r0_2[0:pt, 0:1], value=(1.0 / float(d_D)), engine=nisa.engine.gpsimd)
+        r0_3 = nl.ndarray((P, 1), dtype=nl.float32, buffer=nl.sbuf)
+        nisa.tensor_tensor(dst=r0_3[0:pt, 0:1], data1=r0_1[0:pt, 0:1], data2=r0_2[0:pt, 0:1], op=nl.multiply, engine=nisa.engine.gpsimd)
         if c == 0:
-            acc4 = r0_2
+            acc4 = r0_3
         else:
-            nisa.tensor_tensor(dst=acc4[0:pt, 0:1], data1=acc4[0:pt, 0:1], data2=r0_2[0:pt, 0:1], op=nl.add, engine=nisa.engine.gpsimd)
+            nisa.tensor_tensor(dst=acc4[0:pt, 0:1], data1=acc4[0:pt, 0:1], data2=r0_3[0:pt, 0:1], op=nl.add, engine=nisa.engine.gpsimd)
     # per-row math on the accumulators, before the previous head's full-width epilogue
     e0 = nl.ndarray((P, 1), dtype=nl.float32, buffer=nl.sbuf)
-    nisa.tensor_scalar(dst=e0[0:pt, 0:1], data=acc4[0:pt, 0:1], op0=nl.add, operand0=eps_arg)
+    nisa.memset(dst=e0[0:pt, 0:1], value=eps_arg, engine=nisa.engine.gpsimd)
     e1 = nl.ndarray((P, 1), dtype=nl.float32, buffer=nl.sbuf)
-    nisa.activation(dst=e1[0:pt, 0:1], op=nl.rsqrt, data=e0[0:pt, 0:1])
-    return (t0, pt, h, e1, prepared, q_ld)
+    nisa.tensor_tensor(dst=e1[0:pt, 0:1], data1=acc4[0:pt, 0:1], data2=e0[0:pt, 0:1], op=nl.add, engine=nisa.engine.gpsimd)
+    e2 = nl.ndarray((P, 1), dtype=nl.float32, buffer=nl.sbuf)
+    nisa.activation(dst=e2[0:pt, 0:1], op=nl.rsqrt, data=e1[0:pt, 0:1])
+    return (t0, pt, h, e2, prepared, q_ld)
 
 
 def head_epilogue(head, d_D, y_hbm):
     """Head state `head` from head_passes: the full-width combine and staged columns; returns its output DMAs."""
-    t0, pt, h, e1, prepared, q_ld = head
+    t0, pt, h, e2, prepared, q_ld = head
     stores = []
-    e2 = nl.ndarray((P, d_D), dtype=nl.bfloat16, buffer=nl.sbuf)
-    nisa.scalar_tensor_tensor(dst=e2[0:pt, 0:d_D], data=q_ld[0:pt, 0:d_D], op0=nl.multiply, operand0=e1[0:pt, 0:1], op1=nl.multiply, operand1=prepared[0][0:pt, 0:d_D])
-    stores.append((y_hbm[t0:t0 + pt, h, 0:d_D], e2[0:pt, 0:d_D]))
+    e3 = nl.ndarray((P, d_D), dtype=nl.bfloat16, buffer=nl.sbuf)
+    nisa.scalar_tensor_tensor(dst=e3[0:pt, 0:d_D], data=q_ld[0:pt, 0:d_D], op0=nl.multiply, operand0=e2[0:pt, 0:1], op1=nl.multiply, operand1=prepared[0][0:pt, 0:d_D])
+    stores.append((y_hbm[t0:t0 + pt, h, 0:d_D], e3[0:pt, 0:d_D]))
     return stores
 
 
