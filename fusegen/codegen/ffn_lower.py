@@ -4,7 +4,6 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from fusegen.codegen.engines import DMA_TRANSPOSE_BYTES
 from fusegen.codegen.family import kernel_arg
 from fusegen.codegen.ffn_budget import FfnModel
 from fusegen.codegen.ffn_match import FfnMatch, weight_columns
@@ -60,7 +59,6 @@ class FfnLowering:
     outputs: tuple[OutputWrite, ...]
     model: FfnModel
     prologue: Prologue | None = None
-    pe_transpose: bool = False  # x^T on the PE: DMA transposes take 2-byte dtypes only (engines.py)
 
 
 def lower_ffn(ir: KernelIR, m: FfnMatch) -> FfnLowering:
@@ -76,12 +74,11 @@ def lower_ffn(ir: KernelIR, m: FfnMatch) -> FfnLowering:
         kernel_arg(i.name) for i in ir.inputs if kernel_arg(i.name) in epi_inputs["row"] + pro_rows
     )
     down_weight = ir.node(m.down.args[1])
-    pe_transpose = DTYPE_BYTES[m.x.dtype] not in DMA_TRANSPOSE_BYTES
     model = FfnModel(
         n_up=len(m.ups),
         x_bytes=DTYPE_BYTES[m.x.dtype],
         mid_tiles=_count(mid, "tile"),
-        epi_tiles=_count(epi, "tile") + _count(pro, "tile") + bool(prologue or pe_transpose),  # rows of x
+        epi_tiles=_count(epi, "tile") + _count(pro, "tile") + 1,  # + x's rows, staged for the PE transpose
         epi_cols=_count(epi, "vec") + _count(pro, "vec"),
         col_vectors=len(col_vectors),
         row_vectors=len(row_vectors),
@@ -108,7 +105,6 @@ def lower_ffn(ir: KernelIR, m: FfnMatch) -> FfnLowering:
         outputs=outputs,
         model=model,
         prologue=prologue,
-        pe_transpose=pe_transpose,
     )
 
 
