@@ -91,6 +91,7 @@ class BackwardLowering:
     token_sums: tuple[TokenSum, ...]
     reduce: ReduceLowering
     model: RowModel
+    constants: tuple[str, ...]  # constant columns, built once per launch
 
 
 def lower_backward(ir: KernelIR, m: RowReduceMatch) -> BackwardLowering:
@@ -129,12 +130,14 @@ def lower_backward(ir: KernelIR, m: RowReduceMatch) -> BackwardLowering:
         row_inputs=sum(DTYPE_BYTES[ir.node(ld.node).dtype] for ld in m.loads),
         epilogue=4 * len(m.head_sums),  # the head-sum accumulators are the only width-long epilogue tiles
         chunk=max(passes.chunk_bytes, tile_bytes(sel)),
-        columns=4 * (passes.column_tiles + len(cols.tiles) + len(m.column_loads)),
+        columns=4 * (passes.column_tiles + len(cols.tiles) + len(m.column_loads)
+                     + (len(passes.constants) + len(cols.constants)) // 2),
     )  # fmt: skip
     return BackwardLowering(
         passes=passes, epi_columns=tuple(cols.lines), epi_lines=tuple(sel.lines), head_writes=tuple(writes),
         head_sums=tuple(head_sums), shared_writes=tuple(shared), token_sums=tuple(token_sums),
         reduce=lower_reduce(ir, m), model=model,
+        constants=passes.constants + tuple(cols.constants + sel.constants),
     )  # fmt: skip
 
 

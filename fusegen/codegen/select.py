@@ -24,7 +24,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 
 from fusegen.codegen.engines import GPSIMD, gpsimd_allows
-from fusegen.codegen.stage import Expr, Operand
+from fusegen.codegen.stage import Expr, Operand, scalar
 
 #: Scalar-engine activation functions by stage op name.
 ACTIVATIONS = {
@@ -93,10 +93,11 @@ class Layout:
 
 @dataclass(frozen=True)
 class ScalarOp:
-    """One `op operand` step of a tensor_scalar chain."""
+    """One `op operand` step of a tensor_scalar chain (the operand materialised after the data, so a
+    column computed for it lands next to its use)."""
 
     op: str
-    operand: Operand
+    operand: Expr
     reverse: bool
 
 
@@ -109,10 +110,13 @@ class Selector:
     column_engine: str = ""  # `engine=` of [P, 1] work where engines.py allows it (off the Vector queue)
     lines: list[str] = field(default_factory=list)
     line_kinds: list[str] = field(default_factory=list)  # kind of the tile each line allocates or writes
+    line_engines: list[str] = field(default_factory=list)  # "act" | "dve" | "gpsimd"; "" for allocations
+    constants: list[str] = field(default_factory=list)  # launch-wide lines: constant columns, memset once
     tiles: list[tuple[str, str, str]] = field(default_factory=list)  # (name, kind, dtype) allocated
     calls: list[tuple[str, str]] = field(default_factory=list)  # (call, destination kind) emitted
     _kinds: dict[str, str] = field(default_factory=dict)  # tile name -> kind
     _memo: dict[tuple[int, str], Operand] = field(default_factory=dict)
+    _constants: dict[str, Operand] = field(default_factory=dict)  # memset columns by value source
 
     def value(self, e: Expr, dtype: str = "f32") -> Operand:
         """An operand holding `e` (a scalar expression, a leaf, or a freshly computed tile)."""
@@ -138,6 +142,7 @@ class Selector:
         free_alloc, free = ("1", "1") if kind == "vec" else (self.layout.free_alloc, self.layout.free)
         self.lines.append(f"{name} = nl.ndarray((P, {free_alloc}), dtype={NL_DTYPE[dtype]}, buffer=nl.sbuf)")
         self.line_kinds.append(kind)
+        self.line_engines.append("")
         return Operand(kind, f"{name}[0:{self.layout.part}, 0:{free}]", dtype=dtype)
 
     def _emit(self, call: str, reads: tuple[Operand, ...] = (), **kwargs: str) -> None:
@@ -151,6 +156,7 @@ class Selector:
         args = ", ".join(f"{k}={v}" for k, v in kwargs.items())
         self.lines.append(f"nisa.{call}({args})")
         self.line_kinds.append(kind)
+        self.line_engines.append("gpsimd" if kwargs.get("engine") == GPSIMD else CALL_COST[call][0])
         self.calls.append((call, kind))
 
     def passes(self, engine: str) -> int:
@@ -215,9 +221,9 @@ class Selector:
         """`x`, copied to SBUF if it lives in PSUM (for instructions on engines without PSUM access)."""
         return self.copy(x, x.kind, "f32") if x.memory == "psum" else x
 
-    def _fp32(self, x: Operand | None) -> Operand | None:
+    def _fp32(self, x: Operand) -> Operand:
         """`x` as a scale / tensor_scalar operand, which must be fp32 ([ISA] activation, tensor_scalar)."""
-        if x is None or x.kind == "scalar" or x.dtype == "f32":
+        if x.kind == "scalar" or x.dtype == "f32":
             return x
         return self.copy(x, x.kind, "f32")
 
@@ -287,8 +293,7 @@ class Selector:
             return None
         step = self._step(inner, s)
         data, operand1 = self._not_both_psum(self.value(t), self.value(other))
-        operand0 = self._fp32(step.operand)
-        assert operand0 is not None
+        operand0 = self._fp32(self.value(step.operand))
         dst = self._alloc(e.kind, dtype)
         self._emit(
             "scalar_tensor_tensor",
@@ -317,7 +322,7 @@ class Selector:
 
     def _scalar_steps(self, e: Expr) -> tuple[Expr, list[ScalarOp]] | None:
         if e.op == "neg":
-            return e.args[0], [ScalarOp("mul", Operand("scalar", "-1.0", ""), False)]
+            return e.args[0], [ScalarOp("mul", scalar("-1.0"), False)]
         if e.op == "clamp":
             return None  # clamp is expanded by the checker into maximum/minimum
         if e.op not in ALU:
@@ -328,17 +333,17 @@ class Selector:
         return t, [self._step(e, s)]
 
     def _step(self, e: Expr, s: Expr) -> ScalarOp:
-        return ScalarOp(e.op, self.value(s), reverse=(e.args[0] is s and e.op not in COMMUTATIVE))
+        return ScalarOp(e.op, s, reverse=(e.args[0] is s and e.op not in COMMUTATIVE))
 
     def _tensor_scalar(self, base: Expr, ops: list[ScalarOp], kind: str, dtype: str) -> Operand:
         data = self.value(base)
-        if self._on_gpsimd(kind, data, ops):
-            return self._column_chain(data, ops, dtype)
-        operands = [self._fp32(step.operand) for step in ops]
+        operands = [self.value(step.operand) for step in ops]
+        if self._on_gpsimd(kind, data, ops, operands):
+            return self._column_chain(data, ops, operands, dtype)
+        operands = [self._fp32(operand) for operand in operands]
         dst = self._alloc(kind, dtype)
         kwargs = {"dst": dst.code, "data": data.code}
         for i, (step, operand) in enumerate(zip(ops, operands, strict=True)):
-            assert operand is not None
             kwargs[f"op{i}"] = ALU[step.op]
             kwargs[f"operand{i}"] = operand.code
             if step.reverse:
@@ -346,29 +351,28 @@ class Selector:
         self._emit("tensor_scalar", _present(data, *operands), **kwargs)
         return dst
 
-    def _on_gpsimd(self, kind: str, data: Operand, ops: list[ScalarOp]) -> bool:
+    def _on_gpsimd(self, kind: str, data: Operand, ops: list[ScalarOp], operands: list[Operand]) -> bool:
         """Whether a [P, 1] scalar chain can stay off the in-order Vector queue the full-width work fills:
         add and multiply as tensor_tensor on GpSimd (engines.py: SBUF only), a maximum with a scalar on the
         Scalar engine (`_column_max`)."""
         if kind != "vec" or self.column_engine != GPSIMD:
             return False
         return all(
-            gpsimd_allows("tensor_tensor", (ALU[s.op],), _psum((data, s.operand)))
-            or (s.op == "maximum" and s.operand.kind == "scalar")
-            for s in ops
+            gpsimd_allows("tensor_tensor", (ALU[s.op],), _psum((data, operand)))
+            or (s.op == "maximum" and operand.kind == "scalar")
+            for s, operand in zip(ops, operands, strict=True)
         )
 
-    def _column_chain(self, data: Operand, ops: list[ScalarOp], dtype: str) -> Operand:
+    def _column_chain(self, data: Operand, ops: list[ScalarOp], held: list[Operand], dtype: str) -> Operand:
         """`(data op0 s0) op1 s1` on a column, one instruction per step off the Vector engine; a scalar
         operand is memset into a column (tensor_scalar takes GpSimd only for rsqrt, tensor_tensor for add
         and multiply)."""
         value = data
-        for step in ops:
+        for step, operand in zip(ops, held, strict=True):
             if step.op == "maximum":
-                value = self._column_max(value, step.operand.code)
+                value = self._column_max(value, operand.code)
                 continue
-            operand = self._fp32(step.operand)
-            assert operand is not None
+            operand = self._fp32(operand)
             if operand.kind == "scalar":
                 operand = self._column_of(operand.code)
             dst = self._alloc("vec", "f32")
@@ -390,10 +394,14 @@ class Selector:
         return dst
 
     def _column_of(self, value: str) -> Operand:
-        """A [P, 1] fp32 column holding the trace-time scalar `value` (memset, on GpSimd)."""
-        column = self._alloc("vec", "f32")
-        self._emit("memset", dst=column.code, value=value)
-        return column
+        """A [P, 1] fp32 column holding the launch-wide scalar `value` (a param, a dim's function): its
+        lines go to `constants`, which the kernel runs once before its loops (memset on GpSimd)."""
+        if value not in self._constants:
+            name = f"{self.prefix}c{len(self._constants)}"
+            self.constants.append(f"{name} = nl.ndarray((P, 1), dtype=nl.float32, buffer=nl.sbuf)")
+            self.constants.append(f"nisa.memset(dst={name}[0:P, 0:1], value={value}, engine={GPSIMD})")
+            self._constants[value] = Operand("vec", f"{name}[0:{self.layout.part}, 0:1]")
+        return self._constants[value]
 
     def _not_both_psum(self, x: Operand, y: Operand) -> tuple[Operand, Operand]:
         """Two-tensor instructions may not read PSUM twice: evict one operand to SBUF first."""

@@ -136,21 +136,21 @@ def head_passes(t0, pt, h, HB, d_H, lse_sv, scale_arg, x_ld):
         else:
             nisa.tensor_tensor(dst=acc6[0:pt, 0:1], data1=acc6[0:pt, 0:1], data2=r1_2[0:pt, 0:1], op=nl.add, engine=nisa.engine.gpsimd)
     # per-row math on the accumulators, before the previous head's full-width epilogue
-    e0 = nl.ndarray((P, 1), dtype=nl.float32, buffer=nl.sbuf)
-    nisa.reciprocal(dst=e0[0:pt, 0:1], data=acc6[0:pt, 0:1])
-    return (t0, pt, h, acc3, acc6, e0, lse_sv, x_ld)
+    return (t0, pt, h, acc3, acc6, lse_sv, x_ld)
 
 
 def head_epilogue(head, d_H, lse_hbm, p_hbm, scale_arg):
     """Head state `head` from head_passes: the full-width combine and staged columns; returns its output DMAs."""
-    t0, pt, h, acc3, acc6, e0, lse_sv, x_ld = head
+    t0, pt, h, acc3, acc6, lse_sv, x_ld = head
     stores = []
+    e0 = nl.ndarray((P, d_H), dtype=nl.float32, buffer=nl.sbuf)
+    nisa.tensor_scalar(dst=e0[0:pt, 0:d_H], data=x_ld[0:pt, 0:d_H], op0=nl.multiply, operand0=scale_arg, op1=nl.subtract, operand1=acc3[0:pt, 0:1])
     e1 = nl.ndarray((P, d_H), dtype=nl.float32, buffer=nl.sbuf)
-    nisa.tensor_scalar(dst=e1[0:pt, 0:d_H], data=x_ld[0:pt, 0:d_H], op0=nl.multiply, operand0=scale_arg, op1=nl.subtract, operand1=acc3[0:pt, 0:1])
-    e2 = nl.ndarray((P, d_H), dtype=nl.float32, buffer=nl.sbuf)
-    nisa.activation(dst=e2[0:pt, 0:d_H], op=nl.exp, data=e1[0:pt, 0:d_H])
+    nisa.activation(dst=e1[0:pt, 0:d_H], op=nl.exp, data=e0[0:pt, 0:d_H])
+    e2 = nl.ndarray((P, 1), dtype=nl.float32, buffer=nl.sbuf)
+    nisa.reciprocal(dst=e2[0:pt, 0:1], data=acc6[0:pt, 0:1])
     e3 = nl.ndarray((P, d_H), dtype=nl.bfloat16, buffer=nl.sbuf)
-    nisa.tensor_scalar(dst=e3[0:pt, 0:d_H], data=e2[0:pt, 0:d_H], op0=nl.multiply, operand0=e0[0:pt, 0:1])
+    nisa.tensor_scalar(dst=e3[0:pt, 0:d_H], data=e1[0:pt, 0:d_H], op0=nl.multiply, operand0=e2[0:pt, 0:1])
     e4 = nl.ndarray((P, 1), dtype=nl.float32, buffer=nl.sbuf)
     nisa.activation(dst=e4[0:pt, 0:1], op=nl.log, data=acc6[0:pt, 0:1])
     e5 = nl.ndarray((P, 1), dtype=nl.float32, buffer=nl.sbuf)
