@@ -97,7 +97,7 @@ class BackwardLowering:
 def lower_backward(ir: KernelIR, m: RowReduceMatch) -> BackwardLowering:
     """Compile a matched backward IR: the shared passes, then the chunked epilogue with its accumulators."""
     passes = lower_passes(ir, m)
-    below = column_leaves(m) | {rid: acc(rid) for level in m.levels for rid in level} | passes.hoisted
+    below = column_leaves(ir, m) | {rid: acc(rid) for level in m.levels for rid in level} | passes.hoisted
     roots = _epilogue_roots(ir, m)
     cols, hoisted = lower_columns(ir, m, below, roots, prefix="ke_")
     builder = StageBuilder(ir, chunk_leaves(ir, m, passes.resident) | below | hoisted, row_kind(m),

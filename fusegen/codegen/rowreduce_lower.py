@@ -195,17 +195,23 @@ def _load(ir: KernelIR, ld: RowLoad, width: str) -> Load:
 
 
 def _column_load(ir: KernelIR, col: ColumnLoad, heads: str) -> Load:
-    source = ir.node(ir.node(col.node).args[0])
-    return Load(_column_tile(col), NL_DTYPE[source.dtype], f"{kernel_arg(col.input)}[t0:t0 + pt, 0:{heads}]")
+    source = f"{kernel_arg(col.input)}[t0:t0 + pt, 0:{heads}]"
+    return Load(_column_tile(col), NL_DTYPE[_column_dtype(ir, col)], source)
 
 
 def _column_tile(col: ColumnLoad) -> str:
     return f"{col.input}_cl"
 
 
-def column_leaves(m: RowReduceMatch) -> dict[int, Operand]:
-    """Head h's column of every staged [T, G] input."""
-    return {c.node: Operand("vec", f"{_column_tile(c)}[0:pt, h:h + 1]") for c in m.column_loads}
+def column_leaves(ir: KernelIR, m: RowReduceMatch) -> dict[int, Operand]:
+    """Head h's column of every staged [T, G] input, in the dtype it was staged in (an operand that must
+    be fp32, e.g. of tensor_scalar, is converted by the selector)."""
+    return {c.node: Operand("vec", f"{_column_tile(c)}[0:pt, h:h + 1]", dtype=_column_dtype(ir, c))
+            for c in m.column_loads}  # fmt: skip
+
+
+def _column_dtype(ir: KernelIR, col: ColumnLoad) -> str:
+    return ir.node(ir.node(col.node).args[0]).dtype
 
 
 def row_kind(m: RowReduceMatch) -> Callable[[Node], str]:
@@ -250,7 +256,8 @@ def _lower_levels(
     levels, widest, vecs, constants = [], 0, 0, []
     hoisted: dict[int, Operand] = {}
     for depth, ids in enumerate(m.levels):
-        below = column_leaves(m) | {rid: acc(rid) for lower in m.levels[:depth] for rid in lower} | hoisted
+        lower_accs = {rid: acc(rid) for lower in m.levels[:depth] for rid in lower}
+        below = column_leaves(ir, m) | lower_accs | hoisted
         cols, new = lower_columns(ir, m, below, ids, prefix=f"k{depth}_")
         hoisted |= new
         leaves = chunk_leaves(ir, m, resident) | below | new

@@ -237,3 +237,38 @@ def test_lnc2_on_trn1_is_refused(f32_ffn: Path) -> None:
         run_against_reference(f32_ffn, "f32_ffn", case, lnc=2, target="trn1")
     with pytest.raises(SpecError, match="trn1 runs LNC=1 only"):
         build_spec(str(ROOT / "examples" / "add_rmsnorm.spec"), BuildOptions(Path("unused"), "trn1", 2))
+
+
+POW_DIV = """kernel powdiv
+dim T, H
+input x: f32[T, H]
+param c = 0.5
+output y: f32[T, H]
+output r: f32[T, 1]
+s = sum(x * x, axis=-1, keepdim=true)
+y = (x * x + 1.0) ** 1.5 / (s + 1.0) + 2.0 / (x * x + 1.0)
+r = maximum(max(x, axis=-1, keepdim=true), c) ** 3 / s + s ** -2
+check T=130 H=256
+"""
+
+
+def test_division_powers_and_column_max_are_legal_and_exact(tmp_path: Path) -> None:
+    """Division by a tile, a column and a scalar; a non-integer, a cubed and a negative power; a column
+    maximum with a param: reciprocal / nl.power on GpSimd / products / relu, against torch."""
+    spec = tmp_path / "powdiv.spec"
+    spec.write_text(POW_DIV)
+    built = dict(build_spec(str(spec), BuildOptions(out_dir=tmp_path)).files)
+    source = built["powdiv/kernel.py"]
+    assert violations(source, {"x_hbm": 4}) == []
+    assert "nisa.reciprocal(" in source and "op=nl.power, engine=nisa.engine.gpsimd" in source
+    assert "op=nl.relu" in source  # a column max(m, c) as relu(m - c) + c
+    (tmp_path / "kernel.py").write_text(source)
+    module = load_module(tmp_path / "kernel.py", target="trn2")
+    x = torch.randn(130, 256, generator=torch.Generator().manual_seed(3))
+    y, r = module.powdiv(x, c=0.5, lnc=2, target="trn2")
+    xd = x.double()
+    s = (xd * xd).sum(-1, keepdim=True)
+    want_y = (xd * xd + 1) ** 1.5 / (s + 1) + 2 / (xd * xd + 1)
+    want_r = torch.clamp(xd.max(-1, keepdim=True).values, min=0.5) ** 3 / s + s**-2
+    assert (y.double() - want_y).abs().max().item() <= 1e-6 * want_y.abs().max().item()
+    assert (r.double() - want_r).abs().max().item() <= 1e-6 * want_r.abs().max().item()
