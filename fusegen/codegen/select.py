@@ -11,8 +11,9 @@ that fuses it, which is free: a bias, a scale or a second scalar op costs no ext
 - `recip(t)` (stage.py's form of a divisor) -> nisa.reciprocal (division is no hardware instruction)
 - `pow(t, p)`, p not an integer            -> nisa.tensor_tensor(op=nl.power) on GpSimd, p memset into a tile
 Engines come from engines.py: `[P, 1]` work goes to GpSimd only where the documented table allows the
-instruction and op there, and never with a PSUM operand; `tensor_scalar` operands and an activation's
-scale are fp32 (a column in another dtype is copied to fp32 first).
+instruction and op there, and never with a PSUM operand (a column chain of scalar steps is rewritten
+for that by select_columns.py); `tensor_scalar` operands and an activation's scale are fp32 (a column
+in another dtype is copied to fp32 first).
 Each materialised value gets a fresh SBUF tile named after a counter; its dtype is f32 unless the
 consumer (a cast, an output, a matmul operand) asks for its own dtype, which the engines write at no cost.
 A value already held in f32 that a consumer wants in another dtype is rounded by an identity activation
@@ -23,6 +24,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
+from fusegen.codegen import select_columns as columns
 from fusegen.codegen.engines import GPSIMD, gpsimd_allows
 from fusegen.codegen.stage import Expr, Operand, scalar
 
@@ -116,7 +118,7 @@ class Selector:
     calls: list[tuple[str, str]] = field(default_factory=list)  # (call, destination kind) emitted
     _kinds: dict[str, str] = field(default_factory=dict)  # tile name -> kind
     _memo: dict[tuple[int, str], Operand] = field(default_factory=dict)
-    _constants: dict[str, Operand] = field(default_factory=dict)  # memset columns by value source
+    constant_columns: dict[str, Operand] = field(default_factory=dict)  # by value source (select_columns)
 
     def value(self, e: Expr, dtype: str = "f32") -> Operand:
         """An operand holding `e` (a scalar expression, a leaf, or a freshly computed tile)."""
@@ -151,7 +153,7 @@ class Selector:
         ops = tuple(kwargs[k] for k in ("op", "op0", "op1") if k in kwargs) or ("",)
         if call == "tensor_tensor" and ops == ("nl.power",):
             kwargs["engine"] = GPSIMD  # the only engine with power (engines.py); operands are in SBUF
-        elif kind == "vec" and self.column_engine and gpsimd_allows(call, ops, _psum(reads)):
+        elif kind == "vec" and self.column_engine and gpsimd_allows(call, ops, columns.reads_psum(reads)):
             kwargs["engine"] = self.column_engine
         args = ", ".join(f"{k}={v}" for k, v in kwargs.items())
         self.lines.append(f"nisa.{call}({args})")
@@ -338,8 +340,13 @@ class Selector:
     def _tensor_scalar(self, base: Expr, ops: list[ScalarOp], kind: str, dtype: str) -> Operand:
         data = self.value(base)
         operands = [self.value(step.operand) for step in ops]
-        if self._on_gpsimd(kind, data, ops, operands):
-            return self._column_chain(data, ops, operands, dtype)
+        nl_ops = [ALU[step.op] for step in ops]
+        if (
+            kind == "vec"
+            and self.column_engine == GPSIMD
+            and columns.stays_off_vector(data, nl_ops, operands)
+        ):
+            return columns.chain(self, data, nl_ops, operands, dtype)
         operands = [self._fp32(operand) for operand in operands]
         dst = self._alloc(kind, dtype)
         kwargs = {"dst": dst.code, "data": data.code}
@@ -351,67 +358,11 @@ class Selector:
         self._emit("tensor_scalar", _present(data, *operands), **kwargs)
         return dst
 
-    def _on_gpsimd(self, kind: str, data: Operand, ops: list[ScalarOp], operands: list[Operand]) -> bool:
-        """Whether a [P, 1] scalar chain can stay off the in-order Vector queue the full-width work fills:
-        add and multiply as tensor_tensor on GpSimd (engines.py: SBUF only), a maximum with a scalar on the
-        Scalar engine (`_column_max`)."""
-        if kind != "vec" or self.column_engine != GPSIMD:
-            return False
-        return all(
-            gpsimd_allows("tensor_tensor", (ALU[s.op],), _psum((data, operand)))
-            or (s.op == "maximum" and operand.kind == "scalar")
-            for s, operand in zip(ops, operands, strict=True)
-        )
-
-    def _column_chain(self, data: Operand, ops: list[ScalarOp], held: list[Operand], dtype: str) -> Operand:
-        """`(data op0 s0) op1 s1` on a column, one instruction per step off the Vector engine; a scalar
-        operand is memset into a column (tensor_scalar takes GpSimd only for rsqrt, tensor_tensor for add
-        and multiply)."""
-        value = data
-        for step, operand in zip(ops, held, strict=True):
-            if step.op == "maximum":
-                value = self._column_max(value, operand.code)
-                continue
-            operand = self._fp32(operand)
-            if operand.kind == "scalar":
-                operand = self._column_of(operand.code)
-            dst = self._alloc("vec", "f32")
-            self._emit("tensor_tensor", (value, operand), dst=dst.code, data1=value.code, data2=operand.code,
-                       op=ALU[step.op])  # fmt: skip
-            value = dst
-        return value if value.dtype == dtype else self.copy(value, "vec", dtype)
-
-    def _column_max(self, x: Operand, bound: str) -> Operand:
-        """max(x, bound) = relu(x - bound) + bound: the relu on the Scalar engine (bias a column), the add on
-        GpSimd; exact where x <= bound, else within an ulp of x (the maximum is Vector-only, engines.py)."""
-        shifted = self._alloc("vec", "f32")
-        self._emit("activation", (x,), dst=shifted.code, op="nl.relu", data=x.code,
-                   bias=self._column_of(f"(-{bound})").code)  # fmt: skip
-        dst = self._alloc("vec", "f32")
-        offset = self._column_of(bound)
-        self._emit("tensor_tensor", (shifted, offset), dst=dst.code, data1=shifted.code, data2=offset.code,
-                   op="nl.add")  # fmt: skip
-        return dst
-
-    def _column_of(self, value: str) -> Operand:
-        """A [P, 1] fp32 column holding the launch-wide scalar `value` (a param, a dim's function): its
-        lines go to `constants`, which the kernel runs once before its loops (memset on GpSimd)."""
-        if value not in self._constants:
-            name = f"{self.prefix}c{len(self._constants)}"
-            self.constants.append(f"{name} = nl.ndarray((P, 1), dtype=nl.float32, buffer=nl.sbuf)")
-            self.constants.append(f"nisa.memset(dst={name}[0:P, 0:1], value={value}, engine={GPSIMD})")
-            self._constants[value] = Operand("vec", f"{name}[0:{self.layout.part}, 0:1]")
-        return self._constants[value]
-
     def _not_both_psum(self, x: Operand, y: Operand) -> tuple[Operand, Operand]:
         """Two-tensor instructions may not read PSUM twice: evict one operand to SBUF first."""
         if x.memory == "psum" and y.memory == "psum":
             y = self.copy(y, y.kind, "f32")
         return x, y
-
-
-def _psum(reads: tuple[Operand, ...]) -> bool:
-    return any(r.memory == "psum" for r in reads)
 
 
 def _present(*operands: Operand | None) -> tuple[Operand, ...]:
