@@ -133,6 +133,10 @@ def run_against_reference(
     directory: Path, name: str, case: Case, lnc: int = 1, target: str = "trn2"
 ) -> Report:
     """Run `directory`/kernel.py's host function on the interpreter and compare with reference.py."""
+    from fusegen.codegen.plan import check_lnc  # codegen imports this module: import when run
+    from fusegen.sim.targets import get_target
+
+    check_lnc(get_target(target), lnc)  # no LNC=2 launch on trn1: LNC exists on Trn2/Trn3 only
     kernel = _kernel_module(directory / "kernel.py", target)
     reference = load_generated(directory / "reference.py")
     args = make_inputs(case.inputs, case.shapes)

@@ -11,7 +11,7 @@ from pathlib import Path
 from fusegen.codegen.family import Family, Mismatch, no_family_error
 from fusegen.codegen.ffn import FFN
 from fusegen.codegen.ops import ops_files
-from fusegen.codegen.plan import PlanError, TilePlan
+from fusegen.codegen.plan import PlanError, TilePlan, lnc_degrees
 from fusegen.codegen.reference import TORCH_DTYPE, dim_bindings, reference_lines, value_name
 from fusegen.codegen.render import header, render
 from fusegen.codegen.report import plan_markdown
@@ -21,10 +21,11 @@ from fusegen.codegen.stage import dim_source
 from fusegen.dsl import load_spec
 from fusegen.dsl.diagnostics import Diagnostic, SpecError
 from fusegen.dsl.ir import KernelIR, eval_shape
+from fusegen.sim.targets import get_target
 from fusegen.testing import Case, Tolerance, tolerance
 
 FAMILIES: tuple[Family, ...] = (FFN, ROWREDUCE)
-#: Logical-core degrees every generated test runs.
+#: Logical-core degrees a generated test runs, those the build's target has (plan.lnc_degrees).
 TEST_LNCS = (1, 2)
 PLAN_HINT = "shrink this shape, or build for another --target"
 
@@ -139,7 +140,7 @@ def test_source(ir: KernelIR, target: str) -> str:
         outputs=repr(output_tolerances(ir)), save=any(o.optional for o in ir.outputs),
         dim_lines=[f'd_{name} = dims["{name}"]' for name, _ in dim_bindings(ir, str) if _is_free(ir, name)]
         + [f"d_{d.name} = {d.value}" for d in ir.dims if d.value is not None],
-        input_shapes=shapes, lncs=repr(list(TEST_LNCS)),
+        input_shapes=shapes, lncs=repr([n for n in TEST_LNCS if n in lnc_degrees(get_target(target))]),
     )  # fmt: skip
 
 

@@ -78,7 +78,7 @@ def lower_ffn(ir: KernelIR, m: FfnMatch) -> FfnLowering:
         n_up=len(m.ups),
         x_bytes=DTYPE_BYTES[m.x.dtype],
         mid_tiles=_count(mid, "tile"),
-        epi_tiles=_count(epi, "tile") + _count(pro, "tile") + bool(prologue),
+        epi_tiles=_count(epi, "tile") + _count(pro, "tile") + 1,  # + x's rows, staged for the PE transpose
         epi_cols=_count(epi, "vec") + _count(pro, "vec"),
         col_vectors=len(col_vectors),
         row_vectors=len(row_vectors),

@@ -59,6 +59,20 @@ class TilePlan:
         return dict(self.hbm_bytes)[kind]
 
 
+def lnc_degrees(target: Target) -> tuple[int, ...]:
+    """Logical-core degrees a launch on `target` may use: LNC=2 pairs NeuronCore-v3+ cores (Trn2/Trn3
+    only, [SDK: logical-neuroncore-config.rst]); trn1 launches LNC=1."""
+    return tuple(range(1, target.max_lnc + 1))
+
+
+def check_lnc(target: Target, lnc: int) -> None:
+    """PlanError unless `lnc` is one of `target`'s degrees."""
+    if lnc not in lnc_degrees(target):
+        allowed = " or ".join(str(d) for d in lnc_degrees(target))
+        raise PlanError(f"LNC={lnc} needs NeuronCore-v3 core pairs; {target.name} runs LNC={allowed} only "
+                        f"(--lnc {lnc_degrees(target)[-1]})")  # fmt: skip
+
+
 def machine(target: Target) -> fb.Machine:
     """The time model's figures for `target` (PlanError if the target table lacks them)."""
     pe, act, dve = target.tensor_clock_ghz, target.scalar_clock_ghz, target.vector_clock_ghz
@@ -73,7 +87,7 @@ def machine(target: Target) -> fb.Machine:
         dma_fixed_ns=DMA_FIXED_NS,
         dma_queues=DMA_QUEUES,
         sbuf_budget=target.sbuf_usable_bytes,
-        max_lnc=target.max_lnc,  # LNC=2 pairs NeuronCore-v3 cores (nki.md §2)
+        max_lnc=target.max_lnc,
     )
 
 
@@ -95,8 +109,7 @@ def candidates(
     """The `count` best legal plans by modelled time, best first, each with its reasons."""
     rows, k, i = (dims[r] for r in roles)
     mach = machine(target)
-    if lnc > mach.max_lnc:
-        raise PlanError(f"LNC={lnc} needs NeuronCore-v3 core pairs; {target.name} runs LNC=1 only (--lnc 1)")
+    check_lnc(target, lnc)
     banks = fb.psum_banks(model)
     if banks > target.psum_banks:
         raise PlanError(f"the kernel needs {banks} PSUM banks; {target.name} has {target.psum_banks}")

@@ -8,12 +8,13 @@ from dataclasses import dataclass
 from fusegen.codegen import rowreduce_budget as rb
 from fusegen.codegen.family import Mismatch, kernel_arg
 from fusegen.codegen.lift import Lifted, lift_rows
-from fusegen.codegen.plan import PlanError, PlannedBuffer, TilePlan
+from fusegen.codegen.plan import PlanError, PlannedBuffer, TilePlan, check_lnc
 from fusegen.codegen.reference import dim_bindings
 from fusegen.codegen.render import header, render, vendored
 from fusegen.codegen.rewrites import expand_norms, rewrite
 from fusegen.codegen.rowreduce_lower import RowReduceLowering, lower_rowreduce
 from fusegen.codegen.rowreduce_match import RowReduceMatch, match_rowreduce
+from fusegen.codegen.rowreduce_pipeline import head_helpers
 from fusegen.codegen.select import NL_DTYPE
 from fusegen.codegen.signature import Returned, door_lines, door_source, signature
 from fusegen.codegen.stage import dim_source
@@ -21,6 +22,7 @@ from fusegen.dsl.ir import DTYPE_BYTES, Dim, KernelIR, OutputDecl, Shape
 from fusegen.sim.targets import TARGETS, Target, get_target
 
 TEMPLATE = "rowreduce_kernel.py.jinja"
+PROLOGUE = "rowreduce_prologue.py.jinja"
 
 
 @dataclass(frozen=True)
@@ -89,18 +91,22 @@ class RowReduceFamily:
         body, lifted = row_body(ir)
         low = lower_rowreduce(body, m)
         flat = {o.name: o.shape for o in (lifted.flat if lifted else body).outputs}
+        host = _host(body, m, lifted, ir)
+        prologue = dict(low=low, host=host, model=repr(low.model), budget_source=vendored(rb),
+                        sbuf_budgets=repr({name: t.sbuf_usable_bytes for name, t in sorted(TARGETS.items())}),
+                        default_target=target, default_lnc=lnc)  # fmt: skip
+        varying = ["prepared", *(ld.tile for ld in low.passes.shared_loads),
+                   *(c.staging for c in low.required_columns + low.optional_columns)]  # fmt: skip
+        helpers = head_helpers(low, tuple(varying), render(PROLOGUE, **prologue))
         return render(
-            TEMPLATE,
-            header=header(ir, TEMPLATE), name=ir.name, doc=kernel_doc(ir), low=low, model=repr(low.model),
-            budget_source=vendored(rb), kernel_args=kernel_args(body), host=_host(body, m, lifted, ir),
-            door_source=door_source(_signatures(ir, body, m)),
+            TEMPLATE, **prologue,
+            header=header(ir, TEMPLATE), name=ir.name, doc=kernel_doc(ir), helpers=helpers,
+            kernel_args=kernel_args(body), door_source=door_source(_signatures(ir, body, m)),
             dim_bindings=[f"d_{d} = {src}" for d, src in dim_bindings(body, kernel_arg)],
             outputs=[(_allocation(o.name, lifted), NL_DTYPE[o.dtype], _shape(flat[o.name]), _guard(o))
                      for o in body.outputs],
             output_views=[_output_view(o, lifted) for o in body.outputs
                           if lifted and o.name in lifted.squeezed_outputs],
-            sbuf_budgets=repr({name: t.sbuf_usable_bytes for name, t in sorted(TARGETS.items())}),
-            default_target=target, default_lnc=lnc,
         )  # fmt: skip
 
 
@@ -153,6 +159,7 @@ def plan_rowreduce(ir: KernelIR, m: RowReduceMatch, low: RowReduceLowering, targ
                    dims: dict[str, int]) -> TilePlan:  # fmt: skip
     """The weight residency, chunk width, SBUF budget and HBM traffic of one shape."""
     rows, heads, width = (d.eval(dims) for d in (m.rows, m.heads, m.width))
+    check_lnc(target, lnc)
     budget = target.sbuf_usable_bytes
     try:
         hb, resident = rb.choose(low.model, width, heads, budget)

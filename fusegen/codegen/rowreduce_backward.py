@@ -91,12 +91,13 @@ class BackwardLowering:
     token_sums: tuple[TokenSum, ...]
     reduce: ReduceLowering
     model: RowModel
+    constants: tuple[str, ...]  # constant columns, built once per launch
 
 
 def lower_backward(ir: KernelIR, m: RowReduceMatch) -> BackwardLowering:
     """Compile a matched backward IR: the shared passes, then the chunked epilogue with its accumulators."""
     passes = lower_passes(ir, m)
-    below = column_leaves(m) | {rid: acc(rid) for level in m.levels for rid in level} | passes.hoisted
+    below = column_leaves(ir, m) | {rid: acc(rid) for level in m.levels for rid in level} | passes.hoisted
     roots = _epilogue_roots(ir, m)
     cols, hoisted = lower_columns(ir, m, below, roots, prefix="ke_")
     builder = StageBuilder(ir, chunk_leaves(ir, m, passes.resident) | below | hoisted, row_kind(m),
@@ -129,12 +130,14 @@ def lower_backward(ir: KernelIR, m: RowReduceMatch) -> BackwardLowering:
         row_inputs=sum(DTYPE_BYTES[ir.node(ld.node).dtype] for ld in m.loads),
         epilogue=4 * len(m.head_sums),  # the head-sum accumulators are the only width-long epilogue tiles
         chunk=max(passes.chunk_bytes, tile_bytes(sel)),
-        columns=4 * (passes.column_tiles + len(cols.tiles) + len(m.column_loads)),
+        columns=4 * (passes.column_tiles + len(cols.tiles) + len(m.column_loads)
+                     + (len(passes.constants) + len(cols.constants)) // 2),
     )  # fmt: skip
     return BackwardLowering(
         passes=passes, epi_columns=tuple(cols.lines), epi_lines=tuple(sel.lines), head_writes=tuple(writes),
         head_sums=tuple(head_sums), shared_writes=tuple(shared), token_sums=tuple(token_sums),
         reduce=lower_reduce(ir, m), model=model,
+        constants=passes.constants + tuple(cols.constants + sel.constants),
     )  # fmt: skip
 
 

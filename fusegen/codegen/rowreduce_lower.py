@@ -16,10 +16,11 @@ from __future__ import annotations
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass
 
+from fusegen.codegen.engines import GPSIMD, VECTOR, gpsimd_allows
 from fusegen.codegen.family import kernel_arg
 from fusegen.codegen.rowreduce_budget import RowModel
 from fusegen.codegen.rowreduce_match import ColumnLoad, RowLoad, RowReduceMatch
-from fusegen.codegen.select import GPSIMD, NL_DTYPE, Layout, Selector
+from fusegen.codegen.select import NL_DTYPE, Layout, Selector
 from fusegen.codegen.stage import Expr, Operand, StageBuilder, dim_source
 from fusegen.dsl.ir import DTYPE_BYTES, KernelIR, Node, OutputDecl
 
@@ -42,7 +43,11 @@ class Combine:
     acc: str
     part: str
     op: str  # nl.add | nl.maximum
-    engine: str = GPSIMD  # [P, 1] work stays off the Vector engine's queue
+
+    @property
+    def engine(self) -> str:
+        """GpSimd where engines.py allows the op (keeps [P, 1] work off the Vector queue), else Vector."""
+        return GPSIMD if gpsimd_allows("tensor_tensor", (self.op,), reads_psum=False) else VECTOR
 
 
 @dataclass(frozen=True)
@@ -71,6 +76,7 @@ class RowPasses:
     chunk_bytes: int  # the widest pass's temporaries per chunk column
     column_tiles: int  # [P, 1] tiles of the passes, per head
     hoisted: dict[int, Operand]  # per-row values computed before a pass's chunk loop, by node id
+    constants: tuple[str, ...]  # constant columns the passes read, built once per launch
 
 
 @dataclass(frozen=True)
@@ -88,13 +94,14 @@ class RowReduceLowering:
     """Everything the row-reduction template formats."""
 
     passes: RowPasses
-    epi_columns: tuple[str, ...]  # the per-row math, issued before the yield to the next head's passes
+    epi_columns: tuple[str, ...]  # the per-row math, in head_passes (ahead of the previous head's epilogue)
     epi_lines: tuple[str, ...]  # the full-width rest (and per-row math reading it)
     save_lines: tuple[str, ...]  # extra epilogue lines for optional outputs
     tile_outputs: tuple[tuple[str, str, str], ...]  # (hbm name, nl dtype, source access)
     required_columns: tuple[ColumnOutput, ...]
     optional_columns: tuple[ColumnOutput, ...]
     model: RowModel
+    constants: tuple[str, ...]  # constant columns of the passes and the epilogue, built once per launch
 
 
 def lower_rowreduce(ir: KernelIR, m: RowReduceMatch) -> RowReduceLowering:
@@ -108,14 +115,16 @@ def lower_rowreduce(ir: KernelIR, m: RowReduceMatch) -> RowReduceLowering:
         row_inputs=sum(DTYPE_BYTES[ir.node(ld.node).dtype] for ld in m.loads),
         epilogue=sum(DTYPE_BYTES[dt] for _, kind, dt in epi.tiles if kind == "tile"),
         chunk=passes.chunk_bytes,
-        columns=4 * (sum(1 for _, k, _ in epi.tiles if k == "vec") + len(passes.levels) * 8 + len(col_outs)),
-        row_copies=2,  # head_steps: the next head's loads and passes precede this full-width epilogue
+        columns=4 * (sum(1 for _, k, _ in epi.tiles if k == "vec") + len(passes.levels) * 8 + len(col_outs)
+                     + (len(passes.constants) + len(epi.constants)) // 2),
+        row_copies=2,  # head_passes of the next head runs before this head's full-width epilogue
     )  # fmt: skip
     return RowReduceLowering(
         passes=passes, epi_columns=tuple(epi.lines[:n_columns]),
         epi_lines=tuple(epi.lines[n_columns:n_required]), save_lines=tuple(epi.lines[n_required:]),
         tile_outputs=tile_outs, required_columns=tuple(c for c in col_outs if not c.optional),
         optional_columns=tuple(c for c in col_outs if c.optional), model=model,
+        constants=passes.constants + tuple(epi.constants),
     )  # fmt: skip
 
 
@@ -123,7 +132,7 @@ def lower_passes(ir: KernelIR, m: RowReduceMatch) -> RowPasses:
     """The prep, the loads and the reduction passes of `m`."""
     width = dim_source(m.width)
     prep, prep_loads, resident = _lower_prep(ir, m, width)
-    levels, chunk_bytes, column_tiles, hoisted = _lower_levels(ir, m, resident)
+    levels, chunk_bytes, column_tiles, hoisted, constants = _lower_levels(ir, m, resident)
     row_loads = [_load(ir, ld, width) for ld in m.loads]
     return RowPasses(
         rows=dim_source(m.rows), heads=dim_source(m.heads), width=width,
@@ -132,6 +141,7 @@ def lower_passes(ir: KernelIR, m: RowReduceMatch) -> RowPasses:
         head_loads=tuple(ld for ld, spec in zip(row_loads, m.loads, strict=True) if spec.per_head),
         column_loads=tuple(_column_load(ir, c, dim_source(m.heads)) for c in m.column_loads),
         levels=levels, resident=resident, chunk_bytes=chunk_bytes, column_tiles=column_tiles, hoisted=hoisted,
+        constants=constants,
     )  # fmt: skip
 
 
@@ -185,17 +195,23 @@ def _load(ir: KernelIR, ld: RowLoad, width: str) -> Load:
 
 
 def _column_load(ir: KernelIR, col: ColumnLoad, heads: str) -> Load:
-    source = ir.node(ir.node(col.node).args[0])
-    return Load(_column_tile(col), NL_DTYPE[source.dtype], f"{kernel_arg(col.input)}[t0:t0 + pt, 0:{heads}]")
+    source = f"{kernel_arg(col.input)}[t0:t0 + pt, 0:{heads}]"
+    return Load(_column_tile(col), NL_DTYPE[_column_dtype(ir, col)], source)
 
 
 def _column_tile(col: ColumnLoad) -> str:
     return f"{col.input}_cl"
 
 
-def column_leaves(m: RowReduceMatch) -> dict[int, Operand]:
-    """Head h's column of every staged [T, G] input."""
-    return {c.node: Operand("vec", f"{_column_tile(c)}[0:pt, h:h + 1]") for c in m.column_loads}
+def column_leaves(ir: KernelIR, m: RowReduceMatch) -> dict[int, Operand]:
+    """Head h's column of every staged [T, G] input, in the dtype it was staged in (an operand that must
+    be fp32, e.g. of tensor_scalar, is converted by the selector)."""
+    return {c.node: Operand("vec", f"{_column_tile(c)}[0:pt, h:h + 1]", dtype=_column_dtype(ir, c))
+            for c in m.column_loads}  # fmt: skip
+
+
+def _column_dtype(ir: KernelIR, col: ColumnLoad) -> str:
+    return ir.node(ir.node(col.node).args[0]).dtype
 
 
 def row_kind(m: RowReduceMatch) -> Callable[[Node], str]:
@@ -233,13 +249,15 @@ def _resident_leaves(resident: dict[int, str], free: str) -> dict[int, Operand]:
 
 def _lower_levels(
     ir: KernelIR, m: RowReduceMatch, resident: dict[int, str]
-) -> tuple[tuple[Level, ...], int, int, dict[int, Operand]]:
+) -> tuple[tuple[Level, ...], int, int, dict[int, Operand], tuple[str, ...]]:
     """Each level's lines and accumulations, the widest level's chunk bytes per column, the [P, 1] tiles
-    of all levels, and the per-row values hoisted out of their chunk loops (later stages reuse them)."""
-    levels, widest, vecs = [], 0, 0
+    of all levels, the per-row values hoisted out of their chunk loops (later stages reuse them), and the
+    launch-wide constant columns."""
+    levels, widest, vecs, constants = [], 0, 0, []
     hoisted: dict[int, Operand] = {}
     for depth, ids in enumerate(m.levels):
-        below = column_leaves(m) | {rid: acc(rid) for lower in m.levels[:depth] for rid in lower} | hoisted
+        lower_accs = {rid: acc(rid) for lower in m.levels[:depth] for rid in lower}
+        below = column_leaves(ir, m) | lower_accs | hoisted
         cols, new = lower_columns(ir, m, below, ids, prefix=f"k{depth}_")
         hoisted |= new
         leaves = chunk_leaves(ir, m, resident) | below | new
@@ -254,7 +272,8 @@ def _lower_levels(
         widest = max(widest, tile_bytes(sel))
         vecs += len(cols.tiles) + sum(1 for _, kind, _ in sel.tiles if kind == "vec")
         levels.append(Level(tuple(cols.lines), tuple(sel.lines), tuple(combines)))
-    return tuple(levels), widest, vecs, hoisted
+        constants += cols.constants + sel.constants
+    return tuple(levels), widest, vecs, hoisted, tuple(constants)
 
 
 def tile_bytes(sel: Selector) -> int:
@@ -337,9 +356,11 @@ def _lower_epilogue(
 
 
 def column_prefix(sel: Selector, end: int) -> int:
-    """How many of the first `end` lines compute [P, 1] columns only (the per-row math before a full tile)."""
-    kinds = sel.line_kinds[:end]
-    return next((i for i, kind in enumerate(kinds) if kind != "vec"), len(kinds))
+    """How many of the first `end` lines compute [P, 1] columns off the Vector engine: the per-row math
+    that runs ahead of the previous head's full-width epilogue (a column op in the in-order Vector queue
+    would wait there for this head's passes and hold that epilogue up, so it starts the epilogue)."""
+    pairs = list(zip(sel.line_kinds[:end], sel.line_engines[:end], strict=True))
+    return next((i for i, (kind, engine) in enumerate(pairs) if kind != "vec" or engine == "dve"), len(pairs))
 
 
 def output_value(sel: Selector, expr: Expr, dtype: str) -> Operand:

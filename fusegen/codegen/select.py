@@ -8,6 +8,12 @@ that fuses it, which is free: a bias, a scale or a second scalar op costs no ext
 - `(t op0 s) op1 u`                      -> nisa.scalar_tensor_tensor (u a tile)
 - `t op u`                               -> nisa.tensor_tensor
 - `max(t)`                               -> nisa.tensor_reduce
+- `recip(t)` (stage.py's form of a divisor) -> nisa.reciprocal (division is no hardware instruction)
+- `pow(t, p)`, p not an integer            -> nisa.tensor_tensor(op=nl.power) on GpSimd, p memset into a tile
+Engines come from engines.py: `[P, 1]` work goes to GpSimd only where the documented table allows the
+instruction and op there, and never with a PSUM operand (a column chain of scalar steps is rewritten
+for that by select_columns.py); `tensor_scalar` operands and an activation's scale are fp32 (a column
+in another dtype is copied to fp32 first).
 Each materialised value gets a fresh SBUF tile named after a counter; its dtype is f32 unless the
 consumer (a cast, an output, a matmul operand) asks for its own dtype, which the engines write at no cost.
 A value already held in f32 that a consumer wants in another dtype is rounded by an identity activation
@@ -18,7 +24,9 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
-from fusegen.codegen.stage import Expr, Operand
+from fusegen.codegen import select_columns as columns
+from fusegen.codegen.engines import GPSIMD, gpsimd_allows
+from fusegen.codegen.stage import Expr, Operand, scalar
 
 #: Scalar-engine activation functions by stage op name.
 ACTIVATIONS = {
@@ -50,7 +58,6 @@ ALU = {
     "add": "nl.add",
     "sub": "nl.subtract",
     "mul": "nl.multiply",
-    "div": "nl.divide",
     "maximum": "nl.maximum",
     "minimum": "nl.minimum",
     "pow": "nl.power",
@@ -67,11 +74,9 @@ CALL_COST = {
     "tensor_reduce": ("dve", 1),
     "tensor_tensor": ("dve", 2),
     "scalar_tensor_tensor": ("dve", 2),
+    "reciprocal": ("dve", 8),
+    "memset": ("dve", 1),
 }
-#: calls that take `engine=` and run on GpSimd as well as on the Vector engine.
-COLUMN_ENGINE_CALLS = frozenset({"tensor_scalar", "tensor_tensor", "tensor_copy"})
-#: GpSimd: [P, 1] ALU work of row-wise kernels, off the in-order Vector queue their full-width work fills.
-GPSIMD = "nisa.engine.gpsimd"
 NL_DTYPE = {"bf16": "nl.bfloat16", "f16": "nl.float16", "f32": "nl.float32"}
 
 
@@ -90,10 +95,11 @@ class Layout:
 
 @dataclass(frozen=True)
 class ScalarOp:
-    """One `op operand` step of a tensor_scalar chain."""
+    """One `op operand` step of a tensor_scalar chain (the operand materialised after the data, so a
+    column computed for it lands next to its use)."""
 
     op: str
-    operand: Operand
+    operand: Expr
     reverse: bool
 
 
@@ -103,13 +109,16 @@ class Selector:
 
     layout: Layout
     prefix: str
-    column_engine: str = ""  # `engine=` of [P, 1] ALU instructions (GpSimd: off the Vector queue)
+    column_engine: str = ""  # `engine=` of [P, 1] work where engines.py allows it (off the Vector queue)
     lines: list[str] = field(default_factory=list)
     line_kinds: list[str] = field(default_factory=list)  # kind of the tile each line allocates or writes
+    line_engines: list[str] = field(default_factory=list)  # "act" | "dve" | "gpsimd"; "" for allocations
+    constants: list[str] = field(default_factory=list)  # launch-wide lines: constant columns, memset once
     tiles: list[tuple[str, str, str]] = field(default_factory=list)  # (name, kind, dtype) allocated
     calls: list[tuple[str, str]] = field(default_factory=list)  # (call, destination kind) emitted
     _kinds: dict[str, str] = field(default_factory=dict)  # tile name -> kind
     _memo: dict[tuple[int, str], Operand] = field(default_factory=dict)
+    constant_columns: dict[str, Operand] = field(default_factory=dict)  # by value source (select_columns)
 
     def value(self, e: Expr, dtype: str = "f32") -> Operand:
         """An operand holding `e` (a scalar expression, a leaf, or a freshly computed tile)."""
@@ -135,15 +144,21 @@ class Selector:
         free_alloc, free = ("1", "1") if kind == "vec" else (self.layout.free_alloc, self.layout.free)
         self.lines.append(f"{name} = nl.ndarray((P, {free_alloc}), dtype={NL_DTYPE[dtype]}, buffer=nl.sbuf)")
         self.line_kinds.append(kind)
+        self.line_engines.append("")
         return Operand(kind, f"{name}[0:{self.layout.part}, 0:{free}]", dtype=dtype)
 
-    def _emit(self, call: str, **kwargs: str) -> None:
+    def _emit(self, call: str, reads: tuple[Operand, ...] = (), **kwargs: str) -> None:
+        """One instruction writing `dst` and reading `reads`; `engine=` where the choice is ours."""
         kind = self._kinds[kwargs["dst"].split("[")[0]]
-        if kind == "vec" and self.column_engine and call in COLUMN_ENGINE_CALLS:
+        ops = tuple(kwargs[k] for k in ("op", "op0", "op1") if k in kwargs) or ("",)
+        if call == "tensor_tensor" and ops == ("nl.power",):
+            kwargs["engine"] = GPSIMD  # the only engine with power (engines.py); operands are in SBUF
+        elif kind == "vec" and self.column_engine and gpsimd_allows(call, ops, columns.reads_psum(reads)):
             kwargs["engine"] = self.column_engine
         args = ", ".join(f"{k}={v}" for k, v in kwargs.items())
         self.lines.append(f"nisa.{call}({args})")
         self.line_kinds.append(kind)
+        self.line_engines.append("gpsimd" if kwargs.get("engine") == GPSIMD else CALL_COST[call][0])
         self.calls.append((call, kind))
 
     def passes(self, engine: str) -> int:
@@ -164,8 +179,12 @@ class Selector:
         if e.op == "max":
             dst = self._alloc("vec", "f32")
             src = self.value(e.args[0])
-            self._emit("tensor_reduce", dst=dst.code, op="nl.maximum", data=src.code, axis="(1,)")
+            self._emit("tensor_reduce", (src,), dst=dst.code, op="nl.maximum", data=src.code, axis="(1,)")
             return dst
+        if e.op == "recip":
+            return self._reciprocal(e, dtype)
+        if e.op == "pow":
+            return self._power(e, dtype)
         if e.op in ("neg", "clamp") or e.op in ALU:
             return self._arith(e, dtype)
         raise SelectError(f"no NKI instruction pattern for `{e.op}`")
@@ -173,22 +192,49 @@ class Selector:
     def copy(self, src: Operand, kind: str, dtype: str) -> Operand:
         """A fresh tile holding `src` in `dtype`."""
         dst = self._alloc(kind, dtype)
-        self._emit("tensor_copy", dst=dst.code, src=src.code)
+        self._emit("tensor_copy", (src,), dst=dst.code, src=src.code)
         return dst
 
     def _convert(self, src: Operand, dtype: str) -> Operand:
         """`src` in another dtype by an identity activation: one pass on the Scalar engine, which these
         kernels leave idler than the Vector engine (recomputing a tensor_tensor would take two there)."""
         dst = self._alloc(src.kind, dtype)
-        self._emit("activation", dst=dst.code, op="nl.copy", data=src.code)
+        self._emit("activation", (src,), dst=dst.code, op="nl.copy", data=src.code)
         return dst
+
+    def _reciprocal(self, e: Expr, dtype: str) -> Operand:
+        """1 / t on the Vector engine (exact fp32 reciprocal; the Scalar engine's is range-limited)."""
+        src = self.value(e.args[0])
+        dst = self._alloc(e.kind, dtype)
+        self._emit("reciprocal", (src,), dst=dst.code, data=src.code)
+        return dst
+
+    def _power(self, e: Expr, dtype: str) -> Operand:
+        """t ** p for a non-integer p: tensor_tensor power, which runs on GpSimd only, so from SBUF."""
+        base = self._sbuf(self.value(e.args[0]))
+        exponent = self._alloc(e.kind, "f32")
+        self._emit("memset", dst=exponent.code, value=e.args[1].code)
+        dst = self._alloc(e.kind, dtype)
+        self._emit("tensor_tensor", (base, exponent), dst=dst.code, data1=base.code, data2=exponent.code,
+                   op="nl.power")  # fmt: skip
+        return dst
+
+    def _sbuf(self, x: Operand) -> Operand:
+        """`x`, copied to SBUF if it lives in PSUM (for instructions on engines without PSUM access)."""
+        return self.copy(x, x.kind, "f32") if x.memory == "psum" else x
+
+    def _fp32(self, x: Operand) -> Operand:
+        """`x` as a scale / tensor_scalar operand, which must be fp32 ([ISA] activation, tensor_scalar)."""
+        if x.kind == "scalar" or x.dtype == "f32":
+            return x
+        return self.copy(x, x.kind, "f32")
 
     def _activation(self, e: Expr, dtype: str) -> Operand:
         data, scale, bias = self._affine(e.args[0])
         dst = self._alloc(e.kind, dtype)
         kwargs = {"dst": dst.code, "op": ACTIVATIONS[e.op], "data": data.code}
         kwargs.update(_affine_kwargs(scale, bias))
-        self._emit("activation", **kwargs)
+        self._emit("activation", _present(data, scale, bias), **kwargs)
         return dst
 
     def _activation_reduce(self, e: Expr) -> Operand:
@@ -205,7 +251,7 @@ class Selector:
             "reduce_res": dst.code,
         }
         kwargs.update(_affine_kwargs(scale, bias))
-        self._emit("activation_reduce", **kwargs)
+        self._emit("activation_reduce", _present(data, scale, bias), **kwargs)
         return dst
 
     def _affine(self, e: Expr) -> tuple[Operand, Operand | None, Operand | None]:
@@ -219,7 +265,7 @@ class Selector:
         if e.op == "mul" and e.kind == "tile":
             t, s = _split_tile(e)
             if t is not None and s is not None:
-                e, scale = t, self.value(s)
+                e, scale = t, self._fp32(self.value(s))
         return self.value(e), scale, bias
 
     def _arith(self, e: Expr, dtype: str) -> Operand:
@@ -235,7 +281,7 @@ class Selector:
             return fused
         x, y = self._not_both_psum(self.value(a), self.value(b))
         dst = self._alloc(e.kind, dtype)
-        self._emit("tensor_tensor", dst=dst.code, data1=x.code, data2=y.code, op=ALU[e.op])
+        self._emit("tensor_tensor", (x, y), dst=dst.code, data1=x.code, data2=y.code, op=ALU[e.op])
         return dst
 
     def _stt(self, e: Expr, inner: Expr, other: Expr, dtype: str, reverse: bool = False) -> Operand | None:
@@ -249,13 +295,15 @@ class Selector:
             return None
         step = self._step(inner, s)
         data, operand1 = self._not_both_psum(self.value(t), self.value(other))
+        operand0 = self._fp32(self.value(step.operand))
         dst = self._alloc(e.kind, dtype)
         self._emit(
             "scalar_tensor_tensor",
+            (data, operand0, operand1),
             dst=dst.code,
             data=data.code,
             op0=ALU[step.op],
-            operand0=step.operand.code,
+            operand0=operand0.code,
             op1=ALU[e.op],
             operand1=operand1.code,
             **({"reverse0": "True"} if step.reverse else {}),
@@ -276,7 +324,7 @@ class Selector:
 
     def _scalar_steps(self, e: Expr) -> tuple[Expr, list[ScalarOp]] | None:
         if e.op == "neg":
-            return e.args[0], [ScalarOp("mul", Operand("scalar", "-1.0", ""), False)]
+            return e.args[0], [ScalarOp("mul", scalar("-1.0"), False)]
         if e.op == "clamp":
             return None  # clamp is expanded by the checker into maximum/minimum
         if e.op not in ALU:
@@ -287,18 +335,27 @@ class Selector:
         return t, [self._step(e, s)]
 
     def _step(self, e: Expr, s: Expr) -> ScalarOp:
-        return ScalarOp(e.op, self.value(s), reverse=(e.args[0] is s and e.op not in COMMUTATIVE))
+        return ScalarOp(e.op, s, reverse=(e.args[0] is s and e.op not in COMMUTATIVE))
 
     def _tensor_scalar(self, base: Expr, ops: list[ScalarOp], kind: str, dtype: str) -> Operand:
         data = self.value(base)
+        operands = [self.value(step.operand) for step in ops]
+        nl_ops = [ALU[step.op] for step in ops]
+        if (
+            kind == "vec"
+            and self.column_engine == GPSIMD
+            and columns.stays_off_vector(data, nl_ops, operands)
+        ):
+            return columns.chain(self, data, nl_ops, operands, dtype)
+        operands = [self._fp32(operand) for operand in operands]
         dst = self._alloc(kind, dtype)
         kwargs = {"dst": dst.code, "data": data.code}
-        for i, step in enumerate(ops):
+        for i, (step, operand) in enumerate(zip(ops, operands, strict=True)):
             kwargs[f"op{i}"] = ALU[step.op]
-            kwargs[f"operand{i}"] = step.operand.code
+            kwargs[f"operand{i}"] = operand.code
             if step.reverse:
                 kwargs[f"reverse{i}"] = "True"
-        self._emit("tensor_scalar", **kwargs)
+        self._emit("tensor_scalar", _present(data, *operands), **kwargs)
         return dst
 
     def _not_both_psum(self, x: Operand, y: Operand) -> tuple[Operand, Operand]:
@@ -306,6 +363,10 @@ class Selector:
         if x.memory == "psum" and y.memory == "psum":
             y = self.copy(y, y.kind, "f32")
         return x, y
+
+
+def _present(*operands: Operand | None) -> tuple[Operand, ...]:
+    return tuple(o for o in operands if o is not None)
 
 
 def _split_tile(e: Expr) -> tuple[Expr | None, Expr | None]:

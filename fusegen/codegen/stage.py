@@ -3,7 +3,9 @@
 A stage works on one tile layout (partitions x free elements). Every value in it is a full tile, a
 per-partition column (`vec`, shape [P, 1]) or a trace-time Python scalar. Built-ins that are not one
 instruction (mean, layernorm, rmsnorm, x ** 2) are expanded here so that instruction selection
-(`select.py`) only sees primitives.
+(`select.py`) only sees primitives. Division, which no engine has as an instruction (NKI release notes),
+becomes a multiplication by `1 / d` (folded at trace time for a scalar divisor, else a `recip` the
+selector emits as nisa.reciprocal); integer powers become products of squares.
 """
 
 from __future__ import annotations
@@ -72,6 +74,7 @@ class StageBuilder:
         self.kind_of = kind_of
         self.free_size = free_size  # size of the reduced (free) axis of a node's operand
         self.exprs: dict[int, Expr] = {nid: _leaf_expr(op) for nid, op in leaves.items()}
+        self._recips: dict[int, Expr] = {}  # divisor identity -> its reciprocal, computed once
 
     def expr(self, node_id: int) -> Expr:
         """The stage expression of IR node `node_id` (built once)."""
@@ -109,6 +112,14 @@ class StageBuilder:
         if node.op == "cast":
             return codes[0]
         raise StageError(node, f"`{node.op}` of scalars is not supported in a kernel")
+
+    def reciprocal(self, den: Expr) -> Expr:
+        """`1 / den` (one instruction per divisor however often it divides)."""
+        if den.kind == "scalar":
+            return scalar(f"(1.0 / {den.code})")
+        if id(den) not in self._recips:
+            self._recips[id(den)] = _mk("recip", [den], den.kind)
+        return self._recips[id(den)]
 
     def reduce_scale(self, node: Node) -> Expr:
         """1 / (size of the reduced axis), as a scalar."""
@@ -158,7 +169,28 @@ def _expand_pow(b: StageBuilder, node: Node, args: list[Expr]) -> Expr:
         return args[0]
     if named:
         return _mk(named, args, b.kind_of(node))
+    if exponent.is_integer() and 0 < abs(exponent) <= MAX_INT_POWER:
+        power = _int_power(args[0], int(abs(exponent)), b.kind_of(node))
+        return power if exponent > 0 else b.reciprocal(power)
     return _mk("pow", [args[0], scalar(repr(exponent))], b.kind_of(node))
+
+
+#: Integer exponents up to this are products of squares (a few exact-ish fp32 multiplies instead of
+#: nl.power, which only GpSimd runs and which needs its exponent as a tile).
+MAX_INT_POWER = 8
+
+
+def _int_power(x: Expr, n: int, kind: str) -> Expr:
+    """x ** n by squaring: x ** 3 = square(x) * x."""
+    if n == 1:
+        return x
+    squared = _mk("square", [_int_power(x, n // 2, kind)], kind)
+    return _mk("mul", [squared, x], kind) if n % 2 else squared
+
+
+def _expand_div(b: StageBuilder, node: Node, args: list[Expr]) -> Expr:
+    num, den = args
+    return _mk("mul", [num, b.reciprocal(den)], b.kind_of(node))
 
 
 def _expand_mean(b: StageBuilder, node: Node, args: list[Expr]) -> Expr:
@@ -213,6 +245,7 @@ def _expand_broadcast(b: StageBuilder, node: Node, args: list[Expr]) -> Expr:
 _EXPANSIONS: dict[str, Callable[[StageBuilder, Node, list[Expr]], Expr]] = {
     "expand": _expand_broadcast,
     "pow": _expand_pow,
+    "div": _expand_div,
     "mean": _expand_mean,
     "sum": _expand_reduce,
     "max": _expand_reduce,

@@ -105,7 +105,7 @@ def choose(m: RowModel, width: int, heads: int, budget: int) -> tuple[int, bool]
         f"even with 128-column chunks and one head's weights at a time; the budget is {budget} B"
     )
 
-MODEL = RowModel(resident_per_head=4, prep_scratch=4, row_inputs=6, epilogue=2, chunk=20, columns=100, row_copies=2)
+MODEL = RowModel(resident_per_head=4, prep_scratch=4, row_inputs=6, epilogue=2, chunk=20, columns=124, row_copies=2)
 
 
 def prepare_weights(h, w_h_hbm, w_e_hbm):
@@ -145,12 +145,105 @@ def fused_weight_kernel(w_h_hbm, w_e_hbm):
     return prep0_hbm
 
 
+def head_passes(t0, pt, h, HB, d_H, dot_sv, ec0, ec1, ec2, ec3, gate_sv, kv_hbm, prepared, r0_c0, rstd_k_sv, rstd_x_sv, v_ld, x_hbm):
+    """Token tile t0, head h: loads, reduction passes, per-row math; returns what head_epilogue reads."""
+    x_ld = nl.ndarray((P, d_H), dtype=nl.bfloat16, buffer=nl.sbuf)
+    nisa.dma_copy(dst=x_ld[0:pt, 0:d_H], src=x_hbm[t0:t0 + pt, h, 0:d_H])
+    k_ld = nl.ndarray((P, d_H), dtype=nl.bfloat16, buffer=nl.sbuf)
+    nisa.dma_copy(dst=k_ld[0:pt, 0:d_H], src=kv_hbm[t0:t0 + pt, h, 0:d_H])
+    # reduction pass 1: partial results per chunk, folded into [P, 1] accumulators
+    for c in range(cdiv(d_H, HB)):
+        c0 = c * HB
+        hw = min(HB, d_H - c0)
+        r0_0 = nl.ndarray((P, HB), dtype=nl.float32, buffer=nl.sbuf)
+        r0_1 = nl.ndarray((P, 1), dtype=nl.float32, buffer=nl.sbuf)
+        nisa.activation_reduce(dst=r0_0[0:pt, 0:hw], op=nl.square, data=x_ld[0:pt, c0:c0 + hw], reduce_op=nl.add, reduce_res=r0_1[0:pt, 0:1])
+        r0_2 = nl.ndarray((P, 1), dtype=nl.float32, buffer=nl.sbuf)
+        nisa.tensor_tensor(dst=r0_2[0:pt, 0:1], data1=r0_1[0:pt, 0:1], data2=r0_c0[0:pt, 0:1], op=nl.multiply, engine=nisa.engine.gpsimd)
+        r0_3 = nl.ndarray((P, HB), dtype=nl.float32, buffer=nl.sbuf)
+        r0_4 = nl.ndarray((P, 1), dtype=nl.float32, buffer=nl.sbuf)
+        nisa.activation_reduce(dst=r0_3[0:pt, 0:hw], op=nl.square, data=k_ld[0:pt, c0:c0 + hw], reduce_op=nl.add, reduce_res=r0_4[0:pt, 0:1])
+        r0_5 = nl.ndarray((P, 1), dtype=nl.float32, buffer=nl.sbuf)
+        nisa.tensor_tensor(dst=r0_5[0:pt, 0:1], data1=r0_4[0:pt, 0:1], data2=r0_c0[0:pt, 0:1], op=nl.multiply, engine=nisa.engine.gpsimd)
+        r0_6 = nl.ndarray((P, HB), dtype=nl.float32, buffer=nl.sbuf)
+        nisa.tensor_tensor(dst=r0_6[0:pt, 0:hw], data1=x_ld[0:pt, c0:c0 + hw], data2=k_ld[0:pt, c0:c0 + hw], op=nl.multiply)
+        r0_7 = nl.ndarray((P, HB), dtype=nl.float32, buffer=nl.sbuf)
+        nisa.tensor_tensor(dst=r0_7[0:pt, 0:hw], data1=r0_6[0:pt, 0:hw], data2=prepared[0][0:pt, c0:c0 + hw], op=nl.multiply)
+        r0_8 = nl.ndarray((P, HB), dtype=nl.float32, buffer=nl.sbuf)
+        r0_9 = nl.ndarray((P, 1), dtype=nl.float32, buffer=nl.sbuf)
+        nisa.activation_reduce(dst=r0_8[0:pt, 0:hw], op=nl.copy, data=r0_7[0:pt, 0:hw], reduce_op=nl.add, reduce_res=r0_9[0:pt, 0:1])
+        if c == 0:
+            acc9 = r0_2
+        else:
+            nisa.tensor_tensor(dst=acc9[0:pt, 0:1], data1=acc9[0:pt, 0:1], data2=r0_2[0:pt, 0:1], op=nl.add, engine=nisa.engine.gpsimd)
+        if c == 0:
+            acc13 = r0_5
+        else:
+            nisa.tensor_tensor(dst=acc13[0:pt, 0:1], data1=acc13[0:pt, 0:1], data2=r0_5[0:pt, 0:1], op=nl.add, engine=nisa.engine.gpsimd)
+        if c == 0:
+            acc19 = r0_9
+        else:
+            nisa.tensor_tensor(dst=acc19[0:pt, 0:1], data1=acc19[0:pt, 0:1], data2=r0_9[0:pt, 0:1], op=nl.add, engine=nisa.engine.gpsimd)
+    # per-row math on the accumulators, before the previous head's full-width epilogue
+    e0 = nl.ndarray((P, 1), dtype=nl.float32, buffer=nl.sbuf)
+    nisa.tensor_tensor(dst=e0[0:pt, 0:1], data1=acc9[0:pt, 0:1], data2=ec0[0:pt, 0:1], op=nl.add, engine=nisa.engine.gpsimd)
+    e1 = nl.ndarray((P, 1), dtype=nl.float32, buffer=nl.sbuf)
+    nisa.activation(dst=e1[0:pt, 0:1], op=nl.rsqrt, data=e0[0:pt, 0:1])
+    e2 = nl.ndarray((P, 1), dtype=nl.float32, buffer=nl.sbuf)
+    nisa.tensor_tensor(dst=e2[0:pt, 0:1], data1=acc19[0:pt, 0:1], data2=e1[0:pt, 0:1], op=nl.multiply, engine=nisa.engine.gpsimd)
+    e3 = nl.ndarray((P, 1), dtype=nl.float32, buffer=nl.sbuf)
+    nisa.tensor_tensor(dst=e3[0:pt, 0:1], data1=acc13[0:pt, 0:1], data2=ec0[0:pt, 0:1], op=nl.add, engine=nisa.engine.gpsimd)
+    e4 = nl.ndarray((P, 1), dtype=nl.float32, buffer=nl.sbuf)
+    nisa.activation(dst=e4[0:pt, 0:1], op=nl.rsqrt, data=e3[0:pt, 0:1])
+    e5 = nl.ndarray((P, 1), dtype=nl.float32, buffer=nl.sbuf)
+    nisa.tensor_tensor(dst=e5[0:pt, 0:1], data1=e2[0:pt, 0:1], data2=e4[0:pt, 0:1], op=nl.multiply, engine=nisa.engine.gpsimd)
+    e6 = nl.ndarray((P, 1), dtype=nl.float32, buffer=nl.sbuf)
+    nisa.tensor_tensor(dst=e6[0:pt, 0:1], data1=e5[0:pt, 0:1], data2=ec1[0:pt, 0:1], op=nl.multiply, engine=nisa.engine.gpsimd)
+    e7 = nl.ndarray((P, 1), dtype=nl.float32, buffer=nl.sbuf)
+    nisa.activation(dst=e7[0:pt, 0:1], op=nl.sign, data=e6[0:pt, 0:1])
+    e8 = nl.ndarray((P, 1), dtype=nl.float32, buffer=nl.sbuf)
+    nisa.activation(dst=e8[0:pt, 0:1], op=nl.abs, data=e6[0:pt, 0:1])
+    e9 = nl.ndarray((P, 1), dtype=nl.float32, buffer=nl.sbuf)
+    nisa.activation(dst=e9[0:pt, 0:1], op=nl.relu, data=e8[0:pt, 0:1], bias=ec2[0:pt, 0:1])
+    e10 = nl.ndarray((P, 1), dtype=nl.float32, buffer=nl.sbuf)
+    nisa.tensor_tensor(dst=e10[0:pt, 0:1], data1=e9[0:pt, 0:1], data2=ec3[0:pt, 0:1], op=nl.add, engine=nisa.engine.gpsimd)
+    e11 = nl.ndarray((P, 1), dtype=nl.float32, buffer=nl.sbuf)
+    nisa.activation(dst=e11[0:pt, 0:1], op=nl.sqrt, data=e10[0:pt, 0:1])
+    e12 = nl.ndarray((P, 1), dtype=nl.float32, buffer=nl.sbuf)
+    nisa.tensor_tensor(dst=e12[0:pt, 0:1], data1=e7[0:pt, 0:1], data2=e11[0:pt, 0:1], op=nl.multiply, engine=nisa.engine.gpsimd)
+    e13 = nl.ndarray((P, 1), dtype=nl.float32, buffer=nl.sbuf)
+    nisa.activation(dst=e13[0:pt, 0:1], op=nl.sigmoid, data=e12[0:pt, 0:1])
+    return (t0, pt, h, acc19, dot_sv, e1, e13, e4, gate_sv, rstd_k_sv, rstd_x_sv, v_ld, x_ld)
+
+
+def head_epilogue(head, d_H, d_HC, dot_hbm, gate_hbm, out_hbm, rstd_k_hbm, rstd_x_hbm, save):
+    """Head state `head` from head_passes: the full-width combine and staged columns; returns its output DMAs."""
+    t0, pt, h, acc19, dot_sv, e1, e13, e4, gate_sv, rstd_k_sv, rstd_x_sv, v_ld, x_ld = head
+    stores = []
+    e14 = nl.ndarray((P, d_H), dtype=nl.bfloat16, buffer=nl.sbuf)
+    nisa.scalar_tensor_tensor(dst=e14[0:pt, 0:d_H], data=v_ld[0:pt, 0:d_H], op0=nl.multiply, operand0=e13[0:pt, 0:1], op1=nl.add, operand1=x_ld[0:pt, 0:d_H])
+    stores.append((out_hbm[t0:t0 + pt, h, 0:d_H], e14[0:pt, 0:d_H]))
+    if save:
+        nisa.tensor_copy(dst=dot_sv[0:pt, h:h + 1], src=acc19[0:pt, 0:1])
+        nisa.tensor_copy(dst=gate_sv[0:pt, h:h + 1], src=e13[0:pt, 0:1])
+        nisa.tensor_copy(dst=rstd_x_sv[0:pt, h:h + 1], src=e1[0:pt, 0:1])
+        nisa.tensor_copy(dst=rstd_k_sv[0:pt, h:h + 1], src=e4[0:pt, 0:1])
+    if h == d_HC - 1:
+        if save:
+            stores.append((dot_hbm[t0:t0 + pt, 0:d_HC], dot_sv[0:pt, 0:d_HC]))
+            stores.append((gate_hbm[t0:t0 + pt, 0:d_HC], gate_sv[0:pt, 0:d_HC]))
+            stores.append((rstd_x_hbm[t0:t0 + pt, 0:d_HC], rstd_x_sv[0:pt, 0:d_HC]))
+            stores.append((rstd_k_hbm[t0:t0 + pt, 0:d_HC], rstd_k_sv[0:pt, 0:d_HC]))
+    return stores
+
+
 @nki.jit
 def engram_gate_kernel(x_hbm, kv_hbm, w_h_hbm, w_e_hbm, eps_arg, clamp_arg, HB, resident, overlap, save):
     """One core's share of token tiles (128 tokens on partitions); heads looped; width reduced in chunks of HB.
 
     resident: the prepared weights are built once and kept for the launch (else per token tile and head).
     overlap: a head's full-width epilogue runs after the next head's passes (two heads' row inputs in SBUF).
+    head_passes / head_epilogue are inlined when NKI traces the kernel: the pipelining is straight-line code.
     """
     d_H = x_hbm.shape[2]
     d_HC = x_hbm.shape[1]
@@ -161,94 +254,20 @@ def engram_gate_kernel(x_hbm, kv_hbm, w_h_hbm, w_e_hbm, eps_arg, clamp_arg, HB, 
     rstd_x_hbm = nl.ndarray((d_T, d_HC), dtype=nl.float32, buffer=nl.shared_hbm) if save else None
     rstd_k_hbm = nl.ndarray((d_T, d_HC), dtype=nl.float32, buffer=nl.shared_hbm) if save else None
     held = [prepare_weights(h, w_h_hbm, w_e_hbm) for h in range(d_HC)] if resident else []
+    r0_c0 = nl.ndarray((P, 1), dtype=nl.float32, buffer=nl.sbuf)
+    nisa.memset(dst=r0_c0[0:P, 0:1], value=(1.0 / float(d_H)), engine=nisa.engine.gpsimd)
+    ec0 = nl.ndarray((P, 1), dtype=nl.float32, buffer=nl.sbuf)
+    nisa.memset(dst=ec0[0:P, 0:1], value=eps_arg, engine=nisa.engine.gpsimd)
+    ec1 = nl.ndarray((P, 1), dtype=nl.float32, buffer=nl.sbuf)
+    nisa.memset(dst=ec1[0:P, 0:1], value=(float(d_H) ** -0.5), engine=nisa.engine.gpsimd)
+    ec2 = nl.ndarray((P, 1), dtype=nl.float32, buffer=nl.sbuf)
+    nisa.memset(dst=ec2[0:P, 0:1], value=(-clamp_arg), engine=nisa.engine.gpsimd)
+    ec3 = nl.ndarray((P, 1), dtype=nl.float32, buffer=nl.sbuf)
+    nisa.memset(dst=ec3[0:P, 0:1], value=clamp_arg, engine=nisa.engine.gpsimd)
     stores = []  # output DMAs, issued once the next head's loads are queued (the DMA queues are in order)
-
-    def head_steps(t0, pt, h, v_ld, dot_sv, gate_sv, rstd_x_sv, rstd_k_sv):
-        """Token tile t0, head h: loads, reduction passes, per-row math; resumed, the full-width epilogue."""
-        prepared = held[h] if resident else prepare_weights(h, w_h_hbm, w_e_hbm)
-        x_ld = nl.ndarray((P, d_H), dtype=nl.bfloat16, buffer=nl.sbuf)
-        nisa.dma_copy(dst=x_ld[0:pt, 0:d_H], src=x_hbm[t0:t0 + pt, h, 0:d_H])
-        k_ld = nl.ndarray((P, d_H), dtype=nl.bfloat16, buffer=nl.sbuf)
-        nisa.dma_copy(dst=k_ld[0:pt, 0:d_H], src=kv_hbm[t0:t0 + pt, h, 0:d_H])
-        # reduction pass 1: partial results per chunk, folded into [P, 1] accumulators
-        for c in range(cdiv(d_H, HB)):
-            c0 = c * HB
-            hw = min(HB, d_H - c0)
-            r0_0 = nl.ndarray((P, HB), dtype=nl.float32, buffer=nl.sbuf)
-            r0_1 = nl.ndarray((P, 1), dtype=nl.float32, buffer=nl.sbuf)
-            nisa.activation_reduce(dst=r0_0[0:pt, 0:hw], op=nl.square, data=x_ld[0:pt, c0:c0 + hw], reduce_op=nl.add, reduce_res=r0_1[0:pt, 0:1])
-            r0_2 = nl.ndarray((P, 1), dtype=nl.float32, buffer=nl.sbuf)
-            nisa.tensor_scalar(dst=r0_2[0:pt, 0:1], data=r0_1[0:pt, 0:1], op0=nl.multiply, operand0=(1.0 / float(d_H)), engine=nisa.engine.gpsimd)
-            r0_3 = nl.ndarray((P, HB), dtype=nl.float32, buffer=nl.sbuf)
-            r0_4 = nl.ndarray((P, 1), dtype=nl.float32, buffer=nl.sbuf)
-            nisa.activation_reduce(dst=r0_3[0:pt, 0:hw], op=nl.square, data=k_ld[0:pt, c0:c0 + hw], reduce_op=nl.add, reduce_res=r0_4[0:pt, 0:1])
-            r0_5 = nl.ndarray((P, 1), dtype=nl.float32, buffer=nl.sbuf)
-            nisa.tensor_scalar(dst=r0_5[0:pt, 0:1], data=r0_4[0:pt, 0:1], op0=nl.multiply, operand0=(1.0 / float(d_H)), engine=nisa.engine.gpsimd)
-            r0_6 = nl.ndarray((P, HB), dtype=nl.float32, buffer=nl.sbuf)
-            nisa.tensor_tensor(dst=r0_6[0:pt, 0:hw], data1=x_ld[0:pt, c0:c0 + hw], data2=k_ld[0:pt, c0:c0 + hw], op=nl.multiply)
-            r0_7 = nl.ndarray((P, HB), dtype=nl.float32, buffer=nl.sbuf)
-            nisa.tensor_tensor(dst=r0_7[0:pt, 0:hw], data1=r0_6[0:pt, 0:hw], data2=prepared[0][0:pt, c0:c0 + hw], op=nl.multiply)
-            r0_8 = nl.ndarray((P, HB), dtype=nl.float32, buffer=nl.sbuf)
-            r0_9 = nl.ndarray((P, 1), dtype=nl.float32, buffer=nl.sbuf)
-            nisa.activation_reduce(dst=r0_8[0:pt, 0:hw], op=nl.copy, data=r0_7[0:pt, 0:hw], reduce_op=nl.add, reduce_res=r0_9[0:pt, 0:1])
-            if c == 0:
-                acc9 = r0_2
-            else:
-                nisa.tensor_tensor(dst=acc9[0:pt, 0:1], data1=acc9[0:pt, 0:1], data2=r0_2[0:pt, 0:1], op=nl.add, engine=nisa.engine.gpsimd)
-            if c == 0:
-                acc13 = r0_5
-            else:
-                nisa.tensor_tensor(dst=acc13[0:pt, 0:1], data1=acc13[0:pt, 0:1], data2=r0_5[0:pt, 0:1], op=nl.add, engine=nisa.engine.gpsimd)
-            if c == 0:
-                acc19 = r0_9
-            else:
-                nisa.tensor_tensor(dst=acc19[0:pt, 0:1], data1=acc19[0:pt, 0:1], data2=r0_9[0:pt, 0:1], op=nl.add, engine=nisa.engine.gpsimd)
-        # epilogue: per-row math on the accumulators; then, after the next head's passes, the full-width combine
-        e0 = nl.ndarray((P, 1), dtype=nl.float32, buffer=nl.sbuf)
-        nisa.tensor_scalar(dst=e0[0:pt, 0:1], data=acc9[0:pt, 0:1], op0=nl.add, operand0=eps_arg, engine=nisa.engine.gpsimd)
-        e1 = nl.ndarray((P, 1), dtype=nl.float32, buffer=nl.sbuf)
-        nisa.activation(dst=e1[0:pt, 0:1], op=nl.rsqrt, data=e0[0:pt, 0:1])
-        e2 = nl.ndarray((P, 1), dtype=nl.float32, buffer=nl.sbuf)
-        nisa.tensor_tensor(dst=e2[0:pt, 0:1], data1=acc19[0:pt, 0:1], data2=e1[0:pt, 0:1], op=nl.multiply, engine=nisa.engine.gpsimd)
-        e3 = nl.ndarray((P, 1), dtype=nl.float32, buffer=nl.sbuf)
-        nisa.tensor_scalar(dst=e3[0:pt, 0:1], data=acc13[0:pt, 0:1], op0=nl.add, operand0=eps_arg, engine=nisa.engine.gpsimd)
-        e4 = nl.ndarray((P, 1), dtype=nl.float32, buffer=nl.sbuf)
-        nisa.activation(dst=e4[0:pt, 0:1], op=nl.rsqrt, data=e3[0:pt, 0:1])
-        e5 = nl.ndarray((P, 1), dtype=nl.float32, buffer=nl.sbuf)
-        nisa.tensor_tensor(dst=e5[0:pt, 0:1], data1=e2[0:pt, 0:1], data2=e4[0:pt, 0:1], op=nl.multiply, engine=nisa.engine.gpsimd)
-        e6 = nl.ndarray((P, 1), dtype=nl.float32, buffer=nl.sbuf)
-        nisa.tensor_scalar(dst=e6[0:pt, 0:1], data=e5[0:pt, 0:1], op0=nl.multiply, operand0=(float(d_H) ** -0.5), engine=nisa.engine.gpsimd)
-        e7 = nl.ndarray((P, 1), dtype=nl.float32, buffer=nl.sbuf)
-        nisa.activation(dst=e7[0:pt, 0:1], op=nl.sign, data=e6[0:pt, 0:1])
-        e8 = nl.ndarray((P, 1), dtype=nl.float32, buffer=nl.sbuf)
-        nisa.activation(dst=e8[0:pt, 0:1], op=nl.abs, data=e6[0:pt, 0:1])
-        e9 = nl.ndarray((P, 1), dtype=nl.float32, buffer=nl.sbuf)
-        nisa.tensor_scalar(dst=e9[0:pt, 0:1], data=e8[0:pt, 0:1], op0=nl.maximum, operand0=clamp_arg, engine=nisa.engine.gpsimd)
-        e10 = nl.ndarray((P, 1), dtype=nl.float32, buffer=nl.sbuf)
-        nisa.activation(dst=e10[0:pt, 0:1], op=nl.sqrt, data=e9[0:pt, 0:1])
-        e11 = nl.ndarray((P, 1), dtype=nl.float32, buffer=nl.sbuf)
-        nisa.tensor_tensor(dst=e11[0:pt, 0:1], data1=e7[0:pt, 0:1], data2=e10[0:pt, 0:1], op=nl.multiply, engine=nisa.engine.gpsimd)
-        e12 = nl.ndarray((P, 1), dtype=nl.float32, buffer=nl.sbuf)
-        nisa.activation(dst=e12[0:pt, 0:1], op=nl.sigmoid, data=e11[0:pt, 0:1])
-        yield
-        e13 = nl.ndarray((P, d_H), dtype=nl.bfloat16, buffer=nl.sbuf)
-        nisa.scalar_tensor_tensor(dst=e13[0:pt, 0:d_H], data=v_ld[0:pt, 0:d_H], op0=nl.multiply, operand0=e12[0:pt, 0:1], op1=nl.add, operand1=x_ld[0:pt, 0:d_H])
-        stores.append((out_hbm[t0:t0 + pt, h, 0:d_H], e13[0:pt, 0:d_H]))
-        if save:
-            nisa.tensor_copy(dst=dot_sv[0:pt, h:h + 1], src=acc19[0:pt, 0:1])
-            nisa.tensor_copy(dst=gate_sv[0:pt, h:h + 1], src=e12[0:pt, 0:1])
-            nisa.tensor_copy(dst=rstd_x_sv[0:pt, h:h + 1], src=e1[0:pt, 0:1])
-            nisa.tensor_copy(dst=rstd_k_sv[0:pt, h:h + 1], src=e4[0:pt, 0:1])
-        if h == d_HC - 1:
-            if save:
-                stores.append((dot_hbm[t0:t0 + pt, 0:d_HC], dot_sv[0:pt, 0:d_HC]))
-                stores.append((gate_hbm[t0:t0 + pt, 0:d_HC], gate_sv[0:pt, 0:d_HC]))
-                stores.append((rstd_x_hbm[t0:t0 + pt, 0:d_HC], rstd_x_sv[0:pt, 0:d_HC]))
-                stores.append((rstd_k_hbm[t0:t0 + pt, 0:d_HC], rstd_k_sv[0:pt, 0:d_HC]))
-
     t_begin = min(d_T, nl.program_id(0) * rows_per_core(d_T, nl.num_programs()))
     t_end = min(d_T, t_begin + rows_per_core(d_T, nl.num_programs()))
-    prev = None  # the previous head's steps, its epilogue still to run
+    pending = None  # the previous head's state (head_passes' result), its epilogue still to run
     for t0 in range(t_begin, t_end, P):
         pt = min(P, t_end - t0)
         v_ld = nl.ndarray((P, d_H), dtype=nl.bfloat16, buffer=nl.sbuf)
@@ -258,19 +277,19 @@ def engram_gate_kernel(x_hbm, kv_hbm, w_h_hbm, w_e_hbm, eps_arg, clamp_arg, HB, 
         rstd_x_sv = nl.ndarray((P, d_HC), dtype=nl.float32, buffer=nl.sbuf)
         rstd_k_sv = nl.ndarray((P, d_HC), dtype=nl.float32, buffer=nl.sbuf)
         for h in range(d_HC):
-            steps = head_steps(t0, pt, h, v_ld, dot_sv, gate_sv, rstd_x_sv, rstd_k_sv)
-            next(steps)  # this head's loads and passes go ahead of the previous head's epilogue and stores
+            prepared = held[h] if resident else prepare_weights(h, w_h_hbm, w_e_hbm)
+            head = head_passes(t0, pt, h, HB, d_H, dot_sv, ec0, ec1, ec2, ec3, gate_sv, kv_hbm, prepared, r0_c0, rstd_k_sv, rstd_x_sv, v_ld, x_hbm)  # ahead of the previous head's epilogue and stores
             for dst, src in stores:
                 nisa.dma_copy(dst=dst, src=src)
-            stores.clear()
-            if prev is not None:
-                next(prev, None)
-            prev = steps
+            stores = []
+            if pending is not None:
+                stores.extend(head_epilogue(pending, d_H, d_HC, dot_hbm, gate_hbm, out_hbm, rstd_k_hbm, rstd_x_hbm, save))
+            pending = head
             if not overlap:
-                next(prev, None)
-                prev = None
-    if prev is not None:
-        next(prev, None)
+                stores.extend(head_epilogue(pending, d_H, d_HC, dot_hbm, gate_hbm, out_hbm, rstd_k_hbm, rstd_x_hbm, save))
+                pending = None
+    if pending is not None:
+        stores.extend(head_epilogue(pending, d_H, d_HC, dot_hbm, gate_hbm, out_hbm, rstd_k_hbm, rstd_x_hbm, save))
     for dst, src in stores:
         nisa.dma_copy(dst=dst, src=src)
     if save:

@@ -105,7 +105,7 @@ def choose(m: RowModel, width: int, heads: int, budget: int) -> tuple[int, bool]
         f"even with 128-column chunks and one head's weights at a time; the budget is {budget} B"
     )
 
-MODEL = RowModel(resident_per_head=8, prep_scratch=8, row_inputs=2, epilogue=10, chunk=8, columns=80, row_copies=2)
+MODEL = RowModel(resident_per_head=8, prep_scratch=8, row_inputs=2, epilogue=10, chunk=8, columns=92, row_copies=2)
 
 
 def prepare_weights(h, w_hbm, b_hbm):
@@ -145,12 +145,72 @@ def fused_weight_kernel(w_hbm, b_hbm):
     return prep0_hbm, prep1_hbm
 
 
+def head_passes(t0, pt, h, HB, d_H, mu_sv, prepared, r0_c0, r1_c0, rstd_sv, x_ld):
+    """Token tile t0, head h: loads, reduction passes, per-row math; returns what head_epilogue reads."""
+    # reduction pass 1: partial results per chunk, folded into [P, 1] accumulators
+    for c in range(cdiv(d_H, HB)):
+        c0 = c * HB
+        hw = min(HB, d_H - c0)
+        r0_0 = nl.ndarray((P, HB), dtype=nl.float32, buffer=nl.sbuf)
+        r0_1 = nl.ndarray((P, 1), dtype=nl.float32, buffer=nl.sbuf)
+        nisa.activation_reduce(dst=r0_0[0:pt, 0:hw], op=nl.copy, data=x_ld[0:pt, c0:c0 + hw], reduce_op=nl.add, reduce_res=r0_1[0:pt, 0:1])
+        r0_2 = nl.ndarray((P, 1), dtype=nl.float32, buffer=nl.sbuf)
+        nisa.tensor_tensor(dst=r0_2[0:pt, 0:1], data1=r0_1[0:pt, 0:1], data2=r0_c0[0:pt, 0:1], op=nl.multiply, engine=nisa.engine.gpsimd)
+        if c == 0:
+            acc4 = r0_2
+        else:
+            nisa.tensor_tensor(dst=acc4[0:pt, 0:1], data1=acc4[0:pt, 0:1], data2=r0_2[0:pt, 0:1], op=nl.add, engine=nisa.engine.gpsimd)
+    # reduction pass 2: partial results per chunk, folded into [P, 1] accumulators
+    for c in range(cdiv(d_H, HB)):
+        c0 = c * HB
+        hw = min(HB, d_H - c0)
+        r1_0 = nl.ndarray((P, HB), dtype=nl.float32, buffer=nl.sbuf)
+        nisa.tensor_scalar(dst=r1_0[0:pt, 0:hw], data=x_ld[0:pt, c0:c0 + hw], op0=nl.subtract, operand0=acc4[0:pt, 0:1])
+        r1_1 = nl.ndarray((P, HB), dtype=nl.float32, buffer=nl.sbuf)
+        r1_2 = nl.ndarray((P, 1), dtype=nl.float32, buffer=nl.sbuf)
+        nisa.activation_reduce(dst=r1_1[0:pt, 0:hw], op=nl.square, data=r1_0[0:pt, 0:hw], reduce_op=nl.add, reduce_res=r1_2[0:pt, 0:1])
+        r1_3 = nl.ndarray((P, 1), dtype=nl.float32, buffer=nl.sbuf)
+        nisa.tensor_tensor(dst=r1_3[0:pt, 0:1], data1=r1_2[0:pt, 0:1], data2=r1_c0[0:pt, 0:1], op=nl.multiply, engine=nisa.engine.gpsimd)
+        if c == 0:
+            acc7 = r1_3
+        else:
+            nisa.tensor_tensor(dst=acc7[0:pt, 0:1], data1=acc7[0:pt, 0:1], data2=r1_3[0:pt, 0:1], op=nl.add, engine=nisa.engine.gpsimd)
+    # per-row math on the accumulators, before the previous head's full-width epilogue
+    return (t0, pt, h, acc4, acc7, mu_sv, prepared, rstd_sv, x_ld)
+
+
+def head_epilogue(head, d_H, ec0, mu_hbm, rstd_hbm, save, y_hbm):
+    """Head state `head` from head_passes: the full-width combine and staged columns; returns its output DMAs."""
+    t0, pt, h, acc4, acc7, mu_sv, prepared, rstd_sv, x_ld = head
+    stores = []
+    e0 = nl.ndarray((P, d_H), dtype=nl.float32, buffer=nl.sbuf)
+    nisa.tensor_scalar(dst=e0[0:pt, 0:d_H], data=x_ld[0:pt, 0:d_H], op0=nl.subtract, operand0=acc4[0:pt, 0:1])
+    e1 = nl.ndarray((P, 1), dtype=nl.float32, buffer=nl.sbuf)
+    nisa.tensor_tensor(dst=e1[0:pt, 0:1], data1=acc7[0:pt, 0:1], data2=ec0[0:pt, 0:1], op=nl.add, engine=nisa.engine.gpsimd)
+    e2 = nl.ndarray((P, 1), dtype=nl.float32, buffer=nl.sbuf)
+    nisa.activation(dst=e2[0:pt, 0:1], op=nl.rsqrt, data=e1[0:pt, 0:1])
+    e3 = nl.ndarray((P, d_H), dtype=nl.float32, buffer=nl.sbuf)
+    nisa.scalar_tensor_tensor(dst=e3[0:pt, 0:d_H], data=e0[0:pt, 0:d_H], op0=nl.multiply, operand0=e2[0:pt, 0:1], op1=nl.multiply, operand1=prepared[0][0:pt, 0:d_H])
+    e4 = nl.ndarray((P, d_H), dtype=nl.bfloat16, buffer=nl.sbuf)
+    nisa.tensor_tensor(dst=e4[0:pt, 0:d_H], data1=e3[0:pt, 0:d_H], data2=prepared[1][0:pt, 0:d_H], op=nl.add)
+    stores.append((y_hbm[t0:t0 + pt, h, 0:d_H], e4[0:pt, 0:d_H]))
+    if save:
+        nisa.tensor_copy(dst=mu_sv[0:pt, h:h + 1], src=acc4[0:pt, 0:1])
+        nisa.tensor_copy(dst=rstd_sv[0:pt, h:h + 1], src=e2[0:pt, 0:1])
+    if h == 1 - 1:
+        if save:
+            stores.append((mu_hbm[t0:t0 + pt, 0:1], mu_sv[0:pt, 0:1]))
+            stores.append((rstd_hbm[t0:t0 + pt, 0:1], rstd_sv[0:pt, 0:1]))
+    return stores
+
+
 @nki.jit
 def layernorm_kernel(x_hbm, w_hbm, b_hbm, eps_arg, HB, resident, overlap, save):
     """One core's share of token tiles (128 tokens on partitions); heads looped; width reduced in chunks of HB.
 
     resident: the prepared weights are built once and kept for the launch (else per token tile and head).
     overlap: a head's full-width epilogue runs after the next head's passes (two heads' row inputs in SBUF).
+    head_passes / head_epilogue are inlined when NKI traces the kernel: the pipelining is straight-line code.
     """
     x_hbm = x_hbm.reshape((x_hbm.shape[0], 1, x_hbm.shape[1]))
     w_hbm = w_hbm.reshape((1, w_hbm.shape[0]))
@@ -164,63 +224,16 @@ def layernorm_kernel(x_hbm, w_hbm, b_hbm, eps_arg, HB, resident, overlap, save):
     mu_hbm = mu_hbm_flat.reshape((d_T, 1)) if save else None
     rstd_hbm = rstd_hbm_flat.reshape((d_T, 1)) if save else None
     held = [prepare_weights(h, w_hbm, b_hbm) for h in range(1)] if resident else []
+    r0_c0 = nl.ndarray((P, 1), dtype=nl.float32, buffer=nl.sbuf)
+    nisa.memset(dst=r0_c0[0:P, 0:1], value=(1.0 / float(d_H)), engine=nisa.engine.gpsimd)
+    r1_c0 = nl.ndarray((P, 1), dtype=nl.float32, buffer=nl.sbuf)
+    nisa.memset(dst=r1_c0[0:P, 0:1], value=(1.0 / float(d_H)), engine=nisa.engine.gpsimd)
+    ec0 = nl.ndarray((P, 1), dtype=nl.float32, buffer=nl.sbuf)
+    nisa.memset(dst=ec0[0:P, 0:1], value=eps_arg, engine=nisa.engine.gpsimd)
     stores = []  # output DMAs, issued once the next head's loads are queued (the DMA queues are in order)
-
-    def head_steps(t0, pt, h, x_ld, mu_sv, rstd_sv):
-        """Token tile t0, head h: loads, reduction passes, per-row math; resumed, the full-width epilogue."""
-        prepared = held[h] if resident else prepare_weights(h, w_hbm, b_hbm)
-        # reduction pass 1: partial results per chunk, folded into [P, 1] accumulators
-        for c in range(cdiv(d_H, HB)):
-            c0 = c * HB
-            hw = min(HB, d_H - c0)
-            r0_0 = nl.ndarray((P, HB), dtype=nl.float32, buffer=nl.sbuf)
-            r0_1 = nl.ndarray((P, 1), dtype=nl.float32, buffer=nl.sbuf)
-            nisa.activation_reduce(dst=r0_0[0:pt, 0:hw], op=nl.copy, data=x_ld[0:pt, c0:c0 + hw], reduce_op=nl.add, reduce_res=r0_1[0:pt, 0:1])
-            r0_2 = nl.ndarray((P, 1), dtype=nl.float32, buffer=nl.sbuf)
-            nisa.tensor_scalar(dst=r0_2[0:pt, 0:1], data=r0_1[0:pt, 0:1], op0=nl.multiply, operand0=(1.0 / float(d_H)), engine=nisa.engine.gpsimd)
-            if c == 0:
-                acc4 = r0_2
-            else:
-                nisa.tensor_tensor(dst=acc4[0:pt, 0:1], data1=acc4[0:pt, 0:1], data2=r0_2[0:pt, 0:1], op=nl.add, engine=nisa.engine.gpsimd)
-        # reduction pass 2: partial results per chunk, folded into [P, 1] accumulators
-        for c in range(cdiv(d_H, HB)):
-            c0 = c * HB
-            hw = min(HB, d_H - c0)
-            r1_0 = nl.ndarray((P, HB), dtype=nl.float32, buffer=nl.sbuf)
-            nisa.tensor_scalar(dst=r1_0[0:pt, 0:hw], data=x_ld[0:pt, c0:c0 + hw], op0=nl.subtract, operand0=acc4[0:pt, 0:1])
-            r1_1 = nl.ndarray((P, HB), dtype=nl.float32, buffer=nl.sbuf)
-            r1_2 = nl.ndarray((P, 1), dtype=nl.float32, buffer=nl.sbuf)
-            nisa.activation_reduce(dst=r1_1[0:pt, 0:hw], op=nl.square, data=r1_0[0:pt, 0:hw], reduce_op=nl.add, reduce_res=r1_2[0:pt, 0:1])
-            r1_3 = nl.ndarray((P, 1), dtype=nl.float32, buffer=nl.sbuf)
-            nisa.tensor_scalar(dst=r1_3[0:pt, 0:1], data=r1_2[0:pt, 0:1], op0=nl.multiply, operand0=(1.0 / float(d_H)), engine=nisa.engine.gpsimd)
-            if c == 0:
-                acc7 = r1_3
-            else:
-                nisa.tensor_tensor(dst=acc7[0:pt, 0:1], data1=acc7[0:pt, 0:1], data2=r1_3[0:pt, 0:1], op=nl.add, engine=nisa.engine.gpsimd)
-        # epilogue: per-row math on the accumulators; then, after the next head's passes, the full-width combine
-        e0 = nl.ndarray((P, 1), dtype=nl.float32, buffer=nl.sbuf)
-        nisa.tensor_scalar(dst=e0[0:pt, 0:1], data=acc7[0:pt, 0:1], op0=nl.add, operand0=eps_arg, engine=nisa.engine.gpsimd)
-        e1 = nl.ndarray((P, 1), dtype=nl.float32, buffer=nl.sbuf)
-        nisa.activation(dst=e1[0:pt, 0:1], op=nl.rsqrt, data=e0[0:pt, 0:1])
-        yield
-        e2 = nl.ndarray((P, d_H), dtype=nl.float32, buffer=nl.sbuf)
-        nisa.tensor_scalar(dst=e2[0:pt, 0:d_H], data=x_ld[0:pt, 0:d_H], op0=nl.subtract, operand0=acc4[0:pt, 0:1])
-        e3 = nl.ndarray((P, d_H), dtype=nl.float32, buffer=nl.sbuf)
-        nisa.scalar_tensor_tensor(dst=e3[0:pt, 0:d_H], data=e2[0:pt, 0:d_H], op0=nl.multiply, operand0=e1[0:pt, 0:1], op1=nl.multiply, operand1=prepared[0][0:pt, 0:d_H])
-        e4 = nl.ndarray((P, d_H), dtype=nl.bfloat16, buffer=nl.sbuf)
-        nisa.tensor_tensor(dst=e4[0:pt, 0:d_H], data1=e3[0:pt, 0:d_H], data2=prepared[1][0:pt, 0:d_H], op=nl.add)
-        stores.append((y_hbm[t0:t0 + pt, h, 0:d_H], e4[0:pt, 0:d_H]))
-        if save:
-            nisa.tensor_copy(dst=mu_sv[0:pt, h:h + 1], src=acc4[0:pt, 0:1])
-            nisa.tensor_copy(dst=rstd_sv[0:pt, h:h + 1], src=e1[0:pt, 0:1])
-        if h == 1 - 1:
-            if save:
-                stores.append((mu_hbm[t0:t0 + pt, 0:1], mu_sv[0:pt, 0:1]))
-                stores.append((rstd_hbm[t0:t0 + pt, 0:1], rstd_sv[0:pt, 0:1]))
-
     t_begin = min(d_T, nl.program_id(0) * rows_per_core(d_T, nl.num_programs()))
     t_end = min(d_T, t_begin + rows_per_core(d_T, nl.num_programs()))
-    prev = None  # the previous head's steps, its epilogue still to run
+    pending = None  # the previous head's state (head_passes' result), its epilogue still to run
     for t0 in range(t_begin, t_end, P):
         pt = min(P, t_end - t0)
         x_ld = nl.ndarray((P, d_H), dtype=nl.bfloat16, buffer=nl.sbuf)
@@ -228,19 +241,19 @@ def layernorm_kernel(x_hbm, w_hbm, b_hbm, eps_arg, HB, resident, overlap, save):
         mu_sv = nl.ndarray((P, 1), dtype=nl.float32, buffer=nl.sbuf)
         rstd_sv = nl.ndarray((P, 1), dtype=nl.float32, buffer=nl.sbuf)
         for h in range(1):
-            steps = head_steps(t0, pt, h, x_ld, mu_sv, rstd_sv)
-            next(steps)  # this head's loads and passes go ahead of the previous head's epilogue and stores
+            prepared = held[h] if resident else prepare_weights(h, w_hbm, b_hbm)
+            head = head_passes(t0, pt, h, HB, d_H, mu_sv, prepared, r0_c0, r1_c0, rstd_sv, x_ld)  # ahead of the previous head's epilogue and stores
             for dst, src in stores:
                 nisa.dma_copy(dst=dst, src=src)
-            stores.clear()
-            if prev is not None:
-                next(prev, None)
-            prev = steps
+            stores = []
+            if pending is not None:
+                stores.extend(head_epilogue(pending, d_H, ec0, mu_hbm, rstd_hbm, save, y_hbm))
+            pending = head
             if not overlap:
-                next(prev, None)
-                prev = None
-    if prev is not None:
-        next(prev, None)
+                stores.extend(head_epilogue(pending, d_H, ec0, mu_hbm, rstd_hbm, save, y_hbm))
+                pending = None
+    if pending is not None:
+        stores.extend(head_epilogue(pending, d_H, ec0, mu_hbm, rstd_hbm, save, y_hbm))
     for dst, src in stores:
         nisa.dma_copy(dst=dst, src=src)
     if save:

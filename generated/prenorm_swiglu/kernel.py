@@ -247,12 +247,13 @@ def prenorm_swiglu_kernel(x_hbm, gamma_hbm, wgt_hbm, wut_hbm, wdt_hbm, eps_arg, 
         s_rows = min(S, r_end - r_sb)
         n_rs = cdiv(s_rows, P)
         owned = [own_begin <= r_sb + rs * P < own_end for rs in range(n_rs)]
-        # x^T for the super-block: K on partitions, rows on the free axis
+        # x^T for the super-block: K on partitions, rows on the free axis; one row tile at a time, its rows
+        # (through the prologue, if any) transposed on the PE: a DMA transpose needs 16-row 2-byte pieces
         xt = []
         for kt in range(n_k):
             t = nl.ndarray((P, S), dtype=nl.bfloat16, buffer=nl.sbuf)
             xt.append(t)
-        for rs in range(n_rs):  # the prologue, one row tile at a time, then transposed into x^T
+        for rs in range(n_rs):
             r0 = r_sb + rs * P
             pr = min(P, s_rows - rs * P)
             x_hbm_tile = nl.ndarray((P, K), dtype=nl.float32, buffer=nl.sbuf)
@@ -268,7 +269,9 @@ def prenorm_swiglu_kernel(x_hbm, gamma_hbm, wgt_hbm, wut_hbm, wdt_hbm, eps_arg, 
             nisa.scalar_tensor_tensor(dst=p4[0:pr, 0:K], data=x_hbm_tile[0:pr, 0:K], op0=nl.multiply, operand0=p3[0:pr, 0:1], op1=nl.multiply, operand1=gamma_hbm_row[0:pr, 0:K])
             for kt in range(n_k):
                 pk = min(P, K - kt * P)
-                nisa.dma_transpose(dst=xt[kt][0:pk, rs * P:rs * P + pr], src=p4[0:pr, kt * P:kt * P + pk])
+                xt_ps = nl.ndarray((P, P), dtype=nl.bfloat16, buffer=nl.psum)
+                nisa.nc_transpose(dst=xt_ps[0:pk, 0:pr], data=p4[0:pr, kt * P:kt * P + pk], engine=nisa.engine.tensor)
+                nisa.tensor_copy(dst=xt[kt][0:pk, rs * P:rs * P + pr], src=xt_ps[0:pk, 0:pr])
         acc = []
         for rs in range(n_rs):
             t = nl.ndarray((P, K), dtype=nl.float32, buffer=nl.sbuf)

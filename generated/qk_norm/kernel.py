@@ -105,7 +105,7 @@ def choose(m: RowModel, width: int, heads: int, budget: int) -> tuple[int, bool]
         f"even with 128-column chunks and one head's weights at a time; the budget is {budget} B"
     )
 
-MODEL = RowModel(resident_per_head=4, prep_scratch=2, row_inputs=2, epilogue=2, chunk=4, columns=40, row_copies=2)
+MODEL = RowModel(resident_per_head=4, prep_scratch=2, row_inputs=2, epilogue=2, chunk=4, columns=48, row_copies=2)
 
 
 def prepare_weights(h, w_hbm):
@@ -135,67 +135,78 @@ def fused_weight_kernel(w_hbm):
     return prep0_hbm
 
 
+def head_passes(t0, pt, h, HB, d_D, ec0, prepared, q_hbm, r0_c0):
+    """Token tile t0, head h: loads, reduction passes, per-row math; returns what head_epilogue reads."""
+    q_ld = nl.ndarray((P, d_D), dtype=nl.bfloat16, buffer=nl.sbuf)
+    nisa.dma_copy(dst=q_ld[0:pt, 0:d_D], src=q_hbm[t0:t0 + pt, h, 0:d_D])
+    # reduction pass 1: partial results per chunk, folded into [P, 1] accumulators
+    for c in range(cdiv(d_D, HB)):
+        c0 = c * HB
+        hw = min(HB, d_D - c0)
+        r0_0 = nl.ndarray((P, HB), dtype=nl.float32, buffer=nl.sbuf)
+        r0_1 = nl.ndarray((P, 1), dtype=nl.float32, buffer=nl.sbuf)
+        nisa.activation_reduce(dst=r0_0[0:pt, 0:hw], op=nl.square, data=q_ld[0:pt, c0:c0 + hw], reduce_op=nl.add, reduce_res=r0_1[0:pt, 0:1])
+        r0_2 = nl.ndarray((P, 1), dtype=nl.float32, buffer=nl.sbuf)
+        nisa.tensor_tensor(dst=r0_2[0:pt, 0:1], data1=r0_1[0:pt, 0:1], data2=r0_c0[0:pt, 0:1], op=nl.multiply, engine=nisa.engine.gpsimd)
+        if c == 0:
+            acc4 = r0_2
+        else:
+            nisa.tensor_tensor(dst=acc4[0:pt, 0:1], data1=acc4[0:pt, 0:1], data2=r0_2[0:pt, 0:1], op=nl.add, engine=nisa.engine.gpsimd)
+    # per-row math on the accumulators, before the previous head's full-width epilogue
+    e0 = nl.ndarray((P, 1), dtype=nl.float32, buffer=nl.sbuf)
+    nisa.tensor_tensor(dst=e0[0:pt, 0:1], data1=acc4[0:pt, 0:1], data2=ec0[0:pt, 0:1], op=nl.add, engine=nisa.engine.gpsimd)
+    e1 = nl.ndarray((P, 1), dtype=nl.float32, buffer=nl.sbuf)
+    nisa.activation(dst=e1[0:pt, 0:1], op=nl.rsqrt, data=e0[0:pt, 0:1])
+    return (t0, pt, h, e1, prepared, q_ld)
+
+
+def head_epilogue(head, d_D, y_hbm):
+    """Head state `head` from head_passes: the full-width combine and staged columns; returns its output DMAs."""
+    t0, pt, h, e1, prepared, q_ld = head
+    stores = []
+    e2 = nl.ndarray((P, d_D), dtype=nl.bfloat16, buffer=nl.sbuf)
+    nisa.scalar_tensor_tensor(dst=e2[0:pt, 0:d_D], data=q_ld[0:pt, 0:d_D], op0=nl.multiply, operand0=e1[0:pt, 0:1], op1=nl.multiply, operand1=prepared[0][0:pt, 0:d_D])
+    stores.append((y_hbm[t0:t0 + pt, h, 0:d_D], e2[0:pt, 0:d_D]))
+    return stores
+
+
 @nki.jit
 def qk_norm_kernel(q_hbm, w_hbm, eps_arg, HB, resident, overlap, save):
     """One core's share of token tiles (128 tokens on partitions); heads looped; width reduced in chunks of HB.
 
     resident: the prepared weights are built once and kept for the launch (else per token tile and head).
     overlap: a head's full-width epilogue runs after the next head's passes (two heads' row inputs in SBUF).
+    head_passes / head_epilogue are inlined when NKI traces the kernel: the pipelining is straight-line code.
     """
     d_D = q_hbm.shape[2]
     d_NH = q_hbm.shape[1]
     d_T = q_hbm.shape[0]
     y_hbm = nl.ndarray((d_T, d_NH, d_D), dtype=nl.bfloat16, buffer=nl.shared_hbm)
     held = [prepare_weights(h, w_hbm) for h in range(d_NH)] if resident else []
+    r0_c0 = nl.ndarray((P, 1), dtype=nl.float32, buffer=nl.sbuf)
+    nisa.memset(dst=r0_c0[0:P, 0:1], value=(1.0 / float(d_D)), engine=nisa.engine.gpsimd)
+    ec0 = nl.ndarray((P, 1), dtype=nl.float32, buffer=nl.sbuf)
+    nisa.memset(dst=ec0[0:P, 0:1], value=eps_arg, engine=nisa.engine.gpsimd)
     stores = []  # output DMAs, issued once the next head's loads are queued (the DMA queues are in order)
-
-    def head_steps(t0, pt, h):
-        """Token tile t0, head h: loads, reduction passes, per-row math; resumed, the full-width epilogue."""
-        prepared = held[h] if resident else prepare_weights(h, w_hbm)
-        q_ld = nl.ndarray((P, d_D), dtype=nl.bfloat16, buffer=nl.sbuf)
-        nisa.dma_copy(dst=q_ld[0:pt, 0:d_D], src=q_hbm[t0:t0 + pt, h, 0:d_D])
-        # reduction pass 1: partial results per chunk, folded into [P, 1] accumulators
-        for c in range(cdiv(d_D, HB)):
-            c0 = c * HB
-            hw = min(HB, d_D - c0)
-            r0_0 = nl.ndarray((P, HB), dtype=nl.float32, buffer=nl.sbuf)
-            r0_1 = nl.ndarray((P, 1), dtype=nl.float32, buffer=nl.sbuf)
-            nisa.activation_reduce(dst=r0_0[0:pt, 0:hw], op=nl.square, data=q_ld[0:pt, c0:c0 + hw], reduce_op=nl.add, reduce_res=r0_1[0:pt, 0:1])
-            r0_2 = nl.ndarray((P, 1), dtype=nl.float32, buffer=nl.sbuf)
-            nisa.tensor_scalar(dst=r0_2[0:pt, 0:1], data=r0_1[0:pt, 0:1], op0=nl.multiply, operand0=(1.0 / float(d_D)), engine=nisa.engine.gpsimd)
-            if c == 0:
-                acc4 = r0_2
-            else:
-                nisa.tensor_tensor(dst=acc4[0:pt, 0:1], data1=acc4[0:pt, 0:1], data2=r0_2[0:pt, 0:1], op=nl.add, engine=nisa.engine.gpsimd)
-        # epilogue: per-row math on the accumulators; then, after the next head's passes, the full-width combine
-        e0 = nl.ndarray((P, 1), dtype=nl.float32, buffer=nl.sbuf)
-        nisa.tensor_scalar(dst=e0[0:pt, 0:1], data=acc4[0:pt, 0:1], op0=nl.add, operand0=eps_arg, engine=nisa.engine.gpsimd)
-        e1 = nl.ndarray((P, 1), dtype=nl.float32, buffer=nl.sbuf)
-        nisa.activation(dst=e1[0:pt, 0:1], op=nl.rsqrt, data=e0[0:pt, 0:1])
-        yield
-        e2 = nl.ndarray((P, d_D), dtype=nl.bfloat16, buffer=nl.sbuf)
-        nisa.scalar_tensor_tensor(dst=e2[0:pt, 0:d_D], data=q_ld[0:pt, 0:d_D], op0=nl.multiply, operand0=e1[0:pt, 0:1], op1=nl.multiply, operand1=prepared[0][0:pt, 0:d_D])
-        stores.append((y_hbm[t0:t0 + pt, h, 0:d_D], e2[0:pt, 0:d_D]))
-
     t_begin = min(d_T, nl.program_id(0) * rows_per_core(d_T, nl.num_programs()))
     t_end = min(d_T, t_begin + rows_per_core(d_T, nl.num_programs()))
-    prev = None  # the previous head's steps, its epilogue still to run
+    pending = None  # the previous head's state (head_passes' result), its epilogue still to run
     for t0 in range(t_begin, t_end, P):
         pt = min(P, t_end - t0)
         for h in range(d_NH):
-            steps = head_steps(t0, pt, h)
-            next(steps)  # this head's loads and passes go ahead of the previous head's epilogue and stores
+            prepared = held[h] if resident else prepare_weights(h, w_hbm)
+            head = head_passes(t0, pt, h, HB, d_D, ec0, prepared, q_hbm, r0_c0)  # ahead of the previous head's epilogue and stores
             for dst, src in stores:
                 nisa.dma_copy(dst=dst, src=src)
-            stores.clear()
-            if prev is not None:
-                next(prev, None)
-            prev = steps
+            stores = []
+            if pending is not None:
+                stores.extend(head_epilogue(pending, d_D, y_hbm))
+            pending = head
             if not overlap:
-                next(prev, None)
-                prev = None
-    if prev is not None:
-        next(prev, None)
+                stores.extend(head_epilogue(pending, d_D, y_hbm))
+                pending = None
+    if pending is not None:
+        stores.extend(head_epilogue(pending, d_D, y_hbm))
     for dst, src in stores:
         nisa.dma_copy(dst=dst, src=src)
     return y_hbm

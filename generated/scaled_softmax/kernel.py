@@ -105,7 +105,61 @@ def choose(m: RowModel, width: int, heads: int, budget: int) -> tuple[int, bool]
         f"even with 128-column chunks and one head's weights at a time; the budget is {budget} B"
     )
 
-MODEL = RowModel(resident_per_head=0, prep_scratch=0, row_inputs=2, epilogue=10, chunk=8, columns=76, row_copies=2)
+MODEL = RowModel(resident_per_head=0, prep_scratch=0, row_inputs=2, epilogue=10, chunk=8, columns=80, row_copies=2)
+
+
+def head_passes(t0, pt, h, HB, d_H, lse_sv, scale_arg, x_ld):
+    """Token tile t0, head h: loads, reduction passes, per-row math; returns what head_epilogue reads."""
+    # reduction pass 1: partial results per chunk, folded into [P, 1] accumulators
+    for c in range(cdiv(d_H, HB)):
+        c0 = c * HB
+        hw = min(HB, d_H - c0)
+        r0_0 = nl.ndarray((P, 1), dtype=nl.float32, buffer=nl.sbuf)
+        r0_1 = nl.ndarray((P, HB), dtype=nl.float32, buffer=nl.sbuf)
+        nisa.tensor_scalar(dst=r0_1[0:pt, 0:hw], data=x_ld[0:pt, c0:c0 + hw], op0=nl.multiply, operand0=scale_arg)
+        nisa.tensor_reduce(dst=r0_0[0:pt, 0:1], op=nl.maximum, data=r0_1[0:pt, 0:hw], axis=(1,))
+        if c == 0:
+            acc3 = r0_0
+        else:
+            nisa.tensor_tensor(dst=acc3[0:pt, 0:1], data1=acc3[0:pt, 0:1], data2=r0_0[0:pt, 0:1], op=nl.maximum, engine=nisa.engine.vector)
+    # reduction pass 2: partial results per chunk, folded into [P, 1] accumulators
+    for c in range(cdiv(d_H, HB)):
+        c0 = c * HB
+        hw = min(HB, d_H - c0)
+        r1_0 = nl.ndarray((P, HB), dtype=nl.float32, buffer=nl.sbuf)
+        nisa.tensor_scalar(dst=r1_0[0:pt, 0:hw], data=x_ld[0:pt, c0:c0 + hw], op0=nl.multiply, operand0=scale_arg, op1=nl.subtract, operand1=acc3[0:pt, 0:1])
+        r1_1 = nl.ndarray((P, HB), dtype=nl.float32, buffer=nl.sbuf)
+        r1_2 = nl.ndarray((P, 1), dtype=nl.float32, buffer=nl.sbuf)
+        nisa.activation_reduce(dst=r1_1[0:pt, 0:hw], op=nl.exp, data=r1_0[0:pt, 0:hw], reduce_op=nl.add, reduce_res=r1_2[0:pt, 0:1])
+        if c == 0:
+            acc6 = r1_2
+        else:
+            nisa.tensor_tensor(dst=acc6[0:pt, 0:1], data1=acc6[0:pt, 0:1], data2=r1_2[0:pt, 0:1], op=nl.add, engine=nisa.engine.gpsimd)
+    # per-row math on the accumulators, before the previous head's full-width epilogue
+    return (t0, pt, h, acc3, acc6, lse_sv, x_ld)
+
+
+def head_epilogue(head, d_H, lse_hbm, p_hbm, scale_arg):
+    """Head state `head` from head_passes: the full-width combine and staged columns; returns its output DMAs."""
+    t0, pt, h, acc3, acc6, lse_sv, x_ld = head
+    stores = []
+    e0 = nl.ndarray((P, d_H), dtype=nl.float32, buffer=nl.sbuf)
+    nisa.tensor_scalar(dst=e0[0:pt, 0:d_H], data=x_ld[0:pt, 0:d_H], op0=nl.multiply, operand0=scale_arg, op1=nl.subtract, operand1=acc3[0:pt, 0:1])
+    e1 = nl.ndarray((P, d_H), dtype=nl.float32, buffer=nl.sbuf)
+    nisa.activation(dst=e1[0:pt, 0:d_H], op=nl.exp, data=e0[0:pt, 0:d_H])
+    e2 = nl.ndarray((P, 1), dtype=nl.float32, buffer=nl.sbuf)
+    nisa.reciprocal(dst=e2[0:pt, 0:1], data=acc6[0:pt, 0:1])
+    e3 = nl.ndarray((P, d_H), dtype=nl.bfloat16, buffer=nl.sbuf)
+    nisa.tensor_scalar(dst=e3[0:pt, 0:d_H], data=e1[0:pt, 0:d_H], op0=nl.multiply, operand0=e2[0:pt, 0:1])
+    e4 = nl.ndarray((P, 1), dtype=nl.float32, buffer=nl.sbuf)
+    nisa.activation(dst=e4[0:pt, 0:1], op=nl.log, data=acc6[0:pt, 0:1])
+    e5 = nl.ndarray((P, 1), dtype=nl.float32, buffer=nl.sbuf)
+    nisa.tensor_tensor(dst=e5[0:pt, 0:1], data1=acc3[0:pt, 0:1], data2=e4[0:pt, 0:1], op=nl.add, engine=nisa.engine.gpsimd)
+    stores.append((p_hbm[t0:t0 + pt, h, 0:d_H], e3[0:pt, 0:d_H]))
+    nisa.tensor_copy(dst=lse_sv[0:pt, h:h + 1], src=e5[0:pt, 0:1])
+    if h == 1 - 1:
+        stores.append((lse_hbm[t0:t0 + pt, 0:1], lse_sv[0:pt, 0:1]))
+    return stores
 
 
 @nki.jit
@@ -114,6 +168,7 @@ def scaled_softmax_kernel(x_hbm, scale_arg, HB, resident, overlap, save):
 
     resident: the prepared weights are built once and kept for the launch (else per token tile and head).
     overlap: a head's full-width epilogue runs after the next head's passes (two heads' row inputs in SBUF).
+    head_passes / head_epilogue are inlined when NKI traces the kernel: the pipelining is straight-line code.
     """
     x_hbm = x_hbm.reshape((x_hbm.shape[0], 1, x_hbm.shape[1]))
     d_H = x_hbm.shape[2]
@@ -122,73 +177,27 @@ def scaled_softmax_kernel(x_hbm, scale_arg, HB, resident, overlap, save):
     lse_hbm = nl.ndarray((d_T, 1), dtype=nl.float32, buffer=nl.shared_hbm)
     p_hbm = p_hbm_flat.reshape((d_T, 1, d_H))
     stores = []  # output DMAs, issued once the next head's loads are queued (the DMA queues are in order)
-
-    def head_steps(t0, pt, h, x_ld, lse_sv):
-        """Token tile t0, head h: loads, reduction passes, per-row math; resumed, the full-width epilogue."""
-        # reduction pass 1: partial results per chunk, folded into [P, 1] accumulators
-        for c in range(cdiv(d_H, HB)):
-            c0 = c * HB
-            hw = min(HB, d_H - c0)
-            r0_0 = nl.ndarray((P, 1), dtype=nl.float32, buffer=nl.sbuf)
-            r0_1 = nl.ndarray((P, HB), dtype=nl.float32, buffer=nl.sbuf)
-            nisa.tensor_scalar(dst=r0_1[0:pt, 0:hw], data=x_ld[0:pt, c0:c0 + hw], op0=nl.multiply, operand0=scale_arg)
-            nisa.tensor_reduce(dst=r0_0[0:pt, 0:1], op=nl.maximum, data=r0_1[0:pt, 0:hw], axis=(1,))
-            if c == 0:
-                acc3 = r0_0
-            else:
-                nisa.tensor_tensor(dst=acc3[0:pt, 0:1], data1=acc3[0:pt, 0:1], data2=r0_0[0:pt, 0:1], op=nl.maximum, engine=nisa.engine.gpsimd)
-        # reduction pass 2: partial results per chunk, folded into [P, 1] accumulators
-        for c in range(cdiv(d_H, HB)):
-            c0 = c * HB
-            hw = min(HB, d_H - c0)
-            r1_0 = nl.ndarray((P, HB), dtype=nl.float32, buffer=nl.sbuf)
-            nisa.tensor_scalar(dst=r1_0[0:pt, 0:hw], data=x_ld[0:pt, c0:c0 + hw], op0=nl.multiply, operand0=scale_arg, op1=nl.subtract, operand1=acc3[0:pt, 0:1])
-            r1_1 = nl.ndarray((P, HB), dtype=nl.float32, buffer=nl.sbuf)
-            r1_2 = nl.ndarray((P, 1), dtype=nl.float32, buffer=nl.sbuf)
-            nisa.activation_reduce(dst=r1_1[0:pt, 0:hw], op=nl.exp, data=r1_0[0:pt, 0:hw], reduce_op=nl.add, reduce_res=r1_2[0:pt, 0:1])
-            if c == 0:
-                acc6 = r1_2
-            else:
-                nisa.tensor_tensor(dst=acc6[0:pt, 0:1], data1=acc6[0:pt, 0:1], data2=r1_2[0:pt, 0:1], op=nl.add, engine=nisa.engine.gpsimd)
-        # epilogue: per-row math on the accumulators; then, after the next head's passes, the full-width combine
-        yield
-        e0 = nl.ndarray((P, d_H), dtype=nl.float32, buffer=nl.sbuf)
-        nisa.tensor_scalar(dst=e0[0:pt, 0:d_H], data=x_ld[0:pt, 0:d_H], op0=nl.multiply, operand0=scale_arg, op1=nl.subtract, operand1=acc3[0:pt, 0:1])
-        e1 = nl.ndarray((P, d_H), dtype=nl.float32, buffer=nl.sbuf)
-        nisa.activation(dst=e1[0:pt, 0:d_H], op=nl.exp, data=e0[0:pt, 0:d_H])
-        e2 = nl.ndarray((P, d_H), dtype=nl.bfloat16, buffer=nl.sbuf)
-        nisa.tensor_scalar(dst=e2[0:pt, 0:d_H], data=e1[0:pt, 0:d_H], op0=nl.divide, operand0=acc6[0:pt, 0:1])
-        e3 = nl.ndarray((P, 1), dtype=nl.float32, buffer=nl.sbuf)
-        nisa.activation(dst=e3[0:pt, 0:1], op=nl.log, data=acc6[0:pt, 0:1])
-        e4 = nl.ndarray((P, 1), dtype=nl.float32, buffer=nl.sbuf)
-        nisa.tensor_tensor(dst=e4[0:pt, 0:1], data1=acc3[0:pt, 0:1], data2=e3[0:pt, 0:1], op=nl.add, engine=nisa.engine.gpsimd)
-        stores.append((p_hbm[t0:t0 + pt, h, 0:d_H], e2[0:pt, 0:d_H]))
-        nisa.tensor_copy(dst=lse_sv[0:pt, h:h + 1], src=e4[0:pt, 0:1])
-        if h == 1 - 1:
-            stores.append((lse_hbm[t0:t0 + pt, 0:1], lse_sv[0:pt, 0:1]))
-
     t_begin = min(d_T, nl.program_id(0) * rows_per_core(d_T, nl.num_programs()))
     t_end = min(d_T, t_begin + rows_per_core(d_T, nl.num_programs()))
-    prev = None  # the previous head's steps, its epilogue still to run
+    pending = None  # the previous head's state (head_passes' result), its epilogue still to run
     for t0 in range(t_begin, t_end, P):
         pt = min(P, t_end - t0)
         x_ld = nl.ndarray((P, d_H), dtype=nl.bfloat16, buffer=nl.sbuf)
         nisa.dma_copy(dst=x_ld[0:pt, 0:d_H], src=x_hbm[t0:t0 + pt, 0, 0:d_H])
         lse_sv = nl.ndarray((P, 1), dtype=nl.float32, buffer=nl.sbuf)
         for h in range(1):
-            steps = head_steps(t0, pt, h, x_ld, lse_sv)
-            next(steps)  # this head's loads and passes go ahead of the previous head's epilogue and stores
+            head = head_passes(t0, pt, h, HB, d_H, lse_sv, scale_arg, x_ld)  # ahead of the previous head's epilogue and stores
             for dst, src in stores:
                 nisa.dma_copy(dst=dst, src=src)
-            stores.clear()
-            if prev is not None:
-                next(prev, None)
-            prev = steps
+            stores = []
+            if pending is not None:
+                stores.extend(head_epilogue(pending, d_H, lse_hbm, p_hbm, scale_arg))
+            pending = head
             if not overlap:
-                next(prev, None)
-                prev = None
-    if prev is not None:
-        next(prev, None)
+                stores.extend(head_epilogue(pending, d_H, lse_hbm, p_hbm, scale_arg))
+                pending = None
+    if pending is not None:
+        stores.extend(head_epilogue(pending, d_H, lse_hbm, p_hbm, scale_arg))
     for dst, src in stores:
         nisa.dma_copy(dst=dst, src=src)
     return p_hbm_flat, lse_hbm

@@ -206,7 +206,7 @@ def choose(m: FfnModel, mach: Machine, rows: int, k: int, i: int, lnc: int) -> P
         )
     return min(plans, key=lambda p: rank_key(m, mach, rows, k, i, lnc, p))
 
-MODEL = FfnModel(n_up=2, x_bytes=2, mid_tiles=2, epi_tiles=3, epi_cols=3, col_vectors=0, row_vectors=1, row_inputs=1, out_bytes=6, mid_act=1, mid_dve=2, epi_act=1, epi_dve=3)
+MODEL = FfnModel(n_up=2, x_bytes=2, mid_tiles=2, epi_tiles=4, epi_cols=3, col_vectors=0, row_vectors=1, row_inputs=1, out_bytes=6, mid_act=1, mid_dve=2, epi_act=1, epi_dve=3)
 #: the figures the planner's time model needs, per target (from fusegen/sim/targets.py).
 MACHINES = {
     "trn1": Machine(pe_ghz=2.8, act_ghz=1.4, dve_ghz=1.12, dma_gbps=272.0, dma_fixed_ns=1300.0, dma_queues=16, sbuf_budget=180224, max_lnc=1),
@@ -248,13 +248,22 @@ def swiglu_gemma_norm_kernel(x_hbm, w1t_hbm, wgt_hbm, w2t_hbm, a_hbm, gamma_hbm,
         s_rows = min(S, r_end - r_sb)
         n_rs = cdiv(s_rows, P)
         owned = [own_begin <= r_sb + rs * P < own_end for rs in range(n_rs)]
-        # x^T for the super-block: K on partitions, rows on the free axis
+        # x^T for the super-block: K on partitions, rows on the free axis; one row tile at a time, its rows
+        # (through the prologue, if any) transposed on the PE: a DMA transpose needs 16-row 2-byte pieces
         xt = []
         for kt in range(n_k):
             t = nl.ndarray((P, S), dtype=nl.bfloat16, buffer=nl.sbuf)
-            pk = min(P, K - kt * P)
-            nisa.dma_transpose(dst=t[0:pk, 0:s_rows], src=x_hbm[r_sb:r_sb + s_rows, kt * P:kt * P + pk])
             xt.append(t)
+        for rs in range(n_rs):
+            r0 = r_sb + rs * P
+            pr = min(P, s_rows - rs * P)
+            x_rows = nl.ndarray((P, K), dtype=nl.bfloat16, buffer=nl.sbuf)
+            nisa.dma_copy(dst=x_rows[0:pr, 0:K], src=x_hbm[r0:r0 + pr, 0:K])
+            for kt in range(n_k):
+                pk = min(P, K - kt * P)
+                xt_ps = nl.ndarray((P, P), dtype=nl.bfloat16, buffer=nl.psum)
+                nisa.nc_transpose(dst=xt_ps[0:pk, 0:pr], data=x_rows[0:pr, kt * P:kt * P + pk], engine=nisa.engine.tensor)
+                nisa.tensor_copy(dst=xt[kt][0:pk, rs * P:rs * P + pr], src=xt_ps[0:pk, 0:pr])
         acc = []
         for rs in range(n_rs):
             t = nl.ndarray((P, K), dtype=nl.float32, buffer=nl.sbuf)
@@ -342,16 +351,16 @@ def swiglu_gemma_norm_kernel(x_hbm, w1t_hbm, wgt_hbm, w2t_hbm, a_hbm, gamma_hbm,
             r0 = r_sb + rs * P
             pr = min(P, s_rows - rs * P)
             e0 = nl.ndarray((P, K), dtype=nl.float32, buffer=nl.sbuf)
-            e1 = nl.ndarray((P, 1), dtype=nl.float32, buffer=nl.sbuf)
-            nisa.activation_reduce(dst=e0[0:pr, 0:K], op=nl.square, data=acc[rs][0:pr, 0:K], reduce_op=nl.add, reduce_res=e1[0:pr, 0:1])
+            nisa.tensor_scalar(dst=e0[0:pr, 0:K], data=gamma_hbm_row[0:pr, 0:K], op0=nl.add, operand0=1.0)
+            e1 = nl.ndarray((P, K), dtype=nl.float32, buffer=nl.sbuf)
             e2 = nl.ndarray((P, 1), dtype=nl.float32, buffer=nl.sbuf)
-            nisa.tensor_scalar(dst=e2[0:pr, 0:1], data=e1[0:pr, 0:1], op0=nl.multiply, operand0=(1.0 / float(d_K)), op1=nl.add, operand1=eps_arg)
+            nisa.activation_reduce(dst=e1[0:pr, 0:K], op=nl.square, data=acc[rs][0:pr, 0:K], reduce_op=nl.add, reduce_res=e2[0:pr, 0:1])
             e3 = nl.ndarray((P, 1), dtype=nl.float32, buffer=nl.sbuf)
-            nisa.activation(dst=e3[0:pr, 0:1], op=nl.rsqrt, data=e2[0:pr, 0:1])
-            e4 = nl.ndarray((P, K), dtype=nl.float32, buffer=nl.sbuf)
-            nisa.tensor_scalar(dst=e4[0:pr, 0:K], data=gamma_hbm_row[0:pr, 0:K], op0=nl.add, operand0=1.0)
+            nisa.tensor_scalar(dst=e3[0:pr, 0:1], data=e2[0:pr, 0:1], op0=nl.multiply, operand0=(1.0 / float(d_K)), op1=nl.add, operand1=eps_arg)
+            e4 = nl.ndarray((P, 1), dtype=nl.float32, buffer=nl.sbuf)
+            nisa.activation(dst=e4[0:pr, 0:1], op=nl.rsqrt, data=e3[0:pr, 0:1])
             e5 = nl.ndarray((P, K), dtype=nl.bfloat16, buffer=nl.sbuf)
-            nisa.scalar_tensor_tensor(dst=e5[0:pr, 0:K], data=acc[rs][0:pr, 0:K], op0=nl.multiply, operand0=e3[0:pr, 0:1], op1=nl.multiply, operand1=e4[0:pr, 0:K])
+            nisa.scalar_tensor_tensor(dst=e5[0:pr, 0:K], data=acc[rs][0:pr, 0:K], op0=nl.multiply, operand0=e4[0:pr, 0:1], op1=nl.multiply, operand1=e0[0:pr, 0:K])
             nisa.dma_copy(dst=x_new_hbm[r0:r0 + pr, 0:K], src=acc[rs][0:pr, 0:K])
             nisa.dma_copy(dst=z_hbm[r0:r0 + pr, 0:K], src=e5[0:pr, 0:K])
     return x_new_hbm, z_hbm

@@ -206,7 +206,7 @@ def choose(m: FfnModel, mach: Machine, rows: int, k: int, i: int, lnc: int) -> P
         )
     return min(plans, key=lambda p: rank_key(m, mach, rows, k, i, lnc, p))
 
-MODEL = FfnModel(n_up=2, x_bytes=2, mid_tiles=2, epi_tiles=6, epi_cols=5, col_vectors=2, row_vectors=3, row_inputs=1, out_bytes=6, mid_act=1, mid_dve=2, epi_act=2, epi_dve=7)
+MODEL = FfnModel(n_up=2, x_bytes=2, mid_tiles=2, epi_tiles=7, epi_cols=5, col_vectors=2, row_vectors=3, row_inputs=1, out_bytes=6, mid_act=1, mid_dve=2, epi_act=2, epi_dve=7)
 #: the figures the planner's time model needs, per target (from fusegen/sim/targets.py).
 MACHINES = {
     "trn1": Machine(pe_ghz=2.8, act_ghz=1.4, dve_ghz=1.12, dma_gbps=272.0, dma_fixed_ns=1300.0, dma_queues=16, sbuf_budget=180224, max_lnc=1),
@@ -256,13 +256,22 @@ def swiglu_layernorm_affine_kernel(x_hbm, w1t_hbm, b1_hbm, wgt_hbm, bg_hbm, w2t_
         s_rows = min(S, r_end - r_sb)
         n_rs = cdiv(s_rows, P)
         owned = [own_begin <= r_sb + rs * P < own_end for rs in range(n_rs)]
-        # x^T for the super-block: K on partitions, rows on the free axis
+        # x^T for the super-block: K on partitions, rows on the free axis; one row tile at a time, its rows
+        # (through the prologue, if any) transposed on the PE: a DMA transpose needs 16-row 2-byte pieces
         xt = []
         for kt in range(n_k):
             t = nl.ndarray((P, S), dtype=nl.bfloat16, buffer=nl.sbuf)
-            pk = min(P, K - kt * P)
-            nisa.dma_transpose(dst=t[0:pk, 0:s_rows], src=x_hbm[r_sb:r_sb + s_rows, kt * P:kt * P + pk])
             xt.append(t)
+        for rs in range(n_rs):
+            r0 = r_sb + rs * P
+            pr = min(P, s_rows - rs * P)
+            x_rows = nl.ndarray((P, K), dtype=nl.bfloat16, buffer=nl.sbuf)
+            nisa.dma_copy(dst=x_rows[0:pr, 0:K], src=x_hbm[r0:r0 + pr, 0:K])
+            for kt in range(n_k):
+                pk = min(P, K - kt * P)
+                xt_ps = nl.ndarray((P, P), dtype=nl.bfloat16, buffer=nl.psum)
+                nisa.nc_transpose(dst=xt_ps[0:pk, 0:pr], data=x_rows[0:pr, kt * P:kt * P + pk], engine=nisa.engine.tensor)
+                nisa.tensor_copy(dst=xt[kt][0:pk, rs * P:rs * P + pr], src=xt_ps[0:pk, 0:pr])
         acc = []
         for rs in range(n_rs):
             t = nl.ndarray((P, K), dtype=nl.float32, buffer=nl.sbuf)
@@ -356,16 +365,16 @@ def swiglu_layernorm_affine_kernel(x_hbm, w1t_hbm, b1_hbm, wgt_hbm, bg_hbm, w2t_
             e3 = nl.ndarray((P, 1), dtype=nl.float32, buffer=nl.sbuf)
             nisa.tensor_scalar(dst=e3[0:pr, 0:1], data=e2[0:pr, 0:1], op0=nl.multiply, operand0=(-(1.0 / float(d_K))))
             e4 = nl.ndarray((P, K), dtype=nl.float32, buffer=nl.sbuf)
-            e5 = nl.ndarray((P, 1), dtype=nl.float32, buffer=nl.sbuf)
-            nisa.activation_reduce(dst=e4[0:pr, 0:K], op=nl.square, data=e0[0:pr, 0:K], reduce_op=nl.add, reduce_res=e5[0:pr, 0:1], bias=e3[0:pr, 0:1])
+            nisa.tensor_scalar(dst=e4[0:pr, 0:K], data=e0[0:pr, 0:K], op0=nl.add, operand0=e3[0:pr, 0:1])
+            e5 = nl.ndarray((P, K), dtype=nl.float32, buffer=nl.sbuf)
             e6 = nl.ndarray((P, 1), dtype=nl.float32, buffer=nl.sbuf)
-            nisa.tensor_scalar(dst=e6[0:pr, 0:1], data=e5[0:pr, 0:1], op0=nl.multiply, operand0=(1.0 / float(d_K)), op1=nl.add, operand1=eps_arg)
+            nisa.activation_reduce(dst=e5[0:pr, 0:K], op=nl.square, data=e0[0:pr, 0:K], reduce_op=nl.add, reduce_res=e6[0:pr, 0:1], bias=e3[0:pr, 0:1])
             e7 = nl.ndarray((P, 1), dtype=nl.float32, buffer=nl.sbuf)
-            nisa.activation(dst=e7[0:pr, 0:1], op=nl.rsqrt, data=e6[0:pr, 0:1])
-            e8 = nl.ndarray((P, K), dtype=nl.float32, buffer=nl.sbuf)
-            nisa.tensor_scalar(dst=e8[0:pr, 0:K], data=e0[0:pr, 0:K], op0=nl.add, operand0=e3[0:pr, 0:1])
+            nisa.tensor_scalar(dst=e7[0:pr, 0:1], data=e6[0:pr, 0:1], op0=nl.multiply, operand0=(1.0 / float(d_K)), op1=nl.add, operand1=eps_arg)
+            e8 = nl.ndarray((P, 1), dtype=nl.float32, buffer=nl.sbuf)
+            nisa.activation(dst=e8[0:pr, 0:1], op=nl.rsqrt, data=e7[0:pr, 0:1])
             e9 = nl.ndarray((P, K), dtype=nl.float32, buffer=nl.sbuf)
-            nisa.scalar_tensor_tensor(dst=e9[0:pr, 0:K], data=e8[0:pr, 0:K], op0=nl.multiply, operand0=e7[0:pr, 0:1], op1=nl.multiply, operand1=gamma_hbm_row[0:pr, 0:K])
+            nisa.scalar_tensor_tensor(dst=e9[0:pr, 0:K], data=e4[0:pr, 0:K], op0=nl.multiply, operand0=e8[0:pr, 0:1], op1=nl.multiply, operand1=gamma_hbm_row[0:pr, 0:K])
             e10 = nl.ndarray((P, K), dtype=nl.bfloat16, buffer=nl.sbuf)
             nisa.tensor_tensor(dst=e10[0:pr, 0:K], data1=e9[0:pr, 0:K], data2=beta_hbm_row[0:pr, 0:K], op=nl.add)
             nisa.dma_copy(dst=x_new_hbm[r0:r0 + pr, 0:K], src=e0[0:pr, 0:K])

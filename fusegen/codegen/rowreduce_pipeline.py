@@ -1,0 +1,89 @@
+"""The forward row kernel's software pipeline as two plain helper functions (NKI traces no generators).
+
+Per token tile and head the kernel calls `head_passes` (loads, reduction passes, per-row math), then
+issues the output DMAs queued so far, then runs the previous head's `head_epilogue` (the full-width
+combine; it returns its output DMAs): the next head's loads and passes go ahead of this head's epilogue
+and stores. NKI inlines function calls at trace time, so this is the same instruction order a
+generator would give, in the traced subset (module-level functions, tuples, lists).
+
+What crosses from one helper to the other is decided here, from the rendered bodies: `head_passes`
+returns the tuple of every per-head value the epilogue reads (`head`), and each helper takes the
+launch-wide names it reads as parameters, named as in the kernel so every call passes them through.
+"""
+
+from __future__ import annotations
+
+import ast
+import builtins
+import symtable
+from dataclasses import dataclass
+
+from fusegen.codegen.render import render
+from fusegen.codegen.rowreduce_lower import RowReduceLowering
+
+HEAD_TEMPLATE = "rowreduce_head.py.jinja"
+#: Names of the kernel body that change per token tile or head (the rest are fixed for the launch).
+PER_HEAD = ("t0", "pt", "h")
+
+
+@dataclass(frozen=True)
+class HeadHelpers:
+    """Bodies and signatures of `head_passes` / `head_epilogue` for the template."""
+
+    passes_body: str
+    epilogue_body: str
+    passes_params: str  # e.g. `t0, pt, h, prepared, v_ld, x_hbm, d_H, HB`
+    head: str  # the per-head state `head_passes` returns, e.g. `t0, pt, h, x_ld, e12`
+    epilogue_params: str  # `head`, then the launch-wide names the epilogue reads
+    epilogue_args: str  # the kernel's call: the previous head's state `pending`, then those names
+
+
+def head_helpers(low: RowReduceLowering, varying: tuple[str, ...], module_source: str) -> HeadHelpers:
+    """The helpers of lowering `low`; `varying` are kernel locals set per token tile or head outside the
+    helpers (shared row loads, column staging, `prepared`); `module_source` defines the file's globals."""
+    passes = render(HEAD_TEMPLATE, low=low, part="passes").rstrip()
+    epilogue = render(HEAD_TEMPLATE, low=low, part="epilogue").rstrip()
+    known = _module_names(module_source) | set(dir(builtins))
+    passes_reads, passes_sets = _names(passes)
+    epilogue_reads, _ = _names(epilogue)
+    per_head = set(PER_HEAD) | set(varying) | passes_sets
+    head = list(PER_HEAD) + sorted((epilogue_reads & per_head) - set(PER_HEAD))
+    passes_params = _ordered((passes_reads | (set(head) - passes_sets)) - known)
+    launch = sorted(epilogue_reads - set(head) - known)
+    return HeadHelpers(
+        passes_body=passes,
+        epilogue_body=epilogue,
+        passes_params=", ".join(passes_params),
+        head=", ".join(head),
+        epilogue_params=", ".join(["head", *launch]),
+        epilogue_args=", ".join(["pending", *launch]),
+    )
+
+
+def _ordered(names: set[str]) -> list[str]:
+    """Token tile and head first, then alphabetical: a stable signature."""
+    return [n for n in PER_HEAD if n in names] + sorted(names - set(PER_HEAD))
+
+
+def _names(body: str) -> tuple[set[str], set[str]]:
+    """(names a function body reads from outside, names it assigns)."""
+    source = "def body():\n" + "".join(f"    {line}\n" if line else "\n" for line in body.splitlines())
+    ast.parse(source)  # a syntax error here is a template bug: fail with Python's message
+    table = symtable.symtable(source, "<head helper>", "exec").get_children()[0]
+    reads = {s.get_name() for s in table.get_symbols() if s.is_global() and s.is_referenced()}
+    sets = {s.get_name() for s in table.get_symbols() if s.is_assigned()}
+    return reads, sets
+
+
+def _module_names(source: str) -> set[str]:
+    """Names bound at the top level of a module's source (imports, constants, functions)."""
+    names: set[str] = set()
+    for node in ast.parse(source).body:
+        if isinstance(node, ast.Import | ast.ImportFrom):
+            names |= {(a.asname or a.name).split(".")[0] for a in node.names}
+        elif isinstance(node, ast.FunctionDef | ast.ClassDef):
+            names.add(node.name)
+        elif isinstance(node, ast.Assign | ast.AnnAssign):
+            targets = node.targets if isinstance(node, ast.Assign) else [node.target]
+            names |= {n.id for t in targets for n in ast.walk(t) if isinstance(n, ast.Name)}
+    return names

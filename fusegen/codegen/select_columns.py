@@ -1,0 +1,75 @@
+"""[P, 1] column chains kept off the in-order Vector queue, on engines engines.py allows.
+
+A row kernel's per-row math (rstd, a scale, a clamp...) is a chain of one-element-per-partition steps
+that waits on the reduction passes; on the Vector engine each step would wait in the queue the
+full-width work fills. `tensor_scalar` may not run on GpSimd (its docstring allows rsqrt only), so a
+chain of adds and products becomes GpSimd `tensor_tensor` steps against columns, a constant operand
+memset once per launch into a column (`Selector.constants`), and `max(x, c)` becomes `relu(x - c) + c`
+(the relu on the Scalar engine, whose bias takes a column; the maximum itself is Vector-only).
+"""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING
+
+from fusegen.codegen.engines import GPSIMD, gpsimd_allows
+from fusegen.codegen.stage import Operand
+
+if TYPE_CHECKING:
+    from fusegen.codegen.select import Selector
+
+
+def reads_psum(reads: tuple[Operand, ...]) -> bool:
+    """Whether any operand lives in PSUM (which GpSimd cannot access)."""
+    return any(r.memory == "psum" for r in reads)
+
+
+def stays_off_vector(data: Operand, ops: list[str], operands: list[Operand]) -> bool:
+    """Whether `(data op0 s0) op1 s1` on a column can run as `chain` emits it: every op an add or a
+    multiply GpSimd may take (SBUF operands only), or a maximum with a scalar."""
+    return all(
+        gpsimd_allows("tensor_tensor", (op,), reads_psum((data, operand)))
+        or (op == "nl.maximum" and operand.kind == "scalar")
+        for op, operand in zip(ops, operands, strict=True)
+    )
+
+
+def chain(sel: Selector, data: Operand, ops: list[str], operands: list[Operand], dtype: str) -> Operand:
+    """The column chain, one instruction per step off the Vector engine."""
+    value = data
+    for op, operand in zip(ops, operands, strict=True):
+        if op == "nl.maximum":
+            value = _maximum(sel, value, operand.code)
+            continue
+        operand = sel._fp32(operand)
+        if operand.kind == "scalar":
+            operand = constant(sel, operand.code)
+        dst = sel._alloc("vec", "f32")
+        sel._emit(
+            "tensor_tensor", (value, operand), dst=dst.code, data1=value.code, data2=operand.code, op=op
+        )
+        value = dst
+    return value if value.dtype == dtype else sel.copy(value, "vec", dtype)
+
+
+def _maximum(sel: Selector, x: Operand, bound: str) -> Operand:
+    """max(x, bound) = relu(x - bound) + bound: exact where x <= bound, else within an ulp of x."""
+    shifted = sel._alloc("vec", "f32")
+    below = constant(sel, f"(-{bound})")
+    sel._emit("activation", (x,), dst=shifted.code, op="nl.relu", data=x.code, bias=below.code)
+    dst = sel._alloc("vec", "f32")
+    offset = constant(sel, bound)
+    sel._emit("tensor_tensor", (shifted, offset), dst=dst.code, data1=shifted.code, data2=offset.code,
+              op="nl.add")  # fmt: skip
+    return dst
+
+
+def constant(sel: Selector, value: str) -> Operand:
+    """A [P, 1] fp32 column holding the launch-wide scalar `value` (a param, a dim's function): its lines
+    go to `sel.constants`, which the kernel runs once before its loops (memset on GpSimd)."""
+    if value not in sel.constant_columns:
+        name = f"{sel.prefix}c{len(sel.constant_columns)}"
+        sel.constants.append(f"{name} = nl.ndarray((P, 1), dtype=nl.float32, buffer=nl.sbuf)")
+        sel.constants.append(f"nisa.memset(dst={name}[0:P, 0:1], value={value}, engine={GPSIMD})")
+        sel.constant_columns[value] = Operand("vec", f"{name}[0:{sel.layout.part}, 0:1]")
+    return sel.constant_columns[value]
