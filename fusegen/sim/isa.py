@@ -2,8 +2,12 @@
 
 from __future__ import annotations
 
+import functools
+from collections.abc import Callable
+from typing import Any
+
 from .context import active_target, current
-from .errors import InvalidArgumentError, SimError, UnsupportedError
+from .errors import InvalidArgumentError, SimError, UnsupportedError, fault
 from .instr import Instr
 from .isa_compute import (  # noqa: F401 -- the public nisa surface
     activation,
@@ -21,6 +25,7 @@ from .isa_move import dma_copy, dma_transpose, iota, memset, nc_transpose, tenso
 from .memory import MemoryRegion
 from .operands import engine_name
 from .ops import dge_mode, dma_engine, engine, matmul_perf_mode, nc_version, oob_mode, reduce_cmd  # noqa: F401
+from .rules import violation
 from .tensor import NkiTensor
 
 NkiValidationError = SimError
@@ -46,14 +51,14 @@ def core_barrier(
     t = ins.tensor(data, "data")
     if t.alloc.region is not MemoryRegion.shared_hbm:
         raise ins.fail(InvalidArgumentError, f"data must be in shared HBM, got {t.alloc.region.value}")
-    if ins.ctx.launch.target.nc_version < 3:  # the AWS stub: logical-core barriers need NeuronCore-v3+
-        target = ins.ctx.launch.target.name
-        raise ins.fail(
-            UnsupportedError,
-            f"core_barrier needs NeuronCore-v3 or later; {target} has no "
-            "logical-core pairs (launch with LNC=1)",
+    launch = ins.ctx.launch
+    if launch.target.nc_version < 3 or launch.grid != 2 or tuple(cores) != (0, 1):
+        violation(
+            ins,
+            "core-barrier-lnc",
+            f"cores={cores} in a {launch.grid}-instance launch on {launch.target.name}",
         )
-    grid = ins.ctx.launch.grid
+    grid = launch.grid
     if not set(range(grid)) <= set(cores):
         raise ins.fail(
             InvalidArgumentError, f"cores={cores} must include every core of the launch {tuple(range(grid))}"
@@ -62,3 +67,44 @@ def core_barrier(
     ctx = current()
     ctx.launch.barrier.wait(ctx.core, ins)
     ctx.epoch += 1
+
+
+def _guarded(fn: Callable[..., None]) -> Callable[..., None]:
+    """An instruction whose torch failures (e.g. an op torch lacks for a dtype) surface as SimError."""
+
+    @functools.wraps(fn)
+    def instruction(*args: Any, **kwargs: Any) -> None:
+        try:
+            fn(*args, **kwargs)
+        except SimError:
+            raise
+        except (RuntimeError, NotImplementedError, TypeError, ValueError, IndexError, OverflowError) as exc:
+            tb = exc.__traceback__
+            if tb is not None and tb.tb_next is None:  # raised by the call itself: wrong arguments
+                raise fault(InvalidArgumentError, fn.__name__, str(exc)) from None
+            detail = f"not modelled by the interpreter ({type(exc).__name__}: {exc})"
+            raise fault(UnsupportedError, fn.__name__, detail) from exc
+
+    return instruction
+
+
+_INSTRUCTIONS = (
+    "activation",
+    "activation_reduce",
+    "bn_aggr",
+    "bn_stats",
+    "reciprocal",
+    "scalar_tensor_tensor",
+    "tensor_reduce",
+    "tensor_scalar",
+    "tensor_tensor",
+    "nc_matmul",
+    "dma_copy",
+    "dma_transpose",
+    "iota",
+    "memset",
+    "nc_transpose",
+    "tensor_copy",
+    "core_barrier",
+)
+globals().update({name: _guarded(globals()[name]) for name in _INSTRUCTIONS})

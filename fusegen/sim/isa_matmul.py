@@ -23,6 +23,7 @@ def _check_operands(ins: Instr, d: NkiTensor, st: NkiTensor, mv: NkiTensor) -> i
             raise ins.fail(EngineMemoryError, f"{role} must be in SBUF, got {t.alloc.region.value}")
     if d.alloc.region is not MemoryRegion.psum:
         raise ins.fail(EngineMemoryError, f"dst must be in PSUM, got {d.alloc.region.value}")
+    ins.on_chip((st, "stationary"), (mv, "moving"), (d, "dst"))  # start-partition rule
     tgt = ins.ctx.target
     k, m, n = st.partitions, st.free_size, mv.free_size
     if mv.partitions != k or k > tgt.matmul_k_max:

@@ -8,11 +8,13 @@ import torch
 
 from .errors import DtypeError, InvalidArgumentError, PartitionError, ShapeMismatchError, UnsupportedError
 from .instr import Instr
+from .isa_compute import gpsimd_off_psum
 from .memory import MemoryRegion
 from .operands import PSUM, start
 from .ops import dge_mode as DgeMode
 from .ops import engine as Engine
 from .ops import oob_mode as OobMode
+from .rules import HWDGE_TRANSPOSE_ROWS, violation
 from .tensor import NkiTensor
 
 _VECTOR_LIKE = ("vector", "gpsimd", "scalar")
@@ -64,7 +66,9 @@ def dma_copy(
         raise ins.fail(
             ShapeMismatchError, f"dst {d.shape} has {d.numel} elements, src {s.shape} has {s.numel}"
         )
-    ins.write(d, ins.read(s, "src"))
+    value = ins.read(s, "src")
+    # ISA dma_copy: differing dtypes convert through float32 (to integers: RNE, then saturation on write)
+    ins.write(d, value if s.dtype == d.dtype else value.float())
     ins.finish(*_elems(d if d.alloc.on_chip else s))
 
 
@@ -87,11 +91,28 @@ def dma_transpose(
         raise ins.fail(UnsupportedError, f"axes={perm} for a {s.ndim}-D src (supported: {_TRANSPOSE_AXES})")
     if d.dtype != s.dtype:
         raise ins.fail(DtypeError, f"dst {d.dtype} != src {s.dtype}")
+    _transpose_rules(ins, s, dge_mode)
     want = tuple(s.shape[p] for p in perm)
     if d.shape != want:
         raise ins.fail(ShapeMismatchError, f"dst shape {d.shape} must equal permuted src shape {want}")
     ins.write(d, ins.read(s, "src").permute(perm))
     ins.finish(*_elems(d))
+
+
+def _transpose_rules(ins: Instr, s: NkiTensor, dge: object) -> None:
+    """rules.py dma-transpose-*: target, DGE mode, 2-byte dtype, hwdge shapes."""
+    if ins.ctx.target.nc_version < 3:
+        violation(ins, "dma-transpose-target", f"target {ins.ctx.target.name}")
+    if dge not in (DgeMode.unknown, DgeMode.hwdge, None):
+        violation(ins, "dma-transpose-dge-mode", f"dge_mode={dge}")
+    if s.dtype.itemsize != 2:
+        violation(ins, "dma-transpose-2byte", f"src dtype {s.dtype} ({s.dtype.itemsize} bytes)")
+    if dge is DgeMode.hwdge:
+        _dma_mode(ins, dge, Engine.unknown, s, s)  # hwdge itself needs NeuronCore-v3+
+        rows, last = s.shape[0], s.shape[-1]
+        ok = rows == 16 if s.ndim == 2 else rows in HWDGE_TRANSPOSE_ROWS and rows * s.shape[-2] % 16 == 0
+        if not ok or last > 128:
+            violation(ins, "dma-transpose-hwdge-shape", f"src shape {s.shape}")
 
 
 def tensor_copy(dst: NkiTensor, src: NkiTensor, engine: object = Engine.unknown, name: object = None) -> None:
@@ -100,8 +121,7 @@ def tensor_copy(dst: NkiTensor, src: NkiTensor, engine: object = Engine.unknown,
     d, s = ins.tensor(dst, "dst"), ins.tensor(src, "src")
     ins.on_chip((d, "dst"), (s, "src"))
     if ins.engine == "gpsimd":
-        ins.forbid(d, PSUM, "dst", "GpSimd cannot access PSUM")
-        ins.forbid(s, PSUM, "src", "GpSimd cannot access PSUM")
+        gpsimd_off_psum(ins, (d, "dst"), (s, "src"))
     if ins.engine == "scalar" and ins.ctx.target.nc_version < 3:
         raise ins.fail(InvalidArgumentError, "trn1 Scalar engine has no tensor_copy; use activation(nl.copy)")
     ins.same_layout(d, s, "dst/src")
@@ -116,7 +136,7 @@ def memset(dst: NkiTensor, value: object, engine: object = Engine.unknown, name:
     d = ins.tensor(dst, "dst")
     ins.on_chip((d, "dst"))
     if ins.engine == "gpsimd":
-        ins.forbid(d, PSUM, "dst", "GpSimd cannot access PSUM")
+        gpsimd_off_psum(ins, (d, "dst"))
     if not d.dtype.is_floating_point and not float(value).is_integer():  # type: ignore[arg-type]
         raise ins.fail(DtypeError, f"value {value!r} does not fit integer dtype {d.dtype}")
     ins.write(d, torch.full(d.shape, float(value), dtype=torch.float32))  # type: ignore[arg-type]
