@@ -87,8 +87,9 @@ def int32_arith(x_hbm, y_hbm):
 
 
 def test_all_int32_tensor_tensor_is_exact_integer_arithmetic():
-    """ISA tensor_tensor: 'When all input/output tiles are int32 or uint32, the operation defaults to GpSimd
-    Engine, which uses native integer arithmetic. This ensures exact results for all 32-bit integer values.'"""
+    """ISA tensor_tensor: 'When all input/output tiles are int32 or uint32, the operation defaults to
+    GpSimd Engine, which uses native integer arithmetic. This ensures exact results for all 32-bit integer
+    values.'"""
     x = torch.tensor([[123456789, 46341, 16777217, -987654321]], dtype=torch.int32)
     y = torch.tensor([[987654321, 46340, 1, -123456789]], dtype=torch.int32)
     added, subtracted, multiplied = int32_arith(x, y)
@@ -106,8 +107,8 @@ def dma_convert(x_hbm, dtype):
 
 
 def test_dma_conversion_to_integers_goes_through_float32_and_saturates():
-    """ISA dma_copy: 'first casting from src.dtype to float32, then from float32 to dst.dtype'; RN 2.32: fp32 to
-    integer casts 'round to nearest, ties to even; saturate to the destination range'."""
+    """ISA dma_copy: 'first casting from src.dtype to float32, then from float32 to dst.dtype'; RN 2.32:
+    fp32 to integer casts 'round to nearest, ties to even; saturate to the destination range'."""
     x = torch.tensor([[300.0, -300.0, 2.5, 3.5, -2.5, 127.4]])
     assert dma_convert(x, nl.int8).tolist() == [[127, -128, 2, 4, -2, 127]]
     wide = torch.tensor([[1000, -1000, 16777217, 7]], dtype=torch.int32)
@@ -118,19 +119,22 @@ def test_dma_conversion_to_integers_goes_through_float32_and_saturates():
     assert via_fp32.item() == 16777216.0
 
 
-def test_torch_failures_inside_instructions_are_simerrors():
+def test_torch_failures_inside_instructions_are_simerrors(monkeypatch):
     """Anything the interpreter cannot compute raises a SimError naming the line, never a raw torch error."""
 
-    def bitwise_on_float(x):
-        a = _load(x)
-        nisa.tensor_tensor(dst=a, data1=a, data2=a, op=nl.bitwise_and)
+    def torch_lacks_it(*args):
+        raise NotImplementedError('"bitwise_and_cpu" not implemented for \'Float\'')
 
-    with (
-        pytest.warns(sim.ConformanceWarning, match=r"\[bitvec-integer\]"),
-        pytest.raises(sim.SimError) as info,
-    ):
-        sim.run(bitwise_on_float, torch.ones(2, 2), rules="warn")
-    assert "bitwise_and" in str(info.value) and "NotImplementedError" not in type(info.value).__name__
+    monkeypatch.setattr(nl.add, "fn", torch_lacks_it)
+
+    def kernel(x):
+        a = _load(x)
+        nisa.tensor_tensor(dst=a, data1=a, data2=a, op=nl.add)  # <-torch-failure
+
+    with pytest.raises(sim.UnsupportedError) as info:
+        sim.run(kernel, torch.ones(2, 2), rules="error")
+    assert "bitwise_and_cpu" in str(info.value) and "test_semantics.py" in str(info.value)
+    assert "<-torch-failure" in open(__file__).read().splitlines()[int(str(info.value).split(":")[1]) - 1]
 
 
 def test_legal_but_unmodelled_reduction_is_unsupported():
