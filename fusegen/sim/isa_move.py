@@ -100,9 +100,7 @@ def dma_transpose(
 
 
 def _transpose_rules(ins: Instr, s: NkiTensor, dge: object) -> None:
-    """rules.py dma-transpose-*: target, DGE mode, 2-byte dtype, hwdge shapes."""
-    if ins.ctx.target.nc_version < 3:
-        violation(ins, "dma-transpose-target", f"target {ins.ctx.target.name}")
+    """rules.py dma-transpose-*: DGE mode, 2-byte dtype, hwdge shapes."""
     if dge not in (DgeMode.unknown, DgeMode.hwdge, None):
         violation(ins, "dma-transpose-dge-mode", f"dge_mode={dge}")
     if s.dtype.itemsize != 2:

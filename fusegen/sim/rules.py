@@ -161,12 +161,6 @@ RULE_LIST: tuple[Rule, ...] = (
     ),
     # ---- DMA -------------------------------------------------------------------------------------
     Rule(
-        "dma-transpose-target",
-        InvalidArgumentError,
-        "dma_transpose needs NeuronCore-v3+ (Trainium2 introduces DMA transpose; its DGE paths are v3+)",
-        "ARCH3 DMA Transpose; ISA dma_transpose, dma_copy (hwdge v3+); DGE swdge transpose",
-    ),
-    Rule(
         "dma-transpose-dge-mode",
         InvalidArgumentError,
         "a direct dma_transpose takes dge_mode unknown or hwdge",

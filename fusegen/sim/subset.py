@@ -92,6 +92,6 @@ def _findings(fn: types.FunctionType) -> tuple[Finding, ...]:
         node = _definition(current)
         if node is None:
             continue
-        out.extend(_node_findings(node, current.__code__.co_filename))
+        out.extend(sorted(_node_findings(node, current.__code__.co_filename), key=lambda f: f[2]))
         todo.extend(_called_helpers(node, current))
     return tuple(out)

@@ -409,5 +409,4 @@ def test_allocation_helpers_and_tile_size_per_target():
     el, tr, sizes = kernel(x)
     assert torch.equal(el, torch.ones(16, 4)) and torch.equal(tr, x.permute(2, 1, 0))
     assert sizes == (128, 8, 212_984, 512, 512)
-    with pytest.warns(sim.ConformanceWarning, match=r"\[dma-transpose-target\]"):  # trn2+ only
-        assert sim.run(kernel, x, target="trn1", rules="warn").outputs[2][2] == 180_224
+    assert sim.run(kernel, x, target="trn1", rules="error").outputs[2][2] == 180_224

@@ -192,7 +192,6 @@ CASES = {
     "gpsimd-no-psum": (power_reads_psum, "<-gpsimd-no-psum", "trn2", ()),
     "engine-free-size": (wide_vector_copy, "<-engine-free-size", "trn2", (torch.zeros(1, 65537).bfloat16(),)),
     "start-partition": (misaligned_partitions, "<-start-partition", "trn2", ()),
-    "dma-transpose-target": (transpose(), "<-dma-transpose", "trn1", ()),
     "dma-transpose-dge-mode": (transpose(dge=nisa.dge_mode.swdge), "<-dma-transpose", "trn2", ()),
     "dma-transpose-2byte": (transpose(F32), "<-dma-transpose", "trn2", ()),
     "dma-transpose-hwdge-shape": (transpose(dge=nisa.dge_mode.hwdge), "<-dma-transpose", "trn2", ()),
