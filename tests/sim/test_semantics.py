@@ -123,7 +123,7 @@ def test_torch_failures_inside_instructions_are_simerrors(monkeypatch):
     """Anything the interpreter cannot compute raises a SimError naming the line, never a raw torch error."""
 
     def torch_lacks_it(*args):
-        raise NotImplementedError('"bitwise_and_cpu" not implemented for \'Float\'')
+        raise NotImplementedError("\"bitwise_and_cpu\" not implemented for 'Float'")
 
     monkeypatch.setattr(nl.add, "fn", torch_lacks_it)
 
@@ -155,3 +155,25 @@ def test_wrong_instruction_arguments_are_invalid_argument_errors():
 
     with pytest.raises(sim.InvalidArgumentError, match="source"):
         sim.run(kernel, torch.ones(2, 4), rules="error")
+
+
+@nki.jit
+def derivative_kernel(x_hbm, op):
+    x = _load(x_hbm)
+    d = nl.ndarray(x.shape, dtype=nl.float32, buffer=nl.sbuf)
+    nisa.activation(dst=d, op=op, data=x)
+    return _store(d)
+
+
+@pytest.mark.parametrize(
+    ("name", "fn"),
+    [
+        ("gelu_dx", torch.nn.functional.gelu),
+        ("gelu_apprx_sigmoid_dx", lambda x: x * torch.sigmoid(1.702 * x)),
+    ],
+)
+def test_derivative_activations_of_the_table_match_autograd(name, fn):
+    """SH tbl-act-func lists gelu_dx and gelu_apprx_sigmoid_dx: derivatives of gelu and its sigmoid form."""
+    x = torch.linspace(-4, 4, 128 * 8).reshape(128, 8).requires_grad_(True)
+    (grad,) = torch.autograd.grad(fn(x).sum(), x)
+    torch.testing.assert_close(derivative_kernel(x.detach(), getattr(nl, name)), grad)
