@@ -283,3 +283,11 @@ def test_seed_style_transposes_and_legal_engines_pass():
     with warnings.catch_warnings():
         warnings.simplefilter("error")
         sim.run(kernel, rules="error")
+
+
+def test_docs_list_every_rule_with_its_source():
+    from pathlib import Path
+
+    docs = (Path(__file__).parents[2] / "docs" / "sim.md").read_text()
+    for rule in sim.RULES.values():
+        assert f"| `{rule.name}`" in docs and rule.source in docs, rule.name
