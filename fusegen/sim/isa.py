@@ -2,12 +2,8 @@
 
 from __future__ import annotations
 
-import functools
-from collections.abc import Callable
-from typing import Any
-
 from .context import active_target, current
-from .errors import InvalidArgumentError, SimError, UnsupportedError, fault
+from .errors import API_NAMES, InvalidArgumentError, SimError
 from .instr import Instr
 from .isa_compute import (  # noqa: F401 -- the public nisa surface
     activation,
@@ -69,42 +65,4 @@ def core_barrier(
     ctx.epoch += 1
 
 
-def _guarded(fn: Callable[..., None]) -> Callable[..., None]:
-    """An instruction whose torch failures (e.g. an op torch lacks for a dtype) surface as SimError."""
-
-    @functools.wraps(fn)
-    def instruction(*args: Any, **kwargs: Any) -> None:
-        try:
-            fn(*args, **kwargs)
-        except SimError:
-            raise
-        except (RuntimeError, NotImplementedError, TypeError, ValueError, IndexError, OverflowError) as exc:
-            tb = exc.__traceback__
-            if tb is not None and tb.tb_next is None:  # raised by the call itself: wrong arguments
-                raise fault(InvalidArgumentError, fn.__name__, str(exc)) from None
-            detail = f"not modelled by the interpreter ({type(exc).__name__}: {exc})"
-            raise fault(UnsupportedError, fn.__name__, detail) from exc
-
-    return instruction
-
-
-_INSTRUCTIONS = (
-    "activation",
-    "activation_reduce",
-    "bn_aggr",
-    "bn_stats",
-    "reciprocal",
-    "scalar_tensor_tensor",
-    "tensor_reduce",
-    "tensor_scalar",
-    "tensor_tensor",
-    "nc_matmul",
-    "dma_copy",
-    "dma_transpose",
-    "iota",
-    "memset",
-    "nc_transpose",
-    "tensor_copy",
-    "core_barrier",
-)
-globals().update({name: _guarded(globals()[name]) for name in _INSTRUCTIONS})
+API_NAMES.update(name for name, value in list(globals().items()) if callable(value) and name[0] != "_")

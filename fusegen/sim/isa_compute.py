@@ -119,6 +119,11 @@ def activation_reduce(
     )
 
 
+def _any_psum(*tensors: NkiTensor) -> bool:
+    """True if any operand lives in PSUM."""
+    return any(t.alloc.region in PSUM for t in tensors)
+
+
 def _require_integers(ins: Instr, op: Op, *views: tuple[NkiTensor, str]) -> None:
     """rules.py bitvec-integer."""
     for t, role in views:
@@ -137,26 +142,23 @@ def tensor_tensor(
     """dst = data1 op data2 elementwise (no broadcast); all-int32 arithmetic is exact on GpSimd."""
     ins = Instr("tensor_tensor", "vector")
     fn = alu_op(ins, op, "op")
-    views = (
-        (ins.tensor(dst, "dst"), "dst"),
-        (ins.tensor(data1, "data1"), "data1"),
-        (ins.tensor(data2, "data2"), "data2"),
-    )
-    integers = all(t.dtype in _INT32 for t, _ in views)
-    in_psum = any(t.alloc.region in PSUM for t, _ in views)
-    if engine in (None, Engine.unknown) and (fn.name == "power" or (integers and not in_psum)):
+    d, a, b = ins.tensor(dst, "dst"), ins.tensor(data1, "data1"), ins.tensor(data2, "data2")
+    integers = d.dtype in _INT32 and a.dtype in _INT32 and b.dtype in _INT32
+    if (engine is None or engine is Engine.unknown) and (
+        fn.name == "power" or (integers and not _any_psum(d, a, b))
+    ):
         ins.engine = "gpsimd"  # ISA tensor_tensor: nl.power, and all-int32/uint32 operands, run on GpSimd
     else:
         alu_engine(ins, engine, ("vector", "gpsimd"), (fn.name,))
-    d, a = _elementwise(ins, dst, data1, "data1")
-    _, b = _elementwise(ins, dst, data2, "data2")
+    _elementwise(ins, d, a, "data1")
+    _elementwise(ins, d, b, "data2")
     if a.alloc.region in PSUM and b.alloc.region in PSUM:
         raise ins.fail(EngineMemoryError, "data1 and data2 are both in PSUM; at most one input may be")
     if fn.bitwise:
-        _require_integers(ins, fn, *views)
-    exact = fn.bitwise or (integers and ins.engine == "gpsimd")
-    if exact and not any(t.dtype.is_floating_point for t, _ in views):
-        x, y = int_rows(ins, a, "data1"), int_rows(ins, b, "data2")
+        _require_integers(ins, fn, (d, "dst"), (a, "data1"), (b, "data2"))
+    floats = d.dtype.is_floating_point or a.dtype.is_floating_point or b.dtype.is_floating_point
+    if (fn.bitwise or (integers and ins.engine == "gpsimd")) and not floats:
+        x, y = int_rows(ins, a, "data1"), int_rows(ins, b, "data2")  # raw bits / exact integer arithmetic
     else:
         x, y = as_rows(ins, a, "data1"), as_rows(ins, b, "data2")
     ins.write(d, fn.fn(x, y))

@@ -17,7 +17,13 @@ import torch
 from .barrier import CoreBarrier, worker
 from .conformance import DEFAULT_RULES, check_kernel, check_launch, check_mode
 from .context import Context, set_current
-from .errors import BarrierError, SimError, UninitializedReadError, UninitializedReadWarning
+from .errors import (
+    BarrierError,
+    SimError,
+    UninitializedReadError,
+    UninitializedReadWarning,
+    instruction_failure,
+)
 from .instr import unwritten_count
 from .liveness import check_instance
 from .memory import Alloc, MemoryRegion, StoragePool
@@ -253,6 +259,11 @@ class Kernel:
         with _quiet_runtime():
             try:
                 result = launch.run(self.fn, args, kwargs)
+            except Exception as exc:
+                failure = instruction_failure(exc)  # e.g. a torch error inside an instruction
+                if failure is None:
+                    raise
+                raise failure from exc
             finally:
                 launch.close()
         self.last_run = result

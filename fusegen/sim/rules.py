@@ -358,8 +358,13 @@ _ENGINE_PROBLEMS: dict[tuple[str, str, tuple[str, ...], int], str | None] = {}
 
 
 def pick_engine(instr: str, choices: tuple[str, ...], ops: tuple[str, ...], nc_version: int) -> str:
-    """engine=unknown: the first of `choices` on which the ops are legal (else the first choice)."""
-    for engine in choices:
-        if engine_problem(instr, engine, ops, nc_version) is None:
-            return engine
-    return choices[0]
+    """engine=unknown: the first of `choices` on which the ops are legal (else the first choice); cached."""
+    key = (instr, choices, ops, nc_version)
+    engine = _PICKED.get(key)
+    if engine is None:
+        legal = [e for e in choices if engine_problem(instr, e, ops, nc_version) is None]
+        engine = _PICKED[key] = legal[0] if legal else choices[0]
+    return engine
+
+
+_PICKED: dict[tuple[str, tuple[str, ...], tuple[str, ...], int], str] = {}
