@@ -10,7 +10,6 @@ from . import dtypes
 from .context import current
 from .errors import (
     BarrierError,
-    EngineMemoryError,
     RaceError,
     ShapeMismatchError,
     SimError,
@@ -55,21 +54,17 @@ class Instr:
             raise self.fail(ShapeMismatchError, f"{role} must be a tensor, got {type(value).__name__}")
         return value
 
-    def forbid(self, t: NkiTensor, regions: tuple[MemoryRegion, ...], role: str, why: str) -> None:
-        """Raise EngineMemoryError if `t` lives in one of `regions`."""
+    def forbid(self, t: NkiTensor, regions: tuple[MemoryRegion, ...], role: str, rule: str) -> None:
+        """Report `rule` (rules.py) if `t` lives in one of `regions`."""
         if t.alloc.region in regions:
-            raise self.fail(EngineMemoryError, f"{role} in {t.alloc.region.value}: {why} ({t.alloc.label()})")
+            violation(self, rule, f"{role} in {t.alloc.region.value} ({t.alloc.label()})")
 
     def on_chip(self, *pairs: tuple[NkiTensor, str]) -> None:
         """Compute engines read and write SBUF/PSUM only, within the start-partition and free-size rules."""
         for t, role in pairs:
             alloc = t.alloc
             if not alloc.on_chip:
-                raise self.fail(
-                    EngineMemoryError,
-                    f"{role} in {alloc.region.value}: {self.engine} engine "
-                    f"accesses SBUF/PSUM only; move HBM data with nisa.dma_copy",
-                )
+                violation(self, "compute-on-chip", f"{role} in {alloc.region.value} ({self.engine} engine)")
             if t.offset >= alloc.pstride or t.free_size > _SMALLEST_FREE_MAX:  # rare: most views pass both
                 self._access_rules(t, role)
 

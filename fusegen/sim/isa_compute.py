@@ -5,7 +5,6 @@ from __future__ import annotations
 import torch
 
 from .errors import (
-    EngineMemoryError,
     InvalidArgumentError,
     PartitionError,
     ShapeMismatchError,
@@ -88,7 +87,7 @@ def activation(
         x = x * scale_v
     if bias is not None:
         if ins.ctx.target.nc_version < 3 and not isinstance(bias, NkiTensor):
-            raise ins.fail(InvalidArgumentError, "trn1 activation bias must be a [P,1] tensor, not a scalar")
+            violation(ins, "activation-bias-v2", f"bias={bias!r} on {ins.ctx.target.name}")
         x = x + scalar_or_column(ins, bias, s.partitions, "bias")
     y = fn.fn(x)
     ins.write(d, y)
@@ -153,7 +152,7 @@ def tensor_tensor(
     _elementwise(ins, d, a, "data1")
     _elementwise(ins, d, b, "data2")
     if a.alloc.region in PSUM and b.alloc.region in PSUM:
-        raise ins.fail(EngineMemoryError, "data1 and data2 are both in PSUM; at most one input may be")
+        violation(ins, "psum-one-input", "data1 and data2 are both in PSUM")
     if fn.bitwise:
         _require_integers(ins, fn, (d, "dst"), (a, "data1"), (b, "data2"))
     floats = d.dtype.is_floating_point or a.dtype.is_floating_point or b.dtype.is_floating_point
@@ -232,7 +231,7 @@ def scalar_tensor_tensor(
     d, s = _elementwise(ins, dst, data)
     _, t = _elementwise(ins, dst, operand1, "operand1")
     if s.alloc.region in PSUM and t.alloc.region in PSUM:
-        raise ins.fail(EngineMemoryError, "data and operand1 are both in PSUM; at most one may be")
+        violation(ins, "psum-one-input", "data and operand1 are both in PSUM")
     x = as_rows(ins, s, "data")
     y = apply(first, x, scalar_or_column(ins, operand0, s.partitions, "operand0"), reverse0)
     ins.write(d, apply(second, y, as_rows(ins, t, "operand1"), reverse1))

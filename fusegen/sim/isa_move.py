@@ -24,8 +24,8 @@ _TRANSPOSE_AXES = ((1, 0), (2, 1, 0), (3, 1, 2, 0))
 def _dma_operands(ins: Instr, dst: object, src: object) -> tuple[NkiTensor, NkiTensor]:
     """DMA moves HBM/SBUF data only; PSUM is unreachable."""
     d, s = ins.tensor(dst, "dst"), ins.tensor(src, "src")
-    ins.forbid(d, PSUM, "dst", "DMA cannot access PSUM; evict with tensor_copy/activation first")
-    ins.forbid(s, PSUM, "src", "DMA cannot access PSUM; evict with tensor_copy/activation first")
+    ins.forbid(d, PSUM, "dst", "dma-no-psum")
+    ins.forbid(s, PSUM, "src", "dma-no-psum")
     return d, s
 
 
@@ -33,15 +33,13 @@ def _dma_mode(ins: Instr, dge: object, engine: object, d: NkiTensor, s: NkiTenso
     """hwdge rules: NeuronCore-v3+, equal dtypes; `engine` only with hwdge (sync or scalar)."""
     if dge is DgeMode.hwdge:
         if not ins.ctx.target.supports_hwdge:
-            raise ins.fail(
-                InvalidArgumentError, f"dge_mode=hwdge needs NeuronCore-v3+, target is {ins.ctx.target.name}"
-            )
+            violation(ins, "hwdge-target", f"dge_mode=hwdge on {ins.ctx.target.name}")
         if d.dtype != s.dtype:
-            raise ins.fail(DtypeError, f"hwdge copies raw bytes: dst {d.dtype} != src {s.dtype}")
+            violation(ins, "hwdge-dtype", f"dst {d.dtype} != src {s.dtype}")
         if engine not in (Engine.unknown, Engine.sync, Engine.scalar):
-            raise ins.fail(InvalidArgumentError, f"engine={engine} with hwdge: use sync or scalar")
+            violation(ins, "dma-engine", f"engine={engine} with hwdge")
     elif engine is not Engine.unknown:
-        raise ins.fail(InvalidArgumentError, f"engine={engine} is only valid with dge_mode=hwdge")
+        violation(ins, "dma-engine", f"engine={engine} without dge_mode=hwdge")
 
 
 def _elems(t: NkiTensor) -> tuple[int, int]:
@@ -121,7 +119,7 @@ def tensor_copy(dst: NkiTensor, src: NkiTensor, engine: object = Engine.unknown,
     if ins.engine == "gpsimd":
         gpsimd_off_psum(ins, (d, "dst"), (s, "src"))
     if ins.engine == "scalar" and ins.ctx.target.nc_version < 3:
-        raise ins.fail(InvalidArgumentError, "trn1 Scalar engine has no tensor_copy; use activation(nl.copy)")
+        violation(ins, "tensor-copy-scalar-v2", f"engine=scalar on {ins.ctx.target.name}")
     ins.same_layout(d, s, "dst/src")
     value = ins.read(s, "src")
     ins.write(d, value if value.dtype == d.dtype else value.float())
@@ -180,8 +178,8 @@ def nc_transpose(
     ins.on_chip((d, "dst"), (s, "data"))
     limit = 128 if ins.engine == "tensor" else 32
     if ins.engine == "tensor":
-        ins.forbid(s, PSUM, "data", "the Tensor engine reads SBUF")
-        ins.forbid(d, (MemoryRegion.sbuf,), "dst", "the Tensor engine writes PSUM")
+        ins.forbid(s, PSUM, "data", "tensor-engine-memories")
+        ins.forbid(d, (MemoryRegion.sbuf,), "dst", "tensor-engine-memories")
     if s.partitions > limit or s.free_size > limit:
         raise ins.fail(
             PartitionError,

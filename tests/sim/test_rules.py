@@ -173,6 +173,41 @@ def identity_test(x):
     return None
 
 
+def activation_reads_hbm(x):
+    nisa.activation(dst=_dst((2, 2)), op=nl.exp, data=x)  # <-compute-on-chip
+
+
+def matmul_into_sbuf():
+    a = _tile((128, 64))
+    nisa.nc_matmul(dst=_dst((64, 64)), stationary=a, moving=a)  # <-tensor-engine-memories
+
+
+def both_inputs_in_psum():
+    ps = _tile((128, 8), buffer=nl.psum)
+    nisa.tensor_tensor(dst=_dst((128, 8)), data1=ps, data2=ps, op=nl.add)  # <-psum-one-input
+
+
+def scalar_engine_copy():
+    src = _tile((128, 8))
+    nisa.tensor_copy(dst=_dst((128, 8)), src=src, engine=nisa.engine.scalar)  # <-tensor-copy-scalar-v2
+
+
+def scalar_bias():
+    nisa.activation(dst=_dst((128, 8)), op=nl.exp, data=_tile((128, 8)), bias=1.0)  # <-activation-bias-v2
+
+
+def dma_from_psum(x):
+    nisa.dma_copy(dst=x, src=_tile((2, 2), buffer=nl.psum))  # <-dma-no-psum
+
+
+def dma(dge, engine=None, dtype=F32):
+    def kernel(x):
+        mode = engine or nisa.engine.unknown
+        nisa.dma_copy(dst=_dst((2, 2), dtype), src=x, dge_mode=dge, engine=mode)  # <-dma-mode
+
+    return kernel
+
+
 # rule -> (kernel, marker, target, args)
 CASES = {
     "alu-no-divide": (divide, "<-alu-no-divide", "trn2", ()),
@@ -196,6 +231,15 @@ CASES = {
     "dma-transpose-2byte": (transpose(F32), "<-dma-transpose", "trn2", ()),
     "dma-transpose-hwdge-shape": (transpose(dge=nisa.dge_mode.hwdge), "<-dma-transpose", "trn2", ()),
     "core-barrier-lnc": (barrier_without_lnc, "<-core-barrier-lnc", "trn2", (torch.zeros(2, 2),)),
+    "compute-on-chip": (activation_reads_hbm, "<-compute-on-chip", "trn2", (torch.ones(2, 2),)),
+    "tensor-engine-memories": (matmul_into_sbuf, "<-tensor-engine-memories", "trn2", ()),
+    "psum-one-input": (both_inputs_in_psum, "<-psum-one-input", "trn2", ()),
+    "tensor-copy-scalar-v2": (scalar_engine_copy, "<-tensor-copy-scalar-v2", "trn1", ()),
+    "activation-bias-v2": (scalar_bias, "<-activation-bias-v2", "trn1", ()),
+    "dma-no-psum": (dma_from_psum, "<-dma-no-psum", "trn2", (torch.ones(2, 2),)),
+    "hwdge-target": (dma(nisa.dge_mode.hwdge), "<-dma-mode", "trn1", (torch.ones(2, 2),)),
+    "hwdge-dtype": (dma(nisa.dge_mode.hwdge, dtype=BF16), "<-dma-mode", "trn2", (torch.ones(2, 2),)),
+    "dma-engine": (dma(nisa.dge_mode.swdge, nisa.engine.scalar), "<-dma-mode", "trn2", (torch.ones(2, 2),)),
     "lang-no-generator": (nested_generator, "<-lang-no-generator", "trn2", ()),
     "lang-no-is": (identity_test, "<-lang-no-is", "trn2", (None,)),
 }
