@@ -11,7 +11,7 @@ from .rules import LNC_DEGREES, RULES, ConformanceWarning, message
 from .subset import findings
 from .targets import Target
 
-#: rules="error": every rules.py violation raises; "warn": warns once per rule and line and runs on.
+#: rules="error": every rules.py violation raises; "warn": warns once per rule and line, and runs on.
 #: "warn" is the default until generated/ conforms (issue 13); tests/sim/test_conformance.py and the
 #: rule tests run with "error".
 DEFAULT_RULES = "warn"

@@ -50,7 +50,6 @@ class Launch:
         self.target = target
         self.strict = strict
         self.rules_error = rules_error
-        self.warned: set[tuple[str, tuple[str, int]]] = set()  # (rule, site) already warned about
         self.barrier = CoreBarrier(grid)
         self.contexts = [Context(core, self) for core in range(grid)]
         self.shared: list[Alloc] = []

@@ -11,7 +11,7 @@ Sources are files of the public aws-neuron/aws-neuron-sdk repository (rendered o
   GUIDE  nki/get-started/nki-language-guide.rst; MIG nki/migration/index.rst
 Where sources disagree the stricter reading is taken (the `text` says so). docs/sim.md lists the table.
 A violation raises the rule's error class with `[rule-name]` in the message; with rules="warn" a rule not
-marked `always` warns instead (ConformanceWarning, once per rule and source line per launch) and the
+marked `always` warns instead (ConformanceWarning, once per rule and source line per process) and the
 instruction still runs.
 """
 
@@ -376,15 +376,17 @@ def message(rule: Rule, detail: str) -> str:
     return f"[{rule.name}] {detail} ({rule.text}; source: {rule.source})"
 
 
+_WARNED: set[tuple[str, tuple[str, int]]] = set()  # (rule, site) already warned about in this process
+
+
 def violation(ins: Instr, name: str, detail: str) -> None:
     """Report a broken rule at the instruction's source line: raise, or warn when rules='warn'."""
     rule = RULES[name]
     if ins.ctx.rules_error or rule.always:
         raise ins.fail(rule.error, message(rule, detail))
-    seen = ins.ctx.launch.warned
     key = (name, ins.site)
-    if key not in seen:
-        seen.add(key)
+    if key not in _WARNED:
+        _WARNED.add(key)
         warnings.warn(
             f"{ins.site[0]}:{ins.site[1]}: {ins.op}: {message(rule, detail)}",
             ConformanceWarning,
