@@ -7,6 +7,7 @@ import warnings
 import torch
 
 from . import dtypes
+from .conformance import violation
 from .context import current
 from .errors import (
     BarrierError,
@@ -18,7 +19,7 @@ from .errors import (
     user_site,
 )
 from .memory import MemoryRegion
-from .rules import FREE_SIZE_ENGINES, FREE_SIZE_MAX, START_PARTITIONS, violation
+from .rules import FREE_SIZE_ENGINES, FREE_SIZE_MAX, START_PARTITIONS
 from .tensor import NkiTensor, contiguous_strides
 from .trace import Record
 

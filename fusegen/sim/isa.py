@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from .conformance import violation
 from .context import active_target, current
 from .errors import API_NAMES, InvalidArgumentError, SimError
 from .instr import Instr
@@ -21,7 +22,6 @@ from .isa_move import dma_copy, dma_transpose, iota, memset, nc_transpose, tenso
 from .memory import MemoryRegion
 from .operands import engine_name
 from .ops import dge_mode, dma_engine, engine, matmul_perf_mode, nc_version, oob_mode, reduce_cmd  # noqa: F401
-from .rules import violation
 from .tensor import NkiTensor
 
 NkiValidationError = SimError

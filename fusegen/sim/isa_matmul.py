@@ -4,11 +4,11 @@ from __future__ import annotations
 
 import torch
 
+from .conformance import violation
 from .errors import AccumulateError, DtypeError, MatmulShapeError, UnsupportedError
 from .instr import Instr
 from .memory import MemoryRegion
 from .ops import matmul_perf_mode
-from .rules import violation
 from .tensor import NkiTensor
 
 _FP32_ONLY_WITH = (torch.float32,)

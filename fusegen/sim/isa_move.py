@@ -6,6 +6,7 @@ import math
 
 import torch
 
+from .conformance import violation
 from .errors import DtypeError, InvalidArgumentError, PartitionError, ShapeMismatchError, UnsupportedError
 from .instr import Instr
 from .isa_compute import gpsimd_off_psum
@@ -14,7 +15,7 @@ from .operands import PSUM, start
 from .ops import dge_mode as DgeMode
 from .ops import engine as Engine
 from .ops import oob_mode as OobMode
-from .rules import HWDGE_TRANSPOSE_ROWS, violation
+from .rules import HWDGE_TRANSPOSE_ROWS
 from .tensor import NkiTensor
 
 _VECTOR_LIKE = ("vector", "gpsimd", "scalar")

@@ -4,11 +4,12 @@ from __future__ import annotations
 
 import torch
 
+from .conformance import engine_problem, pick_engine, violation
 from .errors import InvalidArgumentError, ShapeMismatchError, fault
 from .instr import Instr
 from .memory import MemoryRegion
 from .ops import Op, engine
-from .rules import ALU_OPS, NOT_HARDWARE, UNARY_IN_TENSOR_SCALAR, engine_problem, pick_engine, violation
+from .rules import ALU_OPS, NOT_HARDWARE, UNARY_IN_TENSOR_SCALAR
 from .tensor import NkiTensor
 
 PSUM = (MemoryRegion.psum,)

@@ -9,7 +9,8 @@ Sources are files of the public aws-neuron/aws-neuron-sdk repository (rendered o
   DGE    nki/deep-dives/nki-dge.rst; RN release-notes/components/nki.rst
   LNC    about-neuron/arch/neuron-features/logical-neuroncore-config.rst
   GUIDE  nki/get-started/nki-language-guide.rst; MIG nki/migration/index.rst
-Where sources disagree the stricter reading is taken (the `text` says so). docs/sim.md lists the table.
+Where sources disagree the stricter reading is taken (the `text` says so). docs/sim.md lists the table;
+conformance.py applies it.
 A violation raises the rule's error class with `[rule-name]` in the message; with rules="warn" a rule not
 marked `always` warns instead (ConformanceWarning, once per rule and source line per process) and the
 instruction still runs.
@@ -17,14 +18,9 @@ instruction still runs.
 
 from __future__ import annotations
 
-import warnings
 from dataclasses import dataclass
-from typing import TYPE_CHECKING
 
 from .errors import DtypeError, EngineMemoryError, InvalidArgumentError, PartitionError, SimError
-
-if TYPE_CHECKING:
-    from .instr import Instr
 
 
 class LanguageError(SimError):
@@ -369,67 +365,3 @@ START_PARTITIONS: tuple[frozenset[int], ...] = tuple(
 )
 LNC_DEGREES = {2: (1,), 3: (1, 2), 4: (1, 2)}  # by NeuronCore version (LNC)
 HWDGE_TRANSPOSE_ROWS = frozenset({1, 2, 4, 8, 16})
-
-
-def message(rule: Rule, detail: str) -> str:
-    """'[rule] detail (rule text; source)'."""
-    return f"[{rule.name}] {detail} ({rule.text}; source: {rule.source})"
-
-
-_WARNED: set[tuple[str, tuple[str, int]]] = set()  # (rule, site) already warned about in this process
-
-
-def violation(ins: Instr, name: str, detail: str) -> None:
-    """Report a broken rule at the instruction's source line: raise, or warn when rules='warn'."""
-    rule = RULES[name]
-    if ins.ctx.rules_error or rule.always:
-        raise ins.fail(rule.error, message(rule, detail))
-    key = (name, ins.site)
-    if key not in _WARNED:
-        _WARNED.add(key)
-        warnings.warn(
-            f"{ins.site[0]}:{ins.site[1]}: {ins.op}: {message(rule, detail)}",
-            ConformanceWarning,
-            stacklevel=2,
-        )
-
-
-def engine_problem(instr: str, engine: str, ops: tuple[str, ...], nc_version: int) -> str | None:
-    """The rule an ALU instruction breaks on `engine` with `ops` (None if legal); cached per combination."""
-    key = (instr, engine, ops, nc_version)
-    if key not in _ENGINE_PROBLEMS:
-        _ENGINE_PROBLEMS[key] = _engine_problem(instr, engine, ops, nc_version)
-    return _ENGINE_PROBLEMS[key]
-
-
-def _engine_problem(instr: str, engine: str, ops: tuple[str, ...], nc_version: int) -> str | None:
-    """Uncached engine_problem."""
-    named = tuple(op for op in ops if op)
-    if any(op in BITVEC_OPS for op in named) and engine != _V:
-        return "tensor-scalar-op-kinds" if instr == "tensor_scalar" else "alu-engine"
-    if instr == "tensor_scalar" and engine == _G and any(op != "rsqrt" for op in named):
-        return "tensor-scalar-gpsimd"
-    if instr == "tensor_scalar" and engine == _S:
-        pair = (ops[0], (ops[1] if len(ops) > 1 else "") or None)
-        if nc_version < 3 or pair not in SCALAR_ENGINE_PAIRS:
-            return "scalar-engine-pairs"
-        return None
-    if any(engine not in ALU_ENGINES.get(op, frozenset({_V})) for op in named):
-        return "alu-engine"
-    return None
-
-
-_ENGINE_PROBLEMS: dict[tuple[str, str, tuple[str, ...], int], str | None] = {}
-
-
-def pick_engine(instr: str, choices: tuple[str, ...], ops: tuple[str, ...], nc_version: int) -> str:
-    """engine=unknown: the first of `choices` on which the ops are legal (else the first choice); cached."""
-    key = (instr, choices, ops, nc_version)
-    engine = _PICKED.get(key)
-    if engine is None:
-        legal = [e for e in choices if engine_problem(instr, e, ops, nc_version) is None]
-        engine = _PICKED[key] = legal[0] if legal else choices[0]
-    return engine
-
-
-_PICKED: dict[tuple[str, tuple[str, ...], tuple[str, ...], int], str] = {}
