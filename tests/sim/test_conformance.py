@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import functools
 import inspect
+import re
 from pathlib import Path
 from types import ModuleType
 from typing import Any
@@ -129,3 +130,19 @@ def test_generated_kernel_conforms(spec: str, role: str, target: str, dims: dict
         grad = torch.randn(outputs[first].shape, generator=torch.Generator().manual_seed(1))
         named = {**named, **outputs, f"grad_{first}": grad.to(outputs[first].dtype)}
         _call(getattr(_kernels(spec, "backward_kernel.py", target), f"{spec}_backward"), named, target)
+
+
+def test_the_roles_reach_every_kernel_under_generated() -> None:
+    """Each @nki.jit function of generated/ is one the roles above launch (a new kind needs a new role)."""
+    for spec in _specs():
+        reached = {
+            f"{spec}_kernel",
+            "fused_weight_kernel",
+            f"{spec}_backward_kernel",
+            f"{spec}_backward_reduce_kernel",
+        }
+        for file in ("kernel.py", "backward_kernel.py"):
+            path = GENERATED / spec / file
+            if path.exists():
+                kernels = re.findall(r"^@nki\.jit\s*\ndef (\w+)", path.read_text(), flags=re.MULTILINE)
+                assert kernels and set(kernels) <= reached, (path, kernels)
