@@ -38,7 +38,7 @@ def _report(name: str, site: tuple[str, int], op: str, detail: str, error: bool)
     warnings.warn(f"{site[0]}:{site[1]}: {op}: {message(rule, detail)}", ConformanceWarning, stacklevel=4)
 
 
-def check_launch(target: Target, grid: int, fn: Callable[..., Any], error: bool) -> None:
+def check_launch(target: Target, grid: int, error: bool) -> None:
     """The LNC degree must exist on the target (reported at the launching line)."""
     degrees = LNC_DEGREES.get(target.nc_version, (1,))
     if grid not in degrees:

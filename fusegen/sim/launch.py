@@ -252,7 +252,7 @@ class Kernel:
         tgt = get_target(target or self.target)
         rules_error = check_mode(rules or self.rules) == "error"
         check_kernel(self.fn, rules_error)
-        check_launch(tgt, grid, self.fn, rules_error)
+        check_launch(tgt, grid, rules_error)
         launch = Launch(grid, tgt, self.strict if strict is None else strict, rules_error)
         # cyclic GC stays paused until close(): the launch's garbage then goes by reference counting
         with _quiet_runtime():

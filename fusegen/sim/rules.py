@@ -357,7 +357,6 @@ ACTIVATION_FUNCTIONS = frozenset(
 )
 FREE_SIZE_MAX = {"sbuf": 64 * 1024, "psum": 4 * 1024}  # elements per partition, Vector/Scalar engines
 FREE_SIZE_ENGINES = frozenset({_V, _S})
-COMPUTE_ENGINES = frozenset({"tensor", _V, _S, _G})
 #: START_PARTITIONS[n]: legal start partitions of an operand spanning n partitions (ARCH2)
 START_PARTITIONS: tuple[frozenset[int], ...] = tuple(
     frozenset({0}) if n > 64 else frozenset({0, 64}) if n > 32 else frozenset({0, 32, 64, 96})
