@@ -19,23 +19,28 @@ from .errors import (
     UnsupportedError,
 )
 from .launch import Kernel, RunResult, run
+from .rules import RULES, ConformanceWarning, LanguageError, Rule
 from .targets import TARGETS, Target, get_target
 from .trace import Record, Trace
 
 __all__ = [
+    "RULES",
     "TARGETS",
     "AccumulateError",
     "BarrierError",
     "CapacityError",
+    "ConformanceWarning",
     "DtypeError",
     "EngineMemoryError",
     "InvalidArgumentError",
     "Kernel",
+    "LanguageError",
     "MatmulShapeError",
     "OutOfBoundsError",
     "PartitionError",
     "RaceError",
     "Record",
+    "Rule",
     "RunResult",
     "ShapeMismatchError",
     "SimError",

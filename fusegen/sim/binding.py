@@ -12,6 +12,7 @@ from pathlib import Path
 from typing import Any
 
 from . import context, isa, language
+from .conformance import DEFAULT_RULES, check_mode
 from .errors import SimError
 from .launch import Kernel
 from .targets import get_target
@@ -19,7 +20,7 @@ from .targets import get_target
 _module_ids = itertools.count()
 
 
-def _make_nki_module(target: str, strict: bool) -> types.ModuleType:
+def _make_nki_module(target: str, strict: bool, rules: str) -> types.ModuleType:
     """A fresh top-level `nki` module whose jit binds kernels to this configuration."""
     mod = types.ModuleType("nki", "fusegen.sim CPU interpreter of NKI")
     mod.__path__ = []  # a package: nki.isa / nki.language come from sys.modules
@@ -27,8 +28,8 @@ def _make_nki_module(target: str, strict: bool) -> types.ModuleType:
     def jit(fn: Callable[..., Any] | None = None, **options: Any) -> Any:
         """Decorator (bare or with options) producing a runnable Kernel."""
         if fn is None:
-            return lambda f: Kernel(f, target, strict, options)
-        return Kernel(fn, target, strict, options)
+            return lambda f: Kernel(f, target, strict, options, rules)
+        return Kernel(fn, target, strict, options, rules)
 
     mod.jit = jit  # type: ignore[attr-defined]
     mod.simulate = lambda k: k if isinstance(k, Kernel) else jit(k)  # type: ignore[attr-defined]
@@ -55,18 +56,20 @@ def _is_nki_name(name: str) -> bool:
 
 
 @contextlib.contextmanager
-def installed(target: str = "trn2", force: bool = False, strict: bool = True) -> Iterator[types.ModuleType]:
+def installed(
+    target: str = "trn2", force: bool = False, strict: bool = True, rules: str = DEFAULT_RULES
+) -> Iterator[types.ModuleType]:
     """Bind `nki` to the interpreter for code imported in the block; sys.modules is restored after.
 
     A real installed `nki` is never shadowed unless force=True (SimError otherwise). Kernels decorated in
     the block keep their configuration and stay runnable afterwards. strict=False turns reads of
-    never-written memory into warnings.
+    never-written memory into warnings; rules="error" makes every documented rule (rules.py) an error.
     """
     tgt = get_target(target)
     if not force and _real_nki_present():
         raise SimError("a real `nki` package is importable; pass force=True to shadow it with fusegen.sim")
     saved = {name: mod for name, mod in sys.modules.items() if _is_nki_name(name)}
-    module = _make_nki_module(target, strict)
+    module = _make_nki_module(target, strict, check_mode(rules))
     sys.modules.update({"nki": module, "nki.isa": isa, "nki.language": language})
     context.default_target.append(tgt)
     try:
@@ -79,7 +82,11 @@ def installed(target: str = "trn2", force: bool = False, strict: bool = True) ->
 
 
 def load_module(
-    path: str | Path, target: str = "trn2", force: bool = False, strict: bool = True
+    path: str | Path,
+    target: str = "trn2",
+    force: bool = False,
+    strict: bool = True,
+    rules: str = DEFAULT_RULES,
 ) -> types.ModuleType:
     """Import a kernel source file under installed() and return the module."""
     path = Path(path)
@@ -88,6 +95,6 @@ def load_module(
     if spec is None or spec.loader is None:
         raise SimError(f"cannot import kernel file {path}")
     module = importlib.util.module_from_spec(spec)
-    with installed(target=target, force=force, strict=strict):
+    with installed(target=target, force=force, strict=strict, rules=rules):
         spec.loader.exec_module(module)
     return module

@@ -29,6 +29,7 @@ class Context:
         self.launch = launch
         self.target: Target = launch.target
         self.strict: bool = launch.strict
+        self.rules_error: bool = launch.rules_error  # rules.py violations raise (else warn)
         self.records: list[Record] = []
         self.sites: list[tuple[str, int]] = []  # source line of every started instruction
         self.ops: list[str] = []  # and its op name

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import itertools
 import os
 import sys
 
@@ -83,3 +84,34 @@ def fault(cls: type[SimError], op: str, detail: str, site: tuple[str, int] | Non
     """Build an exception whose message starts with 'file:line: op:'."""
     file, line = site if site is not None else user_site()
     return cls(f"{file}:{line}: {op}: {detail}")
+
+
+#: Python/torch exceptions an instruction's torch code may raise for inputs it cannot handle
+_TORCH_FAILURES = (RuntimeError, NotImplementedError, TypeError, ValueError, IndexError, OverflowError)
+
+
+def instruction_failure(exc: BaseException) -> SimError | None:
+    """A raw failure raised inside an interpreter call, as a SimError at the kernel line that made the call
+    (UnsupportedError; InvalidArgumentError for a call with wrong arguments); None if not one."""
+    if isinstance(exc, SimError) or not isinstance(exc, _TORCH_FAILURES):
+        return None
+    frames = []
+    tb = exc.__traceback__
+    while tb is not None:
+        frames.append(tb.tb_frame)
+        tb = tb.tb_next
+    for caller, callee in itertools.pairwise(frames):
+        inside = callee.f_code.co_filename.startswith(_SIM_DIR)
+        if inside and not caller.f_code.co_filename.startswith(_SIM_DIR):
+            site = (caller.f_code.co_filename, caller.f_lineno)
+            detail = f"not modelled by the interpreter ({type(exc).__name__}: {exc})"
+            return fault(UnsupportedError, callee.f_code.co_name, detail, site)
+    last = frames[-1] if frames else None
+    called = str(exc).split("(")[0]
+    if isinstance(exc, TypeError) and last is not None and called in API_NAMES:
+        return fault(InvalidArgumentError, called, str(exc), (last.f_code.co_filename, last.f_lineno))
+    return None
+
+
+#: nki.isa / nki.language callables, for wrong-argument messages (filled in by isa.py)
+API_NAMES: set[str] = set()

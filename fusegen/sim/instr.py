@@ -7,10 +7,10 @@ import warnings
 import torch
 
 from . import dtypes
+from .conformance import violation
 from .context import current
 from .errors import (
     BarrierError,
-    EngineMemoryError,
     RaceError,
     ShapeMismatchError,
     SimError,
@@ -19,8 +19,11 @@ from .errors import (
     user_site,
 )
 from .memory import MemoryRegion
+from .rules import FREE_SIZE_ENGINES, FREE_SIZE_MAX, START_PARTITIONS
 from .tensor import NkiTensor, contiguous_strides
 from .trace import Record
+
+_SMALLEST_FREE_MAX = min(FREE_SIZE_MAX.values())
 
 
 class Instr:
@@ -52,20 +55,35 @@ class Instr:
             raise self.fail(ShapeMismatchError, f"{role} must be a tensor, got {type(value).__name__}")
         return value
 
-    def forbid(self, t: NkiTensor, regions: tuple[MemoryRegion, ...], role: str, why: str) -> None:
-        """Raise EngineMemoryError if `t` lives in one of `regions`."""
+    def forbid(self, t: NkiTensor, regions: tuple[MemoryRegion, ...], role: str, rule: str) -> None:
+        """Report `rule` (rules.py) if `t` lives in one of `regions`."""
         if t.alloc.region in regions:
-            raise self.fail(EngineMemoryError, f"{role} in {t.alloc.region.value}: {why} ({t.alloc.label()})")
+            violation(self, rule, f"{role} in {t.alloc.region.value} ({t.alloc.label()})")
 
     def on_chip(self, *pairs: tuple[NkiTensor, str]) -> None:
-        """Compute engines read and write SBUF/PSUM only."""
+        """Compute engines read and write SBUF/PSUM only, within the start-partition and free-size rules."""
         for t, role in pairs:
-            if not t.alloc.on_chip:
-                raise self.fail(
-                    EngineMemoryError,
-                    f"{role} in {t.alloc.region.value}: {self.engine} engine "
-                    f"accesses SBUF/PSUM only; move HBM data with nisa.dma_copy",
-                )
+            alloc = t.alloc
+            if not alloc.on_chip:
+                violation(self, "compute-on-chip", f"{role} in {alloc.region.value} ({self.engine} engine)")
+            if t.offset >= alloc.pstride or t.free_size > _SMALLEST_FREE_MAX:  # rare: most views pass both
+                self._access_rules(t, role)
+
+    def _access_rules(self, t: NkiTensor, role: str) -> None:
+        """rules.py start-partition and engine-free-size for one on-chip operand."""
+        alloc = t.alloc
+        first = t.offset // alloc.pstride
+        if first not in START_PARTITIONS[min(t.partitions, len(START_PARTITIONS) - 1)]:
+            violation(
+                self, "start-partition", f"{role} spans {t.partitions} partitions from partition {first}"
+            )
+        limit = FREE_SIZE_MAX[alloc.region_name]
+        if self.engine in FREE_SIZE_ENGINES and t.free_size > limit:
+            violation(
+                self,
+                "engine-free-size",
+                f"{role} has {t.free_size} elements per partition in {alloc.region_name} (limit {limit})",
+            )
 
     def same_layout(self, a: NkiTensor, b: NkiTensor, roles: str) -> None:
         """Elementwise rule: equal partitions and equal elements per partition."""

@@ -2,8 +2,9 @@
 
 from __future__ import annotations
 
+from .conformance import violation
 from .context import active_target, current
-from .errors import InvalidArgumentError, SimError, UnsupportedError
+from .errors import API_NAMES, InvalidArgumentError, SimError
 from .instr import Instr
 from .isa_compute import (  # noqa: F401 -- the public nisa surface
     activation,
@@ -46,14 +47,14 @@ def core_barrier(
     t = ins.tensor(data, "data")
     if t.alloc.region is not MemoryRegion.shared_hbm:
         raise ins.fail(InvalidArgumentError, f"data must be in shared HBM, got {t.alloc.region.value}")
-    if ins.ctx.launch.target.nc_version < 3:  # the AWS stub: logical-core barriers need NeuronCore-v3+
-        target = ins.ctx.launch.target.name
-        raise ins.fail(
-            UnsupportedError,
-            f"core_barrier needs NeuronCore-v3 or later; {target} has no "
-            "logical-core pairs (launch with LNC=1)",
+    launch = ins.ctx.launch
+    if launch.target.nc_version < 3 or launch.grid != 2 or tuple(cores) != (0, 1):
+        violation(
+            ins,
+            "core-barrier-lnc",
+            f"cores={cores} in a {launch.grid}-instance launch on {launch.target.name}",
         )
-    grid = ins.ctx.launch.grid
+    grid = launch.grid
     if not set(range(grid)) <= set(cores):
         raise ins.fail(
             InvalidArgumentError, f"cores={cores} must include every core of the launch {tuple(range(grid))}"
@@ -62,3 +63,6 @@ def core_barrier(
     ctx = current()
     ctx.launch.barrier.wait(ctx.core, ins)
     ctx.epoch += 1
+
+
+API_NAMES.update(name for name, value in list(globals().items()) if callable(value) and name[0] != "_")

@@ -4,21 +4,21 @@ from __future__ import annotations
 
 import torch
 
+from .conformance import violation
 from .errors import (
-    EngineMemoryError,
     InvalidArgumentError,
     PartitionError,
     ShapeMismatchError,
     UnsupportedError,
 )
 from .instr import Instr
-from .operands import PSUM, apply, as_rows, require_op, scalar_or_column, start
+from .operands import PSUM, alu_engine, alu_op, apply, as_rows, int_rows, require_op, scalar_or_column
 from .ops import Op, reduce_cmd
 from .ops import engine as Engine
+from .rules import ACTIVATION_FUNCTIONS, BITVEC_OPS, REDUCE_LEGAL
 from .tensor import NkiTensor
 
-# trn2 Scalar engine tensor_scalar supports only these (op0, op1) pairs (nki.md §3)
-_SCALAR_ENGINE_PAIRS = {("multiply", "add"), ("multiply", None), ("add", None)}
+_INT32 = (torch.int32, torch.uint32)
 
 
 def _elementwise(ins: Instr, dst: object, data: object, role: str = "data") -> tuple[NkiTensor, NkiTensor]:
@@ -26,10 +26,16 @@ def _elementwise(ins: Instr, dst: object, data: object, role: str = "data") -> t
     d, s = ins.tensor(dst, "dst"), ins.tensor(data, role)
     ins.on_chip((d, "dst"), (s, role))
     if ins.engine == "gpsimd":
-        ins.forbid(d, PSUM, "dst", "GpSimd cannot access PSUM")
-        ins.forbid(s, PSUM, role, "GpSimd cannot access PSUM")
+        gpsimd_off_psum(ins, (d, "dst"), (s, role))
     ins.same_layout(d, s, f"dst/{role}")
     return d, s
+
+
+def gpsimd_off_psum(ins: Instr, *pairs: tuple[NkiTensor, str]) -> None:
+    """rules.py gpsimd-no-psum."""
+    for t, role in pairs:
+        if t.alloc.region in PSUM:
+            violation(ins, "gpsimd-no-psum", f"{role} is in PSUM ({t.alloc.label()}) on the GpSimd engine")
 
 
 def _reduce_registers(
@@ -44,6 +50,8 @@ def _reduce_registers(
         regs.zero_()
     if cmd in (reduce_cmd.reduce, reduce_cmd.reset_reduce):
         op = require_op(ins, reduce_op, "reduce_op", 2)
+        if op.name != "add":
+            violation(ins, "activation-reduce-add", f"reduce_op={op!r}")
         if op.reduce is None:
             raise ins.fail(InvalidArgumentError, f"reduce_op={op!r} cannot reduce")
         regs[:parts] = op.fn(regs[:parts], op.reduce(values, dim=1))
@@ -69,14 +77,18 @@ def activation(
     """dst = op(data*scale + bias) on the Scalar engine, with optional register reduction."""
     ins = Instr("activation", "scalar")
     fn = require_op(ins, op, "op", 1)
+    if fn.name not in ACTIVATION_FUNCTIONS:
+        violation(ins, "activation-table", f"op={fn!r} is not an activation function of the Scalar engine")
     d, s = _elementwise(ins, dst, data)
     x = as_rows(ins, s, "data")
+    if isinstance(scale, NkiTensor) and scale.dtype != torch.float32:
+        violation(ins, "activation-scale-fp32", f"scale is {scale.dtype}")
     scale_v = scalar_or_column(ins, scale, s.partitions, "scale")
     if not isinstance(scale_v, float) or scale_v != 1.0:
         x = x * scale_v
     if bias is not None:
         if ins.ctx.target.nc_version < 3 and not isinstance(bias, NkiTensor):
-            raise ins.fail(InvalidArgumentError, "trn1 activation bias must be a [P,1] tensor, not a scalar")
+            violation(ins, "activation-bias-v2", f"bias={bias!r} on {ins.ctx.target.name}")
         x = x + scalar_or_column(ins, bias, s.partitions, "bias")
     y = fn.fn(x)
     ins.write(d, y)
@@ -107,13 +119,16 @@ def activation_reduce(
     )
 
 
-def _compute_inputs(ins: Instr, op: Op, *views: tuple[NkiTensor, str]) -> list[torch.Tensor]:
-    """Read inputs as fp32 rows, or as int64 rows for bitwise ops on integer data."""
-    if op.bitwise:
-        if any(t.dtype.is_floating_point for t, _ in views):
-            raise ins.fail(InvalidArgumentError, f"{op!r} needs integer operands")
-        return [ins.read(t, role).to(torch.int64).reshape(t.partitions, t.free_size) for t, role in views]
-    return [as_rows(ins, t, role) for t, role in views]
+def _any_psum(*tensors: NkiTensor) -> bool:
+    """True if any operand lives in PSUM."""
+    return any(t.alloc.region in PSUM for t in tensors)
+
+
+def _require_integers(ins: Instr, op: Op, *views: tuple[NkiTensor, str]) -> None:
+    """rules.py bitvec-integer."""
+    for t, role in views:
+        if t.dtype.is_floating_point:
+            violation(ins, "bitvec-integer", f"{op!r} with {role} of dtype {t.dtype}")
 
 
 def tensor_tensor(
@@ -124,16 +139,43 @@ def tensor_tensor(
     engine: object = Engine.unknown,
     name: object = None,
 ) -> None:
-    """dst = data1 op data2 elementwise (no broadcast)."""
-    ins = start("tensor_tensor", engine, "vector", ("vector", "gpsimd"))
-    fn = require_op(ins, op, "op", 2)
-    d, a = _elementwise(ins, dst, data1, "data1")
-    _, b = _elementwise(ins, dst, data2, "data2")
+    """dst = data1 op data2 elementwise (no broadcast); all-int32 arithmetic is exact on GpSimd."""
+    ins = Instr("tensor_tensor", "vector")
+    fn = alu_op(ins, op, "op")
+    d, a, b = ins.tensor(dst, "dst"), ins.tensor(data1, "data1"), ins.tensor(data2, "data2")
+    integers = d.dtype in _INT32 and a.dtype in _INT32 and b.dtype in _INT32
+    if (engine is None or engine is Engine.unknown) and (
+        fn.name == "power" or (integers and not _any_psum(d, a, b))
+    ):
+        ins.engine = "gpsimd"  # ISA tensor_tensor: nl.power, and all-int32/uint32 operands, run on GpSimd
+    else:
+        alu_engine(ins, engine, ("vector", "gpsimd"), (fn.name,))
+    _elementwise(ins, d, a, "data1")
+    _elementwise(ins, d, b, "data2")
     if a.alloc.region in PSUM and b.alloc.region in PSUM:
-        raise ins.fail(EngineMemoryError, "data1 and data2 are both in PSUM; at most one input may be")
-    x, y = _compute_inputs(ins, fn, (a, "data1"), (b, "data2"))
+        violation(ins, "psum-one-input", "data1 and data2 are both in PSUM")
+    if fn.bitwise:
+        _require_integers(ins, fn, (d, "dst"), (a, "data1"), (b, "data2"))
+    floats = d.dtype.is_floating_point or a.dtype.is_floating_point or b.dtype.is_floating_point
+    if (fn.bitwise or (integers and ins.engine == "gpsimd")) and not floats:
+        x, y = int_rows(ins, a, "data1"), int_rows(ins, b, "data2")  # raw bits / exact integer arithmetic
+    else:
+        x, y = as_rows(ins, a, "data1"), as_rows(ins, b, "data2")
     ins.write(d, fn.fn(x, y))
     ins.finish(d.partitions, d.free_size)
+
+
+def _ts_step(
+    ins: Instr, op: Op, x: torch.Tensor, operand: object, reverse: bool, role: str, bitvec: bool
+) -> torch.Tensor:
+    """One tensor_scalar stage: a unary op (operand None/0) or `x op operand`."""
+    if op.arity == 1:
+        if operand is not None and not (isinstance(operand, int | float) and operand == 0):
+            violation(ins, "tensor-scalar-unary-operand", f"{role}={operand!r} with unary {op!r}")
+        return op.fn(x)
+    if isinstance(operand, NkiTensor) and not bitvec and operand.dtype != torch.float32:
+        violation(ins, "tensor-scalar-operand-fp32", f"{role} is {operand.dtype}")
+    return apply(op, x, scalar_or_column(ins, operand, x.shape[0], role, integer=bitvec), reverse)
 
 
 def tensor_scalar(
@@ -149,21 +191,22 @@ def tensor_scalar(
     name: object = None,
 ) -> None:
     """dst = (data op0 operand0) op1 operand1; operands are numbers or [P,1] columns."""
-    ins = start("tensor_scalar", engine, "vector", ("vector", "scalar", "gpsimd"))
-    first = require_op(ins, op0, "op0", 2)
-    second = None if op1 is None else require_op(ins, op1, "op1", 2)
-    if ins.engine == "scalar":
-        pair = (first.name, None if second is None else second.name)
-        if ins.ctx.target.nc_version < 3 or pair not in _SCALAR_ENGINE_PAIRS:
-            raise ins.fail(
-                InvalidArgumentError,
-                f"Scalar engine tensor_scalar supports {_SCALAR_ENGINE_PAIRS} on trn2+, got {pair}",
-            )
+    ins = Instr("tensor_scalar", "vector")
+    first = alu_op(ins, op0, "op0", unary=True)
+    second = None if op1 is None else alu_op(ins, op1, "op1", unary=True)
+    bitvec = first.name in BITVEC_OPS
+    if second is not None and (second.name in BITVEC_OPS) != bitvec:
+        violation(
+            ins, "tensor-scalar-op-kinds", f"op0={first!r} and op1={second!r} mix bitvec and arithmetic"
+        )
+    alu_engine(ins, engine, ("vector", "gpsimd", "scalar"), (first.name, second.name if second else ""))
     d, s = _elementwise(ins, dst, data)
-    x = as_rows(ins, s, "data")
-    y = apply(first, x, scalar_or_column(ins, operand0, s.partitions, "operand0"), reverse0)
+    if bitvec:
+        _require_integers(ins, first, (d, "dst"), (s, "data"))
+    x = int_rows(ins, s, "data") if bitvec and not s.dtype.is_floating_point else as_rows(ins, s, "data")
+    y = _ts_step(ins, first, x, operand0, reverse0, "operand0", bitvec)
     if second is not None:
-        y = apply(second, y, scalar_or_column(ins, operand1, s.partitions, "operand1"), reverse1)
+        y = _ts_step(ins, second, y, operand1, reverse1, "operand1", bitvec)
     ins.write(d, y)
     ins.finish(d.partitions, d.free_size)
 
@@ -181,11 +224,15 @@ def scalar_tensor_tensor(
 ) -> None:
     """dst = (data op0 operand0) op1 operand1, operand0 a number/[P,1], operand1 a full tile."""
     ins = Instr("scalar_tensor_tensor", "vector")
-    first, second = require_op(ins, op0, "op0", 2), require_op(ins, op1, "op1", 2)
+    first, second = alu_op(ins, op0, "op0"), alu_op(ins, op1, "op1")
+    for fn, role in ((first, "op0"), (second, "op1")):
+        if fn.name in BITVEC_OPS:
+            violation(ins, "stt-arithmetic-only", f"{role}={fn!r} is a bitvec operator")
+    alu_engine(ins, Engine.vector, ("vector",), (first.name, second.name))
     d, s = _elementwise(ins, dst, data)
     _, t = _elementwise(ins, dst, operand1, "operand1")
     if s.alloc.region in PSUM and t.alloc.region in PSUM:
-        raise ins.fail(EngineMemoryError, "data and operand1 are both in PSUM; at most one may be")
+        violation(ins, "psum-one-input", "data and operand1 are both in PSUM")
     x = as_rows(ins, s, "data")
     y = apply(first, x, scalar_or_column(ins, operand0, s.partitions, "operand0"), reverse0)
     ins.write(d, apply(second, y, as_rows(ins, t, "operand1"), reverse1))
@@ -211,7 +258,9 @@ def tensor_reduce(
 ) -> None:
     """Reduce trailing free axes of data (fp32), optionally negated."""
     ins = Instr("tensor_reduce", "vector")
-    fn = require_op(ins, op, "op", 2)
+    fn = alu_op(ins, op, "op")
+    if fn.name not in REDUCE_LEGAL:
+        violation(ins, "reduce-op-legal", f"op={fn!r}")
     d, s = ins.tensor(dst, "dst"), ins.tensor(data, "data")
     ins.on_chip((d, "dst"), (s, "data"))
     axes = tuple(sorted((axis,) if isinstance(axis, int) else tuple(axis)))  # type: ignore[arg-type]
@@ -222,7 +271,7 @@ def tensor_reduce(
             f"axis={axis} must be trailing free axes of a {s.ndim}-D tensor (e.g. {(s.ndim - 1,)})",
         )
     if fn.reduce is None:
-        raise ins.fail(InvalidArgumentError, f"op={fn!r} cannot reduce")
+        raise ins.fail(UnsupportedError, f"op={fn!r} as a reduction is not modelled")
     y = fn.reduce(ins.read_f32(s, "data"), dim=axes)
     if negate:
         y = -y

@@ -4,7 +4,8 @@ from __future__ import annotations
 
 import torch
 
-from .errors import AccumulateError, DtypeError, EngineMemoryError, MatmulShapeError, UnsupportedError
+from .conformance import violation
+from .errors import AccumulateError, DtypeError, MatmulShapeError, UnsupportedError
 from .instr import Instr
 from .memory import MemoryRegion
 from .ops import matmul_perf_mode
@@ -20,9 +21,10 @@ def _check_operands(ins: Instr, d: NkiTensor, st: NkiTensor, mv: NkiTensor) -> i
     """Memories, PE-array limits, dtypes; returns the dst's PSUM bank within its tile."""
     for t, role in ((st, "stationary"), (mv, "moving")):
         if t.alloc.region is not MemoryRegion.sbuf:
-            raise ins.fail(EngineMemoryError, f"{role} must be in SBUF, got {t.alloc.region.value}")
+            violation(ins, "tensor-engine-memories", f"{role} in {t.alloc.region.value}, not SBUF")
     if d.alloc.region is not MemoryRegion.psum:
-        raise ins.fail(EngineMemoryError, f"dst must be in PSUM, got {d.alloc.region.value}")
+        violation(ins, "tensor-engine-memories", f"dst in {d.alloc.region.value}, not PSUM")
+    ins.on_chip((st, "stationary"), (mv, "moving"), (d, "dst"))  # start-partition rule
     tgt = ins.ctx.target
     k, m, n = st.partitions, st.free_size, mv.free_size
     if mv.partitions != k or k > tgt.matmul_k_max:

@@ -6,13 +6,16 @@ import math
 
 import torch
 
+from .conformance import violation
 from .errors import DtypeError, InvalidArgumentError, PartitionError, ShapeMismatchError, UnsupportedError
 from .instr import Instr
+from .isa_compute import gpsimd_off_psum
 from .memory import MemoryRegion
 from .operands import PSUM, start
 from .ops import dge_mode as DgeMode
 from .ops import engine as Engine
 from .ops import oob_mode as OobMode
+from .rules import HWDGE_TRANSPOSE_ROWS
 from .tensor import NkiTensor
 
 _VECTOR_LIKE = ("vector", "gpsimd", "scalar")
@@ -22,8 +25,8 @@ _TRANSPOSE_AXES = ((1, 0), (2, 1, 0), (3, 1, 2, 0))
 def _dma_operands(ins: Instr, dst: object, src: object) -> tuple[NkiTensor, NkiTensor]:
     """DMA moves HBM/SBUF data only; PSUM is unreachable."""
     d, s = ins.tensor(dst, "dst"), ins.tensor(src, "src")
-    ins.forbid(d, PSUM, "dst", "DMA cannot access PSUM; evict with tensor_copy/activation first")
-    ins.forbid(s, PSUM, "src", "DMA cannot access PSUM; evict with tensor_copy/activation first")
+    ins.forbid(d, PSUM, "dst", "dma-no-psum")
+    ins.forbid(s, PSUM, "src", "dma-no-psum")
     return d, s
 
 
@@ -31,15 +34,13 @@ def _dma_mode(ins: Instr, dge: object, engine: object, d: NkiTensor, s: NkiTenso
     """hwdge rules: NeuronCore-v3+, equal dtypes; `engine` only with hwdge (sync or scalar)."""
     if dge is DgeMode.hwdge:
         if not ins.ctx.target.supports_hwdge:
-            raise ins.fail(
-                InvalidArgumentError, f"dge_mode=hwdge needs NeuronCore-v3+, target is {ins.ctx.target.name}"
-            )
+            violation(ins, "hwdge-target", f"dge_mode=hwdge on {ins.ctx.target.name}")
         if d.dtype != s.dtype:
-            raise ins.fail(DtypeError, f"hwdge copies raw bytes: dst {d.dtype} != src {s.dtype}")
+            violation(ins, "hwdge-dtype", f"dst {d.dtype} != src {s.dtype}")
         if engine not in (Engine.unknown, Engine.sync, Engine.scalar):
-            raise ins.fail(InvalidArgumentError, f"engine={engine} with hwdge: use sync or scalar")
+            violation(ins, "dma-engine", f"engine={engine} with hwdge")
     elif engine is not Engine.unknown:
-        raise ins.fail(InvalidArgumentError, f"engine={engine} is only valid with dge_mode=hwdge")
+        violation(ins, "dma-engine", f"engine={engine} without dge_mode=hwdge")
 
 
 def _elems(t: NkiTensor) -> tuple[int, int]:
@@ -64,7 +65,9 @@ def dma_copy(
         raise ins.fail(
             ShapeMismatchError, f"dst {d.shape} has {d.numel} elements, src {s.shape} has {s.numel}"
         )
-    ins.write(d, ins.read(s, "src"))
+    value = ins.read(s, "src")
+    # ISA dma_copy: differing dtypes convert through float32 (to integers: RNE, then saturation on write)
+    ins.write(d, value if s.dtype == d.dtype else value.float())
     ins.finish(*_elems(d if d.alloc.on_chip else s))
 
 
@@ -87,11 +90,26 @@ def dma_transpose(
         raise ins.fail(UnsupportedError, f"axes={perm} for a {s.ndim}-D src (supported: {_TRANSPOSE_AXES})")
     if d.dtype != s.dtype:
         raise ins.fail(DtypeError, f"dst {d.dtype} != src {s.dtype}")
+    _transpose_rules(ins, s, dge_mode)
     want = tuple(s.shape[p] for p in perm)
     if d.shape != want:
         raise ins.fail(ShapeMismatchError, f"dst shape {d.shape} must equal permuted src shape {want}")
     ins.write(d, ins.read(s, "src").permute(perm))
     ins.finish(*_elems(d))
+
+
+def _transpose_rules(ins: Instr, s: NkiTensor, dge: object) -> None:
+    """rules.py dma-transpose-*: DGE mode, 2-byte dtype, hwdge shapes."""
+    if dge not in (DgeMode.unknown, DgeMode.hwdge, None):
+        violation(ins, "dma-transpose-dge-mode", f"dge_mode={dge}")
+    if s.dtype.itemsize != 2:
+        violation(ins, "dma-transpose-2byte", f"src dtype {s.dtype} ({s.dtype.itemsize} bytes)")
+    if dge is DgeMode.hwdge:
+        _dma_mode(ins, dge, Engine.unknown, s, s)  # hwdge itself needs NeuronCore-v3+
+        rows, last = s.shape[0], s.shape[-1]
+        ok = rows == 16 if s.ndim == 2 else rows in HWDGE_TRANSPOSE_ROWS and rows * s.shape[-2] % 16 == 0
+        if not ok or last > 128:
+            violation(ins, "dma-transpose-hwdge-shape", f"src shape {s.shape}")
 
 
 def tensor_copy(dst: NkiTensor, src: NkiTensor, engine: object = Engine.unknown, name: object = None) -> None:
@@ -100,10 +118,9 @@ def tensor_copy(dst: NkiTensor, src: NkiTensor, engine: object = Engine.unknown,
     d, s = ins.tensor(dst, "dst"), ins.tensor(src, "src")
     ins.on_chip((d, "dst"), (s, "src"))
     if ins.engine == "gpsimd":
-        ins.forbid(d, PSUM, "dst", "GpSimd cannot access PSUM")
-        ins.forbid(s, PSUM, "src", "GpSimd cannot access PSUM")
+        gpsimd_off_psum(ins, (d, "dst"), (s, "src"))
     if ins.engine == "scalar" and ins.ctx.target.nc_version < 3:
-        raise ins.fail(InvalidArgumentError, "trn1 Scalar engine has no tensor_copy; use activation(nl.copy)")
+        violation(ins, "tensor-copy-scalar-v2", f"engine=scalar on {ins.ctx.target.name}")
     ins.same_layout(d, s, "dst/src")
     value = ins.read(s, "src")
     ins.write(d, value if value.dtype == d.dtype else value.float())
@@ -116,7 +133,7 @@ def memset(dst: NkiTensor, value: object, engine: object = Engine.unknown, name:
     d = ins.tensor(dst, "dst")
     ins.on_chip((d, "dst"))
     if ins.engine == "gpsimd":
-        ins.forbid(d, PSUM, "dst", "GpSimd cannot access PSUM")
+        gpsimd_off_psum(ins, (d, "dst"))
     if not d.dtype.is_floating_point and not float(value).is_integer():  # type: ignore[arg-type]
         raise ins.fail(DtypeError, f"value {value!r} does not fit integer dtype {d.dtype}")
     ins.write(d, torch.full(d.shape, float(value), dtype=torch.float32))  # type: ignore[arg-type]
@@ -162,8 +179,8 @@ def nc_transpose(
     ins.on_chip((d, "dst"), (s, "data"))
     limit = 128 if ins.engine == "tensor" else 32
     if ins.engine == "tensor":
-        ins.forbid(s, PSUM, "data", "the Tensor engine reads SBUF")
-        ins.forbid(d, (MemoryRegion.sbuf,), "dst", "the Tensor engine writes PSUM")
+        ins.forbid(s, PSUM, "data", "tensor-engine-memories")
+        ins.forbid(d, (MemoryRegion.sbuf,), "dst", "tensor-engine-memories")
     if s.partitions > limit or s.free_size > limit:
         raise ins.fail(
             PartitionError,

@@ -15,8 +15,15 @@ import numpy as np
 import torch
 
 from .barrier import CoreBarrier, worker
+from .conformance import DEFAULT_RULES, check_kernel, check_launch, check_mode
 from .context import Context, set_current
-from .errors import BarrierError, SimError, UninitializedReadError, UninitializedReadWarning
+from .errors import (
+    BarrierError,
+    SimError,
+    UninitializedReadError,
+    UninitializedReadWarning,
+    instruction_failure,
+)
 from .instr import unwritten_count
 from .liveness import check_instance
 from .memory import Alloc, MemoryRegion, StoragePool, contiguous_strides
@@ -38,10 +45,11 @@ class RunResult:
 class Launch:
     """One kernel launch over `grid` program instances sharing HBM."""
 
-    def __init__(self, grid: int, target: Target, strict: bool) -> None:
+    def __init__(self, grid: int, target: Target, strict: bool, rules_error: bool = True) -> None:
         self.grid = grid
         self.target = target
         self.strict = strict
+        self.rules_error = rules_error
         self.barrier = CoreBarrier(grid)
         self.contexts = [Context(core, self) for core in range(grid)]
         self.shared: list[Alloc] = []
@@ -223,11 +231,19 @@ def _outputs(value: Any, site: tuple[str, int], strict: bool) -> Any:
 class Kernel:
     """A @nki.jit kernel bound to an interpreter configuration; `k(args)` or `k[grid](args)`."""
 
-    def __init__(self, fn: Callable[..., Any], target: str, strict: bool, options: dict[str, Any]) -> None:
+    def __init__(
+        self,
+        fn: Callable[..., Any],
+        target: str,
+        strict: bool,
+        options: dict[str, Any],
+        rules: str = DEFAULT_RULES,
+    ) -> None:
         functools.update_wrapper(self, fn)
         self.fn = fn
         self.target = target
         self.strict = strict
+        self.rules = check_mode(rules)
         self.options = options
         self.last_run: RunResult | None = None
 
@@ -246,14 +262,23 @@ class Kernel:
         kwargs: dict[str, Any],
         target: str | None = None,
         strict: bool | None = None,
+        rules: str | None = None,
     ) -> RunResult:
         """Run with `grid` instances; the result is also kept as `last_run`."""
         tgt = get_target(target or self.target)
-        launch = Launch(grid, tgt, self.strict if strict is None else strict)
+        rules_error = check_mode(rules or self.rules) == "error"
+        check_kernel(self.fn, rules_error)
+        check_launch(tgt, grid, rules_error)
+        launch = Launch(grid, tgt, self.strict if strict is None else strict, rules_error)
         # cyclic GC stays paused until close(): the launch's garbage then goes by reference counting
         with _quiet_runtime():
             try:
                 result = launch.run(self.fn, args, kwargs)
+            except Exception as exc:
+                failure = instruction_failure(exc)  # e.g. a torch error inside an instruction
+                if failure is None:
+                    raise
+                raise failure from exc
             finally:
                 launch.close()
         self.last_run = result
@@ -275,9 +300,10 @@ def run(
     grid: int = 1,
     target: str | None = None,
     strict: bool | None = None,
+    rules: str | None = None,
     **kwargs: Any,
 ) -> RunResult:
     """Launch `kernel` (a @nki.jit kernel or a plain function) and return outputs, trace and stats."""
     if not isinstance(kernel, Kernel):
         kernel = Kernel(kernel, target or "trn2", True if strict is None else strict, {})
-    return kernel.launch(_grid_size(grid), args, kwargs, target=target, strict=strict)
+    return kernel.launch(_grid_size(grid), args, kwargs, target=target, strict=strict, rules=rules)

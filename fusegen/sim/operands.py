@@ -4,10 +4,12 @@ from __future__ import annotations
 
 import torch
 
+from .conformance import engine_problem, pick_engine, violation
 from .errors import InvalidArgumentError, ShapeMismatchError, fault
 from .instr import Instr
 from .memory import MemoryRegion
 from .ops import Op, engine
+from .rules import ALU_OPS, NOT_HARDWARE, UNARY_IN_TENSOR_SCALAR
 from .tensor import NkiTensor
 
 PSUM = (MemoryRegion.psum,)
@@ -27,6 +29,18 @@ def start(op: str, engine_value: object, default: str, allowed: tuple[str, ...])
     return Instr(op, engine_name(engine_value, default, allowed, op))
 
 
+def alu_engine(ins: Instr, value: object, choices: tuple[str, ...], ops: tuple[str, ...]) -> None:
+    """Set ins.engine: an explicit engine is checked against the ALU rules, unknown picks a legal one."""
+    nc = ins.ctx.target.nc_version
+    if value is None or value is engine.unknown:
+        ins.engine = pick_engine(ins.op, choices, ops, nc)
+        return
+    ins.engine = engine_name(value, choices[0], choices, ins.op)
+    problem = engine_problem(ins.op, ins.engine, ops, nc)
+    if problem is not None:
+        violation(ins, problem, f"engine={ins.engine} with op(s) {', '.join(o for o in ops if o)}")
+
+
 def require_op(ins: Instr, op: object, role: str, arity: int | None = None) -> Op:
     """Validate an op constant (and its arity)."""
     if not isinstance(op, Op):
@@ -37,24 +51,44 @@ def require_op(ins: Instr, op: object, role: str, arity: int | None = None) -> O
     return op
 
 
+def alu_op(ins: Instr, op: object, role: str, unary: bool = False) -> Op:
+    """An ALU operator of the table (binary, or a unary one where `unary` allows it)."""
+    fn = require_op(ins, op, role)
+    if fn.name not in ALU_OPS:
+        rule = "alu-no-divide" if fn.name in NOT_HARDWARE else "alu-op-table"
+        violation(ins, rule, f"{role}={fn!r} is not an ALU operator of the hardware")
+    if fn.arity != 2 and not (unary and fn.name in UNARY_IN_TENSOR_SCALAR):
+        raise ins.fail(InvalidArgumentError, f"{role}={fn!r} is not a binary ALU op")
+    return fn
+
+
 def as_rows(ins: Instr, t: NkiTensor, role: str) -> torch.Tensor:
     """Read `t` as fp32 [partitions, elements per partition]."""
     rows = ins.read_f32(t, role)
     return rows if rows.dim() == 2 else rows.reshape(t.partitions, t.free_size)
 
 
-def scalar_or_column(ins: Instr, value: object, partitions: int, role: str) -> torch.Tensor | float:
-    """A Python number, or a [P,1] tensor read as fp32 [P,1] that broadcasts along free dims."""
+def int_rows(ins: Instr, t: NkiTensor, role: str) -> torch.Tensor:
+    """Read an integer tile's raw values as int64 [partitions, elements per partition]."""
+    return ins.read(t, role).to(torch.int64).reshape(t.partitions, t.free_size)
+
+
+def scalar_or_column(
+    ins: Instr, value: object, partitions: int, role: str, integer: bool = False
+) -> torch.Tensor | float:
+    """A Python number, or a [P,1] tensor that broadcasts along free dims (fp32, or int64 if `integer`)."""
     if isinstance(value, bool) or value is None:
         raise ins.fail(InvalidArgumentError, f"{role} must be a number or a [P,1] tensor, got {value!r}")
     if isinstance(value, int | float):
-        return float(value)
+        return torch.tensor(int(value), dtype=torch.int64) if integer else float(value)
     t = ins.tensor(value, role)
     ins.on_chip((t, role))
     if t.partitions != partitions or t.free_size != 1:
         raise ins.fail(
             ShapeMismatchError, f"{role} must be [{partitions}, 1] (one value per partition), got {t.shape}"
         )
+    if integer:
+        return int_rows(ins, t, role)
     return ins.read_f32(t, role).reshape(partitions, 1)
 
 

@@ -75,6 +75,13 @@ _BITWISE: dict[str, Fn] = {
     "left_shift": torch.bitwise_left_shift,
     "right_shift": torch.bitwise_right_shift,
 }
+
+
+def _sigmoid_gelu_dx(s: torch.Tensor, x: torch.Tensor) -> torch.Tensor:
+    """d/dx of x * sigmoid(1.702 x), given s = sigmoid(1.702 x)."""
+    return s + 1.702 * x * s * (1 - s)
+
+
 _UNARY: dict[str, Fn] = {
     "copy": lambda x: x,
     "bypass": lambda x: x,
@@ -107,6 +114,10 @@ _UNARY: dict[str, Fn] = {
     "logical_not": lambda x: (x == 0).to(torch.float32),
     "erf_dx": lambda x: 2.0 / math.sqrt(math.pi) * torch.exp(-x * x),
     "silu_dx": lambda x: torch.sigmoid(x) * (1 + x * (1 - torch.sigmoid(x))),
+    "gelu_dx": lambda x: (
+        0.5 * (1 + torch.erf(x / math.sqrt(2))) + x * torch.exp(-0.5 * x * x) / math.sqrt(2 * math.pi)
+    ),
+    "gelu_apprx_sigmoid_dx": lambda x: _sigmoid_gelu_dx(torch.sigmoid(1.702 * x), x),
 }
 
 OPS: dict[str, Op] = {

@@ -16,7 +16,7 @@ pytestmark = pytest.mark.skipif(not SEED_KERNEL.exists(), reason="seed kernel no
 def _load(monkeypatch: pytest.MonkeyPatch, lnc: int):
     """The seed reads its LNC from the environment at import time."""
     monkeypatch.setenv("NEURON_LOGICAL_NC_CONFIG", str(lnc))
-    module = sim.load_module(SEED_KERNEL)
+    module = sim.load_module(SEED_KERNEL, rules="error")  # the seed conforms to every documented rule
     assert module.LNC == lnc
     return module
 

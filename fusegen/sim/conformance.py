@@ -1,0 +1,125 @@
+"""Applying rules.py: reporting violations (raise or warn), engine legality, and the launch-time checks
+(LNC per target, the language subset of a kernel)."""
+
+from __future__ import annotations
+
+import warnings
+from collections.abc import Callable
+from typing import TYPE_CHECKING, Any
+
+from .errors import fault, user_site
+from .rules import ALU_ENGINES, BITVEC_OPS, LNC_DEGREES, RULES, SCALAR_ENGINE_PAIRS, ConformanceWarning, Rule
+from .subset import findings
+from .targets import Target
+
+if TYPE_CHECKING:
+    from .instr import Instr
+
+#: rules="error": every rules.py violation raises; "warn": warns once per rule and line, and runs on.
+#: "warn" is the default until generated/ conforms (issue 13); tests/sim/test_conformance.py and the
+#: rule tests run with "error".
+DEFAULT_RULES = "warn"
+MODES = ("error", "warn")
+_warned_kernels: set[tuple[object, int]] = set()
+
+
+def check_mode(rules: str) -> str:
+    """Validate a rules= argument."""
+    if rules not in MODES:
+        raise ValueError(f"rules={rules!r}: choose from {MODES}")
+    return rules
+
+
+def _report(name: str, site: tuple[str, int], op: str, detail: str, error: bool) -> None:
+    """Raise the rule's error at `site`, or warn."""
+    rule = RULES[name]
+    if error:
+        raise fault(rule.error, op, message(rule, detail), site)
+    warnings.warn(f"{site[0]}:{site[1]}: {op}: {message(rule, detail)}", ConformanceWarning, stacklevel=4)
+
+
+def check_launch(target: Target, grid: int, error: bool) -> None:
+    """The LNC degree must exist on the target (reported at the launching line)."""
+    degrees = LNC_DEGREES.get(target.nc_version, (1,))
+    if grid not in degrees:
+        detail = f"a {grid}-instance launch on {target.name}; LNC degrees there: {degrees}"
+        _report("lnc-target", user_site(), "launch", detail, error)
+
+
+def check_kernel(fn: Callable[..., Any], error: bool) -> None:
+    """The kernel body and the helpers it calls stay inside the traced subset (checked once per function)."""
+    found = findings(fn)
+    if not found:
+        return
+    if error:
+        name, file, line, detail = found[0]
+        _report(name, (file, line), "nki.jit", detail, True)
+    for name, file, line, detail in found:
+        key = (fn, line)
+        if key not in _warned_kernels:
+            _warned_kernels.add(key)
+            _report(name, (file, line), "nki.jit", detail, False)
+
+
+def message(rule: Rule, detail: str) -> str:
+    """'[rule] detail (rule text; source)'."""
+    return f"[{rule.name}] {detail} ({rule.text}; source: {rule.source})"
+
+
+_WARNED: set[tuple[str, tuple[str, int]]] = set()  # (rule, site) already warned about in this process
+
+
+def violation(ins: Instr, name: str, detail: str) -> None:
+    """Report a broken rule at the instruction's source line: raise, or warn when rules='warn'."""
+    rule = RULES[name]
+    if ins.ctx.rules_error or rule.always:
+        raise ins.fail(rule.error, message(rule, detail))
+    key = (name, ins.site)
+    if key not in _WARNED:
+        _WARNED.add(key)
+        warnings.warn(
+            f"{ins.site[0]}:{ins.site[1]}: {ins.op}: {message(rule, detail)}",
+            ConformanceWarning,
+            stacklevel=2,
+        )
+
+
+def engine_problem(instr: str, engine: str, ops: tuple[str, ...], nc_version: int) -> str | None:
+    """The rule an ALU instruction breaks on `engine` with `ops` (None if legal); cached per combination."""
+    key = (instr, engine, ops, nc_version)
+    if key not in _ENGINE_PROBLEMS:
+        _ENGINE_PROBLEMS[key] = _engine_problem(instr, engine, ops, nc_version)
+    return _ENGINE_PROBLEMS[key]
+
+
+def _engine_problem(instr: str, engine: str, ops: tuple[str, ...], nc_version: int) -> str | None:
+    """Uncached engine_problem."""
+    named = tuple(op for op in ops if op)
+    if any(op in BITVEC_OPS for op in named) and engine != "vector":
+        return "tensor-scalar-op-kinds" if instr == "tensor_scalar" else "alu-engine"
+    if instr == "tensor_scalar" and engine == "gpsimd" and any(op != "rsqrt" for op in named):
+        return "tensor-scalar-gpsimd"
+    if instr == "tensor_scalar" and engine == "scalar":
+        pair = (ops[0], (ops[1] if len(ops) > 1 else "") or None)
+        if nc_version < 3 or pair not in SCALAR_ENGINE_PAIRS:
+            return "scalar-engine-pairs"
+        return None
+    if any(engine not in ALU_ENGINES.get(op, frozenset({"vector"})) for op in named):
+        return "alu-engine"
+    return None
+
+
+_ENGINE_PROBLEMS: dict[tuple[str, str, tuple[str, ...], int], str | None] = {}
+
+
+def pick_engine(instr: str, choices: tuple[str, ...], ops: tuple[str, ...], nc_version: int) -> str:
+    """engine=unknown: the first of `choices` on which the ops are legal (else the first choice); cached."""
+    key = (instr, choices, ops, nc_version)
+    engine = _PICKED.get(key)
+    if engine is None:
+        legal = [e for e in choices if engine_problem(instr, e, ops, nc_version) is None]
+        engine = _PICKED[key] = legal[0] if legal else choices[0]
+    return engine
+
+
+_PICKED: dict[tuple[str, tuple[str, ...], tuple[str, ...], int], str] = {}

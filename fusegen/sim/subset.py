@@ -1,0 +1,97 @@
+"""The NKI language subset: an AST check of a kernel body and the same-module helpers it calls.
+
+NKI specializes a kernel by interpreting a Python subset (GUIDE "Compilation Model", "NKI Values",
+"Control Flow"); constructs outside it run on CPU simulators but do not compile. Checked here (rules.py):
+generators (`yield`, `yield from`, `next(...)`, `async`/`await`) and `is` / `is not`. The check runs once
+per kernel function (cached) at its first launch; it follows calls to functions defined in the kernel's own
+module by name, and nested functions are part of the body that defines them.
+"""
+
+from __future__ import annotations
+
+import ast
+import functools
+import linecache
+import types
+from collections.abc import Callable, Iterator
+from typing import Any
+
+#: (rule name, file, line, detail)
+Finding = tuple[str, str, int, str]
+
+
+@functools.lru_cache(maxsize=64)
+def _module_functions(filename: str) -> dict[int, ast.FunctionDef | ast.AsyncFunctionDef]:
+    """Every function definition of a source file, keyed by the line co_firstlineno reports."""
+    source = "".join(linecache.getlines(filename))
+    if not source:
+        return {}
+    try:
+        tree = ast.parse(source, filename)
+    except SyntaxError:
+        return {}
+    found: dict[int, ast.FunctionDef | ast.AsyncFunctionDef] = {}
+    for node in ast.walk(tree):
+        if isinstance(node, ast.FunctionDef | ast.AsyncFunctionDef):
+            first = min([node.lineno, *(d.lineno for d in node.decorator_list)])
+            found[first] = node
+    return found
+
+
+def _definition(fn: types.FunctionType) -> ast.FunctionDef | ast.AsyncFunctionDef | None:
+    """The AST of a Python function, if its source file is readable."""
+    code = fn.__code__
+    return _module_functions(code.co_filename).get(code.co_firstlineno)
+
+
+def _node_findings(node: ast.AST, filename: str) -> Iterator[Finding]:
+    """Constructs outside the subset within one function body (nested functions included)."""
+    for sub in ast.walk(node):
+        line = getattr(sub, "lineno", 0)
+        if isinstance(sub, ast.Yield | ast.YieldFrom):
+            yield "lang-no-generator", filename, line, "`yield` makes a generator"
+        elif isinstance(sub, ast.Await | ast.AsyncFunctionDef | ast.AsyncFor | ast.AsyncWith):
+            yield "lang-no-generator", filename, line, "async code is not traced"
+        elif isinstance(sub, ast.Call) and isinstance(sub.func, ast.Name) and sub.func.id == "next":
+            yield "lang-no-generator", filename, line, "`next(...)` steps an iterator or generator"
+        elif isinstance(sub, ast.Compare) and any(isinstance(op, ast.Is | ast.IsNot) for op in sub.ops):
+            yield "lang-no-is", filename, line, "`is` / `is not` comparison"
+
+
+def _called_helpers(node: ast.AST, fn: types.FunctionType) -> Iterator[types.FunctionType]:
+    """Functions of fn's own module that the body calls by name."""
+    for sub in ast.walk(node):
+        if isinstance(sub, ast.Call) and isinstance(sub.func, ast.Name):
+            target: Any = fn.__globals__.get(sub.func.id)
+            target = getattr(target, "fn", target)  # a @nki.jit Kernel wraps its function
+            if (
+                isinstance(target, types.FunctionType)
+                and target.__code__.co_filename == fn.__code__.co_filename
+            ):
+                yield target
+
+
+def findings(fn: Callable[..., Any]) -> tuple[Finding, ...]:
+    """Every subset violation in `fn` and the same-module helpers it reaches (cached per function)."""
+    if not isinstance(fn, types.FunctionType):
+        return ()
+    return _findings(fn)
+
+
+@functools.lru_cache(maxsize=256)
+def _findings(fn: types.FunctionType) -> tuple[Finding, ...]:
+    """Uncached findings, walking the call graph breadth-first."""
+    out: list[Finding] = []
+    seen: set[types.CodeType] = set()
+    todo = [fn]
+    while todo:
+        current = todo.pop(0)
+        if current.__code__ in seen:
+            continue
+        seen.add(current.__code__)
+        node = _definition(current)
+        if node is None:
+            continue
+        out.extend(sorted(_node_findings(node, current.__code__.co_filename), key=lambda f: f[2]))
+        todo.extend(_called_helpers(node, current))
+    return tuple(out)

@@ -1,0 +1,148 @@
+"""Every kernel file under generated/ runs under rules='error' (every documented rule of fusegen/sim/rules.py
+is an error) at each check shape of its spec, on trn2 and trn1, through its host functions: the forward kernel
+(with its optional outputs), fused_weight where there is one, and the backward host (backward kernel and its
+reduce kernel) fed the reference's saved tensors. Outputs are not compared here (the generated tests do that);
+only conformance is.
+
+KNOWN lists the cases today's generated code breaks, with the rule that stops them; they are xfail(strict),
+so a case that starts passing fails until its entry is deleted (issue 13: delete KNOWN after the codegen fix).
+"""
+
+from __future__ import annotations
+
+import functools
+import inspect
+import re
+from pathlib import Path
+from types import ModuleType
+from typing import Any
+
+import pytest
+import torch
+
+import fusegen.sim as sim
+from fusegen.testing import load_generated, make_inputs
+
+GENERATED = Path(__file__).resolve().parents[2] / "generated"
+#: target -> the LNC degree the host is asked for (None: its default, LNC=2; trn1 has no LNC)
+TARGETS = {"trn2": None, "trn1": 1}
+
+#: (spec, role) -> the first rule today's generated code breaks there (on both targets); "NameError" is a
+#: generated kernel that does not run at all. Other rules they break once these are fixed: the row kernels'
+#: `if prev is not None` (lang-no-is), tensor_scalar on GpSimd with multiply/add/maximum
+#: (tensor-scalar-gpsimd), scaled_softmax's divide (alu-no-divide) and maximum on GpSimd (alu-engine).
+KNOWN: dict[tuple[str, str], str] = {
+    **{
+        (spec, "forward"): "lang-no-generator"
+        for spec in (
+            "add_rmsnorm",
+            "engram_gate",
+            "engram_gate_hc8",
+            "engram_gate_noresid",
+            "layernorm",
+            "qk_norm",
+            "scaled_softmax",
+        )
+    },
+    **{
+        (spec, "backward"): "tensor-scalar-gpsimd"
+        for spec in (
+            "engram_gate",
+            "engram_gate_hc8",
+            "engram_gate_noresid",
+        )
+    },
+    ("qk_norm", "fused_weight"): "NameError",  # fused_weight_kernel reads d_NH, which it never binds
+}
+
+
+def _specs() -> list[str]:
+    return sorted(p.name for p in GENERATED.iterdir() if (p / "kernel.py").exists())
+
+
+@functools.cache
+def _test_module(spec: str) -> ModuleType:
+    return load_generated(GENERATED / spec / f"test_{spec}.py")
+
+
+@functools.cache
+def _kernels(spec: str, file: str, target: str) -> ModuleType:
+    return sim.load_module(GENERATED / spec / file, target=target, rules="error")
+
+
+def _roles(spec: str) -> list[str]:
+    roles = ["forward"]
+    if "def fused_weight(" in (GENERATED / spec / "kernel.py").read_text():
+        roles.append("fused_weight")
+    if (GENERATED / spec / "backward_kernel.py").exists():
+        roles.append("backward")
+    return roles
+
+
+def cases() -> list[Any]:
+    out = []
+    for spec in _specs():
+        checks = [p for p in _test_module(spec).SHAPES if p.id.startswith("check-")]
+        for role in _roles(spec):
+            for target in TARGETS:
+                rule = KNOWN.get((spec, role))
+                raises = sim.SimError if rule in sim.RULES else Exception
+                marks = [pytest.mark.xfail(strict=True, raises=raises, reason=rule)] if rule else []
+                for check in checks:
+                    out.append(
+                        pytest.param(
+                            spec,
+                            role,
+                            target,
+                            check.values[0],
+                            id=f"{spec}-{role}-{target}-{check.id}",
+                            marks=marks,
+                        )
+                    )
+    return out
+
+
+def _call(host: Any, named: dict[str, torch.Tensor], target: str) -> Any:
+    """Call a host function with the tensors its parameters name (defaults for the rest)."""
+    params = inspect.signature(host).parameters
+    args = {name: named[name] for name, p in params.items() if p.default is inspect.Parameter.empty}
+    if "save" in params:
+        args["save"] = True
+    if TARGETS[target] is not None:
+        args["lnc"] = TARGETS[target]
+    return host(**args, target=target)
+
+
+@pytest.mark.parametrize(("spec", "role", "target", "dims"), cases())
+def test_generated_kernel_conforms(spec: str, role: str, target: str, dims: dict[str, int]) -> None:
+    test = _test_module(spec)
+    tensors = make_inputs(test.INPUTS, test.input_shapes(dims))
+    named = {name: t for (name, _, _), t in zip(test.INPUTS, tensors, strict=True)}
+    if role == "forward":
+        _call(getattr(_kernels(spec, "kernel.py", target), spec), named, target)
+    elif role == "fused_weight":
+        _call(_kernels(spec, "kernel.py", target).fused_weight, named, target)
+    else:
+        reference = load_generated(GENERATED / spec / "reference.py")
+        saved = getattr(reference, f"{spec}_reference")(*tensors, save=True)
+        outputs = {name: t for (name, _, _), t in zip(test.OUTPUTS, saved, strict=True)}
+        first = test.OUTPUTS[0][0]
+        grad = torch.randn(outputs[first].shape, generator=torch.Generator().manual_seed(1))
+        named = {**named, **outputs, f"grad_{first}": grad.to(outputs[first].dtype)}
+        _call(getattr(_kernels(spec, "backward_kernel.py", target), f"{spec}_backward"), named, target)
+
+
+def test_the_roles_reach_every_kernel_under_generated() -> None:
+    """Each @nki.jit function of generated/ is one the roles above launch (a new kind needs a new role)."""
+    for spec in _specs():
+        reached = {
+            f"{spec}_kernel",
+            "fused_weight_kernel",
+            f"{spec}_backward_kernel",
+            f"{spec}_backward_reduce_kernel",
+        }
+        for file in ("kernel.py", "backward_kernel.py"):
+            path = GENERATED / spec / file
+            if path.exists():
+                kernels = re.findall(r"^@nki\.jit\s*\ndef (\w+)", path.read_text(), flags=re.MULTILINE)
+                assert kernels and set(kernels) <= reached, (path, kernels)
