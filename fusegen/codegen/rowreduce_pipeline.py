@@ -35,7 +35,7 @@ class HeadHelpers:
     passes_params: str  # e.g. `t0, pt, h, prepared, v_ld, x_hbm, d_H, HB`
     head: str  # the per-head state `head_passes` returns, e.g. `t0, pt, h, x_ld, e12`
     epilogue_params: str  # `head`, then the launch-wide names the epilogue reads
-    epilogue_args: str  # the kernel's call: the previous head's state `pending`, then those names
+    epilogue_args: str  # the kernel's call after the head's state: the names it reads
 
 
 def head_helpers(low: RowReduceLowering, varying: tuple[str, ...], module_source: str) -> HeadHelpers:
@@ -56,7 +56,7 @@ def head_helpers(low: RowReduceLowering, varying: tuple[str, ...], module_source
         passes_params=", ".join(passes_params),
         head=", ".join(head),
         epilogue_params=", ".join(["head", *launch]),
-        epilogue_args=", ".join(["pending", *launch]),
+        epilogue_args=", ".join(launch),
     )
 
 

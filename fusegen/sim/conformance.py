@@ -18,7 +18,7 @@ if TYPE_CHECKING:
 #: rules="error": every rules.py violation raises; "warn": warns once per rule and line, and runs on.
 #: "warn" is the default until generated/ conforms (issue 13); tests/sim/test_conformance.py and the
 #: rule tests run with "error".
-DEFAULT_RULES = "warn"
+DEFAULT_RULES = "error"
 MODES = ("error", "warn")
 _warned_kernels: set[tuple[object, int]] = set()
 

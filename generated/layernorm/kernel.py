@@ -233,7 +233,9 @@ def layernorm_kernel(x_hbm, w_hbm, b_hbm, eps_arg, HB, resident, overlap, save):
     stores = []  # output DMAs, issued once the next head's loads are queued (the DMA queues are in order)
     t_begin = min(d_T, nl.program_id(0) * rows_per_core(d_T, nl.num_programs()))
     t_end = min(d_T, t_begin + rows_per_core(d_T, nl.num_programs()))
-    pending = None  # the previous head's state (head_passes' result), its epilogue still to run
+    # the previous head's state (head_passes' result) while its epilogue is still to run: at most one; a list,
+    # since NKI traces no `is None` test
+    pending = []
     for t0 in range(t_begin, t_end, P):
         pt = min(P, t_end - t0)
         x_ld = nl.ndarray((P, d_H), dtype=nl.bfloat16, buffer=nl.sbuf)
@@ -246,14 +248,13 @@ def layernorm_kernel(x_hbm, w_hbm, b_hbm, eps_arg, HB, resident, overlap, save):
             for dst, src in stores:
                 nisa.dma_copy(dst=dst, src=src)
             stores = []
-            if pending is not None:
-                stores.extend(head_epilogue(pending, d_H, ec0, mu_hbm, rstd_hbm, save, y_hbm))
-            pending = head
+            for prev in pending:
+                stores.extend(head_epilogue(prev, d_H, ec0, mu_hbm, rstd_hbm, save, y_hbm))
+            pending = [head] if overlap else []
             if not overlap:
-                stores.extend(head_epilogue(pending, d_H, ec0, mu_hbm, rstd_hbm, save, y_hbm))
-                pending = None
-    if pending is not None:
-        stores.extend(head_epilogue(pending, d_H, ec0, mu_hbm, rstd_hbm, save, y_hbm))
+                stores.extend(head_epilogue(head, d_H, ec0, mu_hbm, rstd_hbm, save, y_hbm))
+    for prev in pending:
+        stores.extend(head_epilogue(prev, d_H, ec0, mu_hbm, rstd_hbm, save, y_hbm))
     for dst, src in stores:
         nisa.dma_copy(dst=dst, src=src)
     if save:

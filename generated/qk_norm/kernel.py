@@ -190,7 +190,9 @@ def qk_norm_kernel(q_hbm, w_hbm, eps_arg, HB, resident, overlap, save):
     stores = []  # output DMAs, issued once the next head's loads are queued (the DMA queues are in order)
     t_begin = min(d_T, nl.program_id(0) * rows_per_core(d_T, nl.num_programs()))
     t_end = min(d_T, t_begin + rows_per_core(d_T, nl.num_programs()))
-    pending = None  # the previous head's state (head_passes' result), its epilogue still to run
+    # the previous head's state (head_passes' result) while its epilogue is still to run: at most one; a list,
+    # since NKI traces no `is None` test
+    pending = []
     for t0 in range(t_begin, t_end, P):
         pt = min(P, t_end - t0)
         for h in range(d_NH):
@@ -199,14 +201,13 @@ def qk_norm_kernel(q_hbm, w_hbm, eps_arg, HB, resident, overlap, save):
             for dst, src in stores:
                 nisa.dma_copy(dst=dst, src=src)
             stores = []
-            if pending is not None:
-                stores.extend(head_epilogue(pending, d_D, y_hbm))
-            pending = head
+            for prev in pending:
+                stores.extend(head_epilogue(prev, d_D, y_hbm))
+            pending = [head] if overlap else []
             if not overlap:
-                stores.extend(head_epilogue(pending, d_D, y_hbm))
-                pending = None
-    if pending is not None:
-        stores.extend(head_epilogue(pending, d_D, y_hbm))
+                stores.extend(head_epilogue(head, d_D, y_hbm))
+    for prev in pending:
+        stores.extend(head_epilogue(prev, d_D, y_hbm))
     for dst, src in stores:
         nisa.dma_copy(dst=dst, src=src)
     return y_hbm

@@ -179,7 +179,9 @@ def scaled_softmax_kernel(x_hbm, scale_arg, HB, resident, overlap, save):
     stores = []  # output DMAs, issued once the next head's loads are queued (the DMA queues are in order)
     t_begin = min(d_T, nl.program_id(0) * rows_per_core(d_T, nl.num_programs()))
     t_end = min(d_T, t_begin + rows_per_core(d_T, nl.num_programs()))
-    pending = None  # the previous head's state (head_passes' result), its epilogue still to run
+    # the previous head's state (head_passes' result) while its epilogue is still to run: at most one; a list,
+    # since NKI traces no `is None` test
+    pending = []
     for t0 in range(t_begin, t_end, P):
         pt = min(P, t_end - t0)
         x_ld = nl.ndarray((P, d_H), dtype=nl.bfloat16, buffer=nl.sbuf)
@@ -190,14 +192,13 @@ def scaled_softmax_kernel(x_hbm, scale_arg, HB, resident, overlap, save):
             for dst, src in stores:
                 nisa.dma_copy(dst=dst, src=src)
             stores = []
-            if pending is not None:
-                stores.extend(head_epilogue(pending, d_H, lse_hbm, p_hbm, scale_arg))
-            pending = head
+            for prev in pending:
+                stores.extend(head_epilogue(prev, d_H, lse_hbm, p_hbm, scale_arg))
+            pending = [head] if overlap else []
             if not overlap:
-                stores.extend(head_epilogue(pending, d_H, lse_hbm, p_hbm, scale_arg))
-                pending = None
-    if pending is not None:
-        stores.extend(head_epilogue(pending, d_H, lse_hbm, p_hbm, scale_arg))
+                stores.extend(head_epilogue(head, d_H, lse_hbm, p_hbm, scale_arg))
+    for prev in pending:
+        stores.extend(head_epilogue(prev, d_H, lse_hbm, p_hbm, scale_arg))
     for dst, src in stores:
         nisa.dma_copy(dst=dst, src=src)
     return p_hbm_flat, lse_hbm

@@ -67,8 +67,8 @@ def test_load_module_kernels_stay_runnable_after_the_block(kernel_file):
     x = torch.randn(128, 16).bfloat16()
     assert torch.equal(module.double(x), (x.float() * 2).bfloat16())
     assert module.double.last_run.stats["target"] == "trn1"
-    with pytest.warns(sim.ConformanceWarning, match=r"\[lnc-target\]"):  # trn1 has no LNC=2 (rules="warn")
-        assert module.ids[2](x).tolist() == [[0], [1]]
+    with pytest.raises(sim.SimError, match=r"\[lnc-target\]"):  # trn1 has no LNC=2
+        module.ids[2](x)
     assert sim.run(module.ids, x, grid=(2,), target="trn2").outputs.tolist() == [[0], [1]]
 
 

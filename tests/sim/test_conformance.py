@@ -4,8 +4,6 @@ is an error) at each check shape of its spec, on trn2 and trn1, through its host
 reduce kernel) fed the reference's saved tensors. Outputs are not compared here (the generated tests do that);
 only conformance is.
 
-KNOWN lists the cases today's generated code breaks, with the rule that stops them; they are xfail(strict),
-so a case that starts passing fails until its entry is deleted (issue 13: delete KNOWN after the codegen fix).
 """
 
 from __future__ import annotations
@@ -26,35 +24,6 @@ from fusegen.testing import load_generated, make_inputs
 GENERATED = Path(__file__).resolve().parents[2] / "generated"
 #: target -> the LNC degree the host is asked for (None: its default, LNC=2; trn1 has no LNC)
 TARGETS = {"trn2": None, "trn1": 1}
-
-#: (spec, role) -> the first rule today's generated code breaks there (on both targets); "NameError" is a
-#: generated kernel that does not run at all. Other rules they break once these are fixed: the row kernels'
-#: `if prev is not None` (lang-no-is), tensor_scalar on GpSimd with multiply/add/maximum
-#: (tensor-scalar-gpsimd), scaled_softmax's divide (alu-no-divide) and maximum on GpSimd (alu-engine).
-KNOWN: dict[tuple[str, str], str] = {
-    **{
-        (spec, "forward"): "lang-no-generator"
-        for spec in (
-            "add_rmsnorm",
-            "engram_gate",
-            "engram_gate_hc8",
-            "engram_gate_noresid",
-            "layernorm",
-            "qk_norm",
-            "scaled_softmax",
-        )
-    },
-    **{
-        (spec, "backward"): "tensor-scalar-gpsimd"
-        for spec in (
-            "engram_gate",
-            "engram_gate_hc8",
-            "engram_gate_noresid",
-        )
-    },
-    ("qk_norm", "fused_weight"): "NameError",  # fused_weight_kernel reads d_NH, which it never binds
-}
-
 
 def _specs() -> list[str]:
     return sorted(p.name for p in GENERATED.iterdir() if (p / "kernel.py").exists())
@@ -85,9 +54,6 @@ def cases() -> list[Any]:
         checks = [p for p in _test_module(spec).SHAPES if p.id.startswith("check-")]
         for role in _roles(spec):
             for target in TARGETS:
-                rule = KNOWN.get((spec, role))
-                raises = sim.SimError if rule in sim.RULES else Exception
-                marks = [pytest.mark.xfail(strict=True, raises=raises, reason=rule)] if rule else []
                 for check in checks:
                     out.append(
                         pytest.param(
@@ -96,7 +62,6 @@ def cases() -> list[Any]:
                             target,
                             check.values[0],
                             id=f"{spec}-{role}-{target}-{check.id}",
-                            marks=marks,
                         )
                     )
     return out
