@@ -126,6 +126,18 @@ class Selector:
                 self._memo[key] = self._materialise(e, dtype)
         return self._memo[key]
 
+    def hold(self, e: Expr, operand: Operand) -> None:
+        """From now on `e` is `operand` (a value computed elsewhere, e.g. a statistic finished by a pass)."""
+        self._memo[(id(e), "f32")] = operand
+
+    def holds(self, e: Expr) -> bool:
+        """Whether `e` is already computed (or held) in f32."""
+        return (id(e), "f32") in self._memo
+
+    def forget_tiles(self) -> None:
+        """Drop memoised tiles (a new sweep over blocks recomputes them); columns stay."""
+        self._memo = {key: op for key, op in self._memo.items() if op.kind != "tile"}
+
     # ---- emission ----------------------------------------------------------------------------
 
     def _alloc(self, kind: str, dtype: str) -> Operand:

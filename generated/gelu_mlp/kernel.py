@@ -23,22 +23,42 @@ F_MOV = 512  # matmul moving free size, one fp32 PSUM bank
 MIN_CYCLES = 64  # minimum instruction initiation interval, cycles (nki.md §6 overheads)
 
 
+class Stage(NamedTuple):
+    """A rows-on-partitions stage (the epilogue, or the prologue) swept over K in F_MOV-wide blocks.
+
+    Row statistics need the whole row, so a stage runs as passes over the blocks: each pass finishes
+    the [P, 1] statistics the next one needs (a LayerNorm: the mean, then the variance), the last pass
+    computes and writes the outputs. Only one block's temporaries are live at a time.
+    """
+
+    block_bytes: int  # bytes per block column: temporaries and block loads, the largest pass
+    cols: int  # f32 [P, 1] columns per row tile
+    sweeps: int  # passes over the K blocks
+    act: int  # Scalar-engine instructions per block, over all passes (weighted by cost)
+    dve: int  # Vector-engine instructions per block, over all passes (weighted by cost)
+    col_ops: int  # [P, 1] Vector-engine instructions per block (partial statistics accumulated)
+    read_bytes: int  # bytes read per row element from [R, K] inputs, over all passes
+    bcast: int  # [K] inputs loaded broadcast to [P, block] per block, over all passes
+    loads: int  # DMA transfers per block, over all passes (reads and output writes)
+
+
+NO_STAGE = Stage(0, 0, 0, 0, 0, 0, 0, 0, 0)
+
+
 class FfnModel(NamedTuple):
     """What a generated FFN kernel holds in SBUF and computes, counted by its lowering."""
 
     n_up: int  # up projections: 1 plain MLP, 2 gated
     x_bytes: int  # bytes per element of x and of the weights
     mid_tiles: int  # f32 [P, F_MOV] temporaries of the combine, per intermediate tile
-    epi_tiles: int  # f32 [P, K] temporaries of the epilogue, per row tile
-    epi_cols: int  # f32 [P, 1] columns of the epilogue, per row tile
     col_vectors: int  # [I] inputs held as [P, n_h] f32 columns
-    row_vectors: int  # [K] inputs held broadcast as [P, K] f32
-    row_inputs: int  # [R, K] inputs loaded per row tile (a residual DMA'd into the accumulator included)
     out_bytes: int  # bytes per row element written, over all outputs
     mid_act: int  # Scalar-engine passes of the combine, per intermediate tile
     mid_dve: int  # Vector-engine passes of the combine
-    epi_act: int  # Scalar-engine passes of the epilogue, per row tile
-    epi_dve: int  # Vector-engine passes of the epilogue
+    acc_init: int  # 1: an [R, K] residual is DMA'd into the accumulator before the first chunk
+    fold_bias: int  # 1: a [K] bias is added while evicting the first chunk, one [P, F_MOV] piece a time
+    epi: Stage  # the epilogue, per owned row tile
+    pro: Stage  # the prologue, per computed row tile (NO_STAGE without one)
 
 
 class Machine(NamedTuple):
@@ -112,10 +132,11 @@ def buffers(m: FfnModel, s: int, ci: int, k: int, i: int) -> list[Buffer]:
         Buffer("down-projection weight chunk", n_hc * k * m.x_bytes, 2),
         Buffer("combine output (down-proj stationary)", n_hc * F_MOV * m.x_bytes, 1),
         Buffer("combine temporaries", m.mid_tiles * F_MOV * 4, 2),
-        Buffer("epilogue tiles", (m.epi_tiles + m.row_inputs + 1) * k * 4, 2),
-        Buffer("epilogue columns", m.epi_cols * 4, 2),
+        Buffer("prologue block (one K-block's loads and temporaries)", m.pro.block_bytes * F_MOV, 2),
+        Buffer("epilogue block (one K-block's loads and temporaries)", m.epi.block_bytes * F_MOV, 2),
+        Buffer("[K]-bias piece / partial-sum block", F_MOV * 4, 2),
+        Buffer("row statistics columns", (m.epi.cols + m.pro.cols) * 4, 2),
         Buffer("[I] columns", m.col_vectors * n_h * 4, 1),
-        Buffer("[K] broadcast rows", m.row_vectors * k * 4, 1),
     ]
 
 
@@ -134,6 +155,16 @@ def _pieces(total: int, size: int) -> list[int]:
     return [min(size, total - start) for start in range(0, total, size)]
 
 
+def _stage_cost(st: Stage, tiles: int, k: int) -> tuple[float, float, int, int]:
+    """(ACT cycles, DVE cycles, DMA bytes, DMA transfers) of a stage over `tiles` row tiles of P rows."""
+    n_kb = cdiv(k, F_MOV)
+    k_cycles = sum(max(MIN_CYCLES, nb) for nb in _pieces(k, F_MOV))
+    act = tiles * st.act * k_cycles
+    dve = tiles * (st.dve * k_cycles + st.col_ops * n_kb * MIN_CYCLES)
+    moved = tiles * P * k * (st.read_bytes + 4 * st.bcast)  # broadcast rows: P copies land in SBUF
+    return act, dve, moved, tiles * n_kb * st.loads
+
+
 def cost(m: FfnModel, mach: Machine, rows: int, k: int, i: int, lnc: int, plan: Plan) -> Cost:
     """Modelled time of the busiest core for `plan`."""
     comp_rows, inter = work_per_core(rows, i, lnc, plan.split)
@@ -144,6 +175,11 @@ def cost(m: FfnModel, mach: Machine, rows: int, k: int, i: int, lnc: int, plan: 
     hbm = transfers = 0
     for s_rows in _pieces(comp_rows, plan.s):
         hbm, transfers = hbm + s_rows * k * m.x_bytes, transfers + n_k
+        p_act, p_dve, p_bytes, p_transfers = _stage_cost(m.pro, cdiv(s_rows, P), k)
+        act, dve, hbm, transfers = act + p_act, dve + p_dve, hbm + p_bytes, transfers + p_transfers
+        if m.fold_bias:  # one [P, F_MOV] piece of the bias per eviction of the first chunk
+            hbm += cdiv(s_rows, P) * P * k * 4
+            transfers += cdiv(s_rows, P) * cdiv(k, F_MOV)
         for chunk in _pieces(inter, plan.ci):
             n_hc = cdiv(chunk, P)
             hbm += (m.n_up + 1) * k * chunk * m.x_bytes
@@ -154,13 +190,13 @@ def cost(m: FfnModel, mach: Machine, rows: int, k: int, i: int, lnc: int, plan: 
                 act += n_hc * m.mid_act * width
                 dve += n_hc * m.mid_dve * width + cdiv(rw, P) * k_cycles  # PSUM eviction into the accumulator
     tiles = cdiv(own, P)
-    act += tiles * m.epi_act * max(MIN_CYCLES, k)
-    dve += tiles * m.epi_dve * max(MIN_CYCLES, k)
-    hbm += own * k * (m.row_inputs * 4 + m.out_bytes)
-    transfers += tiles * (m.row_inputs + 2)
-    if plan.split and lnc > 1:  # partial down-projections of the other core's rows, out and back in
+    e_act, e_dve, e_bytes, e_transfers = _stage_cost(m.epi, tiles, k)
+    act, dve, hbm, transfers = act + e_act, dve + e_dve, hbm + e_bytes, transfers + e_transfers
+    hbm += own * k * 4 * m.acc_init
+    transfers += tiles * m.acc_init
+    if plan.split and lnc > 1:  # partial down-projections of the other core's rows out, this core's in
         hbm += 2 * own * k * 4
-        transfers += 2 * tiles
+        transfers += tiles * (1 + cdiv(k, F_MOV))
         dve += tiles * k_cycles
     dma = max(hbm / mach.dma_gbps, transfers * mach.dma_fixed_ns / mach.dma_queues)
     return Cost(pe / mach.pe_ghz, act / mach.act_ghz, dve / mach.dve_ghz, dma, hbm)
@@ -175,12 +211,20 @@ def candidates(
         comp_rows, inter = work_per_core(rows, i, lnc, split)
         s_all = range(P, cdiv(comp_rows, P) * P + 1, P)
         ci_all = range(P, cdiv(inter, P) * P + 1, P)
-        s_set = s_all if exhaustive else sorted({cdiv(cdiv(comp_rows, n), P) * P for n in range(1, 9)})
+        s_set = s_all if exhaustive else _row_tiles(comp_rows)
         for s in s_set:
             fits = [ci for ci in ci_all if sbuf_bytes(m, s, ci, k, i) <= budget]
             for ci in fits if exhaustive else fits[-4:]:
                 plans.append(Plan(s, ci, split))
     return plans
+
+
+def _row_tiles(rows: int) -> list[int]:
+    """Super-block sizes the search tries: rows/1 .. rows/8 rounded up to whole tiles, and 128 .. 2048 rows
+    (a wide shape fits only small super-blocks, however many rows there are)."""
+    most = cdiv(rows, P) * P
+    even = {cdiv(cdiv(rows, n), P) * P for n in range(1, 9)}
+    return sorted(even | {s for s in (P, 2 * P, 4 * P, 8 * P, 16 * P) if s <= most})
 
 
 def rank_key(
@@ -206,7 +250,7 @@ def choose(m: FfnModel, mach: Machine, rows: int, k: int, i: int, lnc: int) -> P
         )
     return min(plans, key=lambda p: rank_key(m, mach, rows, k, i, lnc, p))
 
-MODEL = FfnModel(n_up=1, x_bytes=2, mid_tiles=1, epi_tiles=1, epi_cols=0, col_vectors=1, row_vectors=1, row_inputs=0, out_bytes=2, mid_act=1, mid_dve=0, epi_act=0, epi_dve=1)
+MODEL = FfnModel(n_up=1, x_bytes=2, mid_tiles=1, col_vectors=1, out_bytes=2, mid_act=1, mid_dve=0, acc_init=0, fold_bias=1, epi=Stage(block_bytes=2, cols=0, sweeps=1, act=0, dve=1, col_ops=0, read_bytes=0, bcast=0, loads=1), pro=Stage(block_bytes=0, cols=0, sweeps=0, act=0, dve=0, col_ops=0, read_bytes=0, bcast=0, loads=0))
 #: the figures the planner's time model needs, per target (from fusegen/sim/targets.py).
 MACHINES = {
     "trn1": Machine(pe_ghz=2.8, act_ghz=1.4, dve_ghz=1.12, dma_gbps=272.0, dma_fixed_ns=1300.0, dma_queues=16, sbuf_budget=180224, max_lnc=1),
@@ -232,8 +276,6 @@ def gelu_mlp_kernel(x_hbm, w1t_hbm, b1_hbm, w2t_hbm, b2_hbm, S, CI, SPLIT):
     out_hbm = nl.ndarray((R, K), dtype=nl.bfloat16, buffer=nl.shared_hbm)
     b1_hbm_col = nl.ndarray((P, cdiv(I, P)), dtype=nl.float32, buffer=nl.sbuf)
     nisa.dma_copy(dst=b1_hbm_col, src=b1_hbm)
-    b2_hbm_row = nl.ndarray((P, K), dtype=nl.float32, buffer=nl.sbuf)
-    nisa.dma_copy(dst=b2_hbm_row[0:P, 0:K], src=b2_hbm.ap(pattern=[[0, P], [1, K]], offset=0))
     pid, cores = nl.program_id(0), nl.num_programs()
     own_begin = min(R, pid * rows_per_core(R, cores))
     own_end = min(R, own_begin + rows_per_core(R, cores))
@@ -302,7 +344,9 @@ def gelu_mlp_kernel(x_hbm, w1t_hbm, b1_hbm, w2t_hbm, b2_hbm, S, CI, SPLIT):
                             nisa.nc_matmul(dst=ps[0:pr, 0:nk], stationary=g[hl][0:ph, rq:rq + pr],
                                            moving=wd[hl][0:ph, k0:k0 + nk], accumulate=(hl > 0))
                         if c == 0 and owned[rs]:
-                            nisa.tensor_tensor(dst=acc[rs][0:pr, k0:k0 + nk], data1=ps[0:pr, 0:nk], data2=b2_hbm_row[0:pr, k0:k0 + nk], op=nl.add)
+                            bias = nl.ndarray((P, F_MOV), dtype=nl.float32, buffer=nl.sbuf)
+                            nisa.dma_copy(dst=bias[0:pr, 0:nk], src=b2_hbm.ap(pattern=[[0, pr], [1, nk]], offset=k0))
+                            nisa.tensor_tensor(dst=acc[rs][0:pr, k0:k0 + nk], data1=ps[0:pr, 0:nk], data2=bias[0:pr, 0:nk], op=nl.add)
                         elif c == 0:
                             nisa.tensor_copy(dst=acc[rs][0:pr, k0:k0 + nk], src=ps[0:pr, 0:nk])
                         else:
@@ -317,18 +361,23 @@ def gelu_mlp_kernel(x_hbm, w1t_hbm, b1_hbm, w2t_hbm, b2_hbm, S, CI, SPLIT):
             for rs in range(n_rs):
                 r0, pr = r_sb + rs * P, min(P, s_rows - rs * P)
                 if owned[rs]:
-                    t = nl.ndarray((P, K), dtype=nl.float32, buffer=nl.sbuf)
-                    nisa.dma_copy(dst=t[0:pr, 0:K], src=partial[r0:r0 + pr, 0:K])
-                    nisa.tensor_tensor(dst=acc[rs][0:pr, 0:K], data1=acc[rs][0:pr, 0:K], data2=t[0:pr, 0:K], op=nl.add)
-        # epilogue, one owned row tile at a time
+                    for k0 in range(0, K, F_MOV):
+                        nb = min(F_MOV, K - k0)
+                        t = nl.ndarray((P, F_MOV), dtype=nl.float32, buffer=nl.sbuf)
+                        nisa.dma_copy(dst=t[0:pr, 0:nb], src=partial[r0:r0 + pr, k0:k0 + nb])
+                        nisa.tensor_tensor(dst=acc[rs][0:pr, k0:k0 + nb], data1=acc[rs][0:pr, k0:k0 + nb], data2=t[0:pr, 0:nb], op=nl.add)
+        # epilogue, one owned row tile at a time, in passes over K-blocks
         for rs in range(n_rs):
             if not owned[rs]:
                 continue
             r0 = r_sb + rs * P
             pr = min(P, s_rows - rs * P)
-            e0 = nl.ndarray((P, K), dtype=nl.bfloat16, buffer=nl.sbuf)
-            nisa.tensor_copy(dst=e0[0:pr, 0:K], src=acc[rs][0:pr, 0:K])
-            nisa.dma_copy(dst=out_hbm[r0:r0 + pr, 0:K], src=e0[0:pr, 0:K])
+            for k0 in range(0, K, F_MOV):
+                nb = min(F_MOV, K - k0)
+                e0 = nl.ndarray((P, F_MOV), dtype=nl.bfloat16, buffer=nl.sbuf)
+                nisa.tensor_copy(dst=e0[0:pr, 0:nb], src=acc[rs][0:pr, k0:k0 + nb])
+                nisa.dma_copy(dst=out_hbm[r0:r0 + pr, k0:k0 + nb], src=e0[0:pr, 0:nb])
+
     return out_hbm
 
 
