@@ -121,7 +121,7 @@ def buffers(m: FfnModel, s: int, ci: int, k: int, i: int) -> list[Buffer]:
     return [
         Buffer("x^T, K on partitions", n_k * s * m.x_bytes, 1),
         Buffer("fp32 accumulator", cdiv(s, P) * k * 4, 1),
-        Buffer("up-projection weight chunk", m.n_up * n_k * ci * m.x_bytes, 2),
+        up_weights(m, s, ci, k),
         Buffer("down-projection weight chunk", n_hc * k * m.x_bytes, 2),
         Buffer("combine output (down-proj stationary)", n_hc * F_MOV * m.x_bytes, 1),
         Buffer("combine temporaries", m.mid_tiles * F_MOV * 4, 2),
@@ -131,6 +131,15 @@ def buffers(m: FfnModel, s: int, ci: int, k: int, i: int) -> list[Buffer]:
         Buffer("row statistics columns", (m.epi.cols + m.pro.cols) * 4, 2),
         Buffer("[I] columns", m.col_vectors * n_h * 4, 1),
     ]
+
+
+def up_weights(m: FfnModel, s: int, ci: int, k: int) -> Buffer:
+    """The up-projection weights in SBUF. Each K-tile of a chunk is loaded just before its first matmul;
+    with one row slice (S <= F_MOV) and one intermediate tile (CI <= P) that matmul is its only one,
+    so the weights stream through a K-tile at a time instead of a whole chunk being held."""
+    if s <= F_MOV and ci <= P:
+        return Buffer("up-projection weight K-tile (streamed)", m.n_up * ci * m.x_bytes, 2)
+    return Buffer("up-projection weight chunk", m.n_up * cdiv(k, P) * ci * m.x_bytes, 2)
 
 
 def sbuf_bytes(m: FfnModel, s: int, ci: int, k: int, i: int) -> int:

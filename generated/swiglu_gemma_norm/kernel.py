@@ -128,7 +128,7 @@ def buffers(m: FfnModel, s: int, ci: int, k: int, i: int) -> list[Buffer]:
     return [
         Buffer("x^T, K on partitions", n_k * s * m.x_bytes, 1),
         Buffer("fp32 accumulator", cdiv(s, P) * k * 4, 1),
-        Buffer("up-projection weight chunk", m.n_up * n_k * ci * m.x_bytes, 2),
+        up_weights(m, s, ci, k),
         Buffer("down-projection weight chunk", n_hc * k * m.x_bytes, 2),
         Buffer("combine output (down-proj stationary)", n_hc * F_MOV * m.x_bytes, 1),
         Buffer("combine temporaries", m.mid_tiles * F_MOV * 4, 2),
@@ -138,6 +138,15 @@ def buffers(m: FfnModel, s: int, ci: int, k: int, i: int) -> list[Buffer]:
         Buffer("row statistics columns", (m.epi.cols + m.pro.cols) * 4, 2),
         Buffer("[I] columns", m.col_vectors * n_h * 4, 1),
     ]
+
+
+def up_weights(m: FfnModel, s: int, ci: int, k: int) -> Buffer:
+    """The up-projection weights in SBUF. Each K-tile of a chunk is loaded just before its first matmul;
+    with one row slice (S <= F_MOV) and one intermediate tile (CI <= P) that matmul is its only one,
+    so the weights stream through a K-tile at a time instead of a whole chunk being held."""
+    if s <= F_MOV and ci <= P:
+        return Buffer("up-projection weight K-tile (streamed)", m.n_up * ci * m.x_bytes, 2)
+    return Buffer("up-projection weight chunk", m.n_up * cdiv(k, P) * ci * m.x_bytes, 2)
 
 
 def sbuf_bytes(m: FfnModel, s: int, ci: int, k: int, i: int) -> int:
@@ -308,18 +317,8 @@ def swiglu_gemma_norm_kernel(x_hbm, w1t_hbm, wgt_hbm, w2t_hbm, a_hbm, gamma_hbm,
             i0 = i_begin + c * CI
             ci = min(CI, i_end - i0)
             n_hc = cdiv(ci, P)
-            pj0_w = []
-            for kt in range(n_k):
-                pk = min(P, K - kt * P)
-                t = nl.ndarray((P, CI), dtype=nl.bfloat16, buffer=nl.sbuf)
-                nisa.dma_copy(dst=t[0:pk, 0:ci], src=w1t_hbm[kt * P:kt * P + pk, i0:i0 + ci])
-                pj0_w.append(t)
-            pj1_w = []
-            for kt in range(n_k):
-                pk = min(P, K - kt * P)
-                t = nl.ndarray((P, CI), dtype=nl.bfloat16, buffer=nl.sbuf)
-                nisa.dma_copy(dst=t[0:pk, 0:ci], src=wgt_hbm[kt * P:kt * P + pk, i0:i0 + ci])
-                pj1_w.append(t)
+            pj0_w = [None] * n_k  # each K-tile arrives just before its first matmul
+            pj1_w = [None] * n_k  # each K-tile arrives just before its first matmul
             wd = []
             for hl in range(n_hc):
                 ph = min(P, i_end - i0 - hl * P)
@@ -335,11 +334,17 @@ def swiglu_gemma_norm_kernel(x_hbm, w1t_hbm, wgt_hbm, w2t_hbm, a_hbm, gamma_hbm,
                     pj0 = nl.ndarray((P, F_MOV), dtype=nl.float32, buffer=nl.psum)
                     for kt in range(n_k):
                         pk = min(P, K - kt * P)
+                        if q0 == 0 and hl == 0:
+                            pj0_w[kt] = nl.ndarray((P, CI), dtype=nl.bfloat16, buffer=nl.sbuf)
+                            nisa.dma_copy(dst=pj0_w[kt][0:pk, 0:ci], src=w1t_hbm[kt * P:kt * P + pk, i0:i0 + ci])
                         nisa.nc_matmul(dst=pj0[0:ph, 0:rw], stationary=pj0_w[kt][0:pk, hl * P:hl * P + ph],
                                        moving=xt[kt][0:pk, q0:q0 + rw], accumulate=(kt > 0))
                     pj1 = nl.ndarray((P, F_MOV), dtype=nl.float32, buffer=nl.psum)
                     for kt in range(n_k):
                         pk = min(P, K - kt * P)
+                        if q0 == 0 and hl == 0:
+                            pj1_w[kt] = nl.ndarray((P, CI), dtype=nl.bfloat16, buffer=nl.sbuf)
+                            nisa.dma_copy(dst=pj1_w[kt][0:pk, 0:ci], src=wgt_hbm[kt * P:kt * P + pk, i0:i0 + ci])
                         nisa.nc_matmul(dst=pj1[0:ph, 0:rw], stationary=pj1_w[kt][0:pk, hl * P:hl * P + ph],
                                        moving=xt[kt][0:pk, q0:q0 + rw], accumulate=(kt > 0))
                     m0 = nl.ndarray((P, F_MOV), dtype=nl.float32, buffer=nl.sbuf)
