@@ -20,7 +20,7 @@ from fusegen.codegen.rowreduce import ROWREDUCE
 from fusegen.codegen.stage import dim_source
 from fusegen.dsl import load_spec
 from fusegen.dsl.diagnostics import Diagnostic, SpecError
-from fusegen.dsl.ir import KernelIR
+from fusegen.dsl.ir import CheckShape, KernelIR
 from fusegen.testing import Tolerance, tolerance
 
 FAMILIES: tuple[Family, ...] = (FFN, ROWREDUCE)
@@ -83,6 +83,20 @@ def _plans(family: Family, ir: KernelIR, match: object, options: BuildOptions, s
     if errors:
         raise SpecError(errors, source)
     return tuple(plans)
+
+
+def plan_shape(path: str, dims: dict[str, int], target: str, lnc: int) -> None:
+    """SpecError with the planner's message and numbers when no tile plan fits `dims` (a --shape)."""
+    ir = rewrite(load_spec(path)[0])
+    source = Path(path).read_text(encoding="utf-8", errors="replace")
+    family, match = select_family(ir, source)
+    where = ir.checks[0].span if ir.checks else ir.outputs[0].span
+    at = dataclasses.replace(ir, checks=(CheckShape(tuple(sorted(dims.items())), where),))
+    try:
+        family.plans(at, match, target, lnc)
+    except PlanError as err:
+        shape = " ".join(f"{k}={v}" for k, v in sorted(dims.items()))
+        raise SpecError([Diagnostic(where, f"--shape {shape}: {err}", hint=PLAN_HINT)], source) from None
 
 
 def select_family(ir: KernelIR, source: str) -> tuple[Family, object]:

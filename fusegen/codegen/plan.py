@@ -105,11 +105,22 @@ def candidates(
         need = fb.sbuf_bytes(model, fb.P, fb.P, k, i)
         raise PlanError(
             f"no tile plan fits on {target.name}: the smallest (S=128, CI=128) needs {need} "
-            f"B/partition of SBUF for K={k}, I={i}; the budget is {mach.sbuf_budget} B"
+            f"B/partition of SBUF for K={k}, I={i}; the budget is {mach.sbuf_budget} B "
+            f"({_widest_k(model, i, mach.sbuf_budget)})"
         )
     ranked = sorted(plans, key=lambda p: fb.rank_key(model, mach, rows, k, i, lnc, p))[:count]
     best = fb.cost(model, mach, rows, k, i, lnc, ranked[0])
     return [_tile_plan(model, target, mach, lnc, dims, (rows, k, i), p, best) for p in ranked]
+
+
+def _widest_k(model: fb.FfnModel, i: int, budget: int) -> str:
+    """The limit in words: the widest K (a multiple of 128) whose smallest plan fits at this I."""
+    k = fb.P
+    if fb.sbuf_bytes(model, fb.P, fb.P, k, i) > budget:
+        return f"no K fits at I={i}"
+    while fb.sbuf_bytes(model, fb.P, fb.P, k + fb.P, i) <= budget:
+        k += fb.P
+    return f"this kernel fits K <= {k} at I={i} here"
 
 
 def _tile_plan(

@@ -159,45 +159,55 @@ def psum_banks(m: FfnModel) -> int:
     return 2 * (m.n_up + 1)
 
 
-def _pieces(total: int, size: int) -> list[int]:
-    """`total` cut into pieces of `size`, the last one ragged."""
-    return [min(size, total - start) for start in range(0, total, size)]
-
-
 def _stage_cost(st: Stage, tiles: int, k: int) -> tuple[float, float, int, int]:
     """(ACT cycles, DVE cycles, DMA bytes, DMA transfers) of a stage over `tiles` row tiles of P rows."""
     n_kb = cdiv(k, F_MOV)
-    k_cycles = sum(max(MIN_CYCLES, nb) for nb in _pieces(k, F_MOV))
+    k_cycles = sum(max(MIN_CYCLES, nb) * n for nb, n in _runs(k, F_MOV))
     act = tiles * st.act * k_cycles
     dve = tiles * (st.dve * k_cycles + st.col_ops * n_kb * MIN_CYCLES)
     moved = tiles * P * k * (st.read_bytes + 4 * st.bcast)  # broadcast rows: P copies land in SBUF
     return act, dve, moved, tiles * n_kb * st.loads
 
 
+def _runs(total: int, size: int) -> list[tuple[int, int]]:
+    """`total` cut into pieces of `size` (the last one ragged), as (piece, how many) runs."""
+    runs = [(size, total // size)] if total >= size else []
+    return runs + ([(total % size, 1)] if total % size else [])
+
+
+def _super_block(m: FfnModel, s_rows: int, inter: int, ci: int, k: int) -> tuple[float, float, float, int, int]:
+    """(PE, ACT, DVE cycles, DMA bytes, transfers) of one super-block of `s_rows` rows over `inter` columns."""
+    n_k = cdiv(k, P)
+    k_cycles = sum(max(MIN_CYCLES, nk) * n for nk, n in _runs(k, F_MOV))  # one row tile's K, 512 wide
+    act, dve, hbm, transfers = _stage_cost(m.pro, cdiv(s_rows, P), k)
+    pe = 0.0
+    hbm, transfers = hbm + s_rows * k * m.x_bytes, transfers + n_k
+    if m.fold_bias:  # one [P, F_MOV] piece of the bias per eviction of the first chunk
+        hbm += cdiv(s_rows, P) * P * k * 4
+        transfers += cdiv(s_rows, P) * cdiv(k, F_MOV)
+    for chunk, n_chunks in _runs(inter, ci):
+        n_hc = cdiv(chunk, P)
+        hbm += n_chunks * (m.n_up + 1) * k * chunk * m.x_bytes
+        transfers += n_chunks * (m.n_up * n_k + n_hc)
+        for rw, n_rw in _runs(s_rows, F_MOV):
+            width, times = max(MIN_CYCLES, rw), n_chunks * n_rw * n_hc
+            pe += times * (m.n_up * n_k * width + cdiv(rw, P) * k_cycles)
+            act += times * m.mid_act * width
+            dve += times * m.mid_dve * width + n_chunks * n_rw * cdiv(rw, P) * k_cycles  # PSUM evictions
+    return pe, act, dve, hbm, transfers
+
+
 def cost(m: FfnModel, mach: Machine, rows: int, k: int, i: int, lnc: int, plan: Plan) -> Cost:
     """Modelled time of the busiest core for `plan`."""
     comp_rows, inter = work_per_core(rows, i, lnc, plan.split)
     own = rows_per_core(rows, lnc)
-    n_k = cdiv(k, P)
-    k_cycles = sum(max(MIN_CYCLES, nk) for nk in _pieces(k, F_MOV))  # one row tile's K in 512-wide chunks
+    k_cycles = sum(max(MIN_CYCLES, nk) * n for nk, n in _runs(k, F_MOV))
     pe = act = dve = 0.0
     hbm = transfers = 0
-    for s_rows in _pieces(comp_rows, plan.s):
-        hbm, transfers = hbm + s_rows * k * m.x_bytes, transfers + n_k
-        p_act, p_dve, p_bytes, p_transfers = _stage_cost(m.pro, cdiv(s_rows, P), k)
-        act, dve, hbm, transfers = act + p_act, dve + p_dve, hbm + p_bytes, transfers + p_transfers
-        if m.fold_bias:  # one [P, F_MOV] piece of the bias per eviction of the first chunk
-            hbm += cdiv(s_rows, P) * P * k * 4
-            transfers += cdiv(s_rows, P) * cdiv(k, F_MOV)
-        for chunk in _pieces(inter, plan.ci):
-            n_hc = cdiv(chunk, P)
-            hbm += (m.n_up + 1) * k * chunk * m.x_bytes
-            transfers += m.n_up * n_k + n_hc
-            for rw in _pieces(s_rows, F_MOV):
-                width = max(MIN_CYCLES, rw)
-                pe += n_hc * (m.n_up * n_k * width + cdiv(rw, P) * k_cycles)
-                act += n_hc * m.mid_act * width
-                dve += n_hc * m.mid_dve * width + cdiv(rw, P) * k_cycles  # PSUM eviction into the accumulator
+    for s_rows, n_sb in _runs(comp_rows, plan.s):
+        parts = _super_block(m, s_rows, inter, plan.ci, k)
+        pe, act, dve = pe + n_sb * parts[0], act + n_sb * parts[1], dve + n_sb * parts[2]
+        hbm, transfers = hbm + n_sb * parts[3], transfers + n_sb * parts[4]
     tiles = cdiv(own, P)
     e_act, e_dve, e_bytes, e_transfers = _stage_cost(m.epi, tiles, k)
     act, dve, hbm, transfers = act + e_act, dve + e_dve, hbm + e_bytes, transfers + e_transfers
@@ -222,10 +232,25 @@ def candidates(
         ci_all = range(P, cdiv(inter, P) * P + 1, P)
         s_set = s_all if exhaustive else _row_tiles(comp_rows)
         for s in s_set:
-            fits = [ci for ci in ci_all if sbuf_bytes(m, s, ci, k, i) <= budget]
-            for ci in fits if exhaustive else fits[-4:]:
-                plans.append(Plan(s, ci, split))
+            if exhaustive:
+                fits = [ci for ci in ci_all if sbuf_bytes(m, s, ci, k, i) <= budget]
+            else:
+                widest = _widest_fit(m, s, ci_all, k, i, budget)
+                fits = [ci for ci in ci_all[max(0, widest - 3) : widest + 1]] if widest >= 0 else []
+            plans += [Plan(s, ci, split) for ci in fits]
     return plans
+
+
+def _widest_fit(m: FfnModel, s: int, ci_all: range, k: int, i: int, budget: int) -> int:
+    """Index in `ci_all` of the widest chunk that fits, -1 if none (SBUF grows with CI: bisect)."""
+    lo, hi = -1, len(ci_all) - 1
+    while lo < hi:
+        mid = (lo + hi + 1) // 2
+        if sbuf_bytes(m, s, ci_all[mid], k, i) <= budget:
+            lo = mid
+        else:
+            hi = mid - 1
+    return lo
 
 
 def _row_tiles(rows: int) -> list[int]:
