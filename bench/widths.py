@@ -40,7 +40,9 @@ def cell(p: Planned) -> str:
 def main(argv: list[str] | None = None) -> int:
     """Print the table (markdown) and the summary."""
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    ap.add_argument("--examples", default="", help="comma-separated example names (default: all FFN examples)")
+    ap.add_argument(
+        "--examples", default="", help="comma-separated example names (default: all FFN examples)"
+    )
     ap.add_argument("--launch", default="", help="target:lnc, e.g. trn2:2 (default: all)")
     args = ap.parse_args(argv)
     wanted = set(filter(None, args.examples.split(",")))
@@ -49,7 +51,9 @@ def main(argv: list[str] | None = None) -> int:
     worst: tuple[float, str] = (2.0, "")
     for ex in examples:
         print(f"\n### {ex.name}\n")
-        print("| model (K, I) | R | target LNC | plan | SBUF B/part | modelled us | efficiency (roof) | bound |")
+        print(
+            "| model (K, I) | R | target LNC | plan | SBUF B/part | modelled us | efficiency (roof) | bound |"
+        )
         print("| --- | ---: | --- | --- | ---: | ---: | ---: | --- |")
         for model, k, i in WIDTHS:
             for rows in ROWS:

@@ -58,7 +58,9 @@ def check(specs: list[str], options: BuildOptions, shapes: list[dict[str, int]])
             ir, _ = load_spec(spec)
             runs = [validated_shape(ir, spec, dims) for dims in shapes] or [env for env, _ in test_shapes(ir)]
             for dims in shapes:
-                plan_shape(spec, dims, options.target, options.lnc)  # no plan fits: the planner's message, not a traceback
+                plan_shape(
+                    spec, dims, options.target, options.lnc
+                )  # no plan fits: the planner's message, not a traceback
             built = build_spec(spec, BuildOptions(out, options.target, options.lnc))
             write_atomically(out, built.files)
             generated_test = load_generated(out / built.name / f"test_{built.name}.py")

@@ -13,7 +13,7 @@ from __future__ import annotations
 from collections.abc import Callable
 from dataclasses import dataclass
 
-from fusegen.codegen.ffn_budget import F_MOV, Stage
+from fusegen.codegen.ffn_budget import Stage
 from fusegen.codegen.select import Selector
 from fusegen.codegen.stage import Expr, Operand
 from fusegen.dsl.ir import DTYPE_BYTES
@@ -186,4 +186,3 @@ def _count(sel: Selector, passes: tuple[BlockPass, ...], col_ops: int, writes: i
         bcast=sum(1 for ps in passes for ld in ps.loads if ld.broadcast),
         loads=sum(len(ps.loads) for ps in passes) + writes,
     )
-

@@ -6,7 +6,7 @@ from dataclasses import dataclass
 
 from fusegen.codegen.family import kernel_arg
 from fusegen.codegen.ffn_blocks import BlockedStage, BlockLoad, emit_blocked
-from fusegen.codegen.ffn_budget import F_MOV, NO_STAGE, P, FfnModel
+from fusegen.codegen.ffn_budget import F_MOV, NO_STAGE, FfnModel, P
 from fusegen.codegen.ffn_match import FfnMatch, weight_columns
 from fusegen.codegen.select import NL_DTYPE, Layout, Selector
 from fusegen.codegen.stage import Operand, StageBuilder, dim_source
@@ -30,8 +30,6 @@ class OutputWrite:
     name: str
     nl_dtype: str
     source: str
-
-
 
 
 @dataclass(frozen=True)
@@ -193,11 +191,11 @@ def _lower_prologue(ir: KernelIR, m: FfnMatch) -> BlockedStage | None:
         result = sel.value(root, dtype=m.x.dtype)
         if result.dtype != m.x.dtype or result.memory != "sbuf":
             result = sel.copy(result, "tile", m.x.dtype)
-        block = result.code.split("[")[0]
+        src = f"{result.code.split('[')[0]}[0:pr, kt * P - k0:kt * P - k0 + pk]"
         return [
             "for kt in range(k0 // P, cdiv(k0 + nb, P)):",
             "    pk = min(P, K - kt * P)",
-            f"    nisa.dma_transpose(dst=xt[kt][0:pk, rs * P:rs * P + pr], src={block}[0:pr, kt * P - k0:kt * P - k0 + pk])",
+            f"    nisa.dma_transpose(dst=xt[kt][0:pk, rs * P:rs * P + pr], src={src})",
         ]
 
     return emit_blocked(_block_selector("p"), [root], loads, finish, writes=F_MOV // P)
@@ -226,7 +224,8 @@ def _accumulator(
                 None,
                 (
                     "bias = nl.ndarray((P, F_MOV), dtype=nl.float32, buffer=nl.sbuf)",
-                    f"nisa.dma_copy(dst=bias[0:pr, 0:nk], src={name}.ap(pattern=[[0, pr], [1, nk]], offset=k0))",
+                    f"nisa.dma_copy(dst=bias[0:pr, 0:nk], src={name}.ap(pattern=[[0, pr], [1, nk]], "
+                    "offset=k0))",
                     f"nisa.tensor_tensor(dst={acc}, data1={ps}, data2=bias[0:pr, 0:nk], op=nl.add)",
                 ),
                 users[0].id,

@@ -83,5 +83,5 @@ def plan_at(ex: Example, rows: int, k: int, i: int, target: str, lnc: int) -> Pl
 
 def min_hbm_bytes(ir: KernelIR, dims: dict[str, int]) -> int:
     """Every input read once and every output written once."""
-    values = [*ir.inputs, *ir.outputs]
-    return sum(math.prod(eval_shape(v.shape, dims)) * DTYPE_BYTES[v.dtype] for v in values)
+    shapes = [(v.shape, v.dtype) for v in ir.inputs] + [(o.shape, o.dtype) for o in ir.outputs]
+    return sum(math.prod(eval_shape(shape, dims)) * DTYPE_BYTES[dtype] for shape, dtype in shapes)

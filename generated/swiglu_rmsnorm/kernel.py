@@ -175,8 +175,10 @@ def _runs(total: int, size: int) -> list[tuple[int, int]]:
     return runs + ([(total % size, 1)] if total % size else [])
 
 
-def _super_block(m: FfnModel, s_rows: int, inter: int, ci: int, k: int) -> tuple[float, float, float, int, int]:
-    """(PE, ACT, DVE cycles, DMA bytes, transfers) of one super-block of `s_rows` rows over `inter` columns."""
+def _super_block(
+    m: FfnModel, s_rows: int, inter: int, ci: int, k: int
+) -> tuple[float, float, float, int, int]:
+    """(PE, ACT, DVE cycles, DMA bytes, transfers) of one super-block of `s_rows` rows, `inter` columns."""
     n_k = cdiv(k, P)
     k_cycles = sum(max(MIN_CYCLES, nk) * n for nk, n in _runs(k, F_MOV))  # one row tile's K, 512 wide
     act, dve, hbm, transfers = _stage_cost(m.pro, cdiv(s_rows, P), k)

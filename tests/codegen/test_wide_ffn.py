@@ -24,7 +24,9 @@ def _close(got: torch.Tensor, want: torch.Tensor, rtol: float) -> None:
     assert err <= bound, f"max error {err:.3e} > {bound:.3e}"
 
 
-@pytest.mark.parametrize(("r", "k", "i", "lnc"), [(130, 8192, 256, 2), (5, 16384, 128, 1), (3, 16384, 200, 2)])
+@pytest.mark.parametrize(
+    ("r", "k", "i", "lnc"), [(130, 8192, 256, 2), (5, 16384, 128, 1), (3, 16384, 200, 2)]
+)
 def test_swiglu_rmsnorm_at_wide_k(r: int, k: int, i: int, lnc: int) -> None:
     """x_new = swiglu(x) + b2 + a; z = x_new / rms(x_new) * gamma, written out here independently."""
     gen = torch.Generator().manual_seed(k + r)

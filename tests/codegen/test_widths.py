@@ -14,7 +14,9 @@ EXAMPLES = ffn_examples(ROOT)
 
 
 def test_the_table_covers_every_ffn_example() -> None:
-    assert len(EXAMPLES) >= 10 and {"swiglu_rmsnorm", "prenorm_swiglu", "swiglu_ffn_ln"} <= {e.name for e in EXAMPLES}
+    assert len(EXAMPLES) >= 10 and {"swiglu_rmsnorm", "prenorm_swiglu", "swiglu_ffn_ln"} <= {
+        e.name for e in EXAMPLES
+    }
 
 
 @pytest.mark.parametrize(("model", "k", "i"), WIDTHS, ids=[w[0] for w in WIDTHS])
