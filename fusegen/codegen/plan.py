@@ -187,6 +187,14 @@ def _reasons(
     reasons = [
         f"S={p.s}: {comp_rows} rows per core in {n_sb} super-block(s); each one streams the weights once"
     ]
+    reasons += [
+        f"{what}: {stage.sweeps} pass(es) over K in {fb.F_MOV}-column blocks (row statistics first), "
+        f"{stage.block_bytes * fb.F_MOV} B per block in flight: SBUF use does not grow with K"
+        for what, stage in (("prologue", model.pro), ("epilogue", model.epi))
+        if stage.sweeps
+    ]
+    if fb.up_weights(model, p.s, p.ci, k).bytes < model.n_up * fb.cdiv(k, fb.P) * p.ci * model.x_bytes:
+        reasons.append("up-projection weights stream a K-tile at a time (one row slice, one intermediate tile)")
     wider = p.ci + fb.P
     if wider <= fb.cdiv(i, fb.P) * fb.P and fb.sbuf_bytes(model, p.s, wider, k, i) > mach.sbuf_budget:
         need = fb.sbuf_bytes(model, p.s, wider, k, i)
