@@ -13,6 +13,7 @@ from fusegen.codegen.ffn import FFN
 from fusegen.codegen.ops import ops_files
 from fusegen.codegen.plan import PlanError, TilePlan
 from fusegen.codegen.reference import TORCH_DTYPE, dim_bindings, reference_lines, value_name
+from fusegen.codegen.reference_chunks import MEMORY_BUDGET, row_chunks
 from fusegen.codegen.render import header, render
 from fusegen.codegen.report import plan_markdown
 from fusegen.codegen.rewrites import rewrite
@@ -117,10 +118,15 @@ def reference_source(ir: KernelIR) -> str:
     if optional:
         params.append("save=False")
     names = {o.name: _output_expr(ir, o.node, o.dtype) for o in ir.outputs}
+    chunks = row_chunks(ir)
+    args = [i.name for i in ir.inputs] + [p.name for p in ir.params] + (["save"] if optional else [])
+    sliced = [f"{a}[r0:r0 + step]" if chunks and a in chunks.row_inputs else a for a in args]
     return render(
         "reference.py.jinja", header=header(ir, "reference.py.jinja"), name=ir.name, params=", ".join(params),
         lines=reference_lines(ir), optional=[names[o.name] for o in optional],
-        required=[names[o.name] for o in ir.outputs if not o.optional],
+        required=[names[o.name] for o in ir.outputs if not o.optional], chunks=chunks,
+        args=", ".join(args), sliced=", ".join(sliced), budget=MEMORY_BUDGET,
+        bindings=[f"d_{d} = {src}" for d, src in dim_bindings(ir, lambda n: n)],
     )  # fmt: skip
 
 

@@ -194,7 +194,9 @@ def _reasons(
         if stage.sweeps
     ]
     if fb.up_weights(model, p.s, p.ci, k).bytes < model.n_up * fb.cdiv(k, fb.P) * p.ci * model.x_bytes:
-        reasons.append("up-projection weights stream a K-tile at a time (one row slice, one intermediate tile)")
+        reasons.append(
+            "up-projection weights stream a K-tile at a time (one row slice, one intermediate tile)"
+        )
     wider = p.ci + fb.P
     if wider <= fb.cdiv(i, fb.P) * fb.P and fb.sbuf_bytes(model, p.s, wider, k, i) > mach.sbuf_budget:
         need = fb.sbuf_bytes(model, p.s, wider, k, i)
