@@ -134,9 +134,9 @@ def buffers(m: FfnModel, s: int, ci: int, k: int, i: int) -> list[Buffer]:
 
 
 def up_weights(m: FfnModel, s: int, ci: int, k: int) -> Buffer:
-    """The up-projection weights in SBUF. Each K-tile of a chunk is loaded just before its first matmul;
-    with one row slice (S <= F_MOV) and one intermediate tile (CI <= P) that matmul is its only one,
-    so the weights stream through a K-tile at a time instead of a whole chunk being held."""
+    """The up-projection weights in SBUF: a whole chunk loaded up front, or, with one row slice (S <= F_MOV)
+    and one intermediate tile (CI <= P), where each K-tile has a single matmul, streamed a K-tile at a time
+    (loaded just before that matmul)."""
     if s <= F_MOV and ci <= P:
         return Buffer("up-projection weight K-tile (streamed)", m.n_up * ci * m.x_bytes, 2)
     return Buffer("up-projection weight chunk", m.n_up * cdiv(k, P) * ci * m.x_bytes, 2)

@@ -141,9 +141,9 @@ def buffers(m: FfnModel, s: int, ci: int, k: int, i: int) -> list[Buffer]:
 
 
 def up_weights(m: FfnModel, s: int, ci: int, k: int) -> Buffer:
-    """The up-projection weights in SBUF. Each K-tile of a chunk is loaded just before its first matmul;
-    with one row slice (S <= F_MOV) and one intermediate tile (CI <= P) that matmul is its only one,
-    so the weights stream through a K-tile at a time instead of a whole chunk being held."""
+    """The up-projection weights in SBUF: a whole chunk loaded up front, or, with one row slice (S <= F_MOV)
+    and one intermediate tile (CI <= P), where each K-tile has a single matmul, streamed a K-tile at a time
+    (loaded just before that matmul)."""
     if s <= F_MOV and ci <= P:
         return Buffer("up-projection weight K-tile (streamed)", m.n_up * ci * m.x_bytes, 2)
     return Buffer("up-projection weight chunk", m.n_up * cdiv(k, P) * ci * m.x_bytes, 2)
@@ -309,6 +309,7 @@ def swiglu_layerscale_kernel(x_hbm, w1t_hbm, b1_hbm, wgt_hbm, bg_hbm, w2t_hbm, b
     d_R = x_hbm.shape[0]
     n_k = cdiv(K, P)
     n_ko = cdiv(K, F_MOV)
+    stream_up = S <= F_MOV and CI <= P  # up weights a K-tile at a time, as ffn_budget.up_weights counts them
     z_hbm = nl.ndarray((R, K), dtype=nl.bfloat16, buffer=nl.shared_hbm)
     b1_hbm_col = nl.ndarray((P, cdiv(I, P)), dtype=nl.float32, buffer=nl.sbuf)
     nisa.dma_copy(dst=b1_hbm_col, src=b1_hbm)
@@ -344,8 +345,18 @@ def swiglu_layerscale_kernel(x_hbm, w1t_hbm, b1_hbm, wgt_hbm, bg_hbm, w2t_hbm, b
             i0 = i_begin + c * CI
             ci = min(CI, i_end - i0)
             n_hc = cdiv(ci, P)
-            pj0_w = [None] * n_k  # each K-tile arrives just before its first matmul
-            pj1_w = [None] * n_k  # each K-tile arrives just before its first matmul
+            pj0_w = []
+            for kt in range(0 if stream_up else n_k):
+                pk = min(P, K - kt * P)
+                t = nl.ndarray((P, CI), dtype=nl.bfloat16, buffer=nl.sbuf)
+                nisa.dma_copy(dst=t[0:pk, 0:ci], src=w1t_hbm[kt * P:kt * P + pk, i0:i0 + ci])
+                pj0_w.append(t)
+            pj1_w = []
+            for kt in range(0 if stream_up else n_k):
+                pk = min(P, K - kt * P)
+                t = nl.ndarray((P, CI), dtype=nl.bfloat16, buffer=nl.sbuf)
+                nisa.dma_copy(dst=t[0:pk, 0:ci], src=wgt_hbm[kt * P:kt * P + pk, i0:i0 + ci])
+                pj1_w.append(t)
             wd = []
             for hl in range(n_hc):
                 ph = min(P, i_end - i0 - hl * P)
@@ -361,17 +372,19 @@ def swiglu_layerscale_kernel(x_hbm, w1t_hbm, b1_hbm, wgt_hbm, bg_hbm, w2t_hbm, b
                     pj0 = nl.ndarray((P, F_MOV), dtype=nl.float32, buffer=nl.psum)
                     for kt in range(n_k):
                         pk = min(P, K - kt * P)
-                        if q0 == 0 and hl == 0:
-                            pj0_w[kt] = nl.ndarray((P, CI), dtype=nl.bfloat16, buffer=nl.sbuf)
-                            nisa.dma_copy(dst=pj0_w[kt][0:pk, 0:ci], src=w1t_hbm[kt * P:kt * P + pk, i0:i0 + ci])
+                        if stream_up:  # one row slice, one intermediate tile: this matmul is the K-tile's only use
+                            t = nl.ndarray((P, CI), dtype=nl.bfloat16, buffer=nl.sbuf)
+                            nisa.dma_copy(dst=t[0:pk, 0:ci], src=w1t_hbm[kt * P:kt * P + pk, i0:i0 + ci])
+                            pj0_w.append(t)
                         nisa.nc_matmul(dst=pj0[0:ph, 0:rw], stationary=pj0_w[kt][0:pk, hl * P:hl * P + ph],
                                        moving=xt[kt][0:pk, q0:q0 + rw], accumulate=(kt > 0))
                     pj1 = nl.ndarray((P, F_MOV), dtype=nl.float32, buffer=nl.psum)
                     for kt in range(n_k):
                         pk = min(P, K - kt * P)
-                        if q0 == 0 and hl == 0:
-                            pj1_w[kt] = nl.ndarray((P, CI), dtype=nl.bfloat16, buffer=nl.sbuf)
-                            nisa.dma_copy(dst=pj1_w[kt][0:pk, 0:ci], src=wgt_hbm[kt * P:kt * P + pk, i0:i0 + ci])
+                        if stream_up:  # one row slice, one intermediate tile: this matmul is the K-tile's only use
+                            t = nl.ndarray((P, CI), dtype=nl.bfloat16, buffer=nl.sbuf)
+                            nisa.dma_copy(dst=t[0:pk, 0:ci], src=wgt_hbm[kt * P:kt * P + pk, i0:i0 + ci])
+                            pj1_w.append(t)
                         nisa.nc_matmul(dst=pj1[0:ph, 0:rw], stationary=pj1_w[kt][0:pk, hl * P:hl * P + ph],
                                        moving=xt[kt][0:pk, q0:q0 + rw], accumulate=(kt > 0))
                     m0 = nl.ndarray((P, F_MOV), dtype=nl.float32, buffer=nl.sbuf)
