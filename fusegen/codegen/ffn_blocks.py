@@ -60,18 +60,22 @@ def emit_blocked(
     loads: dict[str, BlockLoad],
     finish: Callable[[Selector], list[str]],
     writes: int,
+    accumulator: str = "",
 ) -> BlockedStage:
     """Passes computing the statistics under `roots`, then `finish` (which reads the roots through `sel`
     and returns its per-block lines, `writes` DMA transfers per block among them); `loads` maps leaf
-    tile names to their block loads."""
+    tile names to their block loads. `accumulator`: the code of an f32 leaf whose block the first pass may
+    overwrite with its only user, so later passes read that value instead of recomputing it."""
     depth: dict[int, int] = {}
     reductions: list[Expr] = []
     for root in roots:
         _levels(root, depth, reductions)
+    spine = _spine(roots, accumulator, depth) if reductions else None
     passes, col_ops = [], 0
     for level in range(1, max((depth[id(r)] for r in reductions), default=0) + 1):
         stats = [r for r in reductions if depth[id(r)] == level]
-        passes.append(_statistics_pass(sel, stats, loads, level))
+        in_place = (spine, accumulator) if level == 1 and spine is not None else None
+        passes.append(_statistics_pass(sel, stats, loads, level, in_place))
         col_ops += len(stats)
     sel.forget_tiles()
     before = _hoist(sel, roots)
@@ -94,7 +98,45 @@ def _levels(e: Expr, depth: dict[int, int], order: list[Expr]) -> int:
     return depth[id(e)]
 
 
-def _statistics_pass(sel: Selector, stats: list[Expr], loads: dict[str, BlockLoad], level: int) -> BlockPass:
+def _spine(roots: list[Expr], accumulator: str, depth: dict[int, int]) -> Expr | None:
+    """The accumulator leaf's only user, if it is a full-width value needing no statistics: computed in
+    place into the accumulator's block by the first pass."""
+    users: dict[int, Expr] = {}
+    seen: set[int] = set()
+    todo = list(roots)
+    while todo:
+        e = todo.pop()
+        if id(e) in seen:
+            continue
+        seen.add(id(e))
+        for a in e.args:
+            if a.op == "leaf" and a.leaf is not None and a.leaf.code == accumulator:
+                users[id(e)] = e
+                if a.users != 1:
+                    return None
+        todo.extend(e.args)
+    if len(users) != 1:
+        return None
+    spine = next(iter(users.values()))
+    return spine if spine.kind == "tile" and depth[id(spine)] == 0 and spine.op != "cast" else None
+
+
+def _in_place(sel: Selector, spine: Expr, accumulator: str, mark: int) -> None:
+    """Compute `spine` into the accumulator's block: its fresh tile renamed to the accumulator."""
+    tile = sel.value(spine).code
+    name = tile.split("[")[0]
+    kept = [line for line in sel.lines[mark:] if not line.startswith(f"{name} = ")]  # its allocation goes
+    sel.lines[mark:] = [line.replace(tile, accumulator) for line in kept]
+    sel.pin(spine, Operand("tile", accumulator))
+
+
+def _statistics_pass(
+    sel: Selector,
+    stats: list[Expr],
+    loads: dict[str, BlockLoad],
+    level: int,
+    in_place: tuple[Expr, str] | None,
+) -> BlockPass:
     sel.forget_tiles()
     before = list(_hoist(sel, stats))
     running = []
@@ -108,6 +150,8 @@ def _statistics_pass(sel: Selector, stats: list[Expr], loads: dict[str, BlockLoa
         running.append(Operand("vec", f"{name}[0:pr, 0:1]"))
     needed = _needed(stats, sel, loads)
     mark = len(sel.lines)
+    if in_place is not None:
+        _in_place(sel, *in_place, mark)
     parts = [sel.value(stat) for stat in stats]
     lines = sel.lines[mark:]
     del sel.lines[mark:]

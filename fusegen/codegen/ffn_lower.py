@@ -237,7 +237,7 @@ def _lower_epilogue(
     ir: KernelIR, m: FfnMatch, inputs: dict[str, tuple[str, ...]], acc_node: int, acc_init: str | None
 ) -> tuple[BlockedStage, tuple[OutputWrite, ...]]:
     leaves, loads = _row_leaves(ir, m.epi_nodes, inputs, acc_init)
-    leaves[acc_node] = Operand("tile", "acc[rs][0:pr, k0:k0 + nb]")
+    leaves[acc_node] = Operand("tile", "acc[rs][0:pr, k0:k0 + nb]")  # the accumulator's block
     builder = _row_builder(ir, m, leaves)
     exprs = [builder.expr(out.node) for out in ir.outputs]  # all first: users counts must be complete
     writes: list[OutputWrite] = []
@@ -251,5 +251,6 @@ def _lower_epilogue(
             writes.append(OutputWrite(kernel_arg(out.name), NL_DTYPE[out.dtype], value.code))
         return [f"nisa.dma_copy(dst={w.name}[r0:r0 + pr, k0:k0 + nb], src={w.source})" for w in writes]
 
-    stage = emit_blocked(_block_selector("e"), exprs, loads, finish, writes=len(ir.outputs))
+    acc = "acc[rs][0:pr, k0:k0 + nb]"
+    stage = emit_blocked(_block_selector("e"), exprs, loads, finish, writes=len(ir.outputs), accumulator=acc)
     return stage, tuple(writes)
