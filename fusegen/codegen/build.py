@@ -13,6 +13,7 @@ from fusegen.codegen.ffn import FFN
 from fusegen.codegen.ops import ops_files
 from fusegen.codegen.plan import PlanError, TilePlan, lnc_degrees
 from fusegen.codegen.reference import TORCH_DTYPE, dim_bindings, reference_lines, value_name
+from fusegen.codegen.reference_chunks import MEMORY_BUDGET, row_chunks
 from fusegen.codegen.render import header, render
 from fusegen.codegen.report import plan_markdown
 from fusegen.codegen.rewrites import rewrite
@@ -20,7 +21,7 @@ from fusegen.codegen.rowreduce import ROWREDUCE
 from fusegen.codegen.stage import dim_source
 from fusegen.dsl import load_spec
 from fusegen.dsl.diagnostics import Diagnostic, SpecError
-from fusegen.dsl.ir import KernelIR, eval_shape
+from fusegen.dsl.ir import CheckShape, KernelIR, eval_shape
 from fusegen.sim.targets import get_target
 from fusegen.testing import Case, Tolerance, tolerance
 
@@ -86,6 +87,20 @@ def _plans(family: Family, ir: KernelIR, match: object, options: BuildOptions, s
     return tuple(plans)
 
 
+def plan_shape(path: str, dims: dict[str, int], target: str, lnc: int) -> None:
+    """SpecError with the planner's message and numbers when no tile plan fits `dims` (a --shape)."""
+    ir = rewrite(load_spec(path)[0])
+    source = Path(path).read_text(encoding="utf-8", errors="replace")
+    family, match = select_family(ir, source)
+    where = ir.checks[0].span if ir.checks else ir.outputs[0].span
+    at = dataclasses.replace(ir, checks=(CheckShape(tuple(sorted(dims.items())), where),))
+    try:
+        family.plans(at, match, target, lnc)
+    except PlanError as err:
+        shape = " ".join(f"{k}={v}" for k, v in sorted(dims.items()))
+        raise SpecError([Diagnostic(where, f"--shape {shape}: {err}", hint=PLAN_HINT)], source) from None
+
+
 def select_family(ir: KernelIR, source: str) -> tuple[Family, object]:
     """The first family whose matcher accepts `ir`, and its match; else one error naming every family."""
     mismatches = []
@@ -104,10 +119,15 @@ def reference_source(ir: KernelIR) -> str:
     if optional:
         params.append("save=False")
     names = {o.name: _output_expr(ir, o.node, o.dtype) for o in ir.outputs}
+    chunks = row_chunks(ir)
+    args = [i.name for i in ir.inputs] + [p.name for p in ir.params] + (["save"] if optional else [])
+    sliced = [f"{a}[r0:r0 + step]" if chunks and a in chunks.row_inputs else a for a in args]
     return render(
         "reference.py.jinja", header=header(ir, "reference.py.jinja"), name=ir.name, params=", ".join(params),
         lines=reference_lines(ir), optional=[names[o.name] for o in optional],
-        required=[names[o.name] for o in ir.outputs if not o.optional],
+        required=[names[o.name] for o in ir.outputs if not o.optional], chunks=chunks,
+        args=", ".join(args), sliced=", ".join(sliced), budget=MEMORY_BUDGET,
+        bindings=[f"d_{d} = {src}" for d, src in dim_bindings(ir, lambda n: n)],
     )  # fmt: skip
 
 

@@ -10,6 +10,7 @@ from fusegen.codegen.build import (
     FAMILIES,
     BuildOptions,
     build_spec,
+    plan_shape,
     stale_files,
     test_case,
     test_shapes,
@@ -57,6 +58,10 @@ def check(specs: list[str], options: BuildOptions, shapes: list[dict[str, int]])
         for spec in specs:
             ir, _ = load_spec(spec)
             runs = [validated_shape(ir, spec, dims) for dims in shapes] or [env for env, _ in test_shapes(ir)]
+            for dims in shapes:
+                plan_shape(
+                    spec, dims, options.target, options.lnc
+                )  # no plan fits: the planner's message, not a traceback
             built = build_spec(spec, BuildOptions(out, options.target, options.lnc))
             write_atomically(out, built.files)
             for dims in runs:

@@ -5,7 +5,8 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from fusegen.codegen.family import kernel_arg
-from fusegen.codegen.ffn_budget import FfnModel
+from fusegen.codegen.ffn_blocks import BlockedStage, BlockLoad, emit_blocked
+from fusegen.codegen.ffn_budget import F_MOV, NO_STAGE, FfnModel, P
 from fusegen.codegen.ffn_match import FfnMatch, weight_columns
 from fusegen.codegen.select import NL_DTYPE, Layout, Selector
 from fusegen.codegen.stage import Operand, StageBuilder, dim_source
@@ -32,33 +33,24 @@ class OutputWrite:
 
 
 @dataclass(frozen=True)
-class Prologue:
-    """Row-wise code computing the projected operand from row tiles of `source`, into tile `result`."""
-
-    source: str
-    lines: tuple[str, ...]
-    result: str
-
-
-@dataclass(frozen=True)
 class FfnLowering:
     """Everything the FFN template formats: names, hook-point code, the budget model."""
 
     x: str
     x_nl_dtype: str
+    x_transpose: tuple[str, ...]  # x's staged K-block `x_blk` into x^T (the path without a prologue)
     down_weight: str
     projections: tuple[Projection, ...]
     col_vectors: tuple[str, ...]  # [I] inputs, host-packed to [P, n_h] columns
-    row_vectors: tuple[str, ...]  # [K] inputs, broadcast to [P, K]
-    row_loads: tuple[tuple[str, str], ...]  # (input, width "K" or "1") loaded per row tile
+    row_columns: tuple[str, ...]  # [R, 1] inputs of the epilogue, loaded once per row tile
     acc_init_dma: str | None  # [R, K] input the accumulator starts from
-    first_chunk: str  # code folding the first chunk's down-projection into the accumulator
+    first_chunk: tuple[str, ...]  # code folding the first chunk's down-projection into the accumulator
     mid_lines: tuple[str, ...]
     mid_result: str  # tile name holding the combine, the down-projection's stationary operand
-    epi_lines: tuple[str, ...]
+    epilogue: BlockedStage
     outputs: tuple[OutputWrite, ...]
     model: FfnModel
-    prologue: Prologue | None = None
+    prologue: BlockedStage | None = None
 
 
 def lower_ffn(ir: KernelIR, m: FfnMatch) -> FfnLowering:
@@ -67,41 +59,35 @@ def lower_ffn(ir: KernelIR, m: FfnMatch) -> FfnLowering:
     mid, mid_result, col_vectors = _lower_combine(ir, m, projections)
     epi_inputs = _row_stage_inputs(ir, m, m.epi_nodes)
     acc_init, first_chunk, acc_node = _accumulator(ir, m, epi_inputs)
-    epi, outputs = _lower_epilogue(ir, m, epi_inputs, acc_node, acc_init)
-    row_inputs = tuple(n for n in epi_inputs["tile"] if n != acc_init)
-    pro, prologue, pro_rows = _lower_prologue(ir, m)
-    row_vectors = tuple(
-        kernel_arg(i.name) for i in ir.inputs if kernel_arg(i.name) in epi_inputs["row"] + pro_rows
-    )
-    down_weight = ir.node(m.down.args[1])
+    epilogue, outputs = _lower_epilogue(ir, m, epi_inputs, acc_node, acc_init)
+    prologue = _lower_prologue(ir, m)
     model = FfnModel(
         n_up=len(m.ups),
         x_bytes=DTYPE_BYTES[m.x.dtype],
         mid_tiles=_count(mid, "tile"),
-        epi_tiles=_count(epi, "tile") + _count(pro, "tile") + 1,  # + x's rows, staged for the PE transpose
-        epi_cols=_count(epi, "vec") + _count(pro, "vec"),
         col_vectors=len(col_vectors),
-        row_vectors=len(row_vectors),
-        row_inputs=len(epi_inputs["tile"]),
         out_bytes=sum(DTYPE_BYTES[o.dtype] for o in ir.outputs),
         mid_act=mid.passes("act"),
         mid_dve=mid.passes("dve"),
-        epi_act=epi.passes("act") + pro.passes("act"),
-        epi_dve=epi.passes("dve") + pro.passes("dve"),
+        acc_init=int(acc_init is not None),
+        fold_bias=int(len(first_chunk) > 1),
+        epi=epilogue.model,
+        pro=prologue.model if prologue else NO_STAGE,
     )
+    down_weight = ir.node(m.down.args[1])
     return FfnLowering(
         x=kernel_arg(str(m.source.name)),
         x_nl_dtype=NL_DTYPE[m.x.dtype],
+        x_transpose=transpose_block("x_blk", NL_DTYPE[m.x.dtype]),
         down_weight=kernel_arg(str(down_weight.name)),
         projections=projections,
         col_vectors=col_vectors,
-        row_vectors=row_vectors,
-        row_loads=tuple((n, "K") for n in row_inputs) + tuple((n, "1") for n in epi_inputs["vec"]),
+        row_columns=epi_inputs["vec"],
         acc_init_dma=acc_init,
         first_chunk=first_chunk,
         mid_lines=tuple(mid.lines),
         mid_result=mid_result,
-        epi_lines=tuple(epi.lines),
+        epilogue=epilogue,
         outputs=outputs,
         model=model,
         prologue=prologue,
@@ -162,18 +148,23 @@ def _row_stage_inputs(ir: KernelIR, m: FfnMatch, nodes: tuple[int, ...]) -> dict
 
 def _row_leaves(
     ir: KernelIR, nodes: tuple[int, ...], inputs: dict[str, tuple[str, ...]], skip: str | None
-) -> dict[int, Operand]:
-    """Leaf operands of a rows-on-partitions stage: its inputs' tiles, broadcast rows and columns."""
-    leaves = {}
+) -> tuple[dict[int, Operand], dict[str, BlockLoad]]:
+    """Leaf operands of a rows-on-partitions stage over one K-block (rows r0.., columns k0..k0+nb),
+    and the block loads that fill them: [R, K] row blocks, [K] vectors broadcast, [R, 1] columns."""
+    leaves, loads = {}, {}
     for node in _inputs(ir, nodes):
         name = kernel_arg(str(node.name))
         if name in inputs["tile"] and name != skip:
-            leaves[node.id] = Operand("tile", f"{name}_tile[0:pr, 0:K]")
+            leaves[node.id] = Operand("tile", f"{name}_tile[0:pr, 0:nb]")
+            src = f"{name}[r0:r0 + pr, k0:k0 + nb]"
+            loads[f"{name}_tile"] = BlockLoad(f"{name}_tile", src, DTYPE_BYTES[node.dtype], broadcast=False)
         elif name in inputs["row"]:
-            leaves[node.id] = Operand("tile", f"{name}_row[0:pr, 0:K]")
+            leaves[node.id] = Operand("tile", f"{name}_row[0:pr, 0:nb]")
+            src = f"{name}.ap(pattern=[[0, pr], [1, nb]], offset=k0)"
+            loads[f"{name}_row"] = BlockLoad(f"{name}_row", src, DTYPE_BYTES[node.dtype], broadcast=True)
         elif name in inputs["vec"]:
             leaves[node.id] = Operand("vec", f"{name}_tile[0:pr, 0:1]")
-    return leaves
+    return leaves, loads
 
 
 def _row_builder(ir: KernelIR, m: FfnMatch, leaves: dict[int, Operand]) -> StageBuilder:
@@ -185,28 +176,50 @@ def _row_builder(ir: KernelIR, m: FfnMatch, leaves: dict[int, Operand]) -> Stage
     return StageBuilder(ir, leaves, kind_of, free_size=lambda n: m.hidden)
 
 
-def _lower_prologue(ir: KernelIR, m: FfnMatch) -> tuple[Selector, Prologue | None, tuple[str, ...]]:
-    """The pre-projection stage on row tiles of the source input; its result is cast to the weights' dtype."""
-    sel = Selector(Layout(part="pr", free="K", free_alloc="K"), prefix="p")
+def _block_selector(prefix: str) -> Selector:
+    return Selector(Layout(part="pr", free="nb", free_alloc="F_MOV"), prefix=prefix)
+
+
+def _lower_prologue(ir: KernelIR, m: FfnMatch) -> BlockedStage | None:
+    """The pre-projection stage on K-blocks of the source's row tiles; each block of its result is cast to
+    the weights' dtype and transposed into x^T (a block is F_MOV // P whole K-tiles)."""
     if not m.prologue_nodes:
-        return sel, None, ()
+        return None
     inputs = _row_stage_inputs(ir, m, m.prologue_nodes)
-    builder = _row_builder(ir, m, _row_leaves(ir, m.prologue_nodes, inputs, skip=None))
-    result = sel.value(builder.expr(m.x.id), dtype=m.x.dtype)
-    if result.dtype != m.x.dtype:
-        result = sel.copy(result, "tile", m.x.dtype)
-    prologue = Prologue(kernel_arg(str(m.source.name)), tuple(sel.lines), result.code.split("[")[0])
-    return sel, prologue, inputs["row"]
+    leaves, loads = _row_leaves(ir, m.prologue_nodes, inputs, skip=None)
+    root = _row_builder(ir, m, leaves).expr(m.x.id)
+
+    def finish(sel: Selector) -> list[str]:
+        result = sel.value(root, dtype=m.x.dtype)
+        if result.dtype != m.x.dtype or result.memory != "sbuf":
+            result = sel.copy(result, "tile", m.x.dtype)
+        return list(transpose_block(result.code.split("[")[0], NL_DTYPE[m.x.dtype]))
+
+    return emit_blocked(_block_selector("p"), [root], loads, finish, writes=F_MOV // P)
+
+
+def transpose_block(tile: str, nl_dtype: str) -> tuple[str, ...]:
+    """Lines transposing K-block `k0` (width `nb`) of row tile `rs`, held in `tile` in the weights' dtype,
+    into x^T one K-tile at a time on the PE (through PSUM): a DMA transpose takes 2-byte dtypes and 16-row
+    pieces only (../nki-rules: DMA), so the PE serves every dtype."""
+    return (
+        "for kt in range(k0 // P, cdiv(k0 + nb, P)):",
+        "    pk = min(P, K - kt * P)",
+        f"    xt_ps = nl.ndarray((P, P), dtype={nl_dtype}, buffer=nl.psum)",
+        f"    nisa.nc_transpose(dst=xt_ps[0:pk, 0:pr], data={tile}[0:pr, kt * P - k0:kt * P - k0 + pk], "
+        "engine=nisa.engine.tensor)",
+        "    nisa.tensor_copy(dst=xt[kt][0:pk, rs * P:rs * P + pr], src=xt_ps[0:pk, 0:pr])",
+    )
 
 
 def _accumulator(
     ir: KernelIR, m: FfnMatch, inputs: dict[str, tuple[str, ...]]
-) -> tuple[str | None, str, int]:
+) -> tuple[str | None, tuple[str, ...], int]:
     """How the fp32 accumulator starts, and which node it holds after the last chunk.
 
     An input added straight to the down-projection is folded in for free: an [R, K] residual is
     DMA'd into the accumulator before the first chunk, a [K] bias is added while evicting the first
-    chunk from PSUM (which costs one pass either way).
+    chunk from PSUM (which costs one pass either way; the bias comes in one [P, F_MOV] piece a time).
     """
     acc = "acc[rs][0:pr, k0:k0 + nk]"
     ps = "ps[0:pr, 0:nk]"
@@ -216,30 +229,39 @@ def _accumulator(
         partner = ir.node(next(a for a in users[0].args if a != m.down.id))
         name = kernel_arg(str(partner.name)) if partner.op == "input" else None
         if name in inputs["tile"]:
-            return name, add, users[0].id
+            return name, (add,), users[0].id
         if name in inputs["row"]:
-            first = (
-                f"nisa.tensor_tensor(dst={acc}, data1={ps}, data2={name}_row[0:pr, k0:k0 + nk], op=nl.add)"
+            return (
+                None,
+                (
+                    "bias = nl.ndarray((P, F_MOV), dtype=nl.float32, buffer=nl.sbuf)",
+                    f"nisa.dma_copy(dst=bias[0:pr, 0:nk], src={name}.ap(pattern=[[0, pr], [1, nk]], "
+                    "offset=k0))",
+                    f"nisa.tensor_tensor(dst={acc}, data1={ps}, data2=bias[0:pr, 0:nk], op=nl.add)",
+                ),
+                users[0].id,
             )
-            return None, first, users[0].id
-    return None, f"nisa.tensor_copy(dst={acc}, src={ps})", m.down.id
+    return None, (f"nisa.tensor_copy(dst={acc}, src={ps})",), m.down.id
 
 
 def _lower_epilogue(
     ir: KernelIR, m: FfnMatch, inputs: dict[str, tuple[str, ...]], acc_node: int, acc_init: str | None
-) -> tuple[Selector, tuple[OutputWrite, ...]]:
-    leaves = {
-        acc_node: Operand("tile", "acc[rs][0:pr, 0:K]"),
-        **_row_leaves(ir, m.epi_nodes, inputs, acc_init),
-    }
+) -> tuple[BlockedStage, tuple[OutputWrite, ...]]:
+    leaves, loads = _row_leaves(ir, m.epi_nodes, inputs, acc_init)
+    leaves[acc_node] = Operand("tile", "acc[rs][0:pr, k0:k0 + nb]")  # the accumulator's block
     builder = _row_builder(ir, m, leaves)
-    sel = Selector(Layout(part="pr", free="K", free_alloc="K"), prefix="e")
-    writes = []
     exprs = [builder.expr(out.node) for out in ir.outputs]  # all first: users counts must be complete
-    for out, expr in zip(ir.outputs, exprs, strict=True):
-        # an output nothing else reads is written in its own dtype by the instruction computing it
-        value = sel.value(expr, out.dtype if expr.users == 0 else "f32")
-        if value.dtype != out.dtype:
-            value = sel.copy(value, "tile", out.dtype)
-        writes.append(OutputWrite(kernel_arg(out.name), NL_DTYPE[out.dtype], value.code))
-    return sel, tuple(writes)
+    writes: list[OutputWrite] = []
+
+    def finish(sel: Selector) -> list[str]:
+        for out, expr in zip(ir.outputs, exprs, strict=True):
+            # an output nothing else reads is written in its own dtype by the instruction computing it
+            value = sel.value(expr, out.dtype if expr.users == 0 else "f32")
+            if value.dtype != out.dtype:
+                value = sel.copy(value, "tile", out.dtype)
+            writes.append(OutputWrite(kernel_arg(out.name), NL_DTYPE[out.dtype], value.code))
+        return [f"nisa.dma_copy(dst={w.name}[r0:r0 + pr, k0:k0 + nb], src={w.source})" for w in writes]
+
+    acc = "acc[rs][0:pr, k0:k0 + nb]"
+    stage = emit_blocked(_block_selector("e"), exprs, loads, finish, writes=len(ir.outputs), accumulator=acc)
+    return stage, tuple(writes)

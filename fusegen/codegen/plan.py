@@ -118,11 +118,22 @@ def candidates(
         need = fb.sbuf_bytes(model, fb.P, fb.P, k, i)
         raise PlanError(
             f"no tile plan fits on {target.name}: the smallest (S=128, CI=128) needs {need} "
-            f"B/partition of SBUF for K={k}, I={i}; the budget is {mach.sbuf_budget} B"
+            f"B/partition of SBUF for K={k}, I={i}; the budget is {mach.sbuf_budget} B "
+            f"({_widest_k(model, i, mach.sbuf_budget)})"
         )
     ranked = sorted(plans, key=lambda p: fb.rank_key(model, mach, rows, k, i, lnc, p))[:count]
     best = fb.cost(model, mach, rows, k, i, lnc, ranked[0])
     return [_tile_plan(model, target, mach, lnc, dims, (rows, k, i), p, best) for p in ranked]
+
+
+def _widest_k(model: fb.FfnModel, i: int, budget: int) -> str:
+    """The limit in words: the widest K (a multiple of 128) whose smallest plan fits at this I."""
+    k = fb.P
+    if fb.sbuf_bytes(model, fb.P, fb.P, k, i) > budget:
+        return f"no K fits at I={i}"
+    while fb.sbuf_bytes(model, fb.P, fb.P, k + fb.P, i) <= budget:
+        k += fb.P
+    return f"this kernel fits K <= {k} at I={i} here"
 
 
 def _tile_plan(
@@ -189,6 +200,16 @@ def _reasons(
     reasons = [
         f"S={p.s}: {comp_rows} rows per core in {n_sb} super-block(s); each one streams the weights once"
     ]
+    reasons += [
+        f"{what}: {stage.sweeps} pass(es) over K in {fb.F_MOV}-column blocks (row statistics first), "
+        f"{stage.block_bytes * fb.F_MOV} B per block in flight: SBUF use does not grow with K"
+        for what, stage in (("prologue", model.pro), ("epilogue", model.epi))
+        if stage.sweeps
+    ]
+    if fb.up_weights(model, p.s, p.ci, k).bytes < model.n_up * fb.cdiv(k, fb.P) * p.ci * model.x_bytes:
+        reasons.append(
+            "up-projection weights stream a K-tile at a time (one row slice, one intermediate tile)"
+        )
     wider = p.ci + fb.P
     if wider <= fb.cdiv(i, fb.P) * fb.P and fb.sbuf_bytes(model, p.s, wider, k, i) > mach.sbuf_budget:
         need = fb.sbuf_bytes(model, p.s, wider, k, i)

@@ -8,7 +8,26 @@ import torch
 import torch.nn.functional as F
 
 
+#: bytes of f32 intermediates held at once; above it the reference works in row chunks
+MEMORY_BUDGET = 1073741824
+
+
 def engram_gate_hc8_reference(x, kv, w_h, w_e, eps=1e-20, clamp=1e-06, save=False):
+    """The math of `engram_gate_hc8` on torch CPU tensors, in row chunks when its intermediates would exceed
+    MEMORY_BUDGET (every value it forms is per-row, so chunks are independent)."""
+    d_H = x.shape[2]
+    d_HC = 8
+    d_T = x.shape[0]
+    step = max(1, MEMORY_BUDGET // (4 * max(1, 1 * (1 + d_HC) * d_H + 1 * d_H + 19 * d_HC + 13 * d_HC * d_H)))
+    if x.shape[0] <= step:
+        return _engram_gate_hc8_rows(x, kv, w_h, w_e, eps, clamp, save)
+    parts = [_engram_gate_hc8_rows(x[r0:r0 + step], kv[r0:r0 + step], w_h, w_e, eps, clamp, save) for r0 in range(0, x.shape[0], step)]
+    if isinstance(parts[0], tuple):
+        return tuple(torch.cat(column) for column in zip(*parts, strict=True))
+    return torch.cat(parts)
+
+
+def _engram_gate_hc8_rows(x, kv, w_h, w_e, eps=1e-20, clamp=1e-06, save=False):
     """The math of `engram_gate_hc8` on torch CPU tensors, one line per IR node."""
     d_H = x.shape[2]
     d_HC = 8

@@ -8,7 +8,26 @@ import torch
 import torch.nn.functional as F
 
 
+#: bytes of f32 intermediates held at once; above it the reference works in row chunks
+MEMORY_BUDGET = 1073741824
+
+
 def geglu_ffn_reference(x, w1t, b1, wgt, bg, w2t, b2):
+    """The math of `geglu_ffn` on torch CPU tensors, in row chunks when its intermediates would exceed
+    MEMORY_BUDGET (every value it forms is per-row, so chunks are independent)."""
+    d_I = w1t.shape[1]
+    d_K = x.shape[1]
+    d_R = x.shape[0]
+    step = max(1, MEMORY_BUDGET // (4 * max(1, 7 * d_I + 3 * d_K)))
+    if x.shape[0] <= step:
+        return _geglu_ffn_rows(x, w1t, b1, wgt, bg, w2t, b2)
+    parts = [_geglu_ffn_rows(x[r0:r0 + step], w1t, b1, wgt, bg, w2t, b2) for r0 in range(0, x.shape[0], step)]
+    if isinstance(parts[0], tuple):
+        return tuple(torch.cat(column) for column in zip(*parts, strict=True))
+    return torch.cat(parts)
+
+
+def _geglu_ffn_rows(x, w1t, b1, wgt, bg, w2t, b2):
     """The math of `geglu_ffn` on torch CPU tensors, one line per IR node."""
     d_I = w1t.shape[1]
     d_K = x.shape[1]

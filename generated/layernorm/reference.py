@@ -8,7 +8,25 @@ import torch
 import torch.nn.functional as F
 
 
+#: bytes of f32 intermediates held at once; above it the reference works in row chunks
+MEMORY_BUDGET = 1073741824
+
+
 def layernorm_reference(x, w, b, eps=1e-05, save=False):
+    """The math of `layernorm` on torch CPU tensors, in row chunks when its intermediates would exceed
+    MEMORY_BUDGET (every value it forms is per-row, so chunks are independent)."""
+    d_H = x.shape[1]
+    d_T = x.shape[0]
+    step = max(1, MEMORY_BUDGET // (4 * max(1, 6 * 1 + 4 * d_H)))
+    if x.shape[0] <= step:
+        return _layernorm_rows(x, w, b, eps, save)
+    parts = [_layernorm_rows(x[r0:r0 + step], w, b, eps, save) for r0 in range(0, x.shape[0], step)]
+    if isinstance(parts[0], tuple):
+        return tuple(torch.cat(column) for column in zip(*parts, strict=True))
+    return torch.cat(parts)
+
+
+def _layernorm_rows(x, w, b, eps=1e-05, save=False):
     """The math of `layernorm` on torch CPU tensors, one line per IR node."""
     d_H = x.shape[1]
     d_T = x.shape[0]

@@ -8,7 +8,26 @@ import torch
 import torch.nn.functional as F
 
 
+#: bytes of f32 intermediates held at once; above it the reference works in row chunks
+MEMORY_BUDGET = 1073741824
+
+
 def packed_clamped_swiglu_reference(x, w12t, w3t, limit=7.0):
+    """The math of `packed_clamped_swiglu` on torch CPU tensors, in row chunks when its intermediates would exceed
+    MEMORY_BUDGET (every value it forms is per-row, so chunks are independent)."""
+    d_I = w3t.shape[0]
+    d_K = x.shape[1]
+    d_R = x.shape[0]
+    step = max(1, MEMORY_BUDGET // (4 * max(1, 1 * 2 * d_I + 8 * d_I + 2 * d_K)))
+    if x.shape[0] <= step:
+        return _packed_clamped_swiglu_rows(x, w12t, w3t, limit)
+    parts = [_packed_clamped_swiglu_rows(x[r0:r0 + step], w12t, w3t, limit) for r0 in range(0, x.shape[0], step)]
+    if isinstance(parts[0], tuple):
+        return tuple(torch.cat(column) for column in zip(*parts, strict=True))
+    return torch.cat(parts)
+
+
+def _packed_clamped_swiglu_rows(x, w12t, w3t, limit=7.0):
     """The math of `packed_clamped_swiglu` on torch CPU tensors, one line per IR node."""
     d_I = w3t.shape[0]
     d_K = x.shape[1]

@@ -23,22 +23,42 @@ F_MOV = 512  # matmul moving free size, one fp32 PSUM bank
 MIN_CYCLES = 64  # minimum instruction initiation interval, cycles (nki.md §6 overheads)
 
 
+class Stage(NamedTuple):
+    """A rows-on-partitions stage (the epilogue, or the prologue) swept over K in F_MOV-wide blocks.
+
+    Row statistics need the whole row, so a stage runs as passes over the blocks: each pass finishes
+    the [P, 1] statistics the next one needs (a LayerNorm: the mean, then the variance), the last pass
+    computes and writes the outputs. Only one block's temporaries are live at a time.
+    """
+
+    block_bytes: int  # bytes per block column: temporaries and block loads, the largest pass
+    cols: int  # f32 [P, 1] columns per row tile
+    sweeps: int  # passes over the K blocks
+    act: int  # Scalar-engine instructions per block, over all passes (weighted by cost)
+    dve: int  # Vector-engine instructions per block, over all passes (weighted by cost)
+    col_ops: int  # [P, 1] Vector-engine instructions per block (partial statistics accumulated)
+    read_bytes: int  # bytes read per row element from [R, K] inputs, over all passes
+    bcast: int  # [K] inputs loaded broadcast to [P, block] per block, over all passes
+    loads: int  # DMA transfers per block, over all passes (reads and output writes)
+
+
+NO_STAGE = Stage(0, 0, 0, 0, 0, 0, 0, 0, 0)
+
+
 class FfnModel(NamedTuple):
     """What a generated FFN kernel holds in SBUF and computes, counted by its lowering."""
 
     n_up: int  # up projections: 1 plain MLP, 2 gated
     x_bytes: int  # bytes per element of x and of the weights
     mid_tiles: int  # f32 [P, F_MOV] temporaries of the combine, per intermediate tile
-    epi_tiles: int  # f32 [P, K] temporaries of the epilogue, per row tile
-    epi_cols: int  # f32 [P, 1] columns of the epilogue, per row tile
     col_vectors: int  # [I] inputs held as [P, n_h] f32 columns
-    row_vectors: int  # [K] inputs held broadcast as [P, K] f32
-    row_inputs: int  # [R, K] inputs loaded per row tile (a residual DMA'd into the accumulator included)
     out_bytes: int  # bytes per row element written, over all outputs
     mid_act: int  # Scalar-engine passes of the combine, per intermediate tile
     mid_dve: int  # Vector-engine passes of the combine
-    epi_act: int  # Scalar-engine passes of the epilogue, per row tile
-    epi_dve: int  # Vector-engine passes of the epilogue
+    acc_init: int  # 1: an [R, K] residual is DMA'd into the accumulator before the first chunk
+    fold_bias: int  # 1: a [K] bias is added while evicting the first chunk, one [P, F_MOV] piece a time
+    epi: Stage  # the epilogue, per owned row tile
+    pro: Stage  # the prologue, per computed row tile (NO_STAGE without one)
 
 
 class Machine(NamedTuple):
@@ -107,16 +127,27 @@ def buffers(m: FfnModel, s: int, ci: int, k: int, i: int) -> list[Buffer]:
     n_k, n_h, n_hc = cdiv(k, P), cdiv(i, P), cdiv(ci, P)
     return [
         Buffer("x^T, K on partitions", n_k * s * m.x_bytes, 1),
+        Buffer("x row block, staged for the PE transpose", F_MOV * m.x_bytes, 2),
         Buffer("fp32 accumulator", cdiv(s, P) * k * 4, 1),
-        Buffer("up-projection weight chunk", m.n_up * n_k * ci * m.x_bytes, 2),
+        up_weights(m, s, ci, k),
         Buffer("down-projection weight chunk", n_hc * k * m.x_bytes, 2),
         Buffer("combine output (down-proj stationary)", n_hc * F_MOV * m.x_bytes, 1),
         Buffer("combine temporaries", m.mid_tiles * F_MOV * 4, 2),
-        Buffer("epilogue tiles", (m.epi_tiles + m.row_inputs + 1) * k * 4, 2),
-        Buffer("epilogue columns", m.epi_cols * 4, 2),
+        Buffer("prologue block (one K-block's loads and temporaries)", m.pro.block_bytes * F_MOV, 2),
+        Buffer("epilogue block (one K-block's loads and temporaries)", m.epi.block_bytes * F_MOV, 2),
+        Buffer("[K]-bias piece / partial-sum block", F_MOV * 4, 2),
+        Buffer("row statistics columns", (m.epi.cols + m.pro.cols) * 4, 2),
         Buffer("[I] columns", m.col_vectors * n_h * 4, 1),
-        Buffer("[K] broadcast rows", m.row_vectors * k * 4, 1),
     ]
+
+
+def up_weights(m: FfnModel, s: int, ci: int, k: int) -> Buffer:
+    """The up-projection weights in SBUF: a whole chunk loaded up front, or, with one row slice (S <= F_MOV)
+    and one intermediate tile (CI <= P), where each K-tile has a single matmul, streamed a K-tile at a time
+    (loaded just before that matmul)."""
+    if s <= F_MOV and ci <= P:
+        return Buffer("up-projection weight K-tile (streamed)", m.n_up * ci * m.x_bytes, 2)
+    return Buffer("up-projection weight chunk", m.n_up * cdiv(k, P) * ci * m.x_bytes, 2)
 
 
 def sbuf_bytes(m: FfnModel, s: int, ci: int, k: int, i: int) -> int:
@@ -129,38 +160,69 @@ def psum_banks(m: FfnModel) -> int:
     return 2 * (m.n_up + 1)
 
 
-def _pieces(total: int, size: int) -> list[int]:
-    """`total` cut into pieces of `size`, the last one ragged."""
-    return [min(size, total - start) for start in range(0, total, size)]
+def _stage_cost(st: Stage, tiles: int, k: int) -> tuple[float, float, int, int]:
+    """(ACT cycles, DVE cycles, DMA bytes, DMA transfers) of a stage over `tiles` row tiles of P rows."""
+    n_kb = cdiv(k, F_MOV)
+    k_cycles = sum(max(MIN_CYCLES, nb) * n for nb, n in _runs(k, F_MOV))
+    act = tiles * st.act * k_cycles
+    dve = tiles * (st.dve * k_cycles + st.col_ops * n_kb * MIN_CYCLES)
+    moved = tiles * P * k * (st.read_bytes + 4 * st.bcast)  # broadcast rows: P copies land in SBUF
+    return act, dve, moved, tiles * n_kb * st.loads
+
+
+def _runs(total: int, size: int) -> list[tuple[int, int]]:
+    """`total` cut into pieces of `size` (the last one ragged), as (piece, how many) runs."""
+    runs = [(size, total // size)] if total >= size else []
+    return runs + ([(total % size, 1)] if total % size else [])
+
+
+def _super_block(
+    m: FfnModel, s_rows: int, inter: int, ci: int, k: int
+) -> tuple[float, float, float, int, int]:
+    """(PE, ACT, DVE cycles, DMA bytes, transfers) of one super-block of `s_rows` rows, `inter` columns."""
+    n_k = cdiv(k, P)
+    k_cycles = sum(max(MIN_CYCLES, nk) * n for nk, n in _runs(k, F_MOV))  # one row tile's K, 512 wide
+    act, dve, hbm, transfers = _stage_cost(m.pro, cdiv(s_rows, P), k)
+    pe = 0.0
+    # x's rows read a K-block per transfer; each K-tile transposed on the PE into PSUM, copied out on DVE
+    hbm, transfers = hbm + s_rows * k * m.x_bytes, transfers + cdiv(s_rows, P) * cdiv(k, F_MOV)
+    for rows_t, n_t in _runs(s_rows, P):
+        pe += n_t * n_k * max(MIN_CYCLES, rows_t)
+        dve += n_t * n_k * max(MIN_CYCLES, rows_t)
+    if m.fold_bias:  # one [P, F_MOV] piece of the bias per eviction of the first chunk
+        hbm += cdiv(s_rows, P) * P * k * 4
+        transfers += cdiv(s_rows, P) * cdiv(k, F_MOV)
+    for chunk, n_chunks in _runs(inter, ci):
+        n_hc = cdiv(chunk, P)
+        hbm += n_chunks * (m.n_up + 1) * k * chunk * m.x_bytes
+        transfers += n_chunks * (m.n_up * n_k + n_hc)
+        for rw, n_rw in _runs(s_rows, F_MOV):
+            width, times = max(MIN_CYCLES, rw), n_chunks * n_rw * n_hc
+            pe += times * (m.n_up * n_k * width + cdiv(rw, P) * k_cycles)
+            act += times * m.mid_act * width
+            dve += times * m.mid_dve * width + n_chunks * n_rw * cdiv(rw, P) * k_cycles  # PSUM evictions
+    return pe, act, dve, hbm, transfers
 
 
 def cost(m: FfnModel, mach: Machine, rows: int, k: int, i: int, lnc: int, plan: Plan) -> Cost:
     """Modelled time of the busiest core for `plan`."""
     comp_rows, inter = work_per_core(rows, i, lnc, plan.split)
     own = rows_per_core(rows, lnc)
-    n_k = cdiv(k, P)
-    k_cycles = sum(max(MIN_CYCLES, nk) for nk in _pieces(k, F_MOV))  # one row tile's K in 512-wide chunks
+    k_cycles = sum(max(MIN_CYCLES, nk) * n for nk, n in _runs(k, F_MOV))
     pe = act = dve = 0.0
     hbm = transfers = 0
-    for s_rows in _pieces(comp_rows, plan.s):
-        hbm, transfers = hbm + s_rows * k * m.x_bytes, transfers + n_k
-        for chunk in _pieces(inter, plan.ci):
-            n_hc = cdiv(chunk, P)
-            hbm += (m.n_up + 1) * k * chunk * m.x_bytes
-            transfers += m.n_up * n_k + n_hc
-            for rw in _pieces(s_rows, F_MOV):
-                width = max(MIN_CYCLES, rw)
-                pe += n_hc * (m.n_up * n_k * width + cdiv(rw, P) * k_cycles)
-                act += n_hc * m.mid_act * width
-                dve += n_hc * m.mid_dve * width + cdiv(rw, P) * k_cycles  # PSUM eviction into the accumulator
+    for s_rows, n_sb in _runs(comp_rows, plan.s):
+        parts = _super_block(m, s_rows, inter, plan.ci, k)
+        pe, act, dve = pe + n_sb * parts[0], act + n_sb * parts[1], dve + n_sb * parts[2]
+        hbm, transfers = hbm + n_sb * parts[3], transfers + n_sb * parts[4]
     tiles = cdiv(own, P)
-    act += tiles * m.epi_act * max(MIN_CYCLES, k)
-    dve += tiles * m.epi_dve * max(MIN_CYCLES, k)
-    hbm += own * k * (m.row_inputs * 4 + m.out_bytes)
-    transfers += tiles * (m.row_inputs + 2)
-    if plan.split and lnc > 1:  # partial down-projections of the other core's rows, out and back in
+    e_act, e_dve, e_bytes, e_transfers = _stage_cost(m.epi, tiles, k)
+    act, dve, hbm, transfers = act + e_act, dve + e_dve, hbm + e_bytes, transfers + e_transfers
+    hbm += own * k * 4 * m.acc_init
+    transfers += tiles * m.acc_init
+    if plan.split and lnc > 1:  # partial down-projections of the other core's rows out, this core's in
         hbm += 2 * own * k * 4
-        transfers += 2 * tiles
+        transfers += tiles * (1 + cdiv(k, F_MOV))
         dve += tiles * k_cycles
     dma = max(hbm / mach.dma_gbps, transfers * mach.dma_fixed_ns / mach.dma_queues)
     return Cost(pe / mach.pe_ghz, act / mach.act_ghz, dve / mach.dve_ghz, dma, hbm)
@@ -175,12 +237,35 @@ def candidates(
         comp_rows, inter = work_per_core(rows, i, lnc, split)
         s_all = range(P, cdiv(comp_rows, P) * P + 1, P)
         ci_all = range(P, cdiv(inter, P) * P + 1, P)
-        s_set = s_all if exhaustive else sorted({cdiv(cdiv(comp_rows, n), P) * P for n in range(1, 9)})
+        s_set = s_all if exhaustive else _row_tiles(comp_rows)
         for s in s_set:
-            fits = [ci for ci in ci_all if sbuf_bytes(m, s, ci, k, i) <= budget]
-            for ci in fits if exhaustive else fits[-4:]:
-                plans.append(Plan(s, ci, split))
+            if exhaustive:
+                fits = [ci for ci in ci_all if sbuf_bytes(m, s, ci, k, i) <= budget]
+            else:
+                widest = _widest_fit(m, s, ci_all, k, i, budget)
+                fits = [ci for ci in ci_all[max(0, widest - 3) : widest + 1]] if widest >= 0 else []
+            plans += [Plan(s, ci, split) for ci in fits]
     return plans
+
+
+def _widest_fit(m: FfnModel, s: int, ci_all: range, k: int, i: int, budget: int) -> int:
+    """Index in `ci_all` of the widest chunk that fits, -1 if none (SBUF grows with CI: bisect)."""
+    lo, hi = -1, len(ci_all) - 1
+    while lo < hi:
+        mid = (lo + hi + 1) // 2
+        if sbuf_bytes(m, s, ci_all[mid], k, i) <= budget:
+            lo = mid
+        else:
+            hi = mid - 1
+    return lo
+
+
+def _row_tiles(rows: int) -> list[int]:
+    """Super-block sizes the search tries: rows/1 .. rows/8 rounded up to whole tiles, and 128 .. 2048 rows
+    (a wide shape fits only small super-blocks, however many rows there are)."""
+    most = cdiv(rows, P) * P
+    even = {cdiv(cdiv(rows, n), P) * P for n in range(1, 9)}
+    return sorted(even | {s for s in (P, 2 * P, 4 * P, 8 * P, 16 * P) if s <= most})
 
 
 def rank_key(
@@ -206,7 +291,7 @@ def choose(m: FfnModel, mach: Machine, rows: int, k: int, i: int, lnc: int) -> P
         )
     return min(plans, key=lambda p: rank_key(m, mach, rows, k, i, lnc, p))
 
-MODEL = FfnModel(n_up=2, x_bytes=2, mid_tiles=2, epi_tiles=6, epi_cols=5, col_vectors=2, row_vectors=2, row_inputs=1, out_bytes=2, mid_act=1, mid_dve=2, epi_act=2, epi_dve=5)
+MODEL = FfnModel(n_up=2, x_bytes=2, mid_tiles=2, col_vectors=2, out_bytes=2, mid_act=1, mid_dve=2, acc_init=0, fold_bias=1, epi=Stage(block_bytes=16, cols=7, sweeps=3, act=2, dve=9, col_ops=2, read_bytes=12, bcast=1, loads=5), pro=Stage(block_bytes=0, cols=0, sweeps=0, act=0, dve=0, col_ops=0, read_bytes=0, bcast=0, loads=0))
 #: the figures the planner's time model needs, per target (from fusegen/sim/targets.py).
 MACHINES = {
     "trn1": Machine(pe_ghz=2.8, act_ghz=1.4, dve_ghz=1.12, dma_gbps=272.0, dma_fixed_ns=1300.0, dma_queues=16, sbuf_budget=180224, max_lnc=1),
@@ -229,15 +314,12 @@ def swiglu_layerscale_kernel(x_hbm, w1t_hbm, b1_hbm, wgt_hbm, bg_hbm, w2t_hbm, b
     d_R = x_hbm.shape[0]
     n_k = cdiv(K, P)
     n_ko = cdiv(K, F_MOV)
+    stream_up = S <= F_MOV and CI <= P  # up weights a K-tile at a time, as ffn_budget.up_weights counts them
     z_hbm = nl.ndarray((R, K), dtype=nl.bfloat16, buffer=nl.shared_hbm)
     b1_hbm_col = nl.ndarray((P, cdiv(I, P)), dtype=nl.float32, buffer=nl.sbuf)
     nisa.dma_copy(dst=b1_hbm_col, src=b1_hbm)
     bg_hbm_col = nl.ndarray((P, cdiv(I, P)), dtype=nl.float32, buffer=nl.sbuf)
     nisa.dma_copy(dst=bg_hbm_col, src=bg_hbm)
-    b2_hbm_row = nl.ndarray((P, K), dtype=nl.float32, buffer=nl.sbuf)
-    nisa.dma_copy(dst=b2_hbm_row[0:P, 0:K], src=b2_hbm.ap(pattern=[[0, P], [1, K]], offset=0))
-    ls_hbm_row = nl.ndarray((P, K), dtype=nl.float32, buffer=nl.sbuf)
-    nisa.dma_copy(dst=ls_hbm_row[0:P, 0:K], src=ls_hbm.ap(pattern=[[0, P], [1, K]], offset=0))
     pid, cores = nl.program_id(0), nl.num_programs()
     own_begin = min(R, pid * rows_per_core(R, cores))
     own_end = min(R, own_begin + rows_per_core(R, cores))
@@ -259,16 +341,18 @@ def swiglu_layerscale_kernel(x_hbm, w1t_hbm, b1_hbm, wgt_hbm, bg_hbm, w2t_hbm, b
         for kt in range(n_k):
             t = nl.ndarray((P, S), dtype=nl.bfloat16, buffer=nl.sbuf)
             xt.append(t)
-        for rs in range(n_rs):
+        for rs in range(n_rs):  # one row tile at a time, each K-block transposed on the PE into x^T
             r0 = r_sb + rs * P
             pr = min(P, s_rows - rs * P)
-            x_rows = nl.ndarray((P, K), dtype=nl.bfloat16, buffer=nl.sbuf)
-            nisa.dma_copy(dst=x_rows[0:pr, 0:K], src=x_hbm[r0:r0 + pr, 0:K])
-            for kt in range(n_k):
-                pk = min(P, K - kt * P)
-                xt_ps = nl.ndarray((P, P), dtype=nl.bfloat16, buffer=nl.psum)
-                nisa.nc_transpose(dst=xt_ps[0:pk, 0:pr], data=x_rows[0:pr, kt * P:kt * P + pk], engine=nisa.engine.tensor)
-                nisa.tensor_copy(dst=xt[kt][0:pk, rs * P:rs * P + pr], src=xt_ps[0:pk, 0:pr])
+            for k0 in range(0, K, F_MOV):
+                nb = min(F_MOV, K - k0)
+                x_blk = nl.ndarray((P, F_MOV), dtype=nl.bfloat16, buffer=nl.sbuf)
+                nisa.dma_copy(dst=x_blk[0:pr, 0:nb], src=x_hbm[r0:r0 + pr, k0:k0 + nb])
+                for kt in range(k0 // P, cdiv(k0 + nb, P)):
+                    pk = min(P, K - kt * P)
+                    xt_ps = nl.ndarray((P, P), dtype=nl.bfloat16, buffer=nl.psum)
+                    nisa.nc_transpose(dst=xt_ps[0:pk, 0:pr], data=x_blk[0:pr, kt * P - k0:kt * P - k0 + pk], engine=nisa.engine.tensor)
+                    nisa.tensor_copy(dst=xt[kt][0:pk, rs * P:rs * P + pr], src=xt_ps[0:pk, 0:pr])
         acc = []
         for rs in range(n_rs):
             t = nl.ndarray((P, K), dtype=nl.float32, buffer=nl.sbuf)
@@ -278,13 +362,13 @@ def swiglu_layerscale_kernel(x_hbm, w1t_hbm, b1_hbm, wgt_hbm, bg_hbm, w2t_hbm, b
             ci = min(CI, i_end - i0)
             n_hc = cdiv(ci, P)
             pj0_w = []
-            for kt in range(n_k):
+            for kt in range(0 if stream_up else n_k):
                 pk = min(P, K - kt * P)
                 t = nl.ndarray((P, CI), dtype=nl.bfloat16, buffer=nl.sbuf)
                 nisa.dma_copy(dst=t[0:pk, 0:ci], src=w1t_hbm[kt * P:kt * P + pk, i0:i0 + ci])
                 pj0_w.append(t)
             pj1_w = []
-            for kt in range(n_k):
+            for kt in range(0 if stream_up else n_k):
                 pk = min(P, K - kt * P)
                 t = nl.ndarray((P, CI), dtype=nl.bfloat16, buffer=nl.sbuf)
                 nisa.dma_copy(dst=t[0:pk, 0:ci], src=wgt_hbm[kt * P:kt * P + pk, i0:i0 + ci])
@@ -304,11 +388,19 @@ def swiglu_layerscale_kernel(x_hbm, w1t_hbm, b1_hbm, wgt_hbm, bg_hbm, w2t_hbm, b
                     pj0 = nl.ndarray((P, F_MOV), dtype=nl.float32, buffer=nl.psum)
                     for kt in range(n_k):
                         pk = min(P, K - kt * P)
+                        if stream_up:  # one row slice, one intermediate tile: this matmul is the K-tile's only use
+                            t = nl.ndarray((P, CI), dtype=nl.bfloat16, buffer=nl.sbuf)
+                            nisa.dma_copy(dst=t[0:pk, 0:ci], src=w1t_hbm[kt * P:kt * P + pk, i0:i0 + ci])
+                            pj0_w.append(t)
                         nisa.nc_matmul(dst=pj0[0:ph, 0:rw], stationary=pj0_w[kt][0:pk, hl * P:hl * P + ph],
                                        moving=xt[kt][0:pk, q0:q0 + rw], accumulate=(kt > 0))
                     pj1 = nl.ndarray((P, F_MOV), dtype=nl.float32, buffer=nl.psum)
                     for kt in range(n_k):
                         pk = min(P, K - kt * P)
+                        if stream_up:  # one row slice, one intermediate tile: this matmul is the K-tile's only use
+                            t = nl.ndarray((P, CI), dtype=nl.bfloat16, buffer=nl.sbuf)
+                            nisa.dma_copy(dst=t[0:pk, 0:ci], src=wgt_hbm[kt * P:kt * P + pk, i0:i0 + ci])
+                            pj1_w.append(t)
                         nisa.nc_matmul(dst=pj1[0:ph, 0:rw], stationary=pj1_w[kt][0:pk, hl * P:hl * P + ph],
                                        moving=xt[kt][0:pk, q0:q0 + rw], accumulate=(kt > 0))
                     m0 = nl.ndarray((P, F_MOV), dtype=nl.float32, buffer=nl.sbuf)
@@ -328,7 +420,9 @@ def swiglu_layerscale_kernel(x_hbm, w1t_hbm, b1_hbm, wgt_hbm, bg_hbm, w2t_hbm, b
                             nisa.nc_matmul(dst=ps[0:pr, 0:nk], stationary=g[hl][0:ph, rq:rq + pr],
                                            moving=wd[hl][0:ph, k0:k0 + nk], accumulate=(hl > 0))
                         if c == 0 and owned[rs]:
-                            nisa.tensor_tensor(dst=acc[rs][0:pr, k0:k0 + nk], data1=ps[0:pr, 0:nk], data2=b2_hbm_row[0:pr, k0:k0 + nk], op=nl.add)
+                            bias = nl.ndarray((P, F_MOV), dtype=nl.float32, buffer=nl.sbuf)
+                            nisa.dma_copy(dst=bias[0:pr, 0:nk], src=b2_hbm.ap(pattern=[[0, pr], [1, nk]], offset=k0))
+                            nisa.tensor_tensor(dst=acc[rs][0:pr, k0:k0 + nk], data1=ps[0:pr, 0:nk], data2=bias[0:pr, 0:nk], op=nl.add)
                         elif c == 0:
                             nisa.tensor_copy(dst=acc[rs][0:pr, k0:k0 + nk], src=ps[0:pr, 0:nk])
                         else:
@@ -343,36 +437,60 @@ def swiglu_layerscale_kernel(x_hbm, w1t_hbm, b1_hbm, wgt_hbm, bg_hbm, w2t_hbm, b
             for rs in range(n_rs):
                 r0, pr = r_sb + rs * P, min(P, s_rows - rs * P)
                 if owned[rs]:
-                    t = nl.ndarray((P, K), dtype=nl.float32, buffer=nl.sbuf)
-                    nisa.dma_copy(dst=t[0:pr, 0:K], src=partial[r0:r0 + pr, 0:K])
-                    nisa.tensor_tensor(dst=acc[rs][0:pr, 0:K], data1=acc[rs][0:pr, 0:K], data2=t[0:pr, 0:K], op=nl.add)
-        # epilogue, one owned row tile at a time
+                    for k0 in range(0, K, F_MOV):
+                        nb = min(F_MOV, K - k0)
+                        t = nl.ndarray((P, F_MOV), dtype=nl.float32, buffer=nl.sbuf)
+                        nisa.dma_copy(dst=t[0:pr, 0:nb], src=partial[r0:r0 + pr, k0:k0 + nb])
+                        nisa.tensor_tensor(dst=acc[rs][0:pr, k0:k0 + nb], data1=acc[rs][0:pr, k0:k0 + nb], data2=t[0:pr, 0:nb], op=nl.add)
+        # epilogue, one owned row tile at a time, in passes over K-blocks
         for rs in range(n_rs):
             if not owned[rs]:
                 continue
             r0 = r_sb + rs * P
             pr = min(P, s_rows - rs * P)
-            a_hbm_tile = nl.ndarray((P, K), dtype=nl.float32, buffer=nl.sbuf)
-            nisa.dma_copy(dst=a_hbm_tile[0:pr, 0:K], src=a_hbm[r0:r0 + pr, 0:K])
-            e0 = nl.ndarray((P, K), dtype=nl.float32, buffer=nl.sbuf)
-            nisa.tensor_tensor(dst=e0[0:pr, 0:K], data1=ls_hbm_row[0:pr, 0:K], data2=acc[rs][0:pr, 0:K], op=nl.multiply)
-            e1 = nl.ndarray((P, K), dtype=nl.float32, buffer=nl.sbuf)
-            nisa.tensor_tensor(dst=e1[0:pr, 0:K], data1=a_hbm_tile[0:pr, 0:K], data2=e0[0:pr, 0:K], op=nl.add)
-            e2 = nl.ndarray((P, K), dtype=nl.float32, buffer=nl.sbuf)
-            e3 = nl.ndarray((P, 1), dtype=nl.float32, buffer=nl.sbuf)
-            nisa.activation_reduce(dst=e2[0:pr, 0:K], op=nl.copy, data=e1[0:pr, 0:K], reduce_op=nl.add, reduce_res=e3[0:pr, 0:1])
+            es1_0 = nl.ndarray((P, 1), dtype=nl.float32, buffer=nl.sbuf)
+            nisa.memset(dst=es1_0[0:pr, 0:1], value=0.0)
+            for k0 in range(0, K, F_MOV):
+                nb = min(F_MOV, K - k0)
+                a_hbm_tile = nl.ndarray((P, F_MOV), dtype=nl.float32, buffer=nl.sbuf)
+                nisa.dma_copy(dst=a_hbm_tile[0:pr, 0:nb], src=a_hbm[r0:r0 + pr, k0:k0 + nb])
+                ls_hbm_row = nl.ndarray((P, F_MOV), dtype=nl.float32, buffer=nl.sbuf)
+                nisa.dma_copy(dst=ls_hbm_row[0:pr, 0:nb], src=ls_hbm.ap(pattern=[[0, pr], [1, nb]], offset=k0))
+                nisa.tensor_tensor(dst=acc[rs][0:pr, k0:k0 + nb], data1=ls_hbm_row[0:pr, 0:nb], data2=acc[rs][0:pr, k0:k0 + nb], op=nl.multiply)
+                e1 = nl.ndarray((P, F_MOV), dtype=nl.float32, buffer=nl.sbuf)
+                nisa.tensor_tensor(dst=e1[0:pr, 0:nb], data1=a_hbm_tile[0:pr, 0:nb], data2=acc[rs][0:pr, k0:k0 + nb], op=nl.add)
+                e2 = nl.ndarray((P, F_MOV), dtype=nl.float32, buffer=nl.sbuf)
+                e3 = nl.ndarray((P, 1), dtype=nl.float32, buffer=nl.sbuf)
+                nisa.activation_reduce(dst=e2[0:pr, 0:nb], op=nl.copy, data=e1[0:pr, 0:nb], reduce_op=nl.add, reduce_res=e3[0:pr, 0:1])
+                nisa.tensor_tensor(dst=es1_0[0:pr, 0:1], data1=es1_0[0:pr, 0:1], data2=e3[0:pr, 0:1], op=nl.add)
             e4 = nl.ndarray((P, 1), dtype=nl.float32, buffer=nl.sbuf)
-            nisa.tensor_scalar(dst=e4[0:pr, 0:1], data=e3[0:pr, 0:1], op0=nl.multiply, operand0=(-(1.0 / float(d_K))))
-            e5 = nl.ndarray((P, K), dtype=nl.float32, buffer=nl.sbuf)
-            e6 = nl.ndarray((P, 1), dtype=nl.float32, buffer=nl.sbuf)
-            nisa.activation_reduce(dst=e5[0:pr, 0:K], op=nl.square, data=e1[0:pr, 0:K], reduce_op=nl.add, reduce_res=e6[0:pr, 0:1], bias=e4[0:pr, 0:1])
-            e7 = nl.ndarray((P, 1), dtype=nl.float32, buffer=nl.sbuf)
-            nisa.tensor_scalar(dst=e7[0:pr, 0:1], data=e6[0:pr, 0:1], op0=nl.multiply, operand0=(1.0 / float(d_K)), op1=nl.add, operand1=eps_arg)
+            nisa.tensor_scalar(dst=e4[0:pr, 0:1], data=es1_0[0:pr, 0:1], op0=nl.multiply, operand0=(-(1.0 / float(d_K))))
+            es2_0 = nl.ndarray((P, 1), dtype=nl.float32, buffer=nl.sbuf)
+            nisa.memset(dst=es2_0[0:pr, 0:1], value=0.0)
+            for k0 in range(0, K, F_MOV):
+                nb = min(F_MOV, K - k0)
+                a_hbm_tile = nl.ndarray((P, F_MOV), dtype=nl.float32, buffer=nl.sbuf)
+                nisa.dma_copy(dst=a_hbm_tile[0:pr, 0:nb], src=a_hbm[r0:r0 + pr, k0:k0 + nb])
+                e5 = nl.ndarray((P, F_MOV), dtype=nl.float32, buffer=nl.sbuf)
+                nisa.tensor_tensor(dst=e5[0:pr, 0:nb], data1=a_hbm_tile[0:pr, 0:nb], data2=acc[rs][0:pr, k0:k0 + nb], op=nl.add)
+                e6 = nl.ndarray((P, F_MOV), dtype=nl.float32, buffer=nl.sbuf)
+                e7 = nl.ndarray((P, 1), dtype=nl.float32, buffer=nl.sbuf)
+                nisa.activation_reduce(dst=e6[0:pr, 0:nb], op=nl.square, data=e5[0:pr, 0:nb], reduce_op=nl.add, reduce_res=e7[0:pr, 0:1], bias=e4[0:pr, 0:1])
+                nisa.tensor_tensor(dst=es2_0[0:pr, 0:1], data1=es2_0[0:pr, 0:1], data2=e7[0:pr, 0:1], op=nl.add)
             e8 = nl.ndarray((P, 1), dtype=nl.float32, buffer=nl.sbuf)
-            nisa.activation(dst=e8[0:pr, 0:1], op=nl.rsqrt, data=e7[0:pr, 0:1])
-            e9 = nl.ndarray((P, K), dtype=nl.bfloat16, buffer=nl.sbuf)
-            nisa.tensor_scalar(dst=e9[0:pr, 0:K], data=e1[0:pr, 0:K], op0=nl.add, operand0=e4[0:pr, 0:1], op1=nl.multiply, operand1=e8[0:pr, 0:1])
-            nisa.dma_copy(dst=z_hbm[r0:r0 + pr, 0:K], src=e9[0:pr, 0:K])
+            nisa.tensor_scalar(dst=e8[0:pr, 0:1], data=es2_0[0:pr, 0:1], op0=nl.multiply, operand0=(1.0 / float(d_K)), op1=nl.add, operand1=eps_arg)
+            e9 = nl.ndarray((P, 1), dtype=nl.float32, buffer=nl.sbuf)
+            nisa.activation(dst=e9[0:pr, 0:1], op=nl.rsqrt, data=e8[0:pr, 0:1])
+            for k0 in range(0, K, F_MOV):
+                nb = min(F_MOV, K - k0)
+                a_hbm_tile = nl.ndarray((P, F_MOV), dtype=nl.float32, buffer=nl.sbuf)
+                nisa.dma_copy(dst=a_hbm_tile[0:pr, 0:nb], src=a_hbm[r0:r0 + pr, k0:k0 + nb])
+                e10 = nl.ndarray((P, F_MOV), dtype=nl.float32, buffer=nl.sbuf)
+                nisa.tensor_tensor(dst=e10[0:pr, 0:nb], data1=a_hbm_tile[0:pr, 0:nb], data2=acc[rs][0:pr, k0:k0 + nb], op=nl.add)
+                e11 = nl.ndarray((P, F_MOV), dtype=nl.bfloat16, buffer=nl.sbuf)
+                nisa.tensor_scalar(dst=e11[0:pr, 0:nb], data=e10[0:pr, 0:nb], op0=nl.add, operand0=e4[0:pr, 0:1], op1=nl.multiply, operand1=e9[0:pr, 0:1])
+                nisa.dma_copy(dst=z_hbm[r0:r0 + pr, k0:k0 + nb], src=e11[0:pr, 0:nb])
+
     return z_hbm
 
 

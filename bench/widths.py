@@ -1,0 +1,99 @@
+"""Every FFN example at every published model width: plan, SBUF, modelled time, roofline efficiency.
+
+Per (width, rows, launch) row: the tile plan the planner picks, its SBUF bytes per partition, the
+modelled time of the busiest core, and the roofline efficiency (roofline time / modelled time); where a
+plan is more than 1.5x slower than its roofline, the engine the time model says bounds it. Planning
+only (no interpreter runs), so the whole table takes seconds. Summary lines: the worst FFN efficiency
+at R=2048 for K >= 4096 on trn2 (goal: >= 85% of the PE roofline).
+With --check, also runs `fusegen check` (interpreter against the reference) at the wide-but-cheap
+shapes CI runs, each in its own process, and reports its peak resident memory (goal: < 8 GB).
+Run: .venv/bin/python bench/widths.py [--examples a,b] [--launch trn2:2] [--check]
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(ROOT))
+
+from fusegen.perf.widths import LAUNCHES, ROWS, WIDTHS, Planned, ffn_examples, plan_at  # noqa: E402
+
+SLOW = 1.5  # beyond this multiple of the roofline, name the engine that bounds the plan
+#: (example, shape) `fusegen check` runs at wide K with few rows and a small I (what CI runs)
+CHECKS = (
+    ("swiglu_rmsnorm", "R=130 K=8192 I=256"),
+    ("swiglu_rmsnorm", "R=3 K=16384 I=200"),
+    ("swiglu_ffn_ln", "R=3 K=16384 I=128"),
+    ("prenorm_swiglu", "R=3 K=16384 I=256"),
+)
+
+
+def check_memory() -> None:
+    """`fusegen check` at each CHECKS shape in a child process: its result and peak RSS."""
+    print("\n| example | shape | fusegen check | peak RSS (MB) |\n| --- | --- | --- | ---: |")
+    for name, shape in CHECKS:
+        spec = str(ROOT / "examples" / f"{name}.spec")
+        cmd = [sys.executable, "-m", "fusegen.cli", "check", spec, "--shape", *shape.split()]
+        child = subprocess.Popen(cmd, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, cwd=ROOT)
+        _, code, usage = os.wait4(child.pid, 0)  # this child's own peak, not the largest so far
+        peak = usage.ru_maxrss / 1024  # KB on Linux
+        status = "ok" if os.waitstatus_to_exitcode(code) == 0 else f"exit {os.waitstatus_to_exitcode(code)}"
+        print(f"| {name} | {shape} | {status} | {peak:,.0f} |")
+
+
+def cell(p: Planned) -> str:
+    """One table row's plan columns."""
+    if p.plan is None:
+        return f"| – | – | – | – | {p.error.split(': ', 1)[-1]} |"
+    tiles = dict(p.plan.tiles)
+    eff = p.roof.efficiency(p.plan.modeled_ns)
+    bound = dict(p.plan.summary)["modelled time (busiest core)"].split("bound by ")[-1]
+    note = f"{bound}-bound" if p.plan.modeled_ns > SLOW * p.roof.time_ns else ""
+    split = " I-split" if tiles["split_i"] else ""
+    return (
+        f"| S={tiles['S']} CI={tiles['CI']}{split} | {p.plan.sbuf_bytes:,} | {p.plan.modeled_ns / 1000:,.1f} "
+        f"| {100 * eff:.0f}% ({p.roof.bound}) | {note} |"
+    )
+
+
+def main(argv: list[str] | None = None) -> int:
+    """Print the table (markdown) and the summary."""
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument(
+        "--examples", default="", help="comma-separated example names (default: all FFN examples)"
+    )
+    ap.add_argument("--launch", default="", help="target:lnc, e.g. trn2:2 (default: all)")
+    ap.add_argument("--check", action="store_true", help="also run fusegen check at CHECKS, report peak RSS")
+    args = ap.parse_args(argv)
+    wanted = set(filter(None, args.examples.split(",")))
+    examples = [e for e in ffn_examples(ROOT) if not wanted or e.name in wanted]
+    launches = [(t, int(n)) for t, n in [args.launch.split(":")]] if args.launch else list(LAUNCHES)
+    worst: tuple[float, str] = (2.0, "")
+    for ex in examples:
+        print(f"\n### {ex.name}\n")
+        print(
+            "| model (K, I) | R | target LNC | plan | SBUF B/part | modelled us | efficiency (roof) | bound |"
+        )
+        print("| --- | ---: | --- | --- | ---: | ---: | ---: | --- |")
+        for model, k, i in WIDTHS:
+            for rows in ROWS:
+                for target, lnc in launches:
+                    p = plan_at(ex, rows, k, i, target, lnc)
+                    print(f"| {model} ({k}, {i}) | {rows} | {target} {lnc} {cell(p)}")
+                    if p.plan and target == "trn2" and rows == 2048 and k >= 4096:
+                        eff = p.roof.efficiency(p.plan.modeled_ns)
+                        worst = min(worst, (eff, f"{ex.name} K={k} I={i} LNC={lnc}"))
+    if worst[1]:
+        print(f"\nworst modelled efficiency at R=2048, K >= 4096 on trn2: {100 * worst[0]:.0f}% ({worst[1]})")
+    if args.check:
+        check_memory()
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,232 @@
+"""A rows-on-partitions FFN stage (epilogue or prologue) swept over K in F_MOV-wide blocks.
+
+Row statistics (sum, max; LayerNorm's mean then variance) need a whole row, so the stage becomes
+passes over the blocks: pass n finishes the statistics of nesting depth n, accumulating each block's
+partial column into a running [P, 1] column; the [P, 1] arithmetic that only needs finished statistics
+(a mean, an rstd) runs once between passes; the last pass computes the results block by block.
+Every full-width value lives for one block only, so SBUF use does not grow with K; values a later
+pass needs again are recomputed from their block loads (cheap next to the projections).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from dataclasses import dataclass
+
+from fusegen.codegen.ffn_budget import Stage
+from fusegen.codegen.select import Selector
+from fusegen.codegen.stage import Expr, Operand
+from fusegen.dsl.ir import DTYPE_BYTES
+
+#: how a pass starts each kind of running statistic, and how a block's partial joins it
+RUNNING = {"sum": ("0.0", "nl.add"), "max": ("-3.0e38", "nl.maximum")}
+
+
+@dataclass(frozen=True)
+class BlockLoad:
+    """One input DMA'd per block: an [R, K] row block, or a [K] vector broadcast over the partitions."""
+
+    tile: str  # the SBUF tile it lands in
+    src: str  # source access expression
+    nbytes: int  # bytes per element read from HBM
+    broadcast: bool
+
+
+@dataclass(frozen=True)
+class BlockPass:
+    """Code of one pass: once per row tile before the block loop, then per block (loads first)."""
+
+    before: tuple[str, ...]
+    loads: tuple[BlockLoad, ...]
+    lines: tuple[str, ...]
+
+
+@dataclass(frozen=True)
+class BlockedStage:
+    """A stage's passes and its counts for the budget model."""
+
+    passes: tuple[BlockPass, ...]
+    model: Stage
+
+
+def block_reduction(e: Expr) -> bool:
+    """A row statistic over the free axis: it needs every block of the row."""
+    return e.op in RUNNING and e.kind == "vec" and bool(e.args) and e.args[0].kind == "tile"
+
+
+def emit_blocked(
+    sel: Selector,
+    roots: list[Expr],
+    loads: dict[str, BlockLoad],
+    finish: Callable[[Selector], list[str]],
+    writes: int,
+    accumulator: str = "",
+) -> BlockedStage:
+    """Passes computing the statistics under `roots`, then `finish` (which reads the roots through `sel`
+    and returns its per-block lines, `writes` DMA transfers per block among them); `loads` maps leaf
+    tile names to their block loads. `accumulator`: the code of an f32 leaf whose block the first pass may
+    overwrite with its only user, so later passes read that value instead of recomputing it."""
+    depth: dict[int, int] = {}
+    reductions: list[Expr] = []
+    for root in roots:
+        _levels(root, depth, reductions)
+    spine = _spine(roots, accumulator, depth) if reductions else None
+    passes, col_ops = [], 0
+    for level in range(1, max((depth[id(r)] for r in reductions), default=0) + 1):
+        stats = [r for r in reductions if depth[id(r)] == level]
+        in_place = (spine, accumulator) if level == 1 and spine is not None else None
+        passes.append(_statistics_pass(sel, stats, loads, level, in_place))
+        col_ops += len(stats)
+    sel.forget_tiles()
+    before = _hoist(sel, roots)
+    needed = _needed(roots, sel, loads)
+    mark = len(sel.lines)
+    last = finish(sel)
+    lines = tuple(sel.lines[mark:]) + tuple(last)
+    del sel.lines[mark:]
+    passes.append(BlockPass(before, needed, lines))
+    return BlockedStage(tuple(passes), _count(sel, tuple(passes), col_ops, writes))
+
+
+def _levels(e: Expr, depth: dict[int, int], order: list[Expr]) -> int:
+    """Nesting depth of row statistics under `e` (memoised in `depth`); statistics collected in `order`."""
+    if id(e) not in depth:
+        below = max((_levels(a, depth, order) for a in e.args), default=0)
+        depth[id(e)] = below + 1 if block_reduction(e) else below
+        if block_reduction(e):
+            order.append(e)
+    return depth[id(e)]
+
+
+def _spine(roots: list[Expr], accumulator: str, depth: dict[int, int]) -> Expr | None:
+    """The accumulator leaf's only user, if it is a full-width value needing no statistics: computed in
+    place into the accumulator's block by the first pass."""
+    users: dict[int, Expr] = {}
+    seen: set[int] = set()
+    todo = list(roots)
+    while todo:
+        e = todo.pop()
+        if id(e) in seen:
+            continue
+        seen.add(id(e))
+        for a in e.args:
+            if a.op == "leaf" and a.leaf is not None and a.leaf.code == accumulator:
+                users[id(e)] = e
+                if a.users != 1:
+                    return None
+        todo.extend(e.args)
+    if len(users) != 1:
+        return None
+    spine = next(iter(users.values()))
+    return spine if spine.kind == "tile" and depth[id(spine)] == 0 and spine.op != "cast" else None
+
+
+def _in_place(sel: Selector, spine: Expr, accumulator: str, mark: int) -> None:
+    """Compute `spine` into the accumulator's block: its fresh tile renamed to the accumulator."""
+    tile = sel.value(spine).code
+    name = tile.split("[")[0]
+    kept = [line for line in sel.lines[mark:] if not line.startswith(f"{name} = ")]  # its allocation goes
+    sel.lines[mark:] = [line.replace(tile, accumulator) for line in kept]
+    sel.pin(spine, Operand("tile", accumulator))
+
+
+def _statistics_pass(
+    sel: Selector,
+    stats: list[Expr],
+    loads: dict[str, BlockLoad],
+    level: int,
+    in_place: tuple[Expr, str] | None,
+) -> BlockPass:
+    sel.forget_tiles()
+    before = list(_hoist(sel, stats))
+    running = []
+    for n, stat in enumerate(stats):
+        name = f"{sel.prefix}s{level}_{n}"
+        init, _ = RUNNING[stat.op]
+        before += [
+            f"{name} = nl.ndarray((P, 1), dtype=nl.float32, buffer=nl.sbuf)",
+            f"nisa.memset(dst={name}[0:pr, 0:1], value={init})",
+        ]
+        running.append(Operand("vec", f"{name}[0:pr, 0:1]"))
+    needed = _needed(stats, sel, loads)
+    mark = len(sel.lines)
+    if in_place is not None:
+        _in_place(sel, *in_place, mark)
+    parts = [sel.value(stat) for stat in stats]
+    lines = sel.lines[mark:]
+    del sel.lines[mark:]
+    for stat, part, total in zip(stats, parts, running, strict=True):
+        op = RUNNING[stat.op][1]
+        lines.append(f"nisa.tensor_tensor(dst={total.code}, data1={total.code}, data2={part.code}, op={op})")
+        sel.hold(stat, total)
+    return BlockPass(tuple(before), needed, tuple(lines))
+
+
+def _hoist(sel: Selector, roots: list[Expr]) -> tuple[str, ...]:
+    """Emit the [P, 1] values under `roots` that need only finished statistics; their lines."""
+    mark = len(sel.lines)
+    seen: set[int] = set()
+
+    def visit(e: Expr) -> None:
+        if id(e) in seen:
+            return
+        seen.add(id(e))
+        if e.kind == "vec" and e.op != "leaf" and _ready(sel, e):
+            sel.value(e)
+            return
+        for a in e.args:
+            visit(a)
+
+    for root in roots:
+        visit(root)
+    lines = tuple(sel.lines[mark:])
+    del sel.lines[mark:]
+    return lines
+
+
+def _ready(sel: Selector, e: Expr) -> bool:
+    """Computable before a block loop: a held statistic, or [P, 1] / scalar work over ready values."""
+    if sel.holds(e):
+        return True
+    if e.kind == "tile" or block_reduction(e):
+        return False
+    return all(_ready(sel, a) for a in e.args)
+
+
+def _needed(roots: list[Expr], sel: Selector, loads: dict[str, BlockLoad]) -> tuple[BlockLoad, ...]:
+    """The block loads the leaves under `roots` read, stopping at values already held."""
+    found: dict[str, BlockLoad] = {}
+    seen: set[int] = set()
+    todo = list(roots)
+    while todo:
+        e = todo.pop()
+        if id(e) in seen or sel.holds(e):
+            continue
+        seen.add(id(e))
+        if e.op == "leaf" and e.leaf is not None:
+            name = e.leaf.code.split("[")[0]
+            if name in loads:
+                found[name] = loads[name]
+        todo.extend(e.args)
+    return tuple(found[n] for n in sorted(found))
+
+
+def _count(sel: Selector, passes: tuple[BlockPass, ...], col_ops: int, writes: int) -> Stage:
+    """The stage's figures for the budget model, from the code emitted."""
+    dtypes = {name: DTYPE_BYTES[dtype] for name, kind, dtype in sel.tiles if kind == "tile"}
+    cols = sum(1 for _, kind, _ in sel.tiles if kind == "vec") + col_ops
+    widest = 0
+    for ps in passes:
+        made = {line.split(" = nl.ndarray")[0] for line in ps.lines if " = nl.ndarray((P, F_MOV)" in line}
+        widest = max(widest, sum(dtypes.get(t, 4) for t in made) + 4 * len(ps.loads))
+    return Stage(
+        block_bytes=widest,
+        cols=cols,
+        sweeps=len(passes),
+        act=sel.passes("act"),
+        dve=sel.passes("dve"),
+        col_ops=col_ops,
+        read_bytes=sum(ld.nbytes for ps in passes for ld in ps.loads if not ld.broadcast),
+        bcast=sum(1 for ps in passes for ld in ps.loads if ld.broadcast),
+        loads=sum(len(ps.loads) for ps in passes) + writes,
+    )
