@@ -8,15 +8,15 @@ import torch
 import torch.nn.functional as F
 
 
-def add_rmsnorm_backward_reference(x, r, w, grad_y, grad_h, eps=1e-06):
+def add_rmsnorm_backward_reference(x, r, w, d_y, d_h, eps=1e-06):
     """The math of `add_rmsnorm_backward` on torch CPU tensors, one line per IR node."""
     d_H = x.shape[1]
     d_T = x.shape[0]
     _v0 = x.float()
     _v1 = r.float()
     _v2 = w.float()
-    _v3 = grad_y.float()
-    _v4 = grad_h.float()
+    _v3 = d_y.float()
+    _v4 = d_h.float()
     _s = _v0 + _v1
     _v6 = torch.square(_s)
     _v7 = _v6.mean(dim=1, keepdim=True)

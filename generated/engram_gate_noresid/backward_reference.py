@@ -8,7 +8,7 @@ import torch
 import torch.nn.functional as F
 
 
-def engram_gate_noresid_backward_reference(x, kv, w_h, w_e, gate, rstd_x, rstd_k, grad_out, eps=1e-20, clamp=1e-06):
+def engram_gate_noresid_backward_reference(x, kv, w_h, w_e, gate, rstd_x, rstd_k, d_out, eps=1e-20, clamp=1e-06):
     """The math of `engram_gate_noresid_backward` on torch CPU tensors, one line per IR node."""
     d_H = x.shape[2]
     d_HC = x.shape[1]
@@ -20,7 +20,7 @@ def engram_gate_noresid_backward_reference(x, kv, w_h, w_e, gate, rstd_x, rstd_k
     _v4 = gate.float()
     _v5 = rstd_x.float()
     _v6 = rstd_k.float()
-    _v7 = grad_out.float()
+    _v7 = d_out.float()
     _v8 = _v4[:, :, None]
     _v = _v1[0:d_T, d_HC:(1 + d_HC), 0:d_H]
     _v10 = _v7 * _v

@@ -8,7 +8,7 @@ import torch
 import torch.nn.functional as F
 
 
-def layernorm_backward_reference(x, w, b, mu, rstd, grad_y, eps=1e-05):
+def layernorm_backward_reference(x, w, b, mu, rstd, d_y, eps=1e-05):
     """The math of `layernorm_backward` on torch CPU tensors, one line per IR node."""
     d_H = x.shape[1]
     d_T = x.shape[0]
@@ -17,7 +17,7 @@ def layernorm_backward_reference(x, w, b, mu, rstd, grad_y, eps=1e-05):
     _v2 = b.float()
     _v3 = mu.float()
     _v4 = rstd.float()
-    _v5 = grad_y.float()
+    _v5 = d_y.float()
     _v6 = _v3[:, None]
     _v7 = _v0 - _v6
     _v8 = _v4[:, None]

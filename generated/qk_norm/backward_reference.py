@@ -8,14 +8,14 @@ import torch
 import torch.nn.functional as F
 
 
-def qk_norm_backward_reference(q, w, grad_y, eps=1e-06):
+def qk_norm_backward_reference(q, w, d_y, eps=1e-06):
     """The math of `qk_norm_backward` on torch CPU tensors, one line per IR node."""
     d_D = q.shape[2]
     d_NH = q.shape[1]
     d_T = q.shape[0]
     _v0 = q.float()
     _v1 = w.float()
-    _v2 = grad_y.float()
+    _v2 = d_y.float()
     _v3 = torch.square(_v0)
     _v4 = _v3.mean(dim=2, keepdim=True)
     _v6 = _v4 + float(eps)

@@ -60,16 +60,24 @@ def _cast(tensors: tuple[torch.Tensor, ...], dtypes: tuple[torch.dtype, ...]) ->
 def _run(args: tuple[torch.Tensor, ...], params: dict[str, float]) -> tuple[torch.Tensor, ...]:
     """The forward on the selected backend, inputs cast to the spec's dtypes."""
     args = _cast(args, _DTYPES)
-    outs = _call("", "relu2_mlp", args, **params)
-    # a custom op may not return its inputs' storage (an f32 input passed straight through)
-    return tuple(o.clone() if any(o.data_ptr() == t.data_ptr() for t in args) else o for o in outs)
+    return _unaliased(_call("", "relu2_mlp", args, **params), args)
+
+
+def _unaliased(outs: tuple[torch.Tensor, ...], args: tuple[torch.Tensor, ...]) -> tuple[torch.Tensor, ...]:
+    """`outs`, each copied if it shares storage with an argument or an earlier output: a custom op may not
+    return its inputs (an f32 input passed straight through) or one tensor twice (x + r: equal gradients)."""
+    taken = {t.untyped_storage().data_ptr() for t in args}
+    fresh = []
+    for o in outs:
+        fresh.append(o.clone() if o.untyped_storage().data_ptr() in taken else o)
+        taken.add(o.untyped_storage().data_ptr())
+    return tuple(fresh)
 
 
 @torch.library.custom_op("fusegen::relu2_mlp", mutates_args=())
 def relu2_mlp(x: torch.Tensor, w1t: torch.Tensor, w2t: torch.Tensor) -> torch.Tensor:
     """relu2_mlp on this device's backend; returns (out)."""
-    outs = _run((x, w1t, w2t,), {})
-    return outs[0]
+    return _run((x, w1t, w2t,), {})[0]
 
 
 @relu2_mlp.register_fake
@@ -78,10 +86,7 @@ def _fake(x, w1t, w2t):
     d_I = w1t.shape[1]
     d_K = x.shape[1]
     d_R = x.shape[0]
-    outs = (
-        x.new_empty((d_R, d_K,), dtype=torch.bfloat16),
-    )
-    return outs[0]
+    return x.new_empty((d_R, d_K,), dtype=torch.bfloat16)
 
 
 def _inference_only(ctx, inputs, output) -> None:

@@ -8,13 +8,13 @@ import torch
 import torch.nn.functional as F
 
 
-def scaled_softmax_backward_reference(x, grad_p, grad_lse, scale=0.125):
+def scaled_softmax_backward_reference(x, d_p, d_lse, scale=0.125):
     """The math of `scaled_softmax_backward` on torch CPU tensors, one line per IR node."""
     d_H = x.shape[1]
     d_T = x.shape[0]
     _v0 = x.float()
-    _v1 = grad_p.float()
-    _v2 = grad_lse.float()
+    _v1 = d_p.float()
+    _v2 = d_lse.float()
     _z = _v0 * float(scale)
     _zmax = _z.amax(dim=1, keepdim=True)
     _v6 = _z - _zmax

@@ -18,7 +18,15 @@ import torch
 
 _HERE = Path(__file__).resolve().parent
 _DTYPES = (torch.bfloat16,)
-_REFERENCE_DTYPES = (torch.bfloat16, torch.bfloat16, torch.float32,)
+#: the op's float parameters, in order; outputs (by position) autograd marks non-differentiable, saves, and
+#: differentiates.
+_PARAMS = ('scale',)
+_OPTIONAL_OUTPUTS = ()
+_SAVED_OUTPUTS = ()
+_DIFFERENTIATED_OUTPUTS = (0, 1)
+#: each backward's arguments, as positions in (inputs, saved outputs, output gradients), and their dtypes
+_REFERENCE_ARGS = (0, 1, 2)  # x, d_p, d_lse
+_REFERENCE_DTYPES = (torch.bfloat16, torch.bfloat16, torch.float32)
 
 
 @functools.cache
@@ -63,16 +71,24 @@ def _cast(tensors: tuple[torch.Tensor, ...], dtypes: tuple[torch.dtype, ...]) ->
 def _run(args: tuple[torch.Tensor, ...], params: dict[str, float]) -> tuple[torch.Tensor, ...]:
     """The forward on the selected backend, inputs cast to the spec's dtypes."""
     args = _cast(args, _DTYPES)
-    outs = _call("", "scaled_softmax", args, **params)
-    # a custom op may not return its inputs' storage (an f32 input passed straight through)
-    return tuple(o.clone() if any(o.data_ptr() == t.data_ptr() for t in args) else o for o in outs)
+    return _unaliased(_call("", "scaled_softmax", args, **params), args)
+
+
+def _unaliased(outs: tuple[torch.Tensor, ...], args: tuple[torch.Tensor, ...]) -> tuple[torch.Tensor, ...]:
+    """`outs`, each copied if it shares storage with an argument or an earlier output: a custom op may not
+    return its inputs (an f32 input passed straight through) or one tensor twice (x + r: equal gradients)."""
+    taken = {t.untyped_storage().data_ptr() for t in args}
+    fresh = []
+    for o in outs:
+        fresh.append(o.clone() if o.untyped_storage().data_ptr() in taken else o)
+        taken.add(o.untyped_storage().data_ptr())
+    return tuple(fresh)
 
 
 @torch.library.custom_op("fusegen::scaled_softmax", mutates_args=())
 def scaled_softmax(x: torch.Tensor, scale: float = 0.125) -> tuple[torch.Tensor, torch.Tensor]:
     """scaled_softmax on this device's backend; returns (p, lse)."""
-    outs = _run((x,), {"scale": scale})
-    return outs
+    return _run((x,), {"scale": scale})
 
 
 @scaled_softmax.register_fake
@@ -80,29 +96,41 @@ def _fake(x, scale=0.125):
     """Output shapes and dtypes from the inputs' shapes, no data (torch.compile traces with this)."""
     d_H = x.shape[1]
     d_T = x.shape[0]
-    outs = (
+    return (
         x.new_empty((d_T, d_H,), dtype=torch.bfloat16),
         x.new_empty((d_T, 1,), dtype=torch.float32),
     )
-    return outs
 
 
 def _setup_context(ctx, inputs, output) -> None:
-    """Keep the inputs (in the spec's dtypes) and the saved outputs the backward reads."""
-    x, scale = inputs
-    p, lse = output
-    ctx.mark_non_differentiable()
-    ctx.save_for_backward(*(t.to(dtype) for t, dtype in zip((x), _DTYPES)), )
-    ctx.params = {"scale": scale}
-    ctx.dtypes = tuple(t.dtype for t in (x))
+    """Keep the inputs as given (the backward casts them as the forward did) and the saved outputs."""
+    ctx.mark_non_differentiable(*(output[i] for i in _OPTIONAL_OUTPUTS))
+    ctx.save_for_backward(*inputs[:1], *(output[i] for i in _SAVED_OUTPUTS))
+    ctx.params = inputs[1:]
+    ctx.dtypes = tuple(t.dtype for t in inputs[:1])
 
 
-def _backward(ctx, grad_p, grad_lse):
-    """Input gradients on the selected backend, in the inputs' dtypes; none for the float parameters."""
-    x,  = ctx.saved_tensors
-    args = _cast((x, grad_p, grad_lse), _REFERENCE_DTYPES)
-    grads = _module("backward_reference.py").scaled_softmax_backward_reference(*args, **ctx.params)
-    return (*(g.to(dtype) for g, dtype in zip(grads, ctx.dtypes)), None)
+@torch.library.custom_op("fusegen::scaled_softmax_backward", mutates_args=())
+def _backward_op(tensors: list[torch.Tensor], params: list[float]) -> list[torch.Tensor]:
+    """f32 input gradients from (inputs, saved outputs, output gradients) on this device's backend: its own
+    op, so torch.compile traces the backward through the fake below instead of running a kernel on it."""
+    kwargs = dict(zip(_PARAMS, params))
+    args = _cast(tuple(tensors[i] for i in _REFERENCE_ARGS), _REFERENCE_DTYPES)
+    grads = _module("backward_reference.py").scaled_softmax_backward_reference(*args, **kwargs)
+    return list(_unaliased(tuple(grads) if isinstance(grads, (tuple, list)) else (grads,), args))
+
+
+@_backward_op.register_fake
+def _backward_fake(tensors: list[torch.Tensor], params: list[float]) -> list[torch.Tensor]:
+    """One f32 gradient per input, in the input's shape."""
+    return [t.new_empty(t.shape, dtype=torch.float32) for t in tensors[:1]]
+
+
+def _backward(ctx, *grads):
+    """Input gradients in the inputs' dtypes; none for the float parameters."""
+    tensors = [*ctx.saved_tensors, *(grads[i] for i in _DIFFERENTIATED_OUTPUTS)]
+    got = _backward_op(tensors, list(ctx.params))
+    return (*(g.to(dtype) for g, dtype in zip(got, ctx.dtypes)), *(None for _ in ctx.params))
 
 
 scaled_softmax.register_autograd(_backward, setup_context=_setup_context)

@@ -60,16 +60,24 @@ def _cast(tensors: tuple[torch.Tensor, ...], dtypes: tuple[torch.dtype, ...]) ->
 def _run(args: tuple[torch.Tensor, ...], params: dict[str, float]) -> tuple[torch.Tensor, ...]:
     """The forward on the selected backend, inputs cast to the spec's dtypes."""
     args = _cast(args, _DTYPES)
-    outs = _call("", "swiglu_layerscale", args, **params)
-    # a custom op may not return its inputs' storage (an f32 input passed straight through)
-    return tuple(o.clone() if any(o.data_ptr() == t.data_ptr() for t in args) else o for o in outs)
+    return _unaliased(_call("", "swiglu_layerscale", args, **params), args)
+
+
+def _unaliased(outs: tuple[torch.Tensor, ...], args: tuple[torch.Tensor, ...]) -> tuple[torch.Tensor, ...]:
+    """`outs`, each copied if it shares storage with an argument or an earlier output: a custom op may not
+    return its inputs (an f32 input passed straight through) or one tensor twice (x + r: equal gradients)."""
+    taken = {t.untyped_storage().data_ptr() for t in args}
+    fresh = []
+    for o in outs:
+        fresh.append(o.clone() if o.untyped_storage().data_ptr() in taken else o)
+        taken.add(o.untyped_storage().data_ptr())
+    return tuple(fresh)
 
 
 @torch.library.custom_op("fusegen::swiglu_layerscale", mutates_args=())
 def swiglu_layerscale(x: torch.Tensor, w1t: torch.Tensor, b1: torch.Tensor, wgt: torch.Tensor, bg: torch.Tensor, w2t: torch.Tensor, b2: torch.Tensor, ls: torch.Tensor, a: torch.Tensor, eps: float = 1e-06) -> torch.Tensor:
     """swiglu_layerscale on this device's backend; returns (z)."""
-    outs = _run((x, w1t, b1, wgt, bg, w2t, b2, ls, a,), {"eps": eps})
-    return outs[0]
+    return _run((x, w1t, b1, wgt, bg, w2t, b2, ls, a,), {"eps": eps})[0]
 
 
 @swiglu_layerscale.register_fake
@@ -78,10 +86,7 @@ def _fake(x, w1t, b1, wgt, bg, w2t, b2, ls, a, eps=1e-06):
     d_I = w1t.shape[1]
     d_K = x.shape[1]
     d_R = x.shape[0]
-    outs = (
-        x.new_empty((d_R, d_K,), dtype=torch.bfloat16),
-    )
-    return outs[0]
+    return x.new_empty((d_R, d_K,), dtype=torch.bfloat16)
 
 
 def _inference_only(ctx, inputs, output) -> None:
