@@ -70,4 +70,3 @@ def gradcheck(
         return tuple(outs[i].double() for i in differentiated)  # differences in fp64, not the output dtype
 
     return torch.autograd.gradcheck(differentiable, args, eps=eps, atol=tol, rtol=tol, fast_mode=True)
-

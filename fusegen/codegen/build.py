@@ -130,7 +130,7 @@ def test_source(ir: KernelIR, target: str, family: str) -> str:
         + [f"d_{d.name} = {d.value}" for d in ir.dims if d.value is not None],
         input_shapes=shapes, lncs=repr(list(TEST_LNCS)), op_dims=repr(op_check_dims(ir)),
         trainable=family in TRAINABLE_FAMILIES, differentiated=repr(tuple(differentiated)),
-        dtypes=repr(tuple(sorted({d.dtype for d in (*ir.inputs, *ir.outputs)}))),
+        dtypes=repr(tuple(sorted({i.dtype for i in ir.inputs} | {o.dtype for o in ir.outputs}))),
     )  # fmt: skip
 
 
@@ -182,7 +182,7 @@ def op_check_dims(ir: KernelIR) -> dict[str, int]:
     shrunk to the smallest size the spec's requires allow."""
     if not ir.checks:
         return {}
-    env = dict(min((c.env() for c in ir.checks), key=lambda env: sorted(env.values())))
+    env: dict[str, int] = dict(min((c.env() for c in ir.checks), key=lambda e: sorted(e.values())))
     for name in sorted(env):
         for size in (s for s in _SMALL_SIZES if s < env[name]):
             if all(c.holds({**ir.fixed_dims(), **env, name: size}) for c in ir.constraints):

@@ -120,7 +120,8 @@ def backward_fp64(ir: KernelIR, inputs: list[torch.Tensor], grad_out: torch.Tens
     _, *saved = fp64_function(reference_source(ir), f"{ir.name}_reference")(*inputs, save=True)
     back_ir = backward_ir(ir)
     names = {o.name: t for o, t in zip([o for o in ir.outputs if o.optional], saved, strict=True)}
-    by_name = {**{d.name: t for d, t in zip(ir.inputs, inputs, strict=True)}, **names, grad_name("out"): grad_out}
+    by_name = {d.name: t for d, t in zip(ir.inputs, inputs, strict=True)} | names
+    by_name[grad_name("out")] = grad_out
     return list(
         fp64_function(reference_source(back_ir), f"{back_ir.name}_reference")(
             *(by_name[d.name] for d in back_ir.inputs)

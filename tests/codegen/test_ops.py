@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from pathlib import Path
 from types import ModuleType
+from typing import Any
 
 import pytest
 import torch
@@ -167,9 +168,9 @@ class Block(torch.nn.Module):
         return out.float().square().mean() + p.float().square().sum() + lse.mean()
 
 
-def train_step(model: Block, step: object, inputs: list[torch.Tensor]) -> tuple[torch.Tensor, list[torch.Tensor]]:
+def train_step(model: Block, step: Any, inputs: list[torch.Tensor]) -> tuple[torch.Tensor, list[Any]]:
     """One SGD step of `step` (the model, compiled or not); the loss and every gradient, parameters first."""
-    loss = step(*inputs)  # type: ignore[operator]
+    loss = step(*inputs)
     leaves = [*model.parameters(), inputs[0]]
     grads = list(torch.autograd.grad(loss, leaves))
     with torch.no_grad():
