@@ -182,7 +182,8 @@ def op_check_dims(ir: KernelIR) -> dict[str, int]:
     shrunk to the smallest size the spec's requires allow."""
     if not ir.checks:
         return {}
-    env: dict[str, int] = dict(min((c.env() for c in ir.checks), key=lambda e: sorted(e.values())))
+    envs = [c.env() for c in ir.checks]
+    env = min(envs, key=lambda dims: sorted(dims.values()))
     for name in sorted(env):
         for size in (s for s in _SMALL_SIZES if s < env[name]):
             if all(c.holds({**ir.fixed_dims(), **env, name: size}) for c in ir.constraints):
