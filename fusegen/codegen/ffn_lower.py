@@ -135,7 +135,7 @@ def _lower_combine(
         return "scalar" if node.shape == () else ("tile" if node.shape == (m.rows, m.inter) else "vec")
 
     builder = StageBuilder(ir, leaves, kind_of, free_size=lambda n: m.rows)
-    sel = Selector(Layout(part="ph", free="rw", free_alloc="F_MOV"), prefix="m")
+    sel = Selector(Layout(part="ph", free="rw", free_alloc="_F_MOV"), prefix="m")
     weight_dtype = ir.node(m.down.args[1]).dtype
     result = sel.value(builder.expr(m.combine.id), dtype=weight_dtype)
     if result.memory != "sbuf" or result.dtype != weight_dtype:

@@ -10,7 +10,7 @@ from fusegen.codegen.family import Mismatch, kernel_arg
 from fusegen.codegen.lift import Lifted, lift_rows
 from fusegen.codegen.plan import PlanError, PlannedBuffer, TilePlan
 from fusegen.codegen.reference import dim_bindings
-from fusegen.codegen.render import header, render, vendored
+from fusegen.codegen.render import header, private_repr, render, vendored
 from fusegen.codegen.rewrites import expand_norms, rewrite
 from fusegen.codegen.rowreduce_lower import RowReduceLowering, lower_rowreduce
 from fusegen.codegen.rowreduce_match import RowReduceMatch, match_rowreduce
@@ -88,7 +88,8 @@ class RowReduceFamily:
         flat = {o.name: o.shape for o in (lifted.flat if lifted else body).outputs}
         return render(
             TEMPLATE,
-            header=header(ir, TEMPLATE), name=ir.name, doc=kernel_doc(ir), low=low, model=repr(low.model),
+            header=header(ir, TEMPLATE), name=ir.name, doc=kernel_doc(ir), low=low,
+            model=private_repr(low.model),
             budget_source=vendored(rb), kernel_args=kernel_args(body), host=_host(body, m, lifted),
             dim_bindings=[f"d_{d} = {src}" for d, src in dim_bindings(body, kernel_arg)],
             outputs=[(_allocation(o.name, lifted), NL_DTYPE[o.dtype], _shape(flat[o.name]), _guard(o))
@@ -258,7 +259,7 @@ def _host(ir: KernelIR, m: RowReduceMatch, lifted: Lifted | None = None) -> Host
     params = host_params(ir)
     optional = [o.name for o in ir.outputs if o.optional]
     params += ["save: bool = False"] if optional else []
-    params += ["lnc: int = LNC", "target: str = TARGET"]
+    params += ["lnc: int = _LNC", "target: str = _TARGET"]
     required = [o.name for o in ir.outputs if not o.optional]
     returns = (
         "torch.Tensor" if len(required) == 1 else f"tuple[{', '.join(['torch.Tensor'] * len(required))}]"
@@ -279,7 +280,7 @@ def _host(ir: KernelIR, m: RowReduceMatch, lifted: Lifted | None = None) -> Host
         saved_returns=", ".join(kernel_out[o.name] for o in ir.outputs) if optional else "",
         prep_outputs=tuple(f"prep{i}_hbm" for i in range(len(m.prep_roots))),
         doc=f"Run the kernel on `lnc` logical cores; returns ({', '.join(required)}){saved}.",
-        prep_name="fused_weight", prep_params=", ".join(f"{w}: torch.Tensor" for w in weights),
+        prep_name="_fused_weight", prep_params=", ".join(f"{w}: torch.Tensor" for w in weights),
         prep_args=", ".join(weights), prep_kernel_args=", ".join(kernel_arg(w) for w in weights),
         prep_dims=prep_dims(ir, weights),
     )  # fmt: skip

@@ -13,18 +13,18 @@ import nki.language as nl
 import torch
 
 #: logical-core degree to launch with; must match NEURON_LOGICAL_NC_CONFIG on hardware.
-LNC = int(os.environ.get("NEURON_LOGICAL_NC_CONFIG", "2"))
+_LNC = int(os.environ.get("NEURON_LOGICAL_NC_CONFIG", "2"))
 #: usable SBUF bytes per partition the planner may fill, per target.
-SBUF_BUDGET = {'trn1': 180224, 'trn2': 212984, 'trn3': 245752}
-TARGET = os.environ.get("FUSEGEN_TARGET", "trn2")
+_SBUF_BUDGET = {'trn1': 180224, 'trn2': 212984, 'trn3': 245752}
+_TARGET = os.environ.get("FUSEGEN_TARGET", "trn2")
 
 # ---- tile planning (copied from fusegen/codegen/rowreduce_budget.py) ----
 
-P = 128  # partitions: tokens per tile
-F_MOV = 512  # one fp32 PSUM bank: the prep step broadcasts weights in chunks this wide
+_P = 128  # partitions: tokens per tile
+_F_MOV = 512  # one fp32 PSUM bank: the prep step broadcasts weights in chunks this wide
 
 
-class RowModel(NamedTuple):
+class _RowModel(NamedTuple):
     """What a generated row-reduction kernel holds in SBUF, in bytes per partition per width column."""
 
     resident_per_head: int  # prepared fp32 weights kept for the whole launch, per head
@@ -36,7 +36,7 @@ class RowModel(NamedTuple):
     row_copies: int = 1  # row inputs in flight: 2 when the next head's loads overlap this head's epilogue
 
 
-class Buffer(NamedTuple):
+class _Buffer(NamedTuple):
     """One SBUF buffer of the kernel: bytes per partition per copy, and copies in flight."""
 
     name: str
@@ -44,92 +44,92 @@ class Buffer(NamedTuple):
     copies: int
 
 
-def cdiv(n: int, d: int) -> int:
+def _cdiv(n: int, d: int) -> int:
     """Ceiling division."""
     return -(-n // d)
 
 
-def rows_per_core(rows: int, lnc: int) -> int:
+def _rows_per_core(rows: int, lnc: int) -> int:
     """Rows one core handles: whole 128-row tiles are dealt out, the ragged tile goes last."""
-    return min(rows, cdiv(cdiv(rows, P), lnc) * P)
+    return min(rows, _cdiv(_cdiv(rows, _P), lnc) * _P)
 
 
-def held_heads(heads: int, resident: bool) -> int:
+def _held_heads(heads: int, resident: bool) -> int:
     """Heads whose prepared weights are in SBUF at once: all of them, or the current one when streaming."""
     return heads if resident else 1
 
 
-def buffers(m: RowModel, width: int, heads: int, hb: int, resident: bool = True, overlap: bool = True
-            ) -> list[Buffer]:  # fmt: skip
+def _buffers(m: _RowModel, width: int, heads: int, hb: int, resident: bool = True, overlap: bool = True
+            ) -> list[_Buffer]:  # fmt: skip
     """The kernel's SBUF buffers at width `width`, `heads` heads and reduction chunk `hb` columns (overlap:
     the next head's loads and passes run before this head's full-width epilogue)."""
     kept = "resident for the launch" if resident else "rebuilt per token tile and head"
     return [
-        Buffer(
-            f"prepared weights (fp32, {kept})", m.resident_per_head * held_heads(heads, resident) * width, 1
+        _Buffer(
+            f"prepared weights (fp32, {kept})", m.resident_per_head * _held_heads(heads, resident) * width, 1
         ),
-        Buffer("row inputs of one token tile and head", m.row_inputs * width, m.row_copies if overlap else 1),
-        Buffer("epilogue tiles", m.epilogue * width, 1),
-        Buffer("reduction chunk temporaries", m.chunk * hb, 1),
-        Buffer("per-row columns and output staging", m.columns * heads, 1),
+        _Buffer("row inputs of one token tile and head", m.row_inputs * width, m.row_copies if overlap else 1),
+        _Buffer("epilogue tiles", m.epilogue * width, 1),
+        _Buffer("reduction chunk temporaries", m.chunk * hb, 1),
+        _Buffer("per-row columns and output staging", m.columns * heads, 1),
     ]
 
 
-def sbuf_bytes(m: RowModel, width: int, heads: int, hb: int, resident: bool = True, overlap: bool = True
+def _sbuf_bytes(m: _RowModel, width: int, heads: int, hb: int, resident: bool = True, overlap: bool = True
                ) -> int:  # fmt: skip
     """Peak SBUF bytes per partition: the main loop, or the prep step if that is larger."""
-    main = sum(b.bytes * b.copies for b in buffers(m, width, heads, hb, resident, overlap))
-    prep = (m.resident_per_head * held_heads(heads, resident) + m.prep_scratch) * width
+    main = sum(b.bytes * b.copies for b in _buffers(m, width, heads, hb, resident, overlap))
+    prep = (m.resident_per_head * _held_heads(heads, resident) + m.prep_scratch) * width
     return max(main, prep)
 
 
-def overlaps(m: RowModel, width: int, heads: int, hb: int, resident: bool, budget: int) -> bool:
+def _overlaps(m: _RowModel, width: int, heads: int, hb: int, resident: bool, budget: int) -> bool:
     """Whether the plan (hb, resident) leaves room for two heads' row inputs at once."""
-    return sbuf_bytes(m, width, heads, hb, resident, True) <= budget
+    return _sbuf_bytes(m, width, heads, hb, resident, True) <= budget
 
 
-def choose(m: RowModel, width: int, heads: int, budget: int) -> tuple[int, bool]:
+def _choose(m: _RowModel, width: int, heads: int, budget: int) -> tuple[int, bool]:
     """(HB, resident): prepared weights resident if they fit, else rebuilt per token tile and head (their
     weights re-read once per 128 tokens), with heads overlapped if that fits too; then the fewest reduction
     chunks, each the narrowest multiple of 128 for that count."""
     for resident in (True, False):
         for overlap in (True, False):
-            fixed = sbuf_bytes(m, width, heads, 0, resident, overlap)
+            fixed = _sbuf_bytes(m, width, heads, 0, resident, overlap)
             room = (budget - fixed) // m.chunk if m.chunk else width
-            widest = min(cdiv(width, P) * P, room // P * P)
-            if widest >= P and sbuf_bytes(m, width, heads, P, resident, overlap) <= budget:
-                return cdiv(cdiv(width, cdiv(width, widest)), P) * P, resident
-    need = sbuf_bytes(m, width, heads, P, False, False)
+            widest = min(_cdiv(width, _P) * _P, room // _P * _P)
+            if widest >= _P and _sbuf_bytes(m, width, heads, _P, resident, overlap) <= budget:
+                return _cdiv(_cdiv(width, _cdiv(width, widest)), _P) * _P, resident
+    need = _sbuf_bytes(m, width, heads, _P, False, False)
     raise ValueError(
         f"no tile plan fits: width {width} with {heads} heads needs {need} B/partition of SBUF "
         f"even with 128-column chunks and one head's weights at a time; the budget is {budget} B"
     )
 
-MODEL = RowModel(resident_per_head=4, prep_scratch=4, row_inputs=8, epilogue=4, chunk=40, columns=124, row_copies=1)
+_MODEL = _RowModel(resident_per_head=4, prep_scratch=4, row_inputs=8, epilogue=4, chunk=40, columns=124, row_copies=1)
 
 
-def prepare_weights(h, w_h_hbm, w_e_hbm):
+def _prepare_weights(h, w_h_hbm, w_e_hbm):
     """Head `h`'s prepared weights as fp32 [P, width] SBUF tiles (a trace-time helper of both kernels)."""
     d_H = w_h_hbm.shape[1]
     d_HC = w_h_hbm.shape[0]
-    ones_bfloat16 = nl.ndarray((1, P), dtype=nl.bfloat16, buffer=nl.sbuf)
-    nisa.memset(dst=ones_bfloat16[0:1, 0:P], value=1.0)
+    ones_bfloat16 = nl.ndarray((1, _P), dtype=nl.bfloat16, buffer=nl.sbuf)
+    nisa.memset(dst=ones_bfloat16[0:1, 0:_P], value=1.0)
     w_h_row = nl.ndarray((1, d_H), dtype=nl.bfloat16, buffer=nl.sbuf)
     nisa.dma_copy(dst=w_h_row[0:1, 0:d_H], src=w_h_hbm.ap(pattern=[[d_H, 1], [1, d_H]], offset=h * d_H))
     w_e_row = nl.ndarray((1, d_H), dtype=nl.bfloat16, buffer=nl.sbuf)
     nisa.dma_copy(dst=w_e_row[0:1, 0:d_H], src=w_e_hbm.ap(pattern=[[d_H, 1], [1, d_H]], offset=h * d_H))
-    prep0 = nl.ndarray((P, d_H), dtype=nl.float32, buffer=nl.sbuf)
-    for q0 in range(0, d_H, F_MOV):
-        qw = min(F_MOV, d_H - q0)
-        w_h_bc = nl.ndarray((P, F_MOV), dtype=nl.float32, buffer=nl.psum)
-        nisa.nc_matmul(dst=w_h_bc[0:P, 0:qw], stationary=ones_bfloat16[0:1, 0:P], moving=w_h_row[0:1, q0:q0 + qw], accumulate=False)
-        w_e_bc = nl.ndarray((P, F_MOV), dtype=nl.float32, buffer=nl.psum)
-        nisa.nc_matmul(dst=w_e_bc[0:P, 0:qw], stationary=ones_bfloat16[0:1, 0:P], moving=w_e_row[0:1, q0:q0 + qw], accumulate=False)
-        w0 = nl.ndarray((P, F_MOV), dtype=nl.float32, buffer=nl.sbuf)
-        nisa.tensor_copy(dst=w0[0:P, 0:qw], src=w_e_bc[0:P, 0:qw])
-        w1 = nl.ndarray((P, F_MOV), dtype=nl.float32, buffer=nl.sbuf)
-        nisa.tensor_tensor(dst=w1[0:P, 0:qw], data1=w_h_bc[0:P, 0:qw], data2=w0[0:P, 0:qw], op=nl.multiply)
-        nisa.tensor_copy(dst=prep0[0:P, q0:q0 + qw], src=w1[0:P, 0:qw])
+    prep0 = nl.ndarray((_P, d_H), dtype=nl.float32, buffer=nl.sbuf)
+    for q0 in range(0, d_H, _F_MOV):
+        qw = min(_F_MOV, d_H - q0)
+        w_h_bc = nl.ndarray((_P, _F_MOV), dtype=nl.float32, buffer=nl.psum)
+        nisa.nc_matmul(dst=w_h_bc[0:_P, 0:qw], stationary=ones_bfloat16[0:1, 0:_P], moving=w_h_row[0:1, q0:q0 + qw], accumulate=False)
+        w_e_bc = nl.ndarray((_P, _F_MOV), dtype=nl.float32, buffer=nl.psum)
+        nisa.nc_matmul(dst=w_e_bc[0:_P, 0:qw], stationary=ones_bfloat16[0:1, 0:_P], moving=w_e_row[0:1, q0:q0 + qw], accumulate=False)
+        w0 = nl.ndarray((_P, _F_MOV), dtype=nl.float32, buffer=nl.sbuf)
+        nisa.tensor_copy(dst=w0[0:_P, 0:qw], src=w_e_bc[0:_P, 0:qw])
+        w1 = nl.ndarray((_P, _F_MOV), dtype=nl.float32, buffer=nl.sbuf)
+        nisa.tensor_tensor(dst=w1[0:_P, 0:qw], data1=w_h_bc[0:_P, 0:qw], data2=w0[0:_P, 0:qw], op=nl.multiply)
+        nisa.tensor_copy(dst=prep0[0:_P, q0:q0 + qw], src=w1[0:_P, 0:qw])
     return (prep0,)
 
 
@@ -147,123 +147,123 @@ def engram_gate_backward_kernel(x_hbm, kv_hbm, w_h_hbm, w_e_hbm, dot_hbm, gate_h
     d_T = x_hbm.shape[0]
     d_x_hbm = nl.ndarray((d_T, d_HC, d_H), dtype=nl.float32, buffer=nl.shared_hbm)
     d_kv_hbm = nl.ndarray((d_T, (1 + d_HC), d_H), dtype=nl.float32, buffer=nl.shared_hbm)
-    nb = d_H // P  # 128-column blocks per head: a token sum holds one [P, 1] column each
+    nb = d_H // _P  # 128-column blocks per head: a token sum holds one [P, 1] column each
     partial_hbm = nl.ndarray((nl.num_programs(), 1, d_HC, d_H), dtype=nl.float32, buffer=nl.shared_hbm)
-    ones_col = nl.ndarray((P, 1), dtype=nl.float32, buffer=nl.sbuf)
-    nisa.memset(dst=ones_col[0:P, 0:1], value=1.0)
-    tsum0 = nl.ndarray((P, d_HC * nb), dtype=nl.float32, buffer=nl.psum)
-    held = [prepare_weights(h, w_h_hbm, w_e_hbm) for h in range(d_HC)] if resident else []
-    t_begin = min(d_T, nl.program_id(0) * rows_per_core(d_T, nl.num_programs()))
-    t_end = min(d_T, t_begin + rows_per_core(d_T, nl.num_programs()))
-    for t0 in range(t_begin, t_end, P):
-        pt = min(P, t_end - t0)
-        v_ld = nl.ndarray((P, d_H), dtype=nl.bfloat16, buffer=nl.sbuf)
+    ones_col = nl.ndarray((_P, 1), dtype=nl.float32, buffer=nl.sbuf)
+    nisa.memset(dst=ones_col[0:_P, 0:1], value=1.0)
+    tsum0 = nl.ndarray((_P, d_HC * nb), dtype=nl.float32, buffer=nl.psum)
+    held = [_prepare_weights(h, w_h_hbm, w_e_hbm) for h in range(d_HC)] if resident else []
+    t_begin = min(d_T, nl.program_id(0) * _rows_per_core(d_T, nl.num_programs()))
+    t_end = min(d_T, t_begin + _rows_per_core(d_T, nl.num_programs()))
+    for t0 in range(t_begin, t_end, _P):
+        pt = min(_P, t_end - t0)
+        v_ld = nl.ndarray((_P, d_H), dtype=nl.bfloat16, buffer=nl.sbuf)
         nisa.dma_copy(dst=v_ld[0:pt, 0:d_H], src=kv_hbm[t0:t0 + pt, d_HC, 0:d_H])
-        gate_cl = nl.ndarray((P, d_HC), dtype=nl.float32, buffer=nl.sbuf)
+        gate_cl = nl.ndarray((_P, d_HC), dtype=nl.float32, buffer=nl.sbuf)
         nisa.dma_copy(dst=gate_cl[0:pt, 0:d_HC], src=gate_hbm[t0:t0 + pt, 0:d_HC])
-        dot_cl = nl.ndarray((P, d_HC), dtype=nl.float32, buffer=nl.sbuf)
+        dot_cl = nl.ndarray((_P, d_HC), dtype=nl.float32, buffer=nl.sbuf)
         nisa.dma_copy(dst=dot_cl[0:pt, 0:d_HC], src=dot_hbm[t0:t0 + pt, 0:d_HC])
-        rstd_x_cl = nl.ndarray((P, d_HC), dtype=nl.float32, buffer=nl.sbuf)
+        rstd_x_cl = nl.ndarray((_P, d_HC), dtype=nl.float32, buffer=nl.sbuf)
         nisa.dma_copy(dst=rstd_x_cl[0:pt, 0:d_HC], src=rstd_x_hbm[t0:t0 + pt, 0:d_HC])
-        rstd_k_cl = nl.ndarray((P, d_HC), dtype=nl.float32, buffer=nl.sbuf)
+        rstd_k_cl = nl.ndarray((_P, d_HC), dtype=nl.float32, buffer=nl.sbuf)
         nisa.dma_copy(dst=rstd_k_cl[0:pt, 0:d_HC], src=rstd_k_hbm[t0:t0 + pt, 0:d_HC])
-        hsum14 = nl.ndarray((P, d_H), dtype=nl.float32, buffer=nl.sbuf)
+        hsum14 = nl.ndarray((_P, d_H), dtype=nl.float32, buffer=nl.sbuf)
         for h in range(d_HC):
-            prepared = held[h] if resident else prepare_weights(h, w_h_hbm, w_e_hbm)
-            x_ld = nl.ndarray((P, d_H), dtype=nl.bfloat16, buffer=nl.sbuf)
+            prepared = held[h] if resident else _prepare_weights(h, w_h_hbm, w_e_hbm)
+            x_ld = nl.ndarray((_P, d_H), dtype=nl.bfloat16, buffer=nl.sbuf)
             nisa.dma_copy(dst=x_ld[0:pt, 0:d_H], src=x_hbm[t0:t0 + pt, h, 0:d_H])
-            d_out_ld = nl.ndarray((P, d_H), dtype=nl.bfloat16, buffer=nl.sbuf)
+            d_out_ld = nl.ndarray((_P, d_H), dtype=nl.bfloat16, buffer=nl.sbuf)
             nisa.dma_copy(dst=d_out_ld[0:pt, 0:d_H], src=d_out_hbm[t0:t0 + pt, h, 0:d_H])
-            k_ld = nl.ndarray((P, d_H), dtype=nl.bfloat16, buffer=nl.sbuf)
+            k_ld = nl.ndarray((_P, d_H), dtype=nl.bfloat16, buffer=nl.sbuf)
             nisa.dma_copy(dst=k_ld[0:pt, 0:d_H], src=kv_hbm[t0:t0 + pt, h, 0:d_H])
             # reduction pass 1: partial results per chunk, folded into [P, 1] accumulators
-            for c in range(cdiv(d_H, HB)):
+            for c in range(_cdiv(d_H, HB)):
                 c0 = c * HB
                 hw = min(HB, d_H - c0)
-                r0_0 = nl.ndarray((P, HB), dtype=nl.float32, buffer=nl.sbuf)
+                r0_0 = nl.ndarray((_P, HB), dtype=nl.float32, buffer=nl.sbuf)
                 nisa.tensor_tensor(dst=r0_0[0:pt, 0:hw], data1=d_out_ld[0:pt, c0:c0 + hw], data2=v_ld[0:pt, c0:c0 + hw], op=nl.multiply)
-                r0_1 = nl.ndarray((P, HB), dtype=nl.float32, buffer=nl.sbuf)
-                r0_2 = nl.ndarray((P, 1), dtype=nl.float32, buffer=nl.sbuf)
+                r0_1 = nl.ndarray((_P, HB), dtype=nl.float32, buffer=nl.sbuf)
+                r0_2 = nl.ndarray((_P, 1), dtype=nl.float32, buffer=nl.sbuf)
                 nisa.activation_reduce(dst=r0_1[0:pt, 0:hw], op=nl.copy, data=r0_0[0:pt, 0:hw], reduce_op=nl.add, reduce_res=r0_2[0:pt, 0:1])
                 if c == 0:
                     acc13 = r0_2
                 else:
                     nisa.tensor_tensor(dst=acc13[0:pt, 0:1], data1=acc13[0:pt, 0:1], data2=r0_2[0:pt, 0:1], op=nl.add, engine=nisa.engine.gpsimd)
             # epilogue: per-row math once per head, then chunks as in the passes
-            ke_0 = nl.ndarray((P, 1), dtype=nl.float32, buffer=nl.sbuf)
+            ke_0 = nl.ndarray((_P, 1), dtype=nl.float32, buffer=nl.sbuf)
             nisa.tensor_tensor(dst=ke_0[0:pt, 0:1], data1=acc13[0:pt, 0:1], data2=gate_cl[0:pt, h:h + 1], op=nl.multiply, engine=nisa.engine.gpsimd)
-            ke_1 = nl.ndarray((P, 1), dtype=nl.float32, buffer=nl.sbuf)
+            ke_1 = nl.ndarray((_P, 1), dtype=nl.float32, buffer=nl.sbuf)
             nisa.scalar_tensor_tensor(dst=ke_1[0:pt, 0:1], data=gate_cl[0:pt, h:h + 1], op0=nl.subtract, operand0=1.0, op1=nl.multiply, operand1=ke_0[0:pt, 0:1], reverse0=True)
-            ke_2 = nl.ndarray((P, 1), dtype=nl.float32, buffer=nl.sbuf)
+            ke_2 = nl.ndarray((_P, 1), dtype=nl.float32, buffer=nl.sbuf)
             nisa.tensor_tensor(dst=ke_2[0:pt, 0:1], data1=dot_cl[0:pt, h:h + 1], data2=rstd_x_cl[0:pt, h:h + 1], op=nl.multiply, engine=nisa.engine.gpsimd)
-            ke_3 = nl.ndarray((P, 1), dtype=nl.float32, buffer=nl.sbuf)
+            ke_3 = nl.ndarray((_P, 1), dtype=nl.float32, buffer=nl.sbuf)
             nisa.tensor_tensor(dst=ke_3[0:pt, 0:1], data1=ke_2[0:pt, 0:1], data2=rstd_k_cl[0:pt, h:h + 1], op=nl.multiply, engine=nisa.engine.gpsimd)
-            ke_4 = nl.ndarray((P, 1), dtype=nl.float32, buffer=nl.sbuf)
+            ke_4 = nl.ndarray((_P, 1), dtype=nl.float32, buffer=nl.sbuf)
             nisa.tensor_scalar(dst=ke_4[0:pt, 0:1], data=ke_3[0:pt, 0:1], op0=nl.multiply, operand0=(float(d_H) ** -0.5), engine=nisa.engine.gpsimd)
-            ke_5 = nl.ndarray((P, 1), dtype=nl.float32, buffer=nl.sbuf)
+            ke_5 = nl.ndarray((_P, 1), dtype=nl.float32, buffer=nl.sbuf)
             nisa.activation(dst=ke_5[0:pt, 0:1], op=nl.sign, data=ke_4[0:pt, 0:1])
-            ke_6 = nl.ndarray((P, 1), dtype=nl.float32, buffer=nl.sbuf)
+            ke_6 = nl.ndarray((_P, 1), dtype=nl.float32, buffer=nl.sbuf)
             nisa.tensor_tensor(dst=ke_6[0:pt, 0:1], data1=ke_1[0:pt, 0:1], data2=ke_5[0:pt, 0:1], op=nl.multiply, engine=nisa.engine.gpsimd)
-            ke_7 = nl.ndarray((P, 1), dtype=nl.float32, buffer=nl.sbuf)
+            ke_7 = nl.ndarray((_P, 1), dtype=nl.float32, buffer=nl.sbuf)
             nisa.activation(dst=ke_7[0:pt, 0:1], op=nl.abs, data=ke_4[0:pt, 0:1])
-            ke_8 = nl.ndarray((P, 1), dtype=nl.float32, buffer=nl.sbuf)
+            ke_8 = nl.ndarray((_P, 1), dtype=nl.float32, buffer=nl.sbuf)
             nisa.tensor_scalar(dst=ke_8[0:pt, 0:1], data=ke_7[0:pt, 0:1], op0=nl.maximum, operand0=clamp_arg, engine=nisa.engine.gpsimd)
-            ke_9 = nl.ndarray((P, 1), dtype=nl.float32, buffer=nl.sbuf)
+            ke_9 = nl.ndarray((_P, 1), dtype=nl.float32, buffer=nl.sbuf)
             nisa.activation(dst=ke_9[0:pt, 0:1], op=nl.sqrt, data=ke_8[0:pt, 0:1])
-            ke_10 = nl.ndarray((P, 1), dtype=nl.float32, buffer=nl.sbuf)
+            ke_10 = nl.ndarray((_P, 1), dtype=nl.float32, buffer=nl.sbuf)
             nisa.scalar_tensor_tensor(dst=ke_10[0:pt, 0:1], data=ke_6[0:pt, 0:1], op0=nl.multiply, operand0=0.5, op1=nl.divide, operand1=ke_9[0:pt, 0:1])
-            ke_11 = nl.ndarray((P, 1), dtype=nl.float32, buffer=nl.sbuf)
+            ke_11 = nl.ndarray((_P, 1), dtype=nl.float32, buffer=nl.sbuf)
             nisa.tensor_scalar(dst=ke_11[0:pt, 0:1], data=ke_7[0:pt, 0:1], op0=nl.equal, operand0=clamp_arg, engine=nisa.engine.gpsimd)
-            ke_12 = nl.ndarray((P, 1), dtype=nl.float32, buffer=nl.sbuf)
+            ke_12 = nl.ndarray((_P, 1), dtype=nl.float32, buffer=nl.sbuf)
             nisa.tensor_scalar(dst=ke_12[0:pt, 0:1], data=ke_7[0:pt, 0:1], op0=nl.greater, operand0=clamp_arg, engine=nisa.engine.gpsimd)
-            ke_13 = nl.ndarray((P, 1), dtype=nl.float32, buffer=nl.sbuf)
+            ke_13 = nl.ndarray((_P, 1), dtype=nl.float32, buffer=nl.sbuf)
             nisa.scalar_tensor_tensor(dst=ke_13[0:pt, 0:1], data=ke_11[0:pt, 0:1], op0=nl.multiply, operand0=0.5, op1=nl.add, operand1=ke_12[0:pt, 0:1])
-            ke_14 = nl.ndarray((P, 1), dtype=nl.float32, buffer=nl.sbuf)
+            ke_14 = nl.ndarray((_P, 1), dtype=nl.float32, buffer=nl.sbuf)
             nisa.tensor_tensor(dst=ke_14[0:pt, 0:1], data1=ke_10[0:pt, 0:1], data2=ke_13[0:pt, 0:1], op=nl.multiply, engine=nisa.engine.gpsimd)
-            ke_15 = nl.ndarray((P, 1), dtype=nl.float32, buffer=nl.sbuf)
+            ke_15 = nl.ndarray((_P, 1), dtype=nl.float32, buffer=nl.sbuf)
             nisa.tensor_tensor(dst=ke_15[0:pt, 0:1], data1=ke_14[0:pt, 0:1], data2=ke_5[0:pt, 0:1], op=nl.multiply, engine=nisa.engine.gpsimd)
-            ke_16 = nl.ndarray((P, 1), dtype=nl.float32, buffer=nl.sbuf)
+            ke_16 = nl.ndarray((_P, 1), dtype=nl.float32, buffer=nl.sbuf)
             nisa.scalar_tensor_tensor(dst=ke_16[0:pt, 0:1], data=ke_15[0:pt, 0:1], op0=nl.multiply, operand0=(float(d_H) ** -0.5), op1=nl.multiply, operand1=rstd_k_cl[0:pt, h:h + 1])
-            ke_17 = nl.ndarray((P, 1), dtype=nl.float32, buffer=nl.sbuf)
+            ke_17 = nl.ndarray((_P, 1), dtype=nl.float32, buffer=nl.sbuf)
             nisa.tensor_tensor(dst=ke_17[0:pt, 0:1], data1=ke_16[0:pt, 0:1], data2=rstd_x_cl[0:pt, h:h + 1], op=nl.multiply, engine=nisa.engine.gpsimd)
-            ke_18 = nl.ndarray((P, 1), dtype=nl.float32, buffer=nl.sbuf)
+            ke_18 = nl.ndarray((_P, 1), dtype=nl.float32, buffer=nl.sbuf)
             nisa.scalar_tensor_tensor(dst=ke_18[0:pt, 0:1], data=ke_15[0:pt, 0:1], op0=nl.multiply, operand0=(float(d_H) ** -0.5), op1=nl.multiply, operand1=ke_2[0:pt, 0:1])
-            ke_19 = nl.ndarray((P, 1), dtype=nl.float32, buffer=nl.sbuf)
+            ke_19 = nl.ndarray((_P, 1), dtype=nl.float32, buffer=nl.sbuf)
             nisa.tensor_scalar(dst=ke_19[0:pt, 0:1], data=rstd_k_cl[0:pt, h:h + 1], op0=nl.power, operand0=3.0, engine=nisa.engine.gpsimd)
-            ke_20 = nl.ndarray((P, 1), dtype=nl.float32, buffer=nl.sbuf)
+            ke_20 = nl.ndarray((_P, 1), dtype=nl.float32, buffer=nl.sbuf)
             nisa.tensor_tensor(dst=ke_20[0:pt, 0:1], data1=ke_18[0:pt, 0:1], data2=ke_19[0:pt, 0:1], op=nl.multiply, engine=nisa.engine.gpsimd)
-            ke_21 = nl.ndarray((P, 1), dtype=nl.float32, buffer=nl.sbuf)
+            ke_21 = nl.ndarray((_P, 1), dtype=nl.float32, buffer=nl.sbuf)
             nisa.tensor_scalar(dst=ke_21[0:pt, 0:1], data=ke_20[0:pt, 0:1], op0=nl.multiply, operand0=-0.5, op1=nl.divide, operand1=float(d_H), engine=nisa.engine.gpsimd)
-            ke_22 = nl.ndarray((P, 1), dtype=nl.float32, buffer=nl.sbuf)
+            ke_22 = nl.ndarray((_P, 1), dtype=nl.float32, buffer=nl.sbuf)
             nisa.tensor_tensor(dst=ke_22[0:pt, 0:1], data1=ke_16[0:pt, 0:1], data2=dot_cl[0:pt, h:h + 1], op=nl.multiply, engine=nisa.engine.gpsimd)
-            ke_23 = nl.ndarray((P, 1), dtype=nl.float32, buffer=nl.sbuf)
+            ke_23 = nl.ndarray((_P, 1), dtype=nl.float32, buffer=nl.sbuf)
             nisa.tensor_scalar(dst=ke_23[0:pt, 0:1], data=rstd_x_cl[0:pt, h:h + 1], op0=nl.power, operand0=3.0, engine=nisa.engine.gpsimd)
-            ke_24 = nl.ndarray((P, 1), dtype=nl.float32, buffer=nl.sbuf)
+            ke_24 = nl.ndarray((_P, 1), dtype=nl.float32, buffer=nl.sbuf)
             nisa.tensor_tensor(dst=ke_24[0:pt, 0:1], data1=ke_22[0:pt, 0:1], data2=ke_23[0:pt, 0:1], op=nl.multiply, engine=nisa.engine.gpsimd)
-            ke_25 = nl.ndarray((P, 1), dtype=nl.float32, buffer=nl.sbuf)
+            ke_25 = nl.ndarray((_P, 1), dtype=nl.float32, buffer=nl.sbuf)
             nisa.tensor_scalar(dst=ke_25[0:pt, 0:1], data=ke_24[0:pt, 0:1], op0=nl.multiply, operand0=-0.5, op1=nl.divide, operand1=float(d_H), engine=nisa.engine.gpsimd)
-            for c in range(cdiv(d_H, HB)):
+            for c in range(_cdiv(d_H, HB)):
                 c0 = c * HB
                 hw = min(HB, d_H - c0)
-                e0 = nl.ndarray((P, HB), dtype=nl.float32, buffer=nl.sbuf)
+                e0 = nl.ndarray((_P, HB), dtype=nl.float32, buffer=nl.sbuf)
                 nisa.tensor_scalar(dst=e0[0:pt, 0:hw], data=x_ld[0:pt, c0:c0 + hw], op0=nl.multiply, operand0=ke_25[0:pt, 0:1])
-                e1 = nl.ndarray((P, HB), dtype=nl.float32, buffer=nl.sbuf)
+                e1 = nl.ndarray((_P, HB), dtype=nl.float32, buffer=nl.sbuf)
                 nisa.scalar_tensor_tensor(dst=e1[0:pt, 0:hw], data=prepared[0][0:pt, c0:c0 + hw], op0=nl.multiply, operand0=ke_17[0:pt, 0:1], op1=nl.multiply, operand1=k_ld[0:pt, c0:c0 + hw])
-                e2 = nl.ndarray((P, HB), dtype=nl.float32, buffer=nl.sbuf)
+                e2 = nl.ndarray((_P, HB), dtype=nl.float32, buffer=nl.sbuf)
                 nisa.tensor_tensor(dst=e2[0:pt, 0:hw], data1=d_out_ld[0:pt, c0:c0 + hw], data2=e1[0:pt, 0:hw], op=nl.add)
-                e3 = nl.ndarray((P, HB), dtype=nl.float32, buffer=nl.sbuf)
+                e3 = nl.ndarray((_P, HB), dtype=nl.float32, buffer=nl.sbuf)
                 nisa.scalar_tensor_tensor(dst=e3[0:pt, 0:hw], data=e0[0:pt, 0:hw], op0=nl.multiply, operand0=2.0, op1=nl.add, operand1=e2[0:pt, 0:hw])
-                e4 = nl.ndarray((P, HB), dtype=nl.float32, buffer=nl.sbuf)
+                e4 = nl.ndarray((_P, HB), dtype=nl.float32, buffer=nl.sbuf)
                 nisa.tensor_scalar(dst=e4[0:pt, 0:hw], data=k_ld[0:pt, c0:c0 + hw], op0=nl.multiply, operand0=ke_21[0:pt, 0:1])
-                e5 = nl.ndarray((P, HB), dtype=nl.float32, buffer=nl.sbuf)
+                e5 = nl.ndarray((_P, HB), dtype=nl.float32, buffer=nl.sbuf)
                 nisa.scalar_tensor_tensor(dst=e5[0:pt, 0:hw], data=prepared[0][0:pt, c0:c0 + hw], op0=nl.multiply, operand0=ke_17[0:pt, 0:1], op1=nl.multiply, operand1=x_ld[0:pt, c0:c0 + hw])
-                e6 = nl.ndarray((P, HB), dtype=nl.float32, buffer=nl.sbuf)
+                e6 = nl.ndarray((_P, HB), dtype=nl.float32, buffer=nl.sbuf)
                 nisa.scalar_tensor_tensor(dst=e6[0:pt, 0:hw], data=e4[0:pt, 0:hw], op0=nl.multiply, operand0=2.0, op1=nl.add, operand1=e5[0:pt, 0:hw])
-                e7 = nl.ndarray((P, HB), dtype=nl.float32, buffer=nl.sbuf)
+                e7 = nl.ndarray((_P, HB), dtype=nl.float32, buffer=nl.sbuf)
                 nisa.tensor_scalar(dst=e7[0:pt, 0:hw], data=d_out_ld[0:pt, c0:c0 + hw], op0=nl.multiply, operand0=gate_cl[0:pt, h:h + 1])
-                e8 = nl.ndarray((P, HB), dtype=nl.float32, buffer=nl.sbuf)
+                e8 = nl.ndarray((_P, HB), dtype=nl.float32, buffer=nl.sbuf)
                 nisa.tensor_tensor(dst=e8[0:pt, 0:hw], data1=x_ld[0:pt, c0:c0 + hw], data2=k_ld[0:pt, c0:c0 + hw], op=nl.multiply)
-                e9 = nl.ndarray((P, HB), dtype=nl.float32, buffer=nl.sbuf)
+                e9 = nl.ndarray((_P, HB), dtype=nl.float32, buffer=nl.sbuf)
                 nisa.tensor_scalar(dst=e9[0:pt, 0:hw], data=e8[0:pt, 0:hw], op0=nl.multiply, operand0=ke_17[0:pt, 0:1])
                 nisa.dma_copy(dst=d_x_hbm[t0:t0 + pt, h, c0:c0 + hw], src=e3[0:pt, 0:hw])
                 nisa.dma_copy(dst=d_kv_hbm[t0:t0 + pt, h, c0:c0 + hw], src=e6[0:pt, 0:hw])
@@ -271,17 +271,17 @@ def engram_gate_backward_kernel(x_hbm, kv_hbm, w_h_hbm, w_e_hbm, dot_hbm, gate_h
                     nisa.tensor_copy(dst=hsum14[0:pt, c0:c0 + hw], src=e7[0:pt, 0:hw])
                 else:
                     nisa.tensor_tensor(dst=hsum14[0:pt, c0:c0 + hw], data1=hsum14[0:pt, c0:c0 + hw], data2=e7[0:pt, 0:hw], op=nl.add)
-                for j in range(hw // P):  # [pt tokens, 128 columns]^T @ ones[pt, 1]: 128 token sums in a PSUM column
-                    col = h * nb + c0 // P + j
-                    nisa.nc_matmul(dst=tsum0[0:P, col:col + 1], stationary=e9[0:pt, j * P:j * P + P], moving=ones_col[0:pt, 0:1], accumulate=t0 != t_begin)
+                for j in range(hw // _P):  # [pt tokens, 128 columns]^T @ ones[pt, 1]: 128 token sums in a PSUM column
+                    col = h * nb + c0 // _P + j
+                    nisa.nc_matmul(dst=tsum0[0:_P, col:col + 1], stationary=e9[0:pt, j * _P:j * _P + _P], moving=ones_col[0:pt, 0:1], accumulate=t0 != t_begin)
         nisa.dma_copy(dst=d_kv_hbm[t0:t0 + pt, d_HC, 0:d_H], src=hsum14[0:pt, 0:d_H])
     # staged column (s, h, j), partition p holds element j * 128 + p of head h of sum s: a strided store
-    sums_sb = nl.ndarray((P, 1 * d_HC * nb), dtype=nl.float32, buffer=nl.sbuf)
+    sums_sb = nl.ndarray((_P, 1 * d_HC * nb), dtype=nl.float32, buffer=nl.sbuf)
     if t_end > t_begin:
-        nisa.tensor_copy(dst=sums_sb[0:P, 0 * d_HC * nb:1 * d_HC * nb], src=tsum0[0:P, 0:d_HC * nb])
+        nisa.tensor_copy(dst=sums_sb[0:_P, 0 * d_HC * nb:1 * d_HC * nb], src=tsum0[0:_P, 0:d_HC * nb])
     else:  # a core without tokens contributes zeros
-        nisa.memset(dst=sums_sb[0:P, 0:1 * d_HC * nb], value=0.0)
-    nisa.dma_copy(dst=partial_hbm.ap(pattern=[[1, P], [P, 1 * d_HC * nb]], offset=nl.program_id(0) * 1 * d_HC * d_H), src=sums_sb[0:P, 0:1 * d_HC * nb])
+        nisa.memset(dst=sums_sb[0:_P, 0:1 * d_HC * nb], value=0.0)
+    nisa.dma_copy(dst=partial_hbm.ap(pattern=[[1, _P], [_P, 1 * d_HC * nb]], offset=nl.program_id(0) * 1 * d_HC * d_H), src=sums_sb[0:_P, 0:1 * d_HC * nb])
     return d_x_hbm, d_kv_hbm, partial_hbm
 
 
@@ -292,38 +292,38 @@ def engram_gate_backward_reduce_kernel(partial_hbm, w_h_hbm, w_e_hbm):
     Every [heads, width] value is viewed as [P, heads * width / P]; the logical cores share out those P rows.
     """
     n_parts, n_sums, d_G, d_W = partial_hbm.shape
-    fg = d_G * d_W // P
+    fg = d_G * d_W // _P
     d_w_h_hbm = nl.ndarray((d_G, d_W), dtype=nl.float32, buffer=nl.shared_hbm)
     d_w_e_hbm = nl.ndarray((d_G, d_W), dtype=nl.float32, buffer=nl.shared_hbm)
-    rows = cdiv(P, nl.num_programs())
-    r0 = min(P, nl.program_id(0) * rows)
-    pr = min(P, r0 + rows) - r0
-    totals = nl.ndarray((P, n_sums * fg), dtype=nl.float32, buffer=nl.sbuf)  # sum s in columns s * fg:(s + 1) * fg
+    rows = _cdiv(_P, nl.num_programs())
+    r0 = min(_P, nl.program_id(0) * rows)
+    pr = min(_P, r0 + rows) - r0
+    totals = nl.ndarray((_P, n_sums * fg), dtype=nl.float32, buffer=nl.sbuf)  # sum s in columns s * fg:(s + 1) * fg
     for s in range(n_sums):
         total = totals[0:pr, s * fg:s * fg + fg]
         nisa.dma_copy(dst=total, src=partial_hbm.ap(pattern=[[fg, pr], [1, fg]], offset=s * d_G * d_W + r0 * fg))
         for c in range(1, n_parts):
-            part = nl.ndarray((P, fg), dtype=nl.float32, buffer=nl.sbuf)
+            part = nl.ndarray((_P, fg), dtype=nl.float32, buffer=nl.sbuf)
             nisa.dma_copy(dst=part[0:pr, 0:fg], src=partial_hbm.ap(pattern=[[fg, pr], [1, fg]], offset=(c * n_sums + s) * d_G * d_W + r0 * fg))
             nisa.tensor_tensor(dst=total, data1=total, data2=part[0:pr, 0:fg], op=nl.add)
-    w_h_fl = nl.ndarray((P, fg), dtype=nl.bfloat16, buffer=nl.sbuf)
+    w_h_fl = nl.ndarray((_P, fg), dtype=nl.bfloat16, buffer=nl.sbuf)
     nisa.dma_copy(dst=w_h_fl[0:pr, 0:fg], src=w_h_hbm.ap(pattern=[[fg, pr], [1, fg]], offset=r0 * fg))
-    w_e_fl = nl.ndarray((P, fg), dtype=nl.bfloat16, buffer=nl.sbuf)
+    w_e_fl = nl.ndarray((_P, fg), dtype=nl.bfloat16, buffer=nl.sbuf)
     nisa.dma_copy(dst=w_e_fl[0:pr, 0:fg], src=w_e_hbm.ap(pattern=[[fg, pr], [1, fg]], offset=r0 * fg))
-    g0 = nl.ndarray((P, fg), dtype=nl.float32, buffer=nl.sbuf)
+    g0 = nl.ndarray((_P, fg), dtype=nl.float32, buffer=nl.sbuf)
     nisa.tensor_tensor(dst=g0[0:pr, 0:fg], data1=totals[0:pr, 0 * fg:1 * fg], data2=w_e_fl[0:pr, 0:fg], op=nl.multiply)
-    g1 = nl.ndarray((P, fg), dtype=nl.float32, buffer=nl.sbuf)
+    g1 = nl.ndarray((_P, fg), dtype=nl.float32, buffer=nl.sbuf)
     nisa.tensor_tensor(dst=g1[0:pr, 0:fg], data1=totals[0:pr, 0 * fg:1 * fg], data2=w_h_fl[0:pr, 0:fg], op=nl.multiply)
     nisa.dma_copy(dst=d_w_h_hbm.ap(pattern=[[fg, pr], [1, fg]], offset=r0 * fg), src=g0[0:pr, 0:fg])
     nisa.dma_copy(dst=d_w_e_hbm.ap(pattern=[[fg, pr], [1, fg]], offset=r0 * fg), src=g1[0:pr, 0:fg])
     return d_w_h_hbm, d_w_e_hbm
 
 
-def engram_gate_backward(x: torch.Tensor, kv: torch.Tensor, w_h: torch.Tensor, w_e: torch.Tensor, dot: torch.Tensor, gate: torch.Tensor, rstd_x: torch.Tensor, rstd_k: torch.Tensor, d_out: torch.Tensor, eps: float = 1e-20, clamp: float = 1e-06, lnc: int = LNC, target: str = TARGET) -> tuple[torch.Tensor, ...]:
+def engram_gate_backward(x: torch.Tensor, kv: torch.Tensor, w_h: torch.Tensor, w_e: torch.Tensor, dot: torch.Tensor, gate: torch.Tensor, rstd_x: torch.Tensor, rstd_k: torch.Tensor, d_out: torch.Tensor, eps: float = 1e-20, clamp: float = 1e-06, lnc: int = _LNC, target: str = _TARGET) -> tuple[torch.Tensor, ...]:
     """Run the backward on `lnc` logical cores; returns (d_x, d_kv, d_w_h, d_w_e)"""
-    if x.shape[2] % P or x.shape[1] * x.shape[2] > P * F_MOV:
+    if x.shape[2] % _P or x.shape[1] * x.shape[2] > _P * _F_MOV:
         raise ValueError("sums over the tokens need H % 128 == 0 and HC * H <= 65536 (one PSUM bank)")
-    _hb, _resident = choose(MODEL, x.shape[2], x.shape[1], SBUF_BUDGET[target])
+    _hb, _resident = _choose(_MODEL, x.shape[2], x.shape[1], _SBUF_BUDGET[target])
     d_x, d_kv, _partial = engram_gate_backward_kernel[lnc](x, kv, w_h, w_e, dot, gate, rstd_x, rstd_k, d_out, eps, clamp, _hb, _resident)
     d_w_h, d_w_e = engram_gate_backward_reduce_kernel[lnc](_partial, w_h, w_e)
     return d_x, d_kv, d_w_h, d_w_e

@@ -13,17 +13,17 @@ import nki.language as nl
 import torch
 
 #: logical-core degree to launch with; must match NEURON_LOGICAL_NC_CONFIG on hardware.
-LNC = int(os.environ.get("NEURON_LOGICAL_NC_CONFIG", "2"))
-TARGET = os.environ.get("FUSEGEN_TARGET", "trn2")
+_LNC = int(os.environ.get("NEURON_LOGICAL_NC_CONFIG", "2"))
+_TARGET = os.environ.get("FUSEGEN_TARGET", "trn2")
 
 # ---- tile planning (copied from fusegen/codegen/ffn_budget.py) ----
 
-P = 128  # partitions
-F_MOV = 512  # matmul moving free size, one fp32 PSUM bank
-MIN_CYCLES = 64  # minimum instruction initiation interval, cycles (nki.md §6 overheads)
+_P = 128  # partitions
+_F_MOV = 512  # matmul moving free size, one fp32 PSUM bank
+_MIN_CYCLES = 64  # minimum instruction initiation interval, cycles (nki.md §6 overheads)
 
 
-class FfnModel(NamedTuple):
+class _FfnModel(NamedTuple):
     """What a generated FFN kernel holds in SBUF and computes, counted by its lowering."""
 
     n_up: int  # up projections: 1 plain MLP, 2 gated
@@ -41,7 +41,7 @@ class FfnModel(NamedTuple):
     epi_dve: int  # Vector-engine passes of the epilogue
 
 
-class Machine(NamedTuple):
+class _Machine(NamedTuple):
     """The figures of one target the time model needs (per physical core)."""
 
     pe_ghz: float  # tensor engine clock
@@ -54,7 +54,7 @@ class Machine(NamedTuple):
     max_lnc: int  # logical cores one launch may span (trn2 pairs cores; trn1 has no LNC=2)
 
 
-class Buffer(NamedTuple):
+class _Buffer(NamedTuple):
     """One SBUF buffer of the kernel: bytes per partition per copy, and copies in flight."""
 
     name: str
@@ -62,7 +62,7 @@ class Buffer(NamedTuple):
     copies: int
 
 
-class Plan(NamedTuple):
+class _Plan(NamedTuple):
     """Tiles and core split: S rows per super-block, CI intermediate columns per chunk, split over I."""
 
     s: int
@@ -70,7 +70,7 @@ class Plan(NamedTuple):
     split: int  # 1: each core computes every row over its share of I; 0: each core its own rows
 
 
-class Cost(NamedTuple):
+class _Cost(NamedTuple):
     """Modelled busy time per engine of the busiest core, ns; the kernel takes the largest."""
 
     pe: float
@@ -85,46 +85,46 @@ class Cost(NamedTuple):
         return max(self.pe, self.act, self.dve, self.dma)
 
 
-def cdiv(n: int, d: int) -> int:
+def _cdiv(n: int, d: int) -> int:
     """Ceiling division."""
     return -(-n // d)
 
 
-def rows_per_core(rows: int, lnc: int) -> int:
+def _rows_per_core(rows: int, lnc: int) -> int:
     """Rows one core owns: whole 128-row tiles are dealt out, the ragged tile goes last."""
-    return min(rows, cdiv(cdiv(rows, P), lnc) * P)
+    return min(rows, _cdiv(_cdiv(rows, _P), lnc) * _P)
 
 
-def work_per_core(rows: int, i: int, lnc: int, split: int) -> tuple[int, int]:
+def _work_per_core(rows: int, i: int, lnc: int, split: int) -> tuple[int, int]:
     """(rows computed, intermediate columns) of the busiest core."""
     if split:
-        return rows, min(i, cdiv(cdiv(i, P), lnc) * P)
-    return rows_per_core(rows, lnc), i
+        return rows, min(i, _cdiv(_cdiv(i, _P), lnc) * _P)
+    return _rows_per_core(rows, lnc), i
 
 
-def buffers(m: FfnModel, s: int, ci: int, k: int, i: int) -> list[Buffer]:
+def _buffers(m: _FfnModel, s: int, ci: int, k: int, i: int) -> list[_Buffer]:
     """The kernel's SBUF buffers for super-block `s` rows and chunk `ci` columns."""
-    n_k, n_h, n_hc = cdiv(k, P), cdiv(i, P), cdiv(ci, P)
+    n_k, n_h, n_hc = _cdiv(k, _P), _cdiv(i, _P), _cdiv(ci, _P)
     return [
-        Buffer("x^T, K on partitions", n_k * s * m.x_bytes, 1),
-        Buffer("fp32 accumulator", cdiv(s, P) * k * 4, 1),
-        Buffer("up-projection weight chunk", m.n_up * n_k * ci * m.x_bytes, 2),
-        Buffer("down-projection weight chunk", n_hc * k * m.x_bytes, 2),
-        Buffer("combine output (down-proj stationary)", n_hc * F_MOV * m.x_bytes, 1),
-        Buffer("combine temporaries", m.mid_tiles * F_MOV * 4, 2),
-        Buffer("epilogue tiles", (m.epi_tiles + m.row_inputs + 1) * k * 4, 2),
-        Buffer("epilogue columns", m.epi_cols * 4, 2),
-        Buffer("[I] columns", m.col_vectors * n_h * 4, 1),
-        Buffer("[K] broadcast rows", m.row_vectors * k * 4, 1),
+        _Buffer("x^T, K on partitions", n_k * s * m.x_bytes, 1),
+        _Buffer("fp32 accumulator", _cdiv(s, _P) * k * 4, 1),
+        _Buffer("up-projection weight chunk", m.n_up * n_k * ci * m.x_bytes, 2),
+        _Buffer("down-projection weight chunk", n_hc * k * m.x_bytes, 2),
+        _Buffer("combine output (down-proj stationary)", n_hc * _F_MOV * m.x_bytes, 1),
+        _Buffer("combine temporaries", m.mid_tiles * _F_MOV * 4, 2),
+        _Buffer("epilogue tiles", (m.epi_tiles + m.row_inputs + 1) * k * 4, 2),
+        _Buffer("epilogue columns", m.epi_cols * 4, 2),
+        _Buffer("[I] columns", m.col_vectors * n_h * 4, 1),
+        _Buffer("[K] broadcast rows", m.row_vectors * k * 4, 1),
     ]
 
 
-def sbuf_bytes(m: FfnModel, s: int, ci: int, k: int, i: int) -> int:
+def _sbuf_bytes(m: _FfnModel, s: int, ci: int, k: int, i: int) -> int:
     """SBUF bytes per partition the kernel needs, copies included."""
-    return sum(b.bytes * b.copies for b in buffers(m, s, ci, k, i))
+    return sum(b.bytes * b.copies for b in _buffers(m, s, ci, k, i))
 
 
-def psum_banks(m: FfnModel) -> int:
+def _psum_banks(m: _FfnModel) -> int:
     """PSUM banks in flight: each projection tile and the down-projection tile, double-buffered."""
     return 2 * (m.n_up + 1)
 
@@ -134,28 +134,28 @@ def _pieces(total: int, size: int) -> list[int]:
     return [min(size, total - start) for start in range(0, total, size)]
 
 
-def cost(m: FfnModel, mach: Machine, rows: int, k: int, i: int, lnc: int, plan: Plan) -> Cost:
+def _cost(m: _FfnModel, mach: _Machine, rows: int, k: int, i: int, lnc: int, plan: _Plan) -> _Cost:
     """Modelled time of the busiest core for `plan`."""
-    comp_rows, inter = work_per_core(rows, i, lnc, plan.split)
-    own = rows_per_core(rows, lnc)
-    n_k = cdiv(k, P)
-    k_cycles = sum(max(MIN_CYCLES, nk) for nk in _pieces(k, F_MOV))  # one row tile's K in 512-wide chunks
+    comp_rows, inter = _work_per_core(rows, i, lnc, plan.split)
+    own = _rows_per_core(rows, lnc)
+    n_k = _cdiv(k, _P)
+    k_cycles = sum(max(_MIN_CYCLES, nk) for nk in _pieces(k, _F_MOV))  # one row tile's K in 512-wide chunks
     pe = act = dve = 0.0
     hbm = transfers = 0
     for s_rows in _pieces(comp_rows, plan.s):
         hbm, transfers = hbm + s_rows * k * m.x_bytes, transfers + n_k
         for chunk in _pieces(inter, plan.ci):
-            n_hc = cdiv(chunk, P)
+            n_hc = _cdiv(chunk, _P)
             hbm += (m.n_up + 1) * k * chunk * m.x_bytes
             transfers += m.n_up * n_k + n_hc
-            for rw in _pieces(s_rows, F_MOV):
-                width = max(MIN_CYCLES, rw)
-                pe += n_hc * (m.n_up * n_k * width + cdiv(rw, P) * k_cycles)
+            for rw in _pieces(s_rows, _F_MOV):
+                width = max(_MIN_CYCLES, rw)
+                pe += n_hc * (m.n_up * n_k * width + _cdiv(rw, _P) * k_cycles)
                 act += n_hc * m.mid_act * width
-                dve += n_hc * m.mid_dve * width + cdiv(rw, P) * k_cycles  # PSUM eviction into the accumulator
-    tiles = cdiv(own, P)
-    act += tiles * m.epi_act * max(MIN_CYCLES, k)
-    dve += tiles * m.epi_dve * max(MIN_CYCLES, k)
+                dve += n_hc * m.mid_dve * width + _cdiv(rw, _P) * k_cycles  # PSUM eviction into the accumulator
+    tiles = _cdiv(own, _P)
+    act += tiles * m.epi_act * max(_MIN_CYCLES, k)
+    dve += tiles * m.epi_dve * max(_MIN_CYCLES, k)
     hbm += own * k * (m.row_inputs * 4 + m.out_bytes)
     transfers += tiles * (m.row_inputs + 2)
     if plan.split and lnc > 1:  # partial down-projections of the other core's rows, out and back in
@@ -163,54 +163,54 @@ def cost(m: FfnModel, mach: Machine, rows: int, k: int, i: int, lnc: int, plan: 
         transfers += 2 * tiles
         dve += tiles * k_cycles
     dma = max(hbm / mach.dma_gbps, transfers * mach.dma_fixed_ns / mach.dma_queues)
-    return Cost(pe / mach.pe_ghz, act / mach.act_ghz, dve / mach.dve_ghz, dma, hbm)
+    return _Cost(pe / mach.pe_ghz, act / mach.act_ghz, dve / mach.dve_ghz, dma, hbm)
 
 
-def candidates(
-    m: FfnModel, rows: int, k: int, i: int, lnc: int, budget: int, exhaustive: bool = False
-) -> list[Plan]:
+def _candidates(
+    m: _FfnModel, rows: int, k: int, i: int, lnc: int, budget: int, exhaustive: bool = False
+) -> list[_Plan]:
     """Legal plans: every (S, CI) multiple of 128 when exhaustive, else a pruned set the search keeps."""
     plans = []
-    for split in (0, 1) if lnc > 1 and cdiv(i, P) >= lnc else (0,):
-        comp_rows, inter = work_per_core(rows, i, lnc, split)
-        s_all = range(P, cdiv(comp_rows, P) * P + 1, P)
-        ci_all = range(P, cdiv(inter, P) * P + 1, P)
-        s_set = s_all if exhaustive else sorted({cdiv(cdiv(comp_rows, n), P) * P for n in range(1, 9)})
+    for split in (0, 1) if lnc > 1 and _cdiv(i, _P) >= lnc else (0,):
+        comp_rows, inter = _work_per_core(rows, i, lnc, split)
+        s_all = range(_P, _cdiv(comp_rows, _P) * _P + 1, _P)
+        ci_all = range(_P, _cdiv(inter, _P) * _P + 1, _P)
+        s_set = s_all if exhaustive else sorted({_cdiv(_cdiv(comp_rows, n), _P) * _P for n in range(1, 9)})
         for s in s_set:
-            fits = [ci for ci in ci_all if sbuf_bytes(m, s, ci, k, i) <= budget]
+            fits = [ci for ci in ci_all if _sbuf_bytes(m, s, ci, k, i) <= budget]
             for ci in fits if exhaustive else fits[-4:]:
-                plans.append(Plan(s, ci, split))
+                plans.append(_Plan(s, ci, split))
     return plans
 
 
-def rank_key(
-    m: FfnModel, mach: Machine, rows: int, k: int, i: int, lnc: int, plan: Plan
+def _rank_key(
+    m: _FfnModel, mach: _Machine, rows: int, k: int, i: int, lnc: int, plan: _Plan
 ) -> tuple[float, float, int, int]:
     """Order of preference: modelled time, then total engine work (so ties at the bound go to the plan
     that leaves the other engines most slack), then HBM bytes, then SBUF."""
-    c = cost(m, mach, rows, k, i, lnc, plan)
+    c = _cost(m, mach, rows, k, i, lnc, plan)
     work = c.pe + c.act + c.dve + c.dma
-    return (round(c.total, 1), round(work, 1), c.hbm_bytes, sbuf_bytes(m, plan.s, plan.ci, k, i))
+    return (round(c.total, 1), round(work, 1), c.hbm_bytes, _sbuf_bytes(m, plan.s, plan.ci, k, i))
 
 
-def choose(m: FfnModel, mach: Machine, rows: int, k: int, i: int, lnc: int) -> Plan:
+def _choose(m: _FfnModel, mach: _Machine, rows: int, k: int, i: int, lnc: int) -> _Plan:
     """The best modelled legal plan; ValueError with the numbers when none fits."""
     if lnc > mach.max_lnc:
         raise ValueError(f"LNC={lnc} is not available on this target: at most {mach.max_lnc}")
-    plans = candidates(m, rows, k, i, lnc, mach.sbuf_budget)
+    plans = _candidates(m, rows, k, i, lnc, mach.sbuf_budget)
     if not plans:
-        need = sbuf_bytes(m, P, P, k, i)
+        need = _sbuf_bytes(m, _P, _P, k, i)
         raise ValueError(
             f"no tile plan fits: the smallest (S=128, CI=128) needs {need} B/partition of SBUF "
             f"for K={k}, I={i}; the budget is {mach.sbuf_budget} B"
         )
-    return min(plans, key=lambda p: rank_key(m, mach, rows, k, i, lnc, p))
+    return min(plans, key=lambda p: _rank_key(m, mach, rows, k, i, lnc, p))
 
-MODEL = FfnModel(n_up=2, x_bytes=2, mid_tiles=2, epi_tiles=3, epi_cols=3, col_vectors=2, row_vectors=2, row_inputs=1, out_bytes=6, mid_act=1, mid_dve=2, epi_act=1, epi_dve=4)
+_MODEL = _FfnModel(n_up=2, x_bytes=2, mid_tiles=2, epi_tiles=3, epi_cols=3, col_vectors=2, row_vectors=2, row_inputs=1, out_bytes=6, mid_act=1, mid_dve=2, epi_act=1, epi_dve=4)
 #: the figures the planner's time model needs, per target (from fusegen/sim/targets.py).
-MACHINES = {
-    "trn1": Machine(pe_ghz=2.8, act_ghz=1.4, dve_ghz=1.12, dma_gbps=272.0, dma_fixed_ns=1300.0, dma_queues=16, sbuf_budget=180224, max_lnc=1),
-    "trn2": Machine(pe_ghz=2.4, act_ghz=1.2, dve_ghz=0.96, dma_gbps=362.5, dma_fixed_ns=1300.0, dma_queues=16, sbuf_budget=212984, max_lnc=2),
+_MACHINES = {
+    "trn1": _Machine(pe_ghz=2.8, act_ghz=1.4, dve_ghz=1.12, dma_gbps=272.0, dma_fixed_ns=1300.0, dma_queues=16, sbuf_budget=180224, max_lnc=1),
+    "trn2": _Machine(pe_ghz=2.4, act_ghz=1.2, dve_ghz=0.96, dma_gbps=362.5, dma_fixed_ns=1300.0, dma_queues=16, sbuf_budget=212984, max_lnc=2),
 }
 
 
@@ -227,23 +227,23 @@ def swiglu_rmsnorm_kernel(x_hbm, w1t_hbm, b1_hbm, wgt_hbm, bg_hbm, w2t_hbm, b2_h
     d_I = w1t_hbm.shape[1]
     d_K = x_hbm.shape[1]
     d_R = x_hbm.shape[0]
-    n_k = cdiv(K, P)
-    n_ko = cdiv(K, F_MOV)
+    n_k = _cdiv(K, _P)
+    n_ko = _cdiv(K, _F_MOV)
     x_new_hbm = nl.ndarray((R, K), dtype=nl.float32, buffer=nl.shared_hbm)
     z_hbm = nl.ndarray((R, K), dtype=nl.bfloat16, buffer=nl.shared_hbm)
-    b1_hbm_col = nl.ndarray((P, cdiv(I, P)), dtype=nl.float32, buffer=nl.sbuf)
+    b1_hbm_col = nl.ndarray((_P, _cdiv(I, _P)), dtype=nl.float32, buffer=nl.sbuf)
     nisa.dma_copy(dst=b1_hbm_col, src=b1_hbm)
-    bg_hbm_col = nl.ndarray((P, cdiv(I, P)), dtype=nl.float32, buffer=nl.sbuf)
+    bg_hbm_col = nl.ndarray((_P, _cdiv(I, _P)), dtype=nl.float32, buffer=nl.sbuf)
     nisa.dma_copy(dst=bg_hbm_col, src=bg_hbm)
-    b2_hbm_row = nl.ndarray((P, K), dtype=nl.float32, buffer=nl.sbuf)
-    nisa.dma_copy(dst=b2_hbm_row[0:P, 0:K], src=b2_hbm.ap(pattern=[[0, P], [1, K]], offset=0))
-    gamma_hbm_row = nl.ndarray((P, K), dtype=nl.float32, buffer=nl.sbuf)
-    nisa.dma_copy(dst=gamma_hbm_row[0:P, 0:K], src=gamma_hbm.ap(pattern=[[0, P], [1, K]], offset=0))
+    b2_hbm_row = nl.ndarray((_P, K), dtype=nl.float32, buffer=nl.sbuf)
+    nisa.dma_copy(dst=b2_hbm_row[0:_P, 0:K], src=b2_hbm.ap(pattern=[[0, _P], [1, K]], offset=0))
+    gamma_hbm_row = nl.ndarray((_P, K), dtype=nl.float32, buffer=nl.sbuf)
+    nisa.dma_copy(dst=gamma_hbm_row[0:_P, 0:K], src=gamma_hbm.ap(pattern=[[0, _P], [1, K]], offset=0))
     pid, cores = nl.program_id(0), nl.num_programs()
-    own_begin = min(R, pid * rows_per_core(R, cores))
-    own_end = min(R, own_begin + rows_per_core(R, cores))
+    own_begin = min(R, pid * _rows_per_core(R, cores))
+    own_end = min(R, own_begin + _rows_per_core(R, cores))
     if SPLIT:
-        i_share = min(I, cdiv(cdiv(I, P), cores) * P)
+        i_share = min(I, _cdiv(_cdiv(I, _P), cores) * _P)
         i_begin, i_end = min(I, pid * i_share), min(I, (pid + 1) * i_share)
         r_begin, r_end = 0, R
         partial = nl.ndarray((R, K), dtype=nl.float32, buffer=nl.shared_hbm)
@@ -252,71 +252,71 @@ def swiglu_rmsnorm_kernel(x_hbm, w1t_hbm, b1_hbm, wgt_hbm, bg_hbm, w2t_hbm, b2_h
         r_begin, r_end = own_begin, own_end
     for r_sb in range(r_begin, r_end, S):
         s_rows = min(S, r_end - r_sb)
-        n_rs = cdiv(s_rows, P)
-        owned = [own_begin <= r_sb + rs * P < own_end for rs in range(n_rs)]
+        n_rs = _cdiv(s_rows, _P)
+        owned = [own_begin <= r_sb + rs * _P < own_end for rs in range(n_rs)]
         # x^T for the super-block: K on partitions, rows on the free axis
         xt = []
         for kt in range(n_k):
-            t = nl.ndarray((P, S), dtype=nl.bfloat16, buffer=nl.sbuf)
-            pk = min(P, K - kt * P)
-            nisa.dma_transpose(dst=t[0:pk, 0:s_rows], src=x_hbm[r_sb:r_sb + s_rows, kt * P:kt * P + pk])
+            t = nl.ndarray((_P, S), dtype=nl.bfloat16, buffer=nl.sbuf)
+            pk = min(_P, K - kt * _P)
+            nisa.dma_transpose(dst=t[0:pk, 0:s_rows], src=x_hbm[r_sb:r_sb + s_rows, kt * _P:kt * _P + pk])
             xt.append(t)
         acc = []
         for rs in range(n_rs):
-            t = nl.ndarray((P, K), dtype=nl.float32, buffer=nl.sbuf)
+            t = nl.ndarray((_P, K), dtype=nl.float32, buffer=nl.sbuf)
             acc.append(t)
-        for c in range(cdiv(i_end - i_begin, CI)):
+        for c in range(_cdiv(i_end - i_begin, CI)):
             i0 = i_begin + c * CI
             ci = min(CI, i_end - i0)
-            n_hc = cdiv(ci, P)
+            n_hc = _cdiv(ci, _P)
             pj0_w = []
             for kt in range(n_k):
-                pk = min(P, K - kt * P)
-                t = nl.ndarray((P, CI), dtype=nl.bfloat16, buffer=nl.sbuf)
-                nisa.dma_copy(dst=t[0:pk, 0:ci], src=w1t_hbm[kt * P:kt * P + pk, i0:i0 + ci])
+                pk = min(_P, K - kt * _P)
+                t = nl.ndarray((_P, CI), dtype=nl.bfloat16, buffer=nl.sbuf)
+                nisa.dma_copy(dst=t[0:pk, 0:ci], src=w1t_hbm[kt * _P:kt * _P + pk, i0:i0 + ci])
                 pj0_w.append(t)
             pj1_w = []
             for kt in range(n_k):
-                pk = min(P, K - kt * P)
-                t = nl.ndarray((P, CI), dtype=nl.bfloat16, buffer=nl.sbuf)
-                nisa.dma_copy(dst=t[0:pk, 0:ci], src=wgt_hbm[kt * P:kt * P + pk, i0:i0 + ci])
+                pk = min(_P, K - kt * _P)
+                t = nl.ndarray((_P, CI), dtype=nl.bfloat16, buffer=nl.sbuf)
+                nisa.dma_copy(dst=t[0:pk, 0:ci], src=wgt_hbm[kt * _P:kt * _P + pk, i0:i0 + ci])
                 pj1_w.append(t)
             wd = []
             for hl in range(n_hc):
-                ph = min(P, i_end - i0 - hl * P)
-                t = nl.ndarray((P, K), dtype=nl.bfloat16, buffer=nl.sbuf)
-                nisa.dma_copy(dst=t[0:ph, 0:K], src=w2t_hbm[i0 + hl * P:i0 + hl * P + ph, 0:K])
+                ph = min(_P, i_end - i0 - hl * _P)
+                t = nl.ndarray((_P, K), dtype=nl.bfloat16, buffer=nl.sbuf)
+                nisa.dma_copy(dst=t[0:ph, 0:K], src=w2t_hbm[i0 + hl * _P:i0 + hl * _P + ph, 0:K])
                 wd.append(t)
-            for q0 in range(0, s_rows, F_MOV):
-                rw = min(F_MOV, s_rows - q0)
+            for q0 in range(0, s_rows, _F_MOV):
+                rw = min(_F_MOV, s_rows - q0)
                 g = []
                 for hl in range(n_hc):
-                    hg = i0 // P + hl
-                    ph = min(P, i_end - hg * P)
-                    pj0 = nl.ndarray((P, F_MOV), dtype=nl.float32, buffer=nl.psum)
+                    hg = i0 // _P + hl
+                    ph = min(_P, i_end - hg * _P)
+                    pj0 = nl.ndarray((_P, _F_MOV), dtype=nl.float32, buffer=nl.psum)
                     for kt in range(n_k):
-                        pk = min(P, K - kt * P)
-                        nisa.nc_matmul(dst=pj0[0:ph, 0:rw], stationary=pj0_w[kt][0:pk, hl * P:hl * P + ph],
+                        pk = min(_P, K - kt * _P)
+                        nisa.nc_matmul(dst=pj0[0:ph, 0:rw], stationary=pj0_w[kt][0:pk, hl * _P:hl * _P + ph],
                                        moving=xt[kt][0:pk, q0:q0 + rw], accumulate=(kt > 0))
-                    pj1 = nl.ndarray((P, F_MOV), dtype=nl.float32, buffer=nl.psum)
+                    pj1 = nl.ndarray((_P, _F_MOV), dtype=nl.float32, buffer=nl.psum)
                     for kt in range(n_k):
-                        pk = min(P, K - kt * P)
-                        nisa.nc_matmul(dst=pj1[0:ph, 0:rw], stationary=pj1_w[kt][0:pk, hl * P:hl * P + ph],
+                        pk = min(_P, K - kt * _P)
+                        nisa.nc_matmul(dst=pj1[0:ph, 0:rw], stationary=pj1_w[kt][0:pk, hl * _P:hl * _P + ph],
                                        moving=xt[kt][0:pk, q0:q0 + rw], accumulate=(kt > 0))
-                    m0 = nl.ndarray((P, F_MOV), dtype=nl.float32, buffer=nl.sbuf)
+                    m0 = nl.ndarray((_P, _F_MOV), dtype=nl.float32, buffer=nl.sbuf)
                     nisa.activation(dst=m0[0:ph, 0:rw], op=nl.silu, data=pj0[0:ph, 0:rw], bias=b1_hbm_col[0:ph, hg:hg + 1])
-                    m1 = nl.ndarray((P, F_MOV), dtype=nl.bfloat16, buffer=nl.sbuf)
+                    m1 = nl.ndarray((_P, _F_MOV), dtype=nl.bfloat16, buffer=nl.sbuf)
                     nisa.scalar_tensor_tensor(dst=m1[0:ph, 0:rw], data=pj1[0:ph, 0:rw], op0=nl.add, operand0=bg_hbm_col[0:ph, hg:hg + 1], op1=nl.multiply, operand1=m0[0:ph, 0:rw])
                     g.append(m1)
-                for rq in range(0, rw, P):
-                    rs = (q0 + rq) // P
-                    pr = min(P, rw - rq)
+                for rq in range(0, rw, _P):
+                    rs = (q0 + rq) // _P
+                    pr = min(_P, rw - rq)
                     for ko in range(n_ko):
-                        k0 = ko * F_MOV
-                        nk = min(F_MOV, K - k0)
-                        ps = nl.ndarray((P, F_MOV), dtype=nl.float32, buffer=nl.psum)
+                        k0 = ko * _F_MOV
+                        nk = min(_F_MOV, K - k0)
+                        ps = nl.ndarray((_P, _F_MOV), dtype=nl.float32, buffer=nl.psum)
                         for hl in range(n_hc):
-                            ph = min(P, i_end - i0 - hl * P)
+                            ph = min(_P, i_end - i0 - hl * _P)
                             nisa.nc_matmul(dst=ps[0:pr, 0:nk], stationary=g[hl][0:ph, rq:rq + pr],
                                            moving=wd[hl][0:ph, k0:k0 + nk], accumulate=(hl > 0))
                         if c == 0 and owned[rs]:
@@ -328,34 +328,34 @@ def swiglu_rmsnorm_kernel(x_hbm, w1t_hbm, b1_hbm, wgt_hbm, bg_hbm, w2t_hbm, b2_h
                                                data2=ps[0:pr, 0:nk], op=nl.add)
         if SPLIT:  # the other core's rows go out; after the barrier, this core's come in
             for rs in range(n_rs):
-                r0, pr = r_sb + rs * P, min(P, s_rows - rs * P)
+                r0, pr = r_sb + rs * _P, min(_P, s_rows - rs * _P)
                 if not owned[rs]:
                     nisa.dma_copy(dst=partial[r0:r0 + pr, 0:K], src=acc[rs][0:pr, 0:K])
             nisa.core_barrier(data=partial, cores=tuple(range(cores)))
             for rs in range(n_rs):
-                r0, pr = r_sb + rs * P, min(P, s_rows - rs * P)
+                r0, pr = r_sb + rs * _P, min(_P, s_rows - rs * _P)
                 if owned[rs]:
-                    t = nl.ndarray((P, K), dtype=nl.float32, buffer=nl.sbuf)
+                    t = nl.ndarray((_P, K), dtype=nl.float32, buffer=nl.sbuf)
                     nisa.dma_copy(dst=t[0:pr, 0:K], src=partial[r0:r0 + pr, 0:K])
                     nisa.tensor_tensor(dst=acc[rs][0:pr, 0:K], data1=acc[rs][0:pr, 0:K], data2=t[0:pr, 0:K], op=nl.add)
         # epilogue, one owned row tile at a time
         for rs in range(n_rs):
             if not owned[rs]:
                 continue
-            r0 = r_sb + rs * P
-            pr = min(P, s_rows - rs * P)
-            a_hbm_tile = nl.ndarray((P, K), dtype=nl.float32, buffer=nl.sbuf)
+            r0 = r_sb + rs * _P
+            pr = min(_P, s_rows - rs * _P)
+            a_hbm_tile = nl.ndarray((_P, K), dtype=nl.float32, buffer=nl.sbuf)
             nisa.dma_copy(dst=a_hbm_tile[0:pr, 0:K], src=a_hbm[r0:r0 + pr, 0:K])
-            e0 = nl.ndarray((P, K), dtype=nl.float32, buffer=nl.sbuf)
+            e0 = nl.ndarray((_P, K), dtype=nl.float32, buffer=nl.sbuf)
             nisa.tensor_tensor(dst=e0[0:pr, 0:K], data1=acc[rs][0:pr, 0:K], data2=a_hbm_tile[0:pr, 0:K], op=nl.add)
-            e1 = nl.ndarray((P, K), dtype=nl.float32, buffer=nl.sbuf)
-            e2 = nl.ndarray((P, 1), dtype=nl.float32, buffer=nl.sbuf)
+            e1 = nl.ndarray((_P, K), dtype=nl.float32, buffer=nl.sbuf)
+            e2 = nl.ndarray((_P, 1), dtype=nl.float32, buffer=nl.sbuf)
             nisa.activation_reduce(dst=e1[0:pr, 0:K], op=nl.square, data=e0[0:pr, 0:K], reduce_op=nl.add, reduce_res=e2[0:pr, 0:1])
-            e3 = nl.ndarray((P, 1), dtype=nl.float32, buffer=nl.sbuf)
+            e3 = nl.ndarray((_P, 1), dtype=nl.float32, buffer=nl.sbuf)
             nisa.tensor_scalar(dst=e3[0:pr, 0:1], data=e2[0:pr, 0:1], op0=nl.multiply, operand0=(1.0 / float(d_K)), op1=nl.add, operand1=eps_arg)
-            e4 = nl.ndarray((P, 1), dtype=nl.float32, buffer=nl.sbuf)
+            e4 = nl.ndarray((_P, 1), dtype=nl.float32, buffer=nl.sbuf)
             nisa.activation(dst=e4[0:pr, 0:1], op=nl.rsqrt, data=e3[0:pr, 0:1])
-            e5 = nl.ndarray((P, K), dtype=nl.bfloat16, buffer=nl.sbuf)
+            e5 = nl.ndarray((_P, K), dtype=nl.bfloat16, buffer=nl.sbuf)
             nisa.scalar_tensor_tensor(dst=e5[0:pr, 0:K], data=e0[0:pr, 0:K], op0=nl.multiply, operand0=e4[0:pr, 0:1], op1=nl.multiply, operand1=gamma_hbm_row[0:pr, 0:K])
             nisa.dma_copy(dst=x_new_hbm[r0:r0 + pr, 0:K], src=e0[0:pr, 0:K])
             nisa.dma_copy(dst=z_hbm[r0:r0 + pr, 0:K], src=e5[0:pr, 0:K])
@@ -364,24 +364,24 @@ def swiglu_rmsnorm_kernel(x_hbm, w1t_hbm, b1_hbm, wgt_hbm, bg_hbm, w2t_hbm, b2_h
 
 def _columns(v: torch.Tensor) -> torch.Tensor:
     """[I] -> [128, ceil(I/128)] f32 with column t holding v[t*128:(t+1)*128], zero-padded."""
-    padded = torch.zeros(cdiv(v.numel(), P) * P, dtype=torch.float32)
+    padded = torch.zeros(_cdiv(v.numel(), _P) * _P, dtype=torch.float32)
     padded[: v.numel()] = v.reshape(-1).float()
-    return padded.reshape(-1, P).t().contiguous()
+    return padded.reshape(-1, _P).t().contiguous()
 
 
-def swiglu_rmsnorm(x: torch.Tensor, w1t: torch.Tensor, b1: torch.Tensor, wgt: torch.Tensor, bg: torch.Tensor, w2t: torch.Tensor, b2: torch.Tensor, a: torch.Tensor, gamma: torch.Tensor, eps: float = 1e-06, lnc: int = LNC, target: str = TARGET) -> tuple[torch.Tensor, torch.Tensor]:
+def swiglu_rmsnorm(x: torch.Tensor, w1t: torch.Tensor, b1: torch.Tensor, wgt: torch.Tensor, bg: torch.Tensor, w2t: torch.Tensor, b2: torch.Tensor, a: torch.Tensor, gamma: torch.Tensor, eps: float = 1e-06, lnc: int = _LNC, target: str = _TARGET) -> tuple[torch.Tensor, torch.Tensor]:
     """Run the kernel on `lnc` logical cores with the best modelled plan for these shapes; returns (x_new, z)."""
     for _t in (x, w1t, b1, wgt, bg, w2t, b2, a, gamma):
         if _t.requires_grad:
             raise RuntimeError("swiglu_rmsnorm is inference-only: an input requires grad")
     _rows, _hidden = x.shape
-    _plan = choose(MODEL, MACHINES[target], _rows, _hidden, w2t.shape[0], lnc)
+    _plan = _choose(_MODEL, _MACHINES[target], _rows, _hidden, w2t.shape[0], lnc)
     return swiglu_rmsnorm_kernel[lnc](x, w1t, _columns(b1), wgt, _columns(bg), w2t, b2, a, gamma, eps, _plan.s, _plan.ci, _plan.split)
 
 
 try:  # the NKI op on Neuron hosts (ops.py owns `fusegen::<name>`); the file imports without torch_neuronx
-    from torch_neuronx import nki_op
+    from torch_neuronx import nki_op as _nki_op
 except ImportError:
-    nki_op = None
-if nki_op is not None:
-    swiglu_rmsnorm_op = nki_op("fusegen::swiglu_rmsnorm_nki", mutates_args={})(swiglu_rmsnorm)
+    _nki_op = None
+if _nki_op is not None:
+    swiglu_rmsnorm_op = _nki_op("fusegen::swiglu_rmsnorm_nki", mutates_args={})(swiglu_rmsnorm)
