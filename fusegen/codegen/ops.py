@@ -98,7 +98,10 @@ def _autograd_context(ir: KernelIR, back: KernelIR | None, kernel_back: KernelIR
     pool += [grad_name(ir.outputs[i].name) for i in differentiated]
     context = {
         "n_inputs": len(ir.inputs),
-        "param_strings": _tuple(repr(p.name) for p in ir.params),
+        "backward_signature": ", ".join([f"{t}: torch.Tensor" for t in pool] + [f"{p.name}: float" for p in ir.params]),
+        "backward_fake_signature": ", ".join(pool + [p.name for p in ir.params]),
+        "backward_tensors": ", ".join(pool),
+        "backward_returns": "torch.Tensor" if len(ir.inputs) == 1 else f"tuple[{', '.join(['torch.Tensor'] * len(ir.inputs))}]",
         "optional_outputs": _tuple(str(i) for i, o in enumerate(ir.outputs) if o.optional),
         "saved_outputs": _tuple(str(i) for i in saved),
         "differentiated_outputs": _tuple(str(i) for i in differentiated),

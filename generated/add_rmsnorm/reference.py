@@ -12,10 +12,10 @@ def add_rmsnorm_reference(x, r, w, eps=1e-06):
     """The math of `add_rmsnorm` on torch CPU tensors, one line per IR node."""
     d_H = x.shape[1]
     d_T = x.shape[0]
-    _v0 = x.float()
-    _v1 = r.float()
-    _v2 = w.float()
-    _s = _v0 + _v1
+    _0 = x.float()
+    _1 = r.float()
+    _2 = w.float()
+    _s = _0 + _1
     _h = _s.to(torch.bfloat16).float()
-    _y = _s * torch.rsqrt(_s.square().mean(dim=-1, keepdim=True) + float(eps)) * _v2
+    _y = _s * torch.rsqrt(_s.square().mean(dim=-1, keepdim=True) + float(eps)) * _2
     return _y.to(torch.bfloat16), _h.to(torch.bfloat16)

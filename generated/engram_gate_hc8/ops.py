@@ -19,9 +19,7 @@ import torch
 
 _HERE = Path(__file__).resolve().parent
 _DTYPES = (torch.bfloat16, torch.bfloat16, torch.bfloat16, torch.bfloat16,)
-#: the op's float parameters, in order; outputs (by position) autograd marks non-differentiable, saves, and
-#: differentiates.
-_PARAMS = ('eps', 'clamp')
+#: outputs (by position) autograd marks non-differentiable, saves, and differentiates
 _OPTIONAL_OUTPUTS = (1, 2, 3, 4)
 _SAVED_OUTPUTS = (1, 2, 3, 4)
 _DIFFERENTIATED_OUTPUTS = (0,)
@@ -118,28 +116,28 @@ def _setup_context(ctx, inputs, output) -> None:
 
 
 @torch.library.custom_op("fusegen::engram_gate_hc8_backward", mutates_args=())
-def _backward_op(tensors: list[torch.Tensor], params: list[float]) -> list[torch.Tensor]:
-    """f32 input gradients from (inputs, saved outputs, output gradients) on this device's backend: its own
-    op, so torch.compile traces the backward through the fake below instead of running a kernel on it."""
-    kwargs = dict(zip(_PARAMS, params))
-    if _backend(tensors[0]) != "reference":  # the kernels differentiate the fused forward's saved tensors
-        args = _cast(tuple(tensors[i] for i in _KERNEL_ARGS), _KERNEL_DTYPES)
-        return list(_unaliased(_call("backward_", "engram_gate_hc8_backward", args, **kwargs), args))
-    args = _cast(tuple(tensors[i] for i in _REFERENCE_ARGS), _REFERENCE_DTYPES)
-    grads = _module("backward_reference.py").engram_gate_hc8_backward_reference(*args, **kwargs)
-    return list(_unaliased(tuple(grads) if isinstance(grads, (tuple, list)) else (grads,), args))
+def _backward_op(x: torch.Tensor, kv: torch.Tensor, w_h: torch.Tensor, w_e: torch.Tensor, dot: torch.Tensor, gate: torch.Tensor, rstd_x: torch.Tensor, rstd_k: torch.Tensor, d_out: torch.Tensor, eps: float, clamp: float) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]:
+    """f32 input gradients from the inputs, saved outputs and output gradients on this device's backend: its
+    own op, so torch.compile traces the backward through the fake below instead of running a kernel on it."""
+    _tensors = (x, kv, w_h, w_e, dot, gate, rstd_x, rstd_k, d_out,)
+    if _backend(_tensors[0]) != "reference":  # the kernels differentiate the fused forward's saved tensors
+        _args = _cast(tuple(_tensors[i] for i in _KERNEL_ARGS), _KERNEL_DTYPES)
+        return _unaliased(_call("backward_", "engram_gate_hc8_backward", _args, **{"eps": eps, "clamp": clamp}), _args)
+    _args = _cast(tuple(_tensors[i] for i in _REFERENCE_ARGS), _REFERENCE_DTYPES)
+    _grads = _module("backward_reference.py").engram_gate_hc8_backward_reference(*_args, **{"eps": eps, "clamp": clamp})
+    return _unaliased(tuple(_grads) if isinstance(_grads, (tuple, list)) else (_grads,), _args)
 
 
 @_backward_op.register_fake
-def _backward_fake(tensors: list[torch.Tensor], params: list[float]) -> list[torch.Tensor]:
+def _backward_fake(x, kv, w_h, w_e, dot, gate, rstd_x, rstd_k, d_out, eps, clamp):
     """One f32 gradient per input, in the input's shape."""
-    return [t.new_empty(t.shape, dtype=torch.float32) for t in tensors[:4]]
+    return tuple(_t.new_empty(_t.shape, dtype=torch.float32) for _t in (x, kv, w_h, w_e,))
 
 
 def _backward(ctx, *grads):
     """Input gradients in the inputs' dtypes; none for the float parameters."""
-    tensors = [*ctx.saved_tensors, *(grads[i] for i in _DIFFERENTIATED_OUTPUTS)]
-    got = _backward_op(tensors, list(ctx.params))
+    got = _backward_op(*ctx.saved_tensors, *(grads[i] for i in _DIFFERENTIATED_OUTPUTS), *ctx.params)
+    got = got if isinstance(got, tuple) else (got,)
     return (*(g.to(dtype) for g, dtype in zip(got, ctx.dtypes)), *(None for _ in ctx.params))
 
 

@@ -13,14 +13,14 @@ def llama_swiglu_reference(x, wgt, wut, wdt):
     d_I = wgt.shape[1]
     d_K = x.shape[1]
     d_R = x.shape[0]
-    _v0 = x.float()
-    _v1 = wgt.float()
-    _v2 = wut.float()
-    _v3 = wdt.float()
-    _v4 = _v0 @ _v1
-    _v5 = F.silu(_v4)
-    _v6 = _v0 @ _v2
-    _v7 = _v5 * _v6
-    _v8 = _v7.to(torch.bfloat16).float()
-    _out = _v8 @ _v3
+    _0 = x.float()
+    _1 = wgt.float()
+    _2 = wut.float()
+    _3 = wdt.float()
+    _4 = _0 @ _1
+    _5 = F.silu(_4)
+    _6 = _0 @ _2
+    _7 = _5 * _6
+    _8 = _7.to(torch.bfloat16).float()
+    _out = _8 @ _3
     return _out.to(torch.bfloat16)

@@ -18,9 +18,7 @@ import torch
 
 _HERE = Path(__file__).resolve().parent
 _DTYPES = (torch.bfloat16, torch.bfloat16,)
-#: the op's float parameters, in order; outputs (by position) autograd marks non-differentiable, saves, and
-#: differentiates.
-_PARAMS = ('eps',)
+#: outputs (by position) autograd marks non-differentiable, saves, and differentiates
 _OPTIONAL_OUTPUTS = ()
 _SAVED_OUTPUTS = ()
 _DIFFERENTIATED_OUTPUTS = (0,)
@@ -109,25 +107,25 @@ def _setup_context(ctx, inputs, output) -> None:
 
 
 @torch.library.custom_op("fusegen::qk_norm_backward", mutates_args=())
-def _backward_op(tensors: list[torch.Tensor], params: list[float]) -> list[torch.Tensor]:
-    """f32 input gradients from (inputs, saved outputs, output gradients) on this device's backend: its own
-    op, so torch.compile traces the backward through the fake below instead of running a kernel on it."""
-    kwargs = dict(zip(_PARAMS, params))
-    args = _cast(tuple(tensors[i] for i in _REFERENCE_ARGS), _REFERENCE_DTYPES)
-    grads = _module("backward_reference.py").qk_norm_backward_reference(*args, **kwargs)
-    return list(_unaliased(tuple(grads) if isinstance(grads, (tuple, list)) else (grads,), args))
+def _backward_op(q: torch.Tensor, w: torch.Tensor, d_y: torch.Tensor, eps: float) -> tuple[torch.Tensor, torch.Tensor]:
+    """f32 input gradients from the inputs, saved outputs and output gradients on this device's backend: its
+    own op, so torch.compile traces the backward through the fake below instead of running a kernel on it."""
+    _tensors = (q, w, d_y,)
+    _args = _cast(tuple(_tensors[i] for i in _REFERENCE_ARGS), _REFERENCE_DTYPES)
+    _grads = _module("backward_reference.py").qk_norm_backward_reference(*_args, **{"eps": eps})
+    return _unaliased(tuple(_grads) if isinstance(_grads, (tuple, list)) else (_grads,), _args)
 
 
 @_backward_op.register_fake
-def _backward_fake(tensors: list[torch.Tensor], params: list[float]) -> list[torch.Tensor]:
+def _backward_fake(q, w, d_y, eps):
     """One f32 gradient per input, in the input's shape."""
-    return [t.new_empty(t.shape, dtype=torch.float32) for t in tensors[:2]]
+    return tuple(_t.new_empty(_t.shape, dtype=torch.float32) for _t in (q, w,))
 
 
 def _backward(ctx, *grads):
     """Input gradients in the inputs' dtypes; none for the float parameters."""
-    tensors = [*ctx.saved_tensors, *(grads[i] for i in _DIFFERENTIATED_OUTPUTS)]
-    got = _backward_op(tensors, list(ctx.params))
+    got = _backward_op(*ctx.saved_tensors, *(grads[i] for i in _DIFFERENTIATED_OUTPUTS), *ctx.params)
+    got = got if isinstance(got, tuple) else (got,)
     return (*(g.to(dtype) for g, dtype in zip(got, ctx.dtypes)), *(None for _ in ctx.params))
 
 

@@ -13,7 +13,7 @@ def qk_norm_reference(q, w, eps=1e-06):
     d_D = q.shape[2]
     d_NH = q.shape[1]
     d_T = q.shape[0]
-    _v0 = q.float()
-    _v1 = w.float()
-    _y = _v0 * torch.rsqrt(_v0.square().mean(dim=-1, keepdim=True) + float(eps)) * _v1
+    _0 = q.float()
+    _1 = w.float()
+    _y = _0 * torch.rsqrt(_0.square().mean(dim=-1, keepdim=True) + float(eps)) * _1
     return _y.to(torch.bfloat16)

@@ -13,12 +13,12 @@ def relu2_mlp_reference(x, w1t, w2t):
     d_I = w1t.shape[1]
     d_K = x.shape[1]
     d_R = x.shape[0]
-    _v0 = x.float()
-    _v1 = w1t.float()
-    _v2 = w2t.float()
-    _v3 = _v0 @ _v1
-    _v4 = F.relu(_v3)
-    _v5 = torch.square(_v4)
-    _v6 = _v5.to(torch.bfloat16).float()
-    _out = _v6 @ _v2
+    _0 = x.float()
+    _1 = w1t.float()
+    _2 = w2t.float()
+    _3 = _0 @ _1
+    _4 = F.relu(_3)
+    _5 = torch.square(_4)
+    _6 = _5.to(torch.bfloat16).float()
+    _out = _6 @ _2
     return _out.to(torch.bfloat16)

@@ -12,13 +12,13 @@ def scaled_softmax_reference(x, scale=0.125):
     """The math of `scaled_softmax` on torch CPU tensors, one line per IR node."""
     d_H = x.shape[1]
     d_T = x.shape[0]
-    _v0 = x.float()
-    _z = _v0 * float(scale)
+    _0 = x.float()
+    _z = _0 * float(scale)
     _zmax = _z.amax(dim=1, keepdim=True)
-    _v4 = _z - _zmax
-    _e = torch.exp(_v4)
+    _4 = _z - _zmax
+    _e = torch.exp(_4)
     _total = _e.sum(dim=1, keepdim=True)
     _p = _e / _total
-    _v8 = torch.log(_total)
-    _lse = _zmax + _v8
+    _8 = torch.log(_total)
+    _lse = _zmax + _8
     return _p.to(torch.bfloat16), _lse.to(torch.float32)

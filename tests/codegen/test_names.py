@@ -52,6 +52,7 @@ def defined_names(paths: list[Path]) -> set[str]:
 def adversarial_names() -> set[str]:
     """The generated files' names, their `_`-separated prefixes, Python's builtins and keywords."""
     defined = defined_names(sorted(ROOT.glob("generated/*/*.py")))
+    defined |= {n.lstrip("_") for n in defined}  # `_<spec name>` forms: `P` of `_P`, `total` of `_total`
     prefixes = {"_".join(n.split("_")[:i]) for n in defined for i in range(1, n.count("_") + 1)}
     python = set(dir(builtins)) | set(keyword.kwlist) | set(keyword.softkwlist)
     return (defined | prefixes | python | set(ISSUE_NAMES) | set(FORMERLY_RESERVED)) - {""}
