@@ -53,7 +53,7 @@ def ops_source(ir: KernelIR, back: KernelIR | None, kernel_back: KernelIR | None
         header=header(ir, TEMPLATE),
         name=ir.name,
         outputs=", ".join(names),
-        returns="torch.Tensor" if len(names) == 1 else f"tuple[{', '.join(['torch.Tensor'] * len(names))}]",
+        returns=_returns(len(names)),
         one_output=len(names) == 1,
         save_kw=", save=True" if any(o.optional for o in ir.outputs) else "",
         fake_lines=[f"d_{name} = {src}" for name, src in dim_bindings(ir, str)],
@@ -96,18 +96,25 @@ def _autograd_context(ir: KernelIR, back: KernelIR | None, kernel_back: KernelIR
     differentiated = [i for i, o in enumerate(ir.outputs) if not o.optional]
     pool = [d.name for d in ir.inputs] + [ir.outputs[i].name for i in saved]
     pool += [grad_name(ir.outputs[i].name) for i in differentiated]
+    params = [p.name for p in ir.params]
+    typed = [f"{t}: torch.Tensor" for t in pool] + [f"{p}: float" for p in params]
     context = {
         "n_inputs": len(ir.inputs),
-        "backward_signature": ", ".join([f"{t}: torch.Tensor" for t in pool] + [f"{p.name}: float" for p in ir.params]),
-        "backward_fake_signature": ", ".join(pool + [p.name for p in ir.params]),
+        "backward_signature": ", ".join(typed),
+        "backward_fake_signature": ", ".join(pool + params),
         "backward_tensors": ", ".join(pool),
-        "backward_returns": "torch.Tensor" if len(ir.inputs) == 1 else f"tuple[{', '.join(['torch.Tensor'] * len(ir.inputs))}]",
+        "backward_returns": _returns(len(ir.inputs)),
         "optional_outputs": _tuple(str(i) for i, o in enumerate(ir.outputs) if o.optional),
         "saved_outputs": _tuple(str(i) for i in saved),
         "differentiated_outputs": _tuple(str(i) for i in differentiated),
         **_arguments("reference", back, pool),
     }
     return context | (_arguments("kernel", kernel_back, pool) if kernel_back is not None else {})
+
+
+def _returns(n: int) -> str:
+    """The return annotation of an op with `n` tensor results."""
+    return "torch.Tensor" if n == 1 else f"tuple[{', '.join(['torch.Tensor'] * n)}]"
 
 
 def _tuple(items: Iterable[str]) -> str:
