@@ -55,7 +55,8 @@ def adversarial_names() -> set[str]:
     defined |= {n.lstrip("_") for n in defined}  # `_<spec name>` forms: `P` of `_P`, `total` of `_total`
     prefixes = {"_".join(n.split("_")[:i]) for n in defined for i in range(1, n.count("_") + 1)}
     python = set(dir(builtins)) | set(keyword.kwlist) | set(keyword.softkwlist)
-    return (defined | prefixes | python | set(ISSUE_NAMES) | set(FORMERLY_RESERVED)) - {""}
+    every = defined | prefixes | python | set(ISSUE_NAMES) | set(FORMERLY_RESERVED)
+    return {n for n in every if n.isidentifier()}  # `_12` leaves `12`: no identifier
 
 
 def usable_names() -> list[str]:
