@@ -278,7 +278,7 @@ def _host(ir: KernelIR, m: RowReduceMatch, lifted: Lifted | None = None) -> Host
         save_arg="save" if optional else "False",
         kernel_returns=", ".join(kernel_out[o] for o in required),
         saved_returns=", ".join(kernel_out[o.name] for o in ir.outputs) if optional else "",
-        prep_outputs=tuple(f"prep{i}_hbm" for i in range(len(m.prep_roots))),
+        prep_outputs=tuple(f"_prep{i}" for i in range(len(m.prep_roots))),  # no `<spec name>_hbm` form
         doc=f"Run the kernel on `lnc` logical cores; returns ({', '.join(required)}){saved}.",
         prep_name="_fused_weight", prep_params=", ".join(f"{w}: torch.Tensor" for w in weights),
         prep_args=", ".join(weights), prep_kernel_args=", ".join(kernel_arg(w) for w in weights),

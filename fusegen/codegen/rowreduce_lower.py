@@ -172,8 +172,8 @@ def _short(nl_dtype: str) -> str:
 
 
 def _leaf_name(node: Node) -> str:
-    """A tile name for a loaded value: the spec's name, else its node id."""
-    return f"{node.name or f'n{node.id}'}_ld"
+    """A tile name for a loaded value: `<spec name>_ld`, else `_<node id>_ld` (spec names never start `_`)."""
+    return f"{node.name or f'_{node.id}'}_ld"
 
 
 def _load(ir: KernelIR, ld: RowLoad, width: str) -> Load:

@@ -129,11 +129,11 @@ def _fused_weight_kernel(w_hbm):
     """The prepared weights alone, [heads, width] fp32 each, built exactly as the main kernel builds them."""
     w_hbm = w_hbm.reshape((1, w_hbm.shape[0]))
     d_H = w_hbm.shape[1]
-    prep0_hbm = nl.ndarray((1, d_H), dtype=nl.float32, buffer=nl.shared_hbm)
+    _prep0 = nl.ndarray((1, d_H), dtype=nl.float32, buffer=nl.shared_hbm)
     for h in range(1):
         prepared = _prepare_weights(h, w_hbm)
-        nisa.dma_copy(dst=prep0_hbm[h:h + 1, 0:d_H], src=prepared[0][0:1, 0:d_H])
-    return prep0_hbm
+        nisa.dma_copy(dst=_prep0[h:h + 1, 0:d_H], src=prepared[0][0:1, 0:d_H])
+    return _prep0
 
 
 @nki.jit

@@ -138,11 +138,11 @@ def _fused_weight_kernel(w_h_hbm, w_e_hbm):
     """The prepared weights alone, [heads, width] fp32 each, built exactly as the main kernel builds them."""
     d_H = w_h_hbm.shape[1]
     d_HC = 8
-    prep0_hbm = nl.ndarray((d_HC, d_H), dtype=nl.float32, buffer=nl.shared_hbm)
+    _prep0 = nl.ndarray((d_HC, d_H), dtype=nl.float32, buffer=nl.shared_hbm)
     for h in range(d_HC):
         prepared = _prepare_weights(h, w_h_hbm, w_e_hbm)
-        nisa.dma_copy(dst=prep0_hbm[h:h + 1, 0:d_H], src=prepared[0][0:1, 0:d_H])
-    return prep0_hbm
+        nisa.dma_copy(dst=_prep0[h:h + 1, 0:d_H], src=prepared[0][0:1, 0:d_H])
+    return _prep0
 
 
 @nki.jit

@@ -136,13 +136,13 @@ def _fused_weight_kernel(w_hbm, b_hbm):
     w_hbm = w_hbm.reshape((1, w_hbm.shape[0]))
     b_hbm = b_hbm.reshape((1, b_hbm.shape[0]))
     d_H = w_hbm.shape[1]
-    prep0_hbm = nl.ndarray((1, d_H), dtype=nl.float32, buffer=nl.shared_hbm)
-    prep1_hbm = nl.ndarray((1, d_H), dtype=nl.float32, buffer=nl.shared_hbm)
+    _prep0 = nl.ndarray((1, d_H), dtype=nl.float32, buffer=nl.shared_hbm)
+    _prep1 = nl.ndarray((1, d_H), dtype=nl.float32, buffer=nl.shared_hbm)
     for h in range(1):
         prepared = _prepare_weights(h, w_hbm, b_hbm)
-        nisa.dma_copy(dst=prep0_hbm[h:h + 1, 0:d_H], src=prepared[0][0:1, 0:d_H])
-        nisa.dma_copy(dst=prep1_hbm[h:h + 1, 0:d_H], src=prepared[1][0:1, 0:d_H])
-    return prep0_hbm, prep1_hbm
+        nisa.dma_copy(dst=_prep0[h:h + 1, 0:d_H], src=prepared[0][0:1, 0:d_H])
+        nisa.dma_copy(dst=_prep1[h:h + 1, 0:d_H], src=prepared[1][0:1, 0:d_H])
+    return _prep0, _prep1
 
 
 @nki.jit

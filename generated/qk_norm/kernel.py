@@ -128,11 +128,11 @@ def _prepare_weights(h, w_hbm):
 def _fused_weight_kernel(w_hbm):
     """The prepared weights alone, [heads, width] fp32 each, built exactly as the main kernel builds them."""
     d_D = w_hbm.shape[0]
-    prep0_hbm = nl.ndarray((d_NH, d_D), dtype=nl.float32, buffer=nl.shared_hbm)
+    _prep0 = nl.ndarray((d_NH, d_D), dtype=nl.float32, buffer=nl.shared_hbm)
     for h in range(d_NH):
         prepared = _prepare_weights(h, w_hbm)
-        nisa.dma_copy(dst=prep0_hbm[h:h + 1, 0:d_D], src=prepared[0][0:1, 0:d_D])
-    return prep0_hbm
+        nisa.dma_copy(dst=_prep0[h:h + 1, 0:d_D], src=prepared[0][0:1, 0:d_D])
+    return _prep0
 
 
 @nki.jit

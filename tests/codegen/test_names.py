@@ -25,8 +25,8 @@ from fusegen.dsl import names
 ROOT = Path(__file__).parents[2]
 #: names issue 12 found breaking kernel.py, backward_reference.py or training; in one row spec, the output
 #: `out` sits next to inputs `grad_out`, `grad_x` and `x` (the backward's own names once were grad_<name>)
-ISSUE_NAMES = ["choose", "ctx", "fn", "grad_w", "out", "overlaps", "grad_out", "grad_x", "x", "P", "F_MOV"]
-ISSUE_NAMES += ["prefix"]
+ISSUE_NAMES = ["choose", "ctx", "fn", "prep0", "out", "overlaps", "grad_out", "grad_x", "x", "P", "F_MOV"]
+ISSUE_NAMES += ["prefix", "grad_w"]  # prep0: the weight (its prepared copy was once prep0_hbm)
 #: module constants generated kernels once defined under these names (now `_LNC`, ...), reserved until then
 FORMERLY_RESERVED = ["LNC", "TARGET", "MODEL", "MACHINES", "SBUF_BUDGET"]
 #: names per role in one spec: a spec declares 2 (row) or 3 (FFN) dims, a kernel name, and these many more
