@@ -92,7 +92,7 @@ def cached_run(key: tuple[object, ...], run: object) -> tuple[sim.RunResult, flo
 
 def generated(module: ModuleType, target: str, lnc: int, rows: int) -> Row:
     """The generated kernel through its host function (which picks the plan for the target)."""
-    plan = module.choose(module.MODEL, module.MACHINES[target], rows, K, I, lnc)
+    plan = module._choose(module._MODEL, module._MACHINES[target], rows, K, I, lnc)
     args = inputs(rows, I)
 
     def run() -> sim.RunResult:
@@ -199,7 +199,7 @@ def main(argv: list[str]) -> int:
         seed_mod = seed_module(lnc)
         for rows in rows_set:
             for target in TARGETS:
-                if getattr(module.MACHINES[target], "max_lnc", lnc) < lnc:
+                if getattr(module._MACHINES[target], "max_lnc", lnc) < lnc:
                     print(f"{target:<5}{lnc:>4}{rows:>6}  skipped: {target} has no LNC={lnc}")
                     continue
                 pair = (generated(module, target, lnc, rows), seed(seed_mod, target, lnc, rows))

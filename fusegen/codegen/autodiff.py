@@ -1,8 +1,8 @@
 """Reverse-mode differentiation of a `KernelIR` into a backward KernelIR over inputs, saved values, grads.
 
 The backward IR reads the forward inputs, the optional f32 outputs that recover a forward value exactly
-(`gate = g[:, :, 0]` recovers `g`), and one `grad_<output>` per differentiated output; it returns one
-`grad_<input>` per input, in the input's shape and in f32 (the caller casts to the input's dtype).
+(`gate = g[:, :, 0]` recovers `g`), and one `d_<output>` per differentiated output; it returns one
+`d_<input>` per input, in the input's shape and in f32 (the caller casts to the input's dtype).
 Forward values it needs and has not saved are recomputed. Besides the spec vocabulary it uses four ops
 that codegen/reference.py renders (docs/autodiff.md):
   expand    (a,)   node shape is the target shape       a broadcast to that shape
@@ -22,6 +22,8 @@ from fusegen.dsl.diagnostics import Span
 from fusegen.dsl.ir import AttrValue, Dim, IndexItem, KernelIR, Node, OutputDecl, Shape, TensorDecl
 
 ONE = Dim.const(1)
+#: spec names never start with `d_` (fusegen/dsl/names.py), so a gradient's name cannot meet a spec name
+GRAD_PREFIX = "d_"
 _LEAVES = ("input", "param", "const", "dim")
 
 
@@ -313,6 +315,11 @@ class _Replay:
         return self.bw.add(n.op, args, n.shape, n.dtype, n.name, **dict(n.attrs))
 
 
+def grad_name(name: str) -> str:
+    """The backward IR's name for the gradient of forward tensor `name`."""
+    return GRAD_PREFIX + name
+
+
 def backward_ir(ir: KernelIR, grads: Sequence[str] | None = None) -> KernelIR:
     """The backward of `ir` for the outputs named in `grads` (default: the required outputs)."""
     ir = expand_norms(ir)
@@ -322,14 +329,14 @@ def backward_ir(ir: KernelIR, grads: Sequence[str] | None = None) -> KernelIR:
     decls = [
         *ir.inputs,
         *(TensorDecl(s.output.name, s.output.dtype, s.output.shape, s.output.span) for s in saved.values()),
-        *(TensorDecl(f"grad_{o.name}", o.dtype, o.shape, o.span) for o in outs),
+        *(TensorDecl(grad_name(o.name), o.dtype, o.shape, o.span) for o in outs),
     ]
     bw = Graph(fwd.span)
     inputs = {d.name: bw.add("input", (), d.shape, d.dtype, d.name, index=i) for i, d in enumerate(decls)}
     val = _Replay(fwd, bw, inputs, saved)
     adj: dict[int, int] = {}
     for out in outs:
-        _accumulate(bw, adj, where[out.node], inputs[f"grad_{out.name}"])
+        _accumulate(bw, adj, where[out.node], inputs[grad_name(out.name)])
     for n in reversed(fwd.nodes):
         if n.id not in adj or n.op in _LEAVES:
             continue
@@ -363,7 +370,7 @@ def _assemble(ir: KernelIR, bw: Graph, decls: list[TensorDecl], results: list[in
         remap[n.id] = len(nodes)
         nodes.append(replace(n, id=len(nodes), args=tuple(remap[a] for a in n.args), attrs=attrs))
     outputs = tuple(
-        OutputDecl(f"grad_{d.name}", remap[r], "f32", d.shape, False, d.span)
+        OutputDecl(grad_name(d.name), remap[r], "f32", d.shape, False, d.span)
         for d, r in zip(ir.inputs, results, strict=True)
     )
     inputs = tuple(d for i, d in enumerate(decls) if i in live)

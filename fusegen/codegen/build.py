@@ -10,7 +10,7 @@ from pathlib import Path
 
 from fusegen.codegen.family import Family, Mismatch, no_family_error
 from fusegen.codegen.ffn import FFN
-from fusegen.codegen.ops import ops_files
+from fusegen.codegen.ops import TRAINABLE_FAMILIES, ops_files
 from fusegen.codegen.plan import PlanError, TilePlan, lnc_degrees
 from fusegen.codegen.reference import TORCH_DTYPE, dim_bindings, reference_lines, value_name
 from fusegen.codegen.reference_chunks import MEMORY_BUDGET, row_chunks
@@ -64,7 +64,7 @@ def build_spec(path: str, options: BuildOptions) -> Built:
     files = {
         "kernel.py": family.kernel_source(ir, match, options.target, options.lnc),
         "reference.py": reference_source(user_ir),
-        f"test_{ir.name}.py": test_source(user_ir, options.target),
+        f"test_{ir.name}.py": test_source(user_ir, options.target, family.name),
         "plan.md": plan_markdown(ir, family.name, family.planning, plans),
         **ops,
     }
@@ -149,8 +149,10 @@ def test_case(ir: KernelIR, dims: dict[str, int]) -> Case:
     return Case(test_inputs(ir), output_tolerances(ir), dims, shapes, save=save)
 
 
-def test_source(ir: KernelIR, target: str) -> str:
-    """test_<name>.py: the interpreter against the reference at every check shape and ragged variants."""
+def test_source(ir: KernelIR, target: str, family: str) -> str:
+    """test_<name>.py: the interpreter against the reference at every check shape and ragged variants, and
+    the op's torch conformance (opcheck; gradcheck where the family trains)."""
+    differentiated = [i for i, o in enumerate(ir.outputs) if not o.optional]
     inputs = test_inputs(ir)
     shapes = ", ".join(f'"{i.name}": ({", ".join(dim_source(d) for d in i.shape)},)' for i in ir.inputs)
     shapes = "{" + shapes + "}"
@@ -161,6 +163,9 @@ def test_source(ir: KernelIR, target: str) -> str:
         dim_lines=[f'd_{name} = dims["{name}"]' for name, _ in dim_bindings(ir, str) if _is_free(ir, name)]
         + [f"d_{d.name} = {d.value}" for d in ir.dims if d.value is not None],
         input_shapes=shapes, lncs=repr([n for n in TEST_LNCS if n in lnc_degrees(get_target(target))]),
+        op_dims=repr(op_check_dims(ir)),
+        trainable=family in TRAINABLE_FAMILIES, differentiated=repr(tuple(differentiated)),
+        dtypes=repr(tuple(sorted({i.dtype for i in ir.inputs} | {o.dtype for o in ir.outputs}))),
     )  # fmt: skip
 
 
@@ -201,6 +206,25 @@ def test_shapes(ir: KernelIR) -> list[tuple[dict[str, int], str]]:
                 shapes.append((env, f"ragged-{name}{value}"))
                 break
     return shapes
+
+
+#: sizes a free dim of the op checks' shape tries, smallest first
+_SMALL_SIZES = (32, 64, 128, 256, 512, 1024)
+
+
+def op_check_dims(ir: KernelIR) -> dict[str, int]:
+    """A small shape for the op checks (opcheck, gradcheck): the smallest check shape with each free dim
+    shrunk to the smallest size the spec's requires allow."""
+    if not ir.checks:
+        return {}
+    envs = [c.env() for c in ir.checks]
+    env = min(envs, key=lambda dims: sorted(dims.values()))
+    for name in sorted(env):
+        for size in (s for s in _SMALL_SIZES if s < env[name]):
+            if all(c.holds({**ir.fixed_dims(), **env, name: size}) for c in ir.constraints):
+                env[name] = size
+                break
+    return env
 
 
 def write_atomically(out_dir: Path, files: tuple[tuple[str, str], ...]) -> list[str]:

@@ -10,7 +10,7 @@ from fusegen.codegen.ffn_lower import FfnLowering, lower_ffn
 from fusegen.codegen.ffn_match import FfnMatch, match_ffn
 from fusegen.codegen.plan import PlanError, TilePlan, machine, plan_ffn
 from fusegen.codegen.reference import dim_bindings
-from fusegen.codegen.render import header, render, vendored
+from fusegen.codegen.render import header, private_repr, render, vendored
 from fusegen.codegen.signature import Returned, door_lines, door_source, signature
 from fusegen.dsl.ir import KernelIR
 from fusegen.sim.targets import TARGETS, get_target
@@ -74,7 +74,7 @@ class FfnFamily:
             name=ir.name,
             doc=_doc(ir),
             low=low,
-            model=repr(low.model),
+            model=private_repr(low.model),
             budget_source=vendored(ffn_budget),
             kernel_args=_kernel_args(ir),
             host=_host(ir, m, low),
@@ -102,7 +102,7 @@ def _kernel_args(ir: KernelIR) -> list[str]:
 def _host(ir: KernelIR, m: FfnMatch, low: FfnLowering) -> HostSignature:
     tensors = [i.name for i in ir.inputs]
     params = [f"{t}: torch.Tensor" for t in tensors] + [f"{p.name}: float = {p.default!r}" for p in ir.params]
-    params += ["lnc: int | None = None", "target: str = TARGET"]
+    params += ["lnc: int | None = None", "target: str = _TARGET"]
     launch = [f"_columns({t})" if kernel_arg(t) in low.col_vectors else t for t in tensors]
     launch += [p.name for p in ir.params]
     outs = [o.name for o in ir.outputs]
@@ -134,7 +134,7 @@ def _machines() -> list[tuple[str, str]]:
     out = []
     for name, target in sorted(TARGETS.items()):
         try:
-            out.append((name, repr(machine(target))))
+            out.append((name, private_repr(machine(target))))
         except PlanError:
             continue
     return out

@@ -144,7 +144,7 @@ def _statistics_pass(
         name = f"{sel.prefix}s{level}_{n}"
         init, _ = RUNNING[stat.op]
         before += [
-            f"{name} = nl.ndarray((P, 1), dtype=nl.float32, buffer=nl.sbuf)",
+            f"{name} = nl.ndarray((_P, 1), dtype=nl.float32, buffer=nl.sbuf)",
             f"nisa.memset(dst={name}[0:pr, 0:1], value={init})",
         ]
         running.append(Operand("vec", f"{name}[0:pr, 0:1]"))
@@ -217,7 +217,7 @@ def _count(sel: Selector, passes: tuple[BlockPass, ...], col_ops: int, writes: i
     cols = sum(1 for _, kind, _ in sel.tiles if kind == "vec") + col_ops
     widest = 0
     for ps in passes:
-        made = {line.split(" = nl.ndarray")[0] for line in ps.lines if " = nl.ndarray((P, F_MOV)" in line}
+        made = {line.split(" = nl.ndarray")[0] for line in ps.lines if " = nl.ndarray((_P, kb)" in line}
         widest = max(widest, sum(dtypes.get(t, 4) for t in made) + 4 * len(ps.loads))
     return Stage(
         block_bytes=widest,

@@ -120,14 +120,14 @@ def buffers(m: FfnModel, s: int, ci: int, k: int, i: int) -> list[Buffer]:
     n_k, n_h, n_hc = cdiv(k, P), cdiv(i, P), cdiv(ci, P)
     return [
         Buffer("x^T, K on partitions", n_k * s * m.x_bytes, 1),
-        Buffer("x row block, staged for the PE transpose", F_MOV * m.x_bytes, 2),
+        Buffer("x row block, staged for the PE transpose", min(F_MOV, k) * m.x_bytes, 2),
         Buffer("fp32 accumulator", cdiv(s, P) * k * 4, 1),
         up_weights(m, s, ci, k),
         Buffer("down-projection weight chunk", n_hc * k * m.x_bytes, 2),
         Buffer("combine output (down-proj stationary)", n_hc * F_MOV * m.x_bytes, 1),
         Buffer("combine temporaries", m.mid_tiles * F_MOV * 4, 2),
-        Buffer("prologue block (one K-block's loads and temporaries)", m.pro.block_bytes * F_MOV, 2),
-        Buffer("epilogue block (one K-block's loads and temporaries)", m.epi.block_bytes * F_MOV, 2),
+        Buffer("prologue block (one K-block's loads and temporaries)", m.pro.block_bytes * min(F_MOV, k), 2),
+        Buffer("epilogue block (one K-block's loads and temporaries)", m.epi.block_bytes * min(F_MOV, k), 2),
         Buffer("[K]-bias piece / partial-sum block", F_MOV * 4, 2),
         Buffer("row statistics columns", (m.epi.cols + m.pro.cols) * 4, 2),
         Buffer("[I] columns", m.col_vectors * n_h * 4, 1),

@@ -121,7 +121,7 @@ def _lower_combine(
         return "scalar" if node.shape == () else ("tile" if node.shape == (m.rows, m.inter) else "vec")
 
     builder = StageBuilder(ir, leaves, kind_of, free_size=lambda n: m.rows)
-    sel = Selector(Layout(part="ph", free="rw", free_alloc="F_MOV"), prefix="m")
+    sel = Selector(Layout(part="ph", free="rw", free_alloc="_F_MOV"), prefix="m")
     weight_dtype = ir.node(m.down.args[1]).dtype
     result = sel.value(builder.expr(m.combine.id), dtype=weight_dtype)
     if result.memory != "sbuf" or result.dtype != weight_dtype:
@@ -177,7 +177,7 @@ def _row_builder(ir: KernelIR, m: FfnMatch, leaves: dict[int, Operand]) -> Stage
 
 
 def _block_selector(prefix: str) -> Selector:
-    return Selector(Layout(part="pr", free="nb", free_alloc="F_MOV"), prefix=prefix)
+    return Selector(Layout(part="pr", free="nb", free_alloc="kb"), prefix=prefix)
 
 
 def _lower_prologue(ir: KernelIR, m: FfnMatch) -> BlockedStage | None:
@@ -203,12 +203,12 @@ def transpose_block(tile: str, nl_dtype: str) -> tuple[str, ...]:
     into x^T one K-tile at a time on the PE (through PSUM): a DMA transpose takes 2-byte dtypes and 16-row
     pieces only (../nki-rules: DMA), so the PE serves every dtype."""
     return (
-        "for kt in range(k0 // P, cdiv(k0 + nb, P)):",
-        "    pk = min(P, K - kt * P)",
-        f"    xt_ps = nl.ndarray((P, P), dtype={nl_dtype}, buffer=nl.psum)",
-        f"    nisa.nc_transpose(dst=xt_ps[0:pk, 0:pr], data={tile}[0:pr, kt * P - k0:kt * P - k0 + pk], "
+        "for kt in range(k0 // _P, _cdiv(k0 + nb, _P)):",
+        "    pk = min(_P, K - kt * _P)",
+        f"    xt_ps = nl.ndarray((_P, _P), dtype={nl_dtype}, buffer=nl.psum)",
+        f"    nisa.nc_transpose(dst=xt_ps[0:pk, 0:pr], data={tile}[0:pr, kt * _P - k0:kt * _P - k0 + pk], "
         "engine=nisa.engine.tensor)",
-        "    nisa.tensor_copy(dst=xt[kt][0:pk, rs * P:rs * P + pr], src=xt_ps[0:pk, 0:pr])",
+        "    nisa.tensor_copy(dst=xt[kt][0:pk, rs * _P:rs * _P + pr], src=xt_ps[0:pk, 0:pr])",
     )
 
 
@@ -234,7 +234,7 @@ def _accumulator(
             return (
                 None,
                 (
-                    "bias = nl.ndarray((P, F_MOV), dtype=nl.float32, buffer=nl.sbuf)",
+                    "bias = nl.ndarray((_P, _F_MOV), dtype=nl.float32, buffer=nl.sbuf)",
                     f"nisa.dma_copy(dst=bias[0:pr, 0:nk], src={name}.ap(pattern=[[0, pr], [1, nk]], "
                     "offset=k0))",
                     f"nisa.tensor_tensor(dst={acc}, data1={ps}, data2=bias[0:pr, 0:nk], op=nl.add)",

@@ -4,10 +4,11 @@ from __future__ import annotations
 
 import importlib.util
 import sys
+from collections.abc import Iterable
 from pathlib import Path
 from types import ModuleType
 
-from fusegen.codegen.autodiff import backward_ir
+from fusegen.codegen.autodiff import backward_ir, grad_name
 from fusegen.codegen.family import Mismatch
 from fusegen.codegen.reference import TORCH_DTYPE, dim_bindings
 from fusegen.codegen.render import header, render
@@ -53,7 +54,7 @@ def ops_source(ir: KernelIR, back: KernelIR | None, kernel_back: KernelIR | None
         header=header(ir, TEMPLATE),
         name=ir.name,
         outputs=", ".join(names),
-        returns="torch.Tensor" if len(names) == 1 else f"tuple[{', '.join(['torch.Tensor'] * len(names))}]",
+        returns=_returns(len(names)),
         one_output=len(names) == 1,
         save_kw=", save=True" if any(o.optional for o in ir.outputs) else "",
         fake_lines=[f"d_{name} = {src}" for name, src in dim_bindings(ir, str)],
@@ -62,7 +63,6 @@ def ops_source(ir: KernelIR, back: KernelIR | None, kernel_back: KernelIR | None
         op_check=op_check("_SIGNATURE", ir),
         trainable=back is not None,
         backward_kernel=kernel_back is not None,
-        nondiff=", ".join(o.name for o in ir.outputs if o.optional),
         **_signatures(ir),
         **_autograd_context(ir, back, kernel_back),
     )
@@ -80,8 +80,6 @@ def _signatures(ir: KernelIR) -> dict[str, str]:
         ),
         "fake_signature": ", ".join(tensors + [f"{p}={d}" for p, d in params]),
         "params_dict": "{" + ", ".join(f'"{p}": {p}' for p, _ in params) + "}",
-        "param_names": ", ".join(p for p, _ in params),
-        "first_input": tensors[0],
     }
 
 
@@ -95,27 +93,51 @@ def _fake_output(ir: KernelIR, out: OutputDecl) -> str:
     return f"{ir.inputs[0].name}.new_empty(({dims},), dtype={TORCH_DTYPE[out.dtype]})"
 
 
-def _autograd_context(ir: KernelIR, back: KernelIR | None, kernel_back: KernelIR | None) -> dict[str, str]:
-    """Names the autograd half of the template needs: saved outputs (those either backward reads), output
-    grads, and each backward's arguments and their dtypes."""
+def _autograd_context(ir: KernelIR, back: KernelIR | None, kernel_back: KernelIR | None) -> dict[str, object]:
+    """Positions the autograd half of the template needs: outputs to mark, save and differentiate, and each
+    backward's arguments as positions in (inputs, saved outputs, output gradients)."""
     if back is None:
-        return {"saved": "", "grads": "", "nones": ""}
+        return {}
     backs = [b for b in (back, kernel_back) if b is not None]
     read = {d.name for b in backs for d in b.inputs}
+    saved = [i for i, o in enumerate(ir.outputs) if o.name in read]
+    differentiated = [i for i, o in enumerate(ir.outputs) if not o.optional]
+    pool = [d.name for d in ir.inputs] + [ir.outputs[i].name for i in saved]
+    pool += [grad_name(ir.outputs[i].name) for i in differentiated]
+    params = [p.name for p in ir.params]
+    typed = [f"{t}: torch.Tensor" for t in pool] + [f"{p}: float" for p in params]
     context = {
-        "saved": ", ".join(o.name for o in ir.outputs if o.name in read and o.optional),
-        "grads": ", ".join(f"grad_{o.name}" for o in ir.outputs),
-        "nones": "".join(", None" for _ in ir.params) or ",",
-        **_arguments("reference", back),
+        "n_inputs": len(ir.inputs),
+        "backward_signature": ", ".join(typed),
+        "backward_fake_signature": ", ".join(pool + params),
+        "backward_tensors": ", ".join(pool),
+        "backward_returns": _returns(len(ir.inputs)),
+        "optional_outputs": _tuple(str(i) for i, o in enumerate(ir.outputs) if o.optional),
+        "saved_outputs": _tuple(str(i) for i in saved),
+        "differentiated_outputs": _tuple(str(i) for i in differentiated),
+        **_arguments("reference", back, pool),
     }
-    return context | (_arguments("kernel", kernel_back) if kernel_back is not None else {})
+    return context | (_arguments("kernel", kernel_back, pool) if kernel_back is not None else {})
 
 
-def _arguments(which: str, back: KernelIR) -> dict[str, str]:
-    """`<which>_args`: a backward's tensor arguments; `<which>_dtypes`: their dtypes, as source text."""
+def _returns(n: int) -> str:
+    """The return annotation of an op with `n` tensor results."""
+    return "torch.Tensor" if n == 1 else f"tuple[{', '.join(['torch.Tensor'] * n)}]"
+
+
+def _tuple(items: Iterable[str]) -> str:
+    """A tuple display of source items: `()`, `(a,)`, `(a, b)`."""
+    items = list(items)
+    return f"({items[0]},)" if len(items) == 1 else f"({', '.join(items)})"
+
+
+def _arguments(which: str, back: KernelIR, pool: list[str]) -> dict[str, str]:
+    """`<which>_args`: a backward's tensor arguments as positions in `pool` (`<which>_names`: their names);
+    `<which>_dtypes`: their dtypes, as source text."""
     return {
-        f"{which}_args": ", ".join(d.name for d in back.inputs),
-        f"{which}_dtypes": "(" + " ".join(f"{TORCH_DTYPE[d.dtype]}," for d in back.inputs) + ")",
+        f"{which}_args": _tuple(str(pool.index(d.name)) for d in back.inputs),
+        f"{which}_names": ", ".join(d.name for d in back.inputs),
+        f"{which}_dtypes": _tuple(TORCH_DTYPE[d.dtype] for d in back.inputs),
     }
 
 

@@ -44,9 +44,9 @@ _BINARY = {
 
 
 def value_name(node: Node) -> str:
-    """The reference's local for a node: `_<name>` where the spec names it, else `_v<id>` (spec names
-    never start with `_`, so no local can shadow an argument)."""
-    return f"_v{node.id}" if node.name is None or node.op in ("input", "param") else f"_{node.name}"
+    """The reference's local for a node: `_<name>` where the spec names it, else `_<id>` (spec names start
+    with a letter, so no local can shadow an argument or another local)."""
+    return f"_{node.id}" if node.name is None or node.op in ("input", "param") else f"_{node.name}"
 
 
 def reference_lines(ir: KernelIR) -> list[str]:

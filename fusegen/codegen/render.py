@@ -2,10 +2,13 @@
 
 from __future__ import annotations
 
+import ast
 import functools
 import hashlib
 import inspect
+import io
 import re
+import tokenize
 from pathlib import Path
 from types import ModuleType
 from typing import Any
@@ -59,9 +62,43 @@ def project_path(path: str) -> str:
 
 def vendored(module: ModuleType, start: str = "P = 128") -> str:
     """A standard-library-only module's code from the line starting with `start` on (docstring and
-    imports stay behind: the generated file imports what it needs), to be copied into a generated file."""
+    imports stay behind: the generated file imports what it needs), to be copied into a generated file,
+    every name it defines made private (`private`)."""
     source = inspect.getsource(module)
-    return source[source.index("\n" + start) + 1 :].rstrip("\n")
+    return private(source[source.index("\n" + start) + 1 :].rstrip("\n"))
+
+
+def private(source: str) -> str:
+    """`source` with each name it defines at module level spelled `_<name>` wherever it is used: spec names
+    never start with `_` (fusegen/dsl/names.py), so none can shadow a helper of the generated file."""
+    tree = ast.parse(source)
+    defined = {n.name for n in tree.body if isinstance(n, (ast.FunctionDef, ast.ClassDef))}
+    assigned = [t for n in tree.body if isinstance(n, ast.Assign) for t in n.targets]
+    defined |= {t.id for t in assigned if isinstance(t, ast.Name)}
+    defined = {name for name in defined if not name.startswith("_")}
+    # a field, parameter or keyword spelled like a helper would be renamed too: refuse rather than break
+    clash = {a.arg for a in ast.walk(tree) if isinstance(a, (ast.arg, ast.keyword)) and a.arg in defined}
+    clash |= {a.target.id for a in ast.walk(tree) if isinstance(a, ast.AnnAssign)
+              and isinstance(a.target, ast.Name) and a.target.id in defined}  # fmt: skip
+    if clash:
+        raise ValueError(f"vendored code uses {sorted(clash)} both as helpers and as fields or arguments")
+    tokens = list(tokenize.generate_tokens(io.StringIO(source).readline))
+    lines = source.split("\n")
+    for before, tok in reversed(list(zip([None, *tokens], tokens, strict=False))):
+        after_dot = before is not None and before.string == "."
+        if tok.type == tokenize.NAME and tok.string in defined and not after_dot:
+            row, col = tok.start
+            lines[row - 1] = lines[row - 1][:col] + "_" + lines[row - 1][col:]
+    return "\n".join(lines)
+
+
+def private_repr(value: object) -> str:
+    """A vendored NamedTuple instance (nested ones too) as a literal under private class names (`private`)."""
+    fields = getattr(value, "_fields", None)
+    if fields is None:
+        return repr(value)
+    items = ", ".join(f"{f}={private_repr(getattr(value, f))}" for f in fields)
+    return f"_{type(value).__name__}({items})"
 
 
 def sha256(text: str) -> str:

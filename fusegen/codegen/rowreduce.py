@@ -10,7 +10,7 @@ from fusegen.codegen.family import Mismatch, kernel_arg
 from fusegen.codegen.lift import Lifted, lift_rows
 from fusegen.codegen.plan import PlanError, PlannedBuffer, TilePlan, check_lnc
 from fusegen.codegen.reference import dim_bindings
-from fusegen.codegen.render import header, render, vendored
+from fusegen.codegen.render import header, private_repr, render, vendored
 from fusegen.codegen.rewrites import expand_norms, rewrite
 from fusegen.codegen.rowreduce_lower import RowReduceLowering, lower_rowreduce
 from fusegen.codegen.rowreduce_match import RowReduceMatch, match_rowreduce
@@ -92,7 +92,7 @@ class RowReduceFamily:
         low = lower_rowreduce(body, m)
         flat = {o.name: o.shape for o in (lifted.flat if lifted else body).outputs}
         host = _host(body, m, lifted, ir)
-        prologue = dict(low=low, host=host, model=repr(low.model), budget_source=vendored(rb),
+        prologue = dict(low=low, host=host, model=private_repr(low.model), budget_source=vendored(rb),
                         sbuf_budgets=repr({name: t.sbuf_usable_bytes for name, t in sorted(TARGETS.items())}),
                         default_target=target, default_lnc=lnc)  # fmt: skip
         varying = ["prepared", *(ld.tile for ld in low.passes.shared_loads),
@@ -291,7 +291,7 @@ def _host(ir: KernelIR, m: RowReduceMatch, lifted: Lifted | None, flat: KernelIR
     params = host_params(ir)
     optional = [o.name for o in ir.outputs if o.optional]
     params += ["save: bool = False"] if optional else []
-    params += ["lnc: int | None = None", "target: str = TARGET"]
+    params += ["lnc: int | None = None", "target: str = _TARGET"]
     required = [o.name for o in ir.outputs if not o.optional]
     returns = (
         "torch.Tensor" if len(required) == 1 else f"tuple[{', '.join(['torch.Tensor'] * len(required))}]"
@@ -309,11 +309,11 @@ def _host(ir: KernelIR, m: RowReduceMatch, lifted: Lifted | None, flat: KernelIR
         save_arg="save" if optional else "False",
         kernel_returns=", ".join(kernel_out[o] for o in required),
         saved_returns=", ".join(kernel_out[o.name] for o in ir.outputs) if optional else "",
-        prep_outputs=tuple(f"prep{i}_hbm" for i in range(len(m.prep_roots))),
+        prep_outputs=tuple(f"_prep{i}" for i in range(len(m.prep_roots))),  # no `<spec name>_hbm` form
         prep_heads=dim_source(_prep_heads(ir, m)),
         doc=f"Run the kernel on `lnc` logical cores (default LNC, capped at the target's); returns "
             f"({', '.join(required)}){saved}.",
-        prep_name="fused_weight", prep_params=", ".join(f"{w}: torch.Tensor" for w in weights),
+        prep_name="_fused_weight", prep_params=", ".join(f"{w}: torch.Tensor" for w in weights),
         prep_args=", ".join(weights), prep_kernel_args=", ".join(kernel_arg(w) for w in weights),
         prep_dims=prep_dims(ir, weights),
         door=door_lines("_SIGNATURE", flat, save="save" if optional else "False"),

@@ -9,7 +9,7 @@ from fusegen.codegen.autodiff import backward_ir
 from fusegen.codegen.family import kernel_arg
 from fusegen.codegen.plan import PlanError, PlannedBuffer, TilePlan
 from fusegen.codegen.reference import dim_bindings
-from fusegen.codegen.render import header, render, vendored
+from fusegen.codegen.render import header, private_repr, render, vendored
 from fusegen.codegen.report import plan_markdown
 from fusegen.codegen.rewrites import rewrite
 from fusegen.codegen.rowreduce import host_params, kernel_args, kernel_doc, prep_dims
@@ -78,7 +78,7 @@ def backward_source(ir: KernelIR, m: RowReduceMatch, low: BackwardLowering, targ
     token_outs = {o.name for o in m.token_outputs}
     return render(
         TEMPLATE, header=header(ir, TEMPLATE), name=ir.name, doc=kernel_doc(ir, BACKWARD_DOC), low=low,
-        model=repr(low.model), budget_source=vendored(rb), host=_host(ir, m),
+        model=private_repr(low.model), budget_source=vendored(rb), host=_host(ir, m),
         door_source=door_source([("_SIGNATURE", signature(ir.name, ir, _returned(ir), sums=True))]),
         kernel_args=kernel_args(ir),
         dim_bindings=[f"d_{d} = {src}" for d, src in dim_bindings(ir, kernel_arg)],
@@ -144,14 +144,14 @@ def _reasons(low: BackwardLowering, width: int, heads: int, hb: int, resident: b
 
 def _host(ir: KernelIR, m: RowReduceMatch) -> BackwardHost:
     tensors = [i.name for i in ir.inputs]
-    params = [*host_params(ir), "lnc: int | None = None", "target: str = TARGET"]
+    params = [*host_params(ir), "lnc: int | None = None", "target: str = _TARGET"]
     data = next(i for i in ir.inputs if len(i.shape) == 3)
     width, heads = f"{data.name}.shape[2]", f"{data.name}.shape[1]"
     token_outs = [o.name for o in m.token_outputs]
     main = [o.name for o in ir.outputs if o.name not in token_outs]
     weights = [str(w.name) for w in m.weights]
     checks = (
-        f"if {width} % P or {heads} * {width} > P * F_MOV:",
+        f"if {width} % _P or {heads} * {width} > _P * _F_MOV:",
         '    raise ValueError("sums over the tokens need H % 128 == 0 and HC * H <= 65536 (one PSUM bank)")',
     ) if m.token_sums else ()  # fmt: skip
     return BackwardHost(

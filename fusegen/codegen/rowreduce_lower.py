@@ -151,23 +151,23 @@ def _prepare_body(loads: tuple[Load, ...], lines: list[str], resident: dict[int,
     partitions by a ones-matmul (1.0 * w is exact in PSUM; a stride-0 DMA would read the row from HBM once
     per partition), the prep lines per 512-column PSUM chunk, each root copied into an fp32 tile."""
     dtypes = sorted({ld.nl_dtype for ld in loads})
-    body = [f"ones_{_short(dt)} = nl.ndarray((1, P), dtype={dt}, buffer=nl.sbuf)" for dt in dtypes]
-    body += [f"nisa.memset(dst=ones_{_short(dt)}[0:1, 0:P], value=1.0)" for dt in dtypes]
+    body = [f"ones_{_short(dt)} = nl.ndarray((1, _P), dtype={dt}, buffer=nl.sbuf)" for dt in dtypes]
+    body += [f"nisa.memset(dst=ones_{_short(dt)}[0:1, 0:_P], value=1.0)" for dt in dtypes]
     for ld in loads:
         body.append(f"{_row(ld)} = nl.ndarray((1, {width}), dtype={ld.nl_dtype}, buffer=nl.sbuf)")
         body.append(f"nisa.dma_copy(dst={_row(ld)}[0:1, 0:{width}], src={ld.source})")
     roots = [f"prep{i}" for i in range(len(resident))]
-    body += [f"{r} = nl.ndarray((P, {width}), dtype=nl.float32, buffer=nl.sbuf)" for r in roots]
-    body.append(f"for q0 in range(0, {width}, F_MOV):")
-    chunk = [f"qw = min(F_MOV, {width} - q0)"]
+    body += [f"{r} = nl.ndarray((_P, {width}), dtype=nl.float32, buffer=nl.sbuf)" for r in roots]
+    body.append(f"for q0 in range(0, {width}, _F_MOV):")
+    chunk = [f"qw = min(_F_MOV, {width} - q0)"]
     for ld in loads:
-        ones = f"ones_{_short(ld.nl_dtype)}[0:1, 0:P]"
-        chunk.append(f"{ld.tile} = nl.ndarray((P, F_MOV), dtype=nl.float32, buffer=nl.psum)")
-        chunk.append(f"nisa.nc_matmul(dst={ld.tile}[0:P, 0:qw], stationary={ones}, "
+        ones = f"ones_{_short(ld.nl_dtype)}[0:1, 0:_P]"
+        chunk.append(f"{ld.tile} = nl.ndarray((_P, _F_MOV), dtype=nl.float32, buffer=nl.psum)")
+        chunk.append(f"nisa.nc_matmul(dst={ld.tile}[0:_P, 0:qw], stationary={ones}, "
                      f"moving={_row(ld)}[0:1, q0:q0 + qw], accumulate=False)")  # fmt: skip
     chunk += lines
     copies = zip(roots, resident.values(), strict=True)
-    chunk += [f"nisa.tensor_copy(dst={r}[0:P, q0:q0 + qw], src={code})" for r, code in copies]
+    chunk += [f"nisa.tensor_copy(dst={r}[0:_P, q0:q0 + qw], src={code})" for r, code in copies]
     body += ["    " + line for line in chunk]
     body.append(f"return ({', '.join(roots)},)")
     return tuple(body)
@@ -182,8 +182,8 @@ def _short(nl_dtype: str) -> str:
 
 
 def _leaf_name(node: Node) -> str:
-    """A tile name for a loaded value: the spec's name, else its node id."""
-    return f"{node.name or f'n{node.id}'}_ld"
+    """A tile name for a loaded value: `<spec name>_ld`, else `_<node id>_ld` (spec names never start `_`)."""
+    return f"{node.name or f'_{node.id}'}_ld"
 
 
 def _load(ir: KernelIR, ld: RowLoad, width: str) -> Load:
@@ -235,9 +235,9 @@ def _lower_prep(
         offset = f"h * {width}" if len(w.shape) == 2 and w.shape[0] == m.heads else "0"
         source = f"{kernel_arg(str(w.name))}.ap(pattern=[[{width}, 1], [1, {width}]], offset={offset})"
         loads.append(Load(tile, NL_DTYPE[w.dtype], source))
-        leaves[w.id] = Operand("tile", f"{tile}[0:P, 0:qw]", memory="psum")
+        leaves[w.id] = Operand("tile", f"{tile}[0:_P, 0:qw]", memory="psum")
     builder = StageBuilder(ir, leaves, row_kind(m), free_size=lambda n: m.width)
-    sel = Selector(Layout(part="P", free="qw", free_alloc="F_MOV"), prefix="w")
+    sel = Selector(Layout(part="_P", free="qw", free_alloc="_F_MOV"), prefix="w")
     resident = {root: sel.value(builder.expr(root)).code for root in m.prep_roots}
     return sel, tuple(loads), resident
 

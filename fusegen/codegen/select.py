@@ -162,7 +162,7 @@ class Selector:
         self.tiles.append((name, kind, dtype))
         self._kinds[name] = kind
         free_alloc, free = ("1", "1") if kind == "vec" else (self.layout.free_alloc, self.layout.free)
-        self.lines.append(f"{name} = nl.ndarray((P, {free_alloc}), dtype={NL_DTYPE[dtype]}, buffer=nl.sbuf)")
+        self.lines.append(f"{name} = nl.ndarray((_P, {free_alloc}), dtype={NL_DTYPE[dtype]}, buffer=nl.sbuf)")
         self.line_kinds.append(kind)
         self.line_engines.append("")
         return Operand(kind, f"{name}[0:{self.layout.part}, 0:{free}]", dtype=dtype)

@@ -69,7 +69,7 @@ def constant(sel: Selector, value: str) -> Operand:
     go to `sel.constants`, which the kernel runs once before its loops (memset on GpSimd)."""
     if value not in sel.constant_columns:
         name = f"{sel.prefix}c{len(sel.constant_columns)}"
-        sel.constants.append(f"{name} = nl.ndarray((P, 1), dtype=nl.float32, buffer=nl.sbuf)")
-        sel.constants.append(f"nisa.memset(dst={name}[0:P, 0:1], value={value}, engine={GPSIMD})")
+        sel.constants.append(f"{name} = nl.ndarray((_P, 1), dtype=nl.float32, buffer=nl.sbuf)")
+        sel.constants.append(f"nisa.memset(dst={name}[0:_P, 0:1], value={value}, engine={GPSIMD})")
         sel.constant_columns[value] = Operand("vec", f"{name}[0:{sel.layout.part}, 0:1]")
     return sel.constant_columns[value]

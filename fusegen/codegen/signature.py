@@ -55,7 +55,9 @@ def signature(name: str, ir: KernelIR, outputs: Iterable[Returned], targets: Ite
     return "_Signature(\n" + "\n".join(lines) + "\n)"
 
 
-def door_lines(constant: str, ir: KernelIR, save: str = "False", default_lnc: str = "LNC") -> tuple[str, ...]:
+def door_lines(
+    constant: str, ir: KernelIR, save: str = "False", default_lnc: str = "_LNC"
+) -> tuple[str, ...]:
     """A host function's first lines: check the call (rebinding the tensors dense and `lnc` resolved) and
     return the outputs of an empty call without launching."""
     tensors = "".join(f"{i.name}, " for i in ir.inputs)

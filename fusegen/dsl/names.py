@@ -1,8 +1,11 @@
 """Which identifiers a spec may declare: names reach generated Python and NKI source, so they are vetted.
 
 A spec is untrusted input. Every name it declares becomes a Python identifier in generated code, so it
-must be a plain ASCII identifier that cannot shadow a keyword, a builtin, or a name the generated code
-itself uses. The code generator may add its own names to RESERVED_NAMES before checking specs.
+must be a plain ASCII identifier that is not a keyword or builtin. Generated code keeps its own names out
+of the spec's reach: everything it defines at module level is spelled `_<name>` (a spec name never starts
+with `_`), dims and gradients are `d_<name>`, and a spec name appears bare only in public signatures (host
+function, op, reference), elsewhere tagged by its role (`x_hbm`, `eps_arg`). What stays reserved is the
+public vocabulary generated modules import or expose (GENERATED_CODE_NAMES).
 """
 
 from __future__ import annotations
@@ -20,12 +23,17 @@ GENERATED_CODE_NAMES = frozenset({
     "sbuf", "psum", "hbm", "shared_hbm", "private_hbm", "ndarray", "tile", "par_dim", "affine_range",
     "sequential_range", "static_range", "arange", "mgrid", "program_id", "num_programs", "spmd_dim",
     "bfloat16", "float16", "float32", "float8_e4m3", "float8_e5m2", "int32", "dtype", "shape", "device",
-    "grid", "args", "kwargs", "result", "results", "out_tensor", "plan", "LNC", "TILE", "P_MAX",
-    "lnc", "target", "save", "TARGET", "MODEL", "MACHINES", "SBUF_BUDGET",  # host-function parameters
+    "grid", "args", "kwargs", "result", "results", "out_tensor", "plan", "TILE", "P_MAX",
+    "lnc", "target", "save",  # host-function parameters
     "inf", "nan",  # would read as numbers, and specs allow only finite ones
 })  # fmt: skip
+#: the spec language's own keywords (grammar.lark): `output = ...` would not parse as an assignment.
+SPEC_KEYWORDS = frozenset(
+    {"kernel", "dim", "require", "input", "param", "output", "optional", "check", "true", "false"}
+)
 #: every name a spec may not declare; mutable on purpose, so the code generator can add its own.
 RESERVED_NAMES: set[str] = set(GENERATED_CODE_NAMES) | set(keyword.kwlist) | set(keyword.softkwlist)
+RESERVED_NAMES |= SPEC_KEYWORDS
 RESERVED_NAMES |= {name for name in dir(builtins)}
 #: longer names are surely not hand-written, and make generated lines unreadable.
 MAX_NAME_LENGTH = 64
@@ -45,7 +53,10 @@ def name_problem(name: str) -> str | None:
     if name.lower().startswith("fusegen"):
         return "names starting with `fusegen` are reserved for generated code"
     if name in RESERVED_NAMES:
-        return f"`{name}` is reserved: it is a Python keyword or builtin, or a name generated code uses"
+        return (
+            f"`{name}` is reserved: it is a spec or Python keyword, a Python builtin, or a name generated "
+            "code uses"
+        )
     return None
 
 

@@ -8,38 +8,38 @@ import torch
 import torch.nn.functional as F
 
 
-def add_rmsnorm_backward_reference(x, r, w, grad_y, grad_h, eps=1e-06):
+def add_rmsnorm_backward_reference(x, r, w, d_y, d_h, eps=1e-06):
     """The math of `add_rmsnorm_backward` on torch CPU tensors, one line per IR node."""
     d_H = x.shape[1]
     d_T = x.shape[0]
-    _v0 = x.float()
-    _v1 = r.float()
-    _v2 = w.float()
-    _v3 = grad_y.float()
-    _v4 = grad_h.float()
-    _s = _v0 + _v1
-    _v6 = torch.square(_s)
-    _v7 = _v6.mean(dim=1, keepdim=True)
-    _v9 = _v7 + float(eps)
-    _v10 = torch.rsqrt(_v9)
-    _v11 = _s * _v10
-    _v12 = _v3 * _v2
-    _v13 = _v3 * _v11
-    _v14 = _v13.sum(dim=0, keepdim=False)
-    _v15 = _v12 * _v10
-    _v16 = _v12 * _s
-    _v17 = _v16.sum(dim=1, keepdim=True)
-    _v18 = _v10 ** 3.0
-    _v19 = -0.5
-    _v20 = _v17 * _v18
-    _v21 = _v20 * (_v19)
-    _v22 = float(d_H)
-    _v23 = _v21 / (_v22)
-    _v24 = torch.as_tensor(_v23).expand(d_T, d_H)
-    _v25 = 2.0
-    _v26 = _v24 * _s
-    _v27 = _v26 * (_v25)
-    _v28 = _v15 + _v27
-    _v29 = _v4.to(torch.bfloat16).float()
-    _v30 = _v28 + _v29
-    return _v30.to(torch.float32), _v30.to(torch.float32), _v14.to(torch.float32)
+    _0 = x.float()
+    _1 = r.float()
+    _2 = w.float()
+    _3 = d_y.float()
+    _4 = d_h.float()
+    _s = _0 + _1
+    _6 = torch.square(_s)
+    _7 = _6.mean(dim=1, keepdim=True)
+    _9 = _7 + float(eps)
+    _10 = torch.rsqrt(_9)
+    _11 = _s * _10
+    _12 = _3 * _2
+    _13 = _3 * _11
+    _14 = _13.sum(dim=0, keepdim=False)
+    _15 = _12 * _10
+    _16 = _12 * _s
+    _17 = _16.sum(dim=1, keepdim=True)
+    _18 = _10 ** 3.0
+    _19 = -0.5
+    _20 = _17 * _18
+    _21 = _20 * (_19)
+    _22 = float(d_H)
+    _23 = _21 / (_22)
+    _24 = torch.as_tensor(_23).expand(d_T, d_H)
+    _25 = 2.0
+    _26 = _24 * _s
+    _27 = _26 * (_25)
+    _28 = _15 + _27
+    _29 = _4.to(torch.bfloat16).float()
+    _30 = _28 + _29
+    return _30.to(torch.float32), _30.to(torch.float32), _14.to(torch.float32)

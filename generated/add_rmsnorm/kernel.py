@@ -13,18 +13,18 @@ import nki.language as nl
 import torch
 
 #: logical-core degree to launch with; must match NEURON_LOGICAL_NC_CONFIG on hardware.
-LNC = int(os.environ.get("NEURON_LOGICAL_NC_CONFIG", "2"))
+_LNC = int(os.environ.get("NEURON_LOGICAL_NC_CONFIG", "2"))
 #: usable SBUF bytes per partition the planner may fill, per target.
-SBUF_BUDGET = {'trn1': 180224, 'trn2': 212984, 'trn3': 245752}
-TARGET = os.environ.get("FUSEGEN_TARGET", "trn2")
+_SBUF_BUDGET = {'trn1': 180224, 'trn2': 212984, 'trn3': 245752}
+_TARGET = os.environ.get("FUSEGEN_TARGET", "trn2")
 
 # ---- tile planning (copied from fusegen/codegen/rowreduce_budget.py) ----
 
-P = 128  # partitions: tokens per tile
-F_MOV = 512  # one fp32 PSUM bank: the prep step broadcasts weights in chunks this wide
+_P = 128  # partitions: tokens per tile
+_F_MOV = 512  # one fp32 PSUM bank: the prep step broadcasts weights in chunks this wide
 
 
-class RowModel(NamedTuple):
+class _RowModel(NamedTuple):
     """What a generated row-reduction kernel holds in SBUF, in bytes per partition per width column."""
 
     resident_per_head: int  # prepared fp32 weights kept for the whole launch, per head
@@ -36,7 +36,7 @@ class RowModel(NamedTuple):
     row_copies: int = 1  # row inputs in flight: 2 when the next head's loads overlap this head's epilogue
 
 
-class Buffer(NamedTuple):
+class _Buffer(NamedTuple):
     """One SBUF buffer of the kernel: bytes per partition per copy, and copies in flight."""
 
     name: str
@@ -44,110 +44,110 @@ class Buffer(NamedTuple):
     copies: int
 
 
-def cdiv(n: int, d: int) -> int:
+def _cdiv(n: int, d: int) -> int:
     """Ceiling division."""
     return -(-n // d)
 
 
-def rows_per_core(rows: int, lnc: int) -> int:
+def _rows_per_core(rows: int, lnc: int) -> int:
     """Rows one core handles: whole 128-row tiles are dealt out, the ragged tile goes last."""
-    return min(rows, cdiv(cdiv(rows, P), lnc) * P)
+    return min(rows, _cdiv(_cdiv(rows, _P), lnc) * _P)
 
 
-def held_heads(heads: int, resident: bool) -> int:
+def _held_heads(heads: int, resident: bool) -> int:
     """Heads whose prepared weights are in SBUF at once: all of them, or the current one when streaming."""
     return heads if resident else 1
 
 
-def buffers(m: RowModel, width: int, heads: int, hb: int, resident: bool = True, overlap: bool = True
-            ) -> list[Buffer]:  # fmt: skip
+def _buffers(m: _RowModel, width: int, heads: int, hb: int, resident: bool = True, overlap: bool = True
+            ) -> list[_Buffer]:  # fmt: skip
     """The kernel's SBUF buffers at width `width`, `heads` heads and reduction chunk `hb` columns (overlap:
     the next head's loads and passes run before this head's full-width epilogue)."""
     kept = "resident for the launch" if resident else "rebuilt per token tile and head"
     return [
-        Buffer(
-            f"prepared weights (fp32, {kept})", m.resident_per_head * held_heads(heads, resident) * width, 1
+        _Buffer(
+            f"prepared weights (fp32, {kept})", m.resident_per_head * _held_heads(heads, resident) * width, 1
         ),
-        Buffer("row inputs of one token tile and head", m.row_inputs * width, m.row_copies if overlap else 1),
-        Buffer("epilogue tiles", m.epilogue * width, 1),
-        Buffer("reduction chunk temporaries", m.chunk * hb, 1),
-        Buffer("per-row columns and output staging", m.columns * heads, 1),
+        _Buffer("row inputs of one token tile and head", m.row_inputs * width, m.row_copies if overlap else 1),
+        _Buffer("epilogue tiles", m.epilogue * width, 1),
+        _Buffer("reduction chunk temporaries", m.chunk * hb, 1),
+        _Buffer("per-row columns and output staging", m.columns * heads, 1),
     ]
 
 
-def sbuf_bytes(m: RowModel, width: int, heads: int, hb: int, resident: bool = True, overlap: bool = True
+def _sbuf_bytes(m: _RowModel, width: int, heads: int, hb: int, resident: bool = True, overlap: bool = True
                ) -> int:  # fmt: skip
     """Peak SBUF bytes per partition: the main loop, or the prep step if that is larger."""
-    main = sum(b.bytes * b.copies for b in buffers(m, width, heads, hb, resident, overlap))
-    prep = (m.resident_per_head * held_heads(heads, resident) + m.prep_scratch) * width
+    main = sum(b.bytes * b.copies for b in _buffers(m, width, heads, hb, resident, overlap))
+    prep = (m.resident_per_head * _held_heads(heads, resident) + m.prep_scratch) * width
     return max(main, prep)
 
 
-def overlaps(m: RowModel, width: int, heads: int, hb: int, resident: bool, budget: int) -> bool:
+def _overlaps(m: _RowModel, width: int, heads: int, hb: int, resident: bool, budget: int) -> bool:
     """Whether the plan (hb, resident) leaves room for two heads' row inputs at once."""
-    return sbuf_bytes(m, width, heads, hb, resident, True) <= budget
+    return _sbuf_bytes(m, width, heads, hb, resident, True) <= budget
 
 
-def choose(m: RowModel, width: int, heads: int, budget: int) -> tuple[int, bool]:
+def _choose(m: _RowModel, width: int, heads: int, budget: int) -> tuple[int, bool]:
     """(HB, resident): prepared weights resident if they fit, else rebuilt per token tile and head (their
     weights re-read once per 128 tokens), with heads overlapped if that fits too; then the fewest reduction
     chunks, each the narrowest multiple of 128 for that count."""
     for resident in (True, False):
         for overlap in (True, False):
-            fixed = sbuf_bytes(m, width, heads, 0, resident, overlap)
+            fixed = _sbuf_bytes(m, width, heads, 0, resident, overlap)
             room = (budget - fixed) // m.chunk if m.chunk else width
-            widest = min(cdiv(width, P) * P, room // P * P)
-            if widest >= P and sbuf_bytes(m, width, heads, P, resident, overlap) <= budget:
-                return cdiv(cdiv(width, cdiv(width, widest)), P) * P, resident
-    need = sbuf_bytes(m, width, heads, P, False, False)
+            widest = min(_cdiv(width, _P) * _P, room // _P * _P)
+            if widest >= _P and _sbuf_bytes(m, width, heads, _P, resident, overlap) <= budget:
+                return _cdiv(_cdiv(width, _cdiv(width, widest)), _P) * _P, resident
+    need = _sbuf_bytes(m, width, heads, _P, False, False)
     raise ValueError(
         f"no tile plan fits: width {width} with {heads} heads needs {need} B/partition of SBUF "
         f"even with 128-column chunks and one head's weights at a time; the budget is {budget} B"
     )
 
-MODEL = RowModel(resident_per_head=4, prep_scratch=2, row_inputs=4, epilogue=8, chunk=8, columns=48, row_copies=2)
+_MODEL = _RowModel(resident_per_head=4, prep_scratch=2, row_inputs=4, epilogue=8, chunk=8, columns=48, row_copies=2)
 
 
-def prepare_weights(h, w_hbm):
-    """Head `h`'s prepared weights as fp32 [P, width] SBUF tiles (a trace-time helper of both kernels)."""
+def _prepare_weights(h, w_hbm):
+    """Head `h`'s prepared weights as fp32 [_P, width] SBUF tiles (a trace-time helper of both kernels)."""
     d_H = w_hbm.shape[1]
-    ones_bfloat16 = nl.ndarray((1, P), dtype=nl.bfloat16, buffer=nl.sbuf)
-    nisa.memset(dst=ones_bfloat16[0:1, 0:P], value=1.0)
+    ones_bfloat16 = nl.ndarray((1, _P), dtype=nl.bfloat16, buffer=nl.sbuf)
+    nisa.memset(dst=ones_bfloat16[0:1, 0:_P], value=1.0)
     w_row = nl.ndarray((1, d_H), dtype=nl.bfloat16, buffer=nl.sbuf)
     nisa.dma_copy(dst=w_row[0:1, 0:d_H], src=w_hbm.ap(pattern=[[d_H, 1], [1, d_H]], offset=h * d_H))
-    prep0 = nl.ndarray((P, d_H), dtype=nl.float32, buffer=nl.sbuf)
-    for q0 in range(0, d_H, F_MOV):
-        qw = min(F_MOV, d_H - q0)
-        w_bc = nl.ndarray((P, F_MOV), dtype=nl.float32, buffer=nl.psum)
-        nisa.nc_matmul(dst=w_bc[0:P, 0:qw], stationary=ones_bfloat16[0:1, 0:P], moving=w_row[0:1, q0:q0 + qw], accumulate=False)
-        nisa.tensor_copy(dst=prep0[0:P, q0:q0 + qw], src=w_bc[0:P, 0:qw])
+    prep0 = nl.ndarray((_P, d_H), dtype=nl.float32, buffer=nl.sbuf)
+    for q0 in range(0, d_H, _F_MOV):
+        qw = min(_F_MOV, d_H - q0)
+        w_bc = nl.ndarray((_P, _F_MOV), dtype=nl.float32, buffer=nl.psum)
+        nisa.nc_matmul(dst=w_bc[0:_P, 0:qw], stationary=ones_bfloat16[0:1, 0:_P], moving=w_row[0:1, q0:q0 + qw], accumulate=False)
+        nisa.tensor_copy(dst=prep0[0:_P, q0:q0 + qw], src=w_bc[0:_P, 0:qw])
     return (prep0,)
 
 
 @nki.jit
-def fused_weight_kernel(w_hbm):
+def _fused_weight_kernel(w_hbm):
     """The prepared weights alone, [heads, width] fp32 each, built exactly as the main kernel builds them."""
     w_hbm = w_hbm.reshape((1, w_hbm.shape[0]))
     d_H = w_hbm.shape[1]
-    prep0_hbm = nl.ndarray((1, d_H), dtype=nl.float32, buffer=nl.shared_hbm)
+    _prep0 = nl.ndarray((1, d_H), dtype=nl.float32, buffer=nl.shared_hbm)
     for h in range(1):
-        prepared = prepare_weights(h, w_hbm)
-        nisa.dma_copy(dst=prep0_hbm[h:h + 1, 0:d_H], src=prepared[0][0:1, 0:d_H])
-    return prep0_hbm
+        prepared = _prepare_weights(h, w_hbm)
+        nisa.dma_copy(dst=_prep0[h:h + 1, 0:d_H], src=prepared[0][0:1, 0:d_H])
+    return _prep0
 
 
-def head_passes(t0, pt, h, HB, d_H, prepared, r0_c0, r_ld, x_ld):
+def _head_passes(t0, pt, h, HB, d_H, prepared, r0_c0, r_ld, x_ld):
     """Token tile t0, head h: loads, reduction passes, per-row math; returns what head_epilogue reads."""
-    # reduction pass 1: partial results per chunk, folded into [P, 1] accumulators
-    for c in range(cdiv(d_H, HB)):
+    # reduction pass 1: partial results per chunk, folded into [_P, 1] accumulators
+    for c in range(_cdiv(d_H, HB)):
         c0 = c * HB
         hw = min(HB, d_H - c0)
-        r0_0 = nl.ndarray((P, HB), dtype=nl.float32, buffer=nl.sbuf)
+        r0_0 = nl.ndarray((_P, HB), dtype=nl.float32, buffer=nl.sbuf)
         nisa.tensor_tensor(dst=r0_0[0:pt, 0:hw], data1=x_ld[0:pt, c0:c0 + hw], data2=r_ld[0:pt, c0:c0 + hw], op=nl.add)
-        r0_1 = nl.ndarray((P, HB), dtype=nl.float32, buffer=nl.sbuf)
-        r0_2 = nl.ndarray((P, 1), dtype=nl.float32, buffer=nl.sbuf)
+        r0_1 = nl.ndarray((_P, HB), dtype=nl.float32, buffer=nl.sbuf)
+        r0_2 = nl.ndarray((_P, 1), dtype=nl.float32, buffer=nl.sbuf)
         nisa.activation_reduce(dst=r0_1[0:pt, 0:hw], op=nl.square, data=r0_0[0:pt, 0:hw], reduce_op=nl.add, reduce_res=r0_2[0:pt, 0:1])
-        r0_3 = nl.ndarray((P, 1), dtype=nl.float32, buffer=nl.sbuf)
+        r0_3 = nl.ndarray((_P, 1), dtype=nl.float32, buffer=nl.sbuf)
         nisa.tensor_tensor(dst=r0_3[0:pt, 0:1], data1=r0_2[0:pt, 0:1], data2=r0_c0[0:pt, 0:1], op=nl.multiply, engine=nisa.engine.gpsimd)
         if c == 0:
             acc7 = r0_3
@@ -157,19 +157,19 @@ def head_passes(t0, pt, h, HB, d_H, prepared, r0_c0, r_ld, x_ld):
     return (t0, pt, h, acc7, prepared, r_ld, x_ld)
 
 
-def head_epilogue(head, d_H, ec0, h_hbm, y_hbm):
+def _head_epilogue(head, d_H, ec0, h_hbm, y_hbm):
     """Head state `head` from head_passes: the full-width combine and staged columns; returns its output DMAs."""
     t0, pt, h, acc7, prepared, r_ld, x_ld = head
     stores = []
-    e0 = nl.ndarray((P, d_H), dtype=nl.float32, buffer=nl.sbuf)
+    e0 = nl.ndarray((_P, d_H), dtype=nl.float32, buffer=nl.sbuf)
     nisa.tensor_tensor(dst=e0[0:pt, 0:d_H], data1=x_ld[0:pt, 0:d_H], data2=r_ld[0:pt, 0:d_H], op=nl.add)
-    e1 = nl.ndarray((P, 1), dtype=nl.float32, buffer=nl.sbuf)
+    e1 = nl.ndarray((_P, 1), dtype=nl.float32, buffer=nl.sbuf)
     nisa.tensor_tensor(dst=e1[0:pt, 0:1], data1=acc7[0:pt, 0:1], data2=ec0[0:pt, 0:1], op=nl.add, engine=nisa.engine.gpsimd)
-    e2 = nl.ndarray((P, 1), dtype=nl.float32, buffer=nl.sbuf)
+    e2 = nl.ndarray((_P, 1), dtype=nl.float32, buffer=nl.sbuf)
     nisa.activation(dst=e2[0:pt, 0:1], op=nl.rsqrt, data=e1[0:pt, 0:1])
-    e3 = nl.ndarray((P, d_H), dtype=nl.bfloat16, buffer=nl.sbuf)
+    e3 = nl.ndarray((_P, d_H), dtype=nl.bfloat16, buffer=nl.sbuf)
     nisa.scalar_tensor_tensor(dst=e3[0:pt, 0:d_H], data=e0[0:pt, 0:d_H], op0=nl.multiply, operand0=e2[0:pt, 0:1], op1=nl.multiply, operand1=prepared[0][0:pt, 0:d_H])
-    e4 = nl.ndarray((P, d_H), dtype=nl.bfloat16, buffer=nl.sbuf)
+    e4 = nl.ndarray((_P, d_H), dtype=nl.bfloat16, buffer=nl.sbuf)
     nisa.activation(dst=e4[0:pt, 0:d_H], op=nl.copy, data=e0[0:pt, 0:d_H])
     stores.append((y_hbm[t0:t0 + pt, h, 0:d_H], e3[0:pt, 0:d_H]))
     stores.append((h_hbm[t0:t0 + pt, h, 0:d_H], e4[0:pt, 0:d_H]))
@@ -193,36 +193,36 @@ def add_rmsnorm_kernel(x_hbm, r_hbm, w_hbm, eps_arg, HB, resident, overlap, save
     h_hbm_flat = nl.ndarray((d_T, d_H), dtype=nl.bfloat16, buffer=nl.shared_hbm)
     y_hbm = y_hbm_flat.reshape((d_T, 1, d_H))
     h_hbm = h_hbm_flat.reshape((d_T, 1, d_H))
-    held = [prepare_weights(h, w_hbm) for h in range(1)] if resident else []
-    r0_c0 = nl.ndarray((P, 1), dtype=nl.float32, buffer=nl.sbuf)
-    nisa.memset(dst=r0_c0[0:P, 0:1], value=(1.0 / float(d_H)), engine=nisa.engine.gpsimd)
-    ec0 = nl.ndarray((P, 1), dtype=nl.float32, buffer=nl.sbuf)
-    nisa.memset(dst=ec0[0:P, 0:1], value=eps_arg, engine=nisa.engine.gpsimd)
+    held = [_prepare_weights(h, w_hbm) for h in range(1)] if resident else []
+    r0_c0 = nl.ndarray((_P, 1), dtype=nl.float32, buffer=nl.sbuf)
+    nisa.memset(dst=r0_c0[0:_P, 0:1], value=(1.0 / float(d_H)), engine=nisa.engine.gpsimd)
+    ec0 = nl.ndarray((_P, 1), dtype=nl.float32, buffer=nl.sbuf)
+    nisa.memset(dst=ec0[0:_P, 0:1], value=eps_arg, engine=nisa.engine.gpsimd)
     stores = []  # output DMAs, issued once the next head's loads are queued (the DMA queues are in order)
-    t_begin = min(d_T, nl.program_id(0) * rows_per_core(d_T, nl.num_programs()))
-    t_end = min(d_T, t_begin + rows_per_core(d_T, nl.num_programs()))
+    t_begin = min(d_T, nl.program_id(0) * _rows_per_core(d_T, nl.num_programs()))
+    t_end = min(d_T, t_begin + _rows_per_core(d_T, nl.num_programs()))
     # the previous head's state (head_passes' result) while its epilogue is still to run: at most one; a list,
     # since NKI traces no `is None` test
     pending = []
-    for t0 in range(t_begin, t_end, P):
-        pt = min(P, t_end - t0)
-        x_ld = nl.ndarray((P, d_H), dtype=nl.bfloat16, buffer=nl.sbuf)
+    for t0 in range(t_begin, t_end, _P):
+        pt = min(_P, t_end - t0)
+        x_ld = nl.ndarray((_P, d_H), dtype=nl.bfloat16, buffer=nl.sbuf)
         nisa.dma_copy(dst=x_ld[0:pt, 0:d_H], src=x_hbm[t0:t0 + pt, 0, 0:d_H])
-        r_ld = nl.ndarray((P, d_H), dtype=nl.bfloat16, buffer=nl.sbuf)
+        r_ld = nl.ndarray((_P, d_H), dtype=nl.bfloat16, buffer=nl.sbuf)
         nisa.dma_copy(dst=r_ld[0:pt, 0:d_H], src=r_hbm[t0:t0 + pt, 0, 0:d_H])
         for h in range(1):
-            prepared = held[h] if resident else prepare_weights(h, w_hbm)
-            head = head_passes(t0, pt, h, HB, d_H, prepared, r0_c0, r_ld, x_ld)  # ahead of the previous head's epilogue and stores
+            prepared = held[h] if resident else _prepare_weights(h, w_hbm)
+            head = _head_passes(t0, pt, h, HB, d_H, prepared, r0_c0, r_ld, x_ld)  # ahead of the previous head's epilogue and stores
             for dst, src in stores:
                 nisa.dma_copy(dst=dst, src=src)
             stores = []
             for prev in pending:
-                stores.extend(head_epilogue(prev, d_H, ec0, h_hbm, y_hbm))
+                stores.extend(_head_epilogue(prev, d_H, ec0, h_hbm, y_hbm))
             pending = [head] if overlap else []
             if not overlap:
-                stores.extend(head_epilogue(head, d_H, ec0, h_hbm, y_hbm))
+                stores.extend(_head_epilogue(head, d_H, ec0, h_hbm, y_hbm))
     for prev in pending:
-        stores.extend(head_epilogue(prev, d_H, ec0, h_hbm, y_hbm))
+        stores.extend(_head_epilogue(prev, d_H, ec0, h_hbm, y_hbm))
     for dst, src in stores:
         nisa.dma_copy(dst=dst, src=src)
     return y_hbm_flat, h_hbm_flat
@@ -498,27 +498,27 @@ _PREP_SIGNATURE = _Signature(
 )
 
 
-def fused_weight(w: torch.Tensor, lnc: int = 1, target: str = TARGET) -> torch.Tensor:
+def _fused_weight(w: torch.Tensor, lnc: int = 1, target: str = _TARGET) -> torch.Tensor:
     """The prepared fp32 weight(s) of the kernel's prologue, e.g. w_h.float() * w_e.float(), bit for bit."""
     (w,), lnc, _empty = _door(_PREP_SIGNATURE, (w,), (), False, lnc, target, 1)
     if _empty is not None:
         return _empty
-    return fused_weight_kernel[lnc](w)
+    return _fused_weight_kernel[lnc](w)
 
 
-def add_rmsnorm(x: torch.Tensor, r: torch.Tensor, w: torch.Tensor, eps: float = 1e-06, lnc: int | None = None, target: str = TARGET) -> tuple[torch.Tensor, torch.Tensor]:
+def add_rmsnorm(x: torch.Tensor, r: torch.Tensor, w: torch.Tensor, eps: float = 1e-06, lnc: int | None = None, target: str = _TARGET) -> tuple[torch.Tensor, torch.Tensor]:
     """Run the kernel on `lnc` logical cores (default LNC, capped at the target's); returns (y, h)."""
-    (x, r, w,), lnc, _empty = _door(_SIGNATURE, (x, r, w,), (eps,), False, lnc, target, LNC)
+    (x, r, w,), lnc, _empty = _door(_SIGNATURE, (x, r, w,), (eps,), False, lnc, target, _LNC)
     if _empty is not None:
         return _empty
-    _hb, _resident = choose(MODEL, x.shape[-1], 1, SBUF_BUDGET[target])
-    _overlap = overlaps(MODEL, x.shape[-1], 1, _hb, _resident, SBUF_BUDGET[target])
+    _hb, _resident = _choose(_MODEL, x.shape[-1], 1, _SBUF_BUDGET[target])
+    _overlap = _overlaps(_MODEL, x.shape[-1], 1, _hb, _resident, _SBUF_BUDGET[target])
     return add_rmsnorm_kernel[lnc](x, r, w, eps, _hb, _resident, _overlap, False)
 
 
 try:  # the NKI op on Neuron hosts (ops.py owns `fusegen::<name>`); the file imports without torch_neuronx
-    from torch_neuronx import nki_op
+    from torch_neuronx import nki_op as _nki_op
 except ImportError:
-    nki_op = None
-if nki_op is not None:
-    add_rmsnorm_op = nki_op("fusegen::add_rmsnorm_nki", mutates_args={})(add_rmsnorm)
+    _nki_op = None
+if _nki_op is not None:
+    add_rmsnorm_op = _nki_op("fusegen::add_rmsnorm_nki", mutates_args={})(add_rmsnorm)

@@ -9,15 +9,15 @@ import torch.nn.functional as F
 
 
 #: bytes of f32 intermediates held at once; above it the reference works in row chunks
-MEMORY_BUDGET = 1073741824
+_MEMORY_BUDGET = 1073741824
 
 
 def add_rmsnorm_reference(x, r, w, eps=1e-06):
     """The math of `add_rmsnorm` on torch CPU tensors, in row chunks when its intermediates would exceed
-    MEMORY_BUDGET (every value it forms is per-row, so chunks are independent)."""
+    _MEMORY_BUDGET (every value it forms is per-row, so chunks are independent)."""
     d_H = x.shape[1]
     d_T = x.shape[0]
-    step = max(1, MEMORY_BUDGET // (4 * max(1, 5 * d_H)))
+    step = max(1, _MEMORY_BUDGET // (4 * max(1, 5 * d_H)))
     if x.shape[0] <= step:
         return _add_rmsnorm_rows(x, r, w, eps)
     parts = [_add_rmsnorm_rows(x[r0:r0 + step], r[r0:r0 + step], w, eps) for r0 in range(0, x.shape[0], step)]
@@ -30,10 +30,10 @@ def _add_rmsnorm_rows(x, r, w, eps=1e-06):
     """The math of `add_rmsnorm` on torch CPU tensors, one line per IR node."""
     d_H = x.shape[1]
     d_T = x.shape[0]
-    _v0 = x.float()
-    _v1 = r.float()
-    _v2 = w.float()
-    _s = _v0 + _v1
+    _0 = x.float()
+    _1 = r.float()
+    _2 = w.float()
+    _s = _0 + _1
     _h = _s.to(torch.bfloat16).float()
-    _y = _s * torch.rsqrt(_s.square().mean(dim=-1, keepdim=True) + float(eps)) * _v2
+    _y = _s * torch.rsqrt(_s.square().mean(dim=-1, keepdim=True) + float(eps)) * _2
     return _y.to(torch.bfloat16), _h.to(torch.bfloat16)

@@ -8,92 +8,92 @@ import torch
 import torch.nn.functional as F
 
 
-def engram_gate_hc8_backward_reference(x, kv, w_h, w_e, gate, rstd_x, rstd_k, grad_out, eps=1e-20, clamp=1e-06):
+def engram_gate_hc8_backward_reference(x, kv, w_h, w_e, gate, rstd_x, rstd_k, d_out, eps=1e-20, clamp=1e-06):
     """The math of `engram_gate_hc8_backward` on torch CPU tensors, one line per IR node."""
     d_H = x.shape[2]
     d_HC = 8
     d_T = x.shape[0]
-    _v0 = x.float()
-    _v1 = kv.float()
-    _v2 = w_h.float()
-    _v3 = w_e.float()
-    _v4 = gate.float()
-    _v5 = rstd_x.float()
-    _v6 = rstd_k.float()
-    _v7 = grad_out.float()
-    _v8 = _v4[:, :, None]
-    _v = _v1[0:d_T, d_HC:(1 + d_HC), 0:d_H]
-    _v10 = _v7 * _v
-    _v11 = _v7 * _v8
-    _v12 = _v10.sum(dim=2, keepdim=True)
-    _v13 = _v11.sum(dim=1, keepdim=True)
-    _v14 = _v5[:, :, None]
-    _v15 = _v0 * _v14
-    _xn = _v15 * _v2
-    _k = _v1[0:d_T, 0:d_HC, 0:d_H]
-    _v18 = _v6[:, :, None]
-    _v19 = _k * _v18
-    _kn = _v19 * _v3
-    _v21 = _xn * _kn
-    _v22 = _v21.sum(dim=2, keepdim=True)
-    _v23 = float(d_H)
-    _v24 = (_v23) ** -0.5
-    _s = _v22 * _v24
-    _v26 = torch.sign(_s)
-    _v27 = torch.abs(_s)
-    _v29 = torch.maximum(_v27, torch.as_tensor(float(clamp)))
-    _v30 = torch.sqrt(_v29)
-    _v31 = 1.0
-    _v32 = (_v31) - _v8
-    _v33 = _v12 * _v8
-    _v34 = _v33 * _v32
-    _v35 = _v34 * _v26
-    _v36 = 0.5
-    _v37 = _v35 * (_v36)
-    _v38 = _v37 / _v30
-    _v39 = _v27 == float(clamp)
-    _v40 = _v39.to(torch.float32).float()
-    _v41 = _v40 * (_v36)
-    _v42 = _v27 > float(clamp)
-    _v43 = _v42.to(torch.float32).float()
-    _v44 = _v43 + _v41
-    _v45 = _v38 * _v44
-    _v46 = _v45 * _v26
-    _v47 = _v46 * _v24
-    _v48 = -0.5
-    _v49 = torch.as_tensor(_v47).expand(d_T, d_HC, d_H)
-    _v50 = _v49 * _kn
-    _v51 = _v49 * _xn
-    _v52 = _v51 * _v3
-    _v53 = _v51 * _v19
-    _v54 = _v53.sum(dim=0, keepdim=False)
-    _v55 = _v52 * _v18
-    _v56 = _v52 * _k
-    _v57 = _v56.sum(dim=2, keepdim=True)
-    _v58 = _v50 * _v2
-    _v59 = _v50 * _v15
-    _v60 = _v59.sum(dim=0, keepdim=False)
-    _v61 = _v58 * _v14
-    _v62 = _v58 * _v0
-    _v63 = _v62.sum(dim=2, keepdim=True)
-    _v65 = _v18 ** 3.0
-    _v66 = _v57 * _v65
-    _v67 = _v66 * (_v48)
-    _v68 = _v67 / (_v23)
-    _v69 = torch.as_tensor(_v68).expand(d_T, d_HC, d_H)
-    _v70 = 2.0
-    _v71 = _v69 * _k
-    _v72 = _v71 * (_v70)
-    _v73 = _v55 + _v72
-    _v74 = _v14 ** 3.0
-    _v75 = _v63 * _v74
-    _v76 = _v75 * (_v48)
-    _v77 = _v76 / (_v23)
-    _v78 = torch.as_tensor(_v77).expand(d_T, d_HC, d_H)
-    _v79 = _v78 * _v0
-    _v80 = _v79 * (_v70)
-    _v81 = _v61 + _v80
-    _v82 = F.pad(_v13, (0, 0, d_HC, 0, 0, 0))
-    _v83 = F.pad(_v73, (0, 0, 0, 1, 0, 0))
-    _v84 = _v82 + _v83
-    return _v81.to(torch.float32), _v84.to(torch.float32), _v60.to(torch.float32), _v54.to(torch.float32)
+    _0 = x.float()
+    _1 = kv.float()
+    _2 = w_h.float()
+    _3 = w_e.float()
+    _4 = gate.float()
+    _5 = rstd_x.float()
+    _6 = rstd_k.float()
+    _7 = d_out.float()
+    _8 = _4[:, :, None]
+    _v = _1[0:d_T, d_HC:(1 + d_HC), 0:d_H]
+    _10 = _7 * _v
+    _11 = _7 * _8
+    _12 = _10.sum(dim=2, keepdim=True)
+    _13 = _11.sum(dim=1, keepdim=True)
+    _14 = _5[:, :, None]
+    _15 = _0 * _14
+    _xn = _15 * _2
+    _k = _1[0:d_T, 0:d_HC, 0:d_H]
+    _18 = _6[:, :, None]
+    _19 = _k * _18
+    _kn = _19 * _3
+    _21 = _xn * _kn
+    _22 = _21.sum(dim=2, keepdim=True)
+    _23 = float(d_H)
+    _24 = (_23) ** -0.5
+    _s = _22 * _24
+    _26 = torch.sign(_s)
+    _27 = torch.abs(_s)
+    _29 = torch.maximum(_27, torch.as_tensor(float(clamp)))
+    _30 = torch.sqrt(_29)
+    _31 = 1.0
+    _32 = (_31) - _8
+    _33 = _12 * _8
+    _34 = _33 * _32
+    _35 = _34 * _26
+    _36 = 0.5
+    _37 = _35 * (_36)
+    _38 = _37 / _30
+    _39 = _27 == float(clamp)
+    _40 = _39.to(torch.float32).float()
+    _41 = _40 * (_36)
+    _42 = _27 > float(clamp)
+    _43 = _42.to(torch.float32).float()
+    _44 = _43 + _41
+    _45 = _38 * _44
+    _46 = _45 * _26
+    _47 = _46 * _24
+    _48 = -0.5
+    _49 = torch.as_tensor(_47).expand(d_T, d_HC, d_H)
+    _50 = _49 * _kn
+    _51 = _49 * _xn
+    _52 = _51 * _3
+    _53 = _51 * _19
+    _54 = _53.sum(dim=0, keepdim=False)
+    _55 = _52 * _18
+    _56 = _52 * _k
+    _57 = _56.sum(dim=2, keepdim=True)
+    _58 = _50 * _2
+    _59 = _50 * _15
+    _60 = _59.sum(dim=0, keepdim=False)
+    _61 = _58 * _14
+    _62 = _58 * _0
+    _63 = _62.sum(dim=2, keepdim=True)
+    _65 = _18 ** 3.0
+    _66 = _57 * _65
+    _67 = _66 * (_48)
+    _68 = _67 / (_23)
+    _69 = torch.as_tensor(_68).expand(d_T, d_HC, d_H)
+    _70 = 2.0
+    _71 = _69 * _k
+    _72 = _71 * (_70)
+    _73 = _55 + _72
+    _74 = _14 ** 3.0
+    _75 = _63 * _74
+    _76 = _75 * (_48)
+    _77 = _76 / (_23)
+    _78 = torch.as_tensor(_77).expand(d_T, d_HC, d_H)
+    _79 = _78 * _0
+    _80 = _79 * (_70)
+    _81 = _61 + _80
+    _82 = F.pad(_13, (0, 0, d_HC, 0, 0, 0))
+    _83 = F.pad(_73, (0, 0, 0, 1, 0, 0))
+    _84 = _82 + _83
+    return _81.to(torch.float32), _84.to(torch.float32), _60.to(torch.float32), _54.to(torch.float32)

@@ -20,8 +20,15 @@ import torch
 
 _HERE = Path(__file__).resolve().parent
 _DTYPES = (torch.bfloat16, torch.bfloat16, torch.bfloat16, torch.bfloat16,)
-_REFERENCE_DTYPES = (torch.bfloat16, torch.bfloat16, torch.bfloat16, torch.bfloat16, torch.float32, torch.float32, torch.float32, torch.bfloat16,)
-_KERNEL_DTYPES = (torch.bfloat16, torch.bfloat16, torch.bfloat16, torch.bfloat16, torch.float32, torch.float32, torch.float32, torch.float32, torch.bfloat16,)
+#: outputs (by position) autograd marks non-differentiable, saves, and differentiates
+_OPTIONAL_OUTPUTS = (1, 2, 3, 4)
+_SAVED_OUTPUTS = (1, 2, 3, 4)
+_DIFFERENTIATED_OUTPUTS = (0,)
+#: each backward's arguments, as positions in (inputs, saved outputs, output gradients), and their dtypes
+_REFERENCE_ARGS = (0, 1, 2, 3, 5, 6, 7, 8)  # x, kv, w_h, w_e, gate, rstd_x, rstd_k, d_out
+_REFERENCE_DTYPES = (torch.bfloat16, torch.bfloat16, torch.bfloat16, torch.bfloat16, torch.float32, torch.float32, torch.float32, torch.bfloat16)
+_KERNEL_ARGS = (0, 1, 2, 3, 4, 5, 6, 7, 8)  # x, kv, w_h, w_e, dot, gate, rstd_x, rstd_k, d_out
+_KERNEL_DTYPES = (torch.bfloat16, torch.bfloat16, torch.bfloat16, torch.bfloat16, torch.float32, torch.float32, torch.float32, torch.float32, torch.bfloat16)
 
 
 @functools.cache
@@ -49,10 +56,10 @@ def _backend(t: torch.Tensor) -> str:
     return "reference" if os.environ.get("FUSEGEN_OPS_BACKEND", "interpreter") == "reference" else "interpreter"
 
 
-def _call(prefix: str, fn: str, args: tuple[torch.Tensor, ...], **kwargs: object) -> tuple[torch.Tensor, ...]:
+def _call(prefix: str, fn: str, args: tuple[torch.Tensor, ...], /, **kwargs: object) -> tuple[torch.Tensor, ...]:
     """`fn` of <prefix>kernel.py on this device's backend: the NKI kernel through torch_neuronx on a Neuron
     device (untested here), on fusegen's interpreter on CPU, or `fn`_reference of <prefix>reference.py on
-    the reference backend."""
+    the reference backend. Positional-only: the spec's params arrive as keywords, and one may be `fn`."""
     backend = _backend(args[0])
     if backend == "reference":
         out = getattr(_module(f"{prefix}reference.py"), f"{fn}_reference")(*args, **kwargs)
@@ -69,9 +76,18 @@ def _cast(tensors: tuple[torch.Tensor, ...], dtypes: tuple[torch.dtype, ...]) ->
 def _run(args: tuple[torch.Tensor, ...], params: dict[str, float]) -> tuple[torch.Tensor, ...]:
     """The forward on the selected backend, inputs cast to the spec's dtypes."""
     args = _cast(args, _DTYPES)
-    outs = _call("", "engram_gate_hc8", args, **params, save=True)
-    # a custom op may not return its inputs' storage (an f32 input passed straight through)
-    return tuple(o.clone() if any(o.data_ptr() == t.data_ptr() for t in args) else o for o in outs)
+    return _unaliased(_call("", "engram_gate_hc8", args, **params, save=True), args)
+
+
+def _unaliased(outs: tuple[torch.Tensor, ...], args: tuple[torch.Tensor, ...]) -> tuple[torch.Tensor, ...]:
+    """`outs`, each copied if it shares storage with an argument or an earlier output: a custom op may not
+    return its inputs (an f32 input passed straight through) or one tensor twice (x + r: equal gradients)."""
+    taken = {t.untyped_storage().data_ptr() for t in args}
+    fresh = []
+    for o in outs:
+        fresh.append(o.clone() if o.untyped_storage().data_ptr() in taken else o)
+        taken.add(o.untyped_storage().data_ptr())
+    return tuple(fresh)
 
 
 # ---- argument checks (copied from fusegen/codegen/argcheck.py; the signature from the spec) ----
@@ -335,8 +351,7 @@ _SIGNATURE = _Signature(
 def engram_gate_hc8(x: torch.Tensor, kv: torch.Tensor, w_h: torch.Tensor, w_e: torch.Tensor, eps: float = 1e-20, clamp: float = 1e-06) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]:
     """engram_gate_hc8 on this device's backend; returns (out, dot, gate, rstd_x, rstd_k)."""
     _door(_SIGNATURE, (x, kv, w_h, w_e,), (eps, clamp,), cast=True)
-    outs = _run((x, kv, w_h, w_e,), {"eps": eps, "clamp": clamp})
-    return outs
+    return _run((x, kv, w_h, w_e,), {"eps": eps, "clamp": clamp})
 
 
 @engram_gate_hc8.register_fake
@@ -347,35 +362,47 @@ def _fake(x, kv, w_h, w_e, eps=1e-20, clamp=1e-06):
     d_H = x.shape[2]
     d_HC = 8
     d_T = x.shape[0]
-    outs = (
+    return (
         x.new_empty((d_T, d_HC, d_H,), dtype=torch.bfloat16),
         x.new_empty((d_T, d_HC,), dtype=torch.float32),
         x.new_empty((d_T, d_HC,), dtype=torch.float32),
         x.new_empty((d_T, d_HC,), dtype=torch.float32),
         x.new_empty((d_T, d_HC,), dtype=torch.float32),
     )
-    return outs
 
 
 def _setup_context(ctx, inputs, output) -> None:
-    """Keep the inputs (in the spec's dtypes) and the saved outputs the backward reads."""
-    x, kv, w_h, w_e, eps, clamp = inputs
-    out, dot, gate, rstd_x, rstd_k = output
-    ctx.mark_non_differentiable(dot, gate, rstd_x, rstd_k)
-    ctx.save_for_backward(*(t.to(dtype) for t, dtype in zip((x, kv, w_h, w_e), _DTYPES)), dot, gate, rstd_x, rstd_k)
-    ctx.params = {"eps": eps, "clamp": clamp}
-    ctx.dtypes = tuple(t.dtype for t in (x, kv, w_h, w_e))
+    """Keep the inputs as given (the backward casts them as the forward did) and the saved outputs."""
+    ctx.mark_non_differentiable(*(output[i] for i in _OPTIONAL_OUTPUTS))
+    ctx.save_for_backward(*inputs[:4], *(output[i] for i in _SAVED_OUTPUTS))
+    ctx.params = inputs[4:]
+    ctx.dtypes = tuple(t.dtype for t in inputs[:4])
 
 
-def _backward(ctx, grad_out, grad_dot, grad_gate, grad_rstd_x, grad_rstd_k):
-    """Input gradients on the selected backend, in the inputs' dtypes; none for the float parameters."""
-    x, kv, w_h, w_e, dot, gate, rstd_x, rstd_k = ctx.saved_tensors
-    if _backend(x) == "reference":
-        args = _cast((x, kv, w_h, w_e, gate, rstd_x, rstd_k, grad_out), _REFERENCE_DTYPES)
-    else:  # the kernels differentiate the fused forward: they read its saved tensors
-        args = _cast((x, kv, w_h, w_e, dot, gate, rstd_x, rstd_k, grad_out), _KERNEL_DTYPES)
-    grads = _call("backward_", "engram_gate_hc8_backward", args, **ctx.params)
-    return (*(g.to(dtype) for g, dtype in zip(grads, ctx.dtypes)), None, None)
+@torch.library.custom_op("fusegen::engram_gate_hc8_backward", mutates_args=())
+def _backward_op(x: torch.Tensor, kv: torch.Tensor, w_h: torch.Tensor, w_e: torch.Tensor, dot: torch.Tensor, gate: torch.Tensor, rstd_x: torch.Tensor, rstd_k: torch.Tensor, d_out: torch.Tensor, eps: float, clamp: float) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]:
+    """f32 input gradients from the inputs, saved outputs and output gradients on this device's backend: its
+    own op, so torch.compile traces the backward through the fake below instead of running a kernel on it."""
+    _tensors = (x, kv, w_h, w_e, dot, gate, rstd_x, rstd_k, d_out,)
+    if _backend(_tensors[0]) != "reference":  # the kernels differentiate the fused forward's saved tensors
+        _args = _cast(tuple(_tensors[i] for i in _KERNEL_ARGS), _KERNEL_DTYPES)
+        return _unaliased(_call("backward_", "engram_gate_hc8_backward", _args, **{"eps": eps, "clamp": clamp}), _args)
+    _args = _cast(tuple(_tensors[i] for i in _REFERENCE_ARGS), _REFERENCE_DTYPES)
+    _grads = _module("backward_reference.py").engram_gate_hc8_backward_reference(*_args, **{"eps": eps, "clamp": clamp})
+    return _unaliased(tuple(_grads) if isinstance(_grads, (tuple, list)) else (_grads,), _args)
+
+
+@_backward_op.register_fake
+def _backward_fake(x, kv, w_h, w_e, dot, gate, rstd_x, rstd_k, d_out, eps, clamp):
+    """One f32 gradient per input, in the input's shape."""
+    return tuple(_t.new_empty(_t.shape, dtype=torch.float32) for _t in (x, kv, w_h, w_e,))
+
+
+def _backward(ctx, *grads):
+    """Input gradients in the inputs' dtypes; none for the float parameters."""
+    got = _backward_op(*ctx.saved_tensors, *(grads[i] for i in _DIFFERENTIATED_OUTPUTS), *ctx.params)
+    got = got if isinstance(got, tuple) else (got,)
+    return (*(g.to(dtype) for g, dtype in zip(got, ctx.dtypes)), *(None for _ in ctx.params))
 
 
 engram_gate_hc8.register_autograd(_backward, setup_context=_setup_context)

@@ -9,16 +9,16 @@ import torch.nn.functional as F
 
 
 #: bytes of f32 intermediates held at once; above it the reference works in row chunks
-MEMORY_BUDGET = 1073741824
+_MEMORY_BUDGET = 1073741824
 
 
 def engram_gate_noresid_reference(x, kv, w_h, w_e, eps=1e-20, clamp=1e-06, save=False):
     """The math of `engram_gate_noresid` on torch CPU tensors, in row chunks when its intermediates would exceed
-    MEMORY_BUDGET (every value it forms is per-row, so chunks are independent)."""
+    _MEMORY_BUDGET (every value it forms is per-row, so chunks are independent)."""
     d_H = x.shape[2]
     d_HC = x.shape[1]
     d_T = x.shape[0]
-    step = max(1, MEMORY_BUDGET // (4 * max(1, 1 * (1 + d_HC) * d_H + 1 * d_H + 19 * d_HC + 13 * d_HC * d_H)))
+    step = max(1, _MEMORY_BUDGET // (4 * max(1, 1 * (1 + d_HC) * d_H + 1 * d_H + 19 * d_HC + 13 * d_HC * d_H)))
     if x.shape[0] <= step:
         return _engram_gate_noresid_rows(x, kv, w_h, w_e, eps, clamp, save)
     parts = [_engram_gate_noresid_rows(x[r0:r0 + step], kv[r0:r0 + step], w_h, w_e, eps, clamp, save) for r0 in range(0, x.shape[0], step)]
@@ -32,40 +32,40 @@ def _engram_gate_noresid_rows(x, kv, w_h, w_e, eps=1e-20, clamp=1e-06, save=Fals
     d_H = x.shape[2]
     d_HC = x.shape[1]
     d_T = x.shape[0]
-    _v0 = x.float()
-    _v1 = kv.float()
-    _v2 = w_h.float()
-    _v3 = w_e.float()
-    _k = _v1[0:d_T, 0:d_HC, 0:d_H]
-    _v = _v1[0:d_T, d_HC:(1 + d_HC), 0:d_H]
-    _v8 = torch.square(_v0)
-    _v9 = _v8.mean(dim=2, keepdim=True)
-    _v10 = _v9 + float(eps)
-    _rx = torch.rsqrt(_v10)
-    _v12 = torch.square(_k)
-    _v13 = _v12.mean(dim=2, keepdim=True)
-    _v14 = _v13 + float(eps)
-    _rk = torch.rsqrt(_v14)
-    _v16 = _v0 * _rx
-    _xn = _v16 * _v2
-    _v18 = _k * _rk
-    _kn = _v18 * _v3
-    _v20 = _xn * _kn
-    _v21 = _v20.sum(dim=2, keepdim=True)
-    _v22 = float(d_H)
-    _v23 = (_v22) ** -0.5
-    _s = _v21 * _v23
-    _v25 = torch.sign(_s)
-    _v26 = torch.abs(_s)
-    _v27 = torch.maximum(_v26, torch.as_tensor(float(clamp)))
-    _v28 = torch.sqrt(_v27)
-    _v29 = _v25 * _v28
-    _g = torch.sigmoid(_v29)
+    _0 = x.float()
+    _1 = kv.float()
+    _2 = w_h.float()
+    _3 = w_e.float()
+    _k = _1[0:d_T, 0:d_HC, 0:d_H]
+    _v = _1[0:d_T, d_HC:(1 + d_HC), 0:d_H]
+    _8 = torch.square(_0)
+    _9 = _8.mean(dim=2, keepdim=True)
+    _10 = _9 + float(eps)
+    _rx = torch.rsqrt(_10)
+    _12 = torch.square(_k)
+    _13 = _12.mean(dim=2, keepdim=True)
+    _14 = _13 + float(eps)
+    _rk = torch.rsqrt(_14)
+    _16 = _0 * _rx
+    _xn = _16 * _2
+    _18 = _k * _rk
+    _kn = _18 * _3
+    _20 = _xn * _kn
+    _21 = _20.sum(dim=2, keepdim=True)
+    _22 = float(d_H)
+    _23 = (_22) ** -0.5
+    _s = _21 * _23
+    _25 = torch.sign(_s)
+    _26 = torch.abs(_s)
+    _27 = torch.maximum(_26, torch.as_tensor(float(clamp)))
+    _28 = torch.sqrt(_27)
+    _29 = _25 * _28
+    _g = torch.sigmoid(_29)
     _out = _g * _v
-    _v32 = _v0 * _v2
-    _v33 = _v32 * _k
-    _v34 = _v33 * _v3
-    _raw = _v34.sum(dim=2, keepdim=True)
+    _32 = _0 * _2
+    _33 = _32 * _k
+    _34 = _33 * _3
+    _raw = _34.sum(dim=2, keepdim=True)
     _dot = _raw[0:d_T, 0:d_HC, 0]
     _gate = _g[0:d_T, 0:d_HC, 0]
     _rstd_x = _rx[0:d_T, 0:d_HC, 0]

@@ -9,16 +9,16 @@ import torch.nn.functional as F
 
 
 #: bytes of f32 intermediates held at once; above it the reference works in row chunks
-MEMORY_BUDGET = 1073741824
+_MEMORY_BUDGET = 1073741824
 
 
 def geglu_ffn_reference(x, w1t, b1, wgt, bg, w2t, b2):
     """The math of `geglu_ffn` on torch CPU tensors, in row chunks when its intermediates would exceed
-    MEMORY_BUDGET (every value it forms is per-row, so chunks are independent)."""
+    _MEMORY_BUDGET (every value it forms is per-row, so chunks are independent)."""
     d_I = w1t.shape[1]
     d_K = x.shape[1]
     d_R = x.shape[0]
-    step = max(1, MEMORY_BUDGET // (4 * max(1, 7 * d_I + 3 * d_K)))
+    step = max(1, _MEMORY_BUDGET // (4 * max(1, 7 * d_I + 3 * d_K)))
     if x.shape[0] <= step:
         return _geglu_ffn_rows(x, w1t, b1, wgt, bg, w2t, b2)
     parts = [_geglu_ffn_rows(x[r0:r0 + step], w1t, b1, wgt, bg, w2t, b2) for r0 in range(0, x.shape[0], step)]
@@ -32,20 +32,20 @@ def _geglu_ffn_rows(x, w1t, b1, wgt, bg, w2t, b2):
     d_I = w1t.shape[1]
     d_K = x.shape[1]
     d_R = x.shape[0]
-    _v0 = x.float()
-    _v1 = w1t.float()
-    _v2 = b1.float()
-    _v3 = wgt.float()
-    _v4 = bg.float()
-    _v5 = w2t.float()
-    _v6 = b2.float()
-    _v7 = _v0 @ _v1
-    _v8 = _v7 + _v2
-    _v9 = F.gelu(_v8, approximate="tanh")
-    _v10 = _v0 @ _v3
-    _v11 = _v10 + _v4
-    _h = _v9 * _v11
-    _v13 = _h.to(torch.bfloat16).float()
-    _v14 = _v13 @ _v5
-    _out = _v14 + _v6
+    _0 = x.float()
+    _1 = w1t.float()
+    _2 = b1.float()
+    _3 = wgt.float()
+    _4 = bg.float()
+    _5 = w2t.float()
+    _6 = b2.float()
+    _7 = _0 @ _1
+    _8 = _7 + _2
+    _9 = F.gelu(_8, approximate="tanh")
+    _10 = _0 @ _3
+    _11 = _10 + _4
+    _h = _9 * _11
+    _13 = _h.to(torch.bfloat16).float()
+    _14 = _13 @ _5
+    _out = _14 + _6
     return _out.to(torch.bfloat16)

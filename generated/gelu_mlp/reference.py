@@ -9,16 +9,16 @@ import torch.nn.functional as F
 
 
 #: bytes of f32 intermediates held at once; above it the reference works in row chunks
-MEMORY_BUDGET = 1073741824
+_MEMORY_BUDGET = 1073741824
 
 
 def gelu_mlp_reference(x, w1t, b1, w2t, b2):
     """The math of `gelu_mlp` on torch CPU tensors, in row chunks when its intermediates would exceed
-    MEMORY_BUDGET (every value it forms is per-row, so chunks are independent)."""
+    _MEMORY_BUDGET (every value it forms is per-row, so chunks are independent)."""
     d_I = w1t.shape[1]
     d_K = x.shape[1]
     d_R = x.shape[0]
-    step = max(1, MEMORY_BUDGET // (4 * max(1, 4 * d_I + 3 * d_K)))
+    step = max(1, _MEMORY_BUDGET // (4 * max(1, 4 * d_I + 3 * d_K)))
     if x.shape[0] <= step:
         return _gelu_mlp_rows(x, w1t, b1, w2t, b2)
     parts = [_gelu_mlp_rows(x[r0:r0 + step], w1t, b1, w2t, b2) for r0 in range(0, x.shape[0], step)]
@@ -32,15 +32,15 @@ def _gelu_mlp_rows(x, w1t, b1, w2t, b2):
     d_I = w1t.shape[1]
     d_K = x.shape[1]
     d_R = x.shape[0]
-    _v0 = x.float()
-    _v1 = w1t.float()
-    _v2 = b1.float()
-    _v3 = w2t.float()
-    _v4 = b2.float()
-    _v5 = _v0 @ _v1
-    _v6 = _v5 + _v2
-    _v7 = F.gelu(_v6)
-    _v8 = _v7.to(torch.bfloat16).float()
-    _v9 = _v8 @ _v3
-    _out = _v9 + _v4
+    _0 = x.float()
+    _1 = w1t.float()
+    _2 = b1.float()
+    _3 = w2t.float()
+    _4 = b2.float()
+    _5 = _0 @ _1
+    _6 = _5 + _2
+    _7 = F.gelu(_6)
+    _8 = _7.to(torch.bfloat16).float()
+    _9 = _8 @ _3
+    _out = _9 + _4
     return _out.to(torch.bfloat16)

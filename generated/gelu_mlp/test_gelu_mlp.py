@@ -6,7 +6,7 @@ from pathlib import Path
 
 import pytest
 
-from fusegen import testing
+from fusegen import conformance, testing
 
 HERE = Path(__file__).parent
 SHAPES = [
@@ -19,6 +19,8 @@ SHAPES = [
 INPUTS = (('x', 'bf16', '1'), ('w1t', 'bf16', 'fan_in'), ('b1', 'f32', '1'), ('w2t', 'bf16', 'fan_in'), ('b2', 'f32', '1'))
 #: (output, rtol, atol): |out - ref| <= atol + rtol * max|ref|; f32 outputs no bf16 rounding precedes are tight.
 OUTPUTS = (('out', 0.02, 1e-05),)
+#: a small shape for the op's torch conformance checks
+OP_DIMS = {'I': 32, 'K': 128, 'R': 32}
 
 
 def input_shapes(dims: dict[str, int]) -> dict[str, tuple[int, ...]]:
@@ -35,3 +37,13 @@ def test_kernel_matches_reference(dims: dict[str, int], lnc: int) -> None:
     case = testing.Case(INPUTS, OUTPUTS, dims, input_shapes(dims), save=False)
     report = testing.run_against_reference(HERE, "gelu_mlp", case, lnc=lnc, target="trn2")
     assert report.ok, report.text()
+
+
+@pytest.mark.parametrize("requires_grad", [False])
+def test_op_passes_opcheck(requires_grad: bool) -> None:
+    conformance.opcheck(HERE, "gelu_mlp", INPUTS, input_shapes(OP_DIMS), requires_grad)
+
+
+def test_op_refuses_grad_inputs() -> None:  # inference-only: its family has no backward yet
+    with pytest.raises(RuntimeError, match="inference-only"):
+        conformance.call(HERE, "gelu_mlp", INPUTS, input_shapes(OP_DIMS), requires_grad=True)

@@ -8,41 +8,41 @@ import torch
 import torch.nn.functional as F
 
 
-def layernorm_backward_reference(x, w, b, mu, rstd, grad_y, eps=1e-05):
+def layernorm_backward_reference(x, w, b, mu, rstd, d_y, eps=1e-05):
     """The math of `layernorm_backward` on torch CPU tensors, one line per IR node."""
     d_H = x.shape[1]
     d_T = x.shape[0]
-    _v0 = x.float()
-    _v1 = w.float()
-    _v2 = b.float()
-    _v3 = mu.float()
-    _v4 = rstd.float()
-    _v5 = grad_y.float()
-    _v6 = _v3[:, None]
-    _v7 = _v0 - _v6
-    _v8 = _v4[:, None]
-    _v9 = _v7 * _v8
-    _v10 = _v5.sum(dim=0, keepdim=False)
-    _v11 = _v5 * _v1
-    _v12 = _v5 * _v9
-    _v13 = _v12.sum(dim=0, keepdim=False)
-    _v14 = _v11 * _v8
-    _v15 = _v11 * _v7
-    _v16 = _v15.sum(dim=1, keepdim=True)
-    _v18 = _v8 ** 3.0
-    _v19 = -0.5
-    _v20 = _v16 * _v18
-    _v21 = _v20 * (_v19)
-    _v22 = float(d_H)
-    _v23 = _v21 / (_v22)
-    _v24 = torch.as_tensor(_v23).expand(d_T, d_H)
-    _v25 = 2.0
-    _v26 = _v24 * _v7
-    _v27 = _v26 * (_v25)
-    _v28 = _v14 + _v27
-    _v29 = -_v28
-    _v30 = _v29.sum(dim=1, keepdim=True)
-    _v31 = _v30 / (_v22)
-    _v32 = torch.as_tensor(_v31).expand(d_T, d_H)
-    _v33 = _v28 + _v32
-    return _v33.to(torch.float32), _v13.to(torch.float32), _v10.to(torch.float32)
+    _0 = x.float()
+    _1 = w.float()
+    _2 = b.float()
+    _3 = mu.float()
+    _4 = rstd.float()
+    _5 = d_y.float()
+    _6 = _3[:, None]
+    _7 = _0 - _6
+    _8 = _4[:, None]
+    _9 = _7 * _8
+    _10 = _5.sum(dim=0, keepdim=False)
+    _11 = _5 * _1
+    _12 = _5 * _9
+    _13 = _12.sum(dim=0, keepdim=False)
+    _14 = _11 * _8
+    _15 = _11 * _7
+    _16 = _15.sum(dim=1, keepdim=True)
+    _18 = _8 ** 3.0
+    _19 = -0.5
+    _20 = _16 * _18
+    _21 = _20 * (_19)
+    _22 = float(d_H)
+    _23 = _21 / (_22)
+    _24 = torch.as_tensor(_23).expand(d_T, d_H)
+    _25 = 2.0
+    _26 = _24 * _7
+    _27 = _26 * (_25)
+    _28 = _14 + _27
+    _29 = -_28
+    _30 = _29.sum(dim=1, keepdim=True)
+    _31 = _30 / (_22)
+    _32 = torch.as_tensor(_31).expand(d_T, d_H)
+    _33 = _28 + _32
+    return _33.to(torch.float32), _13.to(torch.float32), _10.to(torch.float32)

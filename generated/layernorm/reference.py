@@ -9,15 +9,15 @@ import torch.nn.functional as F
 
 
 #: bytes of f32 intermediates held at once; above it the reference works in row chunks
-MEMORY_BUDGET = 1073741824
+_MEMORY_BUDGET = 1073741824
 
 
 def layernorm_reference(x, w, b, eps=1e-05, save=False):
     """The math of `layernorm` on torch CPU tensors, in row chunks when its intermediates would exceed
-    MEMORY_BUDGET (every value it forms is per-row, so chunks are independent)."""
+    _MEMORY_BUDGET (every value it forms is per-row, so chunks are independent)."""
     d_H = x.shape[1]
     d_T = x.shape[0]
-    step = max(1, MEMORY_BUDGET // (4 * max(1, 6 * 1 + 4 * d_H)))
+    step = max(1, _MEMORY_BUDGET // (4 * max(1, 6 * 1 + 4 * d_H)))
     if x.shape[0] <= step:
         return _layernorm_rows(x, w, b, eps, save)
     parts = [_layernorm_rows(x[r0:r0 + step], w, b, eps, save) for r0 in range(0, x.shape[0], step)]
@@ -30,18 +30,18 @@ def _layernorm_rows(x, w, b, eps=1e-05, save=False):
     """The math of `layernorm` on torch CPU tensors, one line per IR node."""
     d_H = x.shape[1]
     d_T = x.shape[0]
-    _v0 = x.float()
-    _v1 = w.float()
-    _v2 = b.float()
-    _y = F.layer_norm(_v0, (_v0.shape[-1],), _v1, _v2, float(eps))
-    _m = _v0.mean(dim=1, keepdim=True)
+    _0 = x.float()
+    _1 = w.float()
+    _2 = b.float()
+    _y = F.layer_norm(_0, (_0.shape[-1],), _1, _2, float(eps))
+    _m = _0.mean(dim=1, keepdim=True)
     _mu = _m[0:d_T, 0]
-    _v7 = _v0 - _m
-    _v8 = torch.square(_v7)
-    _v9 = _v8.mean(dim=1, keepdim=True)
-    _v10 = _v9 + float(eps)
-    _v11 = torch.rsqrt(_v10)
-    _rstd = _v11[0:d_T, 0]
+    _7 = _0 - _m
+    _8 = torch.square(_7)
+    _9 = _8.mean(dim=1, keepdim=True)
+    _10 = _9 + float(eps)
+    _11 = torch.rsqrt(_10)
+    _rstd = _11[0:d_T, 0]
     if save:
         return _y.to(torch.bfloat16), _mu.to(torch.float32), _rstd.to(torch.float32)
     return _y.to(torch.bfloat16)

@@ -6,7 +6,7 @@ from pathlib import Path
 
 import pytest
 
-from fusegen import testing
+from fusegen import conformance, testing
 
 HERE = Path(__file__).parent
 SHAPES = [
@@ -19,6 +19,8 @@ SHAPES = [
 INPUTS = (('x', 'bf16', '1'), ('w', 'f32', '1'), ('b', 'f32', '1'))
 #: (output, rtol, atol): |out - ref| <= atol + rtol * max|ref|; f32 outputs no bf16 rounding precedes are tight.
 OUTPUTS = (('y', 0.02, 1e-05), ('mu', 1e-05, 1e-06), ('rstd', 1e-05, 1e-06))
+#: a small shape for the op's torch conformance checks
+OP_DIMS = {'H': 32, 'T': 3}
 
 
 def input_shapes(dims: dict[str, int]) -> dict[str, tuple[int, ...]]:
@@ -34,3 +36,12 @@ def test_kernel_matches_reference(dims: dict[str, int], lnc: int) -> None:
     case = testing.Case(INPUTS, OUTPUTS, dims, input_shapes(dims), save=True)
     report = testing.run_against_reference(HERE, "layernorm", case, lnc=lnc, target="trn2")
     assert report.ok, report.text()
+
+
+@pytest.mark.parametrize("requires_grad", [False, True])
+def test_op_passes_opcheck(requires_grad: bool) -> None:
+    conformance.opcheck(HERE, "layernorm", INPUTS, input_shapes(OP_DIMS), requires_grad)
+
+
+def test_op_backward_passes_gradcheck() -> None:
+    assert conformance.gradcheck(HERE, "layernorm", INPUTS, input_shapes(OP_DIMS), (0,), ('bf16', 'f32'))

@@ -9,16 +9,16 @@ import torch.nn.functional as F
 
 
 #: bytes of f32 intermediates held at once; above it the reference works in row chunks
-MEMORY_BUDGET = 1073741824
+_MEMORY_BUDGET = 1073741824
 
 
 def llama_swiglu_reference(x, wgt, wut, wdt):
     """The math of `llama_swiglu` on torch CPU tensors, in row chunks when its intermediates would exceed
-    MEMORY_BUDGET (every value it forms is per-row, so chunks are independent)."""
+    _MEMORY_BUDGET (every value it forms is per-row, so chunks are independent)."""
     d_I = wgt.shape[1]
     d_K = x.shape[1]
     d_R = x.shape[0]
-    step = max(1, MEMORY_BUDGET // (4 * max(1, 5 * d_I + 2 * d_K)))
+    step = max(1, _MEMORY_BUDGET // (4 * max(1, 5 * d_I + 2 * d_K)))
     if x.shape[0] <= step:
         return _llama_swiglu_rows(x, wgt, wut, wdt)
     parts = [_llama_swiglu_rows(x[r0:r0 + step], wgt, wut, wdt) for r0 in range(0, x.shape[0], step)]
@@ -32,14 +32,14 @@ def _llama_swiglu_rows(x, wgt, wut, wdt):
     d_I = wgt.shape[1]
     d_K = x.shape[1]
     d_R = x.shape[0]
-    _v0 = x.float()
-    _v1 = wgt.float()
-    _v2 = wut.float()
-    _v3 = wdt.float()
-    _v4 = _v0 @ _v1
-    _v5 = F.silu(_v4)
-    _v6 = _v0 @ _v2
-    _v7 = _v5 * _v6
-    _v8 = _v7.to(torch.bfloat16).float()
-    _out = _v8 @ _v3
+    _0 = x.float()
+    _1 = wgt.float()
+    _2 = wut.float()
+    _3 = wdt.float()
+    _4 = _0 @ _1
+    _5 = F.silu(_4)
+    _6 = _0 @ _2
+    _7 = _5 * _6
+    _8 = _7.to(torch.bfloat16).float()
+    _out = _8 @ _3
     return _out.to(torch.bfloat16)

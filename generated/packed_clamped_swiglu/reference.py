@@ -9,16 +9,16 @@ import torch.nn.functional as F
 
 
 #: bytes of f32 intermediates held at once; above it the reference works in row chunks
-MEMORY_BUDGET = 1073741824
+_MEMORY_BUDGET = 1073741824
 
 
 def packed_clamped_swiglu_reference(x, w12t, w3t, limit=7.0):
     """The math of `packed_clamped_swiglu` on torch CPU tensors, in row chunks when its intermediates would exceed
-    MEMORY_BUDGET (every value it forms is per-row, so chunks are independent)."""
+    _MEMORY_BUDGET (every value it forms is per-row, so chunks are independent)."""
     d_I = w3t.shape[0]
     d_K = x.shape[1]
     d_R = x.shape[0]
-    step = max(1, MEMORY_BUDGET // (4 * max(1, 1 * 2 * d_I + 8 * d_I + 2 * d_K)))
+    step = max(1, _MEMORY_BUDGET // (4 * max(1, 1 * 2 * d_I + 8 * d_I + 2 * d_K)))
     if x.shape[0] <= step:
         return _packed_clamped_swiglu_rows(x, w12t, w3t, limit)
     parts = [_packed_clamped_swiglu_rows(x[r0:r0 + step], w12t, w3t, limit) for r0 in range(0, x.shape[0], step)]
@@ -32,18 +32,18 @@ def _packed_clamped_swiglu_rows(x, w12t, w3t, limit=7.0):
     d_I = w3t.shape[0]
     d_K = x.shape[1]
     d_R = x.shape[0]
-    _v0 = x.float()
-    _v1 = w12t.float()
-    _v2 = w3t.float()
-    _h = _v0 @ _v1
-    _v5 = _h[0:d_R, 0:d_I]
-    _gate = torch.minimum(_v5, torch.as_tensor(float(limit)))
-    _v7 = _h[0:d_R, d_I:2 * d_I]
-    _v8 = torch.minimum(_v7, torch.as_tensor(float(limit)))
-    _v9 = -torch.as_tensor(float(limit))
-    _up = torch.maximum(_v8, torch.as_tensor(_v9))
-    _v11 = F.silu(_gate)
-    _v12 = _v11 * _up
-    _v13 = _v12.to(torch.bfloat16).float()
-    _out = _v13 @ _v2
+    _0 = x.float()
+    _1 = w12t.float()
+    _2 = w3t.float()
+    _h = _0 @ _1
+    _5 = _h[0:d_R, 0:d_I]
+    _gate = torch.minimum(_5, torch.as_tensor(float(limit)))
+    _7 = _h[0:d_R, d_I:2 * d_I]
+    _8 = torch.minimum(_7, torch.as_tensor(float(limit)))
+    _9 = -torch.as_tensor(float(limit))
+    _up = torch.maximum(_8, torch.as_tensor(_9))
+    _11 = F.silu(_gate)
+    _12 = _11 * _up
+    _13 = _12.to(torch.bfloat16).float()
+    _out = _13 @ _2
     return _out.to(torch.bfloat16)

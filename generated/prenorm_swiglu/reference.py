@@ -9,16 +9,16 @@ import torch.nn.functional as F
 
 
 #: bytes of f32 intermediates held at once; above it the reference works in row chunks
-MEMORY_BUDGET = 1073741824
+_MEMORY_BUDGET = 1073741824
 
 
 def prenorm_swiglu_reference(x, gamma, wgt, wut, wdt, eps=1e-06):
     """The math of `prenorm_swiglu` on torch CPU tensors, in row chunks when its intermediates would exceed
-    MEMORY_BUDGET (every value it forms is per-row, so chunks are independent)."""
+    _MEMORY_BUDGET (every value it forms is per-row, so chunks are independent)."""
     d_I = wgt.shape[1]
     d_K = x.shape[1]
     d_R = x.shape[0]
-    step = max(1, MEMORY_BUDGET // (4 * max(1, 5 * d_I + 5 * d_K)))
+    step = max(1, _MEMORY_BUDGET // (4 * max(1, 5 * d_I + 5 * d_K)))
     if x.shape[0] <= step:
         return _prenorm_swiglu_rows(x, gamma, wgt, wut, wdt, eps)
     parts = [_prenorm_swiglu_rows(x[r0:r0 + step], gamma, wgt, wut, wdt, eps) for r0 in range(0, x.shape[0], step)]
@@ -32,18 +32,18 @@ def _prenorm_swiglu_rows(x, gamma, wgt, wut, wdt, eps=1e-06):
     d_I = wgt.shape[1]
     d_K = x.shape[1]
     d_R = x.shape[0]
-    _v0 = x.float()
-    _v1 = gamma.float()
-    _v2 = wgt.float()
-    _v3 = wut.float()
-    _v4 = wdt.float()
-    _v6 = _v0 * torch.rsqrt(_v0.square().mean(dim=-1, keepdim=True) + float(eps)) * _v1
-    _xn = _v6.to(torch.bfloat16).float()
-    _v8 = _xn @ _v2
-    _v9 = F.silu(_v8)
-    _v10 = _xn @ _v3
-    _v11 = _v9 * _v10
-    _v12 = _v11.to(torch.bfloat16).float()
-    _v13 = _v12 @ _v4
-    _out = _v13 + _v0
+    _0 = x.float()
+    _1 = gamma.float()
+    _2 = wgt.float()
+    _3 = wut.float()
+    _4 = wdt.float()
+    _6 = _0 * torch.rsqrt(_0.square().mean(dim=-1, keepdim=True) + float(eps)) * _1
+    _xn = _6.to(torch.bfloat16).float()
+    _8 = _xn @ _2
+    _9 = F.silu(_8)
+    _10 = _xn @ _3
+    _11 = _9 * _10
+    _12 = _11.to(torch.bfloat16).float()
+    _13 = _12 @ _4
+    _out = _13 + _0
     return _out.to(torch.bfloat16)

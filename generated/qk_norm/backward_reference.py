@@ -8,35 +8,35 @@ import torch
 import torch.nn.functional as F
 
 
-def qk_norm_backward_reference(q, w, grad_y, eps=1e-06):
+def qk_norm_backward_reference(q, w, d_y, eps=1e-06):
     """The math of `qk_norm_backward` on torch CPU tensors, one line per IR node."""
     d_D = q.shape[2]
     d_NH = q.shape[1]
     d_T = q.shape[0]
-    _v0 = q.float()
-    _v1 = w.float()
-    _v2 = grad_y.float()
-    _v3 = torch.square(_v0)
-    _v4 = _v3.mean(dim=2, keepdim=True)
-    _v6 = _v4 + float(eps)
-    _v7 = torch.rsqrt(_v6)
-    _v8 = _v0 * _v7
-    _v9 = _v2 * _v1
-    _v10 = _v2 * _v8
-    _v11 = _v10.sum(dim=0, keepdim=False)
-    _v12 = _v11.sum(dim=0, keepdim=False)
-    _v13 = _v9 * _v7
-    _v14 = _v9 * _v0
-    _v15 = _v14.sum(dim=2, keepdim=True)
-    _v16 = _v7 ** 3.0
-    _v17 = -0.5
-    _v18 = _v15 * _v16
-    _v19 = _v18 * (_v17)
-    _v20 = float(d_D)
-    _v21 = _v19 / (_v20)
-    _v22 = torch.as_tensor(_v21).expand(d_T, d_NH, d_D)
-    _v23 = 2.0
-    _v24 = _v22 * _v0
-    _v25 = _v24 * (_v23)
-    _v26 = _v13 + _v25
-    return _v26.to(torch.float32), _v12.to(torch.float32)
+    _0 = q.float()
+    _1 = w.float()
+    _2 = d_y.float()
+    _3 = torch.square(_0)
+    _4 = _3.mean(dim=2, keepdim=True)
+    _6 = _4 + float(eps)
+    _7 = torch.rsqrt(_6)
+    _8 = _0 * _7
+    _9 = _2 * _1
+    _10 = _2 * _8
+    _11 = _10.sum(dim=0, keepdim=False)
+    _12 = _11.sum(dim=0, keepdim=False)
+    _13 = _9 * _7
+    _14 = _9 * _0
+    _15 = _14.sum(dim=2, keepdim=True)
+    _16 = _7 ** 3.0
+    _17 = -0.5
+    _18 = _15 * _16
+    _19 = _18 * (_17)
+    _20 = float(d_D)
+    _21 = _19 / (_20)
+    _22 = torch.as_tensor(_21).expand(d_T, d_NH, d_D)
+    _23 = 2.0
+    _24 = _22 * _0
+    _25 = _24 * (_23)
+    _26 = _13 + _25
+    return _26.to(torch.float32), _12.to(torch.float32)

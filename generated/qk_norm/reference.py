@@ -9,16 +9,16 @@ import torch.nn.functional as F
 
 
 #: bytes of f32 intermediates held at once; above it the reference works in row chunks
-MEMORY_BUDGET = 1073741824
+_MEMORY_BUDGET = 1073741824
 
 
 def qk_norm_reference(q, w, eps=1e-06):
     """The math of `qk_norm` on torch CPU tensors, in row chunks when its intermediates would exceed
-    MEMORY_BUDGET (every value it forms is per-row, so chunks are independent)."""
+    _MEMORY_BUDGET (every value it forms is per-row, so chunks are independent)."""
     d_D = q.shape[2]
     d_NH = q.shape[1]
     d_T = q.shape[0]
-    step = max(1, MEMORY_BUDGET // (4 * max(1, 2 * d_NH * d_D)))
+    step = max(1, _MEMORY_BUDGET // (4 * max(1, 2 * d_NH * d_D)))
     if q.shape[0] <= step:
         return _qk_norm_rows(q, w, eps)
     parts = [_qk_norm_rows(q[r0:r0 + step], w, eps) for r0 in range(0, q.shape[0], step)]
@@ -32,7 +32,7 @@ def _qk_norm_rows(q, w, eps=1e-06):
     d_D = q.shape[2]
     d_NH = q.shape[1]
     d_T = q.shape[0]
-    _v0 = q.float()
-    _v1 = w.float()
-    _y = _v0 * torch.rsqrt(_v0.square().mean(dim=-1, keepdim=True) + float(eps)) * _v1
+    _0 = q.float()
+    _1 = w.float()
+    _y = _0 * torch.rsqrt(_0.square().mean(dim=-1, keepdim=True) + float(eps)) * _1
     return _y.to(torch.bfloat16)

@@ -6,7 +6,7 @@ from pathlib import Path
 
 import pytest
 
-from fusegen import testing
+from fusegen import conformance, testing
 
 HERE = Path(__file__).parent
 SHAPES = [
@@ -19,6 +19,8 @@ SHAPES = [
 INPUTS = (('q', 'bf16', '1'), ('w', 'bf16', '1'))
 #: (output, rtol, atol): |out - ref| <= atol + rtol * max|ref|; f32 outputs no bf16 rounding precedes are tight.
 OUTPUTS = (('y', 0.02, 1e-05),)
+#: a small shape for the op's torch conformance checks
+OP_DIMS = {'D': 32, 'NH': 32, 'T': 1}
 
 
 def input_shapes(dims: dict[str, int]) -> dict[str, tuple[int, ...]]:
@@ -35,3 +37,12 @@ def test_kernel_matches_reference(dims: dict[str, int], lnc: int) -> None:
     case = testing.Case(INPUTS, OUTPUTS, dims, input_shapes(dims), save=False)
     report = testing.run_against_reference(HERE, "qk_norm", case, lnc=lnc, target="trn2")
     assert report.ok, report.text()
+
+
+@pytest.mark.parametrize("requires_grad", [False, True])
+def test_op_passes_opcheck(requires_grad: bool) -> None:
+    conformance.opcheck(HERE, "qk_norm", INPUTS, input_shapes(OP_DIMS), requires_grad)
+
+
+def test_op_backward_passes_gradcheck() -> None:
+    assert conformance.gradcheck(HERE, "qk_norm", INPUTS, input_shapes(OP_DIMS), (0,), ('bf16',))

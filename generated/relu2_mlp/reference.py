@@ -9,16 +9,16 @@ import torch.nn.functional as F
 
 
 #: bytes of f32 intermediates held at once; above it the reference works in row chunks
-MEMORY_BUDGET = 1073741824
+_MEMORY_BUDGET = 1073741824
 
 
 def relu2_mlp_reference(x, w1t, w2t):
     """The math of `relu2_mlp` on torch CPU tensors, in row chunks when its intermediates would exceed
-    MEMORY_BUDGET (every value it forms is per-row, so chunks are independent)."""
+    _MEMORY_BUDGET (every value it forms is per-row, so chunks are independent)."""
     d_I = w1t.shape[1]
     d_K = x.shape[1]
     d_R = x.shape[0]
-    step = max(1, MEMORY_BUDGET // (4 * max(1, 4 * d_I + 2 * d_K)))
+    step = max(1, _MEMORY_BUDGET // (4 * max(1, 4 * d_I + 2 * d_K)))
     if x.shape[0] <= step:
         return _relu2_mlp_rows(x, w1t, w2t)
     parts = [_relu2_mlp_rows(x[r0:r0 + step], w1t, w2t) for r0 in range(0, x.shape[0], step)]
@@ -32,12 +32,12 @@ def _relu2_mlp_rows(x, w1t, w2t):
     d_I = w1t.shape[1]
     d_K = x.shape[1]
     d_R = x.shape[0]
-    _v0 = x.float()
-    _v1 = w1t.float()
-    _v2 = w2t.float()
-    _v3 = _v0 @ _v1
-    _v4 = F.relu(_v3)
-    _v5 = torch.square(_v4)
-    _v6 = _v5.to(torch.bfloat16).float()
-    _out = _v6 @ _v2
+    _0 = x.float()
+    _1 = w1t.float()
+    _2 = w2t.float()
+    _3 = _0 @ _1
+    _4 = F.relu(_3)
+    _5 = torch.square(_4)
+    _6 = _5.to(torch.bfloat16).float()
+    _out = _6 @ _2
     return _out.to(torch.bfloat16)

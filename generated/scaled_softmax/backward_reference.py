@@ -9,54 +9,54 @@ import torch.nn.functional as F
 
 
 #: bytes of f32 intermediates held at once; above it the reference works in row chunks
-MEMORY_BUDGET = 1073741824
+_MEMORY_BUDGET = 1073741824
 
 
-def scaled_softmax_backward_reference(x, grad_p, grad_lse, scale=0.125):
+def scaled_softmax_backward_reference(x, d_p, d_lse, scale=0.125):
     """The math of `scaled_softmax_backward` on torch CPU tensors, in row chunks when its intermediates would exceed
-    MEMORY_BUDGET (every value it forms is per-row, so chunks are independent)."""
+    _MEMORY_BUDGET (every value it forms is per-row, so chunks are independent)."""
     d_H = x.shape[1]
     d_T = x.shape[0]
-    step = max(1, MEMORY_BUDGET // (4 * max(1, 9 * 1 + 20 * d_H)))
+    step = max(1, _MEMORY_BUDGET // (4 * max(1, 9 * 1 + 20 * d_H)))
     if x.shape[0] <= step:
-        return _scaled_softmax_backward_rows(x, grad_p, grad_lse, scale)
-    parts = [_scaled_softmax_backward_rows(x[r0:r0 + step], grad_p[r0:r0 + step], grad_lse[r0:r0 + step], scale) for r0 in range(0, x.shape[0], step)]
+        return _scaled_softmax_backward_rows(x, d_p, d_lse, scale)
+    parts = [_scaled_softmax_backward_rows(x[r0:r0 + step], d_p[r0:r0 + step], d_lse[r0:r0 + step], scale) for r0 in range(0, x.shape[0], step)]
     if isinstance(parts[0], tuple):
         return tuple(torch.cat(column) for column in zip(*parts, strict=True))
     return torch.cat(parts)
 
 
-def _scaled_softmax_backward_rows(x, grad_p, grad_lse, scale=0.125):
+def _scaled_softmax_backward_rows(x, d_p, d_lse, scale=0.125):
     """The math of `scaled_softmax_backward` on torch CPU tensors, one line per IR node."""
     d_H = x.shape[1]
     d_T = x.shape[0]
-    _v0 = x.float()
-    _v1 = grad_p.float()
-    _v2 = grad_lse.float()
-    _z = _v0 * float(scale)
+    _0 = x.float()
+    _1 = d_p.float()
+    _2 = d_lse.float()
+    _z = _0 * float(scale)
     _zmax = _z.amax(dim=1, keepdim=True)
-    _v6 = _z - _zmax
-    _e = torch.exp(_v6)
+    _6 = _z - _zmax
+    _e = torch.exp(_6)
     _total = _e.sum(dim=1, keepdim=True)
-    _v9 = _v2 / _total
+    _9 = _2 / _total
     _p = _e / _total
-    _v11 = _v1 / _total
-    _v12 = _v1 * _p
-    _v13 = _v12 / _total
-    _v14 = -_v13
-    _v15 = _v14.sum(dim=1, keepdim=True)
-    _v16 = _v9 + _v15
-    _v17 = torch.as_tensor(_v16).expand(d_T, d_H)
-    _v18 = _v11 + _v17
-    _v19 = _v18 * _e
-    _v20 = -_v19
-    _v21 = _v20.sum(dim=1, keepdim=True)
-    _v22 = _v2 + _v21
-    _v23 = _z == _zmax
-    _v24 = _v23.to(torch.float32).float()
-    _v25 = _v22 * _v24
-    _v26 = _v24.sum(dim=1, keepdim=True)
-    _v27 = _v25 / _v26
-    _v28 = _v19 + _v27
-    _v29 = _v28 * float(scale)
-    return _v29.to(torch.float32)
+    _11 = _1 / _total
+    _12 = _1 * _p
+    _13 = _12 / _total
+    _14 = -_13
+    _15 = _14.sum(dim=1, keepdim=True)
+    _16 = _9 + _15
+    _17 = torch.as_tensor(_16).expand(d_T, d_H)
+    _18 = _11 + _17
+    _19 = _18 * _e
+    _20 = -_19
+    _21 = _20.sum(dim=1, keepdim=True)
+    _22 = _2 + _21
+    _23 = _z == _zmax
+    _24 = _23.to(torch.float32).float()
+    _25 = _22 * _24
+    _26 = _24.sum(dim=1, keepdim=True)
+    _27 = _25 / _26
+    _28 = _19 + _27
+    _29 = _28 * float(scale)
+    return _29.to(torch.float32)

@@ -19,7 +19,13 @@ import torch
 
 _HERE = Path(__file__).resolve().parent
 _DTYPES = (torch.bfloat16,)
-_REFERENCE_DTYPES = (torch.bfloat16, torch.bfloat16, torch.float32,)
+#: outputs (by position) autograd marks non-differentiable, saves, and differentiates
+_OPTIONAL_OUTPUTS = ()
+_SAVED_OUTPUTS = ()
+_DIFFERENTIATED_OUTPUTS = (0, 1)
+#: each backward's arguments, as positions in (inputs, saved outputs, output gradients), and their dtypes
+_REFERENCE_ARGS = (0, 1, 2)  # x, d_p, d_lse
+_REFERENCE_DTYPES = (torch.bfloat16, torch.bfloat16, torch.float32)
 
 
 @functools.cache
@@ -47,10 +53,10 @@ def _backend(t: torch.Tensor) -> str:
     return "reference" if os.environ.get("FUSEGEN_OPS_BACKEND", "interpreter") == "reference" else "interpreter"
 
 
-def _call(prefix: str, fn: str, args: tuple[torch.Tensor, ...], **kwargs: object) -> tuple[torch.Tensor, ...]:
+def _call(prefix: str, fn: str, args: tuple[torch.Tensor, ...], /, **kwargs: object) -> tuple[torch.Tensor, ...]:
     """`fn` of <prefix>kernel.py on this device's backend: the NKI kernel through torch_neuronx on a Neuron
     device (untested here), on fusegen's interpreter on CPU, or `fn`_reference of <prefix>reference.py on
-    the reference backend."""
+    the reference backend. Positional-only: the spec's params arrive as keywords, and one may be `fn`."""
     backend = _backend(args[0])
     if backend == "reference":
         out = getattr(_module(f"{prefix}reference.py"), f"{fn}_reference")(*args, **kwargs)
@@ -67,9 +73,18 @@ def _cast(tensors: tuple[torch.Tensor, ...], dtypes: tuple[torch.dtype, ...]) ->
 def _run(args: tuple[torch.Tensor, ...], params: dict[str, float]) -> tuple[torch.Tensor, ...]:
     """The forward on the selected backend, inputs cast to the spec's dtypes."""
     args = _cast(args, _DTYPES)
-    outs = _call("", "scaled_softmax", args, **params)
-    # a custom op may not return its inputs' storage (an f32 input passed straight through)
-    return tuple(o.clone() if any(o.data_ptr() == t.data_ptr() for t in args) else o for o in outs)
+    return _unaliased(_call("", "scaled_softmax", args, **params), args)
+
+
+def _unaliased(outs: tuple[torch.Tensor, ...], args: tuple[torch.Tensor, ...]) -> tuple[torch.Tensor, ...]:
+    """`outs`, each copied if it shares storage with an argument or an earlier output: a custom op may not
+    return its inputs (an f32 input passed straight through) or one tensor twice (x + r: equal gradients)."""
+    taken = {t.untyped_storage().data_ptr() for t in args}
+    fresh = []
+    for o in outs:
+        fresh.append(o.clone() if o.untyped_storage().data_ptr() in taken else o)
+        taken.add(o.untyped_storage().data_ptr())
+    return tuple(fresh)
 
 
 # ---- argument checks (copied from fusegen/codegen/argcheck.py; the signature from the spec) ----
@@ -325,8 +340,7 @@ _SIGNATURE = _Signature(
 def scaled_softmax(x: torch.Tensor, scale: float = 0.125) -> tuple[torch.Tensor, torch.Tensor]:
     """scaled_softmax on this device's backend; returns (p, lse)."""
     _door(_SIGNATURE, (x,), (scale,), cast=True)
-    outs = _run((x,), {"scale": scale})
-    return outs
+    return _run((x,), {"scale": scale})
 
 
 @scaled_softmax.register_fake
@@ -336,29 +350,41 @@ def _fake(x, scale=0.125):
     _door(_SIGNATURE, (x,), (scale,), cast=True)
     d_H = x.shape[1]
     d_T = x.shape[0]
-    outs = (
+    return (
         x.new_empty((d_T, d_H,), dtype=torch.bfloat16),
         x.new_empty((d_T, 1,), dtype=torch.float32),
     )
-    return outs
 
 
 def _setup_context(ctx, inputs, output) -> None:
-    """Keep the inputs (in the spec's dtypes) and the saved outputs the backward reads."""
-    x, scale = inputs
-    p, lse = output
-    ctx.mark_non_differentiable()
-    ctx.save_for_backward(*(t.to(dtype) for t, dtype in zip((x), _DTYPES)), )
-    ctx.params = {"scale": scale}
-    ctx.dtypes = tuple(t.dtype for t in (x))
+    """Keep the inputs as given (the backward casts them as the forward did) and the saved outputs."""
+    ctx.mark_non_differentiable(*(output[i] for i in _OPTIONAL_OUTPUTS))
+    ctx.save_for_backward(*inputs[:1], *(output[i] for i in _SAVED_OUTPUTS))
+    ctx.params = inputs[1:]
+    ctx.dtypes = tuple(t.dtype for t in inputs[:1])
 
 
-def _backward(ctx, grad_p, grad_lse):
-    """Input gradients on the selected backend, in the inputs' dtypes; none for the float parameters."""
-    x,  = ctx.saved_tensors
-    args = _cast((x, grad_p, grad_lse), _REFERENCE_DTYPES)
-    grads = _module("backward_reference.py").scaled_softmax_backward_reference(*args, **ctx.params)
-    return (*(g.to(dtype) for g, dtype in zip(grads, ctx.dtypes)), None)
+@torch.library.custom_op("fusegen::scaled_softmax_backward", mutates_args=())
+def _backward_op(x: torch.Tensor, d_p: torch.Tensor, d_lse: torch.Tensor, scale: float) -> torch.Tensor:
+    """f32 input gradients from the inputs, saved outputs and output gradients on this device's backend: its
+    own op, so torch.compile traces the backward through the fake below instead of running a kernel on it."""
+    _tensors = (x, d_p, d_lse,)
+    _args = _cast(tuple(_tensors[i] for i in _REFERENCE_ARGS), _REFERENCE_DTYPES)
+    _grads = _module("backward_reference.py").scaled_softmax_backward_reference(*_args, **{"scale": scale})
+    return _unaliased(tuple(_grads) if isinstance(_grads, (tuple, list)) else (_grads,), _args)[0]
+
+
+@_backward_op.register_fake
+def _backward_fake(x, d_p, d_lse, scale):
+    """One f32 gradient per input, in the input's shape."""
+    return x.new_empty(x.shape, dtype=torch.float32)
+
+
+def _backward(ctx, *grads):
+    """Input gradients in the inputs' dtypes; none for the float parameters."""
+    got = _backward_op(*ctx.saved_tensors, *(grads[i] for i in _DIFFERENTIATED_OUTPUTS), *ctx.params)
+    got = got if isinstance(got, tuple) else (got,)
+    return (*(g.to(dtype) for g, dtype in zip(got, ctx.dtypes)), *(None for _ in ctx.params))
 
 
 scaled_softmax.register_autograd(_backward, setup_context=_setup_context)

@@ -9,15 +9,15 @@ import torch.nn.functional as F
 
 
 #: bytes of f32 intermediates held at once; above it the reference works in row chunks
-MEMORY_BUDGET = 1073741824
+_MEMORY_BUDGET = 1073741824
 
 
 def scaled_softmax_reference(x, scale=0.125):
     """The math of `scaled_softmax` on torch CPU tensors, in row chunks when its intermediates would exceed
-    MEMORY_BUDGET (every value it forms is per-row, so chunks are independent)."""
+    _MEMORY_BUDGET (every value it forms is per-row, so chunks are independent)."""
     d_H = x.shape[1]
     d_T = x.shape[0]
-    step = max(1, MEMORY_BUDGET // (4 * max(1, 4 * 1 + 5 * d_H)))
+    step = max(1, _MEMORY_BUDGET // (4 * max(1, 4 * 1 + 5 * d_H)))
     if x.shape[0] <= step:
         return _scaled_softmax_rows(x, scale)
     parts = [_scaled_softmax_rows(x[r0:r0 + step], scale) for r0 in range(0, x.shape[0], step)]
@@ -30,13 +30,13 @@ def _scaled_softmax_rows(x, scale=0.125):
     """The math of `scaled_softmax` on torch CPU tensors, one line per IR node."""
     d_H = x.shape[1]
     d_T = x.shape[0]
-    _v0 = x.float()
-    _z = _v0 * float(scale)
+    _0 = x.float()
+    _z = _0 * float(scale)
     _zmax = _z.amax(dim=1, keepdim=True)
-    _v4 = _z - _zmax
-    _e = torch.exp(_v4)
+    _4 = _z - _zmax
+    _e = torch.exp(_4)
     _total = _e.sum(dim=1, keepdim=True)
     _p = _e / _total
-    _v8 = torch.log(_total)
-    _lse = _zmax + _v8
+    _8 = torch.log(_total)
+    _lse = _zmax + _8
     return _p.to(torch.bfloat16), _lse.to(torch.float32)

@@ -13,17 +13,17 @@ import nki.language as nl
 import torch
 
 #: logical-core degree to launch with; must match NEURON_LOGICAL_NC_CONFIG on hardware.
-LNC = int(os.environ.get("NEURON_LOGICAL_NC_CONFIG", "2"))
-TARGET = os.environ.get("FUSEGEN_TARGET", "trn2")
+_LNC = int(os.environ.get("NEURON_LOGICAL_NC_CONFIG", "2"))
+_TARGET = os.environ.get("FUSEGEN_TARGET", "trn2")
 
 # ---- tile planning (copied from fusegen/codegen/ffn_budget.py) ----
 
-P = 128  # partitions
-F_MOV = 512  # matmul moving free size, one fp32 PSUM bank
-MIN_CYCLES = 64  # minimum instruction initiation interval, cycles (nki.md §6 overheads)
+_P = 128  # partitions
+_F_MOV = 512  # matmul moving free size, one fp32 PSUM bank
+_MIN_CYCLES = 64  # minimum instruction initiation interval, cycles (nki.md §6 overheads)
 
 
-class Stage(NamedTuple):
+class _Stage(NamedTuple):
     """A rows-on-partitions stage (the epilogue, or the prologue) swept over K in F_MOV-wide blocks.
 
     Row statistics need the whole row, so a stage runs as passes over the blocks: each pass finishes
@@ -42,10 +42,10 @@ class Stage(NamedTuple):
     loads: int  # DMA transfers per block, over all passes (reads and output writes)
 
 
-NO_STAGE = Stage(0, 0, 0, 0, 0, 0, 0, 0, 0)
+_NO_STAGE = _Stage(0, 0, 0, 0, 0, 0, 0, 0, 0)
 
 
-class FfnModel(NamedTuple):
+class _FfnModel(NamedTuple):
     """What a generated FFN kernel holds in SBUF and computes, counted by its lowering."""
 
     n_up: int  # up projections: 1 plain MLP, 2 gated
@@ -57,11 +57,11 @@ class FfnModel(NamedTuple):
     mid_dve: int  # Vector-engine passes of the combine
     acc_init: int  # 1: an [R, K] residual is DMA'd into the accumulator before the first chunk
     fold_bias: int  # 1: a [K] bias is added while evicting the first chunk, one [P, F_MOV] piece a time
-    epi: Stage  # the epilogue, per owned row tile
-    pro: Stage  # the prologue, per computed row tile (NO_STAGE without one)
+    epi: _Stage  # the epilogue, per owned row tile
+    pro: _Stage  # the prologue, per computed row tile (NO_STAGE without one)
 
 
-class Machine(NamedTuple):
+class _Machine(NamedTuple):
     """The figures of one target the time model needs (per physical core)."""
 
     pe_ghz: float  # tensor engine clock
@@ -74,7 +74,7 @@ class Machine(NamedTuple):
     max_lnc: int  # logical cores one launch may span (trn2 pairs cores; trn1 has no LNC=2)
 
 
-class Buffer(NamedTuple):
+class _Buffer(NamedTuple):
     """One SBUF buffer of the kernel: bytes per partition per copy, and copies in flight."""
 
     name: str
@@ -82,7 +82,7 @@ class Buffer(NamedTuple):
     copies: int
 
 
-class Plan(NamedTuple):
+class _Plan(NamedTuple):
     """Tiles and core split: S rows per super-block, CI intermediate columns per chunk, split over I."""
 
     s: int
@@ -90,7 +90,7 @@ class Plan(NamedTuple):
     split: int  # 1: each core computes every row over its share of I; 0: each core its own rows
 
 
-class Cost(NamedTuple):
+class _Cost(NamedTuple):
     """Modelled busy time per engine of the busiest core, ns; the kernel takes the largest."""
 
     pe: float
@@ -105,68 +105,68 @@ class Cost(NamedTuple):
         return max(self.pe, self.act, self.dve, self.dma)
 
 
-def cdiv(n: int, d: int) -> int:
+def _cdiv(n: int, d: int) -> int:
     """Ceiling division."""
     return -(-n // d)
 
 
-def rows_per_core(rows: int, lnc: int) -> int:
+def _rows_per_core(rows: int, lnc: int) -> int:
     """Rows one core owns: whole 128-row tiles are dealt out, the ragged tile goes last."""
-    return min(rows, cdiv(cdiv(rows, P), lnc) * P)
+    return min(rows, _cdiv(_cdiv(rows, _P), lnc) * _P)
 
 
-def work_per_core(rows: int, i: int, lnc: int, split: int) -> tuple[int, int]:
+def _work_per_core(rows: int, i: int, lnc: int, split: int) -> tuple[int, int]:
     """(rows computed, intermediate columns) of the busiest core."""
     if split:
-        return rows, min(i, cdiv(cdiv(i, P), lnc) * P)
-    return rows_per_core(rows, lnc), i
+        return rows, min(i, _cdiv(_cdiv(i, _P), lnc) * _P)
+    return _rows_per_core(rows, lnc), i
 
 
-def buffers(m: FfnModel, s: int, ci: int, k: int, i: int) -> list[Buffer]:
+def _buffers(m: _FfnModel, s: int, ci: int, k: int, i: int) -> list[_Buffer]:
     """The kernel's SBUF buffers for super-block `s` rows and chunk `ci` columns."""
-    n_k, n_h, n_hc = cdiv(k, P), cdiv(i, P), cdiv(ci, P)
+    n_k, n_h, n_hc = _cdiv(k, _P), _cdiv(i, _P), _cdiv(ci, _P)
     return [
-        Buffer("x^T, K on partitions", n_k * s * m.x_bytes, 1),
-        Buffer("x row block, staged for the PE transpose", F_MOV * m.x_bytes, 2),
-        Buffer("fp32 accumulator", cdiv(s, P) * k * 4, 1),
-        up_weights(m, s, ci, k),
-        Buffer("down-projection weight chunk", n_hc * k * m.x_bytes, 2),
-        Buffer("combine output (down-proj stationary)", n_hc * F_MOV * m.x_bytes, 1),
-        Buffer("combine temporaries", m.mid_tiles * F_MOV * 4, 2),
-        Buffer("prologue block (one K-block's loads and temporaries)", m.pro.block_bytes * F_MOV, 2),
-        Buffer("epilogue block (one K-block's loads and temporaries)", m.epi.block_bytes * F_MOV, 2),
-        Buffer("[K]-bias piece / partial-sum block", F_MOV * 4, 2),
-        Buffer("row statistics columns", (m.epi.cols + m.pro.cols) * 4, 2),
-        Buffer("[I] columns", m.col_vectors * n_h * 4, 1),
+        _Buffer("x^T, K on partitions", n_k * s * m.x_bytes, 1),
+        _Buffer("x row block, staged for the PE transpose", min(_F_MOV, k) * m.x_bytes, 2),
+        _Buffer("fp32 accumulator", _cdiv(s, _P) * k * 4, 1),
+        _up_weights(m, s, ci, k),
+        _Buffer("down-projection weight chunk", n_hc * k * m.x_bytes, 2),
+        _Buffer("combine output (down-proj stationary)", n_hc * _F_MOV * m.x_bytes, 1),
+        _Buffer("combine temporaries", m.mid_tiles * _F_MOV * 4, 2),
+        _Buffer("prologue block (one K-block's loads and temporaries)", m.pro.block_bytes * min(_F_MOV, k), 2),
+        _Buffer("epilogue block (one K-block's loads and temporaries)", m.epi.block_bytes * min(_F_MOV, k), 2),
+        _Buffer("[K]-bias piece / partial-sum block", _F_MOV * 4, 2),
+        _Buffer("row statistics columns", (m.epi.cols + m.pro.cols) * 4, 2),
+        _Buffer("[I] columns", m.col_vectors * n_h * 4, 1),
     ]
 
 
-def up_weights(m: FfnModel, s: int, ci: int, k: int) -> Buffer:
+def _up_weights(m: _FfnModel, s: int, ci: int, k: int) -> _Buffer:
     """The up-projection weights in SBUF: a whole chunk loaded up front, or, with one row slice (S <= F_MOV)
     and one intermediate tile (CI <= P), where each K-tile has a single matmul, streamed a K-tile at a time
     (loaded just before that matmul)."""
-    if s <= F_MOV and ci <= P:
-        return Buffer("up-projection weight K-tile (streamed)", m.n_up * ci * m.x_bytes, 2)
-    return Buffer("up-projection weight chunk", m.n_up * cdiv(k, P) * ci * m.x_bytes, 2)
+    if s <= _F_MOV and ci <= _P:
+        return _Buffer("up-projection weight K-tile (streamed)", m.n_up * ci * m.x_bytes, 2)
+    return _Buffer("up-projection weight chunk", m.n_up * _cdiv(k, _P) * ci * m.x_bytes, 2)
 
 
-def sbuf_bytes(m: FfnModel, s: int, ci: int, k: int, i: int) -> int:
+def _sbuf_bytes(m: _FfnModel, s: int, ci: int, k: int, i: int) -> int:
     """SBUF bytes per partition the kernel needs, copies included."""
-    return sum(b.bytes * b.copies for b in buffers(m, s, ci, k, i))
+    return sum(b.bytes * b.copies for b in _buffers(m, s, ci, k, i))
 
 
-def psum_banks(m: FfnModel) -> int:
+def _psum_banks(m: _FfnModel) -> int:
     """PSUM banks in flight: each projection tile and the down-projection tile, double-buffered."""
     return 2 * (m.n_up + 1)
 
 
-def _stage_cost(st: Stage, tiles: int, k: int) -> tuple[float, float, int, int]:
+def _stage_cost(st: _Stage, tiles: int, k: int) -> tuple[float, float, int, int]:
     """(ACT cycles, DVE cycles, DMA bytes, DMA transfers) of a stage over `tiles` row tiles of P rows."""
-    n_kb = cdiv(k, F_MOV)
-    k_cycles = sum(max(MIN_CYCLES, nb) * n for nb, n in _runs(k, F_MOV))
+    n_kb = _cdiv(k, _F_MOV)
+    k_cycles = sum(max(_MIN_CYCLES, nb) * n for nb, n in _runs(k, _F_MOV))
     act = tiles * st.act * k_cycles
-    dve = tiles * (st.dve * k_cycles + st.col_ops * n_kb * MIN_CYCLES)
-    moved = tiles * P * k * (st.read_bytes + 4 * st.bcast)  # broadcast rows: P copies land in SBUF
+    dve = tiles * (st.dve * k_cycles + st.col_ops * n_kb * _MIN_CYCLES)
+    moved = tiles * _P * k * (st.read_bytes + 4 * st.bcast)  # broadcast rows: P copies land in SBUF
     return act, dve, moved, tiles * n_kb * st.loads
 
 
@@ -177,83 +177,83 @@ def _runs(total: int, size: int) -> list[tuple[int, int]]:
 
 
 def _super_block(
-    m: FfnModel, s_rows: int, inter: int, ci: int, k: int
+    m: _FfnModel, s_rows: int, inter: int, ci: int, k: int
 ) -> tuple[float, float, float, int, int]:
     """(PE, ACT, DVE cycles, DMA bytes, transfers) of one super-block of `s_rows` rows, `inter` columns."""
-    n_k = cdiv(k, P)
-    k_cycles = sum(max(MIN_CYCLES, nk) * n for nk, n in _runs(k, F_MOV))  # one row tile's K, 512 wide
-    act, dve, hbm, transfers = _stage_cost(m.pro, cdiv(s_rows, P), k)
+    n_k = _cdiv(k, _P)
+    k_cycles = sum(max(_MIN_CYCLES, nk) * n for nk, n in _runs(k, _F_MOV))  # one row tile's K, 512 wide
+    act, dve, hbm, transfers = _stage_cost(m.pro, _cdiv(s_rows, _P), k)
     pe = 0.0
     # x's rows read a K-block per transfer; each K-tile transposed on the PE into PSUM, copied out on DVE
-    hbm, transfers = hbm + s_rows * k * m.x_bytes, transfers + cdiv(s_rows, P) * cdiv(k, F_MOV)
-    for rows_t, n_t in _runs(s_rows, P):
-        pe += n_t * n_k * max(MIN_CYCLES, rows_t)
-        dve += n_t * n_k * max(MIN_CYCLES, rows_t)
+    hbm, transfers = hbm + s_rows * k * m.x_bytes, transfers + _cdiv(s_rows, _P) * _cdiv(k, _F_MOV)
+    for rows_t, n_t in _runs(s_rows, _P):
+        pe += n_t * n_k * max(_MIN_CYCLES, rows_t)
+        dve += n_t * n_k * max(_MIN_CYCLES, rows_t)
     if m.fold_bias:  # one [P, F_MOV] piece of the bias per eviction of the first chunk
-        hbm += cdiv(s_rows, P) * P * k * 4
-        transfers += cdiv(s_rows, P) * cdiv(k, F_MOV)
+        hbm += _cdiv(s_rows, _P) * _P * k * 4
+        transfers += _cdiv(s_rows, _P) * _cdiv(k, _F_MOV)
     for chunk, n_chunks in _runs(inter, ci):
-        n_hc = cdiv(chunk, P)
+        n_hc = _cdiv(chunk, _P)
         hbm += n_chunks * (m.n_up + 1) * k * chunk * m.x_bytes
         transfers += n_chunks * (m.n_up * n_k + n_hc)
-        for rw, n_rw in _runs(s_rows, F_MOV):
-            width, times = max(MIN_CYCLES, rw), n_chunks * n_rw * n_hc
-            pe += times * (m.n_up * n_k * width + cdiv(rw, P) * k_cycles)
+        for rw, n_rw in _runs(s_rows, _F_MOV):
+            width, times = max(_MIN_CYCLES, rw), n_chunks * n_rw * n_hc
+            pe += times * (m.n_up * n_k * width + _cdiv(rw, _P) * k_cycles)
             act += times * m.mid_act * width
-            dve += times * m.mid_dve * width + n_chunks * n_rw * cdiv(rw, P) * k_cycles  # PSUM evictions
+            dve += times * m.mid_dve * width + n_chunks * n_rw * _cdiv(rw, _P) * k_cycles  # PSUM evictions
     return pe, act, dve, hbm, transfers
 
 
-def cost(m: FfnModel, mach: Machine, rows: int, k: int, i: int, lnc: int, plan: Plan) -> Cost:
+def _cost(m: _FfnModel, mach: _Machine, rows: int, k: int, i: int, lnc: int, plan: _Plan) -> _Cost:
     """Modelled time of the busiest core for `plan`."""
-    comp_rows, inter = work_per_core(rows, i, lnc, plan.split)
-    own = rows_per_core(rows, lnc)
-    k_cycles = sum(max(MIN_CYCLES, nk) * n for nk, n in _runs(k, F_MOV))
+    comp_rows, inter = _work_per_core(rows, i, lnc, plan.split)
+    own = _rows_per_core(rows, lnc)
+    k_cycles = sum(max(_MIN_CYCLES, nk) * n for nk, n in _runs(k, _F_MOV))
     pe = act = dve = 0.0
     hbm = transfers = 0
     for s_rows, n_sb in _runs(comp_rows, plan.s):
         parts = _super_block(m, s_rows, inter, plan.ci, k)
         pe, act, dve = pe + n_sb * parts[0], act + n_sb * parts[1], dve + n_sb * parts[2]
         hbm, transfers = hbm + n_sb * parts[3], transfers + n_sb * parts[4]
-    tiles = cdiv(own, P)
+    tiles = _cdiv(own, _P)
     e_act, e_dve, e_bytes, e_transfers = _stage_cost(m.epi, tiles, k)
     act, dve, hbm, transfers = act + e_act, dve + e_dve, hbm + e_bytes, transfers + e_transfers
     hbm += own * k * 4 * m.acc_init
     transfers += tiles * m.acc_init
     if plan.split and lnc > 1:  # partial down-projections of the other core's rows out, this core's in
         hbm += 2 * own * k * 4
-        transfers += tiles * (1 + cdiv(k, F_MOV))
+        transfers += tiles * (1 + _cdiv(k, _F_MOV))
         dve += tiles * k_cycles
     dma = max(hbm / mach.dma_gbps, transfers * mach.dma_fixed_ns / mach.dma_queues)
-    return Cost(pe / mach.pe_ghz, act / mach.act_ghz, dve / mach.dve_ghz, dma, hbm)
+    return _Cost(pe / mach.pe_ghz, act / mach.act_ghz, dve / mach.dve_ghz, dma, hbm)
 
 
-def candidates(
-    m: FfnModel, rows: int, k: int, i: int, lnc: int, budget: int, exhaustive: bool = False
-) -> list[Plan]:
+def _candidates(
+    m: _FfnModel, rows: int, k: int, i: int, lnc: int, budget: int, exhaustive: bool = False
+) -> list[_Plan]:
     """Legal plans: every (S, CI) multiple of 128 when exhaustive, else a pruned set the search keeps."""
     plans = []
-    for split in (0, 1) if lnc > 1 and cdiv(i, P) >= lnc else (0,):
-        comp_rows, inter = work_per_core(rows, i, lnc, split)
-        s_all = range(P, cdiv(comp_rows, P) * P + 1, P)
-        ci_all = range(P, cdiv(inter, P) * P + 1, P)
+    for split in (0, 1) if lnc > 1 and _cdiv(i, _P) >= lnc else (0,):
+        comp_rows, inter = _work_per_core(rows, i, lnc, split)
+        s_all = range(_P, _cdiv(comp_rows, _P) * _P + 1, _P)
+        ci_all = range(_P, _cdiv(inter, _P) * _P + 1, _P)
         s_set = s_all if exhaustive else _row_tiles(comp_rows)
         for s in s_set:
             if exhaustive:
-                fits = [ci for ci in ci_all if sbuf_bytes(m, s, ci, k, i) <= budget]
+                fits = [ci for ci in ci_all if _sbuf_bytes(m, s, ci, k, i) <= budget]
             else:
                 widest = _widest_fit(m, s, ci_all, k, i, budget)
                 fits = [ci for ci in ci_all[max(0, widest - 3) : widest + 1]] if widest >= 0 else []
-            plans += [Plan(s, ci, split) for ci in fits]
+            plans += [_Plan(s, ci, split) for ci in fits]
     return plans
 
 
-def _widest_fit(m: FfnModel, s: int, ci_all: range, k: int, i: int, budget: int) -> int:
+def _widest_fit(m: _FfnModel, s: int, ci_all: range, k: int, i: int, budget: int) -> int:
     """Index in `ci_all` of the widest chunk that fits, -1 if none (SBUF grows with CI: bisect)."""
     lo, hi = -1, len(ci_all) - 1
     while lo < hi:
         mid = (lo + hi + 1) // 2
-        if sbuf_bytes(m, s, ci_all[mid], k, i) <= budget:
+        if _sbuf_bytes(m, s, ci_all[mid], k, i) <= budget:
             lo = mid
         else:
             hi = mid - 1
@@ -263,39 +263,39 @@ def _widest_fit(m: FfnModel, s: int, ci_all: range, k: int, i: int, budget: int)
 def _row_tiles(rows: int) -> list[int]:
     """Super-block sizes the search tries: rows/1 .. rows/8 rounded up to whole tiles, and 128 .. 2048 rows
     (a wide shape fits only small super-blocks, however many rows there are)."""
-    most = cdiv(rows, P) * P
-    even = {cdiv(cdiv(rows, n), P) * P for n in range(1, 9)}
-    return sorted(even | {s for s in (P, 2 * P, 4 * P, 8 * P, 16 * P) if s <= most})
+    most = _cdiv(rows, _P) * _P
+    even = {_cdiv(_cdiv(rows, n), _P) * _P for n in range(1, 9)}
+    return sorted(even | {s for s in (_P, 2 * _P, 4 * _P, 8 * _P, 16 * _P) if s <= most})
 
 
-def rank_key(
-    m: FfnModel, mach: Machine, rows: int, k: int, i: int, lnc: int, plan: Plan
+def _rank_key(
+    m: _FfnModel, mach: _Machine, rows: int, k: int, i: int, lnc: int, plan: _Plan
 ) -> tuple[float, float, int, int]:
     """Order of preference: modelled time, then total engine work (so ties at the bound go to the plan
     that leaves the other engines most slack), then HBM bytes, then SBUF."""
-    c = cost(m, mach, rows, k, i, lnc, plan)
+    c = _cost(m, mach, rows, k, i, lnc, plan)
     work = c.pe + c.act + c.dve + c.dma
-    return (round(c.total, 1), round(work, 1), c.hbm_bytes, sbuf_bytes(m, plan.s, plan.ci, k, i))
+    return (round(c.total, 1), round(work, 1), c.hbm_bytes, _sbuf_bytes(m, plan.s, plan.ci, k, i))
 
 
-def choose(m: FfnModel, mach: Machine, rows: int, k: int, i: int, lnc: int) -> Plan:
+def _choose(m: _FfnModel, mach: _Machine, rows: int, k: int, i: int, lnc: int) -> _Plan:
     """The best modelled legal plan; ValueError with the numbers when none fits."""
     if lnc > mach.max_lnc:
         raise ValueError(f"LNC={lnc} is not available on this target: at most {mach.max_lnc}")
-    plans = candidates(m, rows, k, i, lnc, mach.sbuf_budget)
+    plans = _candidates(m, rows, k, i, lnc, mach.sbuf_budget)
     if not plans:
-        need = sbuf_bytes(m, P, P, k, i)
+        need = _sbuf_bytes(m, _P, _P, k, i)
         raise ValueError(
             f"no tile plan fits: the smallest (S=128, CI=128) needs {need} B/partition of SBUF "
             f"for K={k}, I={i}; the budget is {mach.sbuf_budget} B"
         )
-    return min(plans, key=lambda p: rank_key(m, mach, rows, k, i, lnc, p))
+    return min(plans, key=lambda p: _rank_key(m, mach, rows, k, i, lnc, p))
 
-MODEL = FfnModel(n_up=2, x_bytes=2, mid_tiles=2, col_vectors=2, out_bytes=6, mid_act=1, mid_dve=2, acc_init=0, fold_bias=1, epi=Stage(block_bytes=8, cols=7, sweeps=3, act=2, dve=3, col_ops=2, read_bytes=4, bcast=0, loads=3), pro=Stage(block_bytes=0, cols=0, sweeps=0, act=0, dve=0, col_ops=0, read_bytes=0, bcast=0, loads=0))
+_MODEL = _FfnModel(n_up=2, x_bytes=2, mid_tiles=2, col_vectors=2, out_bytes=6, mid_act=1, mid_dve=2, acc_init=0, fold_bias=1, epi=_Stage(block_bytes=8, cols=7, sweeps=3, act=2, dve=3, col_ops=2, read_bytes=4, bcast=0, loads=3), pro=_Stage(block_bytes=0, cols=0, sweeps=0, act=0, dve=0, col_ops=0, read_bytes=0, bcast=0, loads=0))
 #: the figures the planner's time model needs, per target (from fusegen/sim/targets.py).
-MACHINES = {
-    "trn1": Machine(pe_ghz=2.8, act_ghz=1.4, dve_ghz=1.12, dma_gbps=272.0, dma_fixed_ns=1300.0, dma_queues=16, sbuf_budget=180224, max_lnc=1),
-    "trn2": Machine(pe_ghz=2.4, act_ghz=1.2, dve_ghz=0.96, dma_gbps=362.5, dma_fixed_ns=1300.0, dma_queues=16, sbuf_budget=212984, max_lnc=2),
+_MACHINES = {
+    "trn1": _Machine(pe_ghz=2.8, act_ghz=1.4, dve_ghz=1.12, dma_gbps=272.0, dma_fixed_ns=1300.0, dma_queues=16, sbuf_budget=180224, max_lnc=1),
+    "trn2": _Machine(pe_ghz=2.4, act_ghz=1.2, dve_ghz=0.96, dma_gbps=362.5, dma_fixed_ns=1300.0, dma_queues=16, sbuf_budget=212984, max_lnc=2),
 }
 
 
@@ -312,20 +312,21 @@ def swiglu_ffn_ln_kernel(x_hbm, w1t_hbm, b1_hbm, wgt_hbm, bg_hbm, w2t_hbm, b2_hb
     d_I = w1t_hbm.shape[1]
     d_K = x_hbm.shape[1]
     d_R = x_hbm.shape[0]
-    n_k = cdiv(K, P)
-    n_ko = cdiv(K, F_MOV)
-    stream_up = S <= F_MOV and CI <= P  # up weights a K-tile at a time, as ffn_budget.up_weights counts them
+    n_k = _cdiv(K, _P)
+    n_ko = _cdiv(K, _F_MOV)
+    kb = min(_F_MOV, K)  # width of the K-blocks the prologue and epilogue stage in SBUF
+    stream_up = S <= _F_MOV and CI <= _P  # up weights a K-tile at a time, as ffn_budget.up_weights counts them
     x_new_hbm = nl.ndarray((R, K), dtype=nl.float32, buffer=nl.shared_hbm)
     z_hbm = nl.ndarray((R, K), dtype=nl.bfloat16, buffer=nl.shared_hbm)
-    b1_hbm_col = nl.ndarray((P, cdiv(I, P)), dtype=nl.float32, buffer=nl.sbuf)
+    b1_hbm_col = nl.ndarray((_P, _cdiv(I, _P)), dtype=nl.float32, buffer=nl.sbuf)
     nisa.dma_copy(dst=b1_hbm_col, src=b1_hbm)
-    bg_hbm_col = nl.ndarray((P, cdiv(I, P)), dtype=nl.float32, buffer=nl.sbuf)
+    bg_hbm_col = nl.ndarray((_P, _cdiv(I, _P)), dtype=nl.float32, buffer=nl.sbuf)
     nisa.dma_copy(dst=bg_hbm_col, src=bg_hbm)
     pid, cores = nl.program_id(0), nl.num_programs()
-    own_begin = min(R, pid * rows_per_core(R, cores))
-    own_end = min(R, own_begin + rows_per_core(R, cores))
+    own_begin = min(R, pid * _rows_per_core(R, cores))
+    own_end = min(R, own_begin + _rows_per_core(R, cores))
     if SPLIT:
-        i_share = min(I, cdiv(cdiv(I, P), cores) * P)
+        i_share = min(I, _cdiv(_cdiv(I, _P), cores) * _P)
         i_begin, i_end = min(I, pid * i_share), min(I, (pid + 1) * i_share)
         r_begin, r_end = 0, R
         partial = nl.ndarray((R, K), dtype=nl.float32, buffer=nl.shared_hbm)
@@ -334,94 +335,94 @@ def swiglu_ffn_ln_kernel(x_hbm, w1t_hbm, b1_hbm, wgt_hbm, bg_hbm, w2t_hbm, b2_hb
         r_begin, r_end = own_begin, own_end
     for r_sb in range(r_begin, r_end, S):
         s_rows = min(S, r_end - r_sb)
-        n_rs = cdiv(s_rows, P)
-        owned = [own_begin <= r_sb + rs * P < own_end for rs in range(n_rs)]
+        n_rs = _cdiv(s_rows, _P)
+        owned = [own_begin <= r_sb + rs * _P < own_end for rs in range(n_rs)]
         # x^T for the super-block: K on partitions, rows on the free axis; one row tile at a time, its rows
         # (through the prologue, if any) transposed on the PE: a DMA transpose needs 16-row 2-byte pieces
         xt = []
         for kt in range(n_k):
-            t = nl.ndarray((P, S), dtype=nl.bfloat16, buffer=nl.sbuf)
+            t = nl.ndarray((_P, S), dtype=nl.bfloat16, buffer=nl.sbuf)
             xt.append(t)
         for rs in range(n_rs):  # one row tile at a time, each K-block transposed on the PE into x^T
-            r0 = r_sb + rs * P
-            pr = min(P, s_rows - rs * P)
-            for k0 in range(0, K, F_MOV):
-                nb = min(F_MOV, K - k0)
-                x_blk = nl.ndarray((P, F_MOV), dtype=nl.bfloat16, buffer=nl.sbuf)
+            r0 = r_sb + rs * _P
+            pr = min(_P, s_rows - rs * _P)
+            for k0 in range(0, K, _F_MOV):
+                nb = min(_F_MOV, K - k0)
+                x_blk = nl.ndarray((_P, kb), dtype=nl.bfloat16, buffer=nl.sbuf)
                 nisa.dma_copy(dst=x_blk[0:pr, 0:nb], src=x_hbm[r0:r0 + pr, k0:k0 + nb])
-                for kt in range(k0 // P, cdiv(k0 + nb, P)):
-                    pk = min(P, K - kt * P)
-                    xt_ps = nl.ndarray((P, P), dtype=nl.bfloat16, buffer=nl.psum)
-                    nisa.nc_transpose(dst=xt_ps[0:pk, 0:pr], data=x_blk[0:pr, kt * P - k0:kt * P - k0 + pk], engine=nisa.engine.tensor)
-                    nisa.tensor_copy(dst=xt[kt][0:pk, rs * P:rs * P + pr], src=xt_ps[0:pk, 0:pr])
+                for kt in range(k0 // _P, _cdiv(k0 + nb, _P)):
+                    pk = min(_P, K - kt * _P)
+                    xt_ps = nl.ndarray((_P, _P), dtype=nl.bfloat16, buffer=nl.psum)
+                    nisa.nc_transpose(dst=xt_ps[0:pk, 0:pr], data=x_blk[0:pr, kt * _P - k0:kt * _P - k0 + pk], engine=nisa.engine.tensor)
+                    nisa.tensor_copy(dst=xt[kt][0:pk, rs * _P:rs * _P + pr], src=xt_ps[0:pk, 0:pr])
         acc = []
         for rs in range(n_rs):
-            t = nl.ndarray((P, K), dtype=nl.float32, buffer=nl.sbuf)
+            t = nl.ndarray((_P, K), dtype=nl.float32, buffer=nl.sbuf)
             acc.append(t)
-        for c in range(cdiv(i_end - i_begin, CI)):
+        for c in range(_cdiv(i_end - i_begin, CI)):
             i0 = i_begin + c * CI
             ci = min(CI, i_end - i0)
-            n_hc = cdiv(ci, P)
+            n_hc = _cdiv(ci, _P)
             pj0_w = []
             for kt in range(0 if stream_up else n_k):
-                pk = min(P, K - kt * P)
-                t = nl.ndarray((P, CI), dtype=nl.bfloat16, buffer=nl.sbuf)
-                nisa.dma_copy(dst=t[0:pk, 0:ci], src=w1t_hbm[kt * P:kt * P + pk, i0:i0 + ci])
+                pk = min(_P, K - kt * _P)
+                t = nl.ndarray((_P, CI), dtype=nl.bfloat16, buffer=nl.sbuf)
+                nisa.dma_copy(dst=t[0:pk, 0:ci], src=w1t_hbm[kt * _P:kt * _P + pk, i0:i0 + ci])
                 pj0_w.append(t)
             pj1_w = []
             for kt in range(0 if stream_up else n_k):
-                pk = min(P, K - kt * P)
-                t = nl.ndarray((P, CI), dtype=nl.bfloat16, buffer=nl.sbuf)
-                nisa.dma_copy(dst=t[0:pk, 0:ci], src=wgt_hbm[kt * P:kt * P + pk, i0:i0 + ci])
+                pk = min(_P, K - kt * _P)
+                t = nl.ndarray((_P, CI), dtype=nl.bfloat16, buffer=nl.sbuf)
+                nisa.dma_copy(dst=t[0:pk, 0:ci], src=wgt_hbm[kt * _P:kt * _P + pk, i0:i0 + ci])
                 pj1_w.append(t)
             wd = []
             for hl in range(n_hc):
-                ph = min(P, i_end - i0 - hl * P)
-                t = nl.ndarray((P, K), dtype=nl.bfloat16, buffer=nl.sbuf)
-                nisa.dma_copy(dst=t[0:ph, 0:K], src=w2t_hbm[i0 + hl * P:i0 + hl * P + ph, 0:K])
+                ph = min(_P, i_end - i0 - hl * _P)
+                t = nl.ndarray((_P, K), dtype=nl.bfloat16, buffer=nl.sbuf)
+                nisa.dma_copy(dst=t[0:ph, 0:K], src=w2t_hbm[i0 + hl * _P:i0 + hl * _P + ph, 0:K])
                 wd.append(t)
-            for q0 in range(0, s_rows, F_MOV):
-                rw = min(F_MOV, s_rows - q0)
+            for q0 in range(0, s_rows, _F_MOV):
+                rw = min(_F_MOV, s_rows - q0)
                 g = []
                 for hl in range(n_hc):
-                    hg = i0 // P + hl
-                    ph = min(P, i_end - hg * P)
-                    pj0 = nl.ndarray((P, F_MOV), dtype=nl.float32, buffer=nl.psum)
+                    hg = i0 // _P + hl
+                    ph = min(_P, i_end - hg * _P)
+                    pj0 = nl.ndarray((_P, _F_MOV), dtype=nl.float32, buffer=nl.psum)
                     for kt in range(n_k):
-                        pk = min(P, K - kt * P)
+                        pk = min(_P, K - kt * _P)
                         if stream_up:  # one row slice, one intermediate tile: this matmul is the K-tile's only use
-                            t = nl.ndarray((P, CI), dtype=nl.bfloat16, buffer=nl.sbuf)
-                            nisa.dma_copy(dst=t[0:pk, 0:ci], src=w1t_hbm[kt * P:kt * P + pk, i0:i0 + ci])
+                            t = nl.ndarray((_P, CI), dtype=nl.bfloat16, buffer=nl.sbuf)
+                            nisa.dma_copy(dst=t[0:pk, 0:ci], src=w1t_hbm[kt * _P:kt * _P + pk, i0:i0 + ci])
                             pj0_w.append(t)
-                        nisa.nc_matmul(dst=pj0[0:ph, 0:rw], stationary=pj0_w[kt][0:pk, hl * P:hl * P + ph],
+                        nisa.nc_matmul(dst=pj0[0:ph, 0:rw], stationary=pj0_w[kt][0:pk, hl * _P:hl * _P + ph],
                                        moving=xt[kt][0:pk, q0:q0 + rw], accumulate=(kt > 0))
-                    pj1 = nl.ndarray((P, F_MOV), dtype=nl.float32, buffer=nl.psum)
+                    pj1 = nl.ndarray((_P, _F_MOV), dtype=nl.float32, buffer=nl.psum)
                     for kt in range(n_k):
-                        pk = min(P, K - kt * P)
+                        pk = min(_P, K - kt * _P)
                         if stream_up:  # one row slice, one intermediate tile: this matmul is the K-tile's only use
-                            t = nl.ndarray((P, CI), dtype=nl.bfloat16, buffer=nl.sbuf)
-                            nisa.dma_copy(dst=t[0:pk, 0:ci], src=wgt_hbm[kt * P:kt * P + pk, i0:i0 + ci])
+                            t = nl.ndarray((_P, CI), dtype=nl.bfloat16, buffer=nl.sbuf)
+                            nisa.dma_copy(dst=t[0:pk, 0:ci], src=wgt_hbm[kt * _P:kt * _P + pk, i0:i0 + ci])
                             pj1_w.append(t)
-                        nisa.nc_matmul(dst=pj1[0:ph, 0:rw], stationary=pj1_w[kt][0:pk, hl * P:hl * P + ph],
+                        nisa.nc_matmul(dst=pj1[0:ph, 0:rw], stationary=pj1_w[kt][0:pk, hl * _P:hl * _P + ph],
                                        moving=xt[kt][0:pk, q0:q0 + rw], accumulate=(kt > 0))
-                    m0 = nl.ndarray((P, F_MOV), dtype=nl.float32, buffer=nl.sbuf)
+                    m0 = nl.ndarray((_P, _F_MOV), dtype=nl.float32, buffer=nl.sbuf)
                     nisa.activation(dst=m0[0:ph, 0:rw], op=nl.silu, data=pj0[0:ph, 0:rw], bias=b1_hbm_col[0:ph, hg:hg + 1])
-                    m1 = nl.ndarray((P, F_MOV), dtype=nl.bfloat16, buffer=nl.sbuf)
+                    m1 = nl.ndarray((_P, _F_MOV), dtype=nl.bfloat16, buffer=nl.sbuf)
                     nisa.scalar_tensor_tensor(dst=m1[0:ph, 0:rw], data=pj1[0:ph, 0:rw], op0=nl.add, operand0=bg_hbm_col[0:ph, hg:hg + 1], op1=nl.multiply, operand1=m0[0:ph, 0:rw])
                     g.append(m1)
-                for rq in range(0, rw, P):
-                    rs = (q0 + rq) // P
-                    pr = min(P, rw - rq)
+                for rq in range(0, rw, _P):
+                    rs = (q0 + rq) // _P
+                    pr = min(_P, rw - rq)
                     for ko in range(n_ko):
-                        k0 = ko * F_MOV
-                        nk = min(F_MOV, K - k0)
-                        ps = nl.ndarray((P, F_MOV), dtype=nl.float32, buffer=nl.psum)
+                        k0 = ko * _F_MOV
+                        nk = min(_F_MOV, K - k0)
+                        ps = nl.ndarray((_P, _F_MOV), dtype=nl.float32, buffer=nl.psum)
                         for hl in range(n_hc):
-                            ph = min(P, i_end - i0 - hl * P)
+                            ph = min(_P, i_end - i0 - hl * _P)
                             nisa.nc_matmul(dst=ps[0:pr, 0:nk], stationary=g[hl][0:ph, rq:rq + pr],
                                            moving=wd[hl][0:ph, k0:k0 + nk], accumulate=(hl > 0))
                         if c == 0 and owned[rs]:
-                            bias = nl.ndarray((P, F_MOV), dtype=nl.float32, buffer=nl.sbuf)
+                            bias = nl.ndarray((_P, _F_MOV), dtype=nl.float32, buffer=nl.sbuf)
                             nisa.dma_copy(dst=bias[0:pr, 0:nk], src=b2_hbm.ap(pattern=[[0, pr], [1, nk]], offset=k0))
                             nisa.tensor_tensor(dst=acc[rs][0:pr, k0:k0 + nk], data1=ps[0:pr, 0:nk], data2=bias[0:pr, 0:nk], op=nl.add)
                         elif c == 0:
@@ -431,52 +432,52 @@ def swiglu_ffn_ln_kernel(x_hbm, w1t_hbm, b1_hbm, wgt_hbm, bg_hbm, w2t_hbm, b2_hb
                                                data2=ps[0:pr, 0:nk], op=nl.add)
         if SPLIT:  # the other core's rows go out; after the barrier, this core's come in
             for rs in range(n_rs):
-                r0, pr = r_sb + rs * P, min(P, s_rows - rs * P)
+                r0, pr = r_sb + rs * _P, min(_P, s_rows - rs * _P)
                 if not owned[rs]:
                     nisa.dma_copy(dst=partial[r0:r0 + pr, 0:K], src=acc[rs][0:pr, 0:K])
             nisa.core_barrier(data=partial, cores=tuple(range(cores)))
             for rs in range(n_rs):
-                r0, pr = r_sb + rs * P, min(P, s_rows - rs * P)
+                r0, pr = r_sb + rs * _P, min(_P, s_rows - rs * _P)
                 if owned[rs]:
-                    for k0 in range(0, K, F_MOV):
-                        nb = min(F_MOV, K - k0)
-                        t = nl.ndarray((P, F_MOV), dtype=nl.float32, buffer=nl.sbuf)
+                    for k0 in range(0, K, _F_MOV):
+                        nb = min(_F_MOV, K - k0)
+                        t = nl.ndarray((_P, _F_MOV), dtype=nl.float32, buffer=nl.sbuf)
                         nisa.dma_copy(dst=t[0:pr, 0:nb], src=partial[r0:r0 + pr, k0:k0 + nb])
                         nisa.tensor_tensor(dst=acc[rs][0:pr, k0:k0 + nb], data1=acc[rs][0:pr, k0:k0 + nb], data2=t[0:pr, 0:nb], op=nl.add)
         # epilogue, one owned row tile at a time, in passes over K-blocks
         for rs in range(n_rs):
             if not owned[rs]:
                 continue
-            r0 = r_sb + rs * P
-            pr = min(P, s_rows - rs * P)
-            es1_0 = nl.ndarray((P, 1), dtype=nl.float32, buffer=nl.sbuf)
+            r0 = r_sb + rs * _P
+            pr = min(_P, s_rows - rs * _P)
+            es1_0 = nl.ndarray((_P, 1), dtype=nl.float32, buffer=nl.sbuf)
             nisa.memset(dst=es1_0[0:pr, 0:1], value=0.0)
-            for k0 in range(0, K, F_MOV):
-                nb = min(F_MOV, K - k0)
-                a_hbm_tile = nl.ndarray((P, F_MOV), dtype=nl.float32, buffer=nl.sbuf)
+            for k0 in range(0, K, _F_MOV):
+                nb = min(_F_MOV, K - k0)
+                a_hbm_tile = nl.ndarray((_P, kb), dtype=nl.float32, buffer=nl.sbuf)
                 nisa.dma_copy(dst=a_hbm_tile[0:pr, 0:nb], src=a_hbm[r0:r0 + pr, k0:k0 + nb])
                 nisa.tensor_tensor(dst=acc[rs][0:pr, k0:k0 + nb], data1=acc[rs][0:pr, k0:k0 + nb], data2=a_hbm_tile[0:pr, 0:nb], op=nl.add)
-                e1 = nl.ndarray((P, F_MOV), dtype=nl.float32, buffer=nl.sbuf)
-                e2 = nl.ndarray((P, 1), dtype=nl.float32, buffer=nl.sbuf)
+                e1 = nl.ndarray((_P, kb), dtype=nl.float32, buffer=nl.sbuf)
+                e2 = nl.ndarray((_P, 1), dtype=nl.float32, buffer=nl.sbuf)
                 nisa.activation_reduce(dst=e1[0:pr, 0:nb], op=nl.copy, data=acc[rs][0:pr, k0:k0 + nb], reduce_op=nl.add, reduce_res=e2[0:pr, 0:1])
                 nisa.tensor_tensor(dst=es1_0[0:pr, 0:1], data1=es1_0[0:pr, 0:1], data2=e2[0:pr, 0:1], op=nl.add)
-            e3 = nl.ndarray((P, 1), dtype=nl.float32, buffer=nl.sbuf)
+            e3 = nl.ndarray((_P, 1), dtype=nl.float32, buffer=nl.sbuf)
             nisa.tensor_scalar(dst=e3[0:pr, 0:1], data=es1_0[0:pr, 0:1], op0=nl.multiply, operand0=(-(1.0 / float(d_K))))
-            es2_0 = nl.ndarray((P, 1), dtype=nl.float32, buffer=nl.sbuf)
+            es2_0 = nl.ndarray((_P, 1), dtype=nl.float32, buffer=nl.sbuf)
             nisa.memset(dst=es2_0[0:pr, 0:1], value=0.0)
-            for k0 in range(0, K, F_MOV):
-                nb = min(F_MOV, K - k0)
-                e4 = nl.ndarray((P, F_MOV), dtype=nl.float32, buffer=nl.sbuf)
-                e5 = nl.ndarray((P, 1), dtype=nl.float32, buffer=nl.sbuf)
+            for k0 in range(0, K, _F_MOV):
+                nb = min(_F_MOV, K - k0)
+                e4 = nl.ndarray((_P, kb), dtype=nl.float32, buffer=nl.sbuf)
+                e5 = nl.ndarray((_P, 1), dtype=nl.float32, buffer=nl.sbuf)
                 nisa.activation_reduce(dst=e4[0:pr, 0:nb], op=nl.square, data=acc[rs][0:pr, k0:k0 + nb], reduce_op=nl.add, reduce_res=e5[0:pr, 0:1], bias=e3[0:pr, 0:1])
                 nisa.tensor_tensor(dst=es2_0[0:pr, 0:1], data1=es2_0[0:pr, 0:1], data2=e5[0:pr, 0:1], op=nl.add)
-            e6 = nl.ndarray((P, 1), dtype=nl.float32, buffer=nl.sbuf)
+            e6 = nl.ndarray((_P, 1), dtype=nl.float32, buffer=nl.sbuf)
             nisa.tensor_scalar(dst=e6[0:pr, 0:1], data=es2_0[0:pr, 0:1], op0=nl.multiply, operand0=(1.0 / float(d_K)), op1=nl.add, operand1=eps_arg)
-            e7 = nl.ndarray((P, 1), dtype=nl.float32, buffer=nl.sbuf)
+            e7 = nl.ndarray((_P, 1), dtype=nl.float32, buffer=nl.sbuf)
             nisa.activation(dst=e7[0:pr, 0:1], op=nl.rsqrt, data=e6[0:pr, 0:1])
-            for k0 in range(0, K, F_MOV):
-                nb = min(F_MOV, K - k0)
-                e8 = nl.ndarray((P, F_MOV), dtype=nl.bfloat16, buffer=nl.sbuf)
+            for k0 in range(0, K, _F_MOV):
+                nb = min(_F_MOV, K - k0)
+                e8 = nl.ndarray((_P, kb), dtype=nl.bfloat16, buffer=nl.sbuf)
                 nisa.tensor_scalar(dst=e8[0:pr, 0:nb], data=acc[rs][0:pr, k0:k0 + nb], op0=nl.add, operand0=e3[0:pr, 0:1], op1=nl.multiply, operand1=e7[0:pr, 0:1])
                 nisa.dma_copy(dst=x_new_hbm[r0:r0 + pr, k0:k0 + nb], src=acc[rs][0:pr, k0:k0 + nb])
                 nisa.dma_copy(dst=z_hbm[r0:r0 + pr, k0:k0 + nb], src=e8[0:pr, 0:nb])
@@ -746,24 +747,24 @@ _SIGNATURE = _Signature(
 
 def _columns(v: torch.Tensor) -> torch.Tensor:
     """[I] -> [128, ceil(I/128)] f32 with column t holding v[t*128:(t+1)*128], zero-padded."""
-    padded = torch.zeros(cdiv(v.numel(), P) * P, dtype=torch.float32)
+    padded = torch.zeros(_cdiv(v.numel(), _P) * _P, dtype=torch.float32)
     padded[: v.numel()] = v.reshape(-1).float()
-    return padded.reshape(-1, P).t().contiguous()
+    return padded.reshape(-1, _P).t().contiguous()
 
 
-def swiglu_ffn_ln(x: torch.Tensor, w1t: torch.Tensor, b1: torch.Tensor, wgt: torch.Tensor, bg: torch.Tensor, w2t: torch.Tensor, b2: torch.Tensor, a: torch.Tensor, eps: float = 1e-06, lnc: int | None = None, target: str = TARGET) -> tuple[torch.Tensor, torch.Tensor]:
+def swiglu_ffn_ln(x: torch.Tensor, w1t: torch.Tensor, b1: torch.Tensor, wgt: torch.Tensor, bg: torch.Tensor, w2t: torch.Tensor, b2: torch.Tensor, a: torch.Tensor, eps: float = 1e-06, lnc: int | None = None, target: str = _TARGET) -> tuple[torch.Tensor, torch.Tensor]:
     """Run the kernel on `lnc` logical cores (default LNC, capped at the target's) with the best modelled plan for these shapes; returns (x_new, z)."""
-    (x, w1t, b1, wgt, bg, w2t, b2, a,), lnc, _empty = _door(_SIGNATURE, (x, w1t, b1, wgt, bg, w2t, b2, a,), (eps,), False, lnc, target, LNC)
+    (x, w1t, b1, wgt, bg, w2t, b2, a,), lnc, _empty = _door(_SIGNATURE, (x, w1t, b1, wgt, bg, w2t, b2, a,), (eps,), False, lnc, target, _LNC)
     if _empty is not None:
         return _empty
     _rows, _hidden = x.shape
-    _plan = choose(MODEL, MACHINES[target], _rows, _hidden, w2t.shape[0], lnc)
+    _plan = _choose(_MODEL, _MACHINES[target], _rows, _hidden, w2t.shape[0], lnc)
     return swiglu_ffn_ln_kernel[lnc](x, w1t, _columns(b1), wgt, _columns(bg), w2t, b2, a, eps, _plan.s, _plan.ci, _plan.split)
 
 
 try:  # the NKI op on Neuron hosts (ops.py owns `fusegen::<name>`); the file imports without torch_neuronx
-    from torch_neuronx import nki_op
+    from torch_neuronx import nki_op as _nki_op
 except ImportError:
-    nki_op = None
-if nki_op is not None:
-    swiglu_ffn_ln_op = nki_op("fusegen::swiglu_ffn_ln_nki", mutates_args={})(swiglu_ffn_ln)
+    _nki_op = None
+if _nki_op is not None:
+    swiglu_ffn_ln_op = _nki_op("fusegen::swiglu_ffn_ln_nki", mutates_args={})(swiglu_ffn_ln)

@@ -9,16 +9,16 @@ import torch.nn.functional as F
 
 
 #: bytes of f32 intermediates held at once; above it the reference works in row chunks
-MEMORY_BUDGET = 1073741824
+_MEMORY_BUDGET = 1073741824
 
 
 def swiglu_ffn_ln_reference(x, w1t, b1, wgt, bg, w2t, b2, a, eps=1e-06):
     """The math of `swiglu_ffn_ln` on torch CPU tensors, in row chunks when its intermediates would exceed
-    MEMORY_BUDGET (every value it forms is per-row, so chunks are independent)."""
+    _MEMORY_BUDGET (every value it forms is per-row, so chunks are independent)."""
     d_I = w1t.shape[1]
     d_K = x.shape[1]
     d_R = x.shape[0]
-    step = max(1, MEMORY_BUDGET // (4 * max(1, 7 * d_I + 6 * d_K)))
+    step = max(1, _MEMORY_BUDGET // (4 * max(1, 7 * d_I + 6 * d_K)))
     if x.shape[0] <= step:
         return _swiglu_ffn_ln_rows(x, w1t, b1, wgt, bg, w2t, b2, a, eps)
     parts = [_swiglu_ffn_ln_rows(x[r0:r0 + step], w1t, b1, wgt, bg, w2t, b2, a[r0:r0 + step], eps) for r0 in range(0, x.shape[0], step)]
@@ -32,23 +32,23 @@ def _swiglu_ffn_ln_rows(x, w1t, b1, wgt, bg, w2t, b2, a, eps=1e-06):
     d_I = w1t.shape[1]
     d_K = x.shape[1]
     d_R = x.shape[0]
-    _v0 = x.float()
-    _v1 = w1t.float()
-    _v2 = b1.float()
-    _v3 = wgt.float()
-    _v4 = bg.float()
-    _v5 = w2t.float()
-    _v6 = b2.float()
-    _v7 = a.float()
-    _v9 = _v0 @ _v1
-    _v10 = _v9 + _v2
-    _v11 = F.silu(_v10)
-    _v12 = _v0 @ _v3
-    _v13 = _v12 + _v4
-    _h = _v11 * _v13
-    _v15 = _h.to(torch.bfloat16).float()
-    _v16 = _v15 @ _v5
-    _ffn = _v16 + _v6
-    _x_new = _ffn + _v7
+    _0 = x.float()
+    _1 = w1t.float()
+    _2 = b1.float()
+    _3 = wgt.float()
+    _4 = bg.float()
+    _5 = w2t.float()
+    _6 = b2.float()
+    _7 = a.float()
+    _9 = _0 @ _1
+    _10 = _9 + _2
+    _11 = F.silu(_10)
+    _12 = _0 @ _3
+    _13 = _12 + _4
+    _h = _11 * _13
+    _15 = _h.to(torch.bfloat16).float()
+    _16 = _15 @ _5
+    _ffn = _16 + _6
+    _x_new = _ffn + _7
     _z = F.layer_norm(_x_new, (_x_new.shape[-1],), None, None, float(eps))
     return _x_new.to(torch.float32), _z.to(torch.bfloat16)

@@ -9,16 +9,16 @@ import torch.nn.functional as F
 
 
 #: bytes of f32 intermediates held at once; above it the reference works in row chunks
-MEMORY_BUDGET = 1073741824
+_MEMORY_BUDGET = 1073741824
 
 
 def swiglu_gemma_norm_reference(x, w1t, wgt, w2t, a, gamma, eps=1e-06):
     """The math of `swiglu_gemma_norm` on torch CPU tensors, in row chunks when its intermediates would exceed
-    MEMORY_BUDGET (every value it forms is per-row, so chunks are independent)."""
+    _MEMORY_BUDGET (every value it forms is per-row, so chunks are independent)."""
     d_I = w1t.shape[1]
     d_K = x.shape[1]
     d_R = x.shape[0]
-    step = max(1, MEMORY_BUDGET // (4 * max(1, 5 * d_I + 5 * d_K)))
+    step = max(1, _MEMORY_BUDGET // (4 * max(1, 5 * d_I + 5 * d_K)))
     if x.shape[0] <= step:
         return _swiglu_gemma_norm_rows(x, w1t, wgt, w2t, a, gamma, eps)
     parts = [_swiglu_gemma_norm_rows(x[r0:r0 + step], w1t, wgt, w2t, a[r0:r0 + step], gamma, eps) for r0 in range(0, x.shape[0], step)]
@@ -32,20 +32,20 @@ def _swiglu_gemma_norm_rows(x, w1t, wgt, w2t, a, gamma, eps=1e-06):
     d_I = w1t.shape[1]
     d_K = x.shape[1]
     d_R = x.shape[0]
-    _v0 = x.float()
-    _v1 = w1t.float()
-    _v2 = wgt.float()
-    _v3 = w2t.float()
-    _v4 = a.float()
-    _v5 = gamma.float()
-    _v7 = _v0 @ _v1
-    _v8 = F.silu(_v7)
-    _v9 = _v0 @ _v2
-    _v10 = _v8 * _v9
-    _v11 = _v10.to(torch.bfloat16).float()
-    _v12 = _v11 @ _v3
-    _x_new = _v12 + _v4
-    _v14 = 1.0
-    _v15 = (_v14) + _v5
-    _z = _x_new * torch.rsqrt(_x_new.square().mean(dim=-1, keepdim=True) + float(eps)) * _v15
+    _0 = x.float()
+    _1 = w1t.float()
+    _2 = wgt.float()
+    _3 = w2t.float()
+    _4 = a.float()
+    _5 = gamma.float()
+    _7 = _0 @ _1
+    _8 = F.silu(_7)
+    _9 = _0 @ _2
+    _10 = _8 * _9
+    _11 = _10.to(torch.bfloat16).float()
+    _12 = _11 @ _3
+    _x_new = _12 + _4
+    _14 = 1.0
+    _15 = (_14) + _5
+    _z = _x_new * torch.rsqrt(_x_new.square().mean(dim=-1, keepdim=True) + float(eps)) * _15
     return _x_new.to(torch.float32), _z.to(torch.bfloat16)

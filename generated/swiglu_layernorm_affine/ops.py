@@ -44,10 +44,10 @@ def _backend(t: torch.Tensor) -> str:
     return "reference" if os.environ.get("FUSEGEN_OPS_BACKEND", "interpreter") == "reference" else "interpreter"
 
 
-def _call(prefix: str, fn: str, args: tuple[torch.Tensor, ...], **kwargs: object) -> tuple[torch.Tensor, ...]:
+def _call(prefix: str, fn: str, args: tuple[torch.Tensor, ...], /, **kwargs: object) -> tuple[torch.Tensor, ...]:
     """`fn` of <prefix>kernel.py on this device's backend: the NKI kernel through torch_neuronx on a Neuron
     device (untested here), on fusegen's interpreter on CPU, or `fn`_reference of <prefix>reference.py on
-    the reference backend."""
+    the reference backend. Positional-only: the spec's params arrive as keywords, and one may be `fn`."""
     backend = _backend(args[0])
     if backend == "reference":
         out = getattr(_module(f"{prefix}reference.py"), f"{fn}_reference")(*args, **kwargs)
@@ -64,9 +64,18 @@ def _cast(tensors: tuple[torch.Tensor, ...], dtypes: tuple[torch.dtype, ...]) ->
 def _run(args: tuple[torch.Tensor, ...], params: dict[str, float]) -> tuple[torch.Tensor, ...]:
     """The forward on the selected backend, inputs cast to the spec's dtypes."""
     args = _cast(args, _DTYPES)
-    outs = _call("", "swiglu_layernorm_affine", args, **params)
-    # a custom op may not return its inputs' storage (an f32 input passed straight through)
-    return tuple(o.clone() if any(o.data_ptr() == t.data_ptr() for t in args) else o for o in outs)
+    return _unaliased(_call("", "swiglu_layernorm_affine", args, **params), args)
+
+
+def _unaliased(outs: tuple[torch.Tensor, ...], args: tuple[torch.Tensor, ...]) -> tuple[torch.Tensor, ...]:
+    """`outs`, each copied if it shares storage with an argument or an earlier output: a custom op may not
+    return its inputs (an f32 input passed straight through) or one tensor twice (x + r: equal gradients)."""
+    taken = {t.untyped_storage().data_ptr() for t in args}
+    fresh = []
+    for o in outs:
+        fresh.append(o.clone() if o.untyped_storage().data_ptr() in taken else o)
+        taken.add(o.untyped_storage().data_ptr())
+    return tuple(fresh)
 
 
 # ---- argument checks (copied from fusegen/codegen/argcheck.py; the signature from the spec) ----
@@ -334,8 +343,7 @@ _SIGNATURE = _Signature(
 def swiglu_layernorm_affine(x: torch.Tensor, w1t: torch.Tensor, b1: torch.Tensor, wgt: torch.Tensor, bg: torch.Tensor, w2t: torch.Tensor, b2: torch.Tensor, a: torch.Tensor, gamma: torch.Tensor, beta: torch.Tensor, eps: float = 1e-05) -> tuple[torch.Tensor, torch.Tensor]:
     """swiglu_layernorm_affine on this device's backend; returns (x_new, z)."""
     _door(_SIGNATURE, (x, w1t, b1, wgt, bg, w2t, b2, a, gamma, beta,), (eps,), cast=True)
-    outs = _run((x, w1t, b1, wgt, bg, w2t, b2, a, gamma, beta,), {"eps": eps})
-    return outs
+    return _run((x, w1t, b1, wgt, bg, w2t, b2, a, gamma, beta,), {"eps": eps})
 
 
 @swiglu_layernorm_affine.register_fake
@@ -346,11 +354,10 @@ def _fake(x, w1t, b1, wgt, bg, w2t, b2, a, gamma, beta, eps=1e-05):
     d_I = w1t.shape[1]
     d_K = x.shape[1]
     d_R = x.shape[0]
-    outs = (
+    return (
         x.new_empty((d_R, d_K,), dtype=torch.float32),
         x.new_empty((d_R, d_K,), dtype=torch.bfloat16),
     )
-    return outs
 
 
 def _inference_only(ctx, inputs, output) -> None:

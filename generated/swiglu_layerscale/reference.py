@@ -9,16 +9,16 @@ import torch.nn.functional as F
 
 
 #: bytes of f32 intermediates held at once; above it the reference works in row chunks
-MEMORY_BUDGET = 1073741824
+_MEMORY_BUDGET = 1073741824
 
 
 def swiglu_layerscale_reference(x, w1t, b1, wgt, bg, w2t, b2, ls, a, eps=1e-06):
     """The math of `swiglu_layerscale` on torch CPU tensors, in row chunks when its intermediates would exceed
-    MEMORY_BUDGET (every value it forms is per-row, so chunks are independent)."""
+    _MEMORY_BUDGET (every value it forms is per-row, so chunks are independent)."""
     d_I = w1t.shape[1]
     d_K = x.shape[1]
     d_R = x.shape[0]
-    step = max(1, MEMORY_BUDGET // (4 * max(1, 7 * d_I + 7 * d_K)))
+    step = max(1, _MEMORY_BUDGET // (4 * max(1, 7 * d_I + 7 * d_K)))
     if x.shape[0] <= step:
         return _swiglu_layerscale_rows(x, w1t, b1, wgt, bg, w2t, b2, ls, a, eps)
     parts = [_swiglu_layerscale_rows(x[r0:r0 + step], w1t, b1, wgt, bg, w2t, b2, ls, a[r0:r0 + step], eps) for r0 in range(0, x.shape[0], step)]
@@ -32,25 +32,25 @@ def _swiglu_layerscale_rows(x, w1t, b1, wgt, bg, w2t, b2, ls, a, eps=1e-06):
     d_I = w1t.shape[1]
     d_K = x.shape[1]
     d_R = x.shape[0]
-    _v0 = x.float()
-    _v1 = w1t.float()
-    _v2 = b1.float()
-    _v3 = wgt.float()
-    _v4 = bg.float()
-    _v5 = w2t.float()
-    _v6 = b2.float()
-    _v7 = ls.float()
-    _v8 = a.float()
-    _v10 = _v0 @ _v1
-    _v11 = _v10 + _v2
-    _v12 = F.silu(_v11)
-    _v13 = _v0 @ _v3
-    _v14 = _v13 + _v4
-    _h = _v12 * _v14
-    _v16 = _h.to(torch.bfloat16).float()
-    _v17 = _v16 @ _v5
-    _v18 = _v17 + _v6
-    _v19 = _v7 * _v18
-    _v20 = _v8 + _v19
-    _z = F.layer_norm(_v20, (_v20.shape[-1],), None, None, float(eps))
+    _0 = x.float()
+    _1 = w1t.float()
+    _2 = b1.float()
+    _3 = wgt.float()
+    _4 = bg.float()
+    _5 = w2t.float()
+    _6 = b2.float()
+    _7 = ls.float()
+    _8 = a.float()
+    _10 = _0 @ _1
+    _11 = _10 + _2
+    _12 = F.silu(_11)
+    _13 = _0 @ _3
+    _14 = _13 + _4
+    _h = _12 * _14
+    _16 = _h.to(torch.bfloat16).float()
+    _17 = _16 @ _5
+    _18 = _17 + _6
+    _19 = _7 * _18
+    _20 = _8 + _19
+    _z = F.layer_norm(_20, (_20.shape[-1],), None, None, float(eps))
     return _z.to(torch.bfloat16)

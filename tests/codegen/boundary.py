@@ -94,5 +94,5 @@ def has_backward_kernel(name: str) -> bool:
 
 
 def has_prep(name: str) -> bool:
-    """Whether kernel.py has the weight-prep host `fused_weight`."""
-    return hasattr(kernel(name), "fused_weight")
+    """Whether kernel.py has the weight-prep host `_fused_weight`."""
+    return hasattr(kernel(name), "_fused_weight")

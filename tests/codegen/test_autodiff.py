@@ -10,7 +10,7 @@ from typing import Any
 import pytest
 import torch
 
-from fusegen.codegen.autodiff import RULES, backward_ir
+from fusegen.codegen.autodiff import RULES, backward_ir, grad_name
 from fusegen.codegen.build import reference_source
 from fusegen.dsl import load_spec
 from fusegen.dsl.ir import KernelIR, eval_shape
@@ -72,7 +72,7 @@ def grads_both_ways(ir: KernelIR, inputs: list[torch.Tensor]) -> list[tuple[str,
     by_name = {
         **{d.name: t for d, t in zip(ir.inputs, inputs, strict=True)},
         **{n: named[n].detach() for n in named},
-        **{f"grad_{n}": s for n, s in zip(required, seeds, strict=True)},
+        **{grad_name(n): s for n, s in zip(required, seeds, strict=True)},
     }
     got = backward(*(by_name[d.name] for d in back_ir.inputs))
     got = got if isinstance(got, tuple) else (got,)
@@ -120,7 +120,8 @@ def backward_fp64(ir: KernelIR, inputs: list[torch.Tensor], grad_out: torch.Tens
     _, *saved = fp64_function(reference_source(ir), f"{ir.name}_reference")(*inputs, save=True)
     back_ir = backward_ir(ir)
     names = {o.name: t for o, t in zip([o for o in ir.outputs if o.optional], saved, strict=True)}
-    by_name = {**{d.name: t for d, t in zip(ir.inputs, inputs, strict=True)}, **names, "grad_out": grad_out}
+    by_name = {d.name: t for d, t in zip(ir.inputs, inputs, strict=True)} | names
+    by_name[grad_name("out")] = grad_out
     return list(
         fp64_function(reference_source(back_ir), f"{back_ir.name}_reference")(
             *(by_name[d.name] for d in back_ir.inputs)

@@ -85,7 +85,7 @@ def test_kernels_read_the_saved_dot_and_share_one_token_sum() -> None:
     assert [i.name for i in back.inputs][4:8] == ["dot", "gate", "rstd_x", "rstd_k"]
     assert len(m.levels) == 1 and len(m.levels[0]) == 1  # Σ_H grad_out·v is the only width reduction
     assert len(m.token_sums) == 1  # Σ_T x·k·grad_raw: the fused weight's gradient
-    assert [o.name for o in m.token_outputs] == ["grad_w_h", "grad_w_e"]  # times w_e, w_h in kernel 2
+    assert [o.name for o in m.token_outputs] == ["d_w_h", "d_w_e"]  # times w_e, w_h in kernel 2
     assert [n.name for n in m.post_inputs] == ["w_h", "w_e"]
 
 

@@ -43,11 +43,11 @@ def call_op(name: str, changes: dict[int, object]) -> Callable[[], object]:
 
 
 def fused(name: str, args: list[object], **kwargs: object) -> Callable[[], object]:
-    return lambda: kernel(name).fused_weight(*args, **kwargs)
+    return lambda: kernel(name)._fused_weight(*args, **kwargs)
 
 
 def backward(name: str, changes: dict[int, object], **kwargs: object) -> Callable[[], object]:
-    """engram-style backward host: (inputs, saved dot, gate, rstd_x, rstd_k, grad_out), changed."""
+    """engram-style backward host: (inputs, saved dot, gate, rstd_x, rstd_k, d_out), changed."""
     def run() -> object:
         x, kv, w_h, w_e = _args(name)
         saved = getattr(kernel(name), name)(x, kv, w_h, w_e, save=True)[1:]
@@ -156,8 +156,8 @@ CASES = [
         "x: expected [T, HC=8, H] (HC fixed by the spec), got [3, 4, 128]"),
     Bad("hc8 w_e heads", host(HC8, {3: t(4, 128)}), ValueError,
         "w_e: expected [HC=8, H=128] (HC fixed by the spec; H from x), got [4, 128]"),
-    Bad("backward grad_out", backward(ENGRAM, {8: t(3, 3, 256)}), ValueError,
-        "engram_gate_backward: grad_out: expected [T=3, HC=3, H=128] (T, HC, H from x), got [3, 3, 256]"),
+    Bad("backward d_out", backward(ENGRAM, {8: t(3, 3, 256)}), ValueError,
+        "engram_gate_backward: d_out: expected [T=3, HC=3, H=128] (T, HC, H from x), got [3, 3, 256]"),
     Bad("backward saved dot dtype", backward(ENGRAM, {4: t(3, 3)}), TypeError,
         "dot: expected dtype torch.float32, got torch.bfloat16"),
     Bad("backward saved rstd_x heads", backward(ENGRAM, {6: t(3, 4, dtype=F32)}), ValueError,
@@ -237,6 +237,6 @@ def test_zero_rows_backward_gives_zero_weight_gradients() -> None:
 @pytest.mark.parametrize(("target", "grid"), [("trn1", 1), ("trn2", 2), ("trn3", 2)])
 def test_default_lnc_follows_the_target(target: str, grid: int, monkeypatch: pytest.MonkeyPatch) -> None:
     module = kernel(ROW)
-    monkeypatch.setattr(module, "LNC", 2)
+    monkeypatch.setattr(module, "_LNC", 2)
     module.add_rmsnorm(*_args(ROW), target=target)
     assert module.add_rmsnorm_kernel.last_run.stats["grid"] == grid

@@ -94,8 +94,8 @@ def test_weights_rebuilt_per_tile_give_the_same_bits() -> None:
 def test_weights_too_big_to_keep_are_rebuilt_per_tile() -> None:
     """HC = 8, H = 7168: all heads' fp32 weights (229 KiB) exceed SBUF, one head's fit."""
     module = kernel()
-    assert module.choose(module.MODEL, 4096, 8, module.SBUF_BUDGET["trn2"])[1] is True
-    hb, resident = module.choose(module.MODEL, 7168, 8, module.SBUF_BUDGET["trn2"])
+    assert module._choose(module._MODEL, 4096, 8, module._SBUF_BUDGET["trn2"])[1] is True
+    hb, resident = module._choose(module._MODEL, 7168, 8, module._SBUF_BUDGET["trn2"])
     assert not resident and hb % 128 == 0
     args = inputs(130, 8, 7168, seed=9)
     got = module.engram_gate(*args, save=True, lnc=2)
@@ -123,7 +123,7 @@ def test_s_exactly_zero_gives_gate_one_half() -> None:
 
 def test_fused_weight_is_bit_exact() -> None:
     _, _, w_h, w_e = inputs(1, 4, 7168, seed=4)
-    fused = kernel().fused_weight(w_h, w_e)
+    fused = kernel()._fused_weight(w_h, w_e)
     want = w_h.float() * w_e.float()
     assert fused.dtype == torch.float32 and fused.shape == want.shape and fused.is_contiguous()
     assert torch.equal(fused.view(torch.int32), want.view(torch.int32))

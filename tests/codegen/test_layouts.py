@@ -108,10 +108,10 @@ def test_op(name: str, layout: str) -> None:
 @pytest.mark.parametrize("layout", LAYOUTS)
 @pytest.mark.parametrize("name", [n for n in KERNELS if has_prep(n)])
 def test_fused_weight_host(name: str, layout: str) -> None:
-    weights = list(inspect.signature(kernel(name).fused_weight).parameters)[:-2]
+    weights = list(inspect.signature(kernel(name)._fused_weight).parameters)[:-2]
     ir = spec_ir(name)
     views = [v for v, decl in zip(_views(name, layout), ir.inputs, strict=True) if decl.name in weights]
-    prep = kernel(name).fused_weight
+    prep = kernel(name)._fused_weight
     _assert_identical(prep(*views), prep(*_dense(views)))
 
 

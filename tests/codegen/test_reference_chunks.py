@@ -30,7 +30,7 @@ def test_row_chunks_match_the_whole(spec: str, dims: dict[str, int], monkeypatch
     module = load_module(directory / "reference.py")
     reference = getattr(module, f"{spec}_reference")
     whole = reference(*args)
-    monkeypatch.setattr(module, "MEMORY_BUDGET", 1)  # one row per chunk
+    monkeypatch.setattr(module, "_MEMORY_BUDGET", 1)  # one row per chunk
     chunked = reference(*args)
     for got, want in zip(chunked if isinstance(chunked, tuple) else (chunked,),
                          whole if isinstance(whole, tuple) else (whole,), strict=True):  # fmt: skip

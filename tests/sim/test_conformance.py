@@ -41,7 +41,7 @@ def _kernels(spec: str, file: str, target: str) -> ModuleType:
 
 def _roles(spec: str) -> list[str]:
     roles = ["forward"]
-    if "def fused_weight(" in (GENERATED / spec / "kernel.py").read_text():
+    if "def _fused_weight(" in (GENERATED / spec / "kernel.py").read_text():
         roles.append("fused_weight")
     if (GENERATED / spec / "backward_kernel.py").exists():
         roles.append("backward")
@@ -86,14 +86,14 @@ def test_generated_kernel_conforms(spec: str, role: str, target: str, dims: dict
     if role == "forward":
         _call(getattr(_kernels(spec, "kernel.py", target), spec), named, target)
     elif role == "fused_weight":
-        _call(_kernels(spec, "kernel.py", target).fused_weight, named, target)
+        _call(_kernels(spec, "kernel.py", target)._fused_weight, named, target)
     else:
         reference = load_generated(GENERATED / spec / "reference.py")
         saved = getattr(reference, f"{spec}_reference")(*tensors, save=True)
         outputs = {name: t for (name, _, _), t in zip(test.OUTPUTS, saved, strict=True)}
         first = test.OUTPUTS[0][0]
         grad = torch.randn(outputs[first].shape, generator=torch.Generator().manual_seed(1))
-        named = {**named, **outputs, f"grad_{first}": grad.to(outputs[first].dtype)}
+        named = {**named, **outputs, f"d_{first}": grad.to(outputs[first].dtype)}
         _call(getattr(_kernels(spec, "backward_kernel.py", target), f"{spec}_backward"), named, target)
 
 
@@ -102,7 +102,7 @@ def test_the_roles_reach_every_kernel_under_generated() -> None:
     for spec in _specs():
         reached = {
             f"{spec}_kernel",
-            "fused_weight_kernel",
+            "_fused_weight_kernel",
             f"{spec}_backward_kernel",
             f"{spec}_backward_reduce_kernel",
         }

@@ -1,0 +1,72 @@
+"""torch conformance of a generated op, checked the way torch documents it: `torch.library.opcheck` on
+`torch.ops.fusegen.<name>` with and without requires_grad, and `torch.autograd.gradcheck` (fast mode) of a
+trainable op's registered backward against finite differences of its forward (docs/autodiff.md).
+
+Used by the generated tests (test_<name>.py); the op runs on the backend FUSEGEN_OPS_BACKEND selects.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+import torch
+
+from fusegen.codegen.ops import load_ops
+from fusegen.testing import make_inputs
+
+#: (eps, tol) of gradcheck by the narrowest float dtype among a spec's inputs and outputs. The op rounds its
+#: inputs and outputs to that dtype (unit roundoff u: 2^-8 for bf16), so finite differences see the gradient
+#: only through that rounding. Fast mode steps each input along a unit-norm direction by eps: at eps = 1 an
+#: element moves by ~1/sqrt(numel), far above bf16's resolution yet small enough that the step's
+#: second-order error stays below the rounding's (measured: |numerical - analytical| <= 5.1e-3 on the
+#: row-reduction examples). tol (atol = rtol) is 4u, per Jacobian element: fast mode scales atol by
+#: sum(u) * sum(v), so with bf16 this is a coarse check (wrong shapes, dtypes, NaNs, missing or grossly wrong
+#: terms); gradient values are held to 1e-7..1e-8 against fp64 by tests/codegen/test_autodiff.py,
+#: test_backward_kernel.py and test_ops.py.
+GRADCHECK = {"bf16": (1.0, 2.0**-6), "f16": (1.0, 2.0**-9), "f32": (1e-2, 1e-4)}
+#: narrowest first
+_NARROWEST = ("bf16", "f16", "f32")
+
+
+def _op(directory: Path, name: str) -> Any:
+    """torch.ops.fusegen.<name>, registered by importing `directory`/ops.py."""
+    load_ops(name, directory.parent)
+    return getattr(torch.ops.fusegen, name)
+
+
+def opcheck(
+    directory: Path, name: str, inputs: tuple[tuple[str, str, str], ...], shapes: dict[str, tuple[int, ...]],
+    requires_grad: bool,
+) -> None:  # fmt: skip
+    """torch.library.opcheck of the op (schema, autograd registration, fake tensor, AOT dispatch) on seeded
+    inputs in the spec's dtypes; with `requires_grad` every input requires grad."""
+    args = [t.requires_grad_(requires_grad) for t in make_inputs(inputs, shapes)]
+    torch.library.opcheck(_op(directory, name).default, tuple(args))
+
+
+def call(
+    directory: Path, name: str, inputs: tuple[tuple[str, str, str], ...], shapes: dict[str, tuple[int, ...]],
+    requires_grad: bool,
+) -> Any:  # fmt: skip
+    """The op on seeded inputs in the spec's dtypes; with `requires_grad` every input requires grad."""
+    return _op(directory, name)(*(t.requires_grad_(requires_grad) for t in make_inputs(inputs, shapes)))
+
+
+def gradcheck(
+    directory: Path, name: str, inputs: tuple[tuple[str, str, str], ...], shapes: dict[str, tuple[int, ...]],
+    differentiated: tuple[int, ...], dtypes: tuple[str, ...],
+) -> bool:  # fmt: skip
+    """torch.autograd.gradcheck (fast mode) of the op's outputs at positions `differentiated` with respect to
+    every input, at fp64 copies of the seeded inputs (values exact in the spec's dtypes); `dtypes`: the spec's
+    input and output dtypes, which set the step and tolerances (GRADCHECK)."""
+    op = _op(directory, name)
+    eps, tol = GRADCHECK[next(d for d in _NARROWEST if d in dtypes)]
+    args = tuple(t.double().requires_grad_(True) for t in make_inputs(inputs, shapes))
+
+    def differentiable(*tensors: torch.Tensor) -> tuple[torch.Tensor, ...]:
+        outs = op(*tensors)
+        outs = outs if isinstance(outs, tuple) else (outs,)
+        return tuple(outs[i].double() for i in differentiated)  # differences in fp64, not the output dtype
+
+    return torch.autograd.gradcheck(differentiable, args, eps=eps, atol=tol, rtol=tol, fast_mode=True)
