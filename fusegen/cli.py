@@ -45,6 +45,8 @@ class UsageError(Exception):
 def _check_spec(args: argparse.Namespace) -> int:
     from fusegen.dsl.commands import check_spec
 
+    if args.dump and args.format == "json":
+        raise UsageError("--dump prints a stage as text; it does not combine with --format json")
     return check_spec(args.specs, dump=args.dump, fmt=args.format)
 
 

@@ -40,6 +40,7 @@ def test_explain_takes_the_spec_after_shape(capsys: pytest.CaptureFixture[str]) 
         (["explain", LAYERNORM, LAYERNORM], "explain takes one SPEC, got 2"),
         (["explain"], "explain takes one SPEC, got 0"),
         (["build", "--format", "json", LAYERNORM], "--format json is for `build --check`"),
+        (["check-spec", "--dump", "ir", "--format", "json", LAYERNORM], "does not combine with --format"),
     ],
 )
 def test_usage_errors_exit_2_with_a_message(
