@@ -67,8 +67,8 @@ def _build(args: argparse.Namespace) -> int:
 
     if args.format == "json" and not args.check:
         raise UsageError("--format json is for `build --check`; `build` itself prints one line per kernel")
-    specs = args.specs or default_specs(Path(args.out))[0]
-    if not specs:
+    specs, lost = (args.specs, []) if args.specs else default_specs(Path(args.out))
+    if not specs and not lost:  # with only lost folders, build names them (exit 1)
         raise UsageError("no SPEC given, no examples/*.spec here and no generated folders to rebuild")
     return build(specs, _options(args), check_only=args.check, every_spec=not args.specs, fmt=args.format)
 

@@ -73,3 +73,7 @@ def test_a_folder_whose_spec_is_gone_is_stale_and_named(
     err = capsys.readouterr().err
     assert "generated/my_kernel/ was not rebuilt: its spec specs/my.spec is not found" in err
     assert (project / "generated" / "my_kernel" / "kernel.py").is_file()
+    for spec in (project / "examples").iterdir():
+        spec.unlink()
+    assert main(["build", "--check"]) == 1  # nothing left to build, and the lost folders are still named
+    assert "its spec examples/layernorm.spec is not found" in capsys.readouterr().out
