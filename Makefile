@@ -4,7 +4,7 @@ VENV := .venv
 BIN := $(VENV)/bin
 STAMP := $(VENV)/.installed
 
-.PHONY: demo test lint regen bench help
+.PHONY: demo test lint regen bench smoke help
 
 help:  ## list targets
 	@grep -E '^[a-z]+:.*##' $(MAKEFILE_LIST) | sed 's/:.*## /\t/'
@@ -32,3 +32,6 @@ regen: $(STAMP)  ## rebuild generated/ from examples/
 
 bench: $(STAMP)  ## print the benchmark ratios
 	for b in bench/*.py; do $(BIN)/python $$b || exit 1; done
+
+smoke: $(STAMP)  ## build the wheel, install it in a fresh venv, use it from an empty folder (also in `make test`)
+	.ci/wheel-smoke $(BIN)/python

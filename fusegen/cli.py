@@ -1,8 +1,9 @@
-"""The `fusegen` command line: one subcommand per job, spec mistakes answered with exit code 2."""
+"""The `fusegen` command line: one subcommand per job; exit codes are documented in docs/cli.md."""
 
 from __future__ import annotations
 
 import argparse
+import re
 import sys
 import traceback
 from collections.abc import Sequence
@@ -11,31 +12,48 @@ from typing import TYPE_CHECKING
 
 from fusegen import __version__
 from fusegen.dsl.diagnostics import SpecError
+from fusegen.jsonout import FORMATS
 
 if TYPE_CHECKING:
     from fusegen.codegen.build import BuildOptions
+
+#: Exit codes: success, a failure the command found (mismatch, stale files), a usage or spec error, a bug.
+OK, FAILED, USAGE, INTERNAL = 0, 1, 2, 3
+#: Targets `--target` offers: those with every figure the planner needs (see `fusegen targets`).
+TARGETS = ("trn1", "trn2")
+DIM_ITEM = re.compile(r"^[A-Za-z_]\w*=")
 
 EXAMPLES = """examples:
   fusegen check-spec examples/*.spec          validate specs, print a typed summary
   fusegen check-spec --dump ir examples/swiglu_ffn.spec
   fusegen build examples/swiglu_ffn_ln.spec   write generated/swiglu_ffn_ln/
-  fusegen build --check examples/*.spec       exit 1 if generated/ is stale
+  fusegen build                               rebuild every generated folder from its recorded spec
+  fusegen build --check                       exit 1 if generated/ is stale
   fusegen check examples/swiglu_ffn.spec --shape R=300 K=384 I=1000
-  fusegen list                                 the kernel families and their hook points
+  fusegen list                                the kernel families and their hook points
+  fusegen targets                             the targets and their SBUF/PSUM/clock figures
   fusegen explain examples/swiglu_ffn.spec --shape R=2048 K=1280 I=3416 --trace t.json --svg t.svg
+
+exit codes: 0 ok, 1 a check failed or files are stale, 2 usage or spec error, 3 internal error
 """
+
+
+class UsageError(Exception):
+    """The command line asks for something that cannot be done (exit 2)."""
 
 
 def _check_spec(args: argparse.Namespace) -> int:
     from fusegen.dsl.commands import check_spec
 
-    return check_spec(args.specs, dump=args.dump)
+    if args.dump and args.format == "json":
+        raise UsageError("--dump prints a stage as text; it does not combine with --format json")
+    return check_spec(args.specs, dump=args.dump, fmt=args.format)
 
 
 def _options(args: argparse.Namespace) -> BuildOptions:
     from fusegen.codegen.build import BuildOptions
 
-    return BuildOptions(out_dir=Path(args.out), target=args.target, lnc=_lnc(args))
+    return BuildOptions(out_dir=Path(getattr(args, "out", "generated")), target=args.target, lnc=_lnc(args))
 
 
 def _lnc(args: argparse.Namespace) -> int:
@@ -43,24 +61,25 @@ def _lnc(args: argparse.Namespace) -> int:
     return int(args.lnc) if args.lnc else (1 if args.target == "trn1" else 2)
 
 
-def _specs(args: argparse.Namespace) -> list[str]:
-    """The specs named, or every spec under examples/ (what `generated/` is built from)."""
-    specs = args.specs or sorted(str(p) for p in Path("examples").glob("*.spec"))
-    if not specs:
-        raise SystemExit("fusegen: no SPEC given and no examples/*.spec here")
-    return specs
-
-
 def _build(args: argparse.Namespace) -> int:
     from fusegen.codegen.commands import build
+    from fusegen.codegen.recorded import default_specs
 
-    return build(_specs(args), _options(args), check_only=args.check, every_spec=not args.specs)
+    if args.format == "json" and not args.check:
+        raise UsageError("--format json is for `build --check`; `build` itself prints one line per kernel")
+    specs, lost = (args.specs, []) if args.specs else default_specs(Path(args.out))
+    if not specs and not lost:  # with only lost folders, build names them (exit 1)
+        raise UsageError("no SPEC given, no examples/*.spec here and no generated folders to rebuild")
+    return build(specs, _options(args), check_only=args.check, every_spec=not args.specs, fmt=args.format)
 
 
 def _check(args: argparse.Namespace) -> int:
     from fusegen.codegen.commands import check
 
-    return check(_specs(args), _options(args), _shape_args(args.shape))
+    specs = args.specs or sorted(str(p) for p in Path("examples").glob("*.spec"))
+    if not specs:
+        raise UsageError("no SPEC given and no examples/*.spec here")
+    return check(specs, _options(args), _shape_args(args.shape), fmt=args.format)
 
 
 def _list(args: argparse.Namespace) -> int:
@@ -69,11 +88,20 @@ def _list(args: argparse.Namespace) -> int:
     return list_families()
 
 
+def _targets(args: argparse.Namespace) -> int:
+    from fusegen.perf.targets import list_targets
+
+    return list_targets(args.format)
+
+
 def _explain(args: argparse.Namespace) -> int:
     from fusegen.perf.explain import explain
 
+    if len(args.specs) != 1:
+        raise UsageError(f"explain takes one SPEC, got {len(args.specs)}: {' '.join(args.specs) or '-'}")
     shape = _shape_args(args.shape)
-    return explain(args.spec, args.target, _lnc(args), shape[0] if shape else None, args.trace, args.svg)
+    return explain(args.specs[0], args.target, _lnc(args), shape[0] if shape else None, args.trace, args.svg,
+                   fmt=args.format)  # fmt: skip
 
 
 def _shape_args(items: list[str] | None) -> list[dict[str, int]]:
@@ -83,21 +111,36 @@ def _shape_args(items: list[str] | None) -> list[dict[str, int]]:
     for item in items:
         name, _, value = item.partition("=")
         if not value.isdigit():
-            raise SystemExit(f"fusegen: --shape takes NAME=INT items, got `{item}`")
+            raise UsageError(f"--shape takes NAME=INT items, got `{item}`")
         dims[name] = int(value)
     return [dims]
 
 
-def _target_args(p: argparse.ArgumentParser) -> None:
+def _split_shape(args: argparse.Namespace) -> None:
+    """`--shape R=3 K=128 my.spec`: argparse gives the spec to --shape; hand back what is not NAME=INT."""
+    shape = getattr(args, "shape", None)
+    if shape:
+        args.specs = [*args.specs, *(item for item in shape if not DIM_ITEM.match(item))]
+        args.shape = [item for item in shape if DIM_ITEM.match(item)]
+
+
+def _spec_args(p: argparse.ArgumentParser) -> None:
     p.add_argument("specs", nargs="*", metavar="SPEC", help="spec files (default: examples/*.spec)")
-    p.add_argument("--out", default="generated", help="output directory (default: generated/)")
-    p.add_argument("--target", default="trn2", choices=("trn1", "trn2", "trn3"))
-    p.add_argument(
-        "--lnc",
-        type=int,
-        choices=(1, 2),
-        help="logical-core degree (default: 2 on trn2 and later, 1 on trn1)",
-    )
+
+
+def _target_args(p: argparse.ArgumentParser) -> None:
+    p.add_argument("--target", default="trn2", choices=TARGETS, help="hardware to plan for (default: trn2)")
+    p.add_argument("--lnc", type=int, choices=(1, 2),
+                   help="logical-core degree (default: 2 on trn2, 1 on trn1)")  # fmt: skip
+
+
+def _format_arg(p: argparse.ArgumentParser, what: str = "results") -> None:
+    p.add_argument("--format", default="text", choices=FORMATS,
+                   help=f"print {what} as text (default) or as one JSON document (docs/cli.md)")  # fmt: skip
+
+
+def _shape_arg(p: argparse.ArgumentParser, help_text: str) -> None:
+    p.add_argument("--shape", nargs="+", metavar="DIM=N", help=help_text)
 
 
 def _parser() -> argparse.ArgumentParser:
@@ -111,61 +154,69 @@ def _parser() -> argparse.ArgumentParser:
     sub = parser.add_subparsers(dest="command", metavar="COMMAND")
 
     p = sub.add_parser("check-spec", help="validate specs and print a typed summary")
-    p.add_argument("specs", nargs="+", metavar="SPEC")
+    p.add_argument("specs", nargs="+", metavar="SPEC", help="spec files; `-` reads one spec from stdin")
     p.add_argument("--dump", choices=("ast", "ir"), help="print a front-end stage's output")
+    _format_arg(p, "summaries and diagnostics")
     p.set_defaults(run=_check_spec)
 
     p = sub.add_parser("build", help="generate kernel.py, reference.py, test_<name>.py and plan.md per spec")
+    p.add_argument("specs", nargs="*", metavar="SPEC",
+                   help="spec files (default: examples/*.spec and every folder's recorded spec)")  # fmt: skip
+    p.add_argument("--out", default="generated", help="output directory (default: generated/)")
     _target_args(p)
     p.add_argument("--check", action="store_true", help="write nothing; exit 1 naming files that differ")
+    _format_arg(p, "`--check` results")
     p.set_defaults(run=_build)
 
     p = sub.add_parser("list", help="print the kernel families and the hook points each offers")
     p.set_defaults(run=_list)
 
+    p = sub.add_parser("targets", help="print each target's SBUF, PSUM, clock and bandwidth figures")
+    _format_arg(p, "the figures")
+    p.set_defaults(run=_targets)
+
     p = sub.add_parser("check", help="build to a temporary directory and run the kernels on the interpreter")
+    _spec_args(p)
     _target_args(p)
-    p.add_argument("--shape", nargs="+", metavar="DIM=N", help="run this shape instead of the spec's checks")
+    _shape_arg(p, "run this shape instead of the spec's checks")
+    _format_arg(p)
     p.set_defaults(run=_check)
 
     p = sub.add_parser("explain", help="model a kernel's time per engine against the roofline, and its plan")
-    p.add_argument("spec", metavar="SPEC")
-    p.add_argument("--target", default="trn2", choices=("trn1", "trn2"))
-    p.add_argument(
-        "--lnc",
-        type=int,
-        choices=(1, 2),
-        help="logical-core degree (default: 2 on trn2 and later, 1 on trn1)",
-    )
-    p.add_argument(
-        "--shape", nargs="+", metavar="DIM=N", help="model this shape (default: the first check line)"
-    )
-    p.add_argument(
-        "--trace", metavar="OUT.json", help="write the modelled timeline as Chrome trace-event JSON"
-    )
+    p.add_argument("specs", nargs="*", metavar="SPEC", help="one spec file")
+    _target_args(p)
+    _shape_arg(p, "model this shape (default: the first check line)")
+    p.add_argument("--trace", metavar="OUT.json", help="write the modelled timeline as Chrome trace JSON")
     p.add_argument("--svg", metavar="OUT.svg", help="draw the SBUF budget and the engine timeline")
+    _format_arg(p, "the report")
     p.set_defaults(run=_explain)
     return parser
 
 
 def main(argv: Sequence[str] | None = None) -> int:
-    """Entry point: run one subcommand; spec errors exit 2 without a traceback."""
+    """Entry point: run one subcommand; usage and spec errors exit 2, internal errors 3, never silently."""
+    if hasattr(sys.stdout, "reconfigure"):  # piped output stays in order with the progress on stderr
+        sys.stdout.reconfigure(line_buffering=True)
     parser = _parser()
     args = parser.parse_args(argv)
     if not getattr(args, "run", None):
         parser.print_help()
-        return 2
+        return USAGE
+    _split_shape(args)
     try:
         return int(args.run(args))
+    except UsageError as err:
+        print(f"fusegen {args.command}: error: {err}", file=sys.stderr)
+        return USAGE
     except SpecError as err:
         print(err.render(), file=sys.stderr)
-        return 2
+        return USAGE
     except KeyboardInterrupt:
         return 130
     except Exception:  # an internal error: show everything, and say whose fault it is
         traceback.print_exc()
         print("\ninternal error: this is a fusegen bug; please report it with the spec.", file=sys.stderr)
-        return 3
+        return INTERNAL
 
 
 if __name__ == "__main__":

@@ -236,11 +236,19 @@ def write_atomically(out_dir: Path, files: tuple[tuple[str, str], ...]) -> list[
             continue
         target.parent.mkdir(parents=True, exist_ok=True)
         fd, tmp = tempfile.mkstemp(dir=target.parent, prefix=f".{target.name}.", suffix=".tmp")
+        os.chmod(tmp, 0o666 & ~_umask())  # mkstemp makes 0600; generated files are ordinary ones
         with os.fdopen(fd, "w", encoding="utf-8") as handle:
             handle.write(text)
         os.replace(tmp, target)
         changed.append(rel)
     return changed
+
+
+def _umask() -> int:
+    """The process umask (reading it means setting it, so it is set straight back)."""
+    mask = os.umask(0o022)
+    os.umask(mask)
+    return mask
 
 
 def stale_files(out_dir: Path, built: Built) -> list[str]:

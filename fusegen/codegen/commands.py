@@ -5,10 +5,12 @@ from __future__ import annotations
 import sys
 import tempfile
 from pathlib import Path
+from typing import Any
 
 from fusegen.codegen.build import (
     FAMILIES,
     BuildOptions,
+    Built,
     build_spec,
     plan_shape,
     stale_files,
@@ -16,43 +18,82 @@ from fusegen.codegen.build import (
     test_shapes,
     write_atomically,
 )
+from fusegen.codegen.recorded import kernel_folders
 from fusegen.dsl import load_spec
 from fusegen.dsl.diagnostics import Diagnostic, SpecError
 from fusegen.dsl.ir import KernelIR
-from fusegen.testing import run_against_reference
+from fusegen.jsonout import document, emit, number
+from fusegen.testing import Report, run_against_reference
 
 
 def _progress(message: str) -> None:
     print(message, file=sys.stderr, flush=True)
 
 
-def build(specs: list[str], options: BuildOptions, check_only: bool = False, every_spec: bool = False) -> int:
-    """Build every spec (all rendered before any is written); with check_only, report stale files (and,
-    when `specs` are all the project's, kernel folders no spec builds any more)."""
+def build(specs: list[str], options: BuildOptions, check_only: bool = False, every_spec: bool = False,
+          fmt: str = "text") -> int:  # fmt: skip
+    """Build every spec (all rendered before any is written); with check_only, report stale files.
+
+    every_spec: `specs` are the project's defaults (examples/*.spec and every folder's recorded spec, see
+    recorded.default_specs), so a folder no spec builds any more, or whose spec is gone, is stale too."""
     built = []
     for spec in specs:
         _progress(f"fusegen: building {spec}")
         built.append(build_spec(spec, options))
+    orphans = _orphans(options.out_dir, built) if every_spec else []
     if check_only:
-        stale = [rel for b in built for rel in stale_files(options.out_dir, b)]
-        if every_spec and options.out_dir.is_dir():
-            names = {b.name for b in built} | {"__pycache__"}
-            folders = [p.name for p in options.out_dir.iterdir() if p.is_dir() and not p.name.startswith(".")]
-            stale += sorted(f"{name}/" for name in folders if name not in names)
-        for rel in stale:
-            print(f"stale: {options.out_dir / rel}")
-        if stale:
-            print(f"{len(stale)} generated file(s) differ from `fusegen build`; run it and commit the result")
-        return 1 if stale else 0
+        return _report_stale(options.out_dir, built, orphans, fmt)
     for b in built:
         changed = write_atomically(options.out_dir, b.files)
         print(f"{b.name}: {len(b.files)} files in {options.out_dir / b.name}, {len(changed)} changed")
-    return 0
+    for folder, why in orphans:
+        _progress(f"fusegen: {folder}/ was not rebuilt: {why}; build its spec by name, or delete the folder")
+    return 1 if orphans else 0
 
 
-def check(specs: list[str], options: BuildOptions, shapes: list[dict[str, int]]) -> int:
-    """Build to a temporary directory and run each kernel on the interpreter against its reference."""
-    failures = 0
+def _report_stale(out_dir: Path, built: list[Built], orphans: list[tuple[Path, str]], fmt: str) -> int:
+    """Print every stale file and folder (text or JSON); 1 if there is any."""
+    stale = [(str(out_dir / rel), _why_stale(out_dir, b, rel)) for b in built
+             for rel in stale_files(out_dir, b)]  # fmt: skip
+    stale += [(f"{folder}/", why) for folder, why in orphans]
+    if fmt == "json":
+        files = [{"path": path, "reason": why} for path, why in stale]
+        emit(document("build-check", not stale, kernels=[b.name for b in built], stale=files))
+        return 1 if stale else 0
+    for path, why in stale:
+        print(f"stale: {path}" + ("" if why == "differs" else f" ({why})"))
+    if stale:
+        print(f"{len(stale)} generated file(s) differ from `fusegen build`; run it and commit the result")
+    return 1 if stale else 0
+
+
+def _why_stale(out_dir: Path, built: Built, rel: str) -> str:
+    """differs / missing / left over (a file an older build wrote that this one does not)."""
+    if rel not in dict(built.files):
+        return "left over"
+    return "differs" if (out_dir / rel).is_file() else "missing"
+
+
+def _orphans(out_dir: Path, built: list[Built]) -> list[tuple[Path, str]]:
+    """Folders in `out_dir` that none of `built` writes, with why."""
+    names = {b.name for b in built}
+    orphans = []
+    for folder in kernel_folders(out_dir):
+        if folder.path.name in names:
+            continue
+        if folder.recorded is None:
+            orphans.append((folder.path, "no fusegen header names its spec"))
+        elif folder.spec is None:
+            orphans.append((folder.path, f"its spec {folder.recorded} is not found"))
+        else:
+            orphans.append((folder.path, f"its spec {folder.recorded} now builds another kernel"))
+    return orphans
+
+
+def check(specs: list[str], options: BuildOptions, shapes: list[dict[str, int]], fmt: str = "text") -> int:
+    """Build to a temporary directory and run each kernel on the interpreter against its reference;
+    a summary line (or one JSON document) at the end."""
+    results: list[dict[str, Any]] = []
     with tempfile.TemporaryDirectory(prefix="fusegen-check-") as tmp:
         out = Path(tmp)
         for spec in specs:
@@ -70,9 +111,27 @@ def check(specs: list[str], options: BuildOptions, shapes: list[dict[str, int]])
                 report = run_against_reference(
                     out / built.name, built.name, case, options.lnc, options.target
                 )
-                print(report.text())
-                failures += not report.ok
-    return 1 if failures else 0
+                if fmt != "json":
+                    print(report.text())
+                results.append(_run_json(spec, built.name, dims, options, report))
+    failed = sum(not r["ok"] for r in results)
+    if fmt == "json":
+        emit(document("check", not failed, runs=results, failed=failed))
+    else:
+        verdict = "all ok" if not failed else f"{failed} FAILED"
+        print(f"check: {len(specs)} spec(s), {len(results)} run(s), {verdict}")
+    return 1 if failed else 0
+
+
+def _run_json(spec: str, name: str, dims: dict[str, int], options: BuildOptions, report: Report
+              ) -> dict[str, Any]:  # fmt: skip
+    outputs = [
+        {"name": o.name, "dtype": str(o.dtype).removeprefix("torch."), "max_error": number(o.max_error),
+         "tolerance": o.bound, "ok": o.ok}
+        for o in report.outputs
+    ]  # fmt: skip
+    return {"spec": spec, "kernel": name, "target": options.target, "lnc": options.lnc, "dims": dims,
+            "ok": report.ok, "outputs": outputs}  # fmt: skip
 
 
 def _dims_text(dims: dict[str, int]) -> str:

@@ -141,15 +141,22 @@ def _arguments(which: str, back: KernelIR, pool: list[str]) -> dict[str, str]:
     }
 
 
-def load_ops(name: str, out_dir: str | Path = "generated") -> ModuleType:
-    """Import <out_dir>/<name>/ops.py once per process (importing it registers torch.ops.fusegen.<name>)."""
-    key = f"_fusegen_ops_{name}"
+def load_ops(name_or_path: str | Path, out_dir: str | Path = "generated") -> ModuleType:
+    """Import a generated folder's ops.py once per process (importing it registers torch.ops.fusegen.<name>).
+
+    `name_or_path`: a generated folder (any path holding ops.py, from any working directory), or a
+    kernel name looked up in `out_dir` (default: generated/ under the working directory)."""
+    folder = Path(name_or_path)
+    if not (folder / "ops.py").is_file():
+        folder = Path(out_dir) / name_or_path
+    key = f"_fusegen_ops_{folder.name}"  # one op per kernel name: torch.library refuses a second
     if key not in sys.modules:
-        path = Path(out_dir) / name / "ops.py"
+        path = folder / "ops.py"
         spec = importlib.util.spec_from_file_location(key, path)
         if not path.is_file() or spec is None or spec.loader is None:
             raise FileNotFoundError(
-                f"no {path} (from {Path.cwd()}): run `fusegen build` for `{name}`, or pass out_dir"
+                f"no {path} (from {Path.cwd()}): run `fusegen build` for `{folder.name}`, "
+                "or pass the generated folder's path"
             )
         module = importlib.util.module_from_spec(spec)
         spec.loader.exec_module(module)

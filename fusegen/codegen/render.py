@@ -51,13 +51,17 @@ def project_path(path: str) -> str:
     """`path` relative to its project (the nearest folder above with pyproject.toml or .git), so the
     output does not depend on where the build ran; only safe characters survive into generated text."""
     resolved = Path(path).resolve()
-    for parent in resolved.parents:
-        if (parent / "pyproject.toml").exists() or (parent / ".git").exists():
-            resolved = resolved.relative_to(parent)
-            break
-    else:
-        resolved = Path(resolved.name)
+    root = project_root(resolved)
+    resolved = resolved.relative_to(root) if root else Path(resolved.name)
     return re.sub(r"[^A-Za-z0-9_./-]", "_", resolved.as_posix())
+
+
+def project_root(path: Path) -> Path | None:
+    """The nearest folder above `path` holding pyproject.toml or .git, if any."""
+    resolved = path.resolve()
+    return next(
+        (p for p in resolved.parents if (p / "pyproject.toml").exists() or (p / ".git").exists()), None
+    )
 
 
 def vendored(module: ModuleType, start: str = "P = 128") -> str:

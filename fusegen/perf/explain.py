@@ -3,12 +3,14 @@
 from __future__ import annotations
 
 from pathlib import Path
+from typing import Any
 
 from fusegen.codegen.build import plan_shape
 from fusegen.codegen.commands import validated_shape
 from fusegen.codegen.plan import TilePlan
 from fusegen.dsl import load_spec
 from fusegen.dsl.diagnostics import Diagnostic, SpecError
+from fusegen.jsonout import document, emit
 from fusegen.perf.analysis import Analysis, analyse, dims_text, progress, tiles_text
 from fusegen.perf.schedule import ENGINES, Schedule
 from fusegen.perf.timeline import chrome_trace, svg
@@ -20,12 +22,15 @@ DISAGREE_MARGIN = 0.02
 
 
 def explain(spec: str, target: str, lnc: int, shape: dict[str, int] | None, trace: str | None = None,
-            svg_path: str | None = None) -> int:  # fmt: skip
+            svg_path: str | None = None, fmt: str = "text") -> int:  # fmt: skip
     """Model `spec`'s kernel at `shape` (default: its first check line), print the report, write files."""
     dims = _dims(spec, shape)
     plan_shape(spec, dims, target, lnc)  # when nothing fits: the planner's message
     analysis = analyse(spec, dims, target, lnc)
-    print(report(analysis))
+    if fmt == "json":
+        emit(document("explain", True, **report_json(analysis)))
+    else:
+        print(report(analysis))
     if trace:
         chrome_trace(analysis.modeled.schedules, trace)
         progress(f"wrote the modelled timeline to {trace} (open it in https://ui.perfetto.dev)")
@@ -53,6 +58,25 @@ def report(a: Analysis) -> str:
             f"{len(a.modeled.launches)} launch(es), {a.modeled.instructions} instructions")  # fmt: skip
     sections = [head, _plan_section(a), _engine_section(a), _roofline_section(a), _alternatives_section(a)]
     return "\n\n".join(s for s in sections if s)
+
+
+def report_json(a: Analysis) -> dict[str, Any]:
+    """The report's figures (times in ns, bytes, percentages 0-100) for `--format json`."""
+    m, r, main = a.modeled, a.modeled.roof, _main_schedule(a)
+    plan = None if a.plan is None else {
+        "tiles": dict(a.plan.tiles), "sbuf_bytes": a.plan.sbuf_bytes, "sbuf_budget": a.plan.sbuf_budget,
+        "psum_banks": a.plan.psum_banks, "psum_budget": a.plan.psum_budget,
+    }  # fmt: skip
+    return {
+        "kernel": a.name, "family": a.family, "dims": a.dims, "target": a.target, "lnc": a.lnc,
+        "plan": plan, "launches": len(m.launches), "instructions": m.instructions,
+        "modelled_ns": m.time_ns, "bound_engine": main.bound,
+        "engines": {e: {"busy_ns": main.engine_busy_ns(e), "busy_pct": main.busy_pct(e)} for e in ENGINES},
+        "roofline": {"time_ns": r.time_ns, "bound": r.bound, "efficiency": r.efficiency(m.time_ns),
+                     "flops": r.flops, "min_hbm_bytes": r.min_hbm_bytes, "hbm_moved_bytes": m.hbm_moved},
+        "alternatives": [{"tiles": dict(alt.plan.tiles), "planner_ns": alt.plan.modeled_ns,
+                          "trace_ns": alt.trace_ns} for alt in a.alternatives],
+    }  # fmt: skip
 
 
 def _plan_section(a: Analysis) -> str:
