@@ -1,16 +1,15 @@
-"""`fusegen build`: spec -> checked IR -> family -> rendered files, written atomically or compared."""
+"""`fusegen build`: spec -> checked IR -> family -> rendered files (written whole by codegen.output)."""
 
 from __future__ import annotations
 
 import dataclasses
-import os
-import tempfile
 from dataclasses import dataclass
 from pathlib import Path
 
 from fusegen.codegen.family import Family, Mismatch, no_family_error
 from fusegen.codegen.ffn import FFN
 from fusegen.codegen.ops import ops_files
+from fusegen.codegen.output import write_atomically as write_atomically  # re-exported for callers
 from fusegen.codegen.plan import PlanError, TilePlan
 from fusegen.codegen.reference import TORCH_DTYPE, dim_bindings, reference_lines, value_name
 from fusegen.codegen.render import header, render
@@ -180,36 +179,3 @@ def test_shapes(ir: KernelIR) -> list[tuple[dict[str, int], str]]:
                 shapes.append((env, f"ragged-{name}{value}"))
                 break
     return shapes
-
-
-def write_atomically(out_dir: Path, files: tuple[tuple[str, str], ...]) -> list[str]:
-    """Write changed files (temp file + rename, so a reader never sees half a file); return what changed."""
-    changed = []
-    for rel, text in files:
-        target = out_dir / rel
-        if target.exists() and target.read_text(encoding="utf-8") == text:
-            continue
-        target.parent.mkdir(parents=True, exist_ok=True)
-        fd, tmp = tempfile.mkstemp(dir=target.parent, prefix=f".{target.name}.", suffix=".tmp")
-        with os.fdopen(fd, "w", encoding="utf-8") as handle:
-            handle.write(text)
-        os.replace(tmp, target)
-        changed.append(rel)
-    return changed
-
-
-def stale_files(out_dir: Path, built: Built) -> list[str]:
-    """Files that differ from a fresh build, are missing, or are left over from an older one."""
-    expected = dict(built.files)
-    stale = [rel for rel, text in built.files if _read(out_dir / rel) != text]
-    kernel_dir = out_dir / built.name
-    if kernel_dir.is_dir():
-        stale += sorted(
-            f"{built.name}/{p.name}" for p in kernel_dir.iterdir()
-            if p.is_file() and f"{built.name}/{p.name}" not in expected and not p.name.startswith(".")
-        )  # fmt: skip
-    return stale
-
-
-def _read(path: Path) -> str | None:
-    return path.read_text(encoding="utf-8") if path.is_file() else None

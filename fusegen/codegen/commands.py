@@ -9,12 +9,12 @@ from pathlib import Path
 from fusegen.codegen.build import (
     FAMILIES,
     BuildOptions,
+    Built,
     build_spec,
-    stale_files,
     test_case,
     test_shapes,
-    write_atomically,
 )
+from fusegen.codegen.output import leftovers, stale_files, write_atomically
 from fusegen.dsl import load_spec
 from fusegen.dsl.diagnostics import Diagnostic, SpecError
 from fusegen.dsl.ir import KernelIR
@@ -33,20 +33,27 @@ def build(specs: list[str], options: BuildOptions, check_only: bool = False, eve
         _progress(f"fusegen: building {spec}")
         built.append(build_spec(spec, options))
     if check_only:
-        stale = [rel for b in built for rel in stale_files(options.out_dir, b)]
-        if every_spec and options.out_dir.is_dir():
-            names = {b.name for b in built} | {"__pycache__"}
-            folders = [p.name for p in options.out_dir.iterdir() if p.is_dir() and not p.name.startswith(".")]
-            stale += sorted(f"{name}/" for name in folders if name not in names)
-        for rel in stale:
-            print(f"stale: {options.out_dir / rel}")
-        if stale:
-            print(f"{len(stale)} generated file(s) differ from `fusegen build`; run it and commit the result")
-        return 1 if stale else 0
+        return _report_stale(options.out_dir, built, every_spec)
     for b in built:
         changed = write_atomically(options.out_dir, b.files)
         print(f"{b.name}: {len(b.files)} files in {options.out_dir / b.name}, {len(changed)} changed")
     return 0
+
+
+def _report_stale(out_dir: Path, built: list[Built], every_spec: bool) -> int:
+    """Print every generated file that differs from `built`, every leftover of a killed build and (when
+    `built` is every spec of the project) every kernel folder no spec builds any more; 1 if any."""
+    stale = {rel for b in built for rel in stale_files(out_dir, b.name, b.files)}
+    stale |= {str(p.relative_to(out_dir)) for p in leftovers(out_dir)}
+    if every_spec and out_dir.is_dir():
+        names = {b.name for b in built} | {"__pycache__"}
+        folders = [p.name for p in out_dir.iterdir() if p.is_dir() and not p.name.startswith(".")]
+        stale |= {f"{name}/" for name in folders if name not in names}
+    for rel in sorted(stale):
+        print(f"stale: {out_dir / rel}")
+    if stale:
+        print(f"{len(stale)} generated file(s) differ from `fusegen build`; run it and commit the result")
+    return 1 if stale else 0
 
 
 def check(specs: list[str], options: BuildOptions, shapes: list[dict[str, int]]) -> int:
