@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import argparse
+import os
 import sys
 import traceback
 from collections.abc import Sequence
@@ -10,7 +11,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING
 
 from fusegen import __version__
-from fusegen.dsl.diagnostics import SpecError
+from fusegen.dsl.diagnostics import MAX_ERRORS, SpecError
 
 if TYPE_CHECKING:
     from fusegen.codegen.build import BuildOptions
@@ -88,7 +89,15 @@ def _shape_args(items: list[str] | None) -> list[dict[str, int]]:
     return [dims]
 
 
+def _max_errors_arg(p: argparse.ArgumentParser) -> None:
+    p.add_argument(
+        "--max-errors", type=int, default=MAX_ERRORS, metavar="N",
+        help=f"report at most N errors per spec, then how many more (default: {MAX_ERRORS})",
+    )  # fmt: skip
+
+
 def _target_args(p: argparse.ArgumentParser) -> None:
+    _max_errors_arg(p)
     p.add_argument("specs", nargs="*", metavar="SPEC", help="spec files (default: examples/*.spec)")
     p.add_argument("--out", default="generated", help="output directory (default: generated/)")
     p.add_argument("--target", default="trn2", choices=("trn1", "trn2", "trn3"))
@@ -113,6 +122,7 @@ def _parser() -> argparse.ArgumentParser:
     p = sub.add_parser("check-spec", help="validate specs and print a typed summary")
     p.add_argument("specs", nargs="+", metavar="SPEC")
     p.add_argument("--dump", choices=("ast", "ir"), help="print a front-end stage's output")
+    _max_errors_arg(p)
     p.set_defaults(run=_check_spec)
 
     p = sub.add_parser("build", help="generate kernel.py, reference.py, test_<name>.py and plan.md per spec")
@@ -155,6 +165,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     if not getattr(args, "run", None):
         parser.print_help()
         return 2
+    SpecError.max_errors = getattr(args, "max_errors", MAX_ERRORS)
     try:
         return int(args.run(args))
     except SpecError as err:
@@ -162,6 +173,9 @@ def main(argv: Sequence[str] | None = None) -> int:
         return 2
     except KeyboardInterrupt:
         return 130
+    except BrokenPipeError:  # `fusegen ... | head`: the reader has left; stop quietly, like cat does
+        os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())  # so the exit flush fails no more
+        return 141
     except Exception:  # an internal error: show everything, and say whose fault it is
         traceback.print_exc()
         print("\ninternal error: this is a fusegen bug; please report it with the spec.", file=sys.stderr)

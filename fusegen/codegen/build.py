@@ -2,7 +2,10 @@
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
+import sys
+from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -18,8 +21,10 @@ from fusegen.codegen.rewrites import rewrite
 from fusegen.codegen.rowreduce import ROWREDUCE
 from fusegen.codegen.stage import dim_source
 from fusegen.dsl import load_spec
+from fusegen.dsl.check import MAX_CHAIN
 from fusegen.dsl.diagnostics import Diagnostic, SpecError
 from fusegen.dsl.ir import KernelIR, eval_shape
+from fusegen.dsl.source import read_spec
 from fusegen.testing import Case, Tolerance, tolerance
 
 FAMILIES: tuple[Family, ...] = (FFN, ROWREDUCE)
@@ -49,8 +54,29 @@ class Built:
 def build_spec(path: str, options: BuildOptions) -> Built:
     """Render every file of one spec; nothing is written."""
     user_ir, _warnings = load_spec(path)
+    with _recursion_limit(RECURSION_LIMIT):
+        return _render_spec(path, user_ir, options)
+
+
+#: lowering and selection walk value chains recursively; the checker bounds a chain at MAX_CHAIN
+#: operations and a built-in expands into a few levels each, so this many frames always suffice.
+RECURSION_LIMIT = 20 * MAX_CHAIN * 10
+
+
+@contextlib.contextmanager
+def _recursion_limit(limit: int) -> Iterator[None]:
+    """Raise Python's recursion limit (never lower it) for the duration."""
+    previous = sys.getrecursionlimit()
+    sys.setrecursionlimit(max(previous, limit))
+    try:
+        yield
+    finally:
+        sys.setrecursionlimit(previous)
+
+
+def _render_spec(path: str, user_ir: KernelIR, options: BuildOptions) -> Built:
     ir = rewrite(user_ir)  # fusion identities first; reference.py keeps the spec's own (unfused) math
-    source = Path(path).read_text(encoding="utf-8", errors="replace")
+    source = read_spec(path)
     family, match = select_family(ir, source)
     plans = _plans(family, ir, match, options, source)
     try:  # with the backward's own kernels where the family carries its IR

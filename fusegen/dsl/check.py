@@ -24,6 +24,9 @@ from fusegen.dsl.parser import parse
 from fusegen.dsl.source import read_spec
 
 ItemT = TypeVar("ItemT")
+#: the longest chain of operations one value may sit at the end of, across statements: codegen walks
+#: such chains, and thousands of statements each building on the last are no fused kernel.
+MAX_CHAIN = 100
 
 
 def check(spec: ast.Spec) -> ir.KernelIR:
@@ -77,12 +80,25 @@ def _assign(ctx: Context, statement: ast.Assign) -> None:
     """Lower one `name = expr` statement and bring `name` into scope for the lines below."""
     target = statement.target
     node = value(ctx, statement.value)
+    if node is not None and _chain_length(ctx) > MAX_CHAIN:
+        message = f"`{target.name}` sits at the end of a chain of more than {MAX_CHAIN} operations"
+        ctx.error(statement.span, message, "fuse fewer steps into one kernel, or split the spec in two")
+        ctx.failed.add(target.name)
+        node = None
     if not owns(ctx, target):
         return
     ctx.pending.pop(target.name, None)
     if node is not None:
         ctx.name_node(node, target.name)
     ctx.scope[target.name] = Binding(FAILED_NODE if node is None else node, "value", target.span)
+
+
+def _chain_length(ctx: Context) -> int:
+    """The longest chain of operations ending at a node built since the last call (linear overall)."""
+    chain, start = ctx.chain, len(ctx.chain)
+    for node in ctx.nodes[start:]:
+        chain.append(1 + max((chain[a] for a in node.args if 0 <= a < len(chain)), default=0))
+    return max(chain[start:], default=0)
 
 
 def _warn_unused(ctx: Context, spec: ast.Spec) -> None:
