@@ -19,7 +19,7 @@ from fusegen.codegen.render import header, render
 from fusegen.codegen.report import plan_markdown
 from fusegen.codegen.rewrites import rewrite
 from fusegen.codegen.rowreduce import ROWREDUCE
-from fusegen.codegen.stage import dim_source
+from fusegen.codegen.stage import StageError, dim_source
 from fusegen.dsl import load_spec
 from fusegen.dsl.check import MAX_CHAIN
 from fusegen.dsl.diagnostics import Diagnostic, SpecError
@@ -54,8 +54,12 @@ class Built:
 def build_spec(path: str, options: BuildOptions) -> Built:
     """Render every file of one spec; nothing is written."""
     user_ir, _warnings = load_spec(path)
-    with _recursion_limit(RECURSION_LIMIT):
-        return _render_spec(path, user_ir, options)
+    try:
+        with _recursion_limit(RECURSION_LIMIT):
+            return _render_spec(path, user_ir, options)
+    except StageError as err:  # math a family's stage cannot express: the user's line, not a fusegen bug
+        hint = "compute it outside the kernel and pass it in as a param"
+        raise SpecError([Diagnostic(err.node.span, err.message, hint=hint)], read_spec(path)) from None
 
 
 #: lowering and selection walk value chains recursively; the checker bounds a chain at MAX_CHAIN
@@ -156,7 +160,7 @@ def test_case(ir: KernelIR, dims: dict[str, int]) -> Case:
 def test_source(ir: KernelIR, target: str) -> str:
     """test_<name>.py: the interpreter against the reference at every check shape and ragged variants."""
     inputs = test_inputs(ir)
-    shapes = ", ".join(f'"{i.name}": ({", ".join(dim_source(d) for d in i.shape)},)' for i in ir.inputs)
+    shapes = ", ".join(f'"{i.name}": {_tuple_source([dim_source(d) for d in i.shape])}' for i in ir.inputs)
     shapes = "{" + shapes + "}"
     return render(
         "test_kernel.py.jinja", header=header(ir, "test_kernel.py.jinja"), name=ir.name, target=target,
@@ -166,6 +170,11 @@ def test_source(ir: KernelIR, target: str) -> str:
         + [f"d_{d.name} = {d.value}" for d in ir.dims if d.value is not None],
         input_shapes=shapes, lncs=repr(list(TEST_LNCS)),
     )  # fmt: skip
+
+
+def _tuple_source(items: list[str]) -> str:
+    """Python source of a tuple of `items`: `()` for a scalar, else `(a,)`, `(a, b,)`."""
+    return f"({', '.join(items)},)" if items else "()"
 
 
 def output_tolerances(ir: KernelIR) -> tuple[Tolerance, ...]:

@@ -1,0 +1,49 @@
+"""Specs the checker accepts but a family cannot take end in a diagnostic, never a traceback; what builds
+compiles."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+
+from fusegen.cli import main
+
+ROOT = Path(__file__).resolve().parents[2]
+ROWS = (
+    "kernel k\ndim T, H\nrequire H % 128 == 0\ninput x: f32[T, H]\ninput r: f32[T, H]\ninput w: f32[H]\n"
+    "param eps = 1e-6\noutput y: f32[T, H]\n"
+)
+
+
+@pytest.mark.parametrize("op", ["exp(eps)", "log(eps)", "sigmoid(eps)", "clamp(eps, 0.0, 1.0)"])
+def test_scalar_math_a_stage_cannot_express_is_a_spec_error(
+    op: str, tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    spec = tmp_path / "k.spec"
+    spec.write_text(ROWS + f"y = rmsnorm(x + r, eps, w) * {op}\ncheck T=4 H=128\n")
+    assert main(["build", "--out", str(tmp_path / "out"), str(spec)]) == 2
+    err = capsys.readouterr().err
+    assert f"k.spec:9:30: error: `{op.split('(')[0]}` of scalars is not supported" in err
+    assert "Traceback" not in err
+
+
+def test_a_scalar_output_of_a_row_spec_is_a_family_error(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    spec = tmp_path / "k.spec"
+    text = ROWS + "output z: f32[]\ny = rmsnorm(x + r, eps, w)\nz = sum(sum(x, axis=-1), axis=-1)\n"
+    spec.write_text(text + "check T=4 H=128\n")
+    assert main(["build", "--out", str(tmp_path / "out"), str(spec)]) == 2
+    err = capsys.readouterr().err
+    assert "no kernel family matches" in err and "Traceback" not in err
+
+
+def test_an_unused_scalar_input_builds_a_test_file_that_compiles(tmp_path: Path) -> None:
+    text = (ROOT / "examples" / "swiglu_ffn.spec").read_text()
+    spec = tmp_path / "swiglu_ffn.spec"
+    spec.write_text(text.replace("input b2:  f32[K]", "input b2:  f32[K]\ninput s: f32[]"))
+    assert main(["build", "--out", str(tmp_path / "out"), str(spec)]) == 0
+    test = (tmp_path / "out" / "swiglu_ffn" / "test_swiglu_ffn.py").read_text()
+    compile(test, "test_swiglu_ffn.py", "exec")
+    assert '"b2": (d_K,), "s": ()}' in test
