@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import re
 from collections.abc import Callable
 
 from fusegen.codegen.stage import dim_source
@@ -45,8 +46,11 @@ _BINARY = {
 
 def value_name(node: Node) -> str:
     """The reference's local for a node: `_<name>` where the spec names it, else `_v<id>` (spec names
-    never start with `_`, so no local can shadow an argument)."""
-    return f"_v{node.id}" if node.name is None or node.op in ("input", "param") else f"_{node.name}"
+    never start with `_`, so no local can shadow an argument). A spec value named like `v0` becomes
+    `__v0`, so that it never meets the local of unnamed node 0."""
+    if node.name is None or node.op in ("input", "param"):
+        return f"_v{node.id}"
+    return f"__{node.name}" if re.fullmatch(r"v\d+", node.name) else f"_{node.name}"
 
 
 def reference_lines(ir: KernelIR) -> list[str]:

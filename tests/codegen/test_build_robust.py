@@ -6,8 +6,10 @@ from __future__ import annotations
 from pathlib import Path
 
 import pytest
+import torch
 
 from fusegen.cli import main
+from fusegen.testing import load_generated
 
 ROOT = Path(__file__).resolve().parents[2]
 ROWS = (
@@ -47,3 +49,19 @@ def test_an_unused_scalar_input_builds_a_test_file_that_compiles(tmp_path: Path)
     test = (tmp_path / "out" / "swiglu_ffn" / "test_swiglu_ffn.py").read_text()
     compile(test, "test_swiglu_ffn.py", "exec")
     assert '"b2": (d_K,), "s": ()}' in test
+
+
+def test_a_value_named_like_an_unnamed_node_keeps_its_own_reference_local(tmp_path: Path) -> None:
+    """`v0 = x + 2.0` once shared the reference local `_v0` with the cast of input x (node 0)."""
+    spec = tmp_path / "k.spec"
+    spec.write_text(
+        "kernel k\ndim T, H\nrequire H % 128 == 0\ninput x: f32[T, H]\nparam eps = 1e-6\n"
+        "output o0: f32[T, H]\noutput o1: f32[T, H]\nv0 = x + 2.0\nv1 = layernorm(v0, eps)\n"
+        "o0 = v1 * 2.0\no1 = v0 * x\ncheck T=4 H=128\n"
+    )
+    assert main(["build", "--out", str(tmp_path / "out"), str(spec)]) == 0
+    reference = load_generated(tmp_path / "out" / "k" / "reference.py")
+    x = torch.randn(4, 128)
+    o0, o1 = reference.k_reference(x)
+    assert torch.allclose(o1, (x + 2.0) * x)
+    assert torch.allclose(o0, torch.nn.functional.layer_norm(x + 2.0, (128,), eps=1e-6) * 2.0, atol=1e-5)
