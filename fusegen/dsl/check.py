@@ -43,6 +43,7 @@ def check_with_warnings(spec: ast.Spec) -> tuple[ir.KernelIR, tuple[Diagnostic, 
     constraints = declare_requires(ctx, _of(spec, ast.RequireDecl))
     inputs = declare_inputs(ctx, _of(spec, ast.InputDecl))
     params = declare_params(ctx, _of(spec, ast.ParamDecl))
+    _require_plain_dims(ctx, dims, inputs)
     for statement in _of(spec, ast.Assign):
         _assign(ctx, statement)
     outputs = declare_outputs(ctx, _of(spec, ast.OutputDecl))
@@ -91,6 +92,21 @@ def _assign(ctx: Context, statement: ast.Assign) -> None:
     if node is not None:
         ctx.name_node(node, target.name)
     ctx.scope[target.name] = Binding(FAILED_NODE if node is None else node, "value", target.span)
+
+
+def _require_plain_dims(ctx: Context, dims: Sequence[ir.DimDecl], inputs: Sequence[ir.TensorDecl]) -> None:
+    """A free dim used in an input's shape must be some input's whole axis: generated code reads each
+    dim from such an axis (it does not solve `2*D` for `D`)."""
+    axes = [d for i in inputs for d in i.shape if d.symbols()]
+    plain = {d.symbols()[0] for d in axes if d == ir.Dim.sym(d.symbols()[0])}
+    for dim in dims:
+        if dim.value is not None or dim.name in plain:
+            continue
+        using = next((i for i in inputs if any(dim.name in d.symbols() for d in i.shape)), None)
+        if using is not None:
+            message = f"dim `{dim.name}` appears only inside compound axes: no runtime shape gives its value"
+            hint = f"give one input a whole `{dim.name}` axis, or fix its value: `dim {dim.name} = 64`"
+            ctx.error(using.span, message, hint)
 
 
 def _chain_length(ctx: Context) -> int:

@@ -121,3 +121,13 @@ def test_a_closed_pipe_is_not_an_internal_error() -> None:
     run = subprocess.run(["sh", "-c", command], capture_output=True, text=True, timeout=60)
     assert run.stdout.count("\n") == 1
     assert "Traceback" not in run.stderr and "internal error" not in run.stderr
+
+
+def test_a_dim_only_inside_compound_axes_is_named() -> None:
+    """`x: [T, 2*D]` alone gives no runtime shape for D (the reference once read an undefined `d_D`)."""
+    spec = "kernel k\ndim T, D\ninput x: f32[T, 2*D]\noutput y: f32[T, 2*D]\ny = x * 2.0\ncheck T=4 D=64\n"
+    assert _diagnostics(spec) == [
+        "t.spec:3:1: error: dim `D` appears only inside compound axes: no runtime shape gives its value"
+    ]
+    assert _diagnostics(spec.replace("dim T, D", "dim T, D = 64").replace(" D=64", "")) == []
+    assert _diagnostics(spec.replace("input x: f32[T, 2*D]", "input x: f32[T, 2*D]\ninput b: f32[D]")) == []
