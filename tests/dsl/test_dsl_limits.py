@@ -13,6 +13,7 @@ from fusegen.cli import main
 from fusegen.dsl.check import MAX_CHAIN, check
 from fusegen.dsl.diagnostics import SpecError
 from fusegen.dsl.parser import MAX_DEPTH, MAX_SPEC_CHARS, parse
+from fusegen.dsl.shapes import MAX_DIM_TERMS
 
 HEAD = "kernel k\ndim T, H\ninput x: f32[T, H]\ninput w: f32[H, H]\noutput y: f32[T, H]\n"
 TAIL = "\ncheck T=4 H=128\n"
@@ -131,3 +132,19 @@ def test_a_dim_only_inside_compound_axes_is_named() -> None:
     ]
     assert _diagnostics(spec.replace("dim T, D", "dim T, D = 64").replace(" D=64", "")) == []
     assert _diagnostics(spec.replace("input x: f32[T, 2*D]", "input x: f32[T, 2*D]\ninput b: f32[D]")) == []
+
+
+def test_dim_products_at_and_past_the_term_limit() -> None:
+    """A product is checked before it is expanded: a short line of factors once never finished."""
+    symbols = [f"D{i}" for i in range(1, 10)]
+    names = ", ".join(symbols)
+    ones = " ".join(f"{d}=1" for d in symbols)
+    spec = (f"kernel k\ndim T, {names}\ninput x: f32[T, {names}]\ninput z: f32[T, {{}}]\n"
+            f"output y: f32[T, {names}]\ny = x * 2.0\ncheck T=1 {ones}\n")  # fmt: skip
+    eight, nine = "(" + " + ".join(symbols[:8]) + ")", "(" + " + ".join(symbols) + ")"
+    assert _diagnostics(spec.format(f"{eight} * {eight}")) == []
+    past = _diagnostics(spec.format(f"{eight} * {nine}"))
+    assert past == [f"t.spec:4:17: error: this dim expression expands to more than {MAX_DIM_TERMS} terms"]
+    started = time.process_time()
+    assert len(_diagnostics(spec.format(" * ".join([nine] * 60)))) == 1
+    assert time.process_time() - started < 1.0
