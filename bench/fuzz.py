@@ -191,6 +191,9 @@ def _load_built(folder: Path, spec: Path, run: bool) -> bool | None:
     save = {"save": True} if case.save else {}
     got = getattr(kernel, ir.name)(*args, **save, lnc=1)
     want = getattr(reference, f"{ir.name}_reference")(*args, **save)
+    wants = want if isinstance(want, tuple) else (want,)
+    if not all(bool(w.float().isfinite().all()) for w in wants):
+        return None  # random inputs outside the math's domain (log of a negative): NaN rules may differ
     return compare(got, want, case.outputs, "fuzz").ok
 
 

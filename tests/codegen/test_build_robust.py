@@ -9,6 +9,8 @@ import pytest
 import torch
 
 from fusegen.cli import main
+from fusegen.codegen import build
+from fusegen.dsl import load_spec
 from fusegen.testing import load_generated
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -65,3 +67,10 @@ def test_a_value_named_like_an_unnamed_node_keeps_its_own_reference_local(tmp_pa
     o0, o1 = reference.k_reference(x)
     assert torch.allclose(o1, (x + 2.0) * x)
     assert torch.allclose(o0, torch.nn.functional.layer_norm(x + 2.0, (128,), eps=1e-6) * 2.0, atol=1e-5)
+
+
+def test_ragged_shapes_never_move_a_dim_the_spec_fixes() -> None:
+    ir, _ = load_spec(str(ROOT / "examples" / "engram_gate_hc8.spec"))
+    shapes = build.test_shapes(ir)
+    assert any(label.startswith("ragged-") for _, label in shapes)
+    assert all(dims["HC"] == 8 for dims, _ in shapes)
