@@ -6,6 +6,8 @@ from dataclasses import dataclass
 
 #: how many diagnostics a report shows by default before "and K more".
 MAX_ERRORS = 50
+#: how many characters of a source line a diagnostic shows (a window around the caret on longer lines).
+MAX_SHOWN = 200
 
 
 @dataclass(frozen=True)
@@ -45,8 +47,11 @@ class Diagnostic:
         if 1 <= self.span.line <= len(lines):
             text = _printable(lines[self.span.line - 1].rstrip("\r"))
             width = self.span.end_col - self.span.col if self.span.end_line == self.span.line else 1
-            out.append(f"    {text}")
-            out.append("    " + " " * (self.span.col - 1) + "^" + "~" * max(0, width - 1))
+            start = 0 if len(text) <= MAX_SHOWN else max(0, self.span.col - 1 - MAX_SHOWN // 2)
+            shown = text[start : start + MAX_SHOWN]  # a window of a very long line, around the caret
+            caret = self.span.col - 1 - start
+            out.append(f"    {shown}")
+            out.append("    " + " " * caret + "^" + "~" * max(0, min(width, len(shown) - caret) - 1))
         if self.hint:
             out.append(f"  hint: {self.hint}")
         return "\n".join(out)

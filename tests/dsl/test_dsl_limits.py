@@ -148,3 +148,14 @@ def test_dim_products_at_and_past_the_term_limit() -> None:
     started = time.process_time()
     assert len(_diagnostics(spec.format(" * ".join([nine] * 60)))) == 1
     assert time.process_time() - started < 1.0
+
+
+def test_a_very_long_line_is_shown_as_a_window_around_the_caret() -> None:
+    text = HEAD + "y = x" + " + x" * 5000 + TAIL
+    rendered = _diagnostics(text)
+    with pytest.raises(SpecError) as info:
+        check(parse(text, "t.spec"))
+    lines = info.value.render().split("\n")
+    assert rendered == ["t.spec:6:1: error: " + DEEP]
+    assert all(len(line) < 220 for line in lines)
+    assert lines[2].strip() == "^" + "~" * 199  # the statement's span, cut to the window
