@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import argparse
+import os
 import re
 import sys
 import traceback
@@ -11,7 +12,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING
 
 from fusegen import __version__
-from fusegen.dsl.diagnostics import SpecError
+from fusegen.dsl.diagnostics import MAX_ERRORS, SpecError
 from fusegen.jsonout import FORMATS
 
 if TYPE_CHECKING:
@@ -116,6 +117,14 @@ def _shape_args(items: list[str] | None) -> list[dict[str, int]]:
     return [dims]
 
 
+def _max_errors_arg(p: argparse.ArgumentParser) -> None:
+    p.add_argument(
+        "--max-errors", type=int, default=MAX_ERRORS, metavar="N",
+        help=f"report at most N errors per spec, then how many more (default: {MAX_ERRORS})",
+    )  # fmt: skip
+
+
+
 def _split_shape(args: argparse.Namespace) -> None:
     """`--shape R=3 K=128 my.spec`: argparse gives the spec to --shape; hand back what is not NAME=INT."""
     shape = getattr(args, "shape", None)
@@ -129,6 +138,7 @@ def _spec_args(p: argparse.ArgumentParser) -> None:
 
 
 def _target_args(p: argparse.ArgumentParser) -> None:
+    _max_errors_arg(p)
     p.add_argument("--target", default="trn2", choices=TARGETS, help="hardware to plan for (default: trn2)")
     p.add_argument("--lnc", type=int, choices=(1, 2),
                    help="logical-core degree (default: 2 on trn2, 1 on trn1)")  # fmt: skip
@@ -157,6 +167,7 @@ def _parser() -> argparse.ArgumentParser:
     p.add_argument("specs", nargs="+", metavar="SPEC", help="spec files; `-` reads one spec from stdin")
     p.add_argument("--dump", choices=("ast", "ir"), help="print a front-end stage's output")
     _format_arg(p, "summaries and diagnostics")
+    _max_errors_arg(p)
     p.set_defaults(run=_check_spec)
 
     p = sub.add_parser("build", help="generate kernel.py, reference.py, test_<name>.py and plan.md per spec")
@@ -203,6 +214,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         parser.print_help()
         return USAGE
     _split_shape(args)
+    SpecError.max_errors = getattr(args, "max_errors", MAX_ERRORS)
     try:
         return int(args.run(args))
     except UsageError as err:
@@ -213,6 +225,9 @@ def main(argv: Sequence[str] | None = None) -> int:
         return USAGE
     except KeyboardInterrupt:
         return 130
+    except BrokenPipeError:  # `fusegen ... | head`: the reader has left; stop quietly, like cat does
+        os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())  # so the exit flush fails no more
+        return 141
     except Exception:  # an internal error: show everything, and say whose fault it is
         traceback.print_exc()
         print("\ninternal error: this is a fusegen bug; please report it with the spec.", file=sys.stderr)

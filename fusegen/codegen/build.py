@@ -1,16 +1,18 @@
-"""`fusegen build`: spec -> checked IR -> family -> rendered files, written atomically or compared."""
+"""`fusegen build`: spec -> checked IR -> family -> rendered files (written whole by codegen.output)."""
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
-import os
-import tempfile
+import sys
+from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
 
 from fusegen.codegen.family import Family, Mismatch, no_family_error
 from fusegen.codegen.ffn import FFN
 from fusegen.codegen.ops import TRAINABLE_FAMILIES, ops_files
+from fusegen.codegen.output import write_atomically as write_atomically  # re-exported for callers
 from fusegen.codegen.plan import PlanError, TilePlan, lnc_degrees
 from fusegen.codegen.reference import TORCH_DTYPE, dim_bindings, reference_lines, value_name
 from fusegen.codegen.reference_chunks import MEMORY_BUDGET, row_chunks
@@ -18,10 +20,12 @@ from fusegen.codegen.render import header, render
 from fusegen.codegen.report import plan_markdown
 from fusegen.codegen.rewrites import rewrite
 from fusegen.codegen.rowreduce import ROWREDUCE
-from fusegen.codegen.stage import dim_source
+from fusegen.codegen.stage import StageError, dim_source
 from fusegen.dsl import load_spec
+from fusegen.dsl.check import MAX_CHAIN
 from fusegen.dsl.diagnostics import Diagnostic, SpecError
 from fusegen.dsl.ir import CheckShape, KernelIR, eval_shape
+from fusegen.dsl.source import read_spec
 from fusegen.sim.targets import get_target
 from fusegen.testing import Case, Tolerance, tolerance
 
@@ -52,8 +56,33 @@ class Built:
 def build_spec(path: str, options: BuildOptions) -> Built:
     """Render every file of one spec; nothing is written."""
     user_ir, _warnings = load_spec(path)
+    try:
+        with _recursion_limit(RECURSION_LIMIT):
+            return _render_spec(path, user_ir, options)
+    except StageError as err:  # math a family's stage cannot express: the user's line, not a fusegen bug
+        hint = "compute it outside the kernel and pass it in as a param"
+        raise SpecError([Diagnostic(err.node.span, err.message, hint=hint)], read_spec(path)) from None
+
+
+#: lowering and selection walk value chains recursively; the checker bounds a chain at MAX_CHAIN
+#: operations and a built-in expands into a few levels each, so this many frames always suffice.
+RECURSION_LIMIT = 20 * MAX_CHAIN * 10
+
+
+@contextlib.contextmanager
+def _recursion_limit(limit: int) -> Iterator[None]:
+    """Raise Python's recursion limit (never lower it) for the duration."""
+    previous = sys.getrecursionlimit()
+    sys.setrecursionlimit(max(previous, limit))
+    try:
+        yield
+    finally:
+        sys.setrecursionlimit(previous)
+
+
+def _render_spec(path: str, user_ir: KernelIR, options: BuildOptions) -> Built:
     ir = rewrite(user_ir)  # fusion identities first; reference.py keeps the spec's own (unfused) math
-    source = Path(path).read_text(encoding="utf-8", errors="replace")
+    source = read_spec(path)
     family, match = select_family(ir, source)
     plans = _plans(family, ir, match, options, source)
     try:  # with the backward's own kernels where the family carries its IR
@@ -154,7 +183,7 @@ def test_source(ir: KernelIR, target: str, family: str) -> str:
     the op's torch conformance (opcheck; gradcheck where the family trains)."""
     differentiated = [i for i, o in enumerate(ir.outputs) if not o.optional]
     inputs = test_inputs(ir)
-    shapes = ", ".join(f'"{i.name}": ({", ".join(dim_source(d) for d in i.shape)},)' for i in ir.inputs)
+    shapes = ", ".join(f'"{i.name}": {_tuple_source([dim_source(d) for d in i.shape])}' for i in ir.inputs)
     shapes = "{" + shapes + "}"
     return render(
         "test_kernel.py.jinja", header=header(ir, "test_kernel.py.jinja"), name=ir.name, target=target,
@@ -167,6 +196,11 @@ def test_source(ir: KernelIR, target: str, family: str) -> str:
         trainable=family in TRAINABLE_FAMILIES, differentiated=repr(tuple(differentiated)),
         dtypes=repr(tuple(sorted({i.dtype for i in ir.inputs} | {o.dtype for o in ir.outputs}))),
     )  # fmt: skip
+
+
+def _tuple_source(items: list[str]) -> str:
+    """Python source of a tuple of `items`: `()` for a scalar, else `(a,)`, `(a, b,)`."""
+    return f"({', '.join(items)},)" if items else "()"
 
 
 def output_tolerances(ir: KernelIR) -> tuple[Tolerance, ...]:
@@ -197,12 +231,15 @@ def test_shapes(ir: KernelIR) -> list[tuple[dict[str, int], str]]:
         return shapes
     smallest = min((c.env() for c in ir.checks), key=lambda env: sorted(env.values()))
     env_all = {**ir.fixed_dims(), **smallest}
-    for name in sorted(smallest):
+    seen = {tuple(sorted(env.items())) for env, _ in shapes}
+    # a dim the spec fixes cannot move, and one no input's shape uses would test nothing
+    movable = {s for i in ir.inputs for d in i.shape for s in d.symbols()} - set(ir.fixed_dims())
+    for name in sorted(movable & set(smallest)):
         for value in (smallest[name] - 1, smallest[name] + 1):
             env = {**smallest, name: value}
             full = {**env_all, name: value}
             allowed = value >= 1 and all(c.holds(full) for c in ir.constraints)
-            if allowed and env not in [s for s, _ in shapes]:
+            if allowed and tuple(sorted(env.items())) not in seen:
                 shapes.append((env, f"ragged-{name}{value}"))
                 break
     return shapes
@@ -226,43 +263,3 @@ def op_check_dims(ir: KernelIR) -> dict[str, int]:
                 break
     return env
 
-
-def write_atomically(out_dir: Path, files: tuple[tuple[str, str], ...]) -> list[str]:
-    """Write changed files (temp file + rename, so a reader never sees half a file); return what changed."""
-    changed = []
-    for rel, text in files:
-        target = out_dir / rel
-        if target.exists() and target.read_text(encoding="utf-8") == text:
-            continue
-        target.parent.mkdir(parents=True, exist_ok=True)
-        fd, tmp = tempfile.mkstemp(dir=target.parent, prefix=f".{target.name}.", suffix=".tmp")
-        os.chmod(tmp, 0o666 & ~_umask())  # mkstemp makes 0600; generated files are ordinary ones
-        with os.fdopen(fd, "w", encoding="utf-8") as handle:
-            handle.write(text)
-        os.replace(tmp, target)
-        changed.append(rel)
-    return changed
-
-
-def _umask() -> int:
-    """The process umask (reading it means setting it, so it is set straight back)."""
-    mask = os.umask(0o022)
-    os.umask(mask)
-    return mask
-
-
-def stale_files(out_dir: Path, built: Built) -> list[str]:
-    """Files that differ from a fresh build, are missing, or are left over from an older one."""
-    expected = dict(built.files)
-    stale = [rel for rel, text in built.files if _read(out_dir / rel) != text]
-    kernel_dir = out_dir / built.name
-    if kernel_dir.is_dir():
-        stale += sorted(
-            f"{built.name}/{p.name}" for p in kernel_dir.iterdir()
-            if p.is_file() and f"{built.name}/{p.name}" not in expected and not p.name.startswith(".")
-        )  # fmt: skip
-    return stale
-
-
-def _read(path: Path) -> str | None:
-    return path.read_text(encoding="utf-8") if path.is_file() else None

@@ -13,11 +13,10 @@ from fusegen.codegen.build import (
     Built,
     build_spec,
     plan_shape,
-    stale_files,
     test_case,
     test_shapes,
-    write_atomically,
 )
+from fusegen.codegen.output import leftovers, stale_files, write_atomically
 from fusegen.codegen.recorded import kernel_folders
 from fusegen.dsl import load_spec
 from fusegen.dsl.diagnostics import Diagnostic, SpecError
@@ -52,9 +51,11 @@ def build(specs: list[str], options: BuildOptions, check_only: bool = False, eve
 
 
 def _report_stale(out_dir: Path, built: list[Built], orphans: list[tuple[Path, str]], fmt: str) -> int:
-    """Print every stale file and folder (text or JSON); 1 if there is any."""
+    """Print every stale file, every leftover of a killed build and every orphan folder (text or JSON);
+    1 if there is any."""
     stale = [(str(out_dir / rel), _why_stale(out_dir, b, rel)) for b in built
-             for rel in stale_files(out_dir, b)]  # fmt: skip
+             for rel in stale_files(out_dir, b.name, b.files)]  # fmt: skip
+    stale += [(str(p), "left over by an interrupted build") for p in leftovers(out_dir)]
     stale += [(f"{folder}/", why) for folder, why in orphans]
     if fmt == "json":
         files = [{"path": path, "reason": why} for path, why in stale]

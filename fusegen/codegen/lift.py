@@ -98,7 +98,7 @@ def _with(attrs: Attrs, key: str, value: AttrValue) -> Attrs:
 def _output(out: OutputDecl, nodes: tuple[Node, ...], extra: list[Node]) -> OutputDecl:
     """The output over the lifted graph: [T, 1] stays [T, 1] through a `[:, :, 0]` index of [T, 1, 1]."""
     node = nodes[out.node]
-    if out.shape == (node.shape[0], ONE) and node.shape == (node.shape[0], ONE, ONE):
+    if len(node.shape) == 3 and out.shape == (node.shape[0], ONE) and node.shape == (node.shape[0], ONE, ONE):
         items = (IndexItem("slice", Dim.const(0), node.shape[0]), IndexItem("slice", Dim.const(0), ONE),
                  IndexItem("at", Dim.const(0)))  # fmt: skip
         drop = dataclasses.replace(

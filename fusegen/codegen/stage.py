@@ -78,10 +78,16 @@ class StageBuilder:
 
     def expr(self, node_id: int) -> Expr:
         """The stage expression of IR node `node_id` (built once)."""
-        if node_id not in self.exprs:
-            node = self.ir.node(node_id)
-            built = self._build(node, [self.expr(a) for a in node.args])
-            self.exprs[node_id] = built
+        todo = [node_id]  # depth first without recursion: a long chain of statements is a deep graph
+        while todo:
+            node = self.ir.node(todo[-1])
+            missing = [a for a in node.args if a not in self.exprs]
+            if node.id in self.exprs or not missing:
+                todo.pop()
+                if node.id not in self.exprs:
+                    self.exprs[node.id] = self._build(node, [self.exprs[a] for a in node.args])
+            else:
+                todo += missing
         return self.exprs[node_id]
 
     def _build(self, node: Node, args: list[Expr]) -> Expr:

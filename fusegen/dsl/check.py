@@ -24,6 +24,9 @@ from fusegen.dsl.parser import parse
 from fusegen.dsl.source import read_spec
 
 ItemT = TypeVar("ItemT")
+#: the longest chain of operations one value may sit at the end of, across statements: codegen walks
+#: such chains, and thousands of statements each building on the last are no fused kernel.
+MAX_CHAIN = 100
 
 
 def check(spec: ast.Spec) -> ir.KernelIR:
@@ -40,6 +43,7 @@ def check_with_warnings(spec: ast.Spec) -> tuple[ir.KernelIR, tuple[Diagnostic, 
     constraints = declare_requires(ctx, _of(spec, ast.RequireDecl))
     inputs = declare_inputs(ctx, _of(spec, ast.InputDecl))
     params = declare_params(ctx, _of(spec, ast.ParamDecl))
+    _require_plain_dims(ctx, dims, inputs)
     for statement in _of(spec, ast.Assign):
         _assign(ctx, statement)
     outputs = declare_outputs(ctx, _of(spec, ast.OutputDecl))
@@ -77,12 +81,40 @@ def _assign(ctx: Context, statement: ast.Assign) -> None:
     """Lower one `name = expr` statement and bring `name` into scope for the lines below."""
     target = statement.target
     node = value(ctx, statement.value)
+    if node is not None and _chain_length(ctx) > MAX_CHAIN:
+        message = f"`{target.name}` sits at the end of a chain of more than {MAX_CHAIN} operations"
+        ctx.error(statement.span, message, "fuse fewer steps into one kernel, or split the spec in two")
+        ctx.failed.add(target.name)
+        node = None
     if not owns(ctx, target):
         return
     ctx.pending.pop(target.name, None)
     if node is not None:
         ctx.name_node(node, target.name)
     ctx.scope[target.name] = Binding(FAILED_NODE if node is None else node, "value", target.span)
+
+
+def _require_plain_dims(ctx: Context, dims: Sequence[ir.DimDecl], inputs: Sequence[ir.TensorDecl]) -> None:
+    """A free dim used in an input's shape must be some input's whole axis: generated code reads each
+    dim from such an axis (it does not solve `2*D` for `D`)."""
+    axes = [d for i in inputs for d in i.shape if d.symbols()]
+    plain = {d.symbols()[0] for d in axes if d == ir.Dim.sym(d.symbols()[0])}
+    for dim in dims:
+        if dim.value is not None or dim.name in plain:
+            continue
+        using = next((i for i in inputs if any(dim.name in d.symbols() for d in i.shape)), None)
+        if using is not None:
+            message = f"dim `{dim.name}` appears only inside compound axes: no runtime shape gives its value"
+            hint = f"give one input a whole `{dim.name}` axis, or fix its value: `dim {dim.name} = 64`"
+            ctx.error(using.span, message, hint)
+
+
+def _chain_length(ctx: Context) -> int:
+    """The longest chain of operations ending at a node built since the last call (linear overall)."""
+    chain, start = ctx.chain, len(ctx.chain)
+    for node in ctx.nodes[start:]:
+        chain.append(1 + max((chain[a] for a in node.args if 0 <= a < len(chain)), default=0))
+    return max(chain[start:], default=0)
 
 
 def _warn_unused(ctx: Context, spec: ast.Spec) -> None:

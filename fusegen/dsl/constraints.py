@@ -9,7 +9,6 @@ from fusegen.dsl.context import Context
 from fusegen.dsl.declarations import positive_int
 from fusegen.dsl.diagnostics import Span
 from fusegen.dsl.ir import Constraint, Dim
-from fusegen.dsl.names import did_you_mean
 from fusegen.dsl.shapes import to_dim
 
 #: the comparison seen from the other side: `1 <= R` is `R >= 1`.
@@ -103,7 +102,7 @@ def _check_values(ctx: Context, decl: ast.CheckDecl) -> dict[str, int] | None:
         dim = ctx.dims.get(name)
         value = positive_int(ctx, item.value, f"`{name}`")
         if dim is None:
-            ctx.error(item.name.span, f"unknown dim `{name}`", did_you_mean(name, ctx.dims))
+            ctx.error(item.name.span, f"unknown dim `{name}`", ctx.suggest(name, ctx.dims))
         elif name in given:
             ctx.error(item.span, f"`{name}` is given twice")
         elif value is not None and dim.value is not None and value != dim.value:

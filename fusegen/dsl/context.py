@@ -2,10 +2,11 @@
 
 from __future__ import annotations
 
+from collections.abc import Iterable
 from dataclasses import dataclass, field, replace
 
 from fusegen.dsl import ir
-from fusegen.dsl.diagnostics import Diagnostic, Span
+from fusegen.dsl.diagnostics import Diagnostic, Span, SpecError
 from fusegen.dsl.names import did_you_mean, name_problem
 
 #: the node of a name whose definition failed: its uses stay quiet instead of repeating the error.
@@ -43,6 +44,8 @@ class Context:
     #: names whose declaration failed: their uses stay quiet rather than repeat the error.
     failed: set[str] = field(default_factory=set)
     nodes: list[ir.Node] = field(default_factory=list)
+    #: per node, the longest chain of operations ending at it (filled by the checker as nodes appear).
+    chain: list[int] = field(default_factory=list)
     _leaves: dict[tuple[str, ir.AttrValue], int] = field(default_factory=dict)
 
     def error(self, span: Span, message: str, hint: str | None = None) -> None:
@@ -105,4 +108,9 @@ class Context:
     def unknown_name(self, span: Span, name: str, what: str = "name") -> None:
         """Report a name that means nothing here, suggesting the closest known one."""
         known = [*self.scope, *self.dims, *self.pending]
-        self.error(span, f"unknown {what} `{name}`", did_you_mean(name, known))
+        self.error(span, f"unknown {what} `{name}`", self.suggest(name, known))
+
+    def suggest(self, name: str, candidates: Iterable[str]) -> str | None:
+        """did_you_mean, for errors that will be shown: past the report's limit a hint is not worth the
+        cost (thousands of unknown names against thousands of candidates would be quadratic)."""
+        return did_you_mean(name, candidates) if len(self.errors) < SpecError.max_errors else None

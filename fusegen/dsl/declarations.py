@@ -139,7 +139,7 @@ def _output_node(ctx: Context, ident: ast.Ident) -> int | None:
         return None
     if binding is None:
         values = [n for n, b in ctx.scope.items() if b.kind == "value"]
-        ctx.error(ident.span, f"output `{ident.name}` is never computed", did_you_mean(ident.name, values))
+        ctx.error(ident.span, f"output `{ident.name}` is never computed", ctx.suggest(ident.name, values))
         return None
     ctx.reads.add(ident.name)
     if binding.kind != "value":

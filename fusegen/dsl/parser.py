@@ -4,10 +4,11 @@ from __future__ import annotations
 
 import dataclasses
 import functools
+import math
 import re
 from typing import Any
 
-from lark import Lark, Token, Transformer, v_args
+from lark import Lark, Token, Transformer_NonRecursive, v_args
 from lark.exceptions import UnexpectedInput
 from lark.tree import Meta
 
@@ -21,6 +22,8 @@ MAX_SPEC_CHARS = 100_000
 MAX_NESTING = 50
 #: the same for expression trees: `x + x + ... + x` with more terms nests as deep.
 MAX_DEPTH = 100
+#: integer literals longer than this are no dim, axis or check value (and int() refuses 4,301 digits).
+MAX_INT_DIGITS = 18
 
 
 @functools.cache
@@ -44,14 +47,16 @@ def _literals() -> dict[str, str]:
 
 def parse(text: str, path: str) -> ast.Spec:
     """Parse spec `text` (read from `path`, used in messages) into its AST, or raise SpecError."""
+    text = text.removeprefix("\ufeff")  # a byte-order mark some editors write: not part of the spec
     _reject_unparseable(text, path)
     try:
         tree = _lark().parse(text if text.endswith("\n") else text + "\n")
-        items = _ToAst(path).transform(tree)
     except UnexpectedInput as err:
         raise SpecError([syntax_error(err, text, path, _literals())], text) from None
-    except RecursionError:
-        raise _file_error(path, text, "the spec nests too deeply to compile") from None
+    to_ast = _ToAst(path)  # non-recursive: a chain of any length becomes an AST, then a depth diagnostic
+    items = to_ast.transform(tree)
+    if to_ast.errors:
+        raise SpecError(to_ast.errors, text)
     _reject_deep(items, text)
     end = text.count("\n") + 1
     return ast.Spec(path, text, tuple(items), leading_comment(text), Span(path, 1, 1, end, 1))
@@ -62,10 +67,16 @@ def _reject_unparseable(text: str, path: str) -> None:
     if not text.strip():
         raise _file_error(path, text, "the spec is empty", "a spec starts with `kernel NAME`")
     if len(text) > MAX_SPEC_CHARS:
-        raise _file_error(path, text, f"the spec is larger than {MAX_SPEC_CHARS} characters")
+        message = f"the spec is larger than {MAX_SPEC_CHARS} characters; this is where it passes the limit"
+        raise SpecError([Diagnostic(_span_at(text, MAX_SPEC_CHARS, path), message)], text)
     nul = text.find("\0")
     if nul >= 0:
         raise SpecError([Diagnostic(_span_at(text, nul, path), "NUL byte in the spec")], text)
+    lone_cr = re.search(r"\r(?!\n)", text)
+    if lone_cr:
+        message = "carriage return without a line feed: classic Mac (CR) line endings"
+        hint = "save the spec with LF (or CRLF) line endings"
+        raise SpecError([Diagnostic(_span_at(text, lone_cr.start(), path), message, hint=hint)], text)
     depth = 0
     for pos, ch in enumerate(_without_comments(text)):
         depth += (ch in "([") - (ch in ")]")
@@ -94,11 +105,18 @@ def _depth(node: Any) -> int:
     while stack:
         current, depth = stack.pop()
         deepest = max(deepest, depth)
-        for field in dataclasses.fields(current):
-            value = getattr(current, field.name)
+        for name in _child_fields(current.__class__):
+            value = getattr(current, name)
             children = value if isinstance(value, tuple) else (value,)
             stack += [(child, depth + 1) for child in children if dataclasses.is_dataclass(child)]
     return deepest
+
+
+@functools.cache
+def _child_fields(cls: type) -> tuple[str, ...]:
+    """The fields of AST class `cls` that may hold AST nodes (spans and plain values never do)."""
+    plain = (str, bool, float, int, "str", "bool", "float", "int", "Span")
+    return tuple(f.name for f in dataclasses.fields(cls) if f.type not in plain)
 
 
 def _file_error(path: str, text: str, message: str, hint: str | None = None) -> SpecError:
@@ -133,19 +151,39 @@ def _token_span(path: str, token: Token) -> Span:
     return Span(path, token.line or 0, token.column or 0, token.end_line or 0, token.end_column or 0)
 
 
-def _number(token: Token, span: Span, negative: bool = False) -> ast.Number:
+def _number(token: Token, span: Span, negative: bool = False) -> tuple[ast.Number, Diagnostic | None]:
+    """The literal, and a diagnostic when it is too long an integer or over/underflows a float."""
     text = ("-" if negative else "") + str(token)
     is_int = not any(ch in token for ch in ".eE")
-    return ast.Number(float(text), text, is_int, span)
+    shown = text if len(text) <= 24 else f"{text[:10]}...{text[-6:]}"
+    if is_int and len(token.lstrip("0")) > MAX_INT_DIGITS:
+        problem = f"integer literal `{shown}` has more than {MAX_INT_DIGITS} digits"
+        return ast.Number(0.0, "0", True, span), Diagnostic(span, problem)
+    value = float(text)
+    if math.isinf(value):
+        problem = f"`{shown}` overflows: the largest number is about 1.8e308"
+        return ast.Number(0.0, "0", True, span), Diagnostic(span, problem)
+    if value == 0 and re.search(r"[1-9]", text.partition("e")[0].partition("E")[0]):
+        problem = f"`{shown}` underflows to 0: the smallest number is about 5e-324"
+        return ast.Number(0.0, "0", True, span), Diagnostic(span, problem, hint="write 0 if you mean 0")
+    return ast.Number(value, text, is_int, span), None
 
 
 @v_args(meta=True)
-class _ToAst(Transformer[Token, Any]):
-    """Parse tree -> AST; one method per grammar rule or alias, no semantic checks."""
+class _ToAst(Transformer_NonRecursive[Token, Any]):
+    """Parse tree -> AST; one method per grammar rule or alias; literals that no number can hold are
+    collected in `errors` (the checker does the semantic checks)."""
 
     def __init__(self, path: str) -> None:
         super().__init__()
         self.path = path
+        self.errors: list[Diagnostic] = []
+
+    def _literal(self, number: tuple[ast.Number, Diagnostic | None]) -> ast.Number:
+        literal, problem = number
+        if problem:
+            self.errors.append(problem)
+        return literal
 
     def _span(self, meta: Meta) -> Span:
         return Span(self.path, meta.line, meta.column, meta.end_line, meta.end_column)
@@ -193,7 +231,7 @@ class _ToAst(Transformer[Token, Any]):
 
     def signed_number(self, meta: Meta, children: list[Any]) -> ast.Number:
         minus, token = children
-        return _number(token, self._span(meta), negative=minus is not None)
+        return self._literal(_number(token, self._span(meta), negative=minus is not None))
 
     def compare(self, meta: Meta, children: list[Any]) -> ast.Compare:
         return ast.Compare(tuple(children[0::2]), tuple(str(op) for op in children[1::2]), self._span(meta))
@@ -228,7 +266,7 @@ class _ToAst(Transformer[Token, Any]):
         return ast.Name(str(children[0]), self._span(meta))
 
     def number(self, meta: Meta, children: list[Any]) -> ast.Number:
-        return _number(children[0], self._span(meta))
+        return self._literal(_number(children[0], self._span(meta)))
 
     def boolean(self, meta: Meta, children: list[Any]) -> ast.Bool:
         return ast.Bool(children[0] == "true", self._span(meta))

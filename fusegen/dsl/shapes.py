@@ -10,6 +10,9 @@ from fusegen.dsl.ir import Dim, Shape, shape_str
 
 #: larger dims are surely typos, and would overflow the int32 index math of generated kernels.
 MAX_DIM_VALUE = 2**31 - 1
+#: dims are kept expanded (`(A + B) * (A + B)` has 3 terms); products are capped before expanding, as
+#: a line of such factors would otherwise expand to millions of terms.
+MAX_DIM_TERMS = 64
 _DIM_EXPR_HINT = "a dim expression is made of dim names, integers, `+`, `-` and `*`"
 
 
@@ -31,6 +34,9 @@ def to_dim(ctx: Context, expr: ast.Expr) -> Dim | None:
     if isinstance(expr, ast.BinOp) and expr.op in "+-*":
         lhs, rhs = to_dim(ctx, expr.lhs), to_dim(ctx, expr.rhs)
         if lhs is None or rhs is None:
+            return None
+        if expr.op == "*" and len(lhs.terms) * len(rhs.terms) > MAX_DIM_TERMS:  # before expanding it
+            ctx.error(expr.span, f"this dim expression expands to more than {MAX_DIM_TERMS} terms")
             return None
         return lhs + rhs if expr.op == "+" else lhs - rhs if expr.op == "-" else lhs * rhs
     ctx.error(expr.span, "not a dim expression", _DIM_EXPR_HINT)

@@ -14,7 +14,11 @@ def read_spec(path: str) -> str:
     except OSError as err:
         raise _file_error(path, f"cannot read the spec: {err.strerror}") from None
     if len(data) > MAX_SPEC_CHARS:
-        raise _file_error(path, f"the spec is larger than {MAX_SPEC_CHARS} bytes")
+        text = data[:MAX_SPEC_CHARS].decode("utf-8", errors="replace")
+        line = text.count("\n") + 1
+        col = len(text) - (text.rfind("\n") + 1) + 1
+        message = f"the spec is larger than {MAX_SPEC_CHARS} bytes; this is where it passes the limit"
+        raise SpecError([Diagnostic(Span(path, line, col, line, col + 1), message)], text) from None
     return decode_spec(data, path)
 
 
@@ -25,7 +29,7 @@ def _file_error(path: str, message: str) -> SpecError:
 def decode_spec(data: bytes, path: str) -> str:
     """`data` as UTF-8 text, or SpecError pointing at the first byte that is not UTF-8."""
     try:
-        return data.decode("utf-8")
+        return data.decode("utf-8").removeprefix("\ufeff")  # a byte-order mark is not part of the spec
     except UnicodeDecodeError as err:
         good = data[: err.start].decode("utf-8")
         line = good.count("\n") + 1
