@@ -149,12 +149,7 @@ def _op_gradients(name: str, leaves: list[torch.Tensor], grads: list[torch.Tenso
 
 
 @pytest.mark.parametrize("layout", LAYOUTS)
-@pytest.mark.parametrize(
-    "name",
-    [pytest.param(n, marks=[pytest.mark.xfail(reason="its single-input backward: issue 12 item 4, another "
-                                              "branch", strict=False)] * (n == "scaled_softmax"))
-     for n in KERNELS if trainable(n)],
-)  # fmt: skip
+@pytest.mark.parametrize("name", [n for n in KERNELS if trainable(n)])
 def test_op_backward(name: str, layout: str) -> None:
     views = _views(name, layout)
     outs = as_tuple(op(name)(*views))  # type: ignore[operator]
