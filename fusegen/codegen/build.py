@@ -12,7 +12,6 @@ from pathlib import Path
 from fusegen.codegen.family import Family, Mismatch, no_family_error
 from fusegen.codegen.ffn import FFN
 from fusegen.codegen.ops import TRAINABLE_FAMILIES, ops_files
-from fusegen.codegen.output import write_atomically as write_atomically  # re-exported for callers
 from fusegen.codegen.plan import PlanError, TilePlan, lnc_degrees
 from fusegen.codegen.reference import TORCH_DTYPE, dim_bindings, reference_lines, value_name
 from fusegen.codegen.reference_chunks import MEMORY_BUDGET, row_chunks

@@ -8,7 +8,8 @@ from types import ModuleType
 import pytest
 import torch
 
-from fusegen.codegen.build import BuildOptions, build_spec, write_atomically
+from fusegen.codegen.build import BuildOptions, build_spec
+from fusegen.codegen.output import write_atomically
 from fusegen.sim import load_module
 
 #: a per-head LayerNorm with an [H] gain and a row max: the variance reads the mean (a second pass).

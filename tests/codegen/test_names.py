@@ -18,8 +18,9 @@ from pathlib import Path
 import pytest
 import torch
 
-from fusegen.codegen.build import BuildOptions, build_spec, write_atomically
+from fusegen.codegen.build import BuildOptions, build_spec
 from fusegen.codegen.ops import load_ops
+from fusegen.codegen.output import write_atomically
 from fusegen.dsl import names
 
 ROOT = Path(__file__).parents[2]
