@@ -71,8 +71,9 @@ class RowReduceFamily:
         "(else it rebuilds one head's per token tile), then takes the fewest reduction chunks, each the "
         "narrowest multiple of 128 for that count, with whole rows kept in SBUF so each input byte crosses "
         "HBM once. Where whole rows do not fit even in 128-column chunks, it streams them: every reduction "
-        "pass reads its chunks of the row inputs from HBM, and the epilogue reads each chunk again and stores "
-        "its output chunk, in the widest chunks that fit; only one head's prepared weights stay width-long."
+        "pass reads its chunks of the row inputs from HBM, and the epilogue reads each chunk again and "
+        "stores its output chunk, in the widest chunks that fit; only one head's prepared weights stay "
+        "width-long."
     )
 
     def match(self, ir: KernelIR) -> RowReduceMatch:

@@ -70,8 +70,10 @@ def test_softmax_plans_over_vocabularies(vocab: int, target: str, lnc: int) -> N
 
 def test_the_limit_is_one_heads_prepared_weights() -> None:
     """Streamed rows keep one head's fp32 prepared weights width-long: 4 B per column for the Engram gate's
-    w_h * w_e, so no plan fits at H=65536 on trn1 (262,144 B > 180,224 B), and the message says so."""
-    with pytest.raises(PlanError, match=r"width 65536 .* needs \d+ B/partition .* budget is 180224 B on trn1"):
+    w_h * w_e, so no plan fits at H=65536 on trn1 (that weight alone is 262,144 B > 180,224 B); the message
+    gives the numbers."""
+    message = r"width 65536 .* needs \d+ B/partition .* budget is 180224 B on trn1"
+    with pytest.raises(PlanError, match=message):
         plan_at("engram_gate", {"T": 8, "HC": 2, "H": 65536}, "trn1", 1)
     assert _streamed(plan_at("scaled_softmax", {"T": 8, "H": 1 << 20}, "trn1", 1))  # no weights: no limit
 
