@@ -20,7 +20,7 @@ from fusegen.codegen.rowreduce import ROWREDUCE
 from fusegen.codegen.stage import dim_source
 from fusegen.dsl import load_spec
 from fusegen.dsl.diagnostics import Diagnostic, SpecError
-from fusegen.dsl.ir import CheckShape, KernelIR, eval_shape
+from fusegen.dsl.ir import KernelIR, eval_shape
 from fusegen.sim.targets import get_target
 from fusegen.testing import Case, Tolerance, tolerance
 
@@ -84,20 +84,6 @@ def _plans(family: Family, ir: KernelIR, match: object, options: BuildOptions, s
     if errors:
         raise SpecError(errors, source)
     return tuple(plans)
-
-
-def require_plan(spec: str, dims: dict[str, int], options: BuildOptions) -> None:
-    """SpecError with the planner's message (at the first check line) when no tile plan fits `dims`."""
-    ir = rewrite(load_spec(spec)[0])
-    source = Path(spec).read_text(encoding="utf-8", errors="replace")
-    family, match = select_family(ir, source)
-    span = ir.checks[0].span if ir.checks else ir.outputs[0].span
-    shape = CheckShape(tuple(sorted(dims.items())), span)
-    try:
-        family.plans(dataclasses.replace(ir, checks=(shape,)), match, options.target, options.lnc)
-    except PlanError as err:
-        given = " ".join(f"{k}={v}" for k, v in shape.dims)
-        raise SpecError([Diagnostic(span, f"at {given}: {err}", hint=PLAN_HINT)], source) from None
 
 
 def select_family(ir: KernelIR, source: str) -> tuple[Family, object]:

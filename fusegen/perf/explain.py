@@ -4,7 +4,6 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from fusegen.codegen.build import BuildOptions, require_plan
 from fusegen.codegen.commands import validated_shape
 from fusegen.codegen.plan import TilePlan
 from fusegen.dsl import load_spec
@@ -22,9 +21,7 @@ DISAGREE_MARGIN = 0.02
 def explain(spec: str, target: str, lnc: int, shape: dict[str, int] | None, trace: str | None = None,
             svg_path: str | None = None) -> int:  # fmt: skip
     """Model `spec`'s kernel at `shape` (default: its first check line), print the report, write files."""
-    dims = _dims(spec, shape)
-    require_plan(spec, dims, BuildOptions(target=target, lnc=lnc))  # the planner's message
-    analysis = analyse(spec, dims, target, lnc)
+    analysis = analyse(spec, _dims(spec, shape), target, lnc)
     print(report(analysis))
     if trace:
         chrome_trace(analysis.modeled.schedules, trace)
