@@ -231,7 +231,7 @@ def stream_passes(t0, pt, h, HB, d_H, prepared, r_hbm, scc0, sr0_c0, x_hbm):
             acc7 = sr0_3
         else:
             nisa.tensor_tensor(dst=acc7[0:pt, 0:1], data1=acc7[0:pt, 0:1], data2=sr0_3[0:pt, 0:1], op=nl.add, engine=nisa.engine.gpsimd)
-    # per-row math on the accumulators, before the previous head's full-width epilogue
+    # per-row math on the accumulators, once per head before the chunked epilogue
     sc0 = nl.ndarray((P, 1), dtype=nl.float32, buffer=nl.sbuf)
     nisa.tensor_tensor(dst=sc0[0:pt, 0:1], data1=acc7[0:pt, 0:1], data2=scc0[0:pt, 0:1], op=nl.add, engine=nisa.engine.gpsimd)
     sc1 = nl.ndarray((P, 1), dtype=nl.float32, buffer=nl.sbuf)

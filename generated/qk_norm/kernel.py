@@ -221,7 +221,7 @@ def stream_passes(t0, pt, h, HB, d_D, prepared, q_hbm, scc0, sr0_c0):
             acc4 = sr0_2
         else:
             nisa.tensor_tensor(dst=acc4[0:pt, 0:1], data1=acc4[0:pt, 0:1], data2=sr0_2[0:pt, 0:1], op=nl.add, engine=nisa.engine.gpsimd)
-    # per-row math on the accumulators, before the previous head's full-width epilogue
+    # per-row math on the accumulators, once per head before the chunked epilogue
     sc0 = nl.ndarray((P, 1), dtype=nl.float32, buffer=nl.sbuf)
     nisa.tensor_tensor(dst=sc0[0:pt, 0:1], data1=acc4[0:pt, 0:1], data2=scc0[0:pt, 0:1], op=nl.add, engine=nisa.engine.gpsimd)
     sc1 = nl.ndarray((P, 1), dtype=nl.float32, buffer=nl.sbuf)

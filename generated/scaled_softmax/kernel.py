@@ -227,7 +227,7 @@ def stream_passes(t0, pt, h, HB, d_H, lse_sv, scale_arg, x_hbm):
             acc6 = sr1_2
         else:
             nisa.tensor_tensor(dst=acc6[0:pt, 0:1], data1=acc6[0:pt, 0:1], data2=sr1_2[0:pt, 0:1], op=nl.add, engine=nisa.engine.gpsimd)
-    # per-row math on the accumulators, before the previous head's full-width epilogue
+    # per-row math on the accumulators, once per head before the chunked epilogue
     sc0 = nl.ndarray((P, 1), dtype=nl.float32, buffer=nl.sbuf)
     nisa.activation(dst=sc0[0:pt, 0:1], op=nl.log, data=acc6[0:pt, 0:1])
     sc1 = nl.ndarray((P, 1), dtype=nl.float32, buffer=nl.sbuf)
