@@ -15,6 +15,7 @@ from fusegen.codegen.rewrites import expand_norms, rewrite
 from fusegen.codegen.rowreduce_lower import RowReduceLowering, lower_rowreduce
 from fusegen.codegen.rowreduce_match import RowReduceMatch, match_rowreduce
 from fusegen.codegen.rowreduce_pipeline import head_helpers
+from fusegen.codegen.rowreduce_stream import with_streamed
 from fusegen.codegen.select import NL_DTYPE
 from fusegen.codegen.signature import Returned, door_lines, door_source, signature
 from fusegen.codegen.stage import dim_source
@@ -68,7 +69,11 @@ class RowReduceFamily:
     planning: str = (
         "The planner keeps the prepared weights of every head resident when they fit the SBUF budget "
         "(else it rebuilds one head's per token tile), then takes the fewest reduction chunks, each the "
-        "narrowest multiple of 128 for that count."
+        "narrowest multiple of 128 for that count, with whole rows kept in SBUF so each input byte crosses "
+        "HBM once. Where whole rows do not fit even in 128-column chunks, it streams them: every reduction "
+        "pass reads its chunks of the row inputs from HBM, and the epilogue reads each chunk again and "
+        "stores its output chunk, in the widest chunks that fit; only one head's prepared weights stay "
+        "width-long."
     )
 
     def match(self, ir: KernelIR) -> RowReduceMatch:
@@ -82,25 +87,27 @@ class RowReduceFamily:
     def plans(self, ir: KernelIR, m: RowReduceMatch, target: str, lnc: int) -> list[TilePlan]:
         """One plan per `check` shape."""
         body, _ = row_body(ir)
-        low = lower_rowreduce(body, m)
+        low, _ = with_streamed(body, m, lower_rowreduce(body, m))
         return [plan_rowreduce(body, m, low, get_target(target), lnc, {**ir.fixed_dims(), **c.env()})
                 for c in ir.checks]  # fmt: skip
 
     def kernel_source(self, ir: KernelIR, m: RowReduceMatch, target: str, lnc: int) -> str:
         """kernel.py: the NKI kernel and its prep kernel, the vendored planner, the host functions."""
         body, lifted = row_body(ir)
-        low = lower_rowreduce(body, m)
+        low, streamed = with_streamed(body, m, lower_rowreduce(body, m))
         flat = {o.name: o.shape for o in (lifted.flat if lifted else body).outputs}
         host = _host(body, m, lifted, ir)
         prologue = dict(low=low, host=host, model=private_repr(low.model), budget_source=vendored(rb),
                         sbuf_budgets=repr({name: t.sbuf_usable_bytes for name, t in sorted(TARGETS.items())}),
                         default_target=target, default_lnc=lnc)  # fmt: skip
-        varying = ["prepared", *(ld.tile for ld in low.passes.shared_loads),
-                   *(c.staging for c in low.required_columns + low.optional_columns)]  # fmt: skip
-        helpers = head_helpers(low, tuple(varying), render(PROLOGUE, **prologue))
+        staging = [c.staging for c in low.required_columns + low.optional_columns]
+        varying = ("prepared", *(ld.tile for ld in low.passes.shared_loads), *staging)
+        helpers = head_helpers(low, varying, render(PROLOGUE, **prologue))
+        stream_helpers = head_helpers(streamed, ("prepared", *staging), render(PROLOGUE, **prologue))
         return render(
             TEMPLATE, **prologue,
             header=header(ir, TEMPLATE), name=ir.name, doc=kernel_doc(ir), helpers=helpers,
+            stream=streamed, stream_helpers=stream_helpers,
             kernel_args=kernel_args(body), door_source=door_source(_signatures(ir, body, m)),
             dim_bindings=[f"d_{d} = {src}" for d, src in dim_bindings(body, kernel_arg)],
             outputs=[(_allocation(o.name, lifted), NL_DTYPE[o.dtype], _shape(flat[o.name]), _guard(o))
@@ -162,38 +169,43 @@ def plan_rowreduce(ir: KernelIR, m: RowReduceMatch, low: RowReduceLowering, targ
     check_lnc(target, lnc)
     budget = target.sbuf_usable_bytes
     try:
-        hb, resident = rb.choose(low.model, width, heads, budget)
+        hb, resident, overlap, streamed = rb.choose_rows(low.model, width, heads, budget)
     except ValueError as err:
         raise PlanError(f"{err} on {target.name}") from None
-    per_token, minimum = token_bytes(ir, m, dims)
+    # a streamed plan reads the row inputs once per reduction pass and once more for the epilogue
+    per_token, minimum = token_bytes(ir, m, dims, len(m.levels) + 1 if streamed else 1)
     weights = sum(DTYPE_BYTES[w.dtype] for w in m.weights) * heads * width
     # resident: every core builds its own copy, even a core without tokens; else once per token tile
     builds = lnc if resident else rb.cdiv(rows, rb.P)
-    overlap = rb.overlaps(low.model, width, heads, hb, resident, budget)
     buffers = tuple(
         PlannedBuffer(b.name, "sbuf", b.bytes, b.copies)
-        for b in rb.buffers(low.model, width, heads, hb, resident, overlap)
+        for b in rb.buffers(low.model, width, heads, hb, resident, overlap, streamed)
     )
     summary = (
         ("token tiles (128) per core", str(rb.cdiv(rb.rows_per_core(rows, lnc), rb.P))),
         ("reduction chunks", f"{rb.cdiv(width, hb)} of {hb} columns"),
         ("prepared weights", "resident for the launch" if resident else "rebuilt per token tile and head"),
+        ("row inputs", f"streamed from HBM per chunk, read {len(m.levels) + 1} times" if streamed
+         else "kept in SBUF for the epilogue, read once"),
         ("HBM bytes per token (save=True)", _traffic(per_token, weights * builds / rows, minimum, resident)),
     )  # fmt: skip
     return TilePlan(
         family="rowreduce", target=target.name, lnc=lnc, dims=tuple(sorted(dims.items())),
         tiles=(("P", rb.P), ("HB", hb)), buffers=buffers,
-        sbuf_bytes=rb.sbuf_bytes(low.model, width, heads, hb, resident, overlap),
+        sbuf_bytes=rb.sbuf_bytes(low.model, width, heads, hb, resident, overlap, streamed),
         sbuf_budget=budget, psum_banks=len(m.weights), psum_budget=target.psum_banks,
         hbm_bytes=(("per token", per_token), ("minimum per token", minimum), ("weights", weights * builds)),
-        summary=summary, reasons=_reasons(low, width, heads, hb, resident, budget),
+        summary=summary, reasons=_reasons(low, width, heads, hb, resident, budget, streamed),
     )  # fmt: skip
 
 
-def token_bytes(ir: KernelIR, m: RowReduceMatch, dims: dict[str, int]) -> tuple[int, int]:
-    """(HBM bytes per token the kernel moves with every output written, the minimum: each input read once)."""
+def token_bytes(ir: KernelIR, m: RowReduceMatch, dims: dict[str, int], reads: int = 1) -> tuple[int, int]:
+    """(HBM bytes per token the kernel moves with every output written, its row inputs read `reads` times;
+    the minimum: each input read once)."""
     heads, width = m.heads.eval(dims), m.width.eval(dims)
-    loads = sum(DTYPE_BYTES[ir.node(ld.node).dtype] * width * (heads if ld.per_head else 1) for ld in m.loads)
+    loads = reads * sum(
+        DTYPE_BYTES[ir.node(ld.node).dtype] * width * (heads if ld.per_head else 1) for ld in m.loads
+    )
     outs = sum(DTYPE_BYTES[o.dtype] * _elems(o.shape[1:], dims) for o in ir.outputs)
     read_once = sum(
         DTYPE_BYTES[i.dtype] * _elems(i.shape[1:], dims) for i in ir.inputs if i.shape[0] == m.rows
@@ -216,8 +228,8 @@ def _elems(shape: Shape, dims: dict[str, int]) -> int:
     return total
 
 
-def _reasons(low: RowReduceLowering, width: int, heads: int, hb: int, resident: bool, budget: int
-             ) -> tuple[str, ...]:  # fmt: skip
+def _reasons(low: RowReduceLowering, width: int, heads: int, hb: int, resident: bool, budget: int,
+             streamed: bool) -> tuple[str, ...]:  # fmt: skip
     model = low.model
     held = model.resident_per_head * heads * width
     if resident:
@@ -226,6 +238,14 @@ def _reasons(low: RowReduceLowering, width: int, heads: int, hb: int, resident: 
         reasons = [
             f"prepared weights rebuilt per token tile and head: all heads would need {held:,} B/partition"
         ]
+    if streamed:
+        need = rb.sbuf_bytes(model, width, heads, rb.P, False, False)
+        passes = len(low.passes.levels)
+        chunks = rb.cdiv(width, hb)
+        reasons.append(f"rows streamed: whole rows need {need:,} B > {budget:,} B even in 128-column "
+                       f"chunks, so each of the {passes} reduction pass(es) reads {chunks} chunks of HB={hb} "
+                       f"columns from HBM and the epilogue reads them again, storing each output chunk")
+        return tuple(reasons)
     if hb >= width:
         reasons.append(f"HB={hb}: the whole width in one reduction pass")
     else:

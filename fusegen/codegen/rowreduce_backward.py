@@ -126,7 +126,7 @@ def lower_backward(ir: KernelIR, m: RowReduceMatch) -> BackwardLowering:
     ]  # fmt: skip
     model = RowModel(
         resident_per_head=4 * len(passes.resident),
-        prep_scratch=sum(DTYPE_BYTES[w.dtype] for w in m.weights),
+        prep_scratch=0,  # the prep holds one 512-column chunk of each weight row at a time
         row_inputs=sum(DTYPE_BYTES[ir.node(ld.node).dtype] for ld in m.loads),
         epilogue=4 * len(m.head_sums),  # the head-sum accumulators are the only width-long epilogue tiles
         chunk=max(passes.chunk_bytes, tile_bytes(sel)),

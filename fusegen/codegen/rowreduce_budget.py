@@ -16,12 +16,13 @@ class RowModel(NamedTuple):
     """What a generated row-reduction kernel holds in SBUF, in bytes per partition per width column."""
 
     resident_per_head: int  # prepared fp32 weights kept for the whole launch, per head
-    prep_scratch: int  # weight rows of the prep step (its PSUM-wide chunk temporaries are not counted)
+    prep_scratch: int  # weight rows of the prep step per width column (0: it reads them in 512-column chunks)
     row_inputs: int  # [T, G, H] loads of one token tile and head (kept for the epilogue)
     epilogue: int  # full-width temporaries of the epilogue
     chunk: int  # temporaries of the widest reduction pass, per chunk column
     columns: int  # bytes of [P, 1] columns and per-head staging, per head
     row_copies: int = 1  # row inputs in flight: 2 when the next head's loads overlap this head's epilogue
+    stream_epilogue: int = 0  # temporaries of the chunked epilogue of a streamed plan, per chunk column
 
 
 class Buffer(NamedTuple):
@@ -47,15 +48,25 @@ def held_heads(heads: int, resident: bool) -> int:
     return heads if resident else 1
 
 
-def buffers(m: RowModel, width: int, heads: int, hb: int, resident: bool = True, overlap: bool = True
-            ) -> list[Buffer]:  # fmt: skip
+def buffers(m: RowModel, width: int, heads: int, hb: int, resident: bool = True, overlap: bool = True,
+            streamed: bool = False) -> list[Buffer]:  # fmt: skip
     """The kernel's SBUF buffers at width `width`, `heads` heads and reduction chunk `hb` columns (overlap:
-    the next head's loads and passes run before this head's full-width epilogue)."""
+    the next head's loads and passes run before this head's full-width epilogue; streamed: rows are read
+    from HBM chunk by chunk in every pass and the epilogue; only the weights stay width-long)."""
     kept = "resident for the launch" if resident else "rebuilt per token tile and head"
+    weights = Buffer(
+        f"prepared weights (fp32, {kept})", m.resident_per_head * held_heads(heads, resident) * width, 1
+    )
+    if streamed:
+        return [
+            weights,
+            Buffer("row input chunks (streamed from HBM)", m.row_inputs * hb, 1),
+            Buffer("epilogue chunk temporaries", m.stream_epilogue * hb, 1),
+            Buffer("reduction chunk temporaries", m.chunk * hb, 1),
+            Buffer("per-row columns and output staging", m.columns * heads, 1),
+        ]
     return [
-        Buffer(
-            f"prepared weights (fp32, {kept})", m.resident_per_head * held_heads(heads, resident) * width, 1
-        ),
+        weights,
         Buffer("row inputs of one token tile and head", m.row_inputs * width, m.row_copies if overlap else 1),
         Buffer("epilogue tiles", m.epilogue * width, 1),
         Buffer("reduction chunk temporaries", m.chunk * hb, 1),
@@ -63,10 +74,10 @@ def buffers(m: RowModel, width: int, heads: int, hb: int, resident: bool = True,
     ]
 
 
-def sbuf_bytes(m: RowModel, width: int, heads: int, hb: int, resident: bool = True, overlap: bool = True
-               ) -> int:  # fmt: skip
+def sbuf_bytes(m: RowModel, width: int, heads: int, hb: int, resident: bool = True, overlap: bool = True,
+               streamed: bool = False) -> int:  # fmt: skip
     """Peak SBUF bytes per partition: the main loop, or the prep step if that is larger."""
-    main = sum(b.bytes * b.copies for b in buffers(m, width, heads, hb, resident, overlap))
+    main = sum(b.bytes * b.copies for b in buffers(m, width, heads, hb, resident, overlap, streamed))
     prep = (m.resident_per_head * held_heads(heads, resident) + m.prep_scratch) * width
     return max(main, prep)
 
@@ -91,4 +102,27 @@ def choose(m: RowModel, width: int, heads: int, budget: int) -> tuple[int, bool]
     raise ValueError(
         f"no tile plan fits: width {width} with {heads} heads needs {need} B/partition of SBUF "
         f"even with 128-column chunks and one head's weights at a time; the budget is {budget} B"
+    )
+
+
+def choose_rows(m: RowModel, width: int, heads: int, budget: int) -> tuple[int, bool, bool, bool]:
+    """(HB, resident, overlap, streamed): whole rows kept in SBUF (`choose`) when they fit, as their inputs
+    then cross HBM once; else rows streamed from HBM in the widest chunks that fit, once per reduction pass
+    and once more for the epilogue."""
+    try:
+        hb, resident = choose(m, width, heads, budget)
+        return hb, resident, overlaps(m, width, heads, hb, resident, budget), False
+    except ValueError:
+        pass
+    per_column = m.row_inputs + m.stream_epilogue + m.chunk
+    for resident in (True, False):
+        room = budget - sbuf_bytes(m, width, heads, 0, resident, False, True)
+        widest = min(cdiv(width, P) * P, room // per_column // P * P)
+        if widest >= P and sbuf_bytes(m, width, heads, P, resident, False, True) <= budget:
+            return cdiv(cdiv(width, cdiv(width, widest)), P) * P, resident, False, True
+    need = sbuf_bytes(m, width, heads, P, False, False, True)
+    raise ValueError(
+        f"no tile plan fits: width {width} with {heads} heads needs {need} B/partition of SBUF "
+        f"even with rows streamed from HBM in 128-column chunks and one head's weights at a time "
+        f"(the prepared weights stay width-long); the budget is {budget} B"
     )

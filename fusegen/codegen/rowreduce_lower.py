@@ -25,6 +25,8 @@ from fusegen.codegen.stage import Expr, Operand, StageBuilder, dim_source
 from fusegen.dsl.ir import DTYPE_BYTES, KernelIR, Node, OutputDecl
 
 ONE_COLUMN = "0:1"
+CHUNK = "c0:c0 + hw"  # the current chunk's columns of a full-width tile (and of an HBM row)
+LOCAL = "0:hw"  # the current chunk in a tile that holds only that chunk (streamed rows)
 
 
 @dataclass(frozen=True)
@@ -58,6 +60,7 @@ class Level:
     columns: tuple[str, ...]
     lines: tuple[str, ...]
     combines: tuple[Combine, ...]
+    loads: tuple[Load, ...] = ()  # the chunk's row inputs from HBM at the top of each chunk (streamed rows)
 
 
 @dataclass(frozen=True)
@@ -102,6 +105,8 @@ class RowReduceLowering:
     optional_columns: tuple[ColumnOutput, ...]
     model: RowModel
     constants: tuple[str, ...]  # constant columns of the passes and the epilogue, built once per launch
+    streamed: bool = False  # row inputs streamed from HBM per chunk in every pass and in a chunked epilogue
+    epi_loads: tuple[Load, ...] = ()  # the row-input chunks the streamed epilogue reads
 
 
 def lower_rowreduce(ir: KernelIR, m: RowReduceMatch) -> RowReduceLowering:
@@ -111,7 +116,7 @@ def lower_rowreduce(ir: KernelIR, m: RowReduceMatch) -> RowReduceLowering:
     n_columns = column_prefix(epi, n_required)
     model = RowModel(
         resident_per_head=4 * len(passes.resident),
-        prep_scratch=sum(DTYPE_BYTES[w.dtype] for w in m.weights),
+        prep_scratch=0,  # the prep holds one 512-column chunk of each weight row at a time
         row_inputs=sum(DTYPE_BYTES[ir.node(ld.node).dtype] for ld in m.loads),
         epilogue=sum(DTYPE_BYTES[dt] for _, kind, dt in epi.tiles if kind == "tile"),
         chunk=passes.chunk_bytes,
@@ -132,8 +137,8 @@ def lower_passes(ir: KernelIR, m: RowReduceMatch) -> RowPasses:
     """The prep, the loads and the reduction passes of `m`."""
     width = dim_source(m.width)
     prep, prep_loads, resident = _lower_prep(ir, m, width)
-    levels, chunk_bytes, column_tiles, hoisted, constants = _lower_levels(ir, m, resident)
-    row_loads = [_load(ir, ld, width) for ld in m.loads]
+    levels, chunk_bytes, column_tiles, hoisted, constants = lower_levels(ir, m, resident)
+    row_loads = [load_row(ir, ld, f"0:{width}") for ld in m.loads]
     return RowPasses(
         rows=dim_source(m.rows), heads=dim_source(m.heads), width=width,
         prepare=_prepare_body(prep_loads, prep.lines, resident, width),
@@ -147,24 +152,26 @@ def lower_passes(ir: KernelIR, m: RowReduceMatch) -> RowPasses:
 
 def _prepare_body(loads: tuple[Load, ...], lines: list[str], resident: dict[int, str], width: str
                   ) -> tuple[str, ...]:  # fmt: skip
-    """Head h's prepared weights: each weight row DMA'd once into one partition and broadcast to all
-    partitions by a ones-matmul (1.0 * w is exact in PSUM; a stride-0 DMA would read the row from HBM once
-    per partition), the prep lines per 512-column PSUM chunk, each root copied into an fp32 tile."""
+    """Head h's prepared weights: per 512-column PSUM chunk, each weight row's chunk DMA'd into one
+    partition and broadcast to all partitions by a ones-matmul (1.0 * w is exact in PSUM; a stride-0 DMA
+    would read the row from HBM once per partition), the prep lines, each root copied into an fp32 tile.
+    Only the chunk of a weight row is in SBUF at a time, so the prep never holds more than the prepared
+    weights themselves."""
     dtypes = sorted({ld.nl_dtype for ld in loads})
     body = [f"ones_{_short(dt)} = nl.ndarray((1, _P), dtype={dt}, buffer=nl.sbuf)" for dt in dtypes]
     body += [f"nisa.memset(dst=ones_{_short(dt)}[0:1, 0:_P], value=1.0)" for dt in dtypes]
-    for ld in loads:
-        body.append(f"{_row(ld)} = nl.ndarray((1, {width}), dtype={ld.nl_dtype}, buffer=nl.sbuf)")
-        body.append(f"nisa.dma_copy(dst={_row(ld)}[0:1, 0:{width}], src={ld.source})")
     roots = [f"prep{i}" for i in range(len(resident))]
     body += [f"{r} = nl.ndarray((_P, {width}), dtype=nl.float32, buffer=nl.sbuf)" for r in roots]
     body.append(f"for q0 in range(0, {width}, _F_MOV):")
     chunk = [f"qw = min(_F_MOV, {width} - q0)"]
     for ld in loads:
+        chunk.append(f"{_row(ld)} = nl.ndarray((1, _F_MOV), dtype={ld.nl_dtype}, buffer=nl.sbuf)")
+        chunk.append(f"nisa.dma_copy(dst={_row(ld)}[0:1, 0:qw], src={ld.source})")
+    for ld in loads:
         ones = f"ones_{_short(ld.nl_dtype)}[0:1, 0:_P]"
         chunk.append(f"{ld.tile} = nl.ndarray((_P, _F_MOV), dtype=nl.float32, buffer=nl.psum)")
         chunk.append(f"nisa.nc_matmul(dst={ld.tile}[0:_P, 0:qw], stationary={ones}, "
-                     f"moving={_row(ld)}[0:1, q0:q0 + qw], accumulate=False)")  # fmt: skip
+                     f"moving={_row(ld)}[0:1, 0:qw], accumulate=False)")  # fmt: skip
     chunk += lines
     copies = zip(roots, resident.values(), strict=True)
     chunk += [f"nisa.tensor_copy(dst={r}[0:_P, q0:q0 + qw], src={code})" for r, code in copies]
@@ -186,11 +193,12 @@ def _leaf_name(node: Node) -> str:
     return f"{node.name or f'_{node.id}'}_ld"
 
 
-def _load(ir: KernelIR, ld: RowLoad, width: str) -> Load:
+def load_row(ir: KernelIR, ld: RowLoad, columns: str) -> Load:
+    """The DMA of a row input's `columns` (e.g. `0:d_H`, or a chunk's) for token tile t0 and head h."""
     node = ir.node(ld.node)
     head = dim_source(ld.head_start) + (" + h" if ld.per_head else "")
     head = "h" if head == "0 + h" else head
-    source = f"{kernel_arg(ld.input)}[t0:t0 + pt, {head}, 0:{width}]"
+    source = f"{kernel_arg(ld.input)}[t0:t0 + pt, {head}, {columns}]"
     return Load(_leaf_name(node), NL_DTYPE[node.dtype], source)
 
 
@@ -233,7 +241,7 @@ def _lower_prep(
     for w in m.weights:
         tile = f"{w.name}_bc"  # the row broadcast over partitions, in PSUM
         offset = f"h * {width}" if len(w.shape) == 2 and w.shape[0] == m.heads else "0"
-        source = f"{kernel_arg(str(w.name))}.ap(pattern=[[{width}, 1], [1, {width}]], offset={offset})"
+        source = f"{kernel_arg(str(w.name))}.ap(pattern=[[{width}, 1], [1, qw]], offset={offset} + q0)"
         loads.append(Load(tile, NL_DTYPE[w.dtype], source))
         leaves[w.id] = Operand("tile", f"{tile}[0:_P, 0:qw]", memory="psum")
     builder = StageBuilder(ir, leaves, row_kind(m), free_size=lambda n: m.width)
@@ -247,23 +255,24 @@ def _resident_leaves(resident: dict[int, str], free: str) -> dict[int, Operand]:
     return {root: Operand("tile", f"prepared[{i}][0:pt, {free}]") for i, root in enumerate(resident)}
 
 
-def _lower_levels(
-    ir: KernelIR, m: RowReduceMatch, resident: dict[int, str]
+def lower_levels(
+    ir: KernelIR, m: RowReduceMatch, resident: dict[int, str], row_free: str = CHUNK, tag: str = ""
 ) -> tuple[tuple[Level, ...], int, int, dict[int, Operand], tuple[str, ...]]:
     """Each level's lines and accumulations, the widest level's chunk bytes per column, the [P, 1] tiles
     of all levels, the per-row values hoisted out of their chunk loops (later stages reuse them), and the
-    launch-wide constant columns."""
+    launch-wide constant columns. Row inputs are read at `row_free` (LOCAL when each chunk is streamed in);
+    `tag` prefixes the tile names."""
     levels, widest, vecs, constants = [], 0, 0, []
     hoisted: dict[int, Operand] = {}
     for depth, ids in enumerate(m.levels):
         lower_accs = {rid: acc(rid) for lower in m.levels[:depth] for rid in lower}
         below = column_leaves(ir, m) | lower_accs | hoisted
-        cols, new = lower_columns(ir, m, below, ids, prefix=f"k{depth}_")
+        cols, new = lower_columns(ir, m, below, ids, prefix=f"{tag}k{depth}_")
         hoisted |= new
-        leaves = chunk_leaves(ir, m, resident) | below | new
+        leaves = chunk_leaves(ir, m, resident, row_free) | below | new
         builder = StageBuilder(ir, leaves, row_kind(m), free_size=lambda n: m.width)
         layout = Layout(part="pt", free="hw", free_alloc="HB")
-        sel = Selector(layout, prefix=f"r{depth}_", column_engine=GPSIMD)
+        sel = Selector(layout, prefix=f"{tag}r{depth}_", column_engine=GPSIMD)
         combines = []
         for rid in ids:
             part = sel.value(builder.expr(rid))
@@ -281,10 +290,11 @@ def tile_bytes(sel: Selector) -> int:
     return sum(DTYPE_BYTES[dt] for _, kind, dt in sel.tiles if kind == "tile")
 
 
-def chunk_leaves(ir: KernelIR, m: RowReduceMatch, resident: dict[int, str]) -> dict[int, Operand]:
-    """The loaded rows and prepared weights over the current chunk `c0:c0 + hw`."""
+def chunk_leaves(ir: KernelIR, m: RowReduceMatch, resident: dict[int, str], row_free: str = CHUNK
+                 ) -> dict[int, Operand]:  # fmt: skip
+    """The loaded rows (at `row_free`) and prepared weights over the current chunk `c0:c0 + hw`."""
     loads = {ld.node: ld for ld in m.loads}
-    return _row_leaves(ir, loads, "c0:c0 + hw") | _resident_leaves(resident, "c0:c0 + hw")
+    return _row_leaves(ir, loads, row_free) | _resident_leaves(resident, CHUNK)
 
 
 def lower_columns(
@@ -295,11 +305,11 @@ def lower_columns(
     kind = row_kind(m)
     builder = StageBuilder(ir, leaves, kind, free_size=lambda n: m.width)
     sel = Selector(Layout(part="pt", free="1", free_alloc="1"), prefix=prefix, column_engine=GPSIMD)
-    hoisted = {nid: sel.value(builder.expr(nid)) for nid in _frontier(ir, leaves, roots, kind)}
+    hoisted = {nid: sel.value(builder.expr(nid)) for nid in frontier(ir, leaves, roots, kind)}
     return sel, hoisted
 
 
-def _frontier(ir: KernelIR, leaves: dict[int, Operand], roots: Iterable[int], kind: Callable[[Node], str]
+def frontier(ir: KernelIR, leaves: dict[int, Operand], roots: Iterable[int], kind: Callable[[Node], str]
               ) -> list[int]:  # fmt: skip
     """Per-row (vec) nodes outside `leaves` that a width-long node reads, in topological order."""
     found: set[int] = set()
@@ -349,9 +359,9 @@ def _lower_epilogue(
         value = output_value(sel, exprs[out.node], out.dtype)
         tiles.append((kernel_arg(out.name), NL_DTYPE[out.dtype], value.code))
     required = [o for o, _ in m.column_outputs if not o.optional]
-    columns = [_column(sel, o, cols[o.name]) for o in required]
+    columns = [lower_column(sel, o, cols[o.name]) for o in required]
     n_required = len(sel.lines)
-    columns += [_column(sel, o, cols[o.name]) for o, _ in m.column_outputs if o.optional]
+    columns += [lower_column(sel, o, cols[o.name]) for o, _ in m.column_outputs if o.optional]
     return sel, n_required, tuple(tiles), tuple(columns)
 
 
@@ -369,6 +379,6 @@ def output_value(sel: Selector, expr: Expr, dtype: str) -> Operand:
     return value if value.dtype == dtype else sel.copy(value, "tile", dtype)
 
 
-def _column(sel: Selector, out: OutputDecl, expr: Expr) -> ColumnOutput:
+def lower_column(sel: Selector, out: OutputDecl, expr: Expr) -> ColumnOutput:
     value = sel.value(expr)
     return ColumnOutput(kernel_arg(out.name), f"{out.name}_sv", value.code, out.optional)

@@ -28,12 +28,13 @@ class _RowModel(NamedTuple):
     """What a generated row-reduction kernel holds in SBUF, in bytes per partition per width column."""
 
     resident_per_head: int  # prepared fp32 weights kept for the whole launch, per head
-    prep_scratch: int  # weight rows of the prep step (its PSUM-wide chunk temporaries are not counted)
+    prep_scratch: int  # weight rows of the prep step per width column (0: it reads them in 512-column chunks)
     row_inputs: int  # [T, G, H] loads of one token tile and head (kept for the epilogue)
     epilogue: int  # full-width temporaries of the epilogue
     chunk: int  # temporaries of the widest reduction pass, per chunk column
     columns: int  # bytes of [P, 1] columns and per-head staging, per head
     row_copies: int = 1  # row inputs in flight: 2 when the next head's loads overlap this head's epilogue
+    stream_epilogue: int = 0  # temporaries of the chunked epilogue of a streamed plan, per chunk column
 
 
 class _Buffer(NamedTuple):
@@ -59,15 +60,25 @@ def _held_heads(heads: int, resident: bool) -> int:
     return heads if resident else 1
 
 
-def _buffers(m: _RowModel, width: int, heads: int, hb: int, resident: bool = True, overlap: bool = True
-            ) -> list[_Buffer]:  # fmt: skip
+def _buffers(m: _RowModel, width: int, heads: int, hb: int, resident: bool = True, overlap: bool = True,
+            streamed: bool = False) -> list[_Buffer]:  # fmt: skip
     """The kernel's SBUF buffers at width `width`, `heads` heads and reduction chunk `hb` columns (overlap:
-    the next head's loads and passes run before this head's full-width epilogue)."""
+    the next head's loads and passes run before this head's full-width epilogue; streamed: rows are read
+    from HBM chunk by chunk in every pass and the epilogue; only the weights stay width-long)."""
     kept = "resident for the launch" if resident else "rebuilt per token tile and head"
+    weights = _Buffer(
+        f"prepared weights (fp32, {kept})", m.resident_per_head * _held_heads(heads, resident) * width, 1
+    )
+    if streamed:
+        return [
+            weights,
+            _Buffer("row input chunks (streamed from HBM)", m.row_inputs * hb, 1),
+            _Buffer("epilogue chunk temporaries", m.stream_epilogue * hb, 1),
+            _Buffer("reduction chunk temporaries", m.chunk * hb, 1),
+            _Buffer("per-row columns and output staging", m.columns * heads, 1),
+        ]
     return [
-        _Buffer(
-            f"prepared weights (fp32, {kept})", m.resident_per_head * _held_heads(heads, resident) * width, 1
-        ),
+        weights,
         _Buffer("row inputs of one token tile and head", m.row_inputs * width, m.row_copies if overlap else 1),
         _Buffer("epilogue tiles", m.epilogue * width, 1),
         _Buffer("reduction chunk temporaries", m.chunk * hb, 1),
@@ -75,10 +86,10 @@ def _buffers(m: _RowModel, width: int, heads: int, hb: int, resident: bool = Tru
     ]
 
 
-def _sbuf_bytes(m: _RowModel, width: int, heads: int, hb: int, resident: bool = True, overlap: bool = True
-               ) -> int:  # fmt: skip
+def _sbuf_bytes(m: _RowModel, width: int, heads: int, hb: int, resident: bool = True, overlap: bool = True,
+               streamed: bool = False) -> int:  # fmt: skip
     """Peak SBUF bytes per partition: the main loop, or the prep step if that is larger."""
-    main = sum(b.bytes * b.copies for b in _buffers(m, width, heads, hb, resident, overlap))
+    main = sum(b.bytes * b.copies for b in _buffers(m, width, heads, hb, resident, overlap, streamed))
     prep = (m.resident_per_head * _held_heads(heads, resident) + m.prep_scratch) * width
     return max(main, prep)
 
@@ -105,7 +116,30 @@ def _choose(m: _RowModel, width: int, heads: int, budget: int) -> tuple[int, boo
         f"even with 128-column chunks and one head's weights at a time; the budget is {budget} B"
     )
 
-_MODEL = _RowModel(resident_per_head=4, prep_scratch=2, row_inputs=4, epilogue=8, chunk=8, columns=48, row_copies=2)
+
+def _choose_rows(m: _RowModel, width: int, heads: int, budget: int) -> tuple[int, bool, bool, bool]:
+    """(HB, resident, overlap, streamed): whole rows kept in SBUF (`choose`) when they fit, as their inputs
+    then cross HBM once; else rows streamed from HBM in the widest chunks that fit, once per reduction pass
+    and once more for the epilogue."""
+    try:
+        hb, resident = _choose(m, width, heads, budget)
+        return hb, resident, _overlaps(m, width, heads, hb, resident, budget), False
+    except ValueError:
+        pass
+    per_column = m.row_inputs + m.stream_epilogue + m.chunk
+    for resident in (True, False):
+        room = budget - _sbuf_bytes(m, width, heads, 0, resident, False, True)
+        widest = min(_cdiv(width, _P) * _P, room // per_column // _P * _P)
+        if widest >= _P and _sbuf_bytes(m, width, heads, _P, resident, False, True) <= budget:
+            return _cdiv(_cdiv(width, _cdiv(width, widest)), _P) * _P, resident, False, True
+    need = _sbuf_bytes(m, width, heads, _P, False, False, True)
+    raise ValueError(
+        f"no tile plan fits: width {width} with {heads} heads needs {need} B/partition of SBUF "
+        f"even with rows streamed from HBM in 128-column chunks and one head's weights at a time "
+        f"(the prepared weights stay width-long); the budget is {budget} B"
+    )
+
+_MODEL = _RowModel(resident_per_head=4, prep_scratch=0, row_inputs=4, epilogue=8, chunk=8, columns=48, row_copies=2, stream_epilogue=8)
 
 
 def _prepare_weights(h, w_hbm):
@@ -113,13 +147,13 @@ def _prepare_weights(h, w_hbm):
     d_H = w_hbm.shape[1]
     ones_bfloat16 = nl.ndarray((1, _P), dtype=nl.bfloat16, buffer=nl.sbuf)
     nisa.memset(dst=ones_bfloat16[0:1, 0:_P], value=1.0)
-    w_row = nl.ndarray((1, d_H), dtype=nl.bfloat16, buffer=nl.sbuf)
-    nisa.dma_copy(dst=w_row[0:1, 0:d_H], src=w_hbm.ap(pattern=[[d_H, 1], [1, d_H]], offset=h * d_H))
     prep0 = nl.ndarray((_P, d_H), dtype=nl.float32, buffer=nl.sbuf)
     for q0 in range(0, d_H, _F_MOV):
         qw = min(_F_MOV, d_H - q0)
+        w_row = nl.ndarray((1, _F_MOV), dtype=nl.bfloat16, buffer=nl.sbuf)
+        nisa.dma_copy(dst=w_row[0:1, 0:qw], src=w_hbm.ap(pattern=[[d_H, 1], [1, qw]], offset=h * d_H + q0))
         w_bc = nl.ndarray((_P, _F_MOV), dtype=nl.float32, buffer=nl.psum)
-        nisa.nc_matmul(dst=w_bc[0:_P, 0:qw], stationary=ones_bfloat16[0:1, 0:_P], moving=w_row[0:1, q0:q0 + qw], accumulate=False)
+        nisa.nc_matmul(dst=w_bc[0:_P, 0:qw], stationary=ones_bfloat16[0:1, 0:_P], moving=w_row[0:1, 0:qw], accumulate=False)
         nisa.tensor_copy(dst=prep0[0:_P, q0:q0 + qw], src=w_bc[0:_P, 0:qw])
     return (prep0,)
 
@@ -176,12 +210,65 @@ def _head_epilogue(head, d_H, ec0, h_hbm, y_hbm):
     return stores
 
 
+def _stream_passes(t0, pt, h, HB, d_H, prepared, r_hbm, scc0, sr0_c0, x_hbm):
+    """head_passes for rows too wide for SBUF: each pass reads its chunks of the row inputs from HBM."""
+    # reduction pass 1: partial results per chunk, folded into [_P, 1] accumulators
+    for c in range(_cdiv(d_H, HB)):
+        c0 = c * HB
+        hw = min(HB, d_H - c0)
+        x_ld = nl.ndarray((_P, HB), dtype=nl.bfloat16, buffer=nl.sbuf)
+        nisa.dma_copy(dst=x_ld[0:pt, 0:hw], src=x_hbm[t0:t0 + pt, 0, c0:c0 + hw])
+        r_ld = nl.ndarray((_P, HB), dtype=nl.bfloat16, buffer=nl.sbuf)
+        nisa.dma_copy(dst=r_ld[0:pt, 0:hw], src=r_hbm[t0:t0 + pt, 0, c0:c0 + hw])
+        sr0_0 = nl.ndarray((_P, HB), dtype=nl.float32, buffer=nl.sbuf)
+        nisa.tensor_tensor(dst=sr0_0[0:pt, 0:hw], data1=x_ld[0:pt, 0:hw], data2=r_ld[0:pt, 0:hw], op=nl.add)
+        sr0_1 = nl.ndarray((_P, HB), dtype=nl.float32, buffer=nl.sbuf)
+        sr0_2 = nl.ndarray((_P, 1), dtype=nl.float32, buffer=nl.sbuf)
+        nisa.activation_reduce(dst=sr0_1[0:pt, 0:hw], op=nl.square, data=sr0_0[0:pt, 0:hw], reduce_op=nl.add, reduce_res=sr0_2[0:pt, 0:1])
+        sr0_3 = nl.ndarray((_P, 1), dtype=nl.float32, buffer=nl.sbuf)
+        nisa.tensor_tensor(dst=sr0_3[0:pt, 0:1], data1=sr0_2[0:pt, 0:1], data2=sr0_c0[0:pt, 0:1], op=nl.multiply, engine=nisa.engine.gpsimd)
+        if c == 0:
+            acc7 = sr0_3
+        else:
+            nisa.tensor_tensor(dst=acc7[0:pt, 0:1], data1=acc7[0:pt, 0:1], data2=sr0_3[0:pt, 0:1], op=nl.add, engine=nisa.engine.gpsimd)
+    # per-row math on the accumulators, once per head before the chunked epilogue
+    sc0 = nl.ndarray((_P, 1), dtype=nl.float32, buffer=nl.sbuf)
+    nisa.tensor_tensor(dst=sc0[0:pt, 0:1], data1=acc7[0:pt, 0:1], data2=scc0[0:pt, 0:1], op=nl.add, engine=nisa.engine.gpsimd)
+    sc1 = nl.ndarray((_P, 1), dtype=nl.float32, buffer=nl.sbuf)
+    nisa.activation(dst=sc1[0:pt, 0:1], op=nl.rsqrt, data=sc0[0:pt, 0:1])
+    return (t0, pt, h, prepared, sc1)
+
+
+def _stream_epilogue(head, HB, d_H, h_hbm, r_hbm, x_hbm, y_hbm):
+    """head_epilogue for rows too wide for SBUF: the combine per chunk, re-read from HBM and stored per chunk."""
+    t0, pt, h, prepared, sc1 = head
+    stores = []
+    # the combine chunk by chunk, each chunk of the row inputs read from HBM again, each output chunk stored
+    for c in range(_cdiv(d_H, HB)):
+        c0 = c * HB
+        hw = min(HB, d_H - c0)
+        x_ld = nl.ndarray((_P, HB), dtype=nl.bfloat16, buffer=nl.sbuf)
+        nisa.dma_copy(dst=x_ld[0:pt, 0:hw], src=x_hbm[t0:t0 + pt, 0, c0:c0 + hw])
+        r_ld = nl.ndarray((_P, HB), dtype=nl.bfloat16, buffer=nl.sbuf)
+        nisa.dma_copy(dst=r_ld[0:pt, 0:hw], src=r_hbm[t0:t0 + pt, 0, c0:c0 + hw])
+        se0 = nl.ndarray((_P, HB), dtype=nl.float32, buffer=nl.sbuf)
+        nisa.tensor_tensor(dst=se0[0:pt, 0:hw], data1=x_ld[0:pt, 0:hw], data2=r_ld[0:pt, 0:hw], op=nl.add)
+        se1 = nl.ndarray((_P, HB), dtype=nl.bfloat16, buffer=nl.sbuf)
+        nisa.scalar_tensor_tensor(dst=se1[0:pt, 0:hw], data=se0[0:pt, 0:hw], op0=nl.multiply, operand0=sc1[0:pt, 0:1], op1=nl.multiply, operand1=prepared[0][0:pt, c0:c0 + hw])
+        se2 = nl.ndarray((_P, HB), dtype=nl.bfloat16, buffer=nl.sbuf)
+        nisa.activation(dst=se2[0:pt, 0:hw], op=nl.copy, data=se0[0:pt, 0:hw])
+        nisa.dma_copy(dst=y_hbm[t0:t0 + pt, h, c0:c0 + hw], src=se1[0:pt, 0:hw])
+        nisa.dma_copy(dst=h_hbm[t0:t0 + pt, h, c0:c0 + hw], src=se2[0:pt, 0:hw])
+    return stores
+
+
 @nki.jit
-def add_rmsnorm_kernel(x_hbm, r_hbm, w_hbm, eps_arg, HB, resident, overlap, save):
+def add_rmsnorm_kernel(x_hbm, r_hbm, w_hbm, eps_arg, HB, resident, overlap, streamed, save):
     """One core's share of token tiles (128 tokens on partitions); heads looped; width reduced in chunks of HB.
 
     resident: the prepared weights are built once and kept for the launch (else per token tile and head).
     overlap: a head's full-width epilogue runs after the next head's passes (two heads' row inputs in SBUF).
+    streamed: rows too wide for SBUF are read from HBM chunk by chunk in each pass and again in the epilogue.
     head_passes / head_epilogue are inlined when NKI traces the kernel: the pipelining is straight-line code.
     """
     x_hbm = x_hbm.reshape((x_hbm.shape[0], 1, x_hbm.shape[1]))
@@ -198,33 +285,46 @@ def add_rmsnorm_kernel(x_hbm, r_hbm, w_hbm, eps_arg, HB, resident, overlap, save
     nisa.memset(dst=r0_c0[0:_P, 0:1], value=(1.0 / float(d_H)), engine=nisa.engine.gpsimd)
     ec0 = nl.ndarray((_P, 1), dtype=nl.float32, buffer=nl.sbuf)
     nisa.memset(dst=ec0[0:_P, 0:1], value=eps_arg, engine=nisa.engine.gpsimd)
+    sr0_c0 = nl.ndarray((_P, 1), dtype=nl.float32, buffer=nl.sbuf)
+    nisa.memset(dst=sr0_c0[0:_P, 0:1], value=(1.0 / float(d_H)), engine=nisa.engine.gpsimd)
+    scc0 = nl.ndarray((_P, 1), dtype=nl.float32, buffer=nl.sbuf)
+    nisa.memset(dst=scc0[0:_P, 0:1], value=eps_arg, engine=nisa.engine.gpsimd)
     stores = []  # output DMAs, issued once the next head's loads are queued (the DMA queues are in order)
     t_begin = min(d_T, nl.program_id(0) * _rows_per_core(d_T, nl.num_programs()))
     t_end = min(d_T, t_begin + _rows_per_core(d_T, nl.num_programs()))
     # the previous head's state (head_passes' result) while its epilogue is still to run: at most one; a list,
     # since NKI traces no `is None` test
     pending = []
-    for t0 in range(t_begin, t_end, _P):
-        pt = min(_P, t_end - t0)
-        x_ld = nl.ndarray((_P, d_H), dtype=nl.bfloat16, buffer=nl.sbuf)
-        nisa.dma_copy(dst=x_ld[0:pt, 0:d_H], src=x_hbm[t0:t0 + pt, 0, 0:d_H])
-        r_ld = nl.ndarray((_P, d_H), dtype=nl.bfloat16, buffer=nl.sbuf)
-        nisa.dma_copy(dst=r_ld[0:pt, 0:d_H], src=r_hbm[t0:t0 + pt, 0, 0:d_H])
-        for h in range(1):
-            prepared = held[h] if resident else _prepare_weights(h, w_hbm)
-            head = _head_passes(t0, pt, h, HB, d_H, prepared, r0_c0, r_ld, x_ld)  # ahead of the previous head's epilogue and stores
-            for dst, src in stores:
-                nisa.dma_copy(dst=dst, src=src)
-            stores = []
-            for prev in pending:
-                stores.extend(_head_epilogue(prev, d_H, ec0, h_hbm, y_hbm))
-            pending = [head] if overlap else []
-            if not overlap:
-                stores.extend(_head_epilogue(head, d_H, ec0, h_hbm, y_hbm))
-    for prev in pending:
-        stores.extend(_head_epilogue(prev, d_H, ec0, h_hbm, y_hbm))
-    for dst, src in stores:
-        nisa.dma_copy(dst=dst, src=src)
+    if streamed:  # rows too wide for SBUF: each head runs its passes and chunked epilogue in turn
+        for t0 in range(t_begin, t_end, _P):
+            pt = min(_P, t_end - t0)
+            for h in range(1):
+                prepared = held[h] if resident else _prepare_weights(h, w_hbm)
+                head = _stream_passes(t0, pt, h, HB, d_H, prepared, r_hbm, scc0, sr0_c0, x_hbm)
+                for dst, src in _stream_epilogue(head, HB, d_H, h_hbm, r_hbm, x_hbm, y_hbm):
+                    nisa.dma_copy(dst=dst, src=src)
+    else:
+        for t0 in range(t_begin, t_end, _P):
+            pt = min(_P, t_end - t0)
+            x_ld = nl.ndarray((_P, d_H), dtype=nl.bfloat16, buffer=nl.sbuf)
+            nisa.dma_copy(dst=x_ld[0:pt, 0:d_H], src=x_hbm[t0:t0 + pt, 0, 0:d_H])
+            r_ld = nl.ndarray((_P, d_H), dtype=nl.bfloat16, buffer=nl.sbuf)
+            nisa.dma_copy(dst=r_ld[0:pt, 0:d_H], src=r_hbm[t0:t0 + pt, 0, 0:d_H])
+            for h in range(1):
+                prepared = held[h] if resident else _prepare_weights(h, w_hbm)
+                head = _head_passes(t0, pt, h, HB, d_H, prepared, r0_c0, r_ld, x_ld)  # ahead of the previous head's epilogue and stores
+                for dst, src in stores:
+                    nisa.dma_copy(dst=dst, src=src)
+                stores = []
+                for prev in pending:
+                    stores.extend(_head_epilogue(prev, d_H, ec0, h_hbm, y_hbm))
+                pending = [head] if overlap else []
+                if not overlap:
+                    stores.extend(_head_epilogue(head, d_H, ec0, h_hbm, y_hbm))
+        for prev in pending:
+            stores.extend(_head_epilogue(prev, d_H, ec0, h_hbm, y_hbm))
+        for dst, src in stores:
+            nisa.dma_copy(dst=dst, src=src)
     return y_hbm_flat, h_hbm_flat
 
 
@@ -511,9 +611,8 @@ def add_rmsnorm(x: torch.Tensor, r: torch.Tensor, w: torch.Tensor, eps: float = 
     (x, r, w,), lnc, _empty = _door(_SIGNATURE, (x, r, w,), (eps,), False, lnc, target, _LNC)
     if _empty is not None:
         return _empty
-    _hb, _resident = _choose(_MODEL, x.shape[-1], 1, _SBUF_BUDGET[target])
-    _overlap = _overlaps(_MODEL, x.shape[-1], 1, _hb, _resident, _SBUF_BUDGET[target])
-    return add_rmsnorm_kernel[lnc](x, r, w, eps, _hb, _resident, _overlap, False)
+    _hb, _resident, _overlap, _streamed = _choose_rows(_MODEL, x.shape[-1], 1, _SBUF_BUDGET[target])
+    return add_rmsnorm_kernel[lnc](x, r, w, eps, _hb, _resident, _overlap, _streamed, False)
 
 
 try:  # the NKI op on Neuron hosts (ops.py owns `fusegen::<name>`); the file imports without torch_neuronx

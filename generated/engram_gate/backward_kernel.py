@@ -28,12 +28,13 @@ class _RowModel(NamedTuple):
     """What a generated row-reduction kernel holds in SBUF, in bytes per partition per width column."""
 
     resident_per_head: int  # prepared fp32 weights kept for the whole launch, per head
-    prep_scratch: int  # weight rows of the prep step (its PSUM-wide chunk temporaries are not counted)
+    prep_scratch: int  # weight rows of the prep step per width column (0: it reads them in 512-column chunks)
     row_inputs: int  # [T, G, H] loads of one token tile and head (kept for the epilogue)
     epilogue: int  # full-width temporaries of the epilogue
     chunk: int  # temporaries of the widest reduction pass, per chunk column
     columns: int  # bytes of [P, 1] columns and per-head staging, per head
     row_copies: int = 1  # row inputs in flight: 2 when the next head's loads overlap this head's epilogue
+    stream_epilogue: int = 0  # temporaries of the chunked epilogue of a streamed plan, per chunk column
 
 
 class _Buffer(NamedTuple):
@@ -59,15 +60,25 @@ def _held_heads(heads: int, resident: bool) -> int:
     return heads if resident else 1
 
 
-def _buffers(m: _RowModel, width: int, heads: int, hb: int, resident: bool = True, overlap: bool = True
-            ) -> list[_Buffer]:  # fmt: skip
+def _buffers(m: _RowModel, width: int, heads: int, hb: int, resident: bool = True, overlap: bool = True,
+            streamed: bool = False) -> list[_Buffer]:  # fmt: skip
     """The kernel's SBUF buffers at width `width`, `heads` heads and reduction chunk `hb` columns (overlap:
-    the next head's loads and passes run before this head's full-width epilogue)."""
+    the next head's loads and passes run before this head's full-width epilogue; streamed: rows are read
+    from HBM chunk by chunk in every pass and the epilogue; only the weights stay width-long)."""
     kept = "resident for the launch" if resident else "rebuilt per token tile and head"
+    weights = _Buffer(
+        f"prepared weights (fp32, {kept})", m.resident_per_head * _held_heads(heads, resident) * width, 1
+    )
+    if streamed:
+        return [
+            weights,
+            _Buffer("row input chunks (streamed from HBM)", m.row_inputs * hb, 1),
+            _Buffer("epilogue chunk temporaries", m.stream_epilogue * hb, 1),
+            _Buffer("reduction chunk temporaries", m.chunk * hb, 1),
+            _Buffer("per-row columns and output staging", m.columns * heads, 1),
+        ]
     return [
-        _Buffer(
-            f"prepared weights (fp32, {kept})", m.resident_per_head * _held_heads(heads, resident) * width, 1
-        ),
+        weights,
         _Buffer("row inputs of one token tile and head", m.row_inputs * width, m.row_copies if overlap else 1),
         _Buffer("epilogue tiles", m.epilogue * width, 1),
         _Buffer("reduction chunk temporaries", m.chunk * hb, 1),
@@ -75,10 +86,10 @@ def _buffers(m: _RowModel, width: int, heads: int, hb: int, resident: bool = Tru
     ]
 
 
-def _sbuf_bytes(m: _RowModel, width: int, heads: int, hb: int, resident: bool = True, overlap: bool = True
-               ) -> int:  # fmt: skip
+def _sbuf_bytes(m: _RowModel, width: int, heads: int, hb: int, resident: bool = True, overlap: bool = True,
+               streamed: bool = False) -> int:  # fmt: skip
     """Peak SBUF bytes per partition: the main loop, or the prep step if that is larger."""
-    main = sum(b.bytes * b.copies for b in _buffers(m, width, heads, hb, resident, overlap))
+    main = sum(b.bytes * b.copies for b in _buffers(m, width, heads, hb, resident, overlap, streamed))
     prep = (m.resident_per_head * _held_heads(heads, resident) + m.prep_scratch) * width
     return max(main, prep)
 
@@ -105,7 +116,30 @@ def _choose(m: _RowModel, width: int, heads: int, budget: int) -> tuple[int, boo
         f"even with 128-column chunks and one head's weights at a time; the budget is {budget} B"
     )
 
-_MODEL = _RowModel(resident_per_head=4, prep_scratch=4, row_inputs=8, epilogue=4, chunk=40, columns=168, row_copies=1)
+
+def _choose_rows(m: _RowModel, width: int, heads: int, budget: int) -> tuple[int, bool, bool, bool]:
+    """(HB, resident, overlap, streamed): whole rows kept in SBUF (`choose`) when they fit, as their inputs
+    then cross HBM once; else rows streamed from HBM in the widest chunks that fit, once per reduction pass
+    and once more for the epilogue."""
+    try:
+        hb, resident = _choose(m, width, heads, budget)
+        return hb, resident, _overlaps(m, width, heads, hb, resident, budget), False
+    except ValueError:
+        pass
+    per_column = m.row_inputs + m.stream_epilogue + m.chunk
+    for resident in (True, False):
+        room = budget - _sbuf_bytes(m, width, heads, 0, resident, False, True)
+        widest = min(_cdiv(width, _P) * _P, room // per_column // _P * _P)
+        if widest >= _P and _sbuf_bytes(m, width, heads, _P, resident, False, True) <= budget:
+            return _cdiv(_cdiv(width, _cdiv(width, widest)), _P) * _P, resident, False, True
+    need = _sbuf_bytes(m, width, heads, _P, False, False, True)
+    raise ValueError(
+        f"no tile plan fits: width {width} with {heads} heads needs {need} B/partition of SBUF "
+        f"even with rows streamed from HBM in 128-column chunks and one head's weights at a time "
+        f"(the prepared weights stay width-long); the budget is {budget} B"
+    )
+
+_MODEL = _RowModel(resident_per_head=4, prep_scratch=0, row_inputs=8, epilogue=4, chunk=40, columns=168, row_copies=1, stream_epilogue=0)
 
 
 def _prepare_weights(h, w_h_hbm, w_e_hbm):
@@ -114,17 +148,17 @@ def _prepare_weights(h, w_h_hbm, w_e_hbm):
     d_HC = w_h_hbm.shape[0]
     ones_bfloat16 = nl.ndarray((1, _P), dtype=nl.bfloat16, buffer=nl.sbuf)
     nisa.memset(dst=ones_bfloat16[0:1, 0:_P], value=1.0)
-    w_h_row = nl.ndarray((1, d_H), dtype=nl.bfloat16, buffer=nl.sbuf)
-    nisa.dma_copy(dst=w_h_row[0:1, 0:d_H], src=w_h_hbm.ap(pattern=[[d_H, 1], [1, d_H]], offset=h * d_H))
-    w_e_row = nl.ndarray((1, d_H), dtype=nl.bfloat16, buffer=nl.sbuf)
-    nisa.dma_copy(dst=w_e_row[0:1, 0:d_H], src=w_e_hbm.ap(pattern=[[d_H, 1], [1, d_H]], offset=h * d_H))
     prep0 = nl.ndarray((_P, d_H), dtype=nl.float32, buffer=nl.sbuf)
     for q0 in range(0, d_H, _F_MOV):
         qw = min(_F_MOV, d_H - q0)
+        w_h_row = nl.ndarray((1, _F_MOV), dtype=nl.bfloat16, buffer=nl.sbuf)
+        nisa.dma_copy(dst=w_h_row[0:1, 0:qw], src=w_h_hbm.ap(pattern=[[d_H, 1], [1, qw]], offset=h * d_H + q0))
+        w_e_row = nl.ndarray((1, _F_MOV), dtype=nl.bfloat16, buffer=nl.sbuf)
+        nisa.dma_copy(dst=w_e_row[0:1, 0:qw], src=w_e_hbm.ap(pattern=[[d_H, 1], [1, qw]], offset=h * d_H + q0))
         w_h_bc = nl.ndarray((_P, _F_MOV), dtype=nl.float32, buffer=nl.psum)
-        nisa.nc_matmul(dst=w_h_bc[0:_P, 0:qw], stationary=ones_bfloat16[0:1, 0:_P], moving=w_h_row[0:1, q0:q0 + qw], accumulate=False)
+        nisa.nc_matmul(dst=w_h_bc[0:_P, 0:qw], stationary=ones_bfloat16[0:1, 0:_P], moving=w_h_row[0:1, 0:qw], accumulate=False)
         w_e_bc = nl.ndarray((_P, _F_MOV), dtype=nl.float32, buffer=nl.psum)
-        nisa.nc_matmul(dst=w_e_bc[0:_P, 0:qw], stationary=ones_bfloat16[0:1, 0:_P], moving=w_e_row[0:1, q0:q0 + qw], accumulate=False)
+        nisa.nc_matmul(dst=w_e_bc[0:_P, 0:qw], stationary=ones_bfloat16[0:1, 0:_P], moving=w_e_row[0:1, 0:qw], accumulate=False)
         w0 = nl.ndarray((_P, _F_MOV), dtype=nl.float32, buffer=nl.sbuf)
         nisa.tensor_copy(dst=w0[0:_P, 0:qw], src=w_e_bc[0:_P, 0:qw])
         w1 = nl.ndarray((_P, _F_MOV), dtype=nl.float32, buffer=nl.sbuf)

@@ -28,12 +28,13 @@ class _RowModel(NamedTuple):
     """What a generated row-reduction kernel holds in SBUF, in bytes per partition per width column."""
 
     resident_per_head: int  # prepared fp32 weights kept for the whole launch, per head
-    prep_scratch: int  # weight rows of the prep step (its PSUM-wide chunk temporaries are not counted)
+    prep_scratch: int  # weight rows of the prep step per width column (0: it reads them in 512-column chunks)
     row_inputs: int  # [T, G, H] loads of one token tile and head (kept for the epilogue)
     epilogue: int  # full-width temporaries of the epilogue
     chunk: int  # temporaries of the widest reduction pass, per chunk column
     columns: int  # bytes of [P, 1] columns and per-head staging, per head
     row_copies: int = 1  # row inputs in flight: 2 when the next head's loads overlap this head's epilogue
+    stream_epilogue: int = 0  # temporaries of the chunked epilogue of a streamed plan, per chunk column
 
 
 class _Buffer(NamedTuple):
@@ -59,15 +60,25 @@ def _held_heads(heads: int, resident: bool) -> int:
     return heads if resident else 1
 
 
-def _buffers(m: _RowModel, width: int, heads: int, hb: int, resident: bool = True, overlap: bool = True
-            ) -> list[_Buffer]:  # fmt: skip
+def _buffers(m: _RowModel, width: int, heads: int, hb: int, resident: bool = True, overlap: bool = True,
+            streamed: bool = False) -> list[_Buffer]:  # fmt: skip
     """The kernel's SBUF buffers at width `width`, `heads` heads and reduction chunk `hb` columns (overlap:
-    the next head's loads and passes run before this head's full-width epilogue)."""
+    the next head's loads and passes run before this head's full-width epilogue; streamed: rows are read
+    from HBM chunk by chunk in every pass and the epilogue; only the weights stay width-long)."""
     kept = "resident for the launch" if resident else "rebuilt per token tile and head"
+    weights = _Buffer(
+        f"prepared weights (fp32, {kept})", m.resident_per_head * _held_heads(heads, resident) * width, 1
+    )
+    if streamed:
+        return [
+            weights,
+            _Buffer("row input chunks (streamed from HBM)", m.row_inputs * hb, 1),
+            _Buffer("epilogue chunk temporaries", m.stream_epilogue * hb, 1),
+            _Buffer("reduction chunk temporaries", m.chunk * hb, 1),
+            _Buffer("per-row columns and output staging", m.columns * heads, 1),
+        ]
     return [
-        _Buffer(
-            f"prepared weights (fp32, {kept})", m.resident_per_head * _held_heads(heads, resident) * width, 1
-        ),
+        weights,
         _Buffer("row inputs of one token tile and head", m.row_inputs * width, m.row_copies if overlap else 1),
         _Buffer("epilogue tiles", m.epilogue * width, 1),
         _Buffer("reduction chunk temporaries", m.chunk * hb, 1),
@@ -75,10 +86,10 @@ def _buffers(m: _RowModel, width: int, heads: int, hb: int, resident: bool = Tru
     ]
 
 
-def _sbuf_bytes(m: _RowModel, width: int, heads: int, hb: int, resident: bool = True, overlap: bool = True
-               ) -> int:  # fmt: skip
+def _sbuf_bytes(m: _RowModel, width: int, heads: int, hb: int, resident: bool = True, overlap: bool = True,
+               streamed: bool = False) -> int:  # fmt: skip
     """Peak SBUF bytes per partition: the main loop, or the prep step if that is larger."""
-    main = sum(b.bytes * b.copies for b in _buffers(m, width, heads, hb, resident, overlap))
+    main = sum(b.bytes * b.copies for b in _buffers(m, width, heads, hb, resident, overlap, streamed))
     prep = (m.resident_per_head * _held_heads(heads, resident) + m.prep_scratch) * width
     return max(main, prep)
 
@@ -105,7 +116,30 @@ def _choose(m: _RowModel, width: int, heads: int, budget: int) -> tuple[int, boo
         f"even with 128-column chunks and one head's weights at a time; the budget is {budget} B"
     )
 
-_MODEL = _RowModel(resident_per_head=0, prep_scratch=0, row_inputs=2, epilogue=10, chunk=8, columns=80, row_copies=2)
+
+def _choose_rows(m: _RowModel, width: int, heads: int, budget: int) -> tuple[int, bool, bool, bool]:
+    """(HB, resident, overlap, streamed): whole rows kept in SBUF (`choose`) when they fit, as their inputs
+    then cross HBM once; else rows streamed from HBM in the widest chunks that fit, once per reduction pass
+    and once more for the epilogue."""
+    try:
+        hb, resident = _choose(m, width, heads, budget)
+        return hb, resident, _overlaps(m, width, heads, hb, resident, budget), False
+    except ValueError:
+        pass
+    per_column = m.row_inputs + m.stream_epilogue + m.chunk
+    for resident in (True, False):
+        room = budget - _sbuf_bytes(m, width, heads, 0, resident, False, True)
+        widest = min(_cdiv(width, _P) * _P, room // per_column // _P * _P)
+        if widest >= _P and _sbuf_bytes(m, width, heads, _P, resident, False, True) <= budget:
+            return _cdiv(_cdiv(width, _cdiv(width, widest)), _P) * _P, resident, False, True
+    need = _sbuf_bytes(m, width, heads, _P, False, False, True)
+    raise ValueError(
+        f"no tile plan fits: width {width} with {heads} heads needs {need} B/partition of SBUF "
+        f"even with rows streamed from HBM in 128-column chunks and one head's weights at a time "
+        f"(the prepared weights stay width-long); the budget is {budget} B"
+    )
+
+_MODEL = _RowModel(resident_per_head=0, prep_scratch=0, row_inputs=2, epilogue=10, chunk=8, columns=80, row_copies=2, stream_epilogue=10)
 
 
 def _head_passes(t0, pt, h, HB, d_H, lse_sv, scale_arg, x_ld):
@@ -162,12 +196,77 @@ def _head_epilogue(head, d_H, lse_hbm, p_hbm, scale_arg):
     return stores
 
 
+def _stream_passes(t0, pt, h, HB, d_H, lse_sv, scale_arg, x_hbm):
+    """head_passes for rows too wide for SBUF: each pass reads its chunks of the row inputs from HBM."""
+    # reduction pass 1: partial results per chunk, folded into [_P, 1] accumulators
+    for c in range(_cdiv(d_H, HB)):
+        c0 = c * HB
+        hw = min(HB, d_H - c0)
+        x_ld = nl.ndarray((_P, HB), dtype=nl.bfloat16, buffer=nl.sbuf)
+        nisa.dma_copy(dst=x_ld[0:pt, 0:hw], src=x_hbm[t0:t0 + pt, 0, c0:c0 + hw])
+        sr0_0 = nl.ndarray((_P, 1), dtype=nl.float32, buffer=nl.sbuf)
+        sr0_1 = nl.ndarray((_P, HB), dtype=nl.float32, buffer=nl.sbuf)
+        nisa.tensor_scalar(dst=sr0_1[0:pt, 0:hw], data=x_ld[0:pt, 0:hw], op0=nl.multiply, operand0=scale_arg)
+        nisa.tensor_reduce(dst=sr0_0[0:pt, 0:1], op=nl.maximum, data=sr0_1[0:pt, 0:hw], axis=(1,))
+        if c == 0:
+            acc3 = sr0_0
+        else:
+            nisa.tensor_tensor(dst=acc3[0:pt, 0:1], data1=acc3[0:pt, 0:1], data2=sr0_0[0:pt, 0:1], op=nl.maximum, engine=nisa.engine.vector)
+    # reduction pass 2: partial results per chunk, folded into [_P, 1] accumulators
+    for c in range(_cdiv(d_H, HB)):
+        c0 = c * HB
+        hw = min(HB, d_H - c0)
+        x_ld = nl.ndarray((_P, HB), dtype=nl.bfloat16, buffer=nl.sbuf)
+        nisa.dma_copy(dst=x_ld[0:pt, 0:hw], src=x_hbm[t0:t0 + pt, 0, c0:c0 + hw])
+        sr1_0 = nl.ndarray((_P, HB), dtype=nl.float32, buffer=nl.sbuf)
+        nisa.tensor_scalar(dst=sr1_0[0:pt, 0:hw], data=x_ld[0:pt, 0:hw], op0=nl.multiply, operand0=scale_arg, op1=nl.subtract, operand1=acc3[0:pt, 0:1])
+        sr1_1 = nl.ndarray((_P, HB), dtype=nl.float32, buffer=nl.sbuf)
+        sr1_2 = nl.ndarray((_P, 1), dtype=nl.float32, buffer=nl.sbuf)
+        nisa.activation_reduce(dst=sr1_1[0:pt, 0:hw], op=nl.exp, data=sr1_0[0:pt, 0:hw], reduce_op=nl.add, reduce_res=sr1_2[0:pt, 0:1])
+        if c == 0:
+            acc6 = sr1_2
+        else:
+            nisa.tensor_tensor(dst=acc6[0:pt, 0:1], data1=acc6[0:pt, 0:1], data2=sr1_2[0:pt, 0:1], op=nl.add, engine=nisa.engine.gpsimd)
+    # per-row math on the accumulators, once per head before the chunked epilogue
+    sc0 = nl.ndarray((_P, 1), dtype=nl.float32, buffer=nl.sbuf)
+    nisa.activation(dst=sc0[0:pt, 0:1], op=nl.log, data=acc6[0:pt, 0:1])
+    sc1 = nl.ndarray((_P, 1), dtype=nl.float32, buffer=nl.sbuf)
+    nisa.tensor_tensor(dst=sc1[0:pt, 0:1], data1=acc3[0:pt, 0:1], data2=sc0[0:pt, 0:1], op=nl.add, engine=nisa.engine.gpsimd)
+    return (t0, pt, h, acc3, acc6, lse_sv, sc1)
+
+
+def _stream_epilogue(head, HB, d_H, lse_hbm, p_hbm, scale_arg, x_hbm):
+    """head_epilogue for rows too wide for SBUF: the combine per chunk, re-read from HBM and stored per chunk."""
+    t0, pt, h, acc3, acc6, lse_sv, sc1 = head
+    stores = []
+    # the combine chunk by chunk, each chunk of the row inputs read from HBM again, each output chunk stored
+    for c in range(_cdiv(d_H, HB)):
+        c0 = c * HB
+        hw = min(HB, d_H - c0)
+        x_ld = nl.ndarray((_P, HB), dtype=nl.bfloat16, buffer=nl.sbuf)
+        nisa.dma_copy(dst=x_ld[0:pt, 0:hw], src=x_hbm[t0:t0 + pt, 0, c0:c0 + hw])
+        se0 = nl.ndarray((_P, HB), dtype=nl.float32, buffer=nl.sbuf)
+        nisa.tensor_scalar(dst=se0[0:pt, 0:hw], data=x_ld[0:pt, 0:hw], op0=nl.multiply, operand0=scale_arg, op1=nl.subtract, operand1=acc3[0:pt, 0:1])
+        se1 = nl.ndarray((_P, HB), dtype=nl.float32, buffer=nl.sbuf)
+        nisa.activation(dst=se1[0:pt, 0:hw], op=nl.exp, data=se0[0:pt, 0:hw])
+        se2 = nl.ndarray((_P, 1), dtype=nl.float32, buffer=nl.sbuf)
+        nisa.reciprocal(dst=se2[0:pt, 0:1], data=acc6[0:pt, 0:1])
+        se3 = nl.ndarray((_P, HB), dtype=nl.bfloat16, buffer=nl.sbuf)
+        nisa.tensor_scalar(dst=se3[0:pt, 0:hw], data=se1[0:pt, 0:hw], op0=nl.multiply, operand0=se2[0:pt, 0:1])
+        nisa.dma_copy(dst=p_hbm[t0:t0 + pt, h, c0:c0 + hw], src=se3[0:pt, 0:hw])
+    nisa.tensor_copy(dst=lse_sv[0:pt, h:h + 1], src=sc1[0:pt, 0:1])
+    if h == 1 - 1:
+        stores.append((lse_hbm[t0:t0 + pt, 0:1], lse_sv[0:pt, 0:1]))
+    return stores
+
+
 @nki.jit
-def scaled_softmax_kernel(x_hbm, scale_arg, HB, resident, overlap, save):
+def scaled_softmax_kernel(x_hbm, scale_arg, HB, resident, overlap, streamed, save):
     """One core's share of token tiles (128 tokens on partitions); heads looped; width reduced in chunks of HB.
 
     resident: the prepared weights are built once and kept for the launch (else per token tile and head).
     overlap: a head's full-width epilogue runs after the next head's passes (two heads' row inputs in SBUF).
+    streamed: rows too wide for SBUF are read from HBM chunk by chunk in each pass and again in the epilogue.
     head_passes / head_epilogue are inlined when NKI traces the kernel: the pipelining is straight-line code.
     """
     x_hbm = x_hbm.reshape((x_hbm.shape[0], 1, x_hbm.shape[1]))
@@ -182,25 +281,34 @@ def scaled_softmax_kernel(x_hbm, scale_arg, HB, resident, overlap, save):
     # the previous head's state (head_passes' result) while its epilogue is still to run: at most one; a list,
     # since NKI traces no `is None` test
     pending = []
-    for t0 in range(t_begin, t_end, _P):
-        pt = min(_P, t_end - t0)
-        x_ld = nl.ndarray((_P, d_H), dtype=nl.bfloat16, buffer=nl.sbuf)
-        nisa.dma_copy(dst=x_ld[0:pt, 0:d_H], src=x_hbm[t0:t0 + pt, 0, 0:d_H])
-        lse_sv = nl.ndarray((_P, 1), dtype=nl.float32, buffer=nl.sbuf)
-        for h in range(1):
-            head = _head_passes(t0, pt, h, HB, d_H, lse_sv, scale_arg, x_ld)  # ahead of the previous head's epilogue and stores
-            for dst, src in stores:
-                nisa.dma_copy(dst=dst, src=src)
-            stores = []
-            for prev in pending:
-                stores.extend(_head_epilogue(prev, d_H, lse_hbm, p_hbm, scale_arg))
-            pending = [head] if overlap else []
-            if not overlap:
-                stores.extend(_head_epilogue(head, d_H, lse_hbm, p_hbm, scale_arg))
-    for prev in pending:
-        stores.extend(_head_epilogue(prev, d_H, lse_hbm, p_hbm, scale_arg))
-    for dst, src in stores:
-        nisa.dma_copy(dst=dst, src=src)
+    if streamed:  # rows too wide for SBUF: each head runs its passes and chunked epilogue in turn
+        for t0 in range(t_begin, t_end, _P):
+            pt = min(_P, t_end - t0)
+            lse_sv = nl.ndarray((_P, 1), dtype=nl.float32, buffer=nl.sbuf)
+            for h in range(1):
+                head = _stream_passes(t0, pt, h, HB, d_H, lse_sv, scale_arg, x_hbm)
+                for dst, src in _stream_epilogue(head, HB, d_H, lse_hbm, p_hbm, scale_arg, x_hbm):
+                    nisa.dma_copy(dst=dst, src=src)
+    else:
+        for t0 in range(t_begin, t_end, _P):
+            pt = min(_P, t_end - t0)
+            x_ld = nl.ndarray((_P, d_H), dtype=nl.bfloat16, buffer=nl.sbuf)
+            nisa.dma_copy(dst=x_ld[0:pt, 0:d_H], src=x_hbm[t0:t0 + pt, 0, 0:d_H])
+            lse_sv = nl.ndarray((_P, 1), dtype=nl.float32, buffer=nl.sbuf)
+            for h in range(1):
+                head = _head_passes(t0, pt, h, HB, d_H, lse_sv, scale_arg, x_ld)  # ahead of the previous head's epilogue and stores
+                for dst, src in stores:
+                    nisa.dma_copy(dst=dst, src=src)
+                stores = []
+                for prev in pending:
+                    stores.extend(_head_epilogue(prev, d_H, lse_hbm, p_hbm, scale_arg))
+                pending = [head] if overlap else []
+                if not overlap:
+                    stores.extend(_head_epilogue(head, d_H, lse_hbm, p_hbm, scale_arg))
+        for prev in pending:
+            stores.extend(_head_epilogue(prev, d_H, lse_hbm, p_hbm, scale_arg))
+        for dst, src in stores:
+            nisa.dma_copy(dst=dst, src=src)
     return p_hbm_flat, lse_hbm
 
 
@@ -459,9 +567,8 @@ def scaled_softmax(x: torch.Tensor, scale: float = 0.125, lnc: int | None = None
     (x,), lnc, _empty = _door(_SIGNATURE, (x,), (scale,), False, lnc, target, _LNC)
     if _empty is not None:
         return _empty
-    _hb, _resident = _choose(_MODEL, x.shape[-1], 1, _SBUF_BUDGET[target])
-    _overlap = _overlaps(_MODEL, x.shape[-1], 1, _hb, _resident, _SBUF_BUDGET[target])
-    return scaled_softmax_kernel[lnc](x, scale, _hb, _resident, _overlap, False)
+    _hb, _resident, _overlap, _streamed = _choose_rows(_MODEL, x.shape[-1], 1, _SBUF_BUDGET[target])
+    return scaled_softmax_kernel[lnc](x, scale, _hb, _resident, _overlap, _streamed, False)
 
 
 try:  # the NKI op on Neuron hosts (ops.py owns `fusegen::<name>`); the file imports without torch_neuronx
