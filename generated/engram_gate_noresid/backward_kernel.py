@@ -66,8 +66,10 @@ def _buffers(m: _RowModel, width: int, heads: int, hb: int, resident: bool = Tru
     the next head's loads and passes run before this head's full-width epilogue; streamed: rows are read
     from HBM chunk by chunk in every pass and the epilogue; only the weights stay width-long)."""
     kept = "resident for the launch" if resident else "rebuilt per token tile and head"
+    # rebuilt weights overlapped: the pending head keeps its own until its epilogue has run
+    rebuilt = 2 if overlap and not resident and not streamed else 1
     weights = _Buffer(
-        f"prepared weights (fp32, {kept})", m.resident_per_head * _held_heads(heads, resident) * width, 1
+        f"prepared weights (fp32, {kept})", m.resident_per_head * _held_heads(heads, resident) * width, rebuilt
     )
     if streamed:
         return [
