@@ -1,13 +1,16 @@
-"""Every FFN example at every published model width: plan, SBUF, modelled time, roofline efficiency.
+"""Every FFN and row example at every published model width: plan, SBUF, modelled time, roofline efficiency.
 
 Per (width, rows, launch) row: the tile plan the planner picks, its SBUF bytes per partition, the
 modelled time of the busiest core, and the roofline efficiency (roofline time / modelled time); where a
-plan is more than 1.5x slower than its roofline, the engine the time model says bounds it. Planning
-only (no interpreter runs), so the whole table takes seconds. Summary lines: the worst FFN efficiency
-at R=2048 for K >= 4096 on trn2 (goal: >= 85% of the PE roofline).
+plan is more than 1.5x slower than its roofline, the engine the time model says bounds it. FFN times are
+the planner's closed-form model (seconds for the whole table). Summary line: the worst FFN efficiency at
+R=2048 for K >= 4096 on trn2 (goal: >= 85% of the PE roofline).
+Row kernels (HBM roofline) are timed by running their generated kernel on the interpreter at 1 and 128
+rows per shape and scheduling the trace (fusegen/perf/row_widths.py; about a minute per example).
 With --check, also runs `fusegen check` (interpreter against the reference) at the wide-but-cheap
 shapes CI runs, each in its own process, and reports its peak resident memory (goal: < 8 GB).
-Run: .venv/bin/python bench/widths.py [--examples a,b] [--launch trn2:2] [--check]
+Run: .venv/bin/python bench/widths.py [--family ffn,rows] [--examples a,b] [--launch trn2:2] [--rows 1,2048]
+     [--check]
 """
 
 from __future__ import annotations
@@ -21,6 +24,15 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
+from fusegen.perf.row_widths import (  # noqa: E402
+    RowExample,
+    dims_at,
+    modelled_ns,
+    plan_rows,
+    row_examples,
+    shapes,
+    tile_times,
+)
 from fusegen.perf.widths import LAUNCHES, ROWS, WIDTHS, Planned, ffn_examples, plan_at  # noqa: E402
 
 SLOW = 1.5  # beyond this multiple of the roofline, name the engine that bounds the plan
@@ -31,12 +43,19 @@ CHECKS = (
     ("swiglu_ffn_ln", "R=3 K=16384 I=128"),
     ("prenorm_swiglu", "R=3 K=16384 I=256"),
 )
+#: the same for row kernels: wide rows and a vocabulary row, and the Engram gate at a real prefill
+ROW_CHECKS = (
+    ("add_rmsnorm", "T=3 H=16384"),
+    ("layernorm", "T=3 H=16384"),
+    ("scaled_softmax", "T=3 H=128256"),
+    ("engram_gate", "T=4001 HC=4 H=7168"),
+)
 
 
-def check_memory() -> None:
-    """`fusegen check` at each CHECKS shape in a child process: its result and peak RSS."""
+def check_memory(checks: tuple[tuple[str, str], ...]) -> None:
+    """`fusegen check` at each of `checks` in a child process: its result and peak RSS."""
     print("\n| example | shape | fusegen check | peak RSS (MB) |\n| --- | --- | --- | ---: |")
-    for name, shape in CHECKS:
+    for name, shape in checks:
         spec = str(ROOT / "examples" / f"{name}.spec")
         cmd = [sys.executable, "-m", "fusegen.cli", "check", spec, "--shape", *shape.split()]
         child = subprocess.Popen(cmd, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, cwd=ROOT)
@@ -61,18 +80,57 @@ def cell(p: Planned) -> str:
     )
 
 
+def row_cell(ex: RowExample, p: Planned, dims: dict[str, int], target: str, lnc: int) -> str:
+    """One row-kernel table row's plan columns; the time from the interpreter runs of `tile_times`."""
+    if p.plan is None:
+        return f"| – | – | – | – | {p.error.split(': ', 1)[-1]} |"
+    summary = dict(p.plan.summary)
+    how = "streamed" if summary["row inputs"].startswith("streamed") else "whole rows"
+    weights = "" if not ex.match.weights else (
+        ", weights resident" if summary["prepared weights"].startswith("resident") else ", weights per tile"
+    )  # fmt: skip
+    times = tile_times(ex, dims[ex.width], dims.get(ex.heads or ""), target)
+    ns = modelled_ns(times, dims[ex.rows], lnc)
+    note = f"{times.bound}-bound" if ns > SLOW * p.roof.time_ns else ""
+    return (
+        f"| HB={p.plan.tile('HB')} {how}{weights} | {p.plan.sbuf_bytes:,} | {ns / 1000:,.1f} "
+        f"| {100 * p.roof.efficiency(ns):.0f}% | {note} |"
+    )
+
+
+def row_tables(names: set[str], launches: list[tuple[str, int]], rows: list[int]) -> None:
+    """Per row example: every table shape at every row count and launch."""
+    for ex in row_examples(ROOT):
+        if names and ex.name not in names:
+            continue
+        print(f"\n### {ex.name}\n")
+        print("| shape | R | target LNC | plan | SBUF B/part | modelled us | efficiency (HBM roof) | bound |")
+        print("| --- | ---: | --- | --- | ---: | ---: | ---: | --- |")
+        for label, width, heads in shapes(ex):
+            for r in rows:
+                for target, lnc in launches:
+                    dims = dims_at(ex, r, width, heads)
+                    p = plan_rows(ex, dims, target, lnc)
+                    cells = row_cell(ex, p, dims, target, lnc)
+                    print(f"| {label} | {r} | {target} {lnc} {cells}", flush=True)
+
+
 def main(argv: list[str] | None = None) -> int:
     """Print the table (markdown) and the summary."""
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument(
         "--examples", default="", help="comma-separated example names (default: all FFN examples)"
     )
+    ap.add_argument("--family", default="ffn,rows", help="ffn, rows or both (default)")
     ap.add_argument("--launch", default="", help="target:lnc, e.g. trn2:2 (default: all)")
+    ap.add_argument("--rows", default="", help="comma-separated R (default: 1,128,2048,8192,65536)")
     ap.add_argument("--check", action="store_true", help="also run fusegen check at CHECKS, report peak RSS")
     args = ap.parse_args(argv)
     wanted = set(filter(None, args.examples.split(",")))
-    examples = [e for e in ffn_examples(ROOT) if not wanted or e.name in wanted]
+    families = set(args.family.split(","))
+    examples = [e for e in ffn_examples(ROOT) if not wanted or e.name in wanted] if "ffn" in families else []
     launches = [(t, int(n)) for t, n in [args.launch.split(":")]] if args.launch else list(LAUNCHES)
+    row_counts = [int(r) for r in args.rows.split(",")] if args.rows else list(ROWS)
     worst: tuple[float, str] = (2.0, "")
     for ex in examples:
         print(f"\n### {ex.name}\n")
@@ -81,7 +139,7 @@ def main(argv: list[str] | None = None) -> int:
         )
         print("| --- | ---: | --- | --- | ---: | ---: | ---: | --- |")
         for model, k, i in WIDTHS:
-            for rows in ROWS:
+            for rows in row_counts:
                 for target, lnc in launches:
                     p = plan_at(ex, rows, k, i, target, lnc)
                     print(f"| {model} ({k}, {i}) | {rows} | {target} {lnc} {cell(p)}")
@@ -90,8 +148,10 @@ def main(argv: list[str] | None = None) -> int:
                         worst = min(worst, (eff, f"{ex.name} K={k} I={i} LNC={lnc}"))
     if worst[1]:
         print(f"\nworst modelled efficiency at R=2048, K >= 4096 on trn2: {100 * worst[0]:.0f}% ({worst[1]})")
+    if "rows" in families:
+        row_tables(wanted, launches, row_counts)
     if args.check:
-        check_memory()
+        check_memory((CHECKS if "ffn" in families else ()) + (ROW_CHECKS if "rows" in families else ()))
     return 0
 
 
