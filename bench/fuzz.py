@@ -80,6 +80,13 @@ def _rows_spec(rng: random.Random) -> str:
     return "\n".join(lines) + "\n"
 
 
+#: Epilogues reading a returned value again: the residual sum `s`, or the down-projection `d` itself.
+SHARED_TAILS = {
+    "s": ("rmsnorm(s, eps)", "s * g", "rmsnorm(s + a, eps)", "layernorm(s, eps) + s"),
+    "d": ("d + g", "d + a", "rmsnorm(d + a + a, eps)", "layernorm(d, eps, g) + a"),
+}
+
+
 def _ffn_spec(rng: random.Random) -> str:
     """An FFN block: one or two projections, an activation, a down-projection and an epilogue."""
     act = rng.choice(["silu", "gelu", "relu", "sigmoid"])
@@ -92,10 +99,11 @@ def _ffn_spec(rng: random.Random) -> str:
     lines += ["input a: f32[R, K]", "input g: f32[K]", "param eps = 1e-6", "output y: bf16[R, K]"]
     body = [f"h = {up}", "d = bf16(h) @ w2t"]
     tail = rng.choice(["d", "d + a", "rmsnorm(d + a, eps, g)", "layernorm(d, eps) * g", "d * g + a"])
-    if rng.random() < 0.3:
-        lines.append("output s: f32[R, K]")
-        body += ["s = d + a"]
-        tail = rng.choice(["rmsnorm(s, eps)", "s * g"])
+    if rng.random() < 0.3:  # outputs that share structure: a value both returned and read again
+        shared = rng.choice(["s", "d"])
+        lines.append(f"output {shared}: f32[R, K]")
+        body += ["s = d + a"] if shared == "s" else []
+        tail = rng.choice(SHARED_TAILS[shared])
     body.append(f"y = bf16({tail})")
     sizes = (rng.choice([1, 7, 256, 300]), rng.choice([128, 384, 1280]), rng.choice([128, 1000, 3416]))
     return "\n".join(lines + body + ["check R={} K={} I={}".format(*sizes)]) + "\n"

@@ -225,9 +225,13 @@ def _accumulator(
     ps = "ps[0:pr, 0:nk]"
     add = f"nisa.tensor_tensor(dst={acc}, data1={acc}, data2={ps}, op=nl.add)"
     users = ir.users(m.down.id)
-    if len(users) == 1 and users[0].op == "add" and users[0].id in m.epi_nodes:
+    outputs = {o.node for o in ir.outputs}
+    # fold only when nothing else reads what the fold hides: the bare down-projection (an output, or
+    # another user) or the partner input (a residual the epilogue reads again)
+    if len(users) == 1 and users[0].op == "add" and users[0].id in m.epi_nodes and m.down.id not in outputs:
         partner = ir.node(next(a for a in users[0].args if a != m.down.id))
-        name = kernel_arg(str(partner.name)) if partner.op == "input" else None
+        used_once = partner.op == "input" and _epilogue_users(ir, m, partner) == [users[0].id]
+        name = kernel_arg(str(partner.name)) if used_once else None
         if name in inputs["tile"]:
             return name, (add,), users[0].id
         if name in inputs["row"]:
@@ -242,6 +246,12 @@ def _accumulator(
                 users[0].id,
             )
     return None, (f"nisa.tensor_copy(dst={acc}, src={ps})",), m.down.id
+
+
+def _epilogue_users(ir: KernelIR, m: FfnMatch, node: Node) -> list[int]:
+    """Ids of the epilogue nodes reading `node` (once each), and -1 if it is also an output."""
+    users = sorted({u.id for u in ir.users(node.id) if u.id in m.epi_nodes})
+    return users + [-1] * any(o.node == node.id for o in ir.outputs)
 
 
 def _lower_epilogue(
