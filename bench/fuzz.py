@@ -3,9 +3,9 @@
 Specs come from a grammar-aware generator biased towards what the families accept (row-wise math over
 [T, H] data, FFN blocks with epilogues) and from token/line mutations of examples/*.spec. Each spec goes
 through `fusegen check-spec` and, when accepted, `fusegen build`; built kernel.py and reference.py are
-imported (kernel.py under the interpreter), the other files compiled and the reference run at the smallest
-check shape; with --run, every Nth built kernel also runs there against its reference. Reports specs/s, tracebacks (must be
-0) and cases over 5 s.
+imported (kernel.py under the interpreter), the other files compiled and the reference run at the
+smallest check shape; with --run, every Nth built kernel also runs there against its reference. Reports
+specs/s, tracebacks (must be 0) and cases over 5 s.
 
 Run: .venv/bin/python bench/fuzz.py [--count 10000] [--seed 0] [--run 50]
 """

@@ -65,9 +65,9 @@ def as_written(miss: Mismatch, lifted: Lifted) -> Mismatch:
     it (a [T] value is not a [T, 1] one), and the lifting named where the reason speaks of heads."""
     reason = miss.reason
     found = _DESCRIBED.search(reason)
-    node = next((n for n in lifted.flat.nodes if found and n.span == miss.span and (n.name or n.op) == found[1]), None)
-    if found and node is not None:
-        reason = f"{reason[: found.start()]}({describe(node)})"
+    same = [n for n in lifted.flat.nodes if found and n.span == miss.span and (n.name or n.op) == found[1]]
+    if found and same:
+        reason = f"{reason[: found.start()]}({describe(same[0])})"
     if "[T, G" in reason:
         reason += "; a spec over [T, H] data is read as [T, 1, H] (one head)"
     return dataclasses.replace(miss, reason=reason)

@@ -75,8 +75,11 @@ class RowReduceFamily:
         """The row-reduction roles in `row_body(ir)` (raises Mismatch)."""
         matmul = next((n for n in ir.nodes if n.op == "matmul"), None)
         if matmul is not None:
-            raise Mismatch(self.name, matmul.span, "`@` is not row-wise math: the family takes elementwise "
-                           "math and row reductions over [T, H] or [T, G, H] data", relevant=False)  # fmt: skip
+            reason = (
+                "`@` is not row-wise math: the family takes elementwise math and row reductions over "
+                "[T, H] or [T, G, H] data"
+            )
+            raise Mismatch(self.name, matmul.span, reason, relevant=False)
         body, lifted = row_body(ir)
         try:
             m = match_rowreduce(body)

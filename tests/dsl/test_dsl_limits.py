@@ -136,7 +136,8 @@ def test_a_dim_compound_axes_do_not_determine_is_named() -> None:
     assert _diagnostics(spec.replace("dim T, NQ, NKV", "dim T, NQ, NKV = 32").replace(" NKV=32", "")) == []
     with_kv = spec.replace("output y", "input b: f32[NKV]\noutput y")
     assert _diagnostics(with_kv) == []  # NKV from b, then NQ solved from x
-    assert _diagnostics(spec.replace("NQ + 2*NKV", "2*NQ*NKV")) == [message.format("NQ"), message.format("NKV")]
+    product = spec.replace("NQ + 2*NKV", "2*NQ*NKV")
+    assert _diagnostics(product) == [message.format("NQ"), message.format("NKV")]
 
 
 def test_dim_products_at_and_past_the_term_limit() -> None:
