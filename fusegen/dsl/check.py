@@ -95,7 +95,9 @@ def _assign(ctx: Context, statement: ast.Assign) -> None:
     ctx.scope[target.name] = Binding(FAILED_NODE if node is None else node, "value", target.span)
 
 
-def _require_determined_dims(ctx: Context, dims: Sequence[ir.DimDecl], inputs: Sequence[ir.TensorDecl]) -> None:
+def _require_determined_dims(
+    ctx: Context, dims: Sequence[ir.DimDecl], inputs: Sequence[ir.TensorDecl]
+) -> None:
     """A free dim used in an input's shape must be determined by the runtime shapes: some input's whole
     axis, or an axis linear in it once the others are known (dim_sources.py), which generated code solves."""
     fixed = [d.name for d in dims if d.value is not None]
