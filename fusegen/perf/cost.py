@@ -7,11 +7,14 @@ trace; `record_cost` adapts an interpreter trace Record to it.
 
 from __future__ import annotations
 
+import contextlib
+import dataclasses
 import functools
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from typing import NamedTuple
 
+from fusegen.perf import dmarule
 from fusegen.sim.targets import Target
 from fusegen.sim.trace import Operand, Record
 
@@ -34,6 +37,37 @@ FP32_MATMUL_FACTOR = 4
 #: trn2 Vector "perf mode" (bf16/fp16, SBUF): tensor_copy/tensor_scalar up to 4x, tensor_tensor 2x [v3]
 PERF_MODE_SPEEDUP = {"tensor_copy": 4, "tensor_scalar": 4, "tensor_tensor": 2}
 HALF_DTYPES = frozenset({"bfloat16", "float16"})
+#: Tensor-engine dI/dt throttling (trn2, trn3): after an idle window the PE starts at ~50% of its peak
+#: utilisation and ramps to full over ~3 us; the limit re-engages when utilisation over any ~3 us window
+#: drops below 50% [SDK: tools/neuron-explorer/glossary.rst, "Throttling"]
+PE_COLD_UTILISATION = 0.5
+PE_RAMP_NS = 3000.0
+
+
+@dataclass
+class Assumptions:
+    """The model's uncertain figures, changeable for a sensitivity run (`assume`); see docs/performance.md."""
+
+    dma_row_bytes: int = dmarule.DMA_ROW_BYTES  # DMA packet-rate rule (fusegen/perf/dmarule.py)
+    pe_throttle: bool = True  # model the Tensor engine's dI/dt ramp on NeuronCore-v3+
+
+
+ASSUMED = Assumptions()
+
+
+@contextlib.contextmanager
+def assume(**changes: int | bool) -> Iterator[Assumptions]:
+    """Within the block the cost model uses `changes` (e.g. dma_row_bytes=3675) instead of its figures."""
+    saved = dataclasses.replace(ASSUMED)
+    for name, value in changes.items():
+        if not hasattr(ASSUMED, name):
+            raise ValueError(f"no model assumption named {name!r}")
+        setattr(ASSUMED, name, value)
+    try:
+        yield ASSUMED
+    finally:
+        for name in changes:
+            setattr(ASSUMED, name, getattr(saved, name))
 
 
 class Shape(NamedTuple):
@@ -146,12 +180,22 @@ def dma_queues_used(partitions: int) -> int:
 
 def dma_cost(target: Target, nbytes: int, partitions: int = 128, transpose: bool = False,
              from_hbm: bool = True) -> Cost:  # fmt: skip
-    """One transfer: its queues are busy for bytes / their bandwidth; the fixed cost is pipelined latency."""
-    rate = dma_queue_bytes_per_ns(target) * dma_queues_used(partitions)
+    """One transfer: each of its queues is busy for its share of the bytes at its bandwidth, but at least the
+    packet time of each partition row it moves (`dmarule`); the fixed cost is pipelined latency."""
+    queues = dma_queues_used(partitions)
+    rate = dma_queue_bytes_per_ns(target)
     if transpose:
         rate *= DMA_TRANSPOSE_FACTOR[from_hbm]
-    busy = nbytes / rate
+    busy = dmarule.dma_engine_bytes(nbytes, partitions, queues, ASSUMED.dma_row_bytes) / rate
     return Cost(busy, busy + DMA_FIXED_NS)
+
+
+def pe_utilisation_limit(target: Target, since_ramp_ns: float) -> float:
+    """Share of its peak the Tensor engine may run at `since_ramp_ns` after its dI/dt ramp began (1.0 when
+    the target does not throttle or the ramp is over)."""
+    if target.nc_version < 3 or not ASSUMED.pe_throttle:
+        return 1.0
+    return PE_COLD_UTILISATION + (1 - PE_COLD_UTILISATION) * min(1.0, since_ramp_ns / PE_RAMP_NS)
 
 
 @functools.lru_cache(maxsize=4096)  # traces repeat a few shapes thousands of times
