@@ -4,9 +4,9 @@ engram_gate at T=4096 HC=4 H=2048 (goal >= 80% of the HBM roofline) and add_rmsn
 scaled_softmax at T=4096 H=4096 (goal >= 70%), forward as `fusegen explain` models it (trn2, LNC 2:
 the generated kernel on the interpreter, its trace scheduled by fusegen.perf); the engram_gate backward
 kernels (the only row example with generated backward kernels) at the same shape, reported without a
-goal. Each trace is scheduled again with the DMA packet-rate figure at 50% and 150% of its value and
-without PE throttling (the sensitivity to the model's uncertain figures), and with neither rule (the
-cost model before issue 15, for before/after).
+goal. Each trace is scheduled again with the DMA packet-rate figure at 50% and 150% of its value, without
+PE throttling, and with a 600 ns hardware-DGE issue per DMA (the sensitivity to the model's uncertain
+figures), and with neither the DMA rule nor throttling (the cost model before issue 15: before/after).
 Run: .venv/bin/python bench/rows_perf.py [--quick]   (--quick: T=512; the full run interprets ~1 GB of
 row data and takes minutes)
 """
@@ -41,6 +41,7 @@ VARIANTS = (
     ("DMA row bytes x0.5", {"dma_row_bytes": ASSUMED.dma_row_bytes // 2}),
     ("DMA row bytes x1.5", {"dma_row_bytes": ASSUMED.dma_row_bytes * 3 // 2}),
     ("no PE throttling", {"pe_throttle": False}),
+    ("HWDGE issue 600 ns per DMA", {"dge_issue_ns": 600.0}),
     ("model I (neither rule)", {"dma_row_bytes": 0, "pe_throttle": False}),
 )
 

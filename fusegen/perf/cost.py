@@ -42,6 +42,12 @@ HALF_DTYPES = frozenset({"bfloat16", "float16"})
 #: drops below 50% [SDK: tools/neuron-explorer/glossary.rst, "Throttling"]
 PE_COLD_UTILISATION = 0.5
 PE_RAMP_NS = 3000.0
+#: a hardware-DGE DMA instruction takes ~600 ns to execute; NeuronCore-v3 has two DGE instances
+#: [SDK: nki-dge.rst, trainium2_arch.rst]. Whether neuronx-cc gives a `dge_mode=unknown` transfer (what
+#: generated kernels issue) hardware DGE or static descriptors ("zero on-device overhead") is not
+#: documented, so the cost is off by default (ASSUMED.dge_issue_ns) and shown as a sensitivity.
+HWDGE_ISSUE_NS = 600.0
+HWDGE_INSTANCES = 2
 
 
 @dataclass
@@ -50,13 +56,14 @@ class Assumptions:
 
     dma_row_bytes: int = dmarule.DMA_ROW_BYTES  # DMA packet-rate rule (fusegen/perf/dmarule.py)
     pe_throttle: bool = True  # model the Tensor engine's dI/dt ramp on NeuronCore-v3+
+    dge_issue_ns: float = 0.0  # issue time of a DMA on one of the core's hardware DGEs (0: not modelled)
 
 
 ASSUMED = Assumptions()
 
 
 @contextlib.contextmanager
-def assume(**changes: int | bool) -> Iterator[Assumptions]:
+def assume(**changes: float | bool) -> Iterator[Assumptions]:
     """Within the block the cost model uses `changes` (e.g. dma_row_bytes=3675) instead of its figures."""
     saved = dataclasses.replace(ASSUMED)
     for name, value in changes.items():
@@ -188,6 +195,11 @@ def dma_cost(target: Target, nbytes: int, partitions: int = 128, transpose: bool
         rate *= DMA_TRANSPOSE_FACTOR[from_hbm]
     busy = dmarule.dma_engine_bytes(nbytes, partitions, queues, ASSUMED.dma_row_bytes) / rate
     return Cost(busy, busy + DMA_FIXED_NS)
+
+
+def dge_issue_ns(target: Target) -> float:
+    """How long issuing one DMA holds a hardware DGE of `target` (0 when not modelled or no HWDGE)."""
+    return ASSUMED.dge_issue_ns if target.nc_version >= 3 else 0.0
 
 
 def pe_utilisation_limit(target: Target, since_ramp_ns: float) -> float:

@@ -30,8 +30,10 @@ from dataclasses import dataclass, field
 
 from fusegen.perf.cost import (
     DMA_QUEUES,
+    HWDGE_INSTANCES,
     PE_COLD_UTILISATION,
     PE_RAMP_NS,
+    dge_issue_ns,
     dma_queues_used,
     pe_utilisation_limit,
     record_cost,
@@ -42,6 +44,7 @@ from fusegen.sim.trace import Record
 ENGINES = ("tensor", "vector", "scalar", "gpsimd", "dma")
 ON_CHIP = frozenset({"sbuf", "psum"})
 DMA_LANES = tuple(f"dma{q}" for q in range(DMA_QUEUES))
+DGE_LANES = tuple(f"dge{d}" for d in range(HWDGE_INSTANCES))
 
 
 @dataclass(frozen=True, slots=True)
@@ -120,7 +123,12 @@ class _Scheduler:
         core = self.cores[rec.core]
         cost = record_cost(self.target, rec)
         lanes = _lanes(core, rec)
-        start = max(floor, _ready(core, rec), max(core.free[lane] for lane in lanes))
+        ready = max(floor, _ready(core, rec))
+        issue = dge_issue_ns(self.target) if rec.engine == "dma" else 0.0
+        if issue:  # the transfer's descriptors come from the DGE that frees up first
+            dge = min(DGE_LANES, key=core.free.__getitem__)
+            ready = core.free[dge] = max(ready, core.free[dge]) + issue
+        start = max(ready, max(core.free[lane] for lane in lanes))
         busy = _throttled(self.target, core, start, cost.busy_ns) if rec.engine == "tensor" else cost.busy_ns
         end = start + busy
         for lane in lanes:

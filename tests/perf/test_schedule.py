@@ -118,3 +118,14 @@ def test_pe_throttling_restarts_after_an_idle_gap() -> None:
 def test_trn1_is_not_throttled() -> None:
     spans = schedule([matmul(10, 1, 2, index=0)], get_target("trn1")).spans
     assert spans[0].end_ns - spans[0].start_ns == pytest.approx(512 / 2.8)
+
+
+def test_assumed_dge_issue_delays_transfers_on_two_instances() -> None:
+    """With a hardware-DGE issue cost (nki-dge.rst: ~600 ns, two DGEs per NeuronCore-v3), the third of
+    three independent narrow transfers waits for a DGE; without it (the default) none waits."""
+    narrow = [dma_in(100 + q, 1, partitions=8, nbytes=23_000, index=q) for q in range(3)]
+    assert starts(narrow) == [0, 0, 0]
+    with assume(dge_issue_ns=600.0):
+        assert starts(narrow) == pytest.approx([600, 600, 1200])
+        # trn1 has no hardware DGE (hwdge needs NeuronCore-v3+, nki.md §3)
+        assert [s.start_ns for s in schedule(narrow, get_target("trn1")).spans] == [0, 0, 0]
