@@ -26,7 +26,7 @@ sys.path.insert(0, str(ROOT))
 from fusegen import sim  # noqa: E402
 from fusegen.perf.analysis import Modeled, analyse, model_launches, tensor_bytes  # noqa: E402
 from fusegen.perf.capture import launches  # noqa: E402
-from fusegen.perf.cost import ASSUMED, assume  # noqa: E402
+from fusegen.perf.cost import MODEL_I, SENSITIVITY, assume  # noqa: E402
 
 TARGET, LNC = "trn2", 2
 #: (spec, dims, goal as a share of the HBM roofline)
@@ -36,14 +36,8 @@ CASES = (
     ("layernorm", {"T": 4096, "H": 4096}, 0.70),
     ("scaled_softmax", {"T": 4096, "H": 4096}, 0.70),
 )
-#: the model's uncertain figures, each varied alone: (label, assume(...) arguments)
-VARIANTS = (
-    ("DMA row bytes x0.5", {"dma_row_bytes": ASSUMED.dma_row_bytes // 2}),
-    ("DMA row bytes x1.5", {"dma_row_bytes": ASSUMED.dma_row_bytes * 3 // 2}),
-    ("no PE throttling", {"pe_throttle": False}),
-    ("HWDGE issue 600 ns per DMA", {"dge_issue_ns": 600.0}),
-    ("model I (neither rule)", {"dma_row_bytes": 0, "pe_throttle": False}),
-)
+#: the model's uncertain figures, each varied alone, then the model before issue 15
+VARIANTS = (*SENSITIVITY, ("model I (neither rule)", MODEL_I))
 
 
 def report(label: str, modeled: Modeled, goal: float | None) -> bool:

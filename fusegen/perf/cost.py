@@ -60,6 +60,15 @@ class Assumptions:
 
 
 ASSUMED = Assumptions()
+#: the benches' sensitivity runs: each uncertain figure varied alone (label, `assume` arguments)
+SENSITIVITY: tuple[tuple[str, dict[str, float | bool]], ...] = (
+    ("DMA row bytes x0.5", {"dma_row_bytes": dmarule.DMA_ROW_BYTES // 2}),
+    ("DMA row bytes x1.5", {"dma_row_bytes": dmarule.DMA_ROW_BYTES * 3 // 2}),
+    ("no PE throttling", {"pe_throttle": False}),
+    ("HWDGE issue 600 ns per DMA", {"dge_issue_ns": HWDGE_ISSUE_NS}),
+)
+#: the cost model before issue 15 (no DMA packet rule, no throttling), for before/after comparisons
+MODEL_I: dict[str, float | bool] = {"dma_row_bytes": 0, "pe_throttle": False}
 
 
 @contextlib.contextmanager
