@@ -195,14 +195,16 @@ def dma_queues_used(partitions: int) -> int:
 
 
 def dma_cost(target: Target, nbytes: int, partitions: int = 128, transpose: bool = False,
-             from_hbm: bool = True) -> Cost:  # fmt: skip
+             from_hbm: bool = True, on_chip: bool = True) -> Cost:  # fmt: skip
     """One transfer: each of its queues is busy for its share of the bytes at its bandwidth, but at least the
-    packet time of each partition row it moves (`dmarule`); the fixed cost is pipelined latency."""
+    packet time of each SBUF partition row it moves (`dmarule`; an HBM-to-HBM copy has none: no figure is
+    published for it); the fixed cost is pipelined latency."""
     queues = dma_queues_used(partitions)
     rate = dma_queue_bytes_per_ns(target)
     if transpose:
         rate *= DMA_TRANSPOSE_FACTOR[from_hbm]
-    busy = dmarule.dma_engine_bytes(nbytes, partitions, queues, ASSUMED.dma_row_bytes) / rate
+    rows = partitions if on_chip else 0
+    busy = dmarule.dma_engine_bytes(nbytes, rows, queues, ASSUMED.dma_row_bytes) / rate
     return Cost(busy, busy + DMA_FIXED_NS)
 
 
@@ -259,9 +261,8 @@ def record_cost(target: Target, rec: Record) -> Cost:
         return Cost(0.0, 0.0)
     if rec.engine == "dma":
         moved = max(rec.hbm_read + rec.sbuf_read, rec.hbm_write + rec.sbuf_write)
-        return dma_cost(
-            target, moved, rec.partitions, transpose=rec.op == "dma_transpose", from_hbm=rec.hbm_read > 0
-        )
+        return dma_cost(target, moved, rec.partitions, transpose=rec.op == "dma_transpose",
+                        from_hbm=rec.hbm_read > 0, on_chip=rec.sbuf_read + rec.sbuf_write > 0)  # fmt: skip
     return compute_cost(target, rec.engine, rec.op, record_shape(target, rec))
 
 

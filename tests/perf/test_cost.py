@@ -14,7 +14,7 @@ from fusegen.perf.dmarule import DMA_ROW_BYTES, dma_engine_bytes
 from fusegen.sim import get_target
 from fusegen.sim.targets import Target
 
-from .records import matmul, psum, record, sbuf
+from .records import hbm, matmul, psum, record, sbuf
 
 TRN2, TRN1 = get_target("trn2"), get_target("trn1")
 
@@ -94,6 +94,16 @@ def test_dma_throughput_follows_the_documented_curve() -> None:
     share = {b: 1 / dma_ns_per_byte(b) / peak for b in (32, 256, 1024, 2048, 4096)}
     assert share[256] == pytest.approx(8 * share[32]) and share[1024] == pytest.approx(4 * share[256])
     assert 0.35 < share[1024] < 0.5 and 0.75 < share[2048] < 0.9 and share[4096] >= 0.95
+
+
+def test_hbm_to_hbm_copies_pay_bytes_only() -> None:
+    """The packet rule is per SBUF partition row (the figure's p_dim); a DRAM-to-DRAM copy pays its bytes."""
+    ops = (hbm("r", 1, (4096, 128)), hbm("w", 2, (4096, 128)))
+    copy = record("dma", "dma_copy", ops, 4096, 128, hbm_read=4096 * 256)
+    assert record_cost(TRN2, copy).busy_ns == pytest.approx(4096 * 256 / 368)
+    load = record("dma", "dma_copy", (hbm("r", 1), sbuf("w", 3, (128, 128), "bfloat16")), 128, 128,
+                  hbm_read=128 * 256, sbuf_write=128 * 256)  # fmt: skip
+    assert record_cost(TRN2, load).busy_ns == pytest.approx(128 * DMA_ROW_BYTES / 368)
 
 
 def test_dma_time_is_monotone_in_bytes() -> None:
