@@ -1,6 +1,7 @@
-"""Per-instruction cost model: engine cycles from documented data-path rules, DMA time from bytes.
+"""Per-instruction cost model: engine cycles from documented data-path rules, DMA time from bytes and rows.
 
-Every figure comes from the NKI notes in shared/reference/nki.md §5/§6; its source tag sits next to it.
+Every figure comes from the NKI notes in shared/reference/nki.md §5/§6 or the AWS Neuron SDK pages named
+next to it (docs/performance.md has the derivations); the uncertain ones are in `ASSUMED`.
 `instruction_cost` is a plain function over numbers so the tile planner can price plans without a
 trace; `record_cost` adapts an interpreter trace Record to it.
 """
