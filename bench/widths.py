@@ -4,7 +4,8 @@ Per (width, rows, launch) row: the tile plan the planner picks, its SBUF bytes p
 modelled time of the busiest core, and the roofline efficiency (roofline time / modelled time); where a
 plan is more than 1.5x slower than its roofline, the engine the time model says bounds it. Planning
 only (no interpreter runs), so the whole table takes seconds. Summary lines: the worst FFN efficiency
-at R=2048 for K >= 4096 on trn2 (goal: >= 85% of the PE roofline).
+at R=2048 for K >= 4096 on trn2 (goal: >= 85% of the PE roofline), then the median and worst of those
+plans re-planned with the DMA packet figure at 50% and 150% (docs/performance.md, "Cost model II").
 With --check, also runs `fusegen check` (interpreter against the reference) at the wide-but-cheap
 shapes CI runs, each in its own process, and reports its peak resident memory (goal: < 8 GB).
 Run: .venv/bin/python bench/widths.py [--examples a,b] [--launch trn2:2] [--check]
@@ -14,6 +15,7 @@ from __future__ import annotations
 
 import argparse
 import os
+import statistics
 import subprocess
 import sys
 from pathlib import Path
@@ -21,7 +23,8 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
-from fusegen.perf.widths import LAUNCHES, ROWS, WIDTHS, Planned, ffn_examples, plan_at  # noqa: E402
+from fusegen.perf.cost import SENSITIVITY, assume  # noqa: E402
+from fusegen.perf.widths import LAUNCHES, ROWS, WIDTHS, Example, Planned, ffn_examples, plan_at  # noqa: E402
 
 SLOW = 1.5  # beyond this multiple of the roofline, name the engine that bounds the plan
 #: (example, shape) `fusegen check` runs at wide K with few rows and a small I (what CI runs)
@@ -61,6 +64,24 @@ def cell(p: Planned) -> str:
     )
 
 
+def wide_efficiencies(examples: list[Example], launches: list[tuple[str, int]]) -> list[float]:
+    """Planner efficiency of every plan at R=2048, K >= 4096 on trn2."""
+    plans = [plan_at(ex, 2048, k, i, t, lnc) for ex in examples for _, k, i in WIDTHS if k >= 4096
+             for t, lnc in launches if t == "trn2"]  # fmt: skip
+    return [p.roof.efficiency(p.plan.modeled_ns) for p in plans if p.plan]
+
+
+def sensitivity(examples: list[Example], launches: list[tuple[str, int]]) -> None:
+    """Median and worst of those, re-planned with the DMA packet figure varied (the planner's only uncertain
+    figure; throttling and the DGE issue are trace-model effects)."""
+    variants = [("cost model II", {})] + [v for v in SENSITIVITY if "dma_row_bytes" in v[1]]
+    for name, changes in variants:
+        with assume(**changes):
+            effs = wide_efficiencies(examples, launches)
+        if effs:
+            print(f"  {name}: median {100 * statistics.median(effs):.0f}%, worst {100 * min(effs):.0f}%")
+
+
 def main(argv: list[str] | None = None) -> int:
     """Print the table (markdown) and the summary."""
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
@@ -90,6 +111,7 @@ def main(argv: list[str] | None = None) -> int:
                         worst = min(worst, (eff, f"{ex.name} K={k} I={i} LNC={lnc}"))
     if worst[1]:
         print(f"\nworst modelled efficiency at R=2048, K >= 4096 on trn2: {100 * worst[0]:.0f}% ({worst[1]})")
+        sensitivity(examples, launches)
     if args.check:
         check_memory()
     return 0

@@ -11,6 +11,8 @@ from __future__ import annotations
 
 from typing import NamedTuple
 
+from fusegen.perf.dmarule import dma_engine_bytes
+
 P = 128  # partitions
 F_MOV = 512  # matmul moving free size, one fp32 PSUM bank
 MIN_CYCLES = 64  # minimum instruction initiation interval, cycles (nki.md §6 overheads)
@@ -63,6 +65,7 @@ class Machine(NamedTuple):
     dma_gbps: float  # min(DMA bandwidth, the core's share of HBM bandwidth), bytes/ns
     dma_fixed_ns: float  # fixed cost of one DMA transfer
     dma_queues: int  # transfers in flight
+    dma_row_bytes: int  # DMA packet-rate rule: each partition row costs at least this many bytes (dmarule)
     sbuf_budget: int  # usable SBUF bytes per partition
     max_lnc: int  # logical cores one launch may span (trn2 pairs cores; trn1 has no LNC=2)
 
@@ -217,7 +220,10 @@ def cost(m: FfnModel, mach: Machine, rows: int, k: int, i: int, lnc: int, plan: 
         hbm += 2 * own * k * 4
         transfers += tiles * (1 + cdiv(k, F_MOV))
         dve += tiles * k_cycles
-    dma = max(hbm / mach.dma_gbps, transfers * mach.dma_fixed_ns / mach.dma_queues)
+    # the packet-rate rule over the average transfer (a lower bound of the per-transfer sum the trace
+    # model charges: transfers below DMA_ROW_BYTES per partition row cost more than their bytes)
+    engine_bytes = dma_engine_bytes(hbm, transfers * P, mach.dma_queues, mach.dma_row_bytes)
+    dma = max(engine_bytes * mach.dma_queues / mach.dma_gbps, transfers * mach.dma_fixed_ns / mach.dma_queues)
     return Cost(pe / mach.pe_ghz, act / mach.act_ghz, dve / mach.dve_ghz, dma, hbm)
 
 

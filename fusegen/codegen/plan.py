@@ -9,7 +9,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from fusegen.codegen import ffn_budget as fb
-from fusegen.perf.cost import DMA_FIXED_NS, DMA_QUEUES
+from fusegen.perf.cost import ASSUMED, DMA_FIXED_NS, DMA_QUEUES
 from fusegen.perf.roofline import hbm_bytes_per_ns
 from fusegen.sim.targets import Target
 
@@ -86,6 +86,7 @@ def machine(target: Target) -> fb.Machine:
         dma_gbps=min(dma, hbm_bytes_per_ns(target)),  # GB/s == bytes/ns
         dma_fixed_ns=DMA_FIXED_NS,
         dma_queues=DMA_QUEUES,
+        dma_row_bytes=ASSUMED.dma_row_bytes,
         sbuf_budget=target.sbuf_usable_bytes,
         max_lnc=target.max_lnc,
     )

@@ -18,6 +18,16 @@ _TARGET = os.environ.get("FUSEGEN_TARGET", "trn2")
 
 # ---- tile planning (copied from fusegen/codegen/ffn_budget.py) ----
 
+_DMA_ROW_BYTES = 2450
+
+
+def _dma_engine_bytes(nbytes: float, rows: int, engines: int, row_bytes: int = _DMA_ROW_BYTES) -> float:
+    """What one transfer occupies on each of the `engines` DMA engines it spreads over, in bytes at the peak
+    rate: its share of the bytes, but at least `row_bytes` for each of the `rows` partition rows (packets)
+    that engine moves."""
+    return max(nbytes / engines, -(-rows // engines) * row_bytes)
+
+
 _P = 128  # partitions
 _F_MOV = 512  # matmul moving free size, one fp32 PSUM bank
 _MIN_CYCLES = 64  # minimum instruction initiation interval, cycles (nki.md §6 overheads)
@@ -70,6 +80,7 @@ class _Machine(NamedTuple):
     dma_gbps: float  # min(DMA bandwidth, the core's share of HBM bandwidth), bytes/ns
     dma_fixed_ns: float  # fixed cost of one DMA transfer
     dma_queues: int  # transfers in flight
+    dma_row_bytes: int  # DMA packet-rate rule: each partition row costs at least this many bytes (dmarule)
     sbuf_budget: int  # usable SBUF bytes per partition
     max_lnc: int  # logical cores one launch may span (trn2 pairs cores; trn1 has no LNC=2)
 
@@ -224,7 +235,10 @@ def _cost(m: _FfnModel, mach: _Machine, rows: int, k: int, i: int, lnc: int, pla
         hbm += 2 * own * k * 4
         transfers += tiles * (1 + _cdiv(k, _F_MOV))
         dve += tiles * k_cycles
-    dma = max(hbm / mach.dma_gbps, transfers * mach.dma_fixed_ns / mach.dma_queues)
+    # the packet-rate rule over the average transfer (a lower bound of the per-transfer sum the trace
+    # model charges: transfers below DMA_ROW_BYTES per partition row cost more than their bytes)
+    engine_bytes = _dma_engine_bytes(hbm, transfers * _P, mach.dma_queues, mach.dma_row_bytes)
+    dma = max(engine_bytes * mach.dma_queues / mach.dma_gbps, transfers * mach.dma_fixed_ns / mach.dma_queues)
     return _Cost(pe / mach.pe_ghz, act / mach.act_ghz, dve / mach.dve_ghz, dma, hbm)
 
 
@@ -294,8 +308,8 @@ def _choose(m: _FfnModel, mach: _Machine, rows: int, k: int, i: int, lnc: int) -
 _MODEL = _FfnModel(n_up=2, x_bytes=2, mid_tiles=2, col_vectors=2, out_bytes=6, mid_act=1, mid_dve=2, acc_init=0, fold_bias=1, epi=_Stage(block_bytes=8, cols=4, sweeps=2, act=1, dve=4, col_ops=1, read_bytes=4, bcast=1, loads=4), pro=_Stage(block_bytes=0, cols=0, sweeps=0, act=0, dve=0, col_ops=0, read_bytes=0, bcast=0, loads=0))
 #: the figures the planner's time model needs, per target (from fusegen/sim/targets.py).
 _MACHINES = {
-    "trn1": _Machine(pe_ghz=2.8, act_ghz=1.4, dve_ghz=1.12, dma_gbps=272.0, dma_fixed_ns=1300.0, dma_queues=16, sbuf_budget=180224, max_lnc=1),
-    "trn2": _Machine(pe_ghz=2.4, act_ghz=1.2, dve_ghz=0.96, dma_gbps=362.5, dma_fixed_ns=1300.0, dma_queues=16, sbuf_budget=212984, max_lnc=2),
+    "trn1": _Machine(pe_ghz=2.8, act_ghz=1.4, dve_ghz=1.12, dma_gbps=272.0, dma_fixed_ns=1300.0, dma_queues=16, dma_row_bytes=2450, sbuf_budget=180224, max_lnc=1),
+    "trn2": _Machine(pe_ghz=2.4, act_ghz=1.2, dve_ghz=0.96, dma_gbps=362.5, dma_fixed_ns=1300.0, dma_queues=16, dma_row_bytes=2450, sbuf_budget=212984, max_lnc=2),
 }
 
 

@@ -39,9 +39,13 @@ def test_every_ffn_example_plans_at_every_width(model: str, k: int, i: int) -> N
 #: R=2048. Not yet: K=16384 (the accumulator and x^T leave room for 128-row super-blocks only, so the
 #: weights stream too often: DMA-bound, ~59%), single-projection MLPs at K >= 7168 and small I (the
 #: Vector engine's PSUM evictions at CI=128 bound them, ~75-80%); bench/widths.py reports those.
+#: Since cost model II (issue 15) none of these widths meets it: the weights stream as [128, CI] K-tiles,
+#: CI * 2 = 256-512 B per partition row, which the documented DMA packet rate holds to 10-21% of the DMA
+#: peak (docs/performance.md, "Cost model II"); strict, so the test fails once a kernel change meets it.
 DENSE = [w for w in WIDTHS if 4096 <= w[1] <= 8192 and w[2] >= 14336]
 
 
+@pytest.mark.xfail(strict=True, raises=AssertionError, reason="DMA packet-bound weight K-tiles (issue 15)")
 @pytest.mark.parametrize(("model", "k", "i"), DENSE, ids=[w[0] for w in DENSE])
 def test_gated_ffns_stay_near_the_pe_roofline_at_2048_rows(model: str, k: int, i: int) -> None:
     for ex in EXAMPLES:
