@@ -120,7 +120,8 @@ def jit_kernels(source: str) -> list[str]:
         if isinstance(node, ast.FunctionDef):
             for dec in node.decorator_list:
                 dec = dec.func if isinstance(dec, ast.Call) else dec
-                if isinstance(dec, ast.Attribute) and dec.attr == "jit" and getattr(dec.value, "id", "") == "nki":
+                where = getattr(dec, "value", None)
+                if isinstance(dec, ast.Attribute) and dec.attr == "jit" and getattr(where, "id", "") == "nki":
                     names.append(node.name)
     return names
 
@@ -193,8 +194,8 @@ def trace(fn: Callable[..., Any], args: tuple[Any, ...], target: str, lnc: int, 
     cpu_backend: compile without a device (AWS documents it with `--target` in compiler_args)."""
     torch_neuronx = importlib.import_module("torch_neuronx")
     with platform_target(target):
-        return torch_neuronx.trace(fn, args, compiler_workdir=workdir, compiler_args=compiler_args(target, lnc),
-                                   cpu_backend=cpu_backend)  # fmt: skip
+        options = {"compiler_workdir": workdir, "compiler_args": compiler_args(target, lnc)}
+        return torch_neuronx.trace(fn, args, **options, cpu_backend=cpu_backend)
 
 
 def compile_error(fn: Callable[..., Any], args: tuple[Any, ...], target: str, lnc: int) -> str | None:

@@ -16,7 +16,7 @@ def pytest_addoption(parser: Any) -> None:
     """Add `--fusegen-mode` (default: FUSEGEN_MODE, else sim)."""
     parser.getgroup("fusegen").addoption(
         "--fusegen-mode", choices=modes.MODES, default=None,
-        help=f"run generated kernels in this mode: {', '.join(modes.MODES)} (default: ${modes.ENV}, else sim)",
+        help=f"where generated kernels run: {', '.join(modes.MODES)} (default: ${modes.ENV}, else sim)",
     )  # fmt: skip
 
 
