@@ -58,7 +58,7 @@ def add_device(tmp_path: Path) -> None:
 
 @contextlib.contextmanager
 def aws_nki(launches: list[tuple[Any, str | None]]) -> Iterator[types.ModuleType]:
-    """The interpreter posing as AWS's nki; its simulate records (launcher, NEURON_PLATFORM_TARGET_OVERRIDE)."""
+    """The interpreter posing as AWS's nki; its simulate records the launcher and the platform target."""
     with sim.installed(force=True) as nki:
         nki.__fusegen_sim__ = False  # type: ignore[attr-defined]
 
@@ -86,7 +86,8 @@ def recording_trace(monkeypatch: pytest.MonkeyPatch, calls: list[dict[str, Any]]
 
 def layernorm_inputs(t: int, h: int) -> list[torch.Tensor]:
     """Seeded x (bf16), w and b (f32) of the layernorm example."""
-    return make_inputs((("x", "bf16", ""), ("w", "f32", ""), ("b", "f32", "")), {"x": (t, h), "w": (h,), "b": (h,)})
+    shapes = {"x": (t, h), "w": (h,), "b": (h,)}
+    return make_inputs((("x", "bf16", ""), ("w", "f32", ""), ("b", "f32", "")), shapes)
 
 
 def layernorm(x: torch.Tensor, w: torch.Tensor, b: torch.Tensor) -> torch.Tensor:
@@ -175,9 +176,11 @@ def test_device_mode_traces_with_the_target_and_lnc_and_compares(
     with aws_nki([]):
         assert main(["check", SPEC, "--shape", "T=3", "H=128", "--mode", "device"]) == 0
     out = capsys.readouterr().out
-    assert "y (bfloat16): max|out - ref|" in out and out.splitlines()[-1].startswith("check (device): 1 spec(s)")
-    assert calls == [{"compiler_workdir": None, "compiler_args": ["--target", "trn2", "--logical-nc-config", "2"],
-                      "cpu_backend": False, "target_env": "trn2"}]  # fmt: skip
+    assert "y (bfloat16): max|out - ref|" in out
+    assert out.splitlines()[-1] == "check (device): 1 spec(s), 1 run(s), all ok"
+    args = ["--target", "trn2", "--logical-nc-config", "2"]
+    assert calls == [{"compiler_workdir": None, "compiler_args": args, "cpu_backend": False,
+                      "target_env": "trn2"}]  # fmt: skip
 
 
 def test_compile_mode_collects_the_compiler_error_per_kernel(

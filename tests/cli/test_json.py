@@ -156,7 +156,8 @@ def test_check_json(capsys: pytest.CaptureFixture[str]) -> None:
 
 def test_explain_json(capsys: pytest.CaptureFixture[str], tmp_path: Path) -> None:
     calibration = str(tmp_path / "none.jsonl")
-    assert main(["explain", "--format", "json", LAYERNORM, "--shape", *SMALL, "--calibration", calibration]) == 0
+    argv = ["explain", "--format", "json", LAYERNORM, "--shape", *SMALL, "--calibration", calibration]
+    assert main(argv) == 0
     doc = _json(capsys, "explain")
     conforms(doc, EXPLAIN)
     assert (doc["kernel"], doc["family"], doc["dims"]) == ("layernorm", "rowreduce", {"H": 128, "T": 3})
