@@ -67,7 +67,8 @@ def _call(prefix: str, fn: str, args: tuple[torch.Tensor, ...], /, **kwargs: obj
     if backend == "reference":
         out = getattr(_module(f"{prefix}reference.py"), f"{fn}_reference")(*args, **kwargs)
     else:
-        out = getattr(_module(f"{prefix}kernel.py", None if backend == "device" else backend), fn)(*args, **kwargs)
+        mode = None if backend == "device" else backend  # on a device: the installed nki, as kernel.py says
+        out = getattr(_module(f"{prefix}kernel.py", mode), fn)(*args, **kwargs)
     return tuple(out) if isinstance(out, (tuple, list)) else (out,)
 
 
