@@ -55,9 +55,10 @@ def cell(p: Planned) -> str:
     bound = dict(p.plan.summary)["modelled time (busiest core)"].split("bound by ")[-1]
     note = f"{bound}-bound" if p.plan.modeled_ns > SLOW * p.roof.time_ns else ""
     split = " I-split" if tiles["split_i"] else ""
+    blocks = f" KC={tiles['KC']}" if tiles["KC"] else ""
     return (
-        f"| S={tiles['S']} CI={tiles['CI']}{split} | {p.plan.sbuf_bytes:,} | {p.plan.modeled_ns / 1000:,.1f} "
-        f"| {100 * eff:.0f}% ({p.roof.bound}) | {note} |"
+        f"| S={tiles['S']} CI={tiles['CI']}{split}{blocks} | {p.plan.sbuf_bytes:,} "
+        f"| {p.plan.modeled_ns / 1000:,.1f} | {100 * eff:.0f}% ({p.roof.bound}) | {note} |"
     )
 
 

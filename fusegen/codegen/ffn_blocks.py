@@ -99,26 +99,58 @@ def _levels(e: Expr, depth: dict[int, int], order: list[Expr]) -> int:
 
 
 def _spine(roots: list[Expr], accumulator: str, depth: dict[int, int]) -> Expr | None:
-    """The accumulator leaf's only user, if it is a full-width value needing no statistics: computed in
-    place into the accumulator's block by the first pass."""
-    users: dict[int, Expr] = {}
-    seen: set[int] = set()
+    """The top of the accumulator leaf's spine, computed in place into the accumulator's block by the
+    first pass."""
+    leaf = _find_leaf(roots, accumulator)
+    chain = spine(roots, leaf, depth, columns=True) if leaf is not None else []
+    return chain[-1] if chain else None
+
+
+def _find_leaf(roots: list[Expr], code: str) -> Expr | None:
+    """The leaf expression whose operand code is `code`, if the roots read it."""
+    for e in _walk(roots):
+        if e.op == "leaf" and e.leaf is not None and e.leaf.code == code:
+            return e
+    return None
+
+
+def _walk(roots: list[Expr]) -> list[Expr]:
+    """Every expression under `roots`, each once."""
+    seen: dict[int, Expr] = {}
     todo = list(roots)
     while todo:
         e = todo.pop()
-        if id(e) in seen:
-            continue
-        seen.add(id(e))
-        for a in e.args:
-            if a.op == "leaf" and a.leaf is not None and a.leaf.code == accumulator:
-                users[id(e)] = e
-                if a.users != 1:
-                    return None
-        todo.extend(e.args)
-    if len(users) != 1:
-        return None
-    spine = next(iter(users.values()))
-    return spine if spine.kind == "tile" and depth[id(spine)] == 0 and spine.op != "cast" else None
+        if id(e) not in seen:
+            seen[id(e)] = e
+            todo.extend(e.args)
+    return list(seen.values())
+
+
+def spine(
+    roots: list[Expr], leaf: Expr, depth: dict[int, int] | None = None, columns: bool = False
+) -> list[Expr]:
+    """The full-width values computable from `leaf` before any row statistic, bottom up: a chain in which
+    every value below the top has one user and is no output (so overwriting it loses nothing); empty if
+    the leaf's user does not qualify. `columns`: [P, 1] operands may join the chain."""
+    if depth is None:
+        depth = {}
+        for root in roots:
+            _levels(root, depth, [])
+    parents: dict[int, list[Expr]] = {}
+    for e in _walk(roots):
+        for a in dict.fromkeys(e.args):
+            parents.setdefault(id(a), []).append(e)
+    outputs = {id(r) for r in roots}
+    chain, node = [], leaf
+    while node.users == 1 and id(node) not in outputs and len(parents.get(id(node), [])) == 1:
+        up = parents[id(node)][0]
+        if up.kind != "tile" or depth[id(up)] != 0 or up.op == "cast":
+            break
+        if not columns and any(a.kind == "vec" for a in up.args):
+            break
+        chain.append(up)
+        node = up
+    return chain
 
 
 def _in_place(sel: Selector, spine: Expr, accumulator: str, mark: int) -> None:

@@ -131,7 +131,7 @@ class Selector:
         if key not in self._memo:
             held = self._memo.get((id(e), "f32"))
             if held is not None and held.kind == "tile":  # already computed: round it, don't recompute
-                self._memo[key] = self._convert(held, dtype)
+                self._memo[key] = self.convert(held, dtype)
             else:
                 self._memo[key] = self._materialise(e, dtype)
         return self._memo[key]
@@ -215,7 +215,7 @@ class Selector:
         self._emit("tensor_copy", (src,), dst=dst.code, src=src.code)
         return dst
 
-    def _convert(self, src: Operand, dtype: str) -> Operand:
+    def convert(self, src: Operand, dtype: str) -> Operand:
         """`src` in another dtype by an identity activation: one pass on the Scalar engine, which these
         kernels leave idler than the Vector engine (recomputing a tensor_tensor would take two there)."""
         dst = self._alloc(src.kind, dtype)
