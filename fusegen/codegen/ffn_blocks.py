@@ -108,13 +108,13 @@ def _spine(roots: list[Expr], accumulator: str, depth: dict[int, int]) -> Expr |
 
 def _find_leaf(roots: list[Expr], code: str) -> Expr | None:
     """The leaf expression whose operand code is `code`, if the roots read it."""
-    for e in _walk(roots):
+    for e in walk(roots):
         if e.op == "leaf" and e.leaf is not None and e.leaf.code == code:
             return e
     return None
 
 
-def _walk(roots: list[Expr]) -> list[Expr]:
+def walk(roots: list[Expr]) -> list[Expr]:
     """Every expression under `roots`, each once."""
     seen: dict[int, Expr] = {}
     todo = list(roots)
@@ -137,7 +137,7 @@ def spine(
         for root in roots:
             _levels(root, depth, [])
     parents: dict[int, list[Expr]] = {}
-    for e in _walk(roots):
+    for e in walk(roots):
         for a in dict.fromkeys(e.args):
             parents.setdefault(id(a), []).append(e)
     outputs = {id(r) for r in roots}

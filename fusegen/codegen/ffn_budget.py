@@ -248,11 +248,13 @@ def _column_blocks(
 ) -> tuple[float, float, float, int, int]:
     """(PE, ACT, DVE cycles, DMA bytes, transfers) of the column-blocked down-projection of one super-block:
     per KC block, every I-tile's weight tile and h^T tile read and its matmuls accumulated in PSUM, then
-    each [P, F_MOV] piece evicted once (the `evict` stage) and written to the fp32 scratch."""
+    each [P, F_MOV] piece evicted once (the `evict` stage) and written to the fp32 scratch, if an epilogue
+    with row statistics follows (else the eviction wrote the outputs)."""
     n_it, n_rs = cdiv(inter, P), cdiv(s_rows, P)
     act, dve, moved, transfers = _stage_cost(m.evict, n_rs, k, shared=n_rs)
     blocks = cdiv(k, kc)
-    hbm = inter * k * m.x_bytes + blocks * inter * s_rows * m.x_bytes + moved + s_rows * k * 4
+    scratch = s_rows * k * 4 if m.epi_cols.sweeps else 0
+    hbm = inter * k * m.x_bytes + blocks * inter * s_rows * m.x_bytes + moved + scratch
     return float(n_it * n_rs * _cycles(k)), act, dve, hbm, transfers + blocks * 2 * n_it
 
 

@@ -2,14 +2,15 @@
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass
 
 from fusegen.codegen.family import kernel_arg
-from fusegen.codegen.ffn_blocks import BlockedStage, BlockLoad, emit_blocked, spine
+from fusegen.codegen.ffn_blocks import BlockedStage, BlockLoad, block_reduction, emit_blocked, spine, walk
 from fusegen.codegen.ffn_budget import F_MOV, NO_STAGE, FfnModel, P
 from fusegen.codegen.ffn_match import FfnMatch, weight_columns
 from fusegen.codegen.select import NL_DTYPE, Layout, Selector
-from fusegen.codegen.stage import Operand, StageBuilder, dim_source
+from fusegen.codegen.stage import Expr, Operand, StageBuilder, dim_source
 from fusegen.dsl.ir import DTYPE_BYTES, Dim, KernelIR, Node
 
 
@@ -51,8 +52,8 @@ class FfnLowering:
     outputs: tuple[OutputWrite, ...]
     model: FfnModel
     prologue: BlockedStage | None = None
-    epilogue_cols: BlockedStage | None = None  # the epilogue of column-blocked plans (KC > 0)
-    evict: BlockedStage | None = None  # their PSUM eviction of each down-projection piece to `acc_hbm`
+    epilogue_cols: BlockedStage | None = None  # column-blocked plans' epilogue (None: the eviction's)
+    evict: BlockedStage | None = None  # their PSUM eviction of each down-projection piece
 
 
 def lower_ffn(ir: KernelIR, m: FfnMatch) -> FfnLowering:
@@ -63,7 +64,7 @@ def lower_ffn(ir: KernelIR, m: FfnMatch) -> FfnLowering:
     acc_init, first_chunk, acc_node = _accumulator(ir, m, epi_inputs)
     epilogue, outputs = _lower_epilogue(ir, m, epi_inputs, acc_node, acc_init)
     evict, saved = _lower_eviction(ir, m, epi_inputs)
-    epilogue_cols, _ = _lower_epilogue(ir, m, epi_inputs, saved, None, from_hbm=True)
+    epilogue_cols = None if saved is None else _lower_epilogue(ir, m, epi_inputs, saved, None, True)[0]
     prologue = _lower_prologue(ir, m)
     model = FfnModel(
         n_up=len(m.ups),
@@ -77,7 +78,7 @@ def lower_ffn(ir: KernelIR, m: FfnMatch) -> FfnLowering:
         fold_bias=int(len(first_chunk) > 1),
         epi=epilogue.model,
         pro=prologue.model if prologue else NO_STAGE,
-        epi_cols=epilogue_cols.model,
+        epi_cols=epilogue_cols.model if epilogue_cols else NO_STAGE,
         evict=evict.model,
     )
     down_weight = ir.node(m.down.args[1])
@@ -254,14 +255,19 @@ def _accumulator(
 
 def _lower_eviction(
     ir: KernelIR, m: FfnMatch, inputs: dict[str, tuple[str, ...]]
-) -> tuple[BlockedStage, int]:
+) -> tuple[BlockedStage, int | None]:
     """Column-blocked plans: each [P, F_MOV] piece of the down-projection leaves PSUM once, so the
     elementwise spine above it (e.g. `+ b2 + a`, LayerScale's `a + ls * y`) is computed on the way out
-    and that value written to `acc_hbm`; returns the eviction and the IR node `acc_hbm` then holds."""
+    and that value written to `acc_hbm`; returns the eviction and the IR node `acc_hbm` then holds.
+    An epilogue without row statistics or [R, 1] inputs runs whole in the eviction, which writes the
+    outputs (node None: no scratch, no epilogue after it)."""
     leaves, loads = _row_leaves(ir, m.epi_nodes, inputs, skip=None)
     leaves[m.down.id] = Operand("tile", "acc_ps[rs * n_kp + kp][0:pr, 0:nb]", memory="psum")
     builder = _row_builder(ir, m, leaves)
     exprs = [builder.expr(out.node) for out in ir.outputs]
+    if not inputs["vec"] and not any(block_reduction(e) for e in walk(exprs)):
+        finish = _output_writes(ir, exprs, [])
+        return emit_blocked(_block_selector("v"), exprs, loads, finish, writes=len(ir.outputs)), None
     node_of = {id(e): nid for nid, e in builder.exprs.items()}
     chain = [e for e in spine(exprs, builder.exprs[m.down.id]) if id(e) in node_of]  # IR values only
     top = chain[-1] if chain else builder.exprs[m.down.id]
@@ -296,15 +302,26 @@ def _lower_epilogue(
     builder = _row_builder(ir, m, leaves)
     exprs = [builder.expr(out.node) for out in ir.outputs]  # all first: users counts must be complete
     writes: list[OutputWrite] = []
+    finish = _output_writes(ir, exprs, writes)
+    sel = _block_selector("u" if from_hbm else "e")  # names distinct from the other epilogue's
+    stage = emit_blocked(sel, exprs, loads, finish, writes=len(ir.outputs), accumulator=acc)
+    return stage, tuple(writes)
+
+
+def _output_writes(
+    ir: KernelIR, exprs: list[Expr], writes: list[OutputWrite]
+) -> Callable[[Selector], list[str]]:
+    """The last pass's finish: each output's value in its dtype (collected in `writes`), DMA'd out."""
 
     def finish(sel: Selector) -> list[str]:
         for out, expr in zip(ir.outputs, exprs, strict=True):
             # an output nothing else reads is written in its own dtype by the instruction computing it
             value = sel.value(expr, out.dtype if expr.users == 0 else "f32")
-            if value.dtype != out.dtype:
+            if value.memory == "psum":  # the bare down-projection: out of PSUM on the Scalar engine
+                value = sel.convert(value, out.dtype)
+            elif value.dtype != out.dtype:
                 value = sel.copy(value, "tile", out.dtype)
             writes.append(OutputWrite(kernel_arg(out.name), NL_DTYPE[out.dtype], value.code))
         return [f"nisa.dma_copy(dst={w.name}[r0:r0 + pr, k0:k0 + nb], src={w.source})" for w in writes]
 
-    stage = emit_blocked(_block_selector("e"), exprs, loads, finish, writes=len(ir.outputs), accumulator=acc)
-    return stage, tuple(writes)
+    return finish

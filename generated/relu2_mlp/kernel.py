@@ -255,11 +255,13 @@ def _column_blocks(
 ) -> tuple[float, float, float, int, int]:
     """(PE, ACT, DVE cycles, DMA bytes, transfers) of the column-blocked down-projection of one super-block:
     per KC block, every I-tile's weight tile and h^T tile read and its matmuls accumulated in PSUM, then
-    each [P, F_MOV] piece evicted once (the `evict` stage) and written to the fp32 scratch."""
+    each [P, F_MOV] piece evicted once (the `evict` stage) and written to the fp32 scratch, if an epilogue
+    with row statistics follows (else the eviction wrote the outputs)."""
     n_it, n_rs = _cdiv(inter, _P), _cdiv(s_rows, _P)
     act, dve, moved, transfers = _stage_cost(m.evict, n_rs, k, shared=n_rs)
     blocks = _cdiv(k, kc)
-    hbm = inter * k * m.x_bytes + blocks * inter * s_rows * m.x_bytes + moved + s_rows * k * 4
+    scratch = s_rows * k * 4 if m.epi_cols.sweeps else 0
+    hbm = inter * k * m.x_bytes + blocks * inter * s_rows * m.x_bytes + moved + scratch
     return float(n_it * n_rs * _cycles(k)), act, dve, hbm, transfers + blocks * 2 * n_it
 
 
@@ -357,7 +359,7 @@ def _choose(m: _FfnModel, mach: _Machine, rows: int, k: int, i: int, lnc: int) -
         )
     return min(plans, key=lambda p: _rank_key(m, mach, rows, k, i, lnc, p))
 
-_MODEL = _FfnModel(n_up=1, x_bytes=2, mid_tiles=2, col_vectors=0, out_bytes=2, mid_act=2, mid_dve=0, acc_init=0, fold_bias=0, epi=_Stage(block_bytes=2, cols=0, sweeps=1, act=0, dve=1, col_ops=0, read_bytes=0, bcast=0, loads=1), pro=_Stage(block_bytes=0, cols=0, sweeps=0, act=0, dve=0, col_ops=0, read_bytes=0, bcast=0, loads=0), epi_cols=_Stage(block_bytes=6, cols=0, sweeps=1, act=0, dve=1, col_ops=0, read_bytes=4, bcast=0, loads=2), evict=_Stage(block_bytes=4, cols=0, sweeps=1, act=1, dve=0, col_ops=0, read_bytes=0, bcast=0, loads=1))
+_MODEL = _FfnModel(n_up=1, x_bytes=2, mid_tiles=2, col_vectors=0, out_bytes=2, mid_act=2, mid_dve=0, acc_init=0, fold_bias=0, epi=_Stage(block_bytes=2, cols=0, sweeps=1, act=0, dve=1, col_ops=0, read_bytes=0, bcast=0, loads=1), pro=_Stage(block_bytes=0, cols=0, sweeps=0, act=0, dve=0, col_ops=0, read_bytes=0, bcast=0, loads=0), epi_cols=_Stage(block_bytes=0, cols=0, sweeps=0, act=0, dve=0, col_ops=0, read_bytes=0, bcast=0, loads=0), evict=_Stage(block_bytes=2, cols=0, sweeps=1, act=0, dve=1, col_ops=0, read_bytes=0, bcast=0, loads=1))
 #: the figures the planner's time model needs, per target (from fusegen/sim/targets.py).
 _MACHINES = {
     "trn1": _Machine(pe_ghz=2.8, act_ghz=1.4, dve_ghz=1.12, dma_gbps=272.0, dma_fixed_ns=1300.0, dma_queues=16, sbuf_budget=180224, max_lnc=1),
@@ -400,7 +402,6 @@ def relu2_mlp_kernel(x_hbm, w1t_hbm, w2t_hbm, S, CI, SPLIT, KC):
         r_begin, r_end = own_begin, own_end
     if KC:  # each core writes and reads back only the rows it owns
         h_hbm = nl.ndarray((I, R), dtype=nl.bfloat16, buffer=nl.shared_hbm)
-        acc_hbm = nl.ndarray((R, K), dtype=nl.float32, buffer=nl.shared_hbm)
     for r_sb in range(r_begin, r_end, S):
         s_rows = min(S, r_end - r_sb)
         n_rs = _cdiv(s_rows, _P)
@@ -503,14 +504,13 @@ def relu2_mlp_kernel(x_hbm, w1t_hbm, w2t_hbm, S, CI, SPLIT, KC):
                         nk = min(_F_MOV, kw - kp * _F_MOV)
                         nisa.nc_matmul(dst=acc_ps[rs * n_kp + kp][0:pr, 0:nk], stationary=h_t[0:ph, rs * _P:rs * _P + pr],
                                        moving=wd_t[0:ph, kp * _F_MOV:kp * _F_MOV + nk], accumulate=(it > 0))
-            for kp in range(n_kp):  # each piece leaves PSUM once, through the epilogue's spine, to the fp32 scratch
+            for kp in range(n_kp):  # each piece leaves PSUM once, through the epilogue's elementwise part
                 k0, nb = kc0 + kp * _F_MOV, min(_F_MOV, kw - kp * _F_MOV)
-                pr = _P  # [K] rows broadcast once per piece, for every row tile
                 for rs in range(n_rs):
                     r0, pr = r_sb + rs * _P, min(_P, s_rows - rs * _P)
-                    v0 = nl.ndarray((_P, kb), dtype=nl.float32, buffer=nl.sbuf)
-                    nisa.activation(dst=v0[0:pr, 0:nb], op=nl.copy, data=acc_ps[rs * n_kp + kp][0:pr, 0:nb])
-                    nisa.dma_copy(dst=acc_hbm[r0:r0 + pr, k0:k0 + nb], src=v0[0:pr, 0:nb])
+                    v0 = nl.ndarray((_P, kb), dtype=nl.bfloat16, buffer=nl.sbuf)
+                    nisa.tensor_copy(dst=v0[0:pr, 0:nb], src=acc_ps[rs * n_kp + kp][0:pr, 0:nb])
+                    nisa.dma_copy(dst=out_hbm[r0:r0 + pr, k0:k0 + nb], src=v0[0:pr, 0:nb])
         if SPLIT:  # the other core's rows go out; after the barrier, this core's come in
             for rs in range(n_rs):
                 r0, pr = r_sb + rs * _P, min(_P, s_rows - rs * _P)
@@ -531,20 +531,13 @@ def relu2_mlp_kernel(x_hbm, w1t_hbm, w2t_hbm, S, CI, SPLIT, KC):
                 continue
             r0 = r_sb + rs * _P
             pr = min(_P, s_rows - rs * _P)
-            if KC:
-                for k0 in range(0, K, _F_MOV):
-                    nb = min(_F_MOV, K - k0)
-                    acc_blk = nl.ndarray((_P, kb), dtype=nl.float32, buffer=nl.sbuf)
-                    nisa.dma_copy(dst=acc_blk[0:pr, 0:nb], src=acc_hbm[r0:r0 + pr, k0:k0 + nb])
-                    e0 = nl.ndarray((_P, kb), dtype=nl.bfloat16, buffer=nl.sbuf)
-                    nisa.tensor_copy(dst=e0[0:pr, 0:nb], src=acc_blk[0:pr, 0:nb])
-                    nisa.dma_copy(dst=out_hbm[r0:r0 + pr, k0:k0 + nb], src=e0[0:pr, 0:nb])
-            else:
-                for k0 in range(0, K, _F_MOV):
-                    nb = min(_F_MOV, K - k0)
-                    e0 = nl.ndarray((_P, kb), dtype=nl.bfloat16, buffer=nl.sbuf)
-                    nisa.tensor_copy(dst=e0[0:pr, 0:nb], src=acc[rs][0:pr, k0:k0 + nb])
-                    nisa.dma_copy(dst=out_hbm[r0:r0 + pr, k0:k0 + nb], src=e0[0:pr, 0:nb])
+            if KC:  # the eviction wrote the outputs
+                continue
+            for k0 in range(0, K, _F_MOV):
+                nb = min(_F_MOV, K - k0)
+                e0 = nl.ndarray((_P, kb), dtype=nl.bfloat16, buffer=nl.sbuf)
+                nisa.tensor_copy(dst=e0[0:pr, 0:nb], src=acc[rs][0:pr, k0:k0 + nb])
+                nisa.dma_copy(dst=out_hbm[r0:r0 + pr, k0:k0 + nb], src=e0[0:pr, 0:nb])
 
     return out_hbm
 

@@ -255,11 +255,13 @@ def _column_blocks(
 ) -> tuple[float, float, float, int, int]:
     """(PE, ACT, DVE cycles, DMA bytes, transfers) of the column-blocked down-projection of one super-block:
     per KC block, every I-tile's weight tile and h^T tile read and its matmuls accumulated in PSUM, then
-    each [P, F_MOV] piece evicted once (the `evict` stage) and written to the fp32 scratch."""
+    each [P, F_MOV] piece evicted once (the `evict` stage) and written to the fp32 scratch, if an epilogue
+    with row statistics follows (else the eviction wrote the outputs)."""
     n_it, n_rs = _cdiv(inter, _P), _cdiv(s_rows, _P)
     act, dve, moved, transfers = _stage_cost(m.evict, n_rs, k, shared=n_rs)
     blocks = _cdiv(k, kc)
-    hbm = inter * k * m.x_bytes + blocks * inter * s_rows * m.x_bytes + moved + s_rows * k * 4
+    scratch = s_rows * k * 4 if m.epi_cols.sweeps else 0
+    hbm = inter * k * m.x_bytes + blocks * inter * s_rows * m.x_bytes + moved + scratch
     return float(n_it * n_rs * _cycles(k)), act, dve, hbm, transfers + blocks * 2 * n_it
 
 
@@ -525,7 +527,7 @@ def swiglu_ffn_ln_kernel(x_hbm, w1t_hbm, b1_hbm, wgt_hbm, bg_hbm, w2t_hbm, b2_hb
                         nk = min(_F_MOV, kw - kp * _F_MOV)
                         nisa.nc_matmul(dst=acc_ps[rs * n_kp + kp][0:pr, 0:nk], stationary=h_t[0:ph, rs * _P:rs * _P + pr],
                                        moving=wd_t[0:ph, kp * _F_MOV:kp * _F_MOV + nk], accumulate=(it > 0))
-            for kp in range(n_kp):  # each piece leaves PSUM once, through the epilogue's spine, to the fp32 scratch
+            for kp in range(n_kp):  # each piece leaves PSUM once, through the epilogue's elementwise part
                 k0, nb = kc0 + kp * _F_MOV, min(_F_MOV, kw - kp * _F_MOV)
                 pr = _P  # [K] rows broadcast once per piece, for every row tile
                 b2_hbm_row = nl.ndarray((_P, kb), dtype=nl.float32, buffer=nl.sbuf)
@@ -560,40 +562,40 @@ def swiglu_ffn_ln_kernel(x_hbm, w1t_hbm, b1_hbm, wgt_hbm, bg_hbm, w2t_hbm, b2_hb
             r0 = r_sb + rs * _P
             pr = min(_P, s_rows - rs * _P)
             if KC:
-                es1_0 = nl.ndarray((_P, 1), dtype=nl.float32, buffer=nl.sbuf)
-                nisa.memset(dst=es1_0[0:pr, 0:1], value=0.0)
+                us1_0 = nl.ndarray((_P, 1), dtype=nl.float32, buffer=nl.sbuf)
+                nisa.memset(dst=us1_0[0:pr, 0:1], value=0.0)
                 for k0 in range(0, K, _F_MOV):
                     nb = min(_F_MOV, K - k0)
                     acc_blk = nl.ndarray((_P, kb), dtype=nl.float32, buffer=nl.sbuf)
                     nisa.dma_copy(dst=acc_blk[0:pr, 0:nb], src=acc_hbm[r0:r0 + pr, k0:k0 + nb])
-                    e0 = nl.ndarray((_P, kb), dtype=nl.float32, buffer=nl.sbuf)
-                    e1 = nl.ndarray((_P, 1), dtype=nl.float32, buffer=nl.sbuf)
-                    nisa.activation_reduce(dst=e0[0:pr, 0:nb], op=nl.copy, data=acc_blk[0:pr, 0:nb], reduce_op=nl.add, reduce_res=e1[0:pr, 0:1])
-                    nisa.tensor_tensor(dst=es1_0[0:pr, 0:1], data1=es1_0[0:pr, 0:1], data2=e1[0:pr, 0:1], op=nl.add)
-                e2 = nl.ndarray((_P, 1), dtype=nl.float32, buffer=nl.sbuf)
-                nisa.tensor_scalar(dst=e2[0:pr, 0:1], data=es1_0[0:pr, 0:1], op0=nl.multiply, operand0=(-(1.0 / float(d_K))))
-                es2_0 = nl.ndarray((_P, 1), dtype=nl.float32, buffer=nl.sbuf)
-                nisa.memset(dst=es2_0[0:pr, 0:1], value=0.0)
+                    u0 = nl.ndarray((_P, kb), dtype=nl.float32, buffer=nl.sbuf)
+                    u1 = nl.ndarray((_P, 1), dtype=nl.float32, buffer=nl.sbuf)
+                    nisa.activation_reduce(dst=u0[0:pr, 0:nb], op=nl.copy, data=acc_blk[0:pr, 0:nb], reduce_op=nl.add, reduce_res=u1[0:pr, 0:1])
+                    nisa.tensor_tensor(dst=us1_0[0:pr, 0:1], data1=us1_0[0:pr, 0:1], data2=u1[0:pr, 0:1], op=nl.add)
+                u2 = nl.ndarray((_P, 1), dtype=nl.float32, buffer=nl.sbuf)
+                nisa.tensor_scalar(dst=u2[0:pr, 0:1], data=us1_0[0:pr, 0:1], op0=nl.multiply, operand0=(-(1.0 / float(d_K))))
+                us2_0 = nl.ndarray((_P, 1), dtype=nl.float32, buffer=nl.sbuf)
+                nisa.memset(dst=us2_0[0:pr, 0:1], value=0.0)
                 for k0 in range(0, K, _F_MOV):
                     nb = min(_F_MOV, K - k0)
                     acc_blk = nl.ndarray((_P, kb), dtype=nl.float32, buffer=nl.sbuf)
                     nisa.dma_copy(dst=acc_blk[0:pr, 0:nb], src=acc_hbm[r0:r0 + pr, k0:k0 + nb])
-                    e3 = nl.ndarray((_P, kb), dtype=nl.float32, buffer=nl.sbuf)
-                    e4 = nl.ndarray((_P, 1), dtype=nl.float32, buffer=nl.sbuf)
-                    nisa.activation_reduce(dst=e3[0:pr, 0:nb], op=nl.square, data=acc_blk[0:pr, 0:nb], reduce_op=nl.add, reduce_res=e4[0:pr, 0:1], bias=e2[0:pr, 0:1])
-                    nisa.tensor_tensor(dst=es2_0[0:pr, 0:1], data1=es2_0[0:pr, 0:1], data2=e4[0:pr, 0:1], op=nl.add)
-                e5 = nl.ndarray((_P, 1), dtype=nl.float32, buffer=nl.sbuf)
-                nisa.tensor_scalar(dst=e5[0:pr, 0:1], data=es2_0[0:pr, 0:1], op0=nl.multiply, operand0=(1.0 / float(d_K)), op1=nl.add, operand1=eps_arg)
-                e6 = nl.ndarray((_P, 1), dtype=nl.float32, buffer=nl.sbuf)
-                nisa.activation(dst=e6[0:pr, 0:1], op=nl.rsqrt, data=e5[0:pr, 0:1])
+                    u3 = nl.ndarray((_P, kb), dtype=nl.float32, buffer=nl.sbuf)
+                    u4 = nl.ndarray((_P, 1), dtype=nl.float32, buffer=nl.sbuf)
+                    nisa.activation_reduce(dst=u3[0:pr, 0:nb], op=nl.square, data=acc_blk[0:pr, 0:nb], reduce_op=nl.add, reduce_res=u4[0:pr, 0:1], bias=u2[0:pr, 0:1])
+                    nisa.tensor_tensor(dst=us2_0[0:pr, 0:1], data1=us2_0[0:pr, 0:1], data2=u4[0:pr, 0:1], op=nl.add)
+                u5 = nl.ndarray((_P, 1), dtype=nl.float32, buffer=nl.sbuf)
+                nisa.tensor_scalar(dst=u5[0:pr, 0:1], data=us2_0[0:pr, 0:1], op0=nl.multiply, operand0=(1.0 / float(d_K)), op1=nl.add, operand1=eps_arg)
+                u6 = nl.ndarray((_P, 1), dtype=nl.float32, buffer=nl.sbuf)
+                nisa.activation(dst=u6[0:pr, 0:1], op=nl.rsqrt, data=u5[0:pr, 0:1])
                 for k0 in range(0, K, _F_MOV):
                     nb = min(_F_MOV, K - k0)
                     acc_blk = nl.ndarray((_P, kb), dtype=nl.float32, buffer=nl.sbuf)
                     nisa.dma_copy(dst=acc_blk[0:pr, 0:nb], src=acc_hbm[r0:r0 + pr, k0:k0 + nb])
-                    e7 = nl.ndarray((_P, kb), dtype=nl.bfloat16, buffer=nl.sbuf)
-                    nisa.tensor_scalar(dst=e7[0:pr, 0:nb], data=acc_blk[0:pr, 0:nb], op0=nl.add, operand0=e2[0:pr, 0:1], op1=nl.multiply, operand1=e6[0:pr, 0:1])
+                    u7 = nl.ndarray((_P, kb), dtype=nl.bfloat16, buffer=nl.sbuf)
+                    nisa.tensor_scalar(dst=u7[0:pr, 0:nb], data=acc_blk[0:pr, 0:nb], op0=nl.add, operand0=u2[0:pr, 0:1], op1=nl.multiply, operand1=u6[0:pr, 0:1])
                     nisa.dma_copy(dst=x_new_hbm[r0:r0 + pr, k0:k0 + nb], src=acc_blk[0:pr, 0:nb])
-                    nisa.dma_copy(dst=z_hbm[r0:r0 + pr, k0:k0 + nb], src=e7[0:pr, 0:nb])
+                    nisa.dma_copy(dst=z_hbm[r0:r0 + pr, k0:k0 + nb], src=u7[0:pr, 0:nb])
             else:
                 es1_0 = nl.ndarray((_P, 1), dtype=nl.float32, buffer=nl.sbuf)
                 nisa.memset(dst=es1_0[0:pr, 0:1], value=0.0)
