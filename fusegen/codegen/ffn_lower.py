@@ -266,8 +266,8 @@ def _lower_eviction(
     builder = _row_builder(ir, m, leaves)
     exprs = [builder.expr(out.node) for out in ir.outputs]
     if not inputs["vec"] and not any(block_reduction(e) for e in walk(exprs)):
-        finish = _output_writes(ir, exprs, [])
-        return emit_blocked(_block_selector("v"), exprs, loads, finish, writes=len(ir.outputs)), None
+        whole = _output_writes(ir, exprs, [])
+        return emit_blocked(_block_selector("v"), exprs, loads, whole, writes=len(ir.outputs)), None
     node_of = {id(e): nid for nid, e in builder.exprs.items()}
     chain = [e for e in spine(exprs, builder.exprs[m.down.id]) if id(e) in node_of]  # IR values only
     top = chain[-1] if chain else builder.exprs[m.down.id]
