@@ -3,8 +3,8 @@
 Per (width, rows, launch) row: the tile plan the planner picks, its SBUF bytes per partition, the
 modelled time of the busiest core, and the roofline efficiency (roofline time / modelled time); where a
 plan is more than 1.5x slower than its roofline, the engine the time model says bounds it. Planning
-only (no interpreter runs), so the whole table takes seconds. Summary lines: the worst FFN efficiency
-at R=2048 for K >= 4096 on trn2 (goal: >= 85% of the PE roofline).
+only (no interpreter runs), so the whole table takes seconds. Summary: the worst FFN efficiency at
+R=2048 for K >= 4096 on trn2 per example and over all (goal: >= 85% of the PE roofline).
 With --check, also runs `fusegen check` (interpreter against the reference) at the wide-but-cheap
 shapes CI runs, each in its own process, and reports its peak resident memory (goal: < 8 GB).
 Run: .venv/bin/python bench/widths.py [--examples a,b] [--launch trn2:2] [--check]
@@ -75,6 +75,7 @@ def main(argv: list[str] | None = None) -> int:
     examples = [e for e in ffn_examples(ROOT) if not wanted or e.name in wanted]
     launches = [(t, int(n)) for t, n in [args.launch.split(":")]] if args.launch else list(LAUNCHES)
     worst: tuple[float, str] = (2.0, "")
+    per_example: dict[str, tuple[float, str]] = {}
     for ex in examples:
         print(f"\n### {ex.name}\n")
         print(
@@ -89,6 +90,12 @@ def main(argv: list[str] | None = None) -> int:
                     if p.plan and target == "trn2" and rows == 2048 and k >= 4096:
                         eff = p.roof.efficiency(p.plan.modeled_ns)
                         worst = min(worst, (eff, f"{ex.name} K={k} I={i} LNC={lnc}"))
+                        where = f"K={k} I={i} LNC={lnc}, {cell(p).split(' |')[0][2:]}"
+                        per_example[ex.name] = min(per_example.get(ex.name, (2.0, "")), (eff, where))
+    if per_example:
+        print("\n| example | worst at R=2048, K >= 4096, trn2 | where (plan) |\n| --- | ---: | --- |")
+        for name, (eff, where) in per_example.items():
+            print(f"| {name} | {100 * eff:.0f}% | {where} |")
     if worst[1]:
         print(f"\nworst modelled efficiency at R=2048, K >= 4096 on trn2: {100 * worst[0]:.0f}% ({worst[1]})")
     if args.check:
