@@ -6,7 +6,15 @@ from collections.abc import Callable
 from dataclasses import dataclass
 
 from fusegen.codegen.family import kernel_arg
-from fusegen.codegen.ffn_blocks import BlockedStage, BlockLoad, block_reduction, emit_blocked, spine, walk
+from fusegen.codegen.ffn_blocks import (
+    BlockedStage,
+    BlockLoad,
+    BlockSelector,
+    block_reduction,
+    emit_blocked,
+    spine,
+    walk,
+)
 from fusegen.codegen.ffn_budget import F_MOV, NO_STAGE, FfnModel, P
 from fusegen.codegen.ffn_match import FfnMatch, weight_columns
 from fusegen.codegen.select import NL_DTYPE, Layout, Selector
@@ -185,8 +193,8 @@ def _row_builder(ir: KernelIR, m: FfnMatch, leaves: dict[int, Operand]) -> Stage
     return StageBuilder(ir, leaves, kind_of, free_size=lambda n: m.hidden)
 
 
-def _block_selector(prefix: str) -> Selector:
-    return Selector(Layout(part="pr", free="nb", free_alloc="kb"), prefix=prefix)
+def _block_selector(prefix: str) -> BlockSelector:
+    return BlockSelector(Layout(part="pr", free="nb", free_alloc="kb"), prefix=prefix)
 
 
 def _lower_prologue(ir: KernelIR, m: FfnMatch) -> BlockedStage | None:
