@@ -376,8 +376,9 @@ def swiglu_ffn_kernel(x_hbm, w1t_hbm, b1_hbm, wgt_hbm, bg_hbm, w2t_hbm, b2_hbm, 
     behind a core barrier, and each finishes the rows it owns.
     KC=0: each chunk's down-projection is added into an [S, K] fp32 accumulator in SBUF. KC>0 (wide K,
     SPLIT=0): the chunks write the combine's h^T to an HBM scratch; then the down-projection runs a
-    KC-column block at a time, all of I accumulated in PSUM, each block evicted once to an fp32 scratch
-    that the epilogue reads.
+    KC-column block at a time, all of I accumulated in PSUM; each piece leaves PSUM once through the
+    epilogue's elementwise part, to an fp32 scratch its statistics passes read (or, without statistics,
+    straight to the outputs).
     """
     R, K = x_hbm.shape
     I = w2t_hbm.shape[0]
