@@ -92,8 +92,9 @@ class _Plan(NamedTuple):
     KC output columns per block of the column-blocked down-projection (0: an SBUF accumulator instead).
 
     KC > 0: the combine's result h^T goes to an HBM scratch, then the down-projection runs one KC-wide
-    column block at a time, accumulating all of I in PSUM (ACC_BANKS banks), and each block is evicted
-    once to an fp32 HBM scratch the epilogue reads; nothing of width K stays in SBUF but x^T.
+    column block at a time, accumulating all of I in PSUM (ACC_BANKS banks); each piece leaves PSUM once
+    through the epilogue's elementwise part, to an fp32 HBM scratch the epilogue's statistics passes read
+    (without statistics, to the outputs); nothing of width K stays in SBUF but x^T.
     """
 
     s: int
