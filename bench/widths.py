@@ -58,9 +58,10 @@ def cell(p: Planned) -> str:
     bound = dict(p.plan.summary)["modelled time (busiest core)"].split("bound by ")[-1]
     note = f"{bound}-bound" if p.plan.modeled_ns > SLOW * p.roof.time_ns else ""
     split = " I-split" if tiles["split_i"] else ""
+    blocks = f" KC={tiles['KC']}" if tiles["KC"] else ""
     return (
-        f"| S={tiles['S']} CI={tiles['CI']}{split} | {p.plan.sbuf_bytes:,} | {p.plan.modeled_ns / 1000:,.1f} "
-        f"| {100 * eff:.0f}% ({p.roof.bound}) | {note} |"
+        f"| S={tiles['S']} CI={tiles['CI']}{split}{blocks} | {p.plan.sbuf_bytes:,} "
+        f"| {p.plan.modeled_ns / 1000:,.1f} | {100 * eff:.0f}% ({p.roof.bound}) | {note} |"
     )
 
 
@@ -95,6 +96,7 @@ def main(argv: list[str] | None = None) -> int:
     examples = [e for e in ffn_examples(ROOT) if not wanted or e.name in wanted]
     launches = [(t, int(n)) for t, n in [args.launch.split(":")]] if args.launch else list(LAUNCHES)
     worst: tuple[float, str] = (2.0, "")
+    per_example: dict[str, tuple[float, str]] = {}
     for ex in examples:
         print(f"\n### {ex.name}\n")
         print(
@@ -109,6 +111,12 @@ def main(argv: list[str] | None = None) -> int:
                     if p.plan and target == "trn2" and rows == 2048 and k >= 4096:
                         eff = p.roof.efficiency(p.plan.modeled_ns)
                         worst = min(worst, (eff, f"{ex.name} K={k} I={i} LNC={lnc}"))
+                        where = f"K={k} I={i} LNC={lnc}, {cell(p).split(' |')[0][2:]}"
+                        per_example[ex.name] = min(per_example.get(ex.name, (2.0, "")), (eff, where))
+    if per_example:
+        print("\n| example | worst at R=2048, K >= 4096, trn2 | where (plan) |\n| --- | ---: | --- |")
+        for name, (eff, where) in per_example.items():
+            print(f"| {name} | {100 * eff:.0f}% | {where} |")
     if worst[1]:
         print(f"\nworst modelled efficiency at R=2048, K >= 4096 on trn2: {100 * worst[0]:.0f}% ({worst[1]})")
         sensitivity(examples, launches)
