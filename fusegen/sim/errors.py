@@ -5,6 +5,7 @@ from __future__ import annotations
 import itertools
 import os
 import sys
+import types
 
 _SIM_DIR = os.path.dirname(os.path.abspath(__file__)) + os.sep
 
@@ -69,6 +70,11 @@ class UninitializedReadWarning(UserWarning):
     """Non-strict mode: a read of never-written memory."""
 
 
+#: (code object, bytecode offset) -> (file, line): f_lineno decodes the line table, linearly in the size of
+#: the function (a generated kernel is one large function), and every instruction asks for its line
+_SITES: dict[tuple[types.CodeType, int], tuple[str, int]] = {}
+
+
 def user_site() -> tuple[str, int]:
     """File and line of the innermost stack frame outside the simulator package."""
     frame = sys._getframe(1)
@@ -77,7 +83,13 @@ def user_site() -> tuple[str, int]:
         if back is None:
             break
         frame = back
-    return frame.f_code.co_filename, frame.f_lineno
+    key = (frame.f_code, frame.f_lasti)
+    site = _SITES.get(key)
+    if site is None:
+        if len(_SITES) > 100_000:  # kernels loaded over and over (tests): start over, never grow unbounded
+            _SITES.clear()
+        site = _SITES[key] = (frame.f_code.co_filename, frame.f_lineno)
+    return site
 
 
 def fault(cls: type[SimError], op: str, detail: str, site: tuple[str, int] | None = None) -> SimError:
