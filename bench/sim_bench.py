@@ -129,14 +129,22 @@ def compare(label: str, case: Case) -> float:
 
     times = interleaved({"sim": run_sim, "torch": run_torch, "torch1": run_torch_1thread})
     ratio = times["sim"] / times["torch"]
+    verdict = "met" if ratio <= GOAL else "NOT met"
+    if busy():  # eager torch's threads wait for each other when cores are taken: the ratio flatters the sim
+        verdict += ", but not conclusive: the machine is loaded"
     print(
         f"{label}: sim {times['sim'] * 1e3:.0f} ms ({count()} instructions), eager torch fp32 "
         f"{times['torch'] * 1e3:.0f} ms ({torch.get_num_threads()} threads), ratio {ratio:.2f}x "
-        f"(goal <= {GOAL:g}x: {'met' if ratio <= GOAL else 'NOT met'})"
+        f"(goal <= {GOAL:g}x: {verdict})"
     )
     print(f"  for reference: eager torch fp32 single-threaded {times['torch1'] * 1e3:.0f} ms, "
           f"ratio {times['sim'] / times['torch1']:.2f}x")  # fmt: skip
     return ratio
+
+
+def busy() -> bool:
+    """True when other processes keep the cores busy (1-minute load average above the core count)."""
+    return os.getloadavg()[0] > (os.cpu_count() or 1)
 
 
 def main() -> None:
