@@ -67,6 +67,8 @@ def test_kill_loop_leaves_every_folder_fully_old_or_fully_new(tmp_path: Path) ->
             versions.setdefault(name, []).append({r.partition("/")[2]: t.encode() for r, t in files})
     assert all(a != b for a, b in versions.values())  # else the test could not tell old from new
     (tmp_path / "versions.json").write_text(json.dumps(rendered))
+    for files in rendered[0]:  # every folder exists before the first kill, however slow the child starts
+        output.write_atomically(out, [tuple(f) for f in files])
     rng = random.Random(17)
     env = {**os.environ, "PYTHONPATH": str(ROOT)}
     started = time.monotonic()
