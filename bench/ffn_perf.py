@@ -21,6 +21,7 @@ import torch
 
 from fusegen import sim
 from fusegen.perf.capture import launches
+from fusegen.perf.cost import MODEL_I, SENSITIVITY, assume
 from fusegen.perf.roofline import Roofline, hbm_bytes_moved, roofline
 from fusegen.perf.schedule import Schedule, schedule
 
@@ -181,6 +182,28 @@ def targets(results: dict[tuple[str, int, int], tuple[Row, Row]]) -> list[str]:
     return out
 
 
+def rescheduled(r: Row, target: str) -> Schedule:
+    """The row's trace scheduled again (under the model's current assumptions)."""
+    assert r.sched is not None
+    return schedule([span.record for span in r.sched.spans], sim.get_target(target))
+
+
+def sensitivity(results: dict[tuple[str, int, int], tuple[Row, Row]]) -> list[str]:
+    """trn2 LNC 2: the same traces (same plans) scheduled with each uncertain figure varied, and with the
+    model before issue 15; generated and seed time, speed-up, efficiency."""
+    out = []
+    for (target, lnc, rows), pair in sorted(results.items()):
+        if (target, lnc) != ("trn2", 2) or any(r.sched is None for r in pair):
+            continue
+        for name, changes in (*SENSITIVITY, ("model I (neither rule)", MODEL_I)):
+            with assume(**changes):
+                gen, base = (rescheduled(r, target) for r in pair)
+            eff = pair[0].roof.efficiency(gen.time_ns)
+            out.append(f"  R={rows:<5} {name:<28}{gen.time_ns / 1000:>9.1f}{base.time_ns / 1000:>9.1f}"
+                       f"{base.time_ns / gen.time_ns:>7.2f}x{100 * eff:>6.1f}%")  # fmt: skip
+    return out
+
+
 def _goal(name: str, value: str, met: bool) -> str:
     return f"  {name:<52}{value:>8}  {'met' if met else 'MISSED'}"
 
@@ -208,6 +231,8 @@ def main(argv: list[str]) -> int:
                     print(line(target, lnc, rows, r), flush=True)
     print("goals (modelled; the model is not tuned to meet them)")
     print("\n".join(targets(results)))
+    print("sensitivity, trn2 LNC 2 (same traces): variant, generated us, seed us, speed-up, efficiency")
+    print("\n".join(sensitivity(results)))
     return 0
 
 

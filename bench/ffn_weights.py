@@ -58,7 +58,8 @@ def run_generated(args: list[torch.Tensor]) -> tuple[sim.RunResult, tuple[int, i
     module = sim.load_module(ROOT / "generated" / "swiglu_ffn" / "kernel.py", target="trn2")
     plan = module._choose(module._MODEL, module._MACHINES["trn2"], R, K, I, LNC)
     x, w1t, b1, wgt, bg, w2t, b2 = args
-    packed = (x, w1t, module._columns(b1), wgt, module._columns(bg), w2t, b2, plan.s, plan.ci, plan.split)
+    tiles = (plan.s, plan.ci, plan.split, plan.kc)
+    packed = (x, w1t, module._columns(b1), wgt, module._columns(bg), w2t, b2, *tiles)
     return sim.run(module.swiglu_ffn_kernel, *packed, grid=LNC), (plan.s, plan.ci)
 
 

@@ -3,9 +3,9 @@
 Specs come from a grammar-aware generator biased towards what the families accept (row-wise math over
 [T, H] data, FFN blocks with epilogues) and from token/line mutations of examples/*.spec. Each spec goes
 through `fusegen check-spec` and, when accepted, `fusegen build`; built kernel.py and reference.py are
-imported (kernel.py under the interpreter) and the other files compiled; with --run, every Nth built
-kernel also runs at its smallest check shape against its reference. Reports specs/s, tracebacks (must be
-0) and cases over 5 s.
+imported (kernel.py under the interpreter), the other files compiled and the reference run at the
+smallest check shape; with --run, every Nth built kernel also runs there against its reference. Reports
+specs/s, tracebacks (must be 0) and cases over 5 s.
 
 Run: .venv/bin/python bench/fuzz.py [--count 10000] [--seed 0] [--run 50]
 """
@@ -77,7 +77,27 @@ def _rows_spec(rng: random.Random) -> str:
     lines += [f"output o{j}: {dt()}[T, H]" for j in range(len(outs))]
     lines += body + [f"o{j} = {dt()}({v})" for j, v in enumerate(outs)]
     lines += [f"check T={rng.choice([1, 4, 7, 128, 300])} H={rng.choice([128, 256, 1280])}"]
-    return "\n".join(lines) + "\n"
+    return _width(rng, "\n".join(lines) + "\n")
+
+
+#: The width axis as written: a whole dim, or compound (solved for H; `H + E` determines neither).
+WIDTHS = ("H",) * 6 + ("2*H", "H + 128", "H + E")
+
+
+def _width(rng: random.Random, text: str) -> str:
+    """`text` with its [T, H] / [H] width axis written as one of WIDTHS."""
+    width = rng.choice(WIDTHS)
+    if width == "H":
+        return text
+    text = text.replace("[T, H]", f"[T, {width}]").replace("[H]", f"[{width}]")
+    return text.replace("dim T, H", "dim T, H, E").replace(" H=", " E=128 H=") if "E" in width else text
+
+
+#: Epilogues reading a returned value again: the residual sum `s`, or the down-projection `d` itself.
+SHARED_TAILS = {
+    "s": ("rmsnorm(s, eps)", "s * g", "rmsnorm(s + a, eps)", "layernorm(s, eps) + s"),
+    "d": ("d + g", "d + a", "rmsnorm(d + a + a, eps)", "layernorm(d, eps, g) + a"),
+}
 
 
 def _ffn_spec(rng: random.Random) -> str:
@@ -92,10 +112,11 @@ def _ffn_spec(rng: random.Random) -> str:
     lines += ["input a: f32[R, K]", "input g: f32[K]", "param eps = 1e-6", "output y: bf16[R, K]"]
     body = [f"h = {up}", "d = bf16(h) @ w2t"]
     tail = rng.choice(["d", "d + a", "rmsnorm(d + a, eps, g)", "layernorm(d, eps) * g", "d * g + a"])
-    if rng.random() < 0.3:
-        lines.append("output s: f32[R, K]")
-        body += ["s = d + a"]
-        tail = rng.choice(["rmsnorm(s, eps)", "s * g"])
+    if rng.random() < 0.3:  # outputs that share structure: a value both returned and read again
+        shared = rng.choice(["s", "d"])
+        lines.append(f"output {shared}: f32[R, K]")
+        body += ["s = d + a"] if shared == "s" else []
+        tail = rng.choice(SHARED_TAILS[shared])
     body.append(f"y = bf16({tail})")
     sizes = (rng.choice([1, 7, 256, 300]), rng.choice([128, 384, 1280]), rng.choice([128, 1000, 3416]))
     return "\n".join(lines + body + ["check R={} K={} I={}".format(*sizes)]) + "\n"
@@ -171,8 +192,8 @@ def _cli(args: list[str]) -> tuple[int, str]:
 
 
 def _load_built(folder: Path, spec: Path, run: bool) -> bool | None:
-    """Import kernel.py (under the interpreter) and reference.py, compile the rest; with `run`, run the
-    kernel at its smallest check shape against the reference: whether it matched (None when not run)."""
+    """Import kernel.py (under the interpreter) and reference.py, compile the rest, run the reference at the
+    smallest check shape; with `run`, the kernel there too: whether it matched (None when not run)."""
     from fusegen.codegen.build import test_case, test_shapes
     from fusegen.dsl import load_spec
     from fusegen.sim import load_module
@@ -182,15 +203,15 @@ def _load_built(folder: Path, spec: Path, run: bool) -> bool | None:
         compile(path.read_text(), str(path), "exec")
     kernel = load_module(folder / "kernel.py")
     reference = load_generated(folder / "reference.py")
-    if not run:
-        return None
     ir, _ = load_spec(str(spec))
     dims = min((env for env, _ in test_shapes(ir)), key=lambda env: sorted(env.values()))
     case = test_case(ir, dims)
     args = make_inputs(case.inputs, case.shapes)
     save = {"save": True} if case.save else {}
+    want = getattr(reference, f"{ir.name}_reference")(*args, **save)  # cheap: eager torch, every build
+    if not run:
+        return None
     got = getattr(kernel, ir.name)(*args, **save, lnc=1)
-    want = getattr(reference, f"{ir.name}_reference")(*args, **save)
     wants = want if isinstance(want, tuple) else (want,)
     if not all(bool(w.float().isfinite().all()) for w in wants):
         return None  # random inputs outside the math's domain (log of a negative): NaN rules may differ

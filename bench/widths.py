@@ -3,8 +3,9 @@
 Per (width, rows, launch) row: the tile plan the planner picks, its SBUF bytes per partition, the
 modelled time of the busiest core, and the roofline efficiency (roofline time / modelled time); where a
 plan is more than 1.5x slower than its roofline, the engine the time model says bounds it. FFN times are
-the planner's closed-form model (seconds for the whole table). Summary line: the worst FFN efficiency at
-R=2048 for K >= 4096 on trn2 (goal: >= 85% of the PE roofline).
+the planner's closed-form model (seconds for the whole table). Summary lines: the worst FFN efficiency at
+R=2048 for K >= 4096 on trn2 (goal: >= 85% of the PE roofline), then the median and worst of those plans
+re-planned with the DMA packet figure at 50% and 150% (docs/performance.md, "Cost model II").
 Row kernels (HBM roofline) are timed by running their generated kernel on the interpreter at 1 and 128
 rows per shape and scheduling the trace (fusegen/perf/row_widths.py; about a minute per example).
 With --check, also runs `fusegen check` (interpreter against the reference) at the wide-but-cheap
@@ -17,6 +18,7 @@ from __future__ import annotations
 
 import argparse
 import os
+import statistics
 import subprocess
 import sys
 from pathlib import Path
@@ -24,6 +26,7 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
+from fusegen.perf.cost import SENSITIVITY, assume  # noqa: E402
 from fusegen.perf.row_widths import (  # noqa: E402
     RowExample,
     dims_at,
@@ -33,7 +36,7 @@ from fusegen.perf.row_widths import (  # noqa: E402
     shapes,
     tile_times,
 )
-from fusegen.perf.widths import LAUNCHES, ROWS, WIDTHS, Planned, ffn_examples, plan_at  # noqa: E402
+from fusegen.perf.widths import LAUNCHES, ROWS, WIDTHS, Example, Planned, ffn_examples, plan_at  # noqa: E402
 
 SLOW = 1.5  # beyond this multiple of the roofline, name the engine that bounds the plan
 #: (example, shape) `fusegen check` runs at wide K with few rows and a small I (what CI runs)
@@ -74,9 +77,10 @@ def cell(p: Planned) -> str:
     bound = dict(p.plan.summary)["modelled time (busiest core)"].split("bound by ")[-1]
     note = f"{bound}-bound" if p.plan.modeled_ns > SLOW * p.roof.time_ns else ""
     split = " I-split" if tiles["split_i"] else ""
+    blocks = f" KC={tiles['KC']}" if tiles["KC"] else ""
     return (
-        f"| S={tiles['S']} CI={tiles['CI']}{split} | {p.plan.sbuf_bytes:,} | {p.plan.modeled_ns / 1000:,.1f} "
-        f"| {100 * eff:.0f}% ({p.roof.bound}) | {note} |"
+        f"| S={tiles['S']} CI={tiles['CI']}{split}{blocks} | {p.plan.sbuf_bytes:,} "
+        f"| {p.plan.modeled_ns / 1000:,.1f} | {100 * eff:.0f}% ({p.roof.bound}) | {note} |"
     )
 
 
@@ -115,6 +119,24 @@ def row_tables(names: set[str], launches: list[tuple[str, int]], rows: list[int]
                     print(f"| {label} | {r} | {target} {lnc} {cells}", flush=True)
 
 
+def wide_efficiencies(examples: list[Example], launches: list[tuple[str, int]]) -> list[float]:
+    """Planner efficiency of every plan at R=2048, K >= 4096 on trn2."""
+    plans = [plan_at(ex, 2048, k, i, t, lnc) for ex in examples for _, k, i in WIDTHS if k >= 4096
+             for t, lnc in launches if t == "trn2"]  # fmt: skip
+    return [p.roof.efficiency(p.plan.modeled_ns) for p in plans if p.plan]
+
+
+def sensitivity(examples: list[Example], launches: list[tuple[str, int]]) -> None:
+    """Median and worst of those, re-planned with the DMA packet figure varied (the planner's only uncertain
+    figure; throttling and the DGE issue are trace-model effects)."""
+    variants = [("cost model II", {})] + [v for v in SENSITIVITY if "dma_row_bytes" in v[1]]
+    for name, changes in variants:
+        with assume(**changes):
+            effs = wide_efficiencies(examples, launches)
+        if effs:
+            print(f"  {name}: median {100 * statistics.median(effs):.0f}%, worst {100 * min(effs):.0f}%")
+
+
 def main(argv: list[str] | None = None) -> int:
     """Print the table (markdown) and the summary."""
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
@@ -132,6 +154,7 @@ def main(argv: list[str] | None = None) -> int:
     launches = [(t, int(n)) for t, n in [args.launch.split(":")]] if args.launch else list(LAUNCHES)
     row_counts = [int(r) for r in args.rows.split(",")] if args.rows else list(ROWS)
     worst: tuple[float, str] = (2.0, "")
+    per_example: dict[str, tuple[float, str]] = {}
     for ex in examples:
         print(f"\n### {ex.name}\n")
         print(
@@ -146,8 +169,15 @@ def main(argv: list[str] | None = None) -> int:
                     if p.plan and target == "trn2" and rows == 2048 and k >= 4096:
                         eff = p.roof.efficiency(p.plan.modeled_ns)
                         worst = min(worst, (eff, f"{ex.name} K={k} I={i} LNC={lnc}"))
+                        where = f"K={k} I={i} LNC={lnc}, {cell(p).split(' |')[0][2:]}"
+                        per_example[ex.name] = min(per_example.get(ex.name, (2.0, "")), (eff, where))
+    if per_example:
+        print("\n| example | worst at R=2048, K >= 4096, trn2 | where (plan) |\n| --- | ---: | --- |")
+        for name, (eff, where) in per_example.items():
+            print(f"| {name} | {100 * eff:.0f}% | {where} |")
     if worst[1]:
         print(f"\nworst modelled efficiency at R=2048, K >= 4096 on trn2: {100 * worst[0]:.0f}% ({worst[1]})")
+        sensitivity(examples, launches)
     if "rows" in families:
         row_tables(wanted, launches, row_counts)
     if args.check:

@@ -34,6 +34,7 @@ EXAMPLES = """examples:
   fusegen list                                the kernel families and their hook points
   fusegen targets                             the targets and their SBUF/PSUM/clock figures
   fusegen explain examples/swiglu_ffn.spec --shape R=2048 K=1280 I=3416 --trace t.json --svg t.svg
+  fusegen bench examples/swiglu_ffn.spec --shape R=2048 K=1280 I=3416   on a Neuron device (docs/hardware.md)
 
 exit codes: 0 ok, 1 a check failed or files are stale, 2 usage or spec error, 3 internal error
 """
@@ -80,7 +81,21 @@ def _check(args: argparse.Namespace) -> int:
     specs = args.specs or sorted(str(p) for p in Path("examples").glob("*.spec"))
     if not specs:
         raise UsageError("no SPEC given and no examples/*.spec here")
-    return check(specs, _options(args), _shape_args(args.shape), fmt=args.format)
+    return check(specs, _options(args), _shape_args(args.shape), fmt=args.format, mode=_mode(args))
+
+
+def _mode(args: argparse.Namespace) -> str:
+    """`--mode`, else FUSEGEN_MODE, else sim; a mode that cannot run here is a usage error naming why."""
+    from fusegen import modes
+
+    try:
+        mode = modes.selected(args.mode)
+    except modes.ModeError as err:
+        raise UsageError(str(err)) from None
+    why = modes.skip_reason(mode, args.target, _lnc(args))
+    if why:
+        raise UsageError(why)
+    return mode
 
 
 def _list(args: argparse.Namespace) -> int:
@@ -102,7 +117,19 @@ def _explain(args: argparse.Namespace) -> int:
         raise UsageError(f"explain takes one SPEC, got {len(args.specs)}: {' '.join(args.specs) or '-'}")
     shape = _shape_args(args.shape)
     return explain(args.specs[0], args.target, _lnc(args), shape[0] if shape else None, args.trace, args.svg,
-                   fmt=args.format)  # fmt: skip
+                   fmt=args.format, calibration=args.calibration)  # fmt: skip
+
+
+def _bench(args: argparse.Namespace) -> int:
+    from fusegen.bench import bench
+
+    if len(args.specs) != 1:
+        raise UsageError(f"bench takes one SPEC, got {len(args.specs)}: {' '.join(args.specs) or '-'}")
+    if args.iters < 1 or args.warmup < 0:
+        raise UsageError(f"--iters must be >= 1 and --warmup >= 0, got {args.iters} and {args.warmup}")
+    shape = _shape_args(args.shape)
+    return bench(args.specs[0], args.target, _lnc(args), shape[0] if shape else None, args.warmup, args.iters,
+                 Path(args.calibration) if args.calibration else None, fmt=args.format)  # fmt: skip
 
 
 def _shape_args(items: list[str] | None) -> list[dict[str, int]]:
@@ -149,6 +176,14 @@ def _format_arg(p: argparse.ArgumentParser, what: str = "results") -> None:
                    help=f"print {what} as text (default) or as one JSON document (docs/cli.md)")  # fmt: skip
 
 
+def _mode_arg(p: argparse.ArgumentParser, what: str, choices: tuple[str, ...] | None = None) -> None:
+    from fusegen.modes import MODES
+
+    p.add_argument("--mode", choices=choices or MODES,
+                   help=f"{what}: {', '.join(choices or MODES)} (default: $FUSEGEN_MODE, else "
+                        f"{(choices or MODES)[0]}; docs/hardware.md)")  # fmt: skip
+
+
 def _shape_arg(p: argparse.ArgumentParser, help_text: str) -> None:
     p.add_argument("--shape", nargs="+", metavar="DIM=N", help=help_text)
 
@@ -190,6 +225,7 @@ def _parser() -> argparse.ArgumentParser:
     _spec_args(p)
     _target_args(p)
     _shape_arg(p, "run this shape instead of the spec's checks")
+    _mode_arg(p, "where the kernels run")
     _format_arg(p)
     p.set_defaults(run=_check)
 
@@ -199,9 +235,27 @@ def _parser() -> argparse.ArgumentParser:
     _shape_arg(p, "model this shape (default: the first check line)")
     p.add_argument("--trace", metavar="OUT.json", help="write the modelled timeline as Chrome trace JSON")
     p.add_argument("--svg", metavar="OUT.svg", help="draw the SBUF budget and the engine timeline")
+    _calibration_arg(p, "read device measurements from this file")
     _format_arg(p, "the report")
     p.set_defaults(run=_explain)
+
+    p = sub.add_parser("bench", help="measure a kernel's latency on a Neuron device beside the modelled time")
+    p.add_argument("specs", nargs="*", metavar="SPEC", help="one spec file")
+    _target_args(p)
+    _shape_arg(p, "measure this shape (default: the first check line)")
+    _mode_arg(p, "where to measure", ("device",))
+    p.add_argument("--warmup", type=int, default=10, metavar="N", help="untimed calls first (default: 10)")
+    p.add_argument("--iters", type=int, default=100, metavar="N", help="timed calls (default: 100)")
+    _calibration_arg(p, "append the measurement to this file")
+    _format_arg(p, "the figures")
+    p.set_defaults(run=_bench)
     return parser
+
+
+def _calibration_arg(p: argparse.ArgumentParser, what: str) -> None:
+    p.add_argument("--calibration", metavar="PATH",
+                   help=f"{what} (default: $FUSEGEN_CALIBRATION, else calibration.jsonl in the project "
+                        "root)")  # fmt: skip
 
 
 def main(argv: Sequence[str] | None = None) -> int:

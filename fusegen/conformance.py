@@ -2,7 +2,8 @@
 `torch.ops.fusegen.<name>` with and without requires_grad, and `torch.autograd.gradcheck` (fast mode) of a
 trainable op's registered backward against finite differences of its forward (docs/autodiff.md).
 
-Used by the generated tests (test_<name>.py); the op runs on the backend FUSEGEN_OPS_BACKEND selects.
+Used by the generated tests (test_<name>.py); the op runs where FUSEGEN_OPS_BACKEND and FUSEGEN_MODE say
+(fusegen/modes.py).
 """
 
 from __future__ import annotations

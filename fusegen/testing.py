@@ -1,4 +1,4 @@
-"""Running a generated kernel on the interpreter against its reference: inputs, tolerances, reports.
+"""Running a generated kernel against its reference in a mode (fusegen/modes.py): inputs, tolerances, reports.
 
 Used by the generated tests and by `fusegen check`. Tolerance follows nki-library's rule:
 |out - ref| <= atol + rtol * max|ref|, per output, with rtol/atol by output dtype and, for f32 outputs,
@@ -17,7 +17,7 @@ from typing import Any
 
 import torch
 
-from fusegen.sim import load_module
+from fusegen import modes
 
 #: (output name, rtol, atol)
 Tolerance = tuple[str, float, float]
@@ -56,14 +56,19 @@ class Report:
 
     label: str
     outputs: tuple[OutputCheck, ...]
+    #: compile mode: the compiler's error, if it failed (no outputs are compared)
+    error: str | None = None
+    compiled_only: bool = False
 
     @property
     def ok(self) -> bool:
-        """All outputs within tolerance."""
-        return all(o.ok for o in self.outputs)
+        """All outputs within tolerance (compile mode: compiled)."""
+        return self.error is None and all(o.ok for o in self.outputs)
 
     def text(self) -> str:
-        """One line per output: max error against the bound."""
+        """One line per output: max error against the bound (compile mode: one line, compiled or why not)."""
+        if self.compiled_only:
+            return f"{self.label} " + ("compiled" if self.error is None else f"compile FAILED: {self.error}")
         lines = []
         for o in self.outputs:
             verdict = "ok" if o.ok else "MISMATCH"
@@ -85,8 +90,8 @@ def load_generated(path: Path) -> ModuleType:
 
 
 @functools.cache
-def _kernel_module(path: Path, target: str) -> ModuleType:
-    return load_module(path, target=target)
+def _kernel_module(path: Path, target: str, mode: str) -> ModuleType:
+    return modes.load_kernel(path, mode, target)
 
 
 def make_inputs(
@@ -130,18 +135,22 @@ class Case:
 
 
 def run_against_reference(
-    directory: Path, name: str, case: Case, lnc: int = 1, target: str = "trn2"
+    directory: Path, name: str, case: Case, lnc: int = 1, target: str = "trn2", mode: str = "sim"
 ) -> Report:
-    """Run `directory`/kernel.py's host function on the interpreter and compare with reference.py."""
+    """Run `directory`/kernel.py's host function in `mode` and compare with reference.py (compile mode:
+    compile it, and report the compiler's error if any). The caller checks modes.skip_reason first."""
     from fusegen.codegen.plan import check_lnc  # codegen imports this module: import when run
     from fusegen.sim.targets import get_target
 
     check_lnc(get_target(target), lnc)  # no LNC=2 launch on trn1: LNC exists on Trn2/Trn3 only
-    kernel = _kernel_module(directory / "kernel.py", target)
-    reference = load_generated(directory / "reference.py")
-    args = make_inputs(case.inputs, case.shapes)
+    kernel = _kernel_module(directory / "kernel.py", target, mode)
+    args = tuple(make_inputs(case.inputs, case.shapes))
     save = {"save": True} if case.save else {}
-    got = getattr(kernel, name)(*args, **save, lnc=lnc, target=target)
-    want = getattr(reference, f"{name}_reference")(*args, **save)
     dims = " ".join(f"{k}={v}" for k, v in sorted(case.dims.items()))
-    return compare(got, want, case.outputs, f"{name} [{dims}] {target} lnc={lnc}:")
+    label = f"{name} [{dims}] {target} lnc={lnc}" + ("" if mode == "sim" else f" {mode}") + ":"
+    if mode == "compile":
+        host = functools.partial(getattr(kernel, name), **save, lnc=lnc, target=target)
+        return Report(label, (), modes.compile_error(host, args, target, lnc), compiled_only=True)
+    got = modes.run(kernel, name, args, save, mode, target, lnc)
+    want = getattr(load_generated(directory / "reference.py"), f"{name}_reference")(*args, **save)
+    return compare(got, want, case.outputs, label)

@@ -91,9 +91,10 @@ def _orphans(out_dir: Path, built: list[Built]) -> list[tuple[Path, str]]:
     return orphans
 
 
-def check(specs: list[str], options: BuildOptions, shapes: list[dict[str, int]], fmt: str = "text") -> int:
-    """Build to a temporary directory and run each kernel on the interpreter against its reference;
-    a summary line (or one JSON document) at the end."""
+def check(specs: list[str], options: BuildOptions, shapes: list[dict[str, int]], fmt: str = "text",
+          mode: str = "sim") -> int:  # fmt: skip
+    """Build to a temporary directory and run each kernel in `mode` (fusegen/modes.py; the caller checks it
+    can run here) against its reference; a summary line (or one JSON document) at the end."""
     results: list[dict[str, Any]] = []
     with tempfile.TemporaryDirectory(prefix="fusegen-check-") as tmp:
         out = Path(tmp)
@@ -107,20 +108,21 @@ def check(specs: list[str], options: BuildOptions, shapes: list[dict[str, int]],
             built = build_spec(spec, BuildOptions(out, options.target, options.lnc))
             write_atomically(out, built.files)
             for dims in runs:
-                _progress(f"fusegen: running {built.name} at {_dims_text(dims)} on the interpreter")
+                _progress(f"fusegen: {_doing(mode)} {built.name} at {_dims_text(dims)}{_where(mode)}")
                 case = test_case(ir, dims)
                 report = run_against_reference(
-                    out / built.name, built.name, case, options.lnc, options.target
+                    out / built.name, built.name, case, options.lnc, options.target, mode
                 )
                 if fmt != "json":
                     print(report.text())
                 results.append(_run_json(spec, built.name, dims, options, report))
     failed = sum(not r["ok"] for r in results)
     if fmt == "json":
-        emit(document("check", not failed, runs=results, failed=failed))
+        emit(document("check", not failed, runs=results, failed=failed, mode=mode))
     else:
         verdict = "all ok" if not failed else f"{failed} FAILED"
-        print(f"check: {len(specs)} spec(s), {len(results)} run(s), {verdict}")
+        where = "" if mode == "sim" else f" ({mode})"
+        print(f"check{where}: {len(specs)} spec(s), {len(results)} run(s), {verdict}")
     return 1 if failed else 0
 
 
@@ -132,7 +134,18 @@ def _run_json(spec: str, name: str, dims: dict[str, int], options: BuildOptions,
         for o in report.outputs
     ]  # fmt: skip
     return {"spec": spec, "kernel": name, "target": options.target, "lnc": options.lnc, "dims": dims,
-            "ok": report.ok, "outputs": outputs}  # fmt: skip
+            "ok": report.ok, "outputs": outputs, "error": report.error}  # fmt: skip
+
+
+def _doing(mode: str) -> str:
+    """The progress verb for a mode."""
+    return "compiling" if mode == "compile" else "running"
+
+
+def _where(mode: str) -> str:
+    """Where a mode runs, for the progress line."""
+    return {"sim": " on the interpreter", "nki-sim": " on nki.simulate", "compile": " (compile only)",
+            "device": " on the Neuron device"}[mode]  # fmt: skip
 
 
 def _dims_text(dims: dict[str, int]) -> str:

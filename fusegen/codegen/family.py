@@ -55,13 +55,18 @@ class Mismatch(Exception):
     family: str
     span: Span
     reason: str
+    relevant: bool = True  # False: the spec lacks what defines the family (an FFN's matmul), so it is no
+    # candidate for the line the user must change
 
 
 def leave(family: str, node: Node, reason: str) -> Mismatch:
     """A mismatch at `node`, with its shape in the message."""
-    return Mismatch(
-        family, node.span, f"{reason} (`{node.name or node.op}` is {node.dtype}{shape_str(node.shape)})"
-    )
+    return Mismatch(family, node.span, f"{reason} ({describe(node)})")
+
+
+def describe(node: Node) -> str:
+    """`` `x` is f32[T, H] ``: a value as the spec declares it, for messages."""
+    return f"`{node.name or node.op}` is {node.dtype}{shape_str(node.shape)}"
 
 
 def shape_is(shape: Shape, *expected: Shape) -> bool:
@@ -70,16 +75,21 @@ def shape_is(shape: Shape, *expected: Shape) -> bool:
 
 
 def no_family_error(ir: KernelIR, mismatches: Iterable[Mismatch], source: str) -> SpecError:
-    """One error naming every family and the first point where the spec leaves it."""
+    """One error naming every family and where the spec leaves it, the caret on the line the best-matching
+    family could not take: of the families whose defining structure the spec has, the one that got
+    furthest into it (its mismatch lies latest), its reason first."""
     found = list(mismatches)
-    first = min((m.span for m in found), key=lambda s: (s.line, s.col))
+    candidates = [m for m in found if m.relevant] or found
+    best = max(candidates, key=lambda m: (m.span.line, m.span.col))
     names = ", ".join(m.family for m in found)
     notes = [
-        Diagnostic(m.span, f"leaves the {m.family} family here: {m.reason}", level="note") for m in found
+        Diagnostic(m.span, f"leaves the {m.family} family here: {m.reason}", level="note")
+        for m in [best] + [m for m in found if m is not best]
     ]
     head = Diagnostic(
-        first,
-        f"no kernel family matches `{ir.name}` (tried: {names})",
+        best.span,
+        f"no kernel family matches `{ir.name}` (tried: {names}); the {best.family} family comes closest "
+        "and cannot take this line",
         hint="`fusegen list` shows each family's shape; docs/variants.md shows how to write one",
     )
     return SpecError([head, *notes], source)

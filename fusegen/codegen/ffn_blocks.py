@@ -11,7 +11,7 @@ pass needs again are recomputed from their block loads (cheap next to the projec
 from __future__ import annotations
 
 from collections.abc import Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 from fusegen.codegen.ffn_budget import Stage
 from fusegen.codegen.select import Selector
@@ -20,6 +20,32 @@ from fusegen.dsl.ir import DTYPE_BYTES
 
 #: how a pass starts each kind of running statistic, and how a block's partial joins it
 RUNNING = {"sum": ("0.0", "nl.add"), "max": ("-3.0e38", "nl.maximum")}
+
+
+@dataclass
+class BlockSelector(Selector):
+    """A Selector that sweeps: values held across the block loop, and tiles forgotten between sweeps."""
+
+    _pinned: set[int] = field(default_factory=set)
+
+    def hold(self, e: Expr, operand: Operand) -> None:
+        """From now on `e` is `operand` (a value computed elsewhere, e.g. a statistic finished by a pass)."""
+        self._memo[(id(e), "f32")] = operand
+
+    def holds(self, e: Expr) -> bool:
+        """Whether `e` is already computed (or held) in f32."""
+        return (id(e), "f32") in self._memo
+
+    def pin(self, e: Expr, operand: Operand) -> None:
+        """Hold `e` as `operand` for good: a tile kept across sweeps (e.g. written into the accumulator)."""
+        self.hold(e, operand)
+        self._pinned.add(id(e))
+
+    def forget_tiles(self) -> None:
+        """Drop memoised tiles (a new sweep over blocks recomputes them); columns and pinned tiles stay."""
+        self._memo = {
+            key: op for key, op in self._memo.items() if op.kind != "tile" or key[0] in self._pinned
+        }
 
 
 @dataclass(frozen=True)
@@ -55,10 +81,10 @@ def block_reduction(e: Expr) -> bool:
 
 
 def emit_blocked(
-    sel: Selector,
+    sel: BlockSelector,
     roots: list[Expr],
     loads: dict[str, BlockLoad],
-    finish: Callable[[Selector], list[str]],
+    finish: Callable[[BlockSelector], list[str]],
     writes: int,
     accumulator: str = "",
 ) -> BlockedStage:
@@ -99,29 +125,61 @@ def _levels(e: Expr, depth: dict[int, int], order: list[Expr]) -> int:
 
 
 def _spine(roots: list[Expr], accumulator: str, depth: dict[int, int]) -> Expr | None:
-    """The accumulator leaf's only user, if it is a full-width value needing no statistics: computed in
-    place into the accumulator's block by the first pass."""
-    users: dict[int, Expr] = {}
-    seen: set[int] = set()
+    """The top of the accumulator leaf's spine, computed in place into the accumulator's block by the
+    first pass."""
+    leaf = _find_leaf(roots, accumulator)
+    chain = spine(roots, leaf, depth, columns=True) if leaf is not None else []
+    return chain[-1] if chain else None
+
+
+def _find_leaf(roots: list[Expr], code: str) -> Expr | None:
+    """The leaf expression whose operand code is `code`, if the roots read it."""
+    for e in walk(roots):
+        if e.op == "leaf" and e.leaf is not None and e.leaf.code == code:
+            return e
+    return None
+
+
+def walk(roots: list[Expr]) -> list[Expr]:
+    """Every expression under `roots`, each once."""
+    seen: dict[int, Expr] = {}
     todo = list(roots)
     while todo:
         e = todo.pop()
-        if id(e) in seen:
-            continue
-        seen.add(id(e))
-        for a in e.args:
-            if a.op == "leaf" and a.leaf is not None and a.leaf.code == accumulator:
-                users[id(e)] = e
-                if a.users != 1:
-                    return None
-        todo.extend(e.args)
-    if len(users) != 1:
-        return None
-    spine = next(iter(users.values()))
-    return spine if spine.kind == "tile" and depth[id(spine)] == 0 and spine.op != "cast" else None
+        if id(e) not in seen:
+            seen[id(e)] = e
+            todo.extend(e.args)
+    return list(seen.values())
 
 
-def _in_place(sel: Selector, spine: Expr, accumulator: str, mark: int) -> None:
+def spine(
+    roots: list[Expr], leaf: Expr, depth: dict[int, int] | None = None, columns: bool = False
+) -> list[Expr]:
+    """The full-width values computable from `leaf` before any row statistic, bottom up: a chain in which
+    every value below the top has one user and is no output (so overwriting it loses nothing); empty if
+    the leaf's user does not qualify. `columns`: [P, 1] operands may join the chain."""
+    if depth is None:
+        depth = {}
+        for root in roots:
+            _levels(root, depth, [])
+    parents: dict[int, list[Expr]] = {}
+    for e in walk(roots):
+        for a in dict.fromkeys(e.args):
+            parents.setdefault(id(a), []).append(e)
+    outputs = {id(r) for r in roots}
+    chain, node = [], leaf
+    while node.users == 1 and id(node) not in outputs and len(parents.get(id(node), [])) == 1:
+        up = parents[id(node)][0]
+        if up.kind != "tile" or depth[id(up)] != 0 or up.op == "cast":
+            break
+        if not columns and any(a.kind == "vec" for a in up.args):
+            break
+        chain.append(up)
+        node = up
+    return chain
+
+
+def _in_place(sel: BlockSelector, spine: Expr, accumulator: str, mark: int) -> None:
     """Compute `spine` into the accumulator's block: its fresh tile renamed to the accumulator."""
     tile = sel.value(spine).code
     name = tile.split("[")[0]
@@ -131,7 +189,7 @@ def _in_place(sel: Selector, spine: Expr, accumulator: str, mark: int) -> None:
 
 
 def _statistics_pass(
-    sel: Selector,
+    sel: BlockSelector,
     stats: list[Expr],
     loads: dict[str, BlockLoad],
     level: int,
@@ -162,7 +220,7 @@ def _statistics_pass(
     return BlockPass(tuple(before), needed, tuple(lines))
 
 
-def _hoist(sel: Selector, roots: list[Expr]) -> tuple[str, ...]:
+def _hoist(sel: BlockSelector, roots: list[Expr]) -> tuple[str, ...]:
     """Emit the [P, 1] values under `roots` that need only finished statistics; their lines."""
     mark = len(sel.lines)
     seen: set[int] = set()
@@ -184,7 +242,7 @@ def _hoist(sel: Selector, roots: list[Expr]) -> tuple[str, ...]:
     return lines
 
 
-def _ready(sel: Selector, e: Expr) -> bool:
+def _ready(sel: BlockSelector, e: Expr) -> bool:
     """Computable before a block loop: a held statistic, or [P, 1] / scalar work over ready values."""
     if sel.holds(e):
         return True
@@ -193,7 +251,7 @@ def _ready(sel: Selector, e: Expr) -> bool:
     return all(_ready(sel, a) for a in e.args)
 
 
-def _needed(roots: list[Expr], sel: Selector, loads: dict[str, BlockLoad]) -> tuple[BlockLoad, ...]:
+def _needed(roots: list[Expr], sel: BlockSelector, loads: dict[str, BlockLoad]) -> tuple[BlockLoad, ...]:
     """The block loads the leaves under `roots` read, stopping at values already held."""
     found: dict[str, BlockLoad] = {}
     seen: set[int] = set()
@@ -211,7 +269,7 @@ def _needed(roots: list[Expr], sel: Selector, loads: dict[str, BlockLoad]) -> tu
     return tuple(found[n] for n in sorted(found))
 
 
-def _count(sel: Selector, passes: tuple[BlockPass, ...], col_ops: int, writes: int) -> Stage:
+def _count(sel: BlockSelector, passes: tuple[BlockPass, ...], col_ops: int, writes: int) -> Stage:
     """The stage's figures for the budget model, from the code emitted."""
     dtypes = {name: DTYPE_BYTES[dtype] for name, kind, dtype in sel.tiles if kind == "tile"}
     cols = sum(1 for _, kind, _ in sel.tiles if kind == "vec") + col_ops

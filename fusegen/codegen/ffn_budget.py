@@ -11,9 +11,14 @@ from __future__ import annotations
 
 from typing import NamedTuple
 
+from fusegen.perf.dmarule import dma_engine_bytes
+
 P = 128  # partitions
 F_MOV = 512  # matmul moving free size, one fp32 PSUM bank
 MIN_CYCLES = 64  # minimum instruction initiation interval, cycles (nki.md §6 overheads)
+#: PSUM banks one K-column block of the column-blocked down-projection accumulates in: half of the 8, so
+#: the next block's matmuls start while the last block is evicted
+ACC_BANKS = 4
 
 
 class Stage(NamedTuple):
@@ -52,6 +57,8 @@ class FfnModel(NamedTuple):
     fold_bias: int  # 1: a [K] bias is added while evicting the first chunk, one [P, F_MOV] piece a time
     epi: Stage  # the epilogue, per owned row tile
     pro: Stage  # the prologue, per computed row tile (NO_STAGE without one)
+    epi_cols: Stage = NO_STAGE  # the epilogue of the column-blocked kernel: accumulator blocks read from HBM
+    evict: Stage = NO_STAGE  # its eviction of each down-projection piece (the spine computed), per row tile
 
 
 class Machine(NamedTuple):
@@ -63,6 +70,7 @@ class Machine(NamedTuple):
     dma_gbps: float  # min(DMA bandwidth, the core's share of HBM bandwidth), bytes/ns
     dma_fixed_ns: float  # fixed cost of one DMA transfer
     dma_queues: int  # transfers in flight
+    dma_row_bytes: int  # DMA packet-rate rule: each partition row costs at least this many bytes (dmarule)
     sbuf_budget: int  # usable SBUF bytes per partition
     max_lnc: int  # logical cores one launch may span (trn2 pairs cores; trn1 has no LNC=2)
 
@@ -76,11 +84,19 @@ class Buffer(NamedTuple):
 
 
 class Plan(NamedTuple):
-    """Tiles and core split: S rows per super-block, CI intermediate columns per chunk, split over I."""
+    """Tiles and core split: S rows per super-block, CI intermediate columns per chunk, split over I, and
+    KC output columns per block of the column-blocked down-projection (0: an SBUF accumulator instead).
+
+    KC > 0: the combine's result h^T goes to an HBM scratch, then the down-projection runs one KC-wide
+    column block at a time, accumulating all of I in PSUM (ACC_BANKS banks); each piece leaves PSUM once
+    through the epilogue's elementwise part, to an fp32 HBM scratch the epilogue's statistics passes read
+    (without statistics, to the outputs); nothing of width K stays in SBUF but x^T.
+    """
 
     s: int
     ci: int
     split: int  # 1: each core computes every row over its share of I; 0: each core its own rows
+    kc: int = 0
 
 
 class Cost(NamedTuple):
@@ -115,23 +131,40 @@ def work_per_core(rows: int, i: int, lnc: int, split: int) -> tuple[int, int]:
     return rows_per_core(rows, lnc), i
 
 
-def buffers(m: FfnModel, s: int, ci: int, k: int, i: int) -> list[Buffer]:
-    """The kernel's SBUF buffers for super-block `s` rows and chunk `ci` columns."""
+def buffers(m: FfnModel, s: int, ci: int, k: int, i: int, kc: int = 0) -> list[Buffer]:
+    """The kernel's SBUF buffers for super-block `s` rows, chunk `ci` columns and column block `kc`."""
     n_k, n_h, n_hc = cdiv(k, P), cdiv(i, P), cdiv(ci, P)
-    return [
+    epi = m.epi_cols if kc else m.epi
+    common = [
         Buffer("x^T, K on partitions", n_k * s * m.x_bytes, 1),
         Buffer("x row block, staged for the PE transpose", min(F_MOV, k) * m.x_bytes, 2),
-        Buffer("fp32 accumulator", cdiv(s, P) * k * 4, 1),
         up_weights(m, s, ci, k),
-        Buffer("down-projection weight chunk", n_hc * k * m.x_bytes, 2),
         Buffer("combine output (down-proj stationary)", n_hc * F_MOV * m.x_bytes, 1),
         Buffer("combine temporaries", m.mid_tiles * F_MOV * 4, 2),
         Buffer("prologue block (one K-block's loads and temporaries)", m.pro.block_bytes * min(F_MOV, k), 2),
-        Buffer("epilogue block (one K-block's loads and temporaries)", m.epi.block_bytes * min(F_MOV, k), 2),
-        Buffer("[K]-bias piece / partial-sum block", F_MOV * 4, 2),
-        Buffer("row statistics columns", (m.epi.cols + m.pro.cols) * 4, 2),
+        Buffer("epilogue block (one K-block's loads and temporaries)", epi.block_bytes * min(F_MOV, k), 2),
+        Buffer("row statistics columns", (epi.cols + m.pro.cols) * 4, 2),
         Buffer("[I] columns", m.col_vectors * n_h * 4, 1),
     ]
+    if kc:
+        return [
+            *common,
+            Buffer("down-projection weight tile (one I-tile, one column block)", kc * m.x_bytes, 2),
+            Buffer("combine output tile read back (h^T, one I-tile)", s * m.x_bytes, 2),
+            Buffer("PSUM eviction block (its loads and temporaries)", m.evict.block_bytes * min(F_MOV, k), 2),
+        ]
+    return [
+        *common,
+        Buffer("fp32 accumulator", cdiv(s, P) * k * 4, 1),
+        Buffer("down-projection weight chunk", n_hc * k * m.x_bytes, 2),
+        Buffer("[K]-bias piece / partial-sum block", F_MOV * 4, 2),
+    ]
+
+
+def column_block(s: int, k: int) -> int:
+    """KC of the column-blocked down-projection at super-block `s`: as many F_MOV-wide pieces per row tile
+    as ACC_BANKS allows (at most K's); 0 when a super-block has more row tiles than ACC_BANKS."""
+    return min(cdiv(k, F_MOV), ACC_BANKS // cdiv(s, P)) * F_MOV
 
 
 def up_weights(m: FfnModel, s: int, ci: int, k: int) -> Buffer:
@@ -143,24 +176,32 @@ def up_weights(m: FfnModel, s: int, ci: int, k: int) -> Buffer:
     return Buffer("up-projection weight chunk", m.n_up * cdiv(k, P) * ci * m.x_bytes, 2)
 
 
-def sbuf_bytes(m: FfnModel, s: int, ci: int, k: int, i: int) -> int:
+def sbuf_bytes(m: FfnModel, s: int, ci: int, k: int, i: int, kc: int = 0) -> int:
     """SBUF bytes per partition the kernel needs, copies included."""
-    return sum(b.bytes * b.copies for b in buffers(m, s, ci, k, i))
+    return sum(b.bytes * b.copies for b in buffers(m, s, ci, k, i, kc))
 
 
-def psum_banks(m: FfnModel) -> int:
-    """PSUM banks in flight: each projection tile and the down-projection tile, double-buffered."""
-    return 2 * (m.n_up + 1)
+def smallest_need(m: FfnModel, k: int, i: int) -> int:
+    """SBUF bytes of the smallest plan (S=128, CI=128), the better of the two down-projections."""
+    return min(sbuf_bytes(m, P, P, k, i), sbuf_bytes(m, P, P, k, i, column_block(P, k)))
 
 
-def _stage_cost(st: Stage, tiles: int, k: int) -> tuple[float, float, int, int]:
-    """(ACT cycles, DVE cycles, DMA bytes, DMA transfers) of a stage over `tiles` row tiles of P rows."""
+def psum_banks(m: FfnModel, kc: int = 0) -> int:
+    """PSUM banks in flight: each projection tile and the down-projection tile, double-buffered; with
+    column blocks, the down-projection's ACC_BANKS double-buffered (the up-projections' are free by then)."""
+    return 2 * ACC_BANKS if kc else 2 * (m.n_up + 1)
+
+
+def _stage_cost(st: Stage, tiles: int, k: int, shared: int = 0) -> tuple[float, float, int, int]:
+    """(ACT cycles, DVE cycles, DMA bytes, DMA transfers) of a stage over `tiles` row tiles of P rows;
+    `shared`: its [K] rows are broadcast once for that many row tiles (0: once per row tile)."""
     n_kb = cdiv(k, F_MOV)
-    k_cycles = sum(max(MIN_CYCLES, nb) * n for nb, n in _runs(k, F_MOV))
+    k_cycles = _cycles(k)
     act = tiles * st.act * k_cycles
     dve = tiles * (st.dve * k_cycles + st.col_ops * n_kb * MIN_CYCLES)
-    moved = tiles * P * k * (st.read_bytes + 4 * st.bcast)  # broadcast rows: P copies land in SBUF
-    return act, dve, moved, tiles * n_kb * st.loads
+    bcast_tiles = cdiv(tiles, shared) if shared else tiles
+    moved = P * k * (tiles * st.read_bytes + bcast_tiles * 4 * st.bcast)  # broadcast: P copies land in SBUF
+    return act, dve, moved, n_kb * (tiles * (st.loads - st.bcast) + bcast_tiles * st.bcast)
 
 
 def _runs(total: int, size: int) -> list[tuple[int, int]]:
@@ -170,11 +211,11 @@ def _runs(total: int, size: int) -> list[tuple[int, int]]:
 
 
 def _super_block(
-    m: FfnModel, s_rows: int, inter: int, ci: int, k: int
+    m: FfnModel, s_rows: int, inter: int, ci: int, k: int, kc: int = 0
 ) -> tuple[float, float, float, int, int]:
     """(PE, ACT, DVE cycles, DMA bytes, transfers) of one super-block of `s_rows` rows, `inter` columns."""
     n_k = cdiv(k, P)
-    k_cycles = sum(max(MIN_CYCLES, nk) * n for nk, n in _runs(k, F_MOV))  # one row tile's K, 512 wide
+    k_cycles = _cycles(k)  # one row tile's K, 512 wide
     act, dve, hbm, transfers = _stage_cost(m.pro, cdiv(s_rows, P), k)
     pe = 0.0
     # x's rows read a K-block per transfer; each K-tile transposed on the PE into PSUM, copied out on DVE
@@ -182,71 +223,105 @@ def _super_block(
     for rows_t, n_t in _runs(s_rows, P):
         pe += n_t * n_k * max(MIN_CYCLES, rows_t)
         dve += n_t * n_k * max(MIN_CYCLES, rows_t)
-    if m.fold_bias:  # one [P, F_MOV] piece of the bias per eviction of the first chunk
+    if m.fold_bias and not kc:  # one [P, F_MOV] piece of the bias per eviction of the first chunk
         hbm += cdiv(s_rows, P) * P * k * 4
         transfers += cdiv(s_rows, P) * cdiv(k, F_MOV)
     for chunk, n_chunks in _runs(inter, ci):
         n_hc = cdiv(chunk, P)
-        hbm += n_chunks * (m.n_up + 1) * k * chunk * m.x_bytes
-        transfers += n_chunks * (m.n_up * n_k + n_hc)
+        hbm += n_chunks * (m.n_up + (0 if kc else 1)) * k * chunk * m.x_bytes
+        transfers += n_chunks * (m.n_up * n_k + (0 if kc else n_hc))
         for rw, n_rw in _runs(s_rows, F_MOV):
             width, times = max(MIN_CYCLES, rw), n_chunks * n_rw * n_hc
-            pe += times * (m.n_up * n_k * width + cdiv(rw, P) * k_cycles)
             act += times * m.mid_act * width
-            dve += times * m.mid_dve * width + n_chunks * n_rw * cdiv(rw, P) * k_cycles  # PSUM evictions
+            dve += times * m.mid_dve * width
+            if kc:  # each combine tile [ph, rw] written to the h^T scratch
+                pe += times * m.n_up * n_k * width
+                hbm, transfers = hbm + n_chunks * n_rw * chunk * rw * m.x_bytes, transfers + times
+                continue
+            pe += times * (m.n_up * n_k * width + cdiv(rw, P) * k_cycles)
+            dve += n_chunks * n_rw * cdiv(rw, P) * k_cycles  # PSUM evictions into the accumulator
+    if kc:
+        parts = _column_blocks(m, s_rows, inter, k, kc)
+        pe, act, dve = pe + parts[0], act + parts[1], dve + parts[2]
+        hbm, transfers = hbm + parts[3], transfers + parts[4]
     return pe, act, dve, hbm, transfers
+
+
+def _column_blocks(
+    m: FfnModel, s_rows: int, inter: int, k: int, kc: int
+) -> tuple[float, float, float, int, int]:
+    """(PE, ACT, DVE cycles, DMA bytes, transfers) of the column-blocked down-projection of one super-block:
+    per KC block, every I-tile's weight tile and h^T tile read and its matmuls accumulated in PSUM, then
+    each [P, F_MOV] piece evicted once (the `evict` stage) and written to the fp32 scratch, if an epilogue
+    with row statistics follows (else the eviction wrote the outputs)."""
+    n_it, n_rs = cdiv(inter, P), cdiv(s_rows, P)
+    act, dve, moved, transfers = _stage_cost(m.evict, n_rs, k, shared=n_rs)
+    blocks = cdiv(k, kc)
+    scratch = s_rows * k * 4 if m.epi_cols.sweeps else 0
+    hbm = inter * k * m.x_bytes + blocks * inter * s_rows * m.x_bytes + moved + scratch
+    return float(n_it * n_rs * _cycles(k)), act, dve, hbm, transfers + blocks * 2 * n_it
+
+
+def _cycles(k: int) -> int:
+    """Cycles of one instruction per F_MOV-wide piece over K, the last one ragged."""
+    return sum(max(MIN_CYCLES, nk) * n for nk, n in _runs(k, F_MOV))
 
 
 def cost(m: FfnModel, mach: Machine, rows: int, k: int, i: int, lnc: int, plan: Plan) -> Cost:
     """Modelled time of the busiest core for `plan`."""
     comp_rows, inter = work_per_core(rows, i, lnc, plan.split)
     own = rows_per_core(rows, lnc)
-    k_cycles = sum(max(MIN_CYCLES, nk) * n for nk, n in _runs(k, F_MOV))
+    k_cycles = _cycles(k)
     pe = act = dve = 0.0
     hbm = transfers = 0
     for s_rows, n_sb in _runs(comp_rows, plan.s):
-        parts = _super_block(m, s_rows, inter, plan.ci, k)
+        parts = _super_block(m, s_rows, inter, plan.ci, k, plan.kc)
         pe, act, dve = pe + n_sb * parts[0], act + n_sb * parts[1], dve + n_sb * parts[2]
         hbm, transfers = hbm + n_sb * parts[3], transfers + n_sb * parts[4]
     tiles = cdiv(own, P)
-    e_act, e_dve, e_bytes, e_transfers = _stage_cost(m.epi, tiles, k)
+    e_act, e_dve, e_bytes, e_transfers = _stage_cost(m.epi_cols if plan.kc else m.epi, tiles, k)
     act, dve, hbm, transfers = act + e_act, dve + e_dve, hbm + e_bytes, transfers + e_transfers
-    hbm += own * k * 4 * m.acc_init
-    transfers += tiles * m.acc_init
+    if not plan.kc:
+        hbm += own * k * 4 * m.acc_init
+        transfers += tiles * m.acc_init
     if plan.split and lnc > 1:  # partial down-projections of the other core's rows out, this core's in
         hbm += 2 * own * k * 4
         transfers += tiles * (1 + cdiv(k, F_MOV))
         dve += tiles * k_cycles
-    dma = max(hbm / mach.dma_gbps, transfers * mach.dma_fixed_ns / mach.dma_queues)
+    # the packet-rate rule over the average transfer (a lower bound of the per-transfer sum the trace
+    # model charges: transfers below DMA_ROW_BYTES per partition row cost more than their bytes)
+    engine_bytes = dma_engine_bytes(hbm, transfers * P, mach.dma_queues, mach.dma_row_bytes)
+    dma = max(engine_bytes * mach.dma_queues / mach.dma_gbps, transfers * mach.dma_fixed_ns / mach.dma_queues)
     return Cost(pe / mach.pe_ghz, act / mach.act_ghz, dve / mach.dve_ghz, dma, hbm)
 
 
 def candidates(
     m: FfnModel, rows: int, k: int, i: int, lnc: int, budget: int, exhaustive: bool = False
 ) -> list[Plan]:
-    """Legal plans: every (S, CI) multiple of 128 when exhaustive, else a pruned set the search keeps."""
+    """Legal plans: every (S, CI) multiple of 128 when exhaustive, else a pruned set the search keeps; each
+    with the SBUF accumulator and, where S allows (split over rows only), with column blocks."""
     plans = []
     for split in (0, 1) if lnc > 1 and cdiv(i, P) >= lnc else (0,):
         comp_rows, inter = work_per_core(rows, i, lnc, split)
         s_all = range(P, cdiv(comp_rows, P) * P + 1, P)
         ci_all = range(P, cdiv(inter, P) * P + 1, P)
-        s_set = s_all if exhaustive else _row_tiles(comp_rows)
-        for s in s_set:
-            if exhaustive:
-                fits = [ci for ci in ci_all if sbuf_bytes(m, s, ci, k, i) <= budget]
-            else:
-                widest = _widest_fit(m, s, ci_all, k, i, budget)
-                fits = [ci for ci in ci_all[max(0, widest - 3) : widest + 1]] if widest >= 0 else []
-            plans += [Plan(s, ci, split) for ci in fits]
-    return plans
+        for s in s_all if exhaustive else _row_tiles(comp_rows):
+            for kc in (0, 0 if split else column_block(s, k)) if s <= ACC_BANKS * P else (0,):
+                if exhaustive:
+                    fits = [ci for ci in ci_all if sbuf_bytes(m, s, ci, k, i, kc) <= budget]
+                else:
+                    widest = _widest_fit(m, s, ci_all, k, i, budget, kc)
+                    fits = [ci for ci in ci_all[max(0, widest - 3) : widest + 1]] if widest >= 0 else []
+                plans += [Plan(s, ci, split, kc) for ci in fits]
+    return list(dict.fromkeys(plans))
 
 
-def _widest_fit(m: FfnModel, s: int, ci_all: range, k: int, i: int, budget: int) -> int:
+def _widest_fit(m: FfnModel, s: int, ci_all: range, k: int, i: int, budget: int, kc: int) -> int:
     """Index in `ci_all` of the widest chunk that fits, -1 if none (SBUF grows with CI: bisect)."""
     lo, hi = -1, len(ci_all) - 1
     while lo < hi:
         mid = (lo + hi + 1) // 2
-        if sbuf_bytes(m, s, ci_all[mid], k, i) <= budget:
+        if sbuf_bytes(m, s, ci_all[mid], k, i, kc) <= budget:
             lo = mid
         else:
             hi = mid - 1
@@ -268,7 +343,7 @@ def rank_key(
     that leaves the other engines most slack), then HBM bytes, then SBUF."""
     c = cost(m, mach, rows, k, i, lnc, plan)
     work = c.pe + c.act + c.dve + c.dma
-    return (round(c.total, 1), round(work, 1), c.hbm_bytes, sbuf_bytes(m, plan.s, plan.ci, k, i))
+    return (round(c.total, 1), round(work, 1), c.hbm_bytes, sbuf_bytes(m, plan.s, plan.ci, k, i, plan.kc))
 
 
 def choose(m: FfnModel, mach: Machine, rows: int, k: int, i: int, lnc: int) -> Plan:
@@ -277,7 +352,7 @@ def choose(m: FfnModel, mach: Machine, rows: int, k: int, i: int, lnc: int) -> P
         raise ValueError(f"LNC={lnc} is not available on this target: at most {mach.max_lnc}")
     plans = candidates(m, rows, k, i, lnc, mach.sbuf_budget)
     if not plans:
-        need = sbuf_bytes(m, P, P, k, i)
+        need = smallest_need(m, k, i)
         raise ValueError(
             f"no tile plan fits: the smallest (S=128, CI=128) needs {need} B/partition of SBUF "
             f"for K={k}, I={i}; the budget is {mach.sbuf_budget} B"

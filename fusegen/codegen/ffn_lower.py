@@ -2,14 +2,23 @@
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass
 
 from fusegen.codegen.family import kernel_arg
-from fusegen.codegen.ffn_blocks import BlockedStage, BlockLoad, emit_blocked
+from fusegen.codegen.ffn_blocks import (
+    BlockedStage,
+    BlockLoad,
+    BlockSelector,
+    block_reduction,
+    emit_blocked,
+    spine,
+    walk,
+)
 from fusegen.codegen.ffn_budget import F_MOV, NO_STAGE, FfnModel, P
 from fusegen.codegen.ffn_match import FfnMatch, weight_columns
 from fusegen.codegen.select import NL_DTYPE, Layout, Selector
-from fusegen.codegen.stage import Operand, StageBuilder, dim_source
+from fusegen.codegen.stage import Expr, Operand, StageBuilder, dim_source
 from fusegen.dsl.ir import DTYPE_BYTES, Dim, KernelIR, Node
 
 
@@ -51,6 +60,8 @@ class FfnLowering:
     outputs: tuple[OutputWrite, ...]
     model: FfnModel
     prologue: BlockedStage | None = None
+    epilogue_cols: BlockedStage | None = None  # column-blocked plans' epilogue (None: the eviction's)
+    evict: BlockedStage | None = None  # their PSUM eviction of each down-projection piece
 
 
 def lower_ffn(ir: KernelIR, m: FfnMatch) -> FfnLowering:
@@ -60,6 +71,8 @@ def lower_ffn(ir: KernelIR, m: FfnMatch) -> FfnLowering:
     epi_inputs = _row_stage_inputs(ir, m, m.epi_nodes)
     acc_init, first_chunk, acc_node = _accumulator(ir, m, epi_inputs)
     epilogue, outputs = _lower_epilogue(ir, m, epi_inputs, acc_node, acc_init)
+    evict, saved = _lower_eviction(ir, m, epi_inputs)
+    epilogue_cols = None if saved is None else _lower_epilogue(ir, m, epi_inputs, saved, None, True)[0]
     prologue = _lower_prologue(ir, m)
     model = FfnModel(
         n_up=len(m.ups),
@@ -73,6 +86,8 @@ def lower_ffn(ir: KernelIR, m: FfnMatch) -> FfnLowering:
         fold_bias=int(len(first_chunk) > 1),
         epi=epilogue.model,
         pro=prologue.model if prologue else NO_STAGE,
+        epi_cols=epilogue_cols.model if epilogue_cols else NO_STAGE,
+        evict=evict.model,
     )
     down_weight = ir.node(m.down.args[1])
     return FfnLowering(
@@ -91,6 +106,8 @@ def lower_ffn(ir: KernelIR, m: FfnMatch) -> FfnLowering:
         outputs=outputs,
         model=model,
         prologue=prologue,
+        epilogue_cols=epilogue_cols,
+        evict=evict,
     )
 
 
@@ -176,8 +193,8 @@ def _row_builder(ir: KernelIR, m: FfnMatch, leaves: dict[int, Operand]) -> Stage
     return StageBuilder(ir, leaves, kind_of, free_size=lambda n: m.hidden)
 
 
-def _block_selector(prefix: str) -> Selector:
-    return Selector(Layout(part="pr", free="nb", free_alloc="kb"), prefix=prefix)
+def _block_selector(prefix: str) -> BlockSelector:
+    return BlockSelector(Layout(part="pr", free="nb", free_alloc="kb"), prefix=prefix)
 
 
 def _lower_prologue(ir: KernelIR, m: FfnMatch) -> BlockedStage | None:
@@ -225,9 +242,13 @@ def _accumulator(
     ps = "ps[0:pr, 0:nk]"
     add = f"nisa.tensor_tensor(dst={acc}, data1={acc}, data2={ps}, op=nl.add)"
     users = ir.users(m.down.id)
-    if len(users) == 1 and users[0].op == "add" and users[0].id in m.epi_nodes:
+    outputs = {o.node for o in ir.outputs}
+    # fold only when nothing else reads what the fold hides: the bare down-projection (an output, or
+    # another user) or the partner input (a residual the epilogue reads again)
+    if len(users) == 1 and users[0].op == "add" and users[0].id in m.epi_nodes and m.down.id not in outputs:
         partner = ir.node(next(a for a in users[0].args if a != m.down.id))
-        name = kernel_arg(str(partner.name)) if partner.op == "input" else None
+        used_once = partner.op == "input" and _epilogue_users(ir, m, partner) == [users[0].id]
+        name = kernel_arg(str(partner.name)) if used_once else None
         if name in inputs["tile"]:
             return name, (add,), users[0].id
         if name in inputs["row"]:
@@ -244,24 +265,81 @@ def _accumulator(
     return None, (f"nisa.tensor_copy(dst={acc}, src={ps})",), m.down.id
 
 
+def _epilogue_users(ir: KernelIR, m: FfnMatch, node: Node) -> list[int]:
+    """Ids of the epilogue nodes reading `node` (once each), and -1 if it is also an output."""
+    users = sorted({u.id for u in ir.users(node.id) if u.id in m.epi_nodes})
+    return users + [-1] * any(o.node == node.id for o in ir.outputs)
+
+
+def _lower_eviction(
+    ir: KernelIR, m: FfnMatch, inputs: dict[str, tuple[str, ...]]
+) -> tuple[BlockedStage, int | None]:
+    """Column-blocked plans: each [P, F_MOV] piece of the down-projection leaves PSUM once, so the
+    elementwise spine above it (e.g. `+ b2 + a`, LayerScale's `a + ls * y`) is computed on the way out
+    and that value written to `acc_hbm`; returns the eviction and the IR node `acc_hbm` then holds.
+    An epilogue without row statistics or [R, 1] inputs runs whole in the eviction, which writes the
+    outputs (node None: no scratch, no epilogue after it)."""
+    leaves, loads = _row_leaves(ir, m.epi_nodes, inputs, skip=None)
+    leaves[m.down.id] = Operand("tile", "acc_ps[rs * n_kp + kp][0:pr, 0:nb]", memory="psum")
+    builder = _row_builder(ir, m, leaves)
+    exprs = [builder.expr(out.node) for out in ir.outputs]
+    if not inputs["vec"] and not any(block_reduction(e) for e in walk(exprs)):
+        whole = _output_writes(ir, exprs, [])
+        return emit_blocked(_block_selector("v"), exprs, loads, whole, writes=len(ir.outputs)), None
+    node_of = {id(e): nid for nid, e in builder.exprs.items()}
+    chain = [e for e in spine(exprs, builder.exprs[m.down.id]) if id(e) in node_of]  # IR values only
+    top = chain[-1] if chain else builder.exprs[m.down.id]
+
+    def finish(sel: Selector) -> list[str]:
+        value = sel.value(top)
+        if value.memory == "psum":  # a bare copy out of PSUM: on the Scalar engine, idle in this loop
+            value = sel.convert(value, "f32")
+        return [f"nisa.dma_copy(dst=acc_hbm[r0:r0 + pr, k0:k0 + nb], src={value.code})"]
+
+    stage = emit_blocked(_block_selector("v"), [top], loads, finish, writes=1)
+    assert len(stage.passes) == 1 and not stage.passes[0].before, "an eviction needs no statistics"
+    return stage, node_of[id(top)]
+
+
 def _lower_epilogue(
-    ir: KernelIR, m: FfnMatch, inputs: dict[str, tuple[str, ...]], acc_node: int, acc_init: str | None
+    ir: KernelIR,
+    m: FfnMatch,
+    inputs: dict[str, tuple[str, ...]],
+    acc_node: int,
+    acc_init: str | None,
+    from_hbm: bool = False,
 ) -> tuple[BlockedStage, tuple[OutputWrite, ...]]:
+    """The epilogue over an SBUF accumulator, or (`from_hbm`, column-blocked plans) over the bare
+    down-projection's blocks loaded from the fp32 scratch `acc_hbm`, every other input a block load."""
     leaves, loads = _row_leaves(ir, m.epi_nodes, inputs, acc_init)
-    leaves[acc_node] = Operand("tile", "acc[rs][0:pr, k0:k0 + nb]")  # the accumulator's block
+    acc = "acc[rs][0:pr, k0:k0 + nb]"  # the accumulator's block
+    if from_hbm:
+        acc = ""
+        loads["acc_blk"] = BlockLoad("acc_blk", "acc_hbm[r0:r0 + pr, k0:k0 + nb]", 4, broadcast=False)
+    leaves[acc_node] = Operand("tile", "acc_blk[0:pr, 0:nb]" if from_hbm else acc)
     builder = _row_builder(ir, m, leaves)
     exprs = [builder.expr(out.node) for out in ir.outputs]  # all first: users counts must be complete
     writes: list[OutputWrite] = []
+    finish = _output_writes(ir, exprs, writes)
+    sel = _block_selector("u" if from_hbm else "e")  # names distinct from the other epilogue's
+    stage = emit_blocked(sel, exprs, loads, finish, writes=len(ir.outputs), accumulator=acc)
+    return stage, tuple(writes)
+
+
+def _output_writes(
+    ir: KernelIR, exprs: list[Expr], writes: list[OutputWrite]
+) -> Callable[[Selector], list[str]]:
+    """The last pass's finish: each output's value in its dtype (collected in `writes`), DMA'd out."""
 
     def finish(sel: Selector) -> list[str]:
         for out, expr in zip(ir.outputs, exprs, strict=True):
             # an output nothing else reads is written in its own dtype by the instruction computing it
             value = sel.value(expr, out.dtype if expr.users == 0 else "f32")
-            if value.dtype != out.dtype:
+            if value.memory == "psum":  # the bare down-projection: out of PSUM on the Scalar engine
+                value = sel.convert(value, out.dtype)
+            elif value.dtype != out.dtype:
                 value = sel.copy(value, "tile", out.dtype)
             writes.append(OutputWrite(kernel_arg(out.name), NL_DTYPE[out.dtype], value.code))
         return [f"nisa.dma_copy(dst={w.name}[r0:r0 + pr, k0:k0 + nb], src={w.source})" for w in writes]
 
-    acc = "acc[rs][0:pr, k0:k0 + nb]"
-    stage = emit_blocked(_block_selector("e"), exprs, loads, finish, writes=len(ir.outputs), accumulator=acc)
-    return stage, tuple(writes)
+    return finish

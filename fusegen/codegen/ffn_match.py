@@ -35,7 +35,8 @@ def match_ffn(ir: KernelIR) -> FfnMatch:
     """The FFN roles of `ir`'s nodes, or raise Mismatch at the first node that does not fit."""
     matmuls = [n for n in ir.nodes if n.op == "matmul"]
     if not matmuls:
-        raise Mismatch(FAMILY, ir.outputs[0].span, "there is no matmul (`@`) to project with")
+        reason = "there is no matmul (`@`) to project with"
+        raise Mismatch(FAMILY, ir.outputs[0].span, reason, relevant=False)
     down = matmuls[-1]
     ups = tuple(matmuls[:-1])
     if not 1 <= len(ups) <= 2:

@@ -11,8 +11,10 @@ and squeezes the lifted outputs, so users call the kernel with their own shapes.
 from __future__ import annotations
 
 import dataclasses
+import re
 from dataclasses import dataclass
 
+from fusegen.codegen.family import Mismatch, describe
 from fusegen.dsl.ir import AttrValue, Dim, IndexItem, KernelIR, Node, OutputDecl, Shape, TensorDecl
 
 ONE = Dim.const(1)
@@ -52,6 +54,23 @@ def lift_rows(ir: KernelIR) -> Lifted | None:
         weight_inputs=tuple(i.name for i in ir.inputs if lift.is_weight(i.shape)),
         squeezed_outputs=squeezed,
     )
+
+
+#: The value a `leave()` reason ends with: (`name` is f32[T, 1, H]).
+_DESCRIBED = re.compile(r"\(`([^`]+)` is \w+\[[^\]]*\]\)$")
+
+
+def as_written(miss: Mismatch, lifted: Lifted) -> Mismatch:
+    """`miss`, found on the lifted IR, told in the spec's own terms: the value with the shape the spec gives
+    it (a [T] value is not a [T, 1] one), and the lifting named where the reason speaks of heads."""
+    reason = miss.reason
+    found = _DESCRIBED.search(reason)
+    same = [n for n in lifted.flat.nodes if found and n.span == miss.span and (n.name or n.op) == found[1]]
+    if found and same:
+        reason = f"{reason[: found.start()]}({describe(same[0])})"
+    if "[T, G" in reason:
+        reason += "; a spec over [T, H] data is read as [T, 1, H] (one head)"
+    return dataclasses.replace(miss, reason=reason)
 
 
 @dataclass(frozen=True)

@@ -8,6 +8,10 @@ one atomic system call and the folder always exists. Elsewhere the old folder is
 `.<kernel>.old-XXXX` and the staged one renamed into place: a kill between those two renames leaves the
 folder absent for a moment, and the next build (or `recover`) renames the old folder back. Leftover
 staging and old folders are removed by the next build and reported by `fusegen build --check`.
+
+Builds into one output folder take turns: each holds an exclusive lock on that folder while it recovers
+and swaps (flock on the folder itself, released by the kernel when a build dies; where fcntl is missing,
+a `.fusegen.lock` file created exclusively), so one build never removes another's staging folder.
 """
 
 from __future__ import annotations
@@ -18,7 +22,9 @@ import errno
 import os
 import shutil
 import tempfile
-from collections.abc import Iterable
+import time
+from collections.abc import Iterable, Iterator
+from contextlib import contextmanager
 from pathlib import Path
 
 STAGING = ".staging-"
@@ -30,25 +36,67 @@ AT_FDCWD = -100
 
 def write_atomically(out_dir: Path, files: Iterable[tuple[str, str]]) -> list[str]:
     """Write each kernel folder of `files` whole (staged, then swapped in); return the paths that changed."""
-    recover(out_dir)
     folders: dict[str, dict[str, str]] = {}
     for rel, text in files:
         folder, _, name = rel.partition("/")
         folders.setdefault(folder, {})[name] = text
     changed = []
-    for folder, texts in folders.items():
-        target = out_dir / folder
-        differ = _differing(target, texts)
-        if not differ and not _extra_entries(target, texts):
-            continue
-        _swap_in(out_dir, folder, texts)
-        changed += [f"{folder}/{name}" for name in differ]
+    out_dir.mkdir(parents=True, exist_ok=True)
+    with locked(out_dir):
+        recover(out_dir)
+        for folder, texts in folders.items():
+            target = out_dir / folder
+            differ = _differing(target, texts)
+            if not differ and not _extra_entries(target, texts):
+                continue
+            _swap_in(out_dir, folder, texts)
+            changed += [f"{folder}/{name}" for name in differ]
     return changed
+
+
+#: The fallback lock's file, and how old it may grow before a waiting build takes it as a dead build's.
+LOCK_FILE = ".fusegen.lock"
+STALE_LOCK_S = 600.0
+
+
+@contextmanager
+def locked(out_dir: Path) -> Iterator[None]:
+    """Hold the output folder's exclusive build lock (waiting for another build to finish)."""
+    try:
+        import fcntl
+    except ImportError:  # no flock (Windows): an exclusively created file
+        with _lock_file(out_dir / LOCK_FILE):
+            yield
+        return
+    fd = os.open(out_dir, os.O_RDONLY)
+    try:
+        fcntl.flock(fd, fcntl.LOCK_EX)
+        yield
+    finally:
+        os.close(fd)  # closing releases the lock
+
+
+@contextmanager
+def _lock_file(path: Path) -> Iterator[None]:
+    while True:
+        try:
+            os.close(os.open(path, os.O_CREAT | os.O_EXCL | os.O_WRONLY))
+            break
+        except FileExistsError:
+            try:
+                if time.time() - path.stat().st_mtime > STALE_LOCK_S:
+                    path.unlink()  # a build that died holding it
+            except FileNotFoundError:
+                pass
+            time.sleep(0.05)
+    try:
+        yield
+    finally:
+        path.unlink(missing_ok=True)
 
 
 def _swap_in(out_dir: Path, folder: str, texts: dict[str, str]) -> None:
     """Render `texts` into a staging folder beside `out_dir/folder` and put it in that folder's place."""
-    out_dir.mkdir(parents=True, exist_ok=True)
     staged = Path(tempfile.mkdtemp(dir=out_dir, prefix=f".{folder}{STAGING}"))
     os.chmod(staged, 0o777 & ~_umask())  # mkdtemp makes 0700; a kernel folder is an ordinary one
     for name, text in texts.items():

@@ -9,7 +9,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from fusegen.codegen import ffn_budget as fb
-from fusegen.perf.cost import DMA_FIXED_NS, DMA_QUEUES
+from fusegen.perf.cost import ASSUMED, DMA_FIXED_NS, DMA_QUEUES
 from fusegen.perf.roofline import hbm_bytes_per_ns
 from fusegen.sim.targets import Target
 
@@ -86,6 +86,7 @@ def machine(target: Target) -> fb.Machine:
         dma_gbps=min(dma, hbm_bytes_per_ns(target)),  # GB/s == bytes/ns
         dma_fixed_ns=DMA_FIXED_NS,
         dma_queues=DMA_QUEUES,
+        dma_row_bytes=ASSUMED.dma_row_bytes,
         sbuf_budget=target.sbuf_usable_bytes,
         max_lnc=target.max_lnc,
     )
@@ -115,7 +116,7 @@ def candidates(
         raise PlanError(f"the kernel needs {banks} PSUM banks; {target.name} has {target.psum_banks}")
     plans = fb.candidates(model, rows, k, i, lnc, mach.sbuf_budget)
     if not plans:
-        need = fb.sbuf_bytes(model, fb.P, fb.P, k, i)
+        need = fb.smallest_need(model, k, i)
         raise PlanError(
             f"no tile plan fits on {target.name}: the smallest (S=128, CI=128) needs {need} "
             f"B/partition of SBUF for K={k}, I={i}; the budget is {mach.sbuf_budget} B "
@@ -129,9 +130,9 @@ def candidates(
 def _widest_k(model: fb.FfnModel, i: int, budget: int) -> str:
     """The limit in words: the widest K (a multiple of 128) whose smallest plan fits at this I."""
     k = fb.P
-    if fb.sbuf_bytes(model, fb.P, fb.P, k, i) > budget:
+    if fb.smallest_need(model, k, i) > budget:
         return f"no K fits at I={i}"
-    while fb.sbuf_bytes(model, fb.P, fb.P, k + fb.P, i) <= budget:
+    while fb.smallest_need(model, k + fb.P, i) <= budget:
         k += fb.P
     return f"this kernel fits K <= {k} at I={i} here"
 
@@ -162,19 +163,19 @@ def _tile_plan(
         ("weight bytes streamed", f"{streamed:,} ({streamed / weights:.0f}x the {weights:,} B of weights)"),
     )
     buffers = tuple(
-        PlannedBuffer(b.name, "sbuf", b.bytes, b.copies) for b in fb.buffers(model, p.s, p.ci, k, i)
+        PlannedBuffer(b.name, "sbuf", b.bytes, b.copies) for b in fb.buffers(model, p.s, p.ci, k, i, p.kc)
     )
-    psum = PlannedBuffer("matmul accumulators (one bank each)", "psum", 2048, fb.psum_banks(model))
+    psum = PlannedBuffer("matmul accumulators (one bank each)", "psum", 2048, fb.psum_banks(model, p.kc))
     return TilePlan(
         family="ffn",
         target=target.name,
         lnc=lnc,
         dims=tuple(sorted(dims.items())),
-        tiles=(("S", p.s), ("CI", p.ci), ("split_i", p.split)),
+        tiles=(("S", p.s), ("CI", p.ci), ("split_i", p.split), ("KC", p.kc)),
         buffers=(*buffers, psum),
-        sbuf_bytes=fb.sbuf_bytes(model, p.s, p.ci, k, i),
+        sbuf_bytes=fb.sbuf_bytes(model, p.s, p.ci, k, i, p.kc),
         sbuf_budget=mach.sbuf_budget,
-        psum_banks=fb.psum_banks(model),
+        psum_banks=fb.psum_banks(model, p.kc),
         psum_budget=target.psum_banks,
         hbm_bytes=(("weights streamed", streamed), ("weights", weights), ("all", c.hbm_bytes)),
         summary=summary,
@@ -210,9 +211,10 @@ def _reasons(
         reasons.append(
             "up-projection weights stream a K-tile at a time (one row slice, one intermediate tile)"
         )
+    reasons.append(_down_projection(model, mach, shape, lnc, p, c))
     wider = p.ci + fb.P
-    if wider <= fb.cdiv(i, fb.P) * fb.P and fb.sbuf_bytes(model, p.s, wider, k, i) > mach.sbuf_budget:
-        need = fb.sbuf_bytes(model, p.s, wider, k, i)
+    if wider <= fb.cdiv(i, fb.P) * fb.P and fb.sbuf_bytes(model, p.s, wider, k, i, p.kc) > mach.sbuf_budget:
+        need = fb.sbuf_bytes(model, p.s, wider, k, i, p.kc)
         reasons.append(f"CI={p.ci}: CI={wider} would need {need} B > {mach.sbuf_budget} B of SBUF")
     if lnc > 1:
         other = fb.cost(model, mach, rows, k, i, lnc, fb.Plan(p.s, p.ci, 1 - p.split))
@@ -221,3 +223,25 @@ def _reasons(
             f"{mode}: the other split models {other.total / 1000:.1f} us against {c.total / 1000:.1f} us"
         )
     return tuple(reasons)
+
+
+def _down_projection(
+    model: fb.FfnModel, mach: fb.Machine, shape: tuple[int, int, int], lnc: int, p: fb.Plan, c: fb.Cost
+) -> str:
+    """Why this down-projection structure: the other one's modelled time, or the SBUF it would need."""
+    rows, k, i = shape
+    other = fb.Plan(p.s, p.ci, p.split, 0 if p.kc else fb.column_block(p.s, k))
+    if p.kc:
+        what = (f"column blocks of KC={p.kc}: h^T goes to an HBM scratch, each block of the down-projection "
+                f"accumulates all of I in {fb.ACC_BANKS} PSUM banks and is evicted once")  # fmt: skip
+        alt = "the SBUF accumulator"
+    else:
+        what = "an SBUF accumulator of S x K fp32, each chunk's down-projection evicted into it"
+        alt = "column blocks"
+    if not p.kc and (p.split or p.s > fb.ACC_BANKS * fb.P):
+        return f"{what} (column blocks need S <= {fb.ACC_BANKS * fb.P} and a split over rows)"
+    need = fb.sbuf_bytes(model, other.s, other.ci, k, i, other.kc)
+    if need > mach.sbuf_budget:
+        return f"{what}; {alt} would need {need} B > {mach.sbuf_budget} B of SBUF here"
+    t = fb.cost(model, mach, rows, k, i, lnc, other).total
+    return f"{what}; {alt} models {t / 1000:.1f} us against {c.total / 1000:.1f} us"

@@ -5,6 +5,7 @@ from __future__ import annotations
 from collections.abc import Callable
 
 from fusegen.codegen.stage import dim_source
+from fusegen.dsl.dim_sources import DimSource, dim_sources
 from fusegen.dsl.ir import Dim, IndexItem, KernelIR, Node
 
 TORCH_DTYPE = {"bf16": "torch.bfloat16", "f16": "torch.float16", "f32": "torch.float32"}
@@ -59,14 +60,21 @@ def reference_lines(ir: KernelIR) -> list[str]:
 
 
 def dim_bindings(ir: KernelIR, arg: Callable[[str], str]) -> list[tuple[str, str]]:
-    """(dim, source) pairs binding each dim from the first input whose shape names it plainly."""
-    bound: dict[str, str] = {d.name: str(d.value) for d in ir.dims if d.value is not None}
-    for decl in ir.inputs:
-        for axis, dim in enumerate(decl.shape):
-            name = dim.symbols()[0] if dim.symbols() and dim == Dim.sym(dim.symbols()[0]) else None
-            if name is not None and name not in bound:
-                bound[name] = f"{arg(decl.name)}.shape[{axis}]"
-    return sorted(bound.items())
+    """(dim, source) pairs binding each dim: fixed values and whole input axes by name, then the dims
+    solved from compound axes (`2*D`) in the order their sources need (dim_sources.py)."""
+    fixed = {d.name: str(d.value) for d in ir.dims if d.value is not None}
+    sources = dim_sources(ir.inputs, fixed)
+    plain = {s.name: f"{arg(s.input)}.shape[{s.axis}]" for s in sources if s.plain}
+    solved = [(s.name, _solved(s, arg)) for s in sources if not s.plain]
+    return sorted({**fixed, **plain}.items()) + solved
+
+
+def _solved(source: DimSource, arg: Callable[[str], str]) -> str:
+    """`(x.shape[1] - d_NQ) // 2`: a dim from an axis linear in it, over dims bound before it."""
+    axis = f"{arg(source.input)}.shape[{source.axis}]"
+    if source.rest != Dim.const(0):
+        axis = f"({axis} - {dim_source(source.rest)})"
+    return axis if source.coef == 1 else f"{axis} // {source.coef}"
 
 
 def _expr(ir: KernelIR, node: Node) -> str:

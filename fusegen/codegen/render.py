@@ -5,6 +5,7 @@ from __future__ import annotations
 import ast
 import functools
 import hashlib
+import importlib
 import inspect
 import io
 import re
@@ -67,9 +68,26 @@ def project_root(path: Path) -> Path | None:
 def vendored(module: ModuleType, start: str = "P = 128") -> str:
     """A standard-library-only module's code from the line starting with `start` on (docstring and
     imports stay behind: the generated file imports what it needs), to be copied into a generated file,
-    every name it defines made private (`private`)."""
+    every name it defines made private (`private`). The fusegen modules it imports from (themselves
+    standard library only, e.g. fusegen/perf/dmarule.py) are copied first, whole but for docstring and
+    imports, so their names are defined and renamed alike."""
     source = inspect.getsource(module)
-    return private(source[source.index("\n" + start) + 1 :].rstrip("\n"))
+    body = source[source.index("\n" + start) + 1 :].rstrip("\n")
+    used = [_body(importlib.import_module(name)) for name in _fusegen_imports(source)]
+    return private("\n\n\n".join([*used, body]))
+
+
+def _fusegen_imports(source: str) -> list[str]:
+    """Modules of the fusegen package a module's source imports names from (`from fusegen.x import y`)."""
+    found = [n.module for n in ast.parse(source).body if isinstance(n, ast.ImportFrom) and n.module]
+    return [name for name in found if name.startswith("fusegen.")]
+
+
+def _body(module: ModuleType) -> str:
+    """A module's code after its docstring and imports."""
+    source = inspect.getsource(module)
+    first = next(n for n in ast.parse(source).body[1:] if not isinstance(n, ast.Import | ast.ImportFrom))
+    return "\n".join(source.split("\n")[first.lineno - 1 :]).rstrip("\n")
 
 
 def private(source: str) -> str:

@@ -7,7 +7,7 @@ from dataclasses import dataclass
 
 from fusegen.codegen import rowreduce_budget as rb
 from fusegen.codegen.family import Mismatch, kernel_arg
-from fusegen.codegen.lift import Lifted, lift_rows
+from fusegen.codegen.lift import Lifted, as_written, lift_rows
 from fusegen.codegen.plan import PlanError, PlannedBuffer, TilePlan, check_lnc
 from fusegen.codegen.reference import dim_bindings
 from fusegen.codegen.render import header, private_repr, render, vendored
@@ -78,7 +78,18 @@ class RowReduceFamily:
 
     def match(self, ir: KernelIR) -> RowReduceMatch:
         """The row-reduction roles in `row_body(ir)` (raises Mismatch)."""
-        m = match_rowreduce(row_body(ir)[0])
+        matmul = next((n for n in ir.nodes if n.op == "matmul"), None)
+        if matmul is not None:
+            reason = (
+                "`@` is not row-wise math: the family takes elementwise math and row reductions over "
+                "[T, H] or [T, G, H] data"
+            )
+            raise Mismatch(self.name, matmul.span, reason, relevant=False)
+        body, lifted = row_body(ir)
+        try:
+            m = match_rowreduce(body)
+        except Mismatch as miss:
+            raise (as_written(miss, lifted) if lifted else miss) from None
         if m.backward_only:
             raise Mismatch(self.name, ir.outputs[0].span, "column inputs and sums over heads or tokens "
                            "are carried only by the row-reduction backward kernel")  # fmt: skip

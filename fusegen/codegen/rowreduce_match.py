@@ -88,7 +88,8 @@ def match_rowreduce(ir: KernelIR) -> RowReduceMatch:
     """The row-reduction roles of `ir`'s nodes, or raise Mismatch where it does not fit."""
     data = next((i for i in ir.inputs if len(i.shape) == 3), None)
     if data is None:
-        raise Mismatch(FAMILY, ir.inputs[0].span, "expected a 3-D input [T, G, H] (tokens, heads, width)")
+        raise Mismatch(FAMILY, ir.inputs[0].span, "expected a [T, H] or [T, G, H] data input (tokens, "
+                       "[heads,] width)", relevant=False)  # fmt: skip
     rows, heads, width = data.shape
     shapes = _Shapes(rows, heads, width)
     prep = _prep_nodes(ir, shapes)

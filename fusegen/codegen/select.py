@@ -119,7 +119,6 @@ class Selector:
     _kinds: dict[str, str] = field(default_factory=dict)  # tile name -> kind
     _memo: dict[tuple[int, str], Operand] = field(default_factory=dict)
     constant_columns: dict[str, Operand] = field(default_factory=dict)  # by value source (select_columns)
-    _pinned: set[int] = field(default_factory=set)
 
     def value(self, e: Expr, dtype: str = "f32") -> Operand:
         """An operand holding `e` (a scalar expression, a leaf, or a freshly computed tile)."""
@@ -131,29 +130,10 @@ class Selector:
         if key not in self._memo:
             held = self._memo.get((id(e), "f32"))
             if held is not None and held.kind == "tile":  # already computed: round it, don't recompute
-                self._memo[key] = self._convert(held, dtype)
+                self._memo[key] = self.convert(held, dtype)
             else:
                 self._memo[key] = self._materialise(e, dtype)
         return self._memo[key]
-
-    def hold(self, e: Expr, operand: Operand) -> None:
-        """From now on `e` is `operand` (a value computed elsewhere, e.g. a statistic finished by a pass)."""
-        self._memo[(id(e), "f32")] = operand
-
-    def holds(self, e: Expr) -> bool:
-        """Whether `e` is already computed (or held) in f32."""
-        return (id(e), "f32") in self._memo
-
-    def pin(self, e: Expr, operand: Operand) -> None:
-        """Hold `e` as `operand` for good: a tile kept across sweeps (e.g. written into the accumulator)."""
-        self.hold(e, operand)
-        self._pinned.add(id(e))
-
-    def forget_tiles(self) -> None:
-        """Drop memoised tiles (a new sweep over blocks recomputes them); columns and pinned tiles stay."""
-        self._memo = {
-            key: op for key, op in self._memo.items() if op.kind != "tile" or key[0] in self._pinned
-        }
 
     # ---- emission ----------------------------------------------------------------------------
 
@@ -215,7 +195,7 @@ class Selector:
         self._emit("tensor_copy", (src,), dst=dst.code, src=src.code)
         return dst
 
-    def _convert(self, src: Operand, dtype: str) -> Operand:
+    def convert(self, src: Operand, dtype: str) -> Operand:
         """`src` in another dtype by an identity activation: one pass on the Scalar engine, which these
         kernels leave idler than the Vector engine (recomputing a tensor_tensor would take two there)."""
         dst = self._alloc(src.kind, dtype)

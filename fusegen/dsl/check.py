@@ -19,6 +19,7 @@ from fusegen.dsl.declarations import (
     owns,
 )
 from fusegen.dsl.diagnostics import Diagnostic, SpecError
+from fusegen.dsl.dim_sources import dim_sources
 from fusegen.dsl.expressions import value
 from fusegen.dsl.parser import parse
 from fusegen.dsl.source import read_spec
@@ -43,7 +44,7 @@ def check_with_warnings(spec: ast.Spec) -> tuple[ir.KernelIR, tuple[Diagnostic, 
     constraints = declare_requires(ctx, _of(spec, ast.RequireDecl))
     inputs = declare_inputs(ctx, _of(spec, ast.InputDecl))
     params = declare_params(ctx, _of(spec, ast.ParamDecl))
-    _require_plain_dims(ctx, dims, inputs)
+    _require_determined_dims(ctx, dims, inputs)
     for statement in _of(spec, ast.Assign):
         _assign(ctx, statement)
     outputs = declare_outputs(ctx, _of(spec, ast.OutputDecl))
@@ -94,17 +95,19 @@ def _assign(ctx: Context, statement: ast.Assign) -> None:
     ctx.scope[target.name] = Binding(FAILED_NODE if node is None else node, "value", target.span)
 
 
-def _require_plain_dims(ctx: Context, dims: Sequence[ir.DimDecl], inputs: Sequence[ir.TensorDecl]) -> None:
-    """A free dim used in an input's shape must be some input's whole axis: generated code reads each
-    dim from such an axis (it does not solve `2*D` for `D`)."""
-    axes = [d for i in inputs for d in i.shape if d.symbols()]
-    plain = {d.symbols()[0] for d in axes if d == ir.Dim.sym(d.symbols()[0])}
+def _require_determined_dims(
+    ctx: Context, dims: Sequence[ir.DimDecl], inputs: Sequence[ir.TensorDecl]
+) -> None:
+    """A free dim used in an input's shape must be determined by the runtime shapes: some input's whole
+    axis, or an axis linear in it once the others are known (dim_sources.py), which generated code solves."""
+    fixed = [d.name for d in dims if d.value is not None]
+    determined = {s.name for s in dim_sources(inputs, fixed)} | set(fixed)
     for dim in dims:
-        if dim.value is not None or dim.name in plain:
+        if dim.name in determined:
             continue
         using = next((i for i in inputs if any(dim.name in d.symbols() for d in i.shape)), None)
         if using is not None:
-            message = f"dim `{dim.name}` appears only inside compound axes: no runtime shape gives its value"
+            message = f"dim `{dim.name}` appears only inside compound axes that do not determine its value"
             hint = f"give one input a whole `{dim.name}` axis, or fix its value: `dim {dim.name} = 64`"
             ctx.error(using.span, message, hint)
 

@@ -101,7 +101,7 @@ def analyse(spec: str, dims: dict[str, int], target: str, lnc: int, alternatives
         out = Path(tmp)
         built = build_spec(spec, BuildOptions(out, target, lnc))
         write_atomically(out, built.files)
-        kernels = sim.load_module(out / built.name / "kernel.py", target=target)
+        kernels = sim.load_module(out / built.name / "kernel.py", target=target, force=True)
     case = test_case(load_spec(spec)[0], dims)
     args = make_inputs(case.inputs, case.shapes)
     progress(f"running {built.name} at {dims_text(dims)} on the interpreter ({target}, LNC {lnc})")

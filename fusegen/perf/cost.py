@@ -1,17 +1,21 @@
-"""Per-instruction cost model: engine cycles from documented data-path rules, DMA time from bytes.
+"""Per-instruction cost model: engine cycles from documented data-path rules, DMA time from bytes and rows.
 
-Every figure comes from the NKI notes in shared/reference/nki.md §5/§6; its source tag sits next to it.
+Every figure comes from the NKI notes in shared/reference/nki.md §5/§6 or the AWS Neuron SDK pages named
+next to it (docs/performance.md has the derivations); the uncertain ones are in `ASSUMED`.
 `instruction_cost` is a plain function over numbers so the tile planner can price plans without a
 trace; `record_cost` adapts an interpreter trace Record to it.
 """
 
 from __future__ import annotations
 
+import contextlib
+import dataclasses
 import functools
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from typing import NamedTuple
 
+from fusegen.perf import dmarule
 from fusegen.sim.targets import Target
 from fusegen.sim.trace import Operand, Record
 
@@ -34,6 +38,53 @@ FP32_MATMUL_FACTOR = 4
 #: trn2 Vector "perf mode" (bf16/fp16, SBUF): tensor_copy/tensor_scalar up to 4x, tensor_tensor 2x [v3]
 PERF_MODE_SPEEDUP = {"tensor_copy": 4, "tensor_scalar": 4, "tensor_tensor": 2}
 HALF_DTYPES = frozenset({"bfloat16", "float16"})
+#: Tensor-engine dI/dt throttling (trn2, trn3): after an idle window the PE starts at ~50% of its peak
+#: utilisation and ramps to full over ~3 us; the limit re-engages when utilisation over any ~3 us window
+#: drops below 50% [SDK: tools/neuron-explorer/glossary.rst, "Throttling"]
+PE_COLD_UTILISATION = 0.5
+PE_RAMP_NS = 3000.0
+#: a hardware-DGE DMA instruction takes ~600 ns to execute; NeuronCore-v3 has two DGE instances
+#: [SDK: nki-dge.rst, trainium2_arch.rst]. Whether neuronx-cc gives a `dge_mode=unknown` transfer (what
+#: generated kernels issue) hardware DGE or static descriptors ("zero on-device overhead") is not
+#: documented, so the cost is off by default (ASSUMED.dge_issue_ns) and shown as a sensitivity.
+HWDGE_ISSUE_NS = 600.0
+HWDGE_INSTANCES = 2
+
+
+@dataclass
+class Assumptions:
+    """The model's uncertain figures, changeable for a sensitivity run (`assume`); see docs/performance.md."""
+
+    dma_row_bytes: int = dmarule.DMA_ROW_BYTES  # DMA packet-rate rule (fusegen/perf/dmarule.py)
+    pe_throttle: bool = True  # model the Tensor engine's dI/dt ramp on NeuronCore-v3+
+    dge_issue_ns: float = 0.0  # issue time of a DMA on one of the core's hardware DGEs (0: not modelled)
+
+
+ASSUMED = Assumptions()
+#: the benches' sensitivity runs: each uncertain figure varied alone (label, `assume` arguments)
+SENSITIVITY: tuple[tuple[str, dict[str, float | bool]], ...] = (
+    ("DMA row bytes x0.5", {"dma_row_bytes": dmarule.DMA_ROW_BYTES // 2}),
+    ("DMA row bytes x1.5", {"dma_row_bytes": dmarule.DMA_ROW_BYTES * 3 // 2}),
+    ("no PE throttling", {"pe_throttle": False}),
+    ("HWDGE issue 600 ns per DMA", {"dge_issue_ns": HWDGE_ISSUE_NS}),
+)
+#: the cost model before issue 15 (no DMA packet rule, no throttling), for before/after comparisons
+MODEL_I: dict[str, float | bool] = {"dma_row_bytes": 0, "pe_throttle": False}
+
+
+@contextlib.contextmanager
+def assume(**changes: float | bool) -> Iterator[Assumptions]:
+    """Within the block the cost model uses `changes` (e.g. dma_row_bytes=3675) instead of its figures."""
+    saved = dataclasses.replace(ASSUMED)
+    for name, value in changes.items():
+        if not hasattr(ASSUMED, name):
+            raise ValueError(f"no model assumption named {name!r}")
+        setattr(ASSUMED, name, value)
+    try:
+        yield ASSUMED
+    finally:
+        for name in changes:
+            setattr(ASSUMED, name, getattr(saved, name))
 
 
 class Shape(NamedTuple):
@@ -145,13 +196,30 @@ def dma_queues_used(partitions: int) -> int:
 
 
 def dma_cost(target: Target, nbytes: int, partitions: int = 128, transpose: bool = False,
-             from_hbm: bool = True) -> Cost:  # fmt: skip
-    """One transfer: its queues are busy for bytes / their bandwidth; the fixed cost is pipelined latency."""
-    rate = dma_queue_bytes_per_ns(target) * dma_queues_used(partitions)
+             from_hbm: bool = True, on_chip: bool = True) -> Cost:  # fmt: skip
+    """One transfer: each of its queues is busy for its share of the bytes at its bandwidth, but at least the
+    packet time of each SBUF partition row it moves (`dmarule`; an HBM-to-HBM copy has none: no figure is
+    published for it); the fixed cost is pipelined latency."""
+    queues = dma_queues_used(partitions)
+    rate = dma_queue_bytes_per_ns(target)
     if transpose:
         rate *= DMA_TRANSPOSE_FACTOR[from_hbm]
-    busy = nbytes / rate
+    rows = partitions if on_chip else 0
+    busy = dmarule.dma_engine_bytes(nbytes, rows, queues, ASSUMED.dma_row_bytes) / rate
     return Cost(busy, busy + DMA_FIXED_NS)
+
+
+def dge_issue_ns(target: Target) -> float:
+    """How long issuing one DMA holds a hardware DGE of `target` (0 when not modelled or no HWDGE)."""
+    return ASSUMED.dge_issue_ns if target.nc_version >= 3 else 0.0
+
+
+def pe_utilisation_limit(target: Target, since_ramp_ns: float) -> float:
+    """Share of its peak the Tensor engine may run at `since_ramp_ns` after its dI/dt ramp began (1.0 when
+    the target does not throttle or the ramp is over)."""
+    if target.nc_version < 3 or not ASSUMED.pe_throttle:
+        return 1.0
+    return PE_COLD_UTILISATION + (1 - PE_COLD_UTILISATION) * min(1.0, since_ramp_ns / PE_RAMP_NS)
 
 
 @functools.lru_cache(maxsize=4096)  # traces repeat a few shapes thousands of times
@@ -194,9 +262,8 @@ def record_cost(target: Target, rec: Record) -> Cost:
         return Cost(0.0, 0.0)
     if rec.engine == "dma":
         moved = max(rec.hbm_read + rec.sbuf_read, rec.hbm_write + rec.sbuf_write)
-        return dma_cost(
-            target, moved, rec.partitions, transpose=rec.op == "dma_transpose", from_hbm=rec.hbm_read > 0
-        )
+        return dma_cost(target, moved, rec.partitions, transpose=rec.op == "dma_transpose",
+                        from_hbm=rec.hbm_read > 0, on_chip=rec.sbuf_read + rec.sbuf_write > 0)  # fmt: skip
     return compute_cost(target, rec.engine, rec.op, record_shape(target, rec))
 
 

@@ -5,6 +5,7 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Any
 
+from fusegen import calibration as measured
 from fusegen.codegen.build import plan_shape
 from fusegen.codegen.commands import validated_shape
 from fusegen.codegen.plan import TilePlan
@@ -22,15 +23,22 @@ DISAGREE_MARGIN = 0.02
 
 
 def explain(spec: str, target: str, lnc: int, shape: dict[str, int] | None, trace: str | None = None,
-            svg_path: str | None = None, fmt: str = "text") -> int:  # fmt: skip
-    """Model `spec`'s kernel at `shape` (default: its first check line), print the report, write files."""
+            svg_path: str | None = None, fmt: str = "text", calibration: str | None = None
+            ) -> int:  # fmt: skip
+    """Model `spec`'s kernel at `shape` (default: its first check line), print the report with the device
+    measurements of the calibration file (fusegen/calibration.py), write files."""
     dims = _dims(spec, shape)
     plan_shape(spec, dims, target, lnc)  # when nothing fits: the planner's message
     analysis = analyse(spec, dims, target, lnc)
+    path = Path(calibration) if calibration else measured.default_path()
+    records = measured.read(path)
     if fmt == "json":
-        emit(document("explain", True, **report_json(analysis)))
+        emit(document("explain", True, **report_json(analysis),
+                      measured=measured.measured_json(records, analysis.name)))  # fmt: skip
     else:
         print(report(analysis))
+        time_ns = analysis.modeled.time_ns
+        print(f"\n{measured.section(records, path, analysis.name, target, lnc, dims, time_ns)}")
     if trace:
         chrome_trace(analysis.modeled.schedules, trace)
         progress(f"wrote the modelled timeline to {trace} (open it in https://ui.perfetto.dev)")

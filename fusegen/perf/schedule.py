@@ -14,6 +14,9 @@ program order (per barrier epoch, per core); an instruction starts when its queu
   lowest, as the interpreter's capacity check does), and waits until that tile's last access is done;
 * barriers: nothing of epoch e+1 starts before every core has finished epoch e (core_barrier).
 
+On NeuronCore-v3+ the Tensor engine runs at its dI/dt utilisation limit: ~50% after an idle window,
+ramping to full over ~3 us (`cost.pe_utilisation_limit`).
+
 A result reaches an instruction on another engine after the producer's latency (static sync overhead,
 or the DMA fixed cost); on the same engine, in-order issue suffices. SBUF reuse between different
 allocations is not modelled (ideal prefetch within the dependencies): see docs/performance.md.
@@ -25,13 +28,23 @@ from collections import defaultdict
 from collections.abc import Iterable
 from dataclasses import dataclass, field
 
-from fusegen.perf.cost import DMA_QUEUES, dma_queues_used, record_cost
+from fusegen.perf.cost import (
+    DMA_QUEUES,
+    HWDGE_INSTANCES,
+    PE_COLD_UTILISATION,
+    PE_RAMP_NS,
+    dge_issue_ns,
+    dma_queues_used,
+    pe_utilisation_limit,
+    record_cost,
+)
 from fusegen.sim.targets import Target
 from fusegen.sim.trace import Record
 
 ENGINES = ("tensor", "vector", "scalar", "gpsimd", "dma")
 ON_CHIP = frozenset({"sbuf", "psum"})
 DMA_LANES = tuple(f"dma{q}" for q in range(DMA_QUEUES))
+DGE_LANES = tuple(f"dge{d}" for d in range(HWDGE_INSTANCES))
 
 
 @dataclass(frozen=True, slots=True)
@@ -92,6 +105,8 @@ class _Core:
         self.last_use = last_use  # allocation id -> index of its last access (program order)
         self.bank_of: dict[int, int] = {}  # PSUM allocation id -> bank
         self.banks: list[tuple[int, float]] = [(-1, 0.0)] * banks  # (owning allocation or -1, free at)
+        self.pe_end = float("-inf")  # when the Tensor engine's last instruction ended
+        self.pe_ramp = 0.0  # when its dI/dt ramp last began
 
 
 class _Scheduler:
@@ -108,15 +123,32 @@ class _Scheduler:
         core = self.cores[rec.core]
         cost = record_cost(self.target, rec)
         lanes = _lanes(core, rec)
-        start = max(floor, _ready(core, rec), max(core.free[lane] for lane in lanes))
-        end = start + cost.busy_ns
+        ready = max(floor, _ready(core, rec))
+        issue = dge_issue_ns(self.target) if rec.engine == "dma" else 0.0
+        if issue:  # the transfer's descriptors come from the DGE that frees up first
+            dge = min(DGE_LANES, key=core.free.__getitem__)
+            ready = core.free[dge] = max(ready, core.free[dge]) + issue
+        start = max(ready, max(core.free[lane] for lane in lanes))
+        busy = _throttled(self.target, core, start, cost.busy_ns) if rec.engine == "tensor" else cost.busy_ns
+        end = start + busy
         for lane in lanes:
             core.free[lane] = end
-        self.busy[rec.engine] += cost.busy_ns * len(lanes)
-        done = start + cost.latency_ns
+        self.busy[rec.engine] += busy * len(lanes)
+        done = start + busy + (cost.latency_ns - cost.busy_ns)
         _commit(core, rec, end, done)
         self.end = max(self.end, done if rec.engine == "dma" else end)  # a DMA is over when its data lands
         return Span(rec, tuple(lanes), start, end)
+
+
+def _throttled(target: Target, core: _Core, start: float, busy: float) -> float:
+    """A Tensor-engine instruction's busy time under the dI/dt limit. An idle gap of half the ~3 us window
+    leaves that window below 50% utilisation, which restarts the ramp (busy windows of many short gaps are
+    not detected: optimistic)."""
+    if start - core.pe_end >= PE_RAMP_NS * (1 - PE_COLD_UTILISATION):
+        core.pe_ramp = start
+    busy /= pe_utilisation_limit(target, start - core.pe_ramp)
+    core.pe_end = start + busy
+    return busy
 
 
 def _ready(core: _Core, rec: Record) -> float:

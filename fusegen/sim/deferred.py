@@ -1,11 +1,12 @@
 """Deferred nc_matmul: an accumulation group is computed as one GEMM when its PSUM tile is next used.
 
 Kernels accumulate a PSUM tile over the contraction dim in many small matmuls (the seed kernel: ten of
-K=128 per tile). Each matmul's operands are copied as fp32 into its group's K-stacked buffers at once,
-so later writes to the operand tiles do not matter; the group's GEMM runs when another instruction
-touches the PSUM tile, when too many groups are pending, or when the instance ends. One K-stacked GEMM
-is cheaper than many small ones, and it runs off the instance's turn, overlapping the other instances'
-Python work (CoreBarrier). The result equals accumulating in PSUM one matmul at a time, up to fp32
+K=128 per tile). The group's GEMM runs when another instruction touches the PSUM tile, when too many
+groups are pending, or when the instance ends; only then are its matmuls' operands copied as fp32 into
+K-stacked buffers, so copies and GEMM both run off the instance's turn, overlapping the other instances'
+Python work (CoreBarrier). An operand tile stays unchanged until then: writing it first runs the pending
+groups that read it (Alloc.readers), as touching the PSUM tile does (Alloc.pending). One K-stacked GEMM
+is cheaper than many small ones. The result equals accumulating in PSUM one matmul at a time, up to fp32
 summation order.
 
 Operands that are column ranges of whole partition rows are stacked as those whole rows (copying
@@ -22,7 +23,7 @@ from collections.abc import Callable
 
 import torch
 
-from .memory import Alloc, ViewKey
+from .memory import Alloc, MemoryRegion, ViewKey
 from .tensor import NkiTensor
 
 _ROWS = 2048  # stacked contraction rows per group; a longer accumulation continues in a new group
@@ -33,6 +34,7 @@ _threads = threading.local()  # stacks per thread, kept across launches (no fres
 Tag = tuple[int, int, ViewKey]  # (allocation id, write version, view): identifies an operand's data
 Layout = tuple[ViewKey, int, int]  # (view to stack, stacked width, operand's first column in it)
 Places = tuple[tuple[int, int], tuple[int, int]]  # (stacked width, column) of stationary and moving
+Operands = tuple[NkiTensor, ViewKey, NkiTensor, ViewKey]  # stationary and moving, with the views to stack
 
 
 class _Stack:
@@ -94,7 +96,19 @@ def _layout(t: NkiTensor) -> Layout:
 class _Group:
     """Pending matmuls into one PSUM view: out (+)= A.T @ B over the K-stacked operands."""
 
-    __slots__ = ("alloc", "beta", "key", "limit", "out", "places", "rows", "slot", "stacks")
+    __slots__ = (
+        "alloc",
+        "beta",
+        "key",
+        "limit",
+        "operands",
+        "out",
+        "places",
+        "reads",
+        "rows",
+        "slot",
+        "stacks",
+    )
 
     def __init__(self, d: NkiTensor, out: torch.Tensor, slot: int, beta: float, places: Places) -> None:
         self.alloc = d.alloc  # keeps the tile (and its pooled storage) alive until the GEMM ran
@@ -104,6 +118,8 @@ class _Group:
         self.rows = 0
         self.places = places
         self.slot = slot
+        self.operands: list[Operands] = []  # per matmul, stacked when the GEMM runs
+        self.reads: set[int] = set()  # ids of the operand allocations
         self.limit = min(_ROWS, _STACK // max(width for width, _ in self.places))
         self.stacks = _stacks(slot)
         for stack, (width, _) in zip(self.stacks, self.places, strict=True):
@@ -120,7 +136,14 @@ class _Group:
         )
 
     def gemm(self) -> None:
-        """out (+)= the stacked product (torch releases the GIL inside)."""
+        """Stack the operands, then out (+)= the stacked product (torch releases the GIL inside both)."""
+        (width_a, _), (width_b, _) = self.places
+        stack_a, stack_b = self.stacks
+        row = 0
+        for st, key_a, mv, key_b in self.operands:
+            stack_a.put(row * width_a, st, key_a)
+            stack_b.put(row * width_b, mv, key_b)
+            row += st.partitions
         m, n = self.out.shape
         a = self.stacks[0].matrix(self.rows, self.places[0], m)
         b = self.stacks[1].matrix(self.rows, self.places[1], n)
@@ -147,13 +170,16 @@ class MatmulQueue:
             group = _Group(d, out, slot, beta, places)
             self.groups.append(group)
             d.alloc.pending = True
-        stack_a, stack_b = group.stacks
-        stack_a.put(group.rows * width_a, st, key_a)
-        stack_b.put(group.rows * width_b, mv, key_b)
+        group.operands.append((st, key_a, mv, key_b))
+        group.reads.update((st.alloc.id, mv.alloc.id))
+        st.alloc.readers += 1
+        mv.alloc.readers += 1
         group.rows += st.partitions
+        if not st.alloc.region is mv.alloc.region is MemoryRegion.sbuf:  # a rule broken in warn mode:
+            self.flush()  # another core may write HBM operands (after a barrier) before a later flush
 
     def flush(self, alloc: Alloc | None = None) -> None:
-        """Run the pending GEMMs in issue order, up to the last one into `alloc` (default: all).
+        """Run the pending GEMMs in issue order, up to the last one into or reading `alloc` (default: all).
 
         They run while other instances take their turn. Only what is needed runs: between two GEMMs
         this thread needs the GIL, which the instance holding the turn rarely yields (it may wait a
@@ -162,7 +188,7 @@ class MatmulQueue:
         if alloc is None:
             count = len(self.groups)
         else:
-            count = 1 + max(i for i, g in enumerate(self.groups) if g.alloc is alloc)
+            count = 1 + max(i for i, g in enumerate(self.groups) if g.alloc is alloc or alloc.id in g.reads)
         if not count:
             return
         done, self.groups = self.groups[:count], self.groups[count:]
@@ -175,3 +201,6 @@ class MatmulQueue:
         self.off_turn(gemms)
         for g in done:
             g.alloc.pending = any(p.alloc is g.alloc for p in self.groups)
+            for st, _, mv, _ in g.operands:
+                st.alloc.readers -= 1
+                mv.alloc.readers -= 1

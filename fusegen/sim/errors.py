@@ -5,6 +5,7 @@ from __future__ import annotations
 import itertools
 import os
 import sys
+import types
 
 _SIM_DIR = os.path.dirname(os.path.abspath(__file__)) + os.sep
 
@@ -69,6 +70,13 @@ class UninitializedReadWarning(UserWarning):
     """Non-strict mode: a read of never-written memory."""
 
 
+#: (id of a code object, bytecode offset) -> (that code object, (file, line)): f_lineno decodes the line
+#: table, linearly in the size of the function (a generated kernel is one large function), and every
+#: instruction asks for its line. Keyed by id (hashing a code object hashes its constants every time);
+#: the entry keeps its code object, so the id cannot be reused while the entry exists.
+_SITES: dict[tuple[int, int], tuple[types.CodeType, tuple[str, int]]] = {}
+
+
 def user_site() -> tuple[str, int]:
     """File and line of the innermost stack frame outside the simulator package."""
     frame = sys._getframe(1)
@@ -77,7 +85,14 @@ def user_site() -> tuple[str, int]:
         if back is None:
             break
         frame = back
-    return frame.f_code.co_filename, frame.f_lineno
+    code = frame.f_code
+    key = (id(code), frame.f_lasti)
+    entry = _SITES.get(key)
+    if entry is None:
+        if len(_SITES) > 100_000:  # kernels loaded over and over (tests): start over, never grow unbounded
+            _SITES.clear()
+        entry = _SITES[key] = (code, (code.co_filename, frame.f_lineno))
+    return entry[1]
 
 
 def fault(cls: type[SimError], op: str, detail: str, site: tuple[str, int] | None = None) -> SimError:

@@ -121,7 +121,7 @@ class Instr:
     def write(self, t: NkiTensor, value: torch.Tensor) -> None:
         """Store `value` (any dtype, t.numel elements) into `t`, rounding to t.dtype (RNE)."""
         alloc = t.alloc
-        if alloc.pending:
+        if alloc.pending or alloc.readers:
             self.ctx.matmuls.flush(alloc)
         if alloc.race is not None:
             self._track_race(t, write=True)
@@ -191,6 +191,8 @@ class Instr:
             warnings.warn(
                 f"{self.site[0]}:{self.site[1]}: {self.op}: {detail}", UninitializedReadWarning, stacklevel=4
             )
+        if t.alloc.readers:  # poisoning writes the data pending matmuls are still to read
+            self.ctx.matmuls.flush(t.alloc)
         t.alloc.poison_unwritten(t.key)
 
     def _track_race(self, t: NkiTensor, write: bool) -> None:

@@ -91,7 +91,7 @@ def _accumulate(ins: Instr, d: NkiTensor, st: NkiTensor, mv: NkiTensor, accumula
     if state != "mixed" and out.dim() == 2 and mv.free_size >= _DEFER_MIN_N:  # the common case
         ins.ctx.matmuls.add(d, out, st, mv, 1.0 if state == "set" else 0.0)
     else:
-        if alloc.pending:  # the paths below use the tile's current contents
+        if alloc.pending or alloc.readers:  # the paths below use and change the tile's current contents
             ins.ctx.matmuls.flush(alloc)
         fresh = (st.matrix().float().t() @ mv.matrix().float()).reshape(out.shape)
         if state == "mixed":

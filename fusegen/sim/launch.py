@@ -5,6 +5,7 @@ from __future__ import annotations
 import contextlib
 import functools
 import gc
+import sys
 import threading
 import warnings
 from collections.abc import Callable, Iterator
@@ -31,6 +32,8 @@ from .race import RaceTracker
 from .targets import Target, get_target
 from .tensor import NkiTensor
 from .trace import Trace
+
+_SWITCH_INTERVAL_S = 0.001  # GIL switch interval during a launch (Python's default: 0.005)
 
 
 @dataclass
@@ -165,14 +168,19 @@ class Launch:
 
 @contextlib.contextmanager
 def _quiet_runtime() -> Iterator[None]:
-    """One torch thread per instance and no cyclic GC during a launch (measured faster; docs/sim.md)."""
+    """One torch thread per instance, no cyclic GC and a short GIL switch interval during a launch
+    (measured faster; docs/sim.md). The thread stacking operands and running GEMMs off the turn needs the
+    GIL between its torch calls, and would otherwise wait up to the default 5 ms for the turn holder."""
     torch_threads = torch.get_num_threads()
     gc_was_enabled = gc.isenabled()
+    switch_interval = sys.getswitchinterval()
     torch.set_num_threads(1)
     gc.disable()
+    sys.setswitchinterval(_SWITCH_INTERVAL_S)
     try:
         yield
     finally:
+        sys.setswitchinterval(switch_interval)
         torch.set_num_threads(torch_threads)
         if gc_was_enabled:
             gc.enable()

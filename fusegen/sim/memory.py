@@ -119,6 +119,7 @@ class Alloc:
         "pool",
         "pstride",
         "race",
+        "readers",
         "region",
         "region_name",
         "shadow",
@@ -188,6 +189,7 @@ class Alloc:
         self.race: RaceTracker | None = None
         self.dirty = False
         self.pending = False  # PSUM tile with deferred matmuls (deferred.py): flushed before any other use
+        self.readers = 0  # deferred matmuls that read this tile when they run: flushed before it is written
         self.operands: dict[tuple[str, tuple[int, ...]], Operand] = {}  # trace operand tuples, shared
         self.version = 0  # write count: tells deferred.py whether stacked operand copies are current
         self.span = Span(self) if self.on_chip else None

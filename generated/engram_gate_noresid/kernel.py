@@ -599,7 +599,33 @@ def _bind(sig: _Signature, tensors: tuple[torch.Tensor, ...]) -> tuple[_Env, dic
             name = _plain(expr)
             if name is not None and name not in env:
                 env[name], source[name] = size, decl.name
+    solving = True
+    while solving:  # then dims inside compound axes (`2*D`, `NQ + 2*NKV`), each once the rest are bound
+        solving = False
+        for decl, t in zip(sig.inputs, tensors, strict=True):
+            for expr, size in zip(decl.shape, t.shape, strict=True):
+                try:
+                    solved = _solve(expr, size, env)
+                except ValueError as err:
+                    raise ValueError(f"{sig.name}: {decl.name}: {err}") from None
+                if solved is not None:
+                    env[solved[0]], source[solved[0]] = solved[1], decl.name
+                    solving = True
     return env, source
+
+
+def _solve(expr: str, size: int, env: _Env) -> tuple[str, int] | None:
+    """(dim, value) when `expr` is `coef*dim + terms over bound dims`, for an axis of `size`; None when it is
+    not (the shape check then compares). A size no whole dim gives names the axis."""
+    unbound = [s for s in _symbols(expr) if s not in env]
+    terms = [(coef, names) for coef, names in _factors(expr) if unbound and unbound[0] in names]
+    if len(unbound) != 1 or len(terms) != 1 or terms[0][1] != unbound or terms[0][0] <= 0:
+        return None
+    coef = terms[0][0]
+    rest = sum(c * _prod([env[s] for s in names]) for c, names in _factors(expr) if unbound[0] not in names)
+    if (size - rest) % coef or size < rest:
+        raise ValueError(f"axis `{expr}` has size {size}, which no whole `{unbound[0]}` gives")
+    return unbound[0], (size - rest) // coef
 
 
 def _check_shapes(sig: _Signature, tensors: tuple[torch.Tensor, ...], env: _Env, source: dict[str, str]

@@ -2,8 +2,9 @@
 # via fusegen/templates/ops.py.jinja; do not edit: change the spec and run `fusegen build`
 """torch integration for `engram_gate_noresid`: `torch.ops.fusegen.engram_gate_noresid` with autograd.
 
-On CPU the op runs the generated kernel on fusegen's NKI interpreter, or the generated torch reference
-when FUSEGEN_OPS_BACKEND=reference; on a Neuron device it runs the NKI kernel itself.
+On CPU the op runs the generated kernel in the mode FUSEGEN_MODE selects (sim: fusegen's NKI interpreter, the
+default; nki-sim: AWS's nki.simulate; fusegen/modes.py), or the generated torch reference when
+FUSEGEN_OPS_BACKEND=reference; on a Neuron device it runs the NKI kernel itself.
 The backward dispatches the same way: backward_kernel.py (NKI kernels differentiating the forward kernel's
 fused math, reading its saved tensors) on the interpreter or the device, backward_reference.py (the spec's
 own math differentiated, as torch code) on the reference.
@@ -32,12 +33,13 @@ _KERNEL_DTYPES = (torch.bfloat16, torch.bfloat16, torch.bfloat16, torch.bfloat16
 
 
 @functools.cache
-def _module(file: str, sim: bool = False) -> ModuleType:
-    """A sibling generated file, imported by path (generated/ is not a package); sim: under the interpreter."""
-    if sim:
-        from fusegen.sim import load_module
+def _module(file: str, mode: str | None = None) -> ModuleType:
+    """A sibling generated file, imported by path (generated/ is not a package); mode (sim, nki-sim): a kernel
+    file under fusegen's interpreter or AWS's simulator."""
+    if mode is not None:
+        from fusegen import modes
 
-        return load_module(_HERE / file, target=os.environ.get("FUSEGEN_TARGET", "trn2"))
+        return modes.load_kernel(_HERE / file, mode, os.environ.get("FUSEGEN_TARGET", "trn2"))
     spec = importlib.util.spec_from_file_location(f"_fusegen_ops_engram_gate_noresid_{Path(file).stem}", _HERE / file)
     assert spec is not None and spec.loader is not None
     module = importlib.util.module_from_spec(spec)
@@ -46,25 +48,30 @@ def _module(file: str, sim: bool = False) -> ModuleType:
 
 
 def _backend(t: torch.Tensor) -> str:
-    """Where `t`'s op runs: "device" off CPU; on CPU "reference" when FUSEGEN_OPS_BACKEND=reference (read at
-    every call), else "interpreter"."""
+    """Where `t`'s op runs: "device" off CPU; on CPU "reference" when FUSEGEN_OPS_BACKEND=reference, else the
+    mode FUSEGEN_MODE selects, "sim" or "nki-sim" (both read at every call)."""
     if t.device.type != "cpu":
         if importlib.util.find_spec("nki") is None:
             raise ValueError(f"fusegen::engram_gate_noresid: no backend for device {t.device}: the op runs on the CPU "
                              "(fusegen's interpreter, or the torch reference) or on a Neuron device with nki")
         return "device"
-    return "reference" if os.environ.get("FUSEGEN_OPS_BACKEND", "interpreter") == "reference" else "interpreter"
+    if os.environ.get("FUSEGEN_OPS_BACKEND", "interpreter") == "reference":
+        return "reference"
+    from fusegen import modes  # the interpreter and AWS's simulator are both reached through fusegen
+
+    return modes.cpu_mode()
 
 
 def _call(prefix: str, fn: str, args: tuple[torch.Tensor, ...], /, **kwargs: object) -> tuple[torch.Tensor, ...]:
-    """`fn` of <prefix>kernel.py on this device's backend: the NKI kernel through torch_neuronx on a Neuron
-    device (untested here), on fusegen's interpreter on CPU, or `fn`_reference of <prefix>reference.py on
+    """`fn` of <prefix>kernel.py on this device's backend: the NKI kernel on a Neuron device (untested
+    here), on fusegen's interpreter or AWS's simulator on CPU, or `fn`_reference of <prefix>reference.py on
     the reference backend. Positional-only: the spec's params arrive as keywords, and one may be `fn`."""
     backend = _backend(args[0])
     if backend == "reference":
         out = getattr(_module(f"{prefix}reference.py"), f"{fn}_reference")(*args, **kwargs)
     else:
-        out = getattr(_module(f"{prefix}kernel.py", sim=backend == "interpreter"), fn)(*args, **kwargs)
+        mode = None if backend == "device" else backend  # on a device: the installed nki, as kernel.py says
+        out = getattr(_module(f"{prefix}kernel.py", mode), fn)(*args, **kwargs)
     return tuple(out) if isinstance(out, (tuple, list)) else (out,)
 
 
@@ -232,7 +239,33 @@ def _bind(sig: _Signature, tensors: tuple[torch.Tensor, ...]) -> tuple[_Env, dic
             name = _plain(expr)
             if name is not None and name not in env:
                 env[name], source[name] = size, decl.name
+    solving = True
+    while solving:  # then dims inside compound axes (`2*D`, `NQ + 2*NKV`), each once the rest are bound
+        solving = False
+        for decl, t in zip(sig.inputs, tensors, strict=True):
+            for expr, size in zip(decl.shape, t.shape, strict=True):
+                try:
+                    solved = _solve(expr, size, env)
+                except ValueError as err:
+                    raise ValueError(f"{sig.name}: {decl.name}: {err}") from None
+                if solved is not None:
+                    env[solved[0]], source[solved[0]] = solved[1], decl.name
+                    solving = True
     return env, source
+
+
+def _solve(expr: str, size: int, env: _Env) -> tuple[str, int] | None:
+    """(dim, value) when `expr` is `coef*dim + terms over bound dims`, for an axis of `size`; None when it is
+    not (the shape check then compares). A size no whole dim gives names the axis."""
+    unbound = [s for s in _symbols(expr) if s not in env]
+    terms = [(coef, names) for coef, names in _factors(expr) if unbound and unbound[0] in names]
+    if len(unbound) != 1 or len(terms) != 1 or terms[0][1] != unbound or terms[0][0] <= 0:
+        return None
+    coef = terms[0][0]
+    rest = sum(c * _prod([env[s] for s in names]) for c, names in _factors(expr) if unbound[0] not in names)
+    if (size - rest) % coef or size < rest:
+        raise ValueError(f"axis `{expr}` has size {size}, which no whole `{unbound[0]}` gives")
+    return unbound[0], (size - rest) // coef
 
 
 def _check_shapes(sig: _Signature, tensors: tuple[torch.Tensor, ...], env: _Env, source: dict[str, str]

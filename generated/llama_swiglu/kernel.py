@@ -18,9 +18,22 @@ _TARGET = os.environ.get("FUSEGEN_TARGET", "trn2")
 
 # ---- tile planning (copied from fusegen/codegen/ffn_budget.py) ----
 
+_DMA_ROW_BYTES = 2450
+
+
+def _dma_engine_bytes(nbytes: float, rows: int, engines: int, row_bytes: int = _DMA_ROW_BYTES) -> float:
+    """What one transfer occupies on each of the `engines` DMA engines it spreads over, in bytes at the peak
+    rate: its share of the bytes, but at least `row_bytes` for each of the `rows` partition rows (packets)
+    that engine moves."""
+    return max(nbytes / engines, -(-rows // engines) * row_bytes)
+
+
 _P = 128  # partitions
 _F_MOV = 512  # matmul moving free size, one fp32 PSUM bank
 _MIN_CYCLES = 64  # minimum instruction initiation interval, cycles (nki.md §6 overheads)
+#: PSUM banks one K-column block of the column-blocked down-projection accumulates in: half of the 8, so
+#: the next block's matmuls start while the last block is evicted
+_ACC_BANKS = 4
 
 
 class _Stage(NamedTuple):
@@ -59,6 +72,8 @@ class _FfnModel(NamedTuple):
     fold_bias: int  # 1: a [K] bias is added while evicting the first chunk, one [P, F_MOV] piece a time
     epi: _Stage  # the epilogue, per owned row tile
     pro: _Stage  # the prologue, per computed row tile (NO_STAGE without one)
+    epi_cols: _Stage = _NO_STAGE  # the epilogue of the column-blocked kernel: accumulator blocks read from HBM
+    evict: _Stage = _NO_STAGE  # its eviction of each down-projection piece (the spine computed), per row tile
 
 
 class _Machine(NamedTuple):
@@ -70,6 +85,7 @@ class _Machine(NamedTuple):
     dma_gbps: float  # min(DMA bandwidth, the core's share of HBM bandwidth), bytes/ns
     dma_fixed_ns: float  # fixed cost of one DMA transfer
     dma_queues: int  # transfers in flight
+    dma_row_bytes: int  # DMA packet-rate rule: each partition row costs at least this many bytes (dmarule)
     sbuf_budget: int  # usable SBUF bytes per partition
     max_lnc: int  # logical cores one launch may span (trn2 pairs cores; trn1 has no LNC=2)
 
@@ -83,11 +99,19 @@ class _Buffer(NamedTuple):
 
 
 class _Plan(NamedTuple):
-    """Tiles and core split: S rows per super-block, CI intermediate columns per chunk, split over I."""
+    """Tiles and core split: S rows per super-block, CI intermediate columns per chunk, split over I, and
+    KC output columns per block of the column-blocked down-projection (0: an SBUF accumulator instead).
+
+    KC > 0: the combine's result h^T goes to an HBM scratch, then the down-projection runs one KC-wide
+    column block at a time, accumulating all of I in PSUM (ACC_BANKS banks); each piece leaves PSUM once
+    through the epilogue's elementwise part, to an fp32 HBM scratch the epilogue's statistics passes read
+    (without statistics, to the outputs); nothing of width K stays in SBUF but x^T.
+    """
 
     s: int
     ci: int
     split: int  # 1: each core computes every row over its share of I; 0: each core its own rows
+    kc: int = 0
 
 
 class _Cost(NamedTuple):
@@ -122,23 +146,40 @@ def _work_per_core(rows: int, i: int, lnc: int, split: int) -> tuple[int, int]:
     return _rows_per_core(rows, lnc), i
 
 
-def _buffers(m: _FfnModel, s: int, ci: int, k: int, i: int) -> list[_Buffer]:
-    """The kernel's SBUF buffers for super-block `s` rows and chunk `ci` columns."""
+def _buffers(m: _FfnModel, s: int, ci: int, k: int, i: int, kc: int = 0) -> list[_Buffer]:
+    """The kernel's SBUF buffers for super-block `s` rows, chunk `ci` columns and column block `kc`."""
     n_k, n_h, n_hc = _cdiv(k, _P), _cdiv(i, _P), _cdiv(ci, _P)
-    return [
+    epi = m.epi_cols if kc else m.epi
+    common = [
         _Buffer("x^T, K on partitions", n_k * s * m.x_bytes, 1),
         _Buffer("x row block, staged for the PE transpose", min(_F_MOV, k) * m.x_bytes, 2),
-        _Buffer("fp32 accumulator", _cdiv(s, _P) * k * 4, 1),
         _up_weights(m, s, ci, k),
-        _Buffer("down-projection weight chunk", n_hc * k * m.x_bytes, 2),
         _Buffer("combine output (down-proj stationary)", n_hc * _F_MOV * m.x_bytes, 1),
         _Buffer("combine temporaries", m.mid_tiles * _F_MOV * 4, 2),
         _Buffer("prologue block (one K-block's loads and temporaries)", m.pro.block_bytes * min(_F_MOV, k), 2),
-        _Buffer("epilogue block (one K-block's loads and temporaries)", m.epi.block_bytes * min(_F_MOV, k), 2),
-        _Buffer("[K]-bias piece / partial-sum block", _F_MOV * 4, 2),
-        _Buffer("row statistics columns", (m.epi.cols + m.pro.cols) * 4, 2),
+        _Buffer("epilogue block (one K-block's loads and temporaries)", epi.block_bytes * min(_F_MOV, k), 2),
+        _Buffer("row statistics columns", (epi.cols + m.pro.cols) * 4, 2),
         _Buffer("[I] columns", m.col_vectors * n_h * 4, 1),
     ]
+    if kc:
+        return [
+            *common,
+            _Buffer("down-projection weight tile (one I-tile, one column block)", kc * m.x_bytes, 2),
+            _Buffer("combine output tile read back (h^T, one I-tile)", s * m.x_bytes, 2),
+            _Buffer("PSUM eviction block (its loads and temporaries)", m.evict.block_bytes * min(_F_MOV, k), 2),
+        ]
+    return [
+        *common,
+        _Buffer("fp32 accumulator", _cdiv(s, _P) * k * 4, 1),
+        _Buffer("down-projection weight chunk", n_hc * k * m.x_bytes, 2),
+        _Buffer("[K]-bias piece / partial-sum block", _F_MOV * 4, 2),
+    ]
+
+
+def _column_block(s: int, k: int) -> int:
+    """KC of the column-blocked down-projection at super-block `s`: as many F_MOV-wide pieces per row tile
+    as ACC_BANKS allows (at most K's); 0 when a super-block has more row tiles than ACC_BANKS."""
+    return min(_cdiv(k, _F_MOV), _ACC_BANKS // _cdiv(s, _P)) * _F_MOV
 
 
 def _up_weights(m: _FfnModel, s: int, ci: int, k: int) -> _Buffer:
@@ -150,24 +191,32 @@ def _up_weights(m: _FfnModel, s: int, ci: int, k: int) -> _Buffer:
     return _Buffer("up-projection weight chunk", m.n_up * _cdiv(k, _P) * ci * m.x_bytes, 2)
 
 
-def _sbuf_bytes(m: _FfnModel, s: int, ci: int, k: int, i: int) -> int:
+def _sbuf_bytes(m: _FfnModel, s: int, ci: int, k: int, i: int, kc: int = 0) -> int:
     """SBUF bytes per partition the kernel needs, copies included."""
-    return sum(b.bytes * b.copies for b in _buffers(m, s, ci, k, i))
+    return sum(b.bytes * b.copies for b in _buffers(m, s, ci, k, i, kc))
 
 
-def _psum_banks(m: _FfnModel) -> int:
-    """PSUM banks in flight: each projection tile and the down-projection tile, double-buffered."""
-    return 2 * (m.n_up + 1)
+def _smallest_need(m: _FfnModel, k: int, i: int) -> int:
+    """SBUF bytes of the smallest plan (S=128, CI=128), the better of the two down-projections."""
+    return min(_sbuf_bytes(m, _P, _P, k, i), _sbuf_bytes(m, _P, _P, k, i, _column_block(_P, k)))
 
 
-def _stage_cost(st: _Stage, tiles: int, k: int) -> tuple[float, float, int, int]:
-    """(ACT cycles, DVE cycles, DMA bytes, DMA transfers) of a stage over `tiles` row tiles of P rows."""
+def _psum_banks(m: _FfnModel, kc: int = 0) -> int:
+    """PSUM banks in flight: each projection tile and the down-projection tile, double-buffered; with
+    column blocks, the down-projection's ACC_BANKS double-buffered (the up-projections' are free by then)."""
+    return 2 * _ACC_BANKS if kc else 2 * (m.n_up + 1)
+
+
+def _stage_cost(st: _Stage, tiles: int, k: int, shared: int = 0) -> tuple[float, float, int, int]:
+    """(ACT cycles, DVE cycles, DMA bytes, DMA transfers) of a stage over `tiles` row tiles of P rows;
+    `shared`: its [K] rows are broadcast once for that many row tiles (0: once per row tile)."""
     n_kb = _cdiv(k, _F_MOV)
-    k_cycles = sum(max(_MIN_CYCLES, nb) * n for nb, n in _runs(k, _F_MOV))
+    k_cycles = _cycles(k)
     act = tiles * st.act * k_cycles
     dve = tiles * (st.dve * k_cycles + st.col_ops * n_kb * _MIN_CYCLES)
-    moved = tiles * _P * k * (st.read_bytes + 4 * st.bcast)  # broadcast rows: P copies land in SBUF
-    return act, dve, moved, tiles * n_kb * st.loads
+    bcast_tiles = _cdiv(tiles, shared) if shared else tiles
+    moved = _P * k * (tiles * st.read_bytes + bcast_tiles * 4 * st.bcast)  # broadcast: P copies land in SBUF
+    return act, dve, moved, n_kb * (tiles * (st.loads - st.bcast) + bcast_tiles * st.bcast)
 
 
 def _runs(total: int, size: int) -> list[tuple[int, int]]:
@@ -177,11 +226,11 @@ def _runs(total: int, size: int) -> list[tuple[int, int]]:
 
 
 def _super_block(
-    m: _FfnModel, s_rows: int, inter: int, ci: int, k: int
+    m: _FfnModel, s_rows: int, inter: int, ci: int, k: int, kc: int = 0
 ) -> tuple[float, float, float, int, int]:
     """(PE, ACT, DVE cycles, DMA bytes, transfers) of one super-block of `s_rows` rows, `inter` columns."""
     n_k = _cdiv(k, _P)
-    k_cycles = sum(max(_MIN_CYCLES, nk) * n for nk, n in _runs(k, _F_MOV))  # one row tile's K, 512 wide
+    k_cycles = _cycles(k)  # one row tile's K, 512 wide
     act, dve, hbm, transfers = _stage_cost(m.pro, _cdiv(s_rows, _P), k)
     pe = 0.0
     # x's rows read a K-block per transfer; each K-tile transposed on the PE into PSUM, copied out on DVE
@@ -189,71 +238,105 @@ def _super_block(
     for rows_t, n_t in _runs(s_rows, _P):
         pe += n_t * n_k * max(_MIN_CYCLES, rows_t)
         dve += n_t * n_k * max(_MIN_CYCLES, rows_t)
-    if m.fold_bias:  # one [P, F_MOV] piece of the bias per eviction of the first chunk
+    if m.fold_bias and not kc:  # one [P, F_MOV] piece of the bias per eviction of the first chunk
         hbm += _cdiv(s_rows, _P) * _P * k * 4
         transfers += _cdiv(s_rows, _P) * _cdiv(k, _F_MOV)
     for chunk, n_chunks in _runs(inter, ci):
         n_hc = _cdiv(chunk, _P)
-        hbm += n_chunks * (m.n_up + 1) * k * chunk * m.x_bytes
-        transfers += n_chunks * (m.n_up * n_k + n_hc)
+        hbm += n_chunks * (m.n_up + (0 if kc else 1)) * k * chunk * m.x_bytes
+        transfers += n_chunks * (m.n_up * n_k + (0 if kc else n_hc))
         for rw, n_rw in _runs(s_rows, _F_MOV):
             width, times = max(_MIN_CYCLES, rw), n_chunks * n_rw * n_hc
-            pe += times * (m.n_up * n_k * width + _cdiv(rw, _P) * k_cycles)
             act += times * m.mid_act * width
-            dve += times * m.mid_dve * width + n_chunks * n_rw * _cdiv(rw, _P) * k_cycles  # PSUM evictions
+            dve += times * m.mid_dve * width
+            if kc:  # each combine tile [ph, rw] written to the h^T scratch
+                pe += times * m.n_up * n_k * width
+                hbm, transfers = hbm + n_chunks * n_rw * chunk * rw * m.x_bytes, transfers + times
+                continue
+            pe += times * (m.n_up * n_k * width + _cdiv(rw, _P) * k_cycles)
+            dve += n_chunks * n_rw * _cdiv(rw, _P) * k_cycles  # PSUM evictions into the accumulator
+    if kc:
+        parts = _column_blocks(m, s_rows, inter, k, kc)
+        pe, act, dve = pe + parts[0], act + parts[1], dve + parts[2]
+        hbm, transfers = hbm + parts[3], transfers + parts[4]
     return pe, act, dve, hbm, transfers
+
+
+def _column_blocks(
+    m: _FfnModel, s_rows: int, inter: int, k: int, kc: int
+) -> tuple[float, float, float, int, int]:
+    """(PE, ACT, DVE cycles, DMA bytes, transfers) of the column-blocked down-projection of one super-block:
+    per KC block, every I-tile's weight tile and h^T tile read and its matmuls accumulated in PSUM, then
+    each [P, F_MOV] piece evicted once (the `evict` stage) and written to the fp32 scratch, if an epilogue
+    with row statistics follows (else the eviction wrote the outputs)."""
+    n_it, n_rs = _cdiv(inter, _P), _cdiv(s_rows, _P)
+    act, dve, moved, transfers = _stage_cost(m.evict, n_rs, k, shared=n_rs)
+    blocks = _cdiv(k, kc)
+    scratch = s_rows * k * 4 if m.epi_cols.sweeps else 0
+    hbm = inter * k * m.x_bytes + blocks * inter * s_rows * m.x_bytes + moved + scratch
+    return float(n_it * n_rs * _cycles(k)), act, dve, hbm, transfers + blocks * 2 * n_it
+
+
+def _cycles(k: int) -> int:
+    """Cycles of one instruction per F_MOV-wide piece over K, the last one ragged."""
+    return sum(max(_MIN_CYCLES, nk) * n for nk, n in _runs(k, _F_MOV))
 
 
 def _cost(m: _FfnModel, mach: _Machine, rows: int, k: int, i: int, lnc: int, plan: _Plan) -> _Cost:
     """Modelled time of the busiest core for `plan`."""
     comp_rows, inter = _work_per_core(rows, i, lnc, plan.split)
     own = _rows_per_core(rows, lnc)
-    k_cycles = sum(max(_MIN_CYCLES, nk) * n for nk, n in _runs(k, _F_MOV))
+    k_cycles = _cycles(k)
     pe = act = dve = 0.0
     hbm = transfers = 0
     for s_rows, n_sb in _runs(comp_rows, plan.s):
-        parts = _super_block(m, s_rows, inter, plan.ci, k)
+        parts = _super_block(m, s_rows, inter, plan.ci, k, plan.kc)
         pe, act, dve = pe + n_sb * parts[0], act + n_sb * parts[1], dve + n_sb * parts[2]
         hbm, transfers = hbm + n_sb * parts[3], transfers + n_sb * parts[4]
     tiles = _cdiv(own, _P)
-    e_act, e_dve, e_bytes, e_transfers = _stage_cost(m.epi, tiles, k)
+    e_act, e_dve, e_bytes, e_transfers = _stage_cost(m.epi_cols if plan.kc else m.epi, tiles, k)
     act, dve, hbm, transfers = act + e_act, dve + e_dve, hbm + e_bytes, transfers + e_transfers
-    hbm += own * k * 4 * m.acc_init
-    transfers += tiles * m.acc_init
+    if not plan.kc:
+        hbm += own * k * 4 * m.acc_init
+        transfers += tiles * m.acc_init
     if plan.split and lnc > 1:  # partial down-projections of the other core's rows out, this core's in
         hbm += 2 * own * k * 4
         transfers += tiles * (1 + _cdiv(k, _F_MOV))
         dve += tiles * k_cycles
-    dma = max(hbm / mach.dma_gbps, transfers * mach.dma_fixed_ns / mach.dma_queues)
+    # the packet-rate rule over the average transfer (a lower bound of the per-transfer sum the trace
+    # model charges: transfers below DMA_ROW_BYTES per partition row cost more than their bytes)
+    engine_bytes = _dma_engine_bytes(hbm, transfers * _P, mach.dma_queues, mach.dma_row_bytes)
+    dma = max(engine_bytes * mach.dma_queues / mach.dma_gbps, transfers * mach.dma_fixed_ns / mach.dma_queues)
     return _Cost(pe / mach.pe_ghz, act / mach.act_ghz, dve / mach.dve_ghz, dma, hbm)
 
 
 def _candidates(
     m: _FfnModel, rows: int, k: int, i: int, lnc: int, budget: int, exhaustive: bool = False
 ) -> list[_Plan]:
-    """Legal plans: every (S, CI) multiple of 128 when exhaustive, else a pruned set the search keeps."""
+    """Legal plans: every (S, CI) multiple of 128 when exhaustive, else a pruned set the search keeps; each
+    with the SBUF accumulator and, where S allows (split over rows only), with column blocks."""
     plans = []
     for split in (0, 1) if lnc > 1 and _cdiv(i, _P) >= lnc else (0,):
         comp_rows, inter = _work_per_core(rows, i, lnc, split)
         s_all = range(_P, _cdiv(comp_rows, _P) * _P + 1, _P)
         ci_all = range(_P, _cdiv(inter, _P) * _P + 1, _P)
-        s_set = s_all if exhaustive else _row_tiles(comp_rows)
-        for s in s_set:
-            if exhaustive:
-                fits = [ci for ci in ci_all if _sbuf_bytes(m, s, ci, k, i) <= budget]
-            else:
-                widest = _widest_fit(m, s, ci_all, k, i, budget)
-                fits = [ci for ci in ci_all[max(0, widest - 3) : widest + 1]] if widest >= 0 else []
-            plans += [_Plan(s, ci, split) for ci in fits]
-    return plans
+        for s in s_all if exhaustive else _row_tiles(comp_rows):
+            for kc in (0, 0 if split else _column_block(s, k)) if s <= _ACC_BANKS * _P else (0,):
+                if exhaustive:
+                    fits = [ci for ci in ci_all if _sbuf_bytes(m, s, ci, k, i, kc) <= budget]
+                else:
+                    widest = _widest_fit(m, s, ci_all, k, i, budget, kc)
+                    fits = [ci for ci in ci_all[max(0, widest - 3) : widest + 1]] if widest >= 0 else []
+                plans += [_Plan(s, ci, split, kc) for ci in fits]
+    return list(dict.fromkeys(plans))
 
 
-def _widest_fit(m: _FfnModel, s: int, ci_all: range, k: int, i: int, budget: int) -> int:
+def _widest_fit(m: _FfnModel, s: int, ci_all: range, k: int, i: int, budget: int, kc: int) -> int:
     """Index in `ci_all` of the widest chunk that fits, -1 if none (SBUF grows with CI: bisect)."""
     lo, hi = -1, len(ci_all) - 1
     while lo < hi:
         mid = (lo + hi + 1) // 2
-        if _sbuf_bytes(m, s, ci_all[mid], k, i) <= budget:
+        if _sbuf_bytes(m, s, ci_all[mid], k, i, kc) <= budget:
             lo = mid
         else:
             hi = mid - 1
@@ -275,7 +358,7 @@ def _rank_key(
     that leaves the other engines most slack), then HBM bytes, then SBUF."""
     c = _cost(m, mach, rows, k, i, lnc, plan)
     work = c.pe + c.act + c.dve + c.dma
-    return (round(c.total, 1), round(work, 1), c.hbm_bytes, _sbuf_bytes(m, plan.s, plan.ci, k, i))
+    return (round(c.total, 1), round(work, 1), c.hbm_bytes, _sbuf_bytes(m, plan.s, plan.ci, k, i, plan.kc))
 
 
 def _choose(m: _FfnModel, mach: _Machine, rows: int, k: int, i: int, lnc: int) -> _Plan:
@@ -284,28 +367,33 @@ def _choose(m: _FfnModel, mach: _Machine, rows: int, k: int, i: int, lnc: int) -
         raise ValueError(f"LNC={lnc} is not available on this target: at most {mach.max_lnc}")
     plans = _candidates(m, rows, k, i, lnc, mach.sbuf_budget)
     if not plans:
-        need = _sbuf_bytes(m, _P, _P, k, i)
+        need = _smallest_need(m, k, i)
         raise ValueError(
             f"no tile plan fits: the smallest (S=128, CI=128) needs {need} B/partition of SBUF "
             f"for K={k}, I={i}; the budget is {mach.sbuf_budget} B"
         )
     return min(plans, key=lambda p: _rank_key(m, mach, rows, k, i, lnc, p))
 
-_MODEL = _FfnModel(n_up=2, x_bytes=2, mid_tiles=2, col_vectors=0, out_bytes=2, mid_act=1, mid_dve=2, acc_init=0, fold_bias=0, epi=_Stage(block_bytes=2, cols=0, sweeps=1, act=0, dve=1, col_ops=0, read_bytes=0, bcast=0, loads=1), pro=_Stage(block_bytes=0, cols=0, sweeps=0, act=0, dve=0, col_ops=0, read_bytes=0, bcast=0, loads=0))
+_MODEL = _FfnModel(n_up=2, x_bytes=2, mid_tiles=2, col_vectors=0, out_bytes=2, mid_act=1, mid_dve=2, acc_init=0, fold_bias=0, epi=_Stage(block_bytes=2, cols=0, sweeps=1, act=0, dve=1, col_ops=0, read_bytes=0, bcast=0, loads=1), pro=_Stage(block_bytes=0, cols=0, sweeps=0, act=0, dve=0, col_ops=0, read_bytes=0, bcast=0, loads=0), epi_cols=_Stage(block_bytes=0, cols=0, sweeps=0, act=0, dve=0, col_ops=0, read_bytes=0, bcast=0, loads=0), evict=_Stage(block_bytes=2, cols=0, sweeps=1, act=0, dve=1, col_ops=0, read_bytes=0, bcast=0, loads=1))
 #: the figures the planner's time model needs, per target (from fusegen/sim/targets.py).
 _MACHINES = {
-    "trn1": _Machine(pe_ghz=2.8, act_ghz=1.4, dve_ghz=1.12, dma_gbps=272.0, dma_fixed_ns=1300.0, dma_queues=16, sbuf_budget=180224, max_lnc=1),
-    "trn2": _Machine(pe_ghz=2.4, act_ghz=1.2, dve_ghz=0.96, dma_gbps=362.5, dma_fixed_ns=1300.0, dma_queues=16, sbuf_budget=212984, max_lnc=2),
+    "trn1": _Machine(pe_ghz=2.8, act_ghz=1.4, dve_ghz=1.12, dma_gbps=272.0, dma_fixed_ns=1300.0, dma_queues=16, dma_row_bytes=2450, sbuf_budget=180224, max_lnc=1),
+    "trn2": _Machine(pe_ghz=2.4, act_ghz=1.2, dve_ghz=0.96, dma_gbps=362.5, dma_fixed_ns=1300.0, dma_queues=16, dma_row_bytes=2450, sbuf_budget=212984, max_lnc=2),
 }
 
 
 @nki.jit
-def llama_swiglu_kernel(x_hbm, wgt_hbm, wut_hbm, wdt_hbm, S, CI, SPLIT):
+def llama_swiglu_kernel(x_hbm, wgt_hbm, wut_hbm, wdt_hbm, S, CI, SPLIT, KC):
     """Rows in super-blocks of S, weights streamed in chunks of CI columns, the chunk loop outermost.
 
     SPLIT=0: each core computes the rows it owns. SPLIT=1 (few rows on several cores): each core computes
     every row over its share of I, then the cores exchange partial down-projections through shared HBM
     behind a core barrier, and each finishes the rows it owns.
+    KC=0: each chunk's down-projection is added into an [S, K] fp32 accumulator in SBUF. KC>0 (wide K,
+    SPLIT=0): the chunks write the combine's h^T to an HBM scratch; then the down-projection runs a
+    KC-column block at a time, all of I accumulated in PSUM; each piece leaves PSUM once through the
+    epilogue's elementwise part, to an fp32 scratch its statistics passes read (or, without statistics,
+    straight to the outputs).
     """
     R, K = x_hbm.shape
     I = wdt_hbm.shape[0]
@@ -328,6 +416,8 @@ def llama_swiglu_kernel(x_hbm, wgt_hbm, wut_hbm, wdt_hbm, S, CI, SPLIT):
     else:
         i_begin, i_end = 0, I
         r_begin, r_end = own_begin, own_end
+    if KC:  # each core writes and reads back only the rows it owns
+        h_hbm = nl.ndarray((I, R), dtype=nl.bfloat16, buffer=nl.shared_hbm)
     for r_sb in range(r_begin, r_end, S):
         s_rows = min(S, r_end - r_sb)
         n_rs = _cdiv(s_rows, _P)
@@ -351,7 +441,7 @@ def llama_swiglu_kernel(x_hbm, wgt_hbm, wut_hbm, wdt_hbm, S, CI, SPLIT):
                     nisa.nc_transpose(dst=xt_ps[0:pk, 0:pr], data=x_blk[0:pr, kt * _P - k0:kt * _P - k0 + pk], engine=nisa.engine.tensor)
                     nisa.tensor_copy(dst=xt[kt][0:pk, rs * _P:rs * _P + pr], src=xt_ps[0:pk, 0:pr])
         acc = []
-        for rs in range(n_rs):
+        for rs in range(0 if KC else n_rs):
             t = nl.ndarray((_P, K), dtype=nl.float32, buffer=nl.sbuf)
             acc.append(t)
         for c in range(_cdiv(i_end - i_begin, CI)):
@@ -371,7 +461,7 @@ def llama_swiglu_kernel(x_hbm, wgt_hbm, wut_hbm, wdt_hbm, S, CI, SPLIT):
                 nisa.dma_copy(dst=t[0:pk, 0:ci], src=wut_hbm[kt * _P:kt * _P + pk, i0:i0 + ci])
                 pj1_w.append(t)
             wd = []
-            for hl in range(n_hc):
+            for hl in range(0 if KC else n_hc):
                 ph = min(_P, i_end - i0 - hl * _P)
                 t = nl.ndarray((_P, K), dtype=nl.bfloat16, buffer=nl.sbuf)
                 nisa.dma_copy(dst=t[0:ph, 0:K], src=wdt_hbm[i0 + hl * _P:i0 + hl * _P + ph, 0:K])
@@ -405,7 +495,10 @@ def llama_swiglu_kernel(x_hbm, wgt_hbm, wut_hbm, wdt_hbm, S, CI, SPLIT):
                     m1 = nl.ndarray((_P, _F_MOV), dtype=nl.bfloat16, buffer=nl.sbuf)
                     nisa.tensor_tensor(dst=m1[0:ph, 0:rw], data1=m0[0:ph, 0:rw], data2=pj1[0:ph, 0:rw], op=nl.multiply)
                     g.append(m1)
-                for rq in range(0, rw, _P):
+                for hl in range(n_hc if KC else 0):  # to the h^T scratch: the down-projection runs after the chunks
+                    ph = min(_P, i_end - i0 - hl * _P)
+                    nisa.dma_copy(dst=h_hbm[i0 + hl * _P:i0 + hl * _P + ph, r_sb + q0:r_sb + q0 + rw], src=g[hl][0:ph, 0:rw])
+                for rq in range(0, 0 if KC else rw, _P):
                     rs = (q0 + rq) // _P
                     pr = min(_P, rw - rq)
                     for ko in range(n_ko):
@@ -423,6 +516,32 @@ def llama_swiglu_kernel(x_hbm, wgt_hbm, wut_hbm, wdt_hbm, S, CI, SPLIT):
                         else:
                             nisa.tensor_tensor(dst=acc[rs][0:pr, k0:k0 + nk], data1=acc[rs][0:pr, k0:k0 + nk],
                                                data2=ps[0:pr, 0:nk], op=nl.add)
+        for kc0 in range(0, K if KC else 0, KC or 1):  # column blocks: all of I accumulates in PSUM
+            kw = min(KC, K - kc0)
+            n_kp = _cdiv(kw, _F_MOV)
+            acc_ps = []
+            for j in range(n_rs * n_kp):
+                t = nl.ndarray((_P, _F_MOV), dtype=nl.float32, buffer=nl.psum)
+                acc_ps.append(t)
+            for it in range(_cdiv(I, _P)):
+                ph = min(_P, I - it * _P)
+                wd_t = nl.ndarray((_P, KC), dtype=nl.bfloat16, buffer=nl.sbuf)
+                nisa.dma_copy(dst=wd_t[0:ph, 0:kw], src=wdt_hbm[it * _P:it * _P + ph, kc0:kc0 + kw])
+                h_t = nl.ndarray((_P, S), dtype=nl.bfloat16, buffer=nl.sbuf)
+                nisa.dma_copy(dst=h_t[0:ph, 0:s_rows], src=h_hbm[it * _P:it * _P + ph, r_sb:r_sb + s_rows])
+                for rs in range(n_rs):
+                    pr = min(_P, s_rows - rs * _P)
+                    for kp in range(n_kp):
+                        nk = min(_F_MOV, kw - kp * _F_MOV)
+                        nisa.nc_matmul(dst=acc_ps[rs * n_kp + kp][0:pr, 0:nk], stationary=h_t[0:ph, rs * _P:rs * _P + pr],
+                                       moving=wd_t[0:ph, kp * _F_MOV:kp * _F_MOV + nk], accumulate=(it > 0))
+            for kp in range(n_kp):  # each piece leaves PSUM once, through the epilogue's elementwise part
+                k0, nb = kc0 + kp * _F_MOV, min(_F_MOV, kw - kp * _F_MOV)
+                for rs in range(n_rs):
+                    r0, pr = r_sb + rs * _P, min(_P, s_rows - rs * _P)
+                    v0 = nl.ndarray((_P, kb), dtype=nl.bfloat16, buffer=nl.sbuf)
+                    nisa.tensor_copy(dst=v0[0:pr, 0:nb], src=acc_ps[rs * n_kp + kp][0:pr, 0:nb])
+                    nisa.dma_copy(dst=out_hbm[r0:r0 + pr, k0:k0 + nb], src=v0[0:pr, 0:nb])
         if SPLIT:  # the other core's rows go out; after the barrier, this core's come in
             for rs in range(n_rs):
                 r0, pr = r_sb + rs * _P, min(_P, s_rows - rs * _P)
@@ -443,6 +562,8 @@ def llama_swiglu_kernel(x_hbm, wgt_hbm, wut_hbm, wdt_hbm, S, CI, SPLIT):
                 continue
             r0 = r_sb + rs * _P
             pr = min(_P, s_rows - rs * _P)
+            if KC:  # the eviction wrote the outputs
+                continue
             for k0 in range(0, K, _F_MOV):
                 nb = min(_F_MOV, K - k0)
                 e0 = nl.ndarray((_P, kb), dtype=nl.bfloat16, buffer=nl.sbuf)
@@ -594,7 +715,33 @@ def _bind(sig: _Signature, tensors: tuple[torch.Tensor, ...]) -> tuple[_Env, dic
             name = _plain(expr)
             if name is not None and name not in env:
                 env[name], source[name] = size, decl.name
+    solving = True
+    while solving:  # then dims inside compound axes (`2*D`, `NQ + 2*NKV`), each once the rest are bound
+        solving = False
+        for decl, t in zip(sig.inputs, tensors, strict=True):
+            for expr, size in zip(decl.shape, t.shape, strict=True):
+                try:
+                    solved = _solve(expr, size, env)
+                except ValueError as err:
+                    raise ValueError(f"{sig.name}: {decl.name}: {err}") from None
+                if solved is not None:
+                    env[solved[0]], source[solved[0]] = solved[1], decl.name
+                    solving = True
     return env, source
+
+
+def _solve(expr: str, size: int, env: _Env) -> tuple[str, int] | None:
+    """(dim, value) when `expr` is `coef*dim + terms over bound dims`, for an axis of `size`; None when it is
+    not (the shape check then compares). A size no whole dim gives names the axis."""
+    unbound = [s for s in _symbols(expr) if s not in env]
+    terms = [(coef, names) for coef, names in _factors(expr) if unbound and unbound[0] in names]
+    if len(unbound) != 1 or len(terms) != 1 or terms[0][1] != unbound or terms[0][0] <= 0:
+        return None
+    coef = terms[0][0]
+    rest = sum(c * _prod([env[s] for s in names]) for c, names in _factors(expr) if unbound[0] not in names)
+    if (size - rest) % coef or size < rest:
+        raise ValueError(f"axis `{expr}` has size {size}, which no whole `{unbound[0]}` gives")
+    return unbound[0], (size - rest) // coef
 
 
 def _check_shapes(sig: _Signature, tensors: tuple[torch.Tensor, ...], env: _Env, source: dict[str, str]
@@ -720,7 +867,7 @@ def llama_swiglu(x: torch.Tensor, wgt: torch.Tensor, wut: torch.Tensor, wdt: tor
         return _empty
     _rows, _hidden = x.shape
     _plan = _choose(_MODEL, _MACHINES[target], _rows, _hidden, wdt.shape[0], lnc)
-    return llama_swiglu_kernel[lnc](x, wgt, wut, wdt, _plan.s, _plan.ci, _plan.split)
+    return llama_swiglu_kernel[lnc](x, wgt, wut, wdt, _plan.s, _plan.ci, _plan.split, _plan.kc)
 
 
 try:  # the NKI op on Neuron hosts (ops.py owns `fusegen::<name>`); the file imports without torch_neuronx

@@ -133,7 +133,7 @@ def test_every_option_and_command_has_help_text() -> None:
     parser = cli._parser()
     action = next(a for a in parser._actions if isinstance(a, argparse._SubParsersAction))
     helps = {choice.dest: choice.help for choice in action._choices_actions}
-    assert set(helps) == {"check-spec", "build", "list", "targets", "check", "explain"}
+    assert set(helps) == {"check-spec", "build", "list", "targets", "check", "explain", "bench"}
     for name, sub in action.choices.items():
         assert helps[name], f"fusegen {name} has no help"
         for option in sub._actions:

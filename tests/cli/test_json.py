@@ -33,8 +33,8 @@ CHECK_SPEC = {**ENVELOPE, "specs": [{"path": str, "ok": bool, "kernel": (KERNEL,
                                       "diagnostics": [DIAGNOSTIC]}]}  # fmt: skip
 OUTPUT = {"name": str, "dtype": str, "max_error": (*Number, Optional), "tolerance": Number, "ok": bool}
 RUN = {"spec": str, "kernel": str, "target": str, "lnc": int, "dims": ("dict-of", int), "ok": bool,
-       "outputs": [OUTPUT]}  # fmt: skip
-CHECK = {**ENVELOPE, "runs": [RUN], "failed": int}
+       "outputs": [OUTPUT], "error": (str, Optional)}  # fmt: skip
+CHECK = {**ENVELOPE, "runs": [RUN], "failed": int, "mode": str}
 TILES = ("dict-of", int)
 EXPLAIN = {
     **ENVELOPE, "kernel": str, "family": str, "dims": ("dict-of", int), "target": str, "lnc": int,
@@ -45,6 +45,15 @@ EXPLAIN = {
     "roofline": {"time_ns": Number, "bound": str, "efficiency": Number, "flops": Number,
                  "min_hbm_bytes": int, "hbm_moved_bytes": int},
     "alternatives": [{"tiles": TILES, "planner_ns": Number, "trace_ns": (*Number, Optional)}],
+    "measured": [{"target": str, "lnc": int, "dims": ("dict-of", int), "p50_ns": Number, "p99_ns": Number,
+                  "modelled_ns": Number, "ratio": (*Number, Optional), "time": (str, Optional)}],
+}  # fmt: skip
+MEASUREMENT = {"p50_ns": Number, "p99_ns": Number, "mean_ns": Number, "min_ns": Number, "warmup": int,
+               "iters": int, "method": str}  # fmt: skip
+BENCH = {
+    **ENVELOPE, "kernel": str, "spec": str, "target": str, "lnc": int, "dims": ("dict-of", int),
+    "modelled_ns": Number, "device": bool, "reason": (str, Optional), "measured": (MEASUREMENT, Optional),
+    "ratio": (*Number, Optional), "calibration": (str, Optional),
 }  # fmt: skip
 BUILD_CHECK = {**ENVELOPE, "kernels": [str], "stale": [{"path": str, "reason": str}]}
 FIGURE = (*Number, Optional)
@@ -142,10 +151,13 @@ def test_check_json(capsys: pytest.CaptureFixture[str]) -> None:
     assert run["dims"] == {"H": 128, "T": 3}
     assert [o["name"] for o in run["outputs"]] == ["y", "mu", "rstd"]
     assert all(0 <= o["max_error"] <= o["tolerance"] for o in run["outputs"])
+    assert doc["mode"] == "sim" and run["error"] is None
 
 
-def test_explain_json(capsys: pytest.CaptureFixture[str]) -> None:
-    assert main(["explain", "--format", "json", LAYERNORM, "--shape", *SMALL]) == 0
+def test_explain_json(capsys: pytest.CaptureFixture[str], tmp_path: Path) -> None:
+    calibration = str(tmp_path / "none.jsonl")
+    argv = ["explain", "--format", "json", LAYERNORM, "--shape", *SMALL, "--calibration", calibration]
+    assert main(argv) == 0
     doc = _json(capsys, "explain")
     conforms(doc, EXPLAIN)
     assert (doc["kernel"], doc["family"], doc["dims"]) == ("layernorm", "rowreduce", {"H": 128, "T": 3})
@@ -154,6 +166,7 @@ def test_explain_json(capsys: pytest.CaptureFixture[str]) -> None:
     assert doc["modelled_ns"] >= doc["roofline"]["time_ns"] > 0
     assert math.isclose(doc["roofline"]["efficiency"], doc["roofline"]["time_ns"] / doc["modelled_ns"],
                         rel_tol=1e-9)  # fmt: skip
+    assert doc["measured"] == []  # no calibration file: nothing measured
 
 
 def test_build_check_json(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:

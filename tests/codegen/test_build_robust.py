@@ -12,6 +12,7 @@ import torch
 from fusegen.cli import main
 from fusegen.codegen import build
 from fusegen.dsl import load_spec
+from fusegen.dsl.diagnostics import SpecError
 from fusegen.testing import load_generated
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -90,3 +91,43 @@ def test_two_thousand_dims_build_in_linear_time(tmp_path: Path) -> None:
     shapes = build.test_shapes(ir)
     assert time.process_time() - started < 1.0
     assert [label for _, label in shapes if label.startswith("ragged-")] == ["ragged-T3"]  # H % 128 holds H
+
+
+def _no_family(tmp_path: Path, text: str) -> str:
+    spec = tmp_path / "k.spec"
+    spec.write_text(text)
+    with pytest.raises(SpecError) as info:
+        build.build_spec(str(spec), build.BuildOptions(out_dir=tmp_path))
+    return info.value.render()
+
+
+FFN_HEAD = (
+    "kernel k\ndim R, K, I\nrequire K % 128 == 0\ninput x: bf16[R, K]\ninput w1t: bf16[K, I]\n"
+    "input w2t: bf16[I, K]\n"
+)
+
+
+def test_with_no_family_the_caret_is_on_the_line_the_closest_family_cannot_take(tmp_path: Path) -> None:
+    """An FFN with a [R, 1] output: the error sits on that output (ffn's reason first), not on `input x`;
+    rowreduce says what is true of it (a matmul is not row-wise math), not 'expected a 3-D input'."""
+    text = _no_family(tmp_path, FFN_HEAD + "output y: f32[R, K]\noutput m: f32[R, 1]\n"
+                      "h = relu(x @ w1t)\ny = bf16(h) @ w2t\nm = mean(y, axis=-1, keepdim=true)\n"
+                      "check R=4 K=128 I=128\n")  # fmt: skip
+    head, first_note = text.split("\n")[0], text.split("note:")[1]
+    assert head.endswith("k.spec:8:1: error: no kernel family matches `k` (tried: ffn, rowreduce); the ffn "
+                         "family comes closest and cannot take this line")  # fmt: skip
+    assert first_note.startswith(" leaves the ffn family here: ffn outputs must be [R, K]")
+    assert "k.spec:9:10: note: leaves the rowreduce family here: `@` is not row-wise math" in text
+    assert "3-D" not in text
+
+
+def test_a_row_spec_value_is_described_as_written(tmp_path: Path) -> None:
+    """A [T] input of a [T, H] spec is shown as f32[T], not as its lifted f32[T, 1]."""
+    text = _no_family(tmp_path, "kernel k\ndim T, H\ninput x: f32[T, H]\ninput c: f32[T]\nparam eps = 1e-6\n"
+                      "output y: f32[T, H]\noutput z: f32[T]\ny = rmsnorm(x, eps)\nz = c * 2.0\n"
+                      "check T=4 H=128\n")  # fmt: skip
+    assert text.split("\n")[0].endswith("k.spec:4:1: error: no kernel family matches `k` (tried: ffn, "
+                                        "rowreduce); the rowreduce family comes closest and cannot take "
+                                        "this line")  # fmt: skip
+    assert "(`c` is f32[T]); a spec over [T, H] data is read as [T, 1, H] (one head)" in text
+    assert "[T, 1]" not in text

@@ -21,7 +21,7 @@ MODES: dict[str, Callable[[], contextlib.AbstractContextManager[object]]] = {
 @pytest.mark.parametrize("lnc", [1, 2])
 @pytest.mark.parametrize("name", KERNELS)
 def test_op_in_inference_contexts(name: str, lnc: int, monkeypatch: pytest.MonkeyPatch) -> None:
-    kernels = ops.load_ops(name, GENERATED)._module("kernel.py", sim=True)  # what the op launches
+    kernels = ops.load_ops(name, GENERATED)._module("kernel.py", "sim")  # what the op launches
     monkeypatch.setattr(kernels, "_LNC", lnc)
     ir = spec_ir(name)
     args = inputs(ir, small_dims(ir, rows=130))  # 130 rows: both cores of LNC 2 write outputs

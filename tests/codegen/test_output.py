@@ -35,6 +35,18 @@ while True:
             write_atomically(out, files)
 """
 
+#: A child that writes the versions in turn `rounds` times and exits (0 when no write failed).
+WRITER = """
+import json, sys
+from pathlib import Path
+from fusegen.codegen.output import write_atomically
+out, versions, rounds = Path(sys.argv[1]), json.loads(Path(sys.argv[2]).read_text()), int(sys.argv[3])
+for _ in range(rounds):
+    for version in versions:
+        for files in version:
+            write_atomically(out, files)
+"""
+
 
 def _tree(folder: Path) -> dict[str, bytes]:
     return {p.name: p.read_bytes() for p in folder.iterdir() if p.is_file()}
@@ -55,6 +67,8 @@ def test_kill_loop_leaves_every_folder_fully_old_or_fully_new(tmp_path: Path) ->
             versions.setdefault(name, []).append({r.partition("/")[2]: t.encode() for r, t in files})
     assert all(a != b for a, b in versions.values())  # else the test could not tell old from new
     (tmp_path / "versions.json").write_text(json.dumps(rendered))
+    for files in rendered[0]:  # every folder exists before the first kill, however slow the child starts
+        output.write_atomically(out, [tuple(f) for f in files])
     rng = random.Random(17)
     env = {**os.environ, "PYTHONPATH": str(ROOT)}
     started = time.monotonic()
@@ -129,3 +143,20 @@ def test_a_build_drops_files_it_does_not_write(tmp_path: Path) -> None:
     (tmp_path / "swiglu_ffn" / "notes.txt").write_text("mine")
     assert main(["build", "--out", str(tmp_path), SPECS[0]]) == 0
     assert not (tmp_path / "swiglu_ffn" / "notes.txt").exists()
+
+
+def test_concurrent_builds_into_one_folder_take_turns(tmp_path: Path) -> None:
+    """Two builds writing the same kernels at once: without the lock one's recovery removed the other's
+    staging folder mid-write (FileNotFoundError); with it both finish and every folder is whole."""
+    out = tmp_path / "out"
+    rendered = _render(out)
+    (tmp_path / "versions.json").write_text(json.dumps(rendered))
+    env = {**os.environ, "PYTHONPATH": str(ROOT)}
+    command = [sys.executable, "-c", WRITER, str(out), str(tmp_path / "versions.json"), "15"]
+    writers = [subprocess.Popen(command, stderr=subprocess.PIPE, env=env) for _ in range(3)]
+    errors = [w.communicate(timeout=120)[1].decode() for w in writers]
+    assert [w.returncode for w in writers] == [0, 0, 0], errors
+    assert output.leftovers(out) == []
+    for version in rendered[-1]:
+        name = version[0][0].partition("/")[0]
+        assert _tree(out / name) == {r.partition("/")[2]: t.encode() for r, t in version}

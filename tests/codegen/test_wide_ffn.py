@@ -3,15 +3,18 @@ the epilogue's and prologue's row statistics over many K-blocks, and streamed up
 
 from __future__ import annotations
 
+import re
 from pathlib import Path
 
 import pytest
 import torch
 import torch.nn.functional as F
 
+from fusegen.cli import main
 from fusegen.sim import load_module
 
-GENERATED = Path(__file__).resolve().parents[2] / "generated"
+ROOT = Path(__file__).resolve().parents[2]
+GENERATED = ROOT / "generated"
 
 
 def _randn(gen: torch.Generator, *shape: int, scale: float = 1.0) -> torch.Tensor:
@@ -74,3 +77,92 @@ def test_swiglu_ffn_ln_at_k_16384() -> None:
     want = h.bfloat16().float() @ w2t.float() + b2 + a
     _close(x_new, want, rtol=1e-3)
     _close(z, F.layer_norm(want, (k,), eps=1e-6).bfloat16(), rtol=2e-2)
+
+
+def _swiglu_inputs(gen: torch.Generator, r: int, k: int, i: int) -> tuple[torch.Tensor, ...]:
+    """x, w1t, b1, wgt, bg, w2t, b2: a gated FFN's inputs at unit scale."""
+    x = _randn(gen, r, k).bfloat16()
+    w1t, wgt = (_randn(gen, k, i, scale=k**-0.5).bfloat16() for _ in range(2))
+    b1, bg = _randn(gen, i), _randn(gen, i)
+    return x, w1t, b1, wgt, bg, _randn(gen, i, k, scale=i**-0.5).bfloat16(), _randn(gen, k)
+
+
+def _swiglu(x, w1t, b1, wgt, bg, w2t, b2):  # type: ignore[no-untyped-def]
+    """bf16(silu(x W1 + b1) * (x Wg + bg)) W2 + b2 in fp32."""
+    h = F.silu(x.float() @ w1t.float() + b1) * (x.float() @ wgt.float() + bg)
+    return h.bfloat16().float() @ w2t.float() + b2
+
+
+def test_column_blocks_where_the_sbuf_accumulator_cannot_fit() -> None:
+    """trn1 at K=16384: an [S, K] fp32 accumulator does not fit, so the planner itself picks column blocks
+    (h^T through HBM, each block of the down-projection accumulating all of I in PSUM); LayerScale's
+    `a + ls * y` is computed on the way out of PSUM, the LayerNorm's statistics after it."""
+    r, k, i = 130, 16384, 128
+    gen = torch.Generator().manual_seed(16)
+    ffn = _swiglu_inputs(gen, r, k, i)
+    ls, a = _randn(gen, k), _randn(gen, r, k) + 2.0
+    module = load_module(GENERATED / "swiglu_layerscale" / "kernel.py", target="trn1")
+    plan = module._choose(module._MODEL, module._MACHINES["trn1"], r, k, i, 1)
+    assert plan.kc > 0 and plan.s >= 256  # both row tiles in one super-block: several PSUM banks per block
+    z = module.swiglu_layerscale(*ffn, ls, a, lnc=1, target="trn1")
+    want = F.layer_norm(a + ls * _swiglu(*ffn), (k,), eps=1e-6)
+    _close(z, want.bfloat16(), rtol=1e-2)
+
+
+@pytest.mark.parametrize("spec", ["swiglu_rmsnorm", "prenorm_swiglu", "relu2_mlp"])
+def test_column_blocks_with_ragged_blocks_tiles_and_rows(spec: str) -> None:
+    """An explicit column-blocked plan, KC=1024 over K=1536 (a full and a half block), I=300 (a ragged
+    I-tile), 200 rows on 2 cores (a ragged row tile): three ways out of PSUM (the spine `+ b2 + a` ending
+    at an output, a residual `+ x`, a bare cast that writes the output directly); the interpreter's peak
+    SBUF stays within the budget model of that plan."""
+    r, k, i, s, kc = 200, 1536, 300, 256, 1024
+    gen = torch.Generator().manual_seed(kc + i)
+    x, w1t, b1, wgt, bg, w2t, b2 = _swiglu_inputs(gen, r, k, i)
+    module = load_module(GENERATED / spec / "kernel.py", target="trn2")
+    cols = module._columns
+    plan = (s, 128, 0, kc)
+    if spec == "swiglu_rmsnorm":
+        a, gamma = _randn(gen, r, k), _randn(gen, k)
+        kernel = module.swiglu_rmsnorm_kernel
+        x_new, z = kernel[2](x, w1t, cols(b1), wgt, cols(bg), w2t, b2, a, gamma, 1e-6, *plan)
+        want = _swiglu(x, w1t, b1, wgt, bg, w2t, b2) + a
+        _close(x_new, want, rtol=1e-3)
+        _close(z, (want * want.pow(2).mean(dim=1, keepdim=True).add(1e-6).rsqrt() * gamma).bfloat16(), 2e-2)
+    elif spec == "prenorm_swiglu":
+        gamma = _randn(gen, k)
+        kernel = module.prenorm_swiglu_kernel
+        out = kernel[2](x, gamma, wgt, w1t, w2t, 1e-6, *plan)
+        xf = x.float()
+        xn = (xf * xf.pow(2).mean(dim=1, keepdim=True).add(1e-6).rsqrt() * gamma).bfloat16().float()
+        h = F.silu(xn @ wgt.float()) * (xn @ w1t.float())
+        _close(out, (h.bfloat16().float() @ w2t.float() + xf).bfloat16(), rtol=2e-2)
+    else:
+        kernel = module.relu2_mlp_kernel
+        out = kernel[2](x, w1t, w2t, *plan)
+        h = torch.relu(x.float() @ w1t.float()).square()
+        _close(out, (h.bfloat16().float() @ w2t.float()).bfloat16(), rtol=2e-2)
+    model_bytes = module._sbuf_bytes(module._MODEL, s, 128, k, i, kc)
+    assert max(core["sbuf_peak_bytes"] for core in kernel.last_run.stats["cores"]) <= model_bytes
+
+
+@pytest.mark.parametrize("target", ["trn1", "trn2"])
+def test_past_the_limit_check_explain_and_host_give_the_planners_numbers(
+    target: str, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """K=131072: x^T alone (K * 2 bytes per partition at 128 rows) passes the SBUF budget, so nothing fits;
+    every door says so with the numbers and the widest K that fits, no traceback."""
+    spec, shape = str(ROOT / "examples" / "swiglu_rmsnorm.spec"), ["R=3", "K=131072", "I=128"]
+    budget = {"trn1": 180224, "trn2": 212984}[target]
+    numbers = rf"needs \d+ B/partition of SBUF for K=131072, I=128; the budget is {budget} B"
+    for command in ("check", "explain"):
+        assert main([command, spec, "--shape", *shape, "--target", target, "--lnc", "1"]) == 2
+        err = capsys.readouterr().err
+        assert re.search(rf"error: --shape I=128 K=131072 R=3: no tile plan fits on {target}: .*{numbers} "
+                         r"\(this kernel fits K <= \d+ at I=128 here\)", err), err  # fmt: skip
+        assert "Traceback" not in err and "fusegen bug" not in err
+    gen = torch.Generator().manual_seed(0)
+    r, k, i = 3, 131072, 128
+    args = (*_swiglu_inputs(gen, r, k, i), _randn(gen, r, k), _randn(gen, k))
+    module = load_module(GENERATED / "swiglu_rmsnorm" / "kernel.py", target=target)
+    with pytest.raises(ValueError, match=rf"no tile plan fits: the smallest \(S=128, CI=128\) {numbers}"):
+        module.swiglu_rmsnorm(*args, lnc=1, target=target)

@@ -21,32 +21,30 @@ def test_the_table_covers_every_ffn_example() -> None:
 
 @pytest.mark.parametrize(("model", "k", "i"), WIDTHS, ids=[w[0] for w in WIDTHS])
 def test_every_ffn_example_plans_at_every_width(model: str, k: int, i: int) -> None:
-    """trn2 (LNC 1 and 2) always plans within its budget; trn1 plans, or says which K would fit."""
+    """trn2 (LNC 1 and 2) and trn1 plan within their budgets (at K=16384 trn1 needs column blocks)."""
     for ex in EXAMPLES:
         for rows in ROWS:
             for target, lnc in LAUNCHES:
                 p = plan_at(ex, rows, k, i, target, lnc)
                 where = f"{ex.name} {model} R={rows} {target} LNC={lnc}"
-                if p.plan is None:
-                    assert target == "trn1", f"{where}: {p.error}"
-                    assert f"K={k}, I={i}" in p.error and "fits K <= " in p.error, p.error
-                    continue
+                assert p.plan is not None, f"{where}: {p.error}"
                 assert p.plan.sbuf_bytes <= get_target(target).sbuf_usable_bytes, where
                 assert p.plan.tile("S") % 128 == 0 and p.plan.tile("CI") % 128 == 0, where
 
 
-#: gated FFNs at the dense models' widths: the modelled time stays within 85% of the PE roofline at
-#: R=2048. Not yet: K=16384 (the accumulator and x^T leave room for 128-row super-blocks only, so the
-#: weights stream too often: DMA-bound, ~59%), single-projection MLPs at K >= 7168 and small I (the
-#: Vector engine's PSUM evictions at CI=128 bound them, ~75-80%); bench/widths.py reports those.
-DENSE = [w for w in WIDTHS if 4096 <= w[1] <= 8192 and w[2] >= 14336]
+#: every FFN example at every width with K >= 4096: the modelled time stays within 85% of the PE
+#: roofline at R=2048 on trn2 (the column-blocked down-projection is what gets K=16384, the
+#: single-projection MLPs and DeepSeek-V3's expert there under cost model I; bench/widths.py prints the
+#: table). Under cost model II the weight K-tiles (CI * 2 = 256-512 B per partition row at these widths)
+#: are held to 10-21% of the DMA peak by the documented packet rate, so no width meets it yet; strict,
+#: so the test fails once a kernel change meets it (docs/performance.md, "Cost model II").
+WIDE = [w for w in WIDTHS if w[1] >= 4096]
 
 
-@pytest.mark.parametrize(("model", "k", "i"), DENSE, ids=[w[0] for w in DENSE])
-def test_gated_ffns_stay_near_the_pe_roofline_at_2048_rows(model: str, k: int, i: int) -> None:
+@pytest.mark.xfail(strict=True, raises=AssertionError, reason="DMA packet-bound weight K-tiles (issue 15)")
+@pytest.mark.parametrize(("model", "k", "i"), WIDE, ids=[w[0] for w in WIDE])
+def test_ffns_stay_near_the_pe_roofline_at_2048_rows(model: str, k: int, i: int) -> None:
     for ex in EXAMPLES:
-        if ex.lowering.model.n_up != 2:  # type: ignore[attr-defined]
-            continue
         for lnc in (1, 2):
             p = plan_at(ex, 2048, k, i, "trn2", lnc)
             assert p.plan is not None and p.roof.bound == "PE"

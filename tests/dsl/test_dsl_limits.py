@@ -124,14 +124,20 @@ def test_a_closed_pipe_is_not_an_internal_error() -> None:
     assert "Traceback" not in run.stderr and "internal error" not in run.stderr
 
 
-def test_a_dim_only_inside_compound_axes_is_named() -> None:
-    """`x: [T, 2*D]` alone gives no runtime shape for D (the reference once read an undefined `d_D`)."""
-    spec = "kernel k\ndim T, D\ninput x: f32[T, 2*D]\noutput y: f32[T, 2*D]\ny = x * 2.0\ncheck T=4 D=64\n"
-    assert _diagnostics(spec) == [
-        "t.spec:3:1: error: dim `D` appears only inside compound axes: no runtime shape gives its value"
-    ]
-    assert _diagnostics(spec.replace("dim T, D", "dim T, D = 64").replace(" D=64", "")) == []
-    assert _diagnostics(spec.replace("input x: f32[T, 2*D]", "input x: f32[T, 2*D]\ninput b: f32[D]")) == []
+def test_a_dim_compound_axes_do_not_determine_is_named() -> None:
+    """`x: [T, NQ + 2*NKV]` alone gives no runtime value for NQ or NKV (the reference once read an
+    undefined `d_NQ`); one more whole axis, or a fixed value, determines both."""
+    spec = (
+        "kernel k\ndim T, NQ, NKV\ninput x: f32[T, NQ + 2*NKV]\noutput y: f32[T, NQ + 2*NKV]\n"
+        "y = x * 2.0\ncheck T=4 NQ=64 NKV=32\n"
+    )
+    message = "t.spec:3:1: error: dim `{}` appears only inside compound axes that do not determine its value"
+    assert _diagnostics(spec) == [message.format("NQ"), message.format("NKV")]
+    assert _diagnostics(spec.replace("dim T, NQ, NKV", "dim T, NQ, NKV = 32").replace(" NKV=32", "")) == []
+    with_kv = spec.replace("output y", "input b: f32[NKV]\noutput y")
+    assert _diagnostics(with_kv) == []  # NKV from b, then NQ solved from x
+    product = spec.replace("NQ + 2*NKV", "2*NQ*NKV")
+    assert _diagnostics(product) == [message.format("NQ"), message.format("NKV")]
 
 
 def test_dim_products_at_and_past_the_term_limit() -> None:

@@ -2,8 +2,12 @@
 
 from __future__ import annotations
 
+import itertools
+from collections.abc import Iterator
+
 import pytest
 
+from fusegen.perf.cost import PE_RAMP_NS, assume
 from fusegen.perf.schedule import schedule
 from fusegen.sim import get_target
 
@@ -13,6 +17,13 @@ TRN2 = get_target("trn2")
 MM_NS = 512 / 2.4  # a [128,128] x [128,512] bf16 matmul
 ACT_NS = 512 / 1.2  # activation over 512 elements
 PE_SYNC_NS = 100 / 2.4  # the producer's static overhead before another engine sees its result
+
+
+@pytest.fixture(autouse=True)
+def no_throttle(request: pytest.FixtureRequest) -> Iterator[None]:
+    """The PE at full rate, except in the throttling tests (their names say so)."""
+    with assume(pe_throttle="throttl" in request.node.name):
+        yield
 
 
 def starts(recs: list) -> list[float]:  # type: ignore[type-arg]
@@ -56,10 +67,10 @@ def test_dma_queues_run_in_parallel() -> None:
 
 def test_dma_result_arrives_after_the_fixed_latency() -> None:
     recs = [
-        dma_in(7, 1, nbytes=36_800, index=0),
+        dma_in(7, 1, nbytes=368_000, index=0),
         record("vector", "tensor_copy", (sbuf("r", 7), sbuf("w", 8)), index=1),
     ]
-    assert starts(recs) == pytest.approx([0, 100 + 1300])
+    assert starts(recs) == pytest.approx([0, 1000 + 1300])
 
 
 def test_barrier_synchronises_cores() -> None:
@@ -82,3 +93,39 @@ def test_psum_bank_reuse_waits_for_the_evicting_reader() -> None:
     spans = schedule(recs, TRN2).spans
     assert spans[14].start_ns == pytest.approx(7 * 64 / 2.4)  # the first eight tiles need not wait
     assert spans[16].start_ns == pytest.approx(spans[1].end_ns)  # the ninth waits for the first eviction
+
+
+def test_pe_throttling_halves_the_rate_of_a_cold_start_then_ramps() -> None:
+    """trn2 dI/dt throttling: ~50% utilisation after idle, full after ~3 us of work (glossary.rst)."""
+    recs = [matmul(10 + i % 2, 1, 2, index=i) for i in range(40)]  # back to back, 213 ns each at full rate
+    spans = schedule(recs, TRN2).spans
+    assert spans[0].end_ns - spans[0].start_ns == pytest.approx(2 * MM_NS)
+    widths = [s.end_ns - s.start_ns for s in spans]
+    assert all(a >= b - 1e-9 for a, b in itertools.pairwise(widths))  # the ramp only speeds up
+    late = [s for s in spans if s.start_ns >= PE_RAMP_NS]
+    assert late and all(s.end_ns - s.start_ns == pytest.approx(MM_NS) for s in late)
+
+
+def test_pe_throttling_restarts_after_an_idle_gap() -> None:
+    warm = [matmul(10 + i % 2, 1, 2, index=i) for i in range(30)]
+    wait = record("scalar", "activation", (psum("r", 11), sbuf("w", 4)), elems=3000, index=30)  # 2.5 us
+    after = matmul(12, 4, 2, index=31)  # reads the activation's output: starts after an idle gap
+    spans = schedule([*warm, wait, after], TRN2).spans
+    assert spans[29].end_ns - spans[29].start_ns == pytest.approx(MM_NS)
+    assert spans[31].end_ns - spans[31].start_ns == pytest.approx(2 * MM_NS)
+
+
+def test_trn1_is_not_throttled() -> None:
+    spans = schedule([matmul(10, 1, 2, index=0)], get_target("trn1")).spans
+    assert spans[0].end_ns - spans[0].start_ns == pytest.approx(512 / 2.8)
+
+
+def test_assumed_dge_issue_delays_transfers_on_two_instances() -> None:
+    """With a hardware-DGE issue cost (nki-dge.rst: ~600 ns, two DGEs per NeuronCore-v3), the third of
+    three independent narrow transfers waits for a DGE; without it (the default) none waits."""
+    narrow = [dma_in(100 + q, 1, partitions=8, nbytes=23_000, index=q) for q in range(3)]
+    assert starts(narrow) == [0, 0, 0]
+    with assume(dge_issue_ns=600.0):
+        assert starts(narrow) == pytest.approx([600, 600, 1200])
+        # trn1 has no hardware DGE (hwdge needs NeuronCore-v3+, nki.md §3)
+        assert [s.start_ns for s in schedule(narrow, get_target("trn1")).spans] == [0, 0, 0]

@@ -53,6 +53,25 @@ def test_operands_rewritten_after_a_matmul_do_not_change_it():
     _close(kernel(a, b), af.t() @ bf + a2.t() @ (-2 * bf))
 
 
+def test_operand_tiles_dropped_before_the_gemm_keep_their_data():
+    """Operands are stacked only when the GEMM runs: a dropped operand tile's storage must not be recycled
+    (and overwritten) by later allocations before then."""
+    a, b = torch.randn(128, 64).bfloat16(), torch.randn(128, 96).bfloat16()
+
+    @nki.jit
+    def kernel(a_hbm, b_hbm):
+        ps = nl.ndarray((64, 96), dtype=nl.float32, buffer=nl.psum)
+        nisa.nc_matmul(dst=ps, stationary=_load(a_hbm), moving=_load(b_hbm))  # both tiles dropped at once
+        for _ in range(4):  # same-shaped tiles that would take the freed storage, written
+            junk = nl.ndarray((128, 96), dtype=nl.bfloat16, buffer=nl.sbuf)
+            nisa.memset(dst=junk, value=7.0)
+            other = nl.ndarray((128, 64), dtype=nl.bfloat16, buffer=nl.sbuf)
+            nisa.memset(dst=other, value=-3.0)
+        return _evict(ps)
+
+    _close(kernel(a, b), a.float().t() @ b.float())
+
+
 def test_long_accumulations_and_reads_between_matmuls():
     a, b = torch.randn(128, 12 * 128).bfloat16(), torch.randn(128, 12 * 512).bfloat16()
 
