@@ -261,6 +261,8 @@ def _lower_epilogue(
     leaves[acc_node] = Operand("tile", "acc[rs][0:pr, k0:k0 + nb]")  # the accumulator's block
     builder = _row_builder(ir, m, leaves)
     exprs = [builder.expr(out.node) for out in ir.outputs]  # all first: users counts must be complete
+    # the accumulator returned as it is is read by its output's write: never computed over in place
+    builder.exprs[acc_node].users += sum(out.node == acc_node for out in ir.outputs)
     writes: list[OutputWrite] = []
 
     def finish(sel: Selector) -> list[str]:
