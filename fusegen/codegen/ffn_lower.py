@@ -319,6 +319,8 @@ def _lower_epilogue(
     leaves[acc_node] = Operand("tile", "acc_blk[0:pr, 0:nb]" if from_hbm else acc)
     builder = _row_builder(ir, m, leaves)
     exprs = [builder.expr(out.node) for out in ir.outputs]  # all first: users counts must be complete
+    # the accumulator returned as it is is read by its output's write: never computed over in place
+    builder.exprs[acc_node].users += sum(out.node == acc_node for out in ir.outputs)
     writes: list[OutputWrite] = []
     finish = _output_writes(ir, exprs, writes)
     sel = _block_selector("u" if from_hbm else "e")  # names distinct from the other epilogue's

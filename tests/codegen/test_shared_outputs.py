@@ -85,6 +85,12 @@ CASES = {
         "v = mean(square(c), axis=-1, keepdim=true)\ny = c * rsqrt(v + eps) * g + s\n",
         lambda d, r, g: (d + r, F.layer_norm(d + r, (K,), eps=1e-5) * g + d + r),
     ),
+    # the down-projection returned after an output that reads it once (it was computed over in place)
+    "down_returned_after_its_user": (
+        "output y: f32[R, K]\noutput d: f32[R, K]\nh = silu(x @ w1t) * (x @ wgt)\nd = bf16(h) @ w2t\n"
+        "y = rmsnorm(d + r + r, eps)\n",
+        lambda d, r, g: (_rms(d + r + r), d),
+    ),
     # the bare down-projection read by two later values
     "down_read_twice": (
         "output y: f32[R, K]\noutput z: f32[R, K]\nh = silu(x @ w1t) * (x @ wgt)\n"
