@@ -24,6 +24,7 @@ from fusegen.codegen.rowreduce_lower import (
     Load,
     RowPasses,
     acc,
+    balanced,
     chunk_leaves,
     column_leaves,
     lower_columns,
@@ -33,7 +34,7 @@ from fusegen.codegen.rowreduce_lower import (
     tile_bytes,
 )
 from fusegen.codegen.rowreduce_match import RowReduceMatch
-from fusegen.codegen.select import NL_DTYPE, Layout, Selector
+from fusegen.codegen.select import NL_DTYPE, EngineLoad, Layout, Selector
 from fusegen.codegen.stage import Operand, StageBuilder, dim_source
 from fusegen.dsl.ir import DTYPE_BYTES, Dim, KernelIR
 
@@ -95,14 +96,20 @@ class BackwardLowering:
 
 
 def lower_backward(ir: KernelIR, m: RowReduceMatch) -> BackwardLowering:
-    """Compile a matched backward IR: the shared passes, then the chunked epilogue with its accumulators."""
-    passes = lower_passes(ir, m)
+    """Compile a matched backward IR: the shared passes, then the chunked epilogue with its accumulators
+    (per-row affine steps balanced between the Scalar and Vector engines, as in the forward)."""
+    return balanced(lambda load: _lower_backward(ir, m, load))
+
+
+def _lower_backward(ir: KernelIR, m: RowReduceMatch, load: EngineLoad) -> BackwardLowering:
+    """lower_backward with the full-width steps of the passes and the token pass balanced by `load`."""
+    passes = lower_passes(ir, m, load)
     below = column_leaves(ir, m) | {rid: acc(rid) for level in m.levels for rid in level} | passes.hoisted
     roots = _epilogue_roots(ir, m)
     cols, hoisted = lower_columns(ir, m, below, roots, prefix="ke_")
     builder = StageBuilder(ir, chunk_leaves(ir, m, passes.resident) | below | hoisted, row_kind(m),
                            free_size=lambda n: m.width)  # fmt: skip
-    sel = Selector(Layout(part="pt", free="hw", free_alloc="HB"), prefix="e")
+    sel = Selector(Layout(part="pt", free="hw", free_alloc="HB"), prefix="e", load=load)
     exprs = {nid: builder.expr(nid) for nid in roots}  # all first: users counts must be complete
     writes = [Write(f"{kernel_arg(o.name)}[t0:t0 + pt, h, {CHUNK}]",
                     output_value(sel, exprs[o.node], o.dtype).code) for o in m.tile_outputs]  # fmt: skip

@@ -15,15 +15,17 @@ from __future__ import annotations
 
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass
+from typing import TypeVar
 
 from fusegen.codegen.engines import GPSIMD, VECTOR, gpsimd_allows
 from fusegen.codegen.family import kernel_arg
 from fusegen.codegen.rowreduce_budget import RowModel
 from fusegen.codegen.rowreduce_match import ColumnLoad, RowLoad, RowReduceMatch
-from fusegen.codegen.select import NL_DTYPE, Layout, Selector
+from fusegen.codegen.select import NL_DTYPE, EngineLoad, Layout, Selector
 from fusegen.codegen.stage import Expr, Operand, StageBuilder, dim_source
 from fusegen.dsl.ir import DTYPE_BYTES, KernelIR, Node, OutputDecl
 
+_T = TypeVar("_T")
 ONE_COLUMN = "0:1"
 CHUNK = "c0:c0 + hw"  # the current chunk's columns of a full-width tile (and of an HBM row)
 LOCAL = "0:hw"  # the current chunk in a tile that holds only that chunk (streamed rows)
@@ -110,9 +112,22 @@ class RowReduceLowering:
 
 
 def lower_rowreduce(ir: KernelIR, m: RowReduceMatch) -> RowReduceLowering:
-    """Compile the three stages of `m` into NKI lines for the template."""
-    passes = lower_passes(ir, m)
-    epi, n_required, tile_outs, col_outs = _lower_epilogue(ir, m, passes.resident)
+    """Compile the three stages of `m` into NKI lines for the template, balancing the per-row affine steps
+    between the Scalar and Vector engines by the totals of a first lowering."""
+    return balanced(lambda load: _lower_rowreduce(ir, m, load))
+
+
+def balanced(lower: Callable[[EngineLoad], _T]) -> _T:
+    """`lower` run twice: once counting each engine's full-width work, then balanced by those totals."""
+    count = EngineLoad()
+    lower(count)
+    return lower(EngineLoad(planned=dict(count.busy)))
+
+
+def _lower_rowreduce(ir: KernelIR, m: RowReduceMatch, load: EngineLoad) -> RowReduceLowering:
+    """The three stages of `m`, full-width steps of the passes and the epilogue balanced by one `load`."""
+    passes = lower_passes(ir, m, load)
+    epi, n_required, tile_outs, col_outs = _lower_epilogue(ir, m, passes.resident, load)
     n_columns = column_prefix(epi, n_required)
     model = RowModel(
         resident_per_head=4 * len(passes.resident),
@@ -133,11 +148,11 @@ def lower_rowreduce(ir: KernelIR, m: RowReduceMatch) -> RowReduceLowering:
     )  # fmt: skip
 
 
-def lower_passes(ir: KernelIR, m: RowReduceMatch) -> RowPasses:
-    """The prep, the loads and the reduction passes of `m`."""
+def lower_passes(ir: KernelIR, m: RowReduceMatch, load: EngineLoad | None = None) -> RowPasses:
+    """The prep, the loads and the reduction passes of `m` (full-width steps balanced by `load`)."""
     width = dim_source(m.width)
     prep, prep_loads, resident = _lower_prep(ir, m, width)
-    levels, chunk_bytes, column_tiles, hoisted, constants = lower_levels(ir, m, resident)
+    levels, chunk_bytes, column_tiles, hoisted, constants = lower_levels(ir, m, resident, load=load)
     row_loads = [load_row(ir, ld, f"0:{width}") for ld in m.loads]
     return RowPasses(
         rows=dim_source(m.rows), heads=dim_source(m.heads), width=width,
@@ -256,12 +271,13 @@ def _resident_leaves(resident: dict[int, str], free: str) -> dict[int, Operand]:
 
 
 def lower_levels(
-    ir: KernelIR, m: RowReduceMatch, resident: dict[int, str], row_free: str = CHUNK, tag: str = ""
+    ir: KernelIR, m: RowReduceMatch, resident: dict[int, str], row_free: str = CHUNK, tag: str = "",
+    load: EngineLoad | None = None,
 ) -> tuple[tuple[Level, ...], int, int, dict[int, Operand], tuple[str, ...]]:
     """Each level's lines and accumulations, the widest level's chunk bytes per column, the [P, 1] tiles
     of all levels, the per-row values hoisted out of their chunk loops (later stages reuse them), and the
     launch-wide constant columns. Row inputs are read at `row_free` (LOCAL when each chunk is streamed in);
-    `tag` prefixes the tile names."""
+    `tag` prefixes the tile names; `load` balances full-width affine steps between Scalar and Vector."""
     levels, widest, vecs, constants = [], 0, 0, []
     hoisted: dict[int, Operand] = {}
     for depth, ids in enumerate(m.levels):
@@ -272,7 +288,7 @@ def lower_levels(
         leaves = chunk_leaves(ir, m, resident, row_free) | below | new
         builder = StageBuilder(ir, leaves, row_kind(m), free_size=lambda n: m.width)
         layout = Layout(part="pt", free="hw", free_alloc="HB")
-        sel = Selector(layout, prefix=f"{tag}r{depth}_", column_engine=GPSIMD)
+        sel = Selector(layout, prefix=f"{tag}r{depth}_", column_engine=GPSIMD, load=load)
         combines = []
         for rid in ids:
             part = sel.value(builder.expr(rid))
@@ -342,7 +358,7 @@ def _row_leaves(ir: KernelIR, loads: dict[int, RowLoad], free: str) -> dict[int,
 
 
 def _lower_epilogue(
-    ir: KernelIR, m: RowReduceMatch, resident: dict[int, str]
+    ir: KernelIR, m: RowReduceMatch, resident: dict[int, str], load: EngineLoad
 ) -> tuple[Selector, int, tuple[tuple[str, str, str], ...], tuple[ColumnOutput, ...]]:
     """Per-row math and the combine: the selector, how many of its lines the required outputs need, writes."""
     full = f"0:{dim_source(m.width)}"
@@ -351,7 +367,8 @@ def _lower_epilogue(
     leaves |= {rid: acc(rid) for level in m.levels for rid in level}
     builder = StageBuilder(ir, leaves, row_kind(m), free_size=lambda n: m.width)
     width = dim_source(m.width)
-    sel = Selector(Layout(part="pt", free=width, free_alloc=width), prefix="e", column_engine=GPSIMD)
+    layout = Layout(part="pt", free=width, free_alloc=width)
+    sel = Selector(layout, prefix="e", column_engine=GPSIMD, load=load)
     exprs = {o.node: builder.expr(o.node) for o in m.tile_outputs}  # all first: users counts must be complete
     cols = {o.name: builder.expr(src) for o, src in m.column_outputs}
     tiles = []

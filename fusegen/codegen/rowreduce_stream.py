@@ -18,6 +18,7 @@ from fusegen.codegen.rowreduce_lower import (
     Load,
     RowReduceLowering,
     acc,
+    balanced,
     chunk_leaves,
     column_leaves,
     frontier,
@@ -29,7 +30,7 @@ from fusegen.codegen.rowreduce_lower import (
     tile_bytes,
 )
 from fusegen.codegen.rowreduce_match import RowReduceMatch
-from fusegen.codegen.select import NL_DTYPE, Layout, Selector
+from fusegen.codegen.select import NL_DTYPE, EngineLoad, Layout, Selector
 from fusegen.codegen.stage import StageBuilder
 from fusegen.dsl.ir import KernelIR
 
@@ -46,8 +47,14 @@ def with_streamed(ir: KernelIR, m: RowReduceMatch, low: RowReduceLowering
 
 def lower_streamed(ir: KernelIR, m: RowReduceMatch, low: RowReduceLowering) -> RowReduceLowering:
     """`low` with every row input read per chunk from HBM and a chunked epilogue."""
+    return balanced(lambda load: _lower_streamed(ir, m, low, load))
+
+
+def _lower_streamed(ir: KernelIR, m: RowReduceMatch, low: RowReduceLowering, load: EngineLoad
+                    ) -> RowReduceLowering:  # fmt: skip
+    """lower_streamed with the full-width steps balanced by `load`."""
     resident = low.passes.resident
-    levels, chunk_bytes, _, _, constants = lower_levels(ir, m, resident, row_free=LOCAL, tag=TAG)
+    levels, chunk_bytes, _, _, constants = lower_levels(ir, m, resident, row_free=LOCAL, tag=TAG, load=load)
     loads = [load_row(ir, ld, CHUNK) for ld in m.loads]
     levels = tuple(dataclasses.replace(lv, loads=_used(loads, lv.lines)) for lv in levels)
     # per-row values: everything the chunked combine reads, and the [T, G] outputs, once per head
@@ -64,7 +71,8 @@ def lower_streamed(ir: KernelIR, m: RowReduceMatch, low: RowReduceLowering) -> R
     # the combine over one chunk
     leaves = chunk_leaves(ir, m, resident, LOCAL) | columns | hoisted
     builder = StageBuilder(ir, leaves, row_kind(m), free_size=lambda n: m.width)
-    sel = Selector(Layout(part="pt", free="hw", free_alloc="HB"), prefix=f"{TAG}e", column_engine=GPSIMD)
+    sel = Selector(Layout(part="pt", free="hw", free_alloc="HB"), prefix=f"{TAG}e", column_engine=GPSIMD,
+                   load=load)
     tile_exprs = {o.node: builder.expr(o.node) for o in m.tile_outputs}
     tiles = tuple(
         (kernel_arg(o.name), NL_DTYPE[o.dtype], output_value(sel, tile_exprs[o.node], o.dtype).code)

@@ -3,6 +3,8 @@
 Patterns, tried from the consumer down (an operand pattern is recomputed inside every instruction
 that fuses it, which is free: a bias, a scale or a second scalar op costs no extra pass):
 - `act(t * s + b)`                       -> nisa.activation (Scalar engine; s scalar/[P,1], b [P,1])
+- `t * s ± b` (full width, with a load)  -> nisa.activation(op=nl.copy) when the Scalar engine is the less
+                                            loaded of the two (`EngineLoad`); `t - b` is a bias of -b
 - `sum(act(t * s + b))`                  -> nisa.activation_reduce
 - `(t op0 s0) op1 s1`                    -> nisa.tensor_scalar (s scalar or [P,1])
 - `(t op0 s) op1 u`                      -> nisa.scalar_tensor_tensor (u a tile)
@@ -78,6 +80,39 @@ CALL_COST = {
     "memset": ("dve", 1),
 }
 NL_DTYPE = {"bf16": "nl.bfloat16", "f16": "nl.float16", "f32": "nl.float32"}
+#: trn2 clocks (GHz) of the engines `EngineLoad` balances ([v3], fusegen/sim/targets.py).
+CLOCK_GHZ = {"act": 1.2, "dve": 0.96}
+
+
+@dataclass
+class EngineLoad:
+    """Full-width work a kernel's stages put on the Scalar and Vector engines (passes over the free axis /
+    clock). A first lowering with no `planned` totals keeps every step where it is and counts; the second,
+    given those totals, moves a per-row affine step to the Scalar engine while that lowers the larger of
+    the two final totals (a greedy balance over the whole kernel, not only the stages seen so far)."""
+
+    planned: dict[str, float] | None = None
+    busy: dict[str, float] = field(default_factory=lambda: {"act": 0.0, "dve": 0.0})
+    moved: dict[str, float] = field(default_factory=lambda: {"act": 0.0, "dve": 0.0})
+
+    def add(self, engine: str, passes: float) -> None:
+        """Count `passes` full-width passes on `engine` ("act" | "dve"; others are not balanced)."""
+        if engine in self.busy:
+            self.busy[engine] += passes / CLOCK_GHZ[engine]
+
+    def prefers_scalar(self, vector_passes: float) -> bool:
+        """Whether moving a step of `vector_passes` Vector passes to one Scalar pass lowers the larger of
+        the two totals (and if so, count the move)."""
+        if self.planned is None:
+            return False
+        act = self.planned["act"] + self.moved["act"]
+        dve = self.planned["dve"] - self.moved["dve"]
+        after = max(act + 1 / CLOCK_GHZ["act"], dve - vector_passes / CLOCK_GHZ["dve"])
+        if after >= max(act, dve):
+            return False
+        self.moved["act"] += 1 / CLOCK_GHZ["act"]
+        self.moved["dve"] += vector_passes / CLOCK_GHZ["dve"]
+        return True
 
 
 class SelectError(Exception):
@@ -110,6 +145,7 @@ class Selector:
     layout: Layout
     prefix: str
     column_engine: str = ""  # `engine=` of [P, 1] work where engines.py allows it (off the Vector queue)
+    load: EngineLoad | None = None  # shared by a kernel's stages: balance affine steps Scalar/Vector
     lines: list[str] = field(default_factory=list)
     line_kinds: list[str] = field(default_factory=list)  # kind of the tile each line allocates or writes
     line_engines: list[str] = field(default_factory=list)  # "act" | "dve" | "gpsimd"; "" for allocations
@@ -119,6 +155,7 @@ class Selector:
     _kinds: dict[str, str] = field(default_factory=dict)  # tile name -> kind
     _memo: dict[tuple[int, str], Operand] = field(default_factory=dict)
     constant_columns: dict[str, Operand] = field(default_factory=dict)  # by value source (select_columns)
+    _memo_neg: dict[tuple[int, str], Expr] = field(default_factory=dict)
 
     def value(self, e: Expr, dtype: str = "f32") -> Operand:
         """An operand holding `e` (a scalar expression, a leaf, or a freshly computed tile)."""
@@ -160,6 +197,9 @@ class Selector:
         self.line_kinds.append(kind)
         self.line_engines.append("gpsimd" if kwargs.get("engine") == GPSIMD else CALL_COST[call][0])
         self.calls.append((call, kind))
+        full_width = kind == "tile" or any(r.kind == "tile" for r in reads)  # e.g. a reduction into a column
+        if self.load is not None and full_width and "engine" not in kwargs:
+            self.load.add(*CALL_COST[call])
 
     def passes(self, engine: str) -> int:
         """Full-width passes (instructions weighted by cost) this stage puts on `engine`."""
@@ -256,19 +296,55 @@ class Selector:
 
     def _affine(self, e: Expr) -> tuple[Operand, Operand | None, Operand | None]:
         """View `e` as `t * scale + bias` for the Scalar engine (bias a [P,1] column)."""
-        bias = None
-        if e.op == "add" and e.kind == "tile":
+        t, s, b, negate = self._affine_split(e)
+        bias = None if b is None else self.value(self._negated(b) if negate else b)
+        scale = None if s is None else self._fp32(self.value(s))
+        return self.value(t), scale, bias
+
+    def _affine_split(self, e: Expr) -> tuple[Expr, Expr | None, Expr | None, bool]:
+        """(t, scale, bias, whether the bias is subtracted) of `e` as `t * scale ± bias` (bias a column;
+        `t - b` only with a load, i.e. in the row stages, whose column chains can negate b off Vector)."""
+        bias, negate = None, False
+        if e.kind == "tile" and (e.op == "add" or (e.op == "sub" and self.load is not None)):
             t, b = _split_tile(e)
-            if t is not None and b is not None and b.kind == "vec":
-                e, bias = t, self.value(b)
+            if t is not None and b is not None and b.kind == "vec" and (e.op == "add" or e.args[0] is t):
+                e, bias, negate = t, b, e.op == "sub"
         scale = None
         if e.op == "mul" and e.kind == "tile":
             t, s = _split_tile(e)
             if t is not None and s is not None:
-                e, scale = t, self._fp32(self.value(s))
-        return self.value(e), scale, bias
+                e, scale = t, s
+        return e, scale, bias, negate
+
+    def _negated(self, column: Expr) -> Expr:
+        """-column as an expression, one per column (memoised by `value` like any other)."""
+        key = (id(column), "neg")
+        if key not in self._memo_neg:
+            self._memo_neg[key] = Expr("neg", (column,), kind=column.kind)
+        return self._memo_neg[key]
+
+    def _affine_on_scalar(self, e: Expr, dtype: str) -> Operand | None:
+        """A full-width `t * s ± b` as one identity activation, when a load says the Scalar engine is the
+        less busy and the Vector engine would not run it in its bf16 perf mode."""
+        if self.load is None or e.kind != "tile":
+            return None
+        t = self._affine_split(e)[0]
+        if t is e:
+            return None
+        data = self.value(t)
+        fast = data.dtype in ("bf16", "f16") and dtype in ("bf16", "f16") and data.memory != "psum"
+        if fast or not self.load.prefers_scalar(CALL_COST["tensor_scalar"][1]):
+            return None
+        data, scale, bias = self._affine(e)
+        dst = self._alloc(e.kind, dtype)
+        kwargs = {"dst": dst.code, "op": "nl.copy", "data": data.code, **_affine_kwargs(scale, bias)}
+        self._emit("activation", _present(data, scale, bias), **kwargs)
+        return dst
 
     def _arith(self, e: Expr, dtype: str) -> Operand:
+        on_scalar = self._affine_on_scalar(e, dtype)
+        if on_scalar is not None:
+            return on_scalar
         chain = self._scalar_chain(e)
         if chain is not None:
             base, ops = chain

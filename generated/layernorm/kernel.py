@@ -141,7 +141,7 @@ def _choose_rows(m: _RowModel, width: int, heads: int, budget: int) -> tuple[int
         f"(the prepared weights stay width-long); the budget is {budget} B"
     )
 
-_MODEL = _RowModel(resident_per_head=8, prep_scratch=0, row_inputs=2, epilogue=10, chunk=8, columns=92, row_copies=2, stream_epilogue=10)
+_MODEL = _RowModel(resident_per_head=8, prep_scratch=0, row_inputs=2, epilogue=10, chunk=4, columns=104, row_copies=2, stream_epilogue=10)
 
 
 def _prepare_weights(h, w_hbm, b_hbm):
@@ -181,7 +181,7 @@ def _fused_weight_kernel(w_hbm, b_hbm):
     return _prep0, _prep1
 
 
-def _head_passes(t0, pt, h, HB, d_H, mu_sv, prepared, r0_c0, r1_c0, rstd_sv, x_ld):
+def _head_passes(t0, pt, h, HB, d_H, ec0, mu_sv, prepared, r0_c0, r1_c0, r1_c1, rstd_sv, x_ld):
     """Token tile t0, head h: loads, reduction passes, per-row math; returns what head_epilogue reads."""
     # reduction pass 1: partial results per chunk, folded into [_P, 1] accumulators
     for c in range(_cdiv(d_H, HB)):
@@ -200,39 +200,41 @@ def _head_passes(t0, pt, h, HB, d_H, mu_sv, prepared, r0_c0, r1_c0, rstd_sv, x_l
     for c in range(_cdiv(d_H, HB)):
         c0 = c * HB
         hw = min(HB, d_H - c0)
-        r1_0 = nl.ndarray((_P, HB), dtype=nl.float32, buffer=nl.sbuf)
-        nisa.tensor_scalar(dst=r1_0[0:pt, 0:hw], data=x_ld[0:pt, c0:c0 + hw], op0=nl.subtract, operand0=acc4[0:pt, 0:1])
+        r1_0 = nl.ndarray((_P, 1), dtype=nl.float32, buffer=nl.sbuf)
+        nisa.tensor_tensor(dst=r1_0[0:pt, 0:1], data1=acc4[0:pt, 0:1], data2=r1_c0[0:pt, 0:1], op=nl.multiply, engine=nisa.engine.gpsimd)
         r1_1 = nl.ndarray((_P, HB), dtype=nl.float32, buffer=nl.sbuf)
         r1_2 = nl.ndarray((_P, 1), dtype=nl.float32, buffer=nl.sbuf)
-        nisa.activation_reduce(dst=r1_1[0:pt, 0:hw], op=nl.square, data=r1_0[0:pt, 0:hw], reduce_op=nl.add, reduce_res=r1_2[0:pt, 0:1])
+        nisa.activation_reduce(dst=r1_1[0:pt, 0:hw], op=nl.square, data=x_ld[0:pt, c0:c0 + hw], reduce_op=nl.add, reduce_res=r1_2[0:pt, 0:1], bias=r1_0[0:pt, 0:1])
         r1_3 = nl.ndarray((_P, 1), dtype=nl.float32, buffer=nl.sbuf)
-        nisa.tensor_tensor(dst=r1_3[0:pt, 0:1], data1=r1_2[0:pt, 0:1], data2=r1_c0[0:pt, 0:1], op=nl.multiply, engine=nisa.engine.gpsimd)
+        nisa.tensor_tensor(dst=r1_3[0:pt, 0:1], data1=r1_2[0:pt, 0:1], data2=r1_c1[0:pt, 0:1], op=nl.multiply, engine=nisa.engine.gpsimd)
         if c == 0:
             acc7 = r1_3
         else:
             nisa.tensor_tensor(dst=acc7[0:pt, 0:1], data1=acc7[0:pt, 0:1], data2=r1_3[0:pt, 0:1], op=nl.add, engine=nisa.engine.gpsimd)
     # per-row math on the accumulators, before the previous head's full-width epilogue
-    return (t0, pt, h, acc4, acc7, mu_sv, prepared, rstd_sv, x_ld)
+    e0 = nl.ndarray((_P, 1), dtype=nl.float32, buffer=nl.sbuf)
+    nisa.tensor_tensor(dst=e0[0:pt, 0:1], data1=acc4[0:pt, 0:1], data2=ec0[0:pt, 0:1], op=nl.multiply, engine=nisa.engine.gpsimd)
+    return (t0, pt, h, acc4, acc7, e0, mu_sv, prepared, rstd_sv, x_ld)
 
 
-def _head_epilogue(head, d_H, ec0, mu_hbm, rstd_hbm, save, y_hbm):
+def _head_epilogue(head, d_H, ec1, mu_hbm, rstd_hbm, save, y_hbm):
     """Head state `head` from head_passes: the full-width combine and staged columns; returns its output DMAs."""
-    t0, pt, h, acc4, acc7, mu_sv, prepared, rstd_sv, x_ld = head
+    t0, pt, h, acc4, acc7, e0, mu_sv, prepared, rstd_sv, x_ld = head
     stores = []
-    e0 = nl.ndarray((_P, d_H), dtype=nl.float32, buffer=nl.sbuf)
-    nisa.tensor_scalar(dst=e0[0:pt, 0:d_H], data=x_ld[0:pt, 0:d_H], op0=nl.subtract, operand0=acc4[0:pt, 0:1])
-    e1 = nl.ndarray((_P, 1), dtype=nl.float32, buffer=nl.sbuf)
-    nisa.tensor_tensor(dst=e1[0:pt, 0:1], data1=acc7[0:pt, 0:1], data2=ec0[0:pt, 0:1], op=nl.add, engine=nisa.engine.gpsimd)
+    e1 = nl.ndarray((_P, d_H), dtype=nl.float32, buffer=nl.sbuf)
+    nisa.activation(dst=e1[0:pt, 0:d_H], op=nl.copy, data=x_ld[0:pt, 0:d_H], bias=e0[0:pt, 0:1])
     e2 = nl.ndarray((_P, 1), dtype=nl.float32, buffer=nl.sbuf)
-    nisa.activation(dst=e2[0:pt, 0:1], op=nl.rsqrt, data=e1[0:pt, 0:1])
-    e3 = nl.ndarray((_P, d_H), dtype=nl.float32, buffer=nl.sbuf)
-    nisa.scalar_tensor_tensor(dst=e3[0:pt, 0:d_H], data=e0[0:pt, 0:d_H], op0=nl.multiply, operand0=e2[0:pt, 0:1], op1=nl.multiply, operand1=prepared[0][0:pt, 0:d_H])
-    e4 = nl.ndarray((_P, d_H), dtype=nl.bfloat16, buffer=nl.sbuf)
-    nisa.tensor_tensor(dst=e4[0:pt, 0:d_H], data1=e3[0:pt, 0:d_H], data2=prepared[1][0:pt, 0:d_H], op=nl.add)
-    stores.append((y_hbm[t0:t0 + pt, h, 0:d_H], e4[0:pt, 0:d_H]))
+    nisa.tensor_tensor(dst=e2[0:pt, 0:1], data1=acc7[0:pt, 0:1], data2=ec1[0:pt, 0:1], op=nl.add, engine=nisa.engine.gpsimd)
+    e3 = nl.ndarray((_P, 1), dtype=nl.float32, buffer=nl.sbuf)
+    nisa.activation(dst=e3[0:pt, 0:1], op=nl.rsqrt, data=e2[0:pt, 0:1])
+    e4 = nl.ndarray((_P, d_H), dtype=nl.float32, buffer=nl.sbuf)
+    nisa.scalar_tensor_tensor(dst=e4[0:pt, 0:d_H], data=e1[0:pt, 0:d_H], op0=nl.multiply, operand0=e3[0:pt, 0:1], op1=nl.multiply, operand1=prepared[0][0:pt, 0:d_H])
+    e5 = nl.ndarray((_P, d_H), dtype=nl.bfloat16, buffer=nl.sbuf)
+    nisa.tensor_tensor(dst=e5[0:pt, 0:d_H], data1=e4[0:pt, 0:d_H], data2=prepared[1][0:pt, 0:d_H], op=nl.add)
+    stores.append((y_hbm[t0:t0 + pt, h, 0:d_H], e5[0:pt, 0:d_H]))
     if save:
         nisa.tensor_copy(dst=mu_sv[0:pt, h:h + 1], src=acc4[0:pt, 0:1])
-        nisa.tensor_copy(dst=rstd_sv[0:pt, h:h + 1], src=e2[0:pt, 0:1])
+        nisa.tensor_copy(dst=rstd_sv[0:pt, h:h + 1], src=e3[0:pt, 0:1])
     if h == 1 - 1:
         if save:
             stores.append((mu_hbm[t0:t0 + pt, 0:1], mu_sv[0:pt, 0:1]))
@@ -240,7 +242,7 @@ def _head_epilogue(head, d_H, ec0, mu_hbm, rstd_hbm, save, y_hbm):
     return stores
 
 
-def _stream_passes(t0, pt, h, HB, d_H, mu_sv, prepared, rstd_sv, scc0, sr0_c0, sr1_c0, x_hbm):
+def _stream_passes(t0, pt, h, HB, d_H, mu_sv, prepared, rstd_sv, scc0, sr0_c0, sr1_c0, sr1_c1, x_hbm):
     """head_passes for rows too wide for SBUF: each pass reads its chunks of the row inputs from HBM."""
     # reduction pass 1: partial results per chunk, folded into [_P, 1] accumulators
     for c in range(_cdiv(d_H, HB)):
@@ -263,13 +265,13 @@ def _stream_passes(t0, pt, h, HB, d_H, mu_sv, prepared, rstd_sv, scc0, sr0_c0, s
         hw = min(HB, d_H - c0)
         x_ld = nl.ndarray((_P, HB), dtype=nl.bfloat16, buffer=nl.sbuf)
         nisa.dma_copy(dst=x_ld[0:pt, 0:hw], src=x_hbm[t0:t0 + pt, 0, c0:c0 + hw])
-        sr1_0 = nl.ndarray((_P, HB), dtype=nl.float32, buffer=nl.sbuf)
-        nisa.tensor_scalar(dst=sr1_0[0:pt, 0:hw], data=x_ld[0:pt, 0:hw], op0=nl.subtract, operand0=acc4[0:pt, 0:1])
+        sr1_0 = nl.ndarray((_P, 1), dtype=nl.float32, buffer=nl.sbuf)
+        nisa.tensor_tensor(dst=sr1_0[0:pt, 0:1], data1=acc4[0:pt, 0:1], data2=sr1_c0[0:pt, 0:1], op=nl.multiply, engine=nisa.engine.gpsimd)
         sr1_1 = nl.ndarray((_P, HB), dtype=nl.float32, buffer=nl.sbuf)
         sr1_2 = nl.ndarray((_P, 1), dtype=nl.float32, buffer=nl.sbuf)
-        nisa.activation_reduce(dst=sr1_1[0:pt, 0:hw], op=nl.square, data=sr1_0[0:pt, 0:hw], reduce_op=nl.add, reduce_res=sr1_2[0:pt, 0:1])
+        nisa.activation_reduce(dst=sr1_1[0:pt, 0:hw], op=nl.square, data=x_ld[0:pt, 0:hw], reduce_op=nl.add, reduce_res=sr1_2[0:pt, 0:1], bias=sr1_0[0:pt, 0:1])
         sr1_3 = nl.ndarray((_P, 1), dtype=nl.float32, buffer=nl.sbuf)
-        nisa.tensor_tensor(dst=sr1_3[0:pt, 0:1], data1=sr1_2[0:pt, 0:1], data2=sr1_c0[0:pt, 0:1], op=nl.multiply, engine=nisa.engine.gpsimd)
+        nisa.tensor_tensor(dst=sr1_3[0:pt, 0:1], data1=sr1_2[0:pt, 0:1], data2=sr1_c1[0:pt, 0:1], op=nl.multiply, engine=nisa.engine.gpsimd)
         if c == 0:
             acc7 = sr1_3
         else:
@@ -282,7 +284,7 @@ def _stream_passes(t0, pt, h, HB, d_H, mu_sv, prepared, rstd_sv, scc0, sr0_c0, s
     return (t0, pt, h, acc4, mu_sv, prepared, rstd_sv, sc1)
 
 
-def _stream_epilogue(head, HB, d_H, mu_hbm, rstd_hbm, save, x_hbm, y_hbm):
+def _stream_epilogue(head, HB, d_H, mu_hbm, rstd_hbm, save, sec0, x_hbm, y_hbm):
     """head_epilogue for rows too wide for SBUF: the combine per chunk, re-read from HBM and stored per chunk."""
     t0, pt, h, acc4, mu_sv, prepared, rstd_sv, sc1 = head
     stores = []
@@ -292,13 +294,15 @@ def _stream_epilogue(head, HB, d_H, mu_hbm, rstd_hbm, save, x_hbm, y_hbm):
         hw = min(HB, d_H - c0)
         x_ld = nl.ndarray((_P, HB), dtype=nl.bfloat16, buffer=nl.sbuf)
         nisa.dma_copy(dst=x_ld[0:pt, 0:hw], src=x_hbm[t0:t0 + pt, 0, c0:c0 + hw])
-        se0 = nl.ndarray((_P, HB), dtype=nl.float32, buffer=nl.sbuf)
-        nisa.tensor_scalar(dst=se0[0:pt, 0:hw], data=x_ld[0:pt, 0:hw], op0=nl.subtract, operand0=acc4[0:pt, 0:1])
+        se0 = nl.ndarray((_P, 1), dtype=nl.float32, buffer=nl.sbuf)
+        nisa.tensor_tensor(dst=se0[0:pt, 0:1], data1=acc4[0:pt, 0:1], data2=sec0[0:pt, 0:1], op=nl.multiply, engine=nisa.engine.gpsimd)
         se1 = nl.ndarray((_P, HB), dtype=nl.float32, buffer=nl.sbuf)
-        nisa.scalar_tensor_tensor(dst=se1[0:pt, 0:hw], data=se0[0:pt, 0:hw], op0=nl.multiply, operand0=sc1[0:pt, 0:1], op1=nl.multiply, operand1=prepared[0][0:pt, c0:c0 + hw])
-        se2 = nl.ndarray((_P, HB), dtype=nl.bfloat16, buffer=nl.sbuf)
-        nisa.tensor_tensor(dst=se2[0:pt, 0:hw], data1=se1[0:pt, 0:hw], data2=prepared[1][0:pt, c0:c0 + hw], op=nl.add)
-        nisa.dma_copy(dst=y_hbm[t0:t0 + pt, h, c0:c0 + hw], src=se2[0:pt, 0:hw])
+        nisa.activation(dst=se1[0:pt, 0:hw], op=nl.copy, data=x_ld[0:pt, 0:hw], bias=se0[0:pt, 0:1])
+        se2 = nl.ndarray((_P, HB), dtype=nl.float32, buffer=nl.sbuf)
+        nisa.scalar_tensor_tensor(dst=se2[0:pt, 0:hw], data=se1[0:pt, 0:hw], op0=nl.multiply, operand0=sc1[0:pt, 0:1], op1=nl.multiply, operand1=prepared[0][0:pt, c0:c0 + hw])
+        se3 = nl.ndarray((_P, HB), dtype=nl.bfloat16, buffer=nl.sbuf)
+        nisa.tensor_tensor(dst=se3[0:pt, 0:hw], data1=se2[0:pt, 0:hw], data2=prepared[1][0:pt, c0:c0 + hw], op=nl.add)
+        nisa.dma_copy(dst=y_hbm[t0:t0 + pt, h, c0:c0 + hw], src=se3[0:pt, 0:hw])
     if save:
         nisa.tensor_copy(dst=mu_sv[0:pt, h:h + 1], src=acc4[0:pt, 0:1])
         nisa.tensor_copy(dst=rstd_sv[0:pt, h:h + 1], src=sc1[0:pt, 0:1])
@@ -333,15 +337,23 @@ def layernorm_kernel(x_hbm, w_hbm, b_hbm, eps_arg, HB, resident, overlap, stream
     r0_c0 = nl.ndarray((_P, 1), dtype=nl.float32, buffer=nl.sbuf)
     nisa.memset(dst=r0_c0[0:_P, 0:1], value=(1.0 / float(d_H)), engine=nisa.engine.gpsimd)
     r1_c0 = nl.ndarray((_P, 1), dtype=nl.float32, buffer=nl.sbuf)
-    nisa.memset(dst=r1_c0[0:_P, 0:1], value=(1.0 / float(d_H)), engine=nisa.engine.gpsimd)
+    nisa.memset(dst=r1_c0[0:_P, 0:1], value=-1.0, engine=nisa.engine.gpsimd)
+    r1_c1 = nl.ndarray((_P, 1), dtype=nl.float32, buffer=nl.sbuf)
+    nisa.memset(dst=r1_c1[0:_P, 0:1], value=(1.0 / float(d_H)), engine=nisa.engine.gpsimd)
     ec0 = nl.ndarray((_P, 1), dtype=nl.float32, buffer=nl.sbuf)
-    nisa.memset(dst=ec0[0:_P, 0:1], value=eps_arg, engine=nisa.engine.gpsimd)
+    nisa.memset(dst=ec0[0:_P, 0:1], value=-1.0, engine=nisa.engine.gpsimd)
+    ec1 = nl.ndarray((_P, 1), dtype=nl.float32, buffer=nl.sbuf)
+    nisa.memset(dst=ec1[0:_P, 0:1], value=eps_arg, engine=nisa.engine.gpsimd)
     sr0_c0 = nl.ndarray((_P, 1), dtype=nl.float32, buffer=nl.sbuf)
     nisa.memset(dst=sr0_c0[0:_P, 0:1], value=(1.0 / float(d_H)), engine=nisa.engine.gpsimd)
     sr1_c0 = nl.ndarray((_P, 1), dtype=nl.float32, buffer=nl.sbuf)
-    nisa.memset(dst=sr1_c0[0:_P, 0:1], value=(1.0 / float(d_H)), engine=nisa.engine.gpsimd)
+    nisa.memset(dst=sr1_c0[0:_P, 0:1], value=-1.0, engine=nisa.engine.gpsimd)
+    sr1_c1 = nl.ndarray((_P, 1), dtype=nl.float32, buffer=nl.sbuf)
+    nisa.memset(dst=sr1_c1[0:_P, 0:1], value=(1.0 / float(d_H)), engine=nisa.engine.gpsimd)
     scc0 = nl.ndarray((_P, 1), dtype=nl.float32, buffer=nl.sbuf)
     nisa.memset(dst=scc0[0:_P, 0:1], value=eps_arg, engine=nisa.engine.gpsimd)
+    sec0 = nl.ndarray((_P, 1), dtype=nl.float32, buffer=nl.sbuf)
+    nisa.memset(dst=sec0[0:_P, 0:1], value=-1.0, engine=nisa.engine.gpsimd)
     stores = []  # output DMAs, issued once the next head's loads are queued (the DMA queues are in order)
     t_begin = min(d_T, nl.program_id(0) * _rows_per_core(d_T, nl.num_programs()))
     t_end = min(d_T, t_begin + _rows_per_core(d_T, nl.num_programs()))
@@ -355,8 +367,8 @@ def layernorm_kernel(x_hbm, w_hbm, b_hbm, eps_arg, HB, resident, overlap, stream
             rstd_sv = nl.ndarray((_P, 1), dtype=nl.float32, buffer=nl.sbuf)
             for h in range(1):
                 prepared = held[h] if resident else _prepare_weights(h, w_hbm, b_hbm)
-                head = _stream_passes(t0, pt, h, HB, d_H, mu_sv, prepared, rstd_sv, scc0, sr0_c0, sr1_c0, x_hbm)
-                for dst, src in _stream_epilogue(head, HB, d_H, mu_hbm, rstd_hbm, save, x_hbm, y_hbm):
+                head = _stream_passes(t0, pt, h, HB, d_H, mu_sv, prepared, rstd_sv, scc0, sr0_c0, sr1_c0, sr1_c1, x_hbm)
+                for dst, src in _stream_epilogue(head, HB, d_H, mu_hbm, rstd_hbm, save, sec0, x_hbm, y_hbm):
                     nisa.dma_copy(dst=dst, src=src)
     else:
         for t0 in range(t_begin, t_end, _P):
@@ -367,17 +379,17 @@ def layernorm_kernel(x_hbm, w_hbm, b_hbm, eps_arg, HB, resident, overlap, stream
             rstd_sv = nl.ndarray((_P, 1), dtype=nl.float32, buffer=nl.sbuf)
             for h in range(1):
                 prepared = held[h] if resident else _prepare_weights(h, w_hbm, b_hbm)
-                head = _head_passes(t0, pt, h, HB, d_H, mu_sv, prepared, r0_c0, r1_c0, rstd_sv, x_ld)  # ahead of the previous head's epilogue and stores
+                head = _head_passes(t0, pt, h, HB, d_H, ec0, mu_sv, prepared, r0_c0, r1_c0, r1_c1, rstd_sv, x_ld)  # ahead of the previous head's epilogue and stores
                 for dst, src in stores:
                     nisa.dma_copy(dst=dst, src=src)
                 stores = []
                 for prev in pending:
-                    stores.extend(_head_epilogue(prev, d_H, ec0, mu_hbm, rstd_hbm, save, y_hbm))
+                    stores.extend(_head_epilogue(prev, d_H, ec1, mu_hbm, rstd_hbm, save, y_hbm))
                 pending = [head] if overlap else []
                 if not overlap:
-                    stores.extend(_head_epilogue(head, d_H, ec0, mu_hbm, rstd_hbm, save, y_hbm))
+                    stores.extend(_head_epilogue(head, d_H, ec1, mu_hbm, rstd_hbm, save, y_hbm))
         for prev in pending:
-            stores.extend(_head_epilogue(prev, d_H, ec0, mu_hbm, rstd_hbm, save, y_hbm))
+            stores.extend(_head_epilogue(prev, d_H, ec1, mu_hbm, rstd_hbm, save, y_hbm))
         for dst, src in stores:
             nisa.dma_copy(dst=dst, src=src)
     if save:

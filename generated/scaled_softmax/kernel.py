@@ -141,10 +141,10 @@ def _choose_rows(m: _RowModel, width: int, heads: int, budget: int) -> tuple[int
         f"(the prepared weights stay width-long); the budget is {budget} B"
     )
 
-_MODEL = _RowModel(resident_per_head=0, prep_scratch=0, row_inputs=2, epilogue=10, chunk=8, columns=80, row_copies=2, stream_epilogue=10)
+_MODEL = _RowModel(resident_per_head=0, prep_scratch=0, row_inputs=2, epilogue=6, chunk=4, columns=92, row_copies=2, stream_epilogue=6)
 
 
-def _head_passes(t0, pt, h, HB, d_H, lse_sv, scale_arg, x_ld):
+def _head_passes(t0, pt, h, HB, d_H, ec0, lse_sv, r1_c0, scale_arg, x_ld):
     """Token tile t0, head h: loads, reduction passes, per-row math; returns what head_epilogue reads."""
     # reduction pass 1: partial results per chunk, folded into [_P, 1] accumulators
     for c in range(_cdiv(d_H, HB)):
@@ -152,7 +152,7 @@ def _head_passes(t0, pt, h, HB, d_H, lse_sv, scale_arg, x_ld):
         hw = min(HB, d_H - c0)
         r0_0 = nl.ndarray((_P, 1), dtype=nl.float32, buffer=nl.sbuf)
         r0_1 = nl.ndarray((_P, HB), dtype=nl.float32, buffer=nl.sbuf)
-        nisa.tensor_scalar(dst=r0_1[0:pt, 0:hw], data=x_ld[0:pt, c0:c0 + hw], op0=nl.multiply, operand0=scale_arg)
+        nisa.activation(dst=r0_1[0:pt, 0:hw], op=nl.copy, data=x_ld[0:pt, c0:c0 + hw], scale=scale_arg)
         nisa.tensor_reduce(dst=r0_0[0:pt, 0:1], op=nl.maximum, data=r0_1[0:pt, 0:hw], axis=(1,))
         if c == 0:
             acc3 = r0_0
@@ -162,27 +162,27 @@ def _head_passes(t0, pt, h, HB, d_H, lse_sv, scale_arg, x_ld):
     for c in range(_cdiv(d_H, HB)):
         c0 = c * HB
         hw = min(HB, d_H - c0)
-        r1_0 = nl.ndarray((_P, HB), dtype=nl.float32, buffer=nl.sbuf)
-        nisa.tensor_scalar(dst=r1_0[0:pt, 0:hw], data=x_ld[0:pt, c0:c0 + hw], op0=nl.multiply, operand0=scale_arg, op1=nl.subtract, operand1=acc3[0:pt, 0:1])
+        r1_0 = nl.ndarray((_P, 1), dtype=nl.float32, buffer=nl.sbuf)
+        nisa.tensor_tensor(dst=r1_0[0:pt, 0:1], data1=acc3[0:pt, 0:1], data2=r1_c0[0:pt, 0:1], op=nl.multiply, engine=nisa.engine.gpsimd)
         r1_1 = nl.ndarray((_P, HB), dtype=nl.float32, buffer=nl.sbuf)
         r1_2 = nl.ndarray((_P, 1), dtype=nl.float32, buffer=nl.sbuf)
-        nisa.activation_reduce(dst=r1_1[0:pt, 0:hw], op=nl.exp, data=r1_0[0:pt, 0:hw], reduce_op=nl.add, reduce_res=r1_2[0:pt, 0:1])
+        nisa.activation_reduce(dst=r1_1[0:pt, 0:hw], op=nl.exp, data=x_ld[0:pt, c0:c0 + hw], reduce_op=nl.add, reduce_res=r1_2[0:pt, 0:1], bias=r1_0[0:pt, 0:1], scale=scale_arg)
         if c == 0:
             acc6 = r1_2
         else:
             nisa.tensor_tensor(dst=acc6[0:pt, 0:1], data1=acc6[0:pt, 0:1], data2=r1_2[0:pt, 0:1], op=nl.add, engine=nisa.engine.gpsimd)
     # per-row math on the accumulators, before the previous head's full-width epilogue
-    return (t0, pt, h, acc3, acc6, lse_sv, x_ld)
+    e0 = nl.ndarray((_P, 1), dtype=nl.float32, buffer=nl.sbuf)
+    nisa.tensor_tensor(dst=e0[0:pt, 0:1], data1=acc3[0:pt, 0:1], data2=ec0[0:pt, 0:1], op=nl.multiply, engine=nisa.engine.gpsimd)
+    return (t0, pt, h, acc3, acc6, e0, lse_sv, x_ld)
 
 
 def _head_epilogue(head, d_H, lse_hbm, p_hbm, scale_arg):
     """Head state `head` from head_passes: the full-width combine and staged columns; returns its output DMAs."""
-    t0, pt, h, acc3, acc6, lse_sv, x_ld = head
+    t0, pt, h, acc3, acc6, e0, lse_sv, x_ld = head
     stores = []
-    e0 = nl.ndarray((_P, d_H), dtype=nl.float32, buffer=nl.sbuf)
-    nisa.tensor_scalar(dst=e0[0:pt, 0:d_H], data=x_ld[0:pt, 0:d_H], op0=nl.multiply, operand0=scale_arg, op1=nl.subtract, operand1=acc3[0:pt, 0:1])
     e1 = nl.ndarray((_P, d_H), dtype=nl.float32, buffer=nl.sbuf)
-    nisa.activation(dst=e1[0:pt, 0:d_H], op=nl.exp, data=e0[0:pt, 0:d_H])
+    nisa.activation(dst=e1[0:pt, 0:d_H], op=nl.exp, data=x_ld[0:pt, 0:d_H], bias=e0[0:pt, 0:1], scale=scale_arg)
     e2 = nl.ndarray((_P, 1), dtype=nl.float32, buffer=nl.sbuf)
     nisa.reciprocal(dst=e2[0:pt, 0:1], data=acc6[0:pt, 0:1])
     e3 = nl.ndarray((_P, d_H), dtype=nl.bfloat16, buffer=nl.sbuf)
@@ -198,7 +198,7 @@ def _head_epilogue(head, d_H, lse_hbm, p_hbm, scale_arg):
     return stores
 
 
-def _stream_passes(t0, pt, h, HB, d_H, lse_sv, scale_arg, x_hbm):
+def _stream_passes(t0, pt, h, HB, d_H, lse_sv, scale_arg, sr1_c0, x_hbm):
     """head_passes for rows too wide for SBUF: each pass reads its chunks of the row inputs from HBM."""
     # reduction pass 1: partial results per chunk, folded into [_P, 1] accumulators
     for c in range(_cdiv(d_H, HB)):
@@ -208,7 +208,7 @@ def _stream_passes(t0, pt, h, HB, d_H, lse_sv, scale_arg, x_hbm):
         nisa.dma_copy(dst=x_ld[0:pt, 0:hw], src=x_hbm[t0:t0 + pt, 0, c0:c0 + hw])
         sr0_0 = nl.ndarray((_P, 1), dtype=nl.float32, buffer=nl.sbuf)
         sr0_1 = nl.ndarray((_P, HB), dtype=nl.float32, buffer=nl.sbuf)
-        nisa.tensor_scalar(dst=sr0_1[0:pt, 0:hw], data=x_ld[0:pt, 0:hw], op0=nl.multiply, operand0=scale_arg)
+        nisa.activation(dst=sr0_1[0:pt, 0:hw], op=nl.copy, data=x_ld[0:pt, 0:hw], scale=scale_arg)
         nisa.tensor_reduce(dst=sr0_0[0:pt, 0:1], op=nl.maximum, data=sr0_1[0:pt, 0:hw], axis=(1,))
         if c == 0:
             acc3 = sr0_0
@@ -220,11 +220,11 @@ def _stream_passes(t0, pt, h, HB, d_H, lse_sv, scale_arg, x_hbm):
         hw = min(HB, d_H - c0)
         x_ld = nl.ndarray((_P, HB), dtype=nl.bfloat16, buffer=nl.sbuf)
         nisa.dma_copy(dst=x_ld[0:pt, 0:hw], src=x_hbm[t0:t0 + pt, 0, c0:c0 + hw])
-        sr1_0 = nl.ndarray((_P, HB), dtype=nl.float32, buffer=nl.sbuf)
-        nisa.tensor_scalar(dst=sr1_0[0:pt, 0:hw], data=x_ld[0:pt, 0:hw], op0=nl.multiply, operand0=scale_arg, op1=nl.subtract, operand1=acc3[0:pt, 0:1])
+        sr1_0 = nl.ndarray((_P, 1), dtype=nl.float32, buffer=nl.sbuf)
+        nisa.tensor_tensor(dst=sr1_0[0:pt, 0:1], data1=acc3[0:pt, 0:1], data2=sr1_c0[0:pt, 0:1], op=nl.multiply, engine=nisa.engine.gpsimd)
         sr1_1 = nl.ndarray((_P, HB), dtype=nl.float32, buffer=nl.sbuf)
         sr1_2 = nl.ndarray((_P, 1), dtype=nl.float32, buffer=nl.sbuf)
-        nisa.activation_reduce(dst=sr1_1[0:pt, 0:hw], op=nl.exp, data=sr1_0[0:pt, 0:hw], reduce_op=nl.add, reduce_res=sr1_2[0:pt, 0:1])
+        nisa.activation_reduce(dst=sr1_1[0:pt, 0:hw], op=nl.exp, data=x_ld[0:pt, 0:hw], reduce_op=nl.add, reduce_res=sr1_2[0:pt, 0:1], bias=sr1_0[0:pt, 0:1], scale=scale_arg)
         if c == 0:
             acc6 = sr1_2
         else:
@@ -237,7 +237,7 @@ def _stream_passes(t0, pt, h, HB, d_H, lse_sv, scale_arg, x_hbm):
     return (t0, pt, h, acc3, acc6, lse_sv, sc1)
 
 
-def _stream_epilogue(head, HB, d_H, lse_hbm, p_hbm, scale_arg, x_hbm):
+def _stream_epilogue(head, HB, d_H, lse_hbm, p_hbm, scale_arg, sec0, x_hbm):
     """head_epilogue for rows too wide for SBUF: the combine per chunk, re-read from HBM and stored per chunk."""
     t0, pt, h, acc3, acc6, lse_sv, sc1 = head
     stores = []
@@ -247,10 +247,10 @@ def _stream_epilogue(head, HB, d_H, lse_hbm, p_hbm, scale_arg, x_hbm):
         hw = min(HB, d_H - c0)
         x_ld = nl.ndarray((_P, HB), dtype=nl.bfloat16, buffer=nl.sbuf)
         nisa.dma_copy(dst=x_ld[0:pt, 0:hw], src=x_hbm[t0:t0 + pt, 0, c0:c0 + hw])
-        se0 = nl.ndarray((_P, HB), dtype=nl.float32, buffer=nl.sbuf)
-        nisa.tensor_scalar(dst=se0[0:pt, 0:hw], data=x_ld[0:pt, 0:hw], op0=nl.multiply, operand0=scale_arg, op1=nl.subtract, operand1=acc3[0:pt, 0:1])
+        se0 = nl.ndarray((_P, 1), dtype=nl.float32, buffer=nl.sbuf)
+        nisa.tensor_tensor(dst=se0[0:pt, 0:1], data1=acc3[0:pt, 0:1], data2=sec0[0:pt, 0:1], op=nl.multiply, engine=nisa.engine.gpsimd)
         se1 = nl.ndarray((_P, HB), dtype=nl.float32, buffer=nl.sbuf)
-        nisa.activation(dst=se1[0:pt, 0:hw], op=nl.exp, data=se0[0:pt, 0:hw])
+        nisa.activation(dst=se1[0:pt, 0:hw], op=nl.exp, data=x_ld[0:pt, 0:hw], bias=se0[0:pt, 0:1], scale=scale_arg)
         se2 = nl.ndarray((_P, 1), dtype=nl.float32, buffer=nl.sbuf)
         nisa.reciprocal(dst=se2[0:pt, 0:1], data=acc6[0:pt, 0:1])
         se3 = nl.ndarray((_P, HB), dtype=nl.bfloat16, buffer=nl.sbuf)
@@ -277,6 +277,14 @@ def scaled_softmax_kernel(x_hbm, scale_arg, HB, resident, overlap, streamed, sav
     p_hbm_flat = nl.ndarray((d_T, d_H), dtype=nl.bfloat16, buffer=nl.shared_hbm)
     lse_hbm = nl.ndarray((d_T, 1), dtype=nl.float32, buffer=nl.shared_hbm)
     p_hbm = p_hbm_flat.reshape((d_T, 1, d_H))
+    r1_c0 = nl.ndarray((_P, 1), dtype=nl.float32, buffer=nl.sbuf)
+    nisa.memset(dst=r1_c0[0:_P, 0:1], value=-1.0, engine=nisa.engine.gpsimd)
+    ec0 = nl.ndarray((_P, 1), dtype=nl.float32, buffer=nl.sbuf)
+    nisa.memset(dst=ec0[0:_P, 0:1], value=-1.0, engine=nisa.engine.gpsimd)
+    sr1_c0 = nl.ndarray((_P, 1), dtype=nl.float32, buffer=nl.sbuf)
+    nisa.memset(dst=sr1_c0[0:_P, 0:1], value=-1.0, engine=nisa.engine.gpsimd)
+    sec0 = nl.ndarray((_P, 1), dtype=nl.float32, buffer=nl.sbuf)
+    nisa.memset(dst=sec0[0:_P, 0:1], value=-1.0, engine=nisa.engine.gpsimd)
     stores = []  # output DMAs, issued once the next head's loads are queued (the DMA queues are in order)
     t_begin = min(d_T, nl.program_id(0) * _rows_per_core(d_T, nl.num_programs()))
     t_end = min(d_T, t_begin + _rows_per_core(d_T, nl.num_programs()))
@@ -288,8 +296,8 @@ def scaled_softmax_kernel(x_hbm, scale_arg, HB, resident, overlap, streamed, sav
             pt = min(_P, t_end - t0)
             lse_sv = nl.ndarray((_P, 1), dtype=nl.float32, buffer=nl.sbuf)
             for h in range(1):
-                head = _stream_passes(t0, pt, h, HB, d_H, lse_sv, scale_arg, x_hbm)
-                for dst, src in _stream_epilogue(head, HB, d_H, lse_hbm, p_hbm, scale_arg, x_hbm):
+                head = _stream_passes(t0, pt, h, HB, d_H, lse_sv, scale_arg, sr1_c0, x_hbm)
+                for dst, src in _stream_epilogue(head, HB, d_H, lse_hbm, p_hbm, scale_arg, sec0, x_hbm):
                     nisa.dma_copy(dst=dst, src=src)
     else:
         for t0 in range(t_begin, t_end, _P):
@@ -298,7 +306,7 @@ def scaled_softmax_kernel(x_hbm, scale_arg, HB, resident, overlap, streamed, sav
             nisa.dma_copy(dst=x_ld[0:pt, 0:d_H], src=x_hbm[t0:t0 + pt, 0, 0:d_H])
             lse_sv = nl.ndarray((_P, 1), dtype=nl.float32, buffer=nl.sbuf)
             for h in range(1):
-                head = _head_passes(t0, pt, h, HB, d_H, lse_sv, scale_arg, x_ld)  # ahead of the previous head's epilogue and stores
+                head = _head_passes(t0, pt, h, HB, d_H, ec0, lse_sv, r1_c0, scale_arg, x_ld)  # ahead of the previous head's epilogue and stores
                 for dst, src in stores:
                     nisa.dma_copy(dst=dst, src=src)
                 stores = []

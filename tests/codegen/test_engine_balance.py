@@ -1,0 +1,46 @@
+"""Scalar/Vector balance of row kernels: per-row affine steps move to the Scalar engine when it is idler."""
+
+from __future__ import annotations
+
+import re
+from pathlib import Path
+
+from fusegen.codegen.select import CLOCK_GHZ, EngineLoad
+
+GENERATED = Path(__file__).resolve().parents[2] / "generated"
+
+
+def _body(name: str, function: str) -> str:
+    """The source of `function` in generated/<name>/kernel.py."""
+    text = (GENERATED / name / "kernel.py").read_text()
+    start = text.index(f"def {function}(")
+    end = text.index("\ndef ", start + 1)
+    return text[start:end]
+
+
+def _full_width(call: str, body: str) -> list[str]:
+    """The `nisa.<call>` lines of `body` whose destination is not a [P, 1] column."""
+    column = re.compile(r"dst=\w+\[0:pt, 0:1\]")
+    return [ln for ln in body.splitlines() if f"nisa.{call}(" in ln and not column.search(ln)]
+
+
+def test_counting_lowering_never_moves_and_a_planned_one_moves_only_while_the_max_drops() -> None:
+    assert not EngineLoad().prefers_scalar(1)
+    vector_heavy = EngineLoad(planned={"act": 0.0, "dve": 3 / CLOCK_GHZ["dve"]})
+    assert vector_heavy.prefers_scalar(1)  # max(0.83, 2.08) < 3.125
+    assert vector_heavy.prefers_scalar(1)  # max(1.67, 1.04) < 2.08
+    assert not vector_heavy.prefers_scalar(1)  # max(2.5, 0) > 1.67: stays on Vector
+    assert not EngineLoad(planned={"act": 2.0, "dve": 1.0}).prefers_scalar(1)
+
+
+def test_layernorm_centres_on_the_scalar_engine() -> None:
+    passes, epilogue = _body("layernorm", "_head_passes"), _body("layernorm", "_head_epilogue")
+    # sum((x - mean)^2): one activation_reduce with the mean as a (negated) bias, no Vector subtract
+    assert re.search(r"activation_reduce\(.*op=nl.square, data=x_ld.*bias=", passes)
+    assert not _full_width("tensor_scalar", passes + epilogue)
+    assert re.search(r"nisa.activation\(.*op=nl.copy, data=x_ld\[0:pt, 0:d_H\], bias=", epilogue)
+
+
+def test_softmax_exponent_takes_scale_and_max_as_activation_arguments() -> None:
+    epilogue = _body("scaled_softmax", "_head_epilogue")
+    assert re.search(r"op=nl.exp, data=x_ld\[0:pt, 0:d_H\], bias=\w+\[0:pt, 0:1\], scale=scale_arg", epilogue)
