@@ -156,7 +156,7 @@ def buffers(m: FfnModel, s: int, ci: int, k: int, i: int, kc: int = 0, g: int = 
         return [
             *common,
             Buffer("down-projection weight tile (one I-tile, one column block)", kc * m.x_bytes, 2),
-            Buffer("combine output tile read back (h^T, one I-tile)", s * m.x_bytes, 2),
+            Buffer("combine output read back (h^T, a group of I-tiles)", h_group(s, i, m.x_bytes) * s * m.x_bytes, 2),
             Buffer("PSUM eviction block (its loads and temporaries)", m.evict.block_bytes * min(F_MOV, k), 2),
         ]
     return [
@@ -183,6 +183,12 @@ def group(k: int, g: int) -> int:
     """K-tiles per up-weight DMA: `g`, or all of K's when 0 (or more)."""
     n_k = cdiv(k, P)
     return min(g, n_k) if g else n_k
+
+
+def h_group(s: int, i: int, x_bytes: int) -> int:
+    """I-tiles of h^T per read of the column-blocked down-projection at super-block `s`: the fewest whose
+    rows reach DMA_ROW_BYTES per partition (the scratch holds each partition's I-tiles contiguous)."""
+    return min(cdiv(i, P), cdiv(DMA_ROW_BYTES, s * x_bytes))
 
 
 def up_weights(m: FfnModel, s: int, ci: int, k: int, g: int = 0) -> Buffer:
@@ -242,7 +248,7 @@ def _runs(total: int, size: int) -> list[tuple[int, int]]:
 
 
 def _super_block(
-    m: FfnModel, s_rows: int, inter: int, ci: int, k: int, kc: int = 0, g: int = 0
+    m: FfnModel, s_rows: int, inter: int, ci: int, k: int, kc: int = 0, g: int = 0, s: int = 0
 ) -> tuple[float, float, float, int, int]:
     """(PE, ACT, DVE cycles, DMA bytes, transfers) of one super-block of `s_rows` rows, `inter` columns."""
     n_k = cdiv(k, P)
@@ -273,25 +279,27 @@ def _super_block(
             pe += times * (m.n_up * n_k * width + cdiv(rw, P) * k_cycles)
             dve += n_chunks * n_rw * cdiv(rw, P) * k_cycles  # PSUM evictions into the accumulator
     if kc:
-        parts = _column_blocks(m, s_rows, inter, k, kc)
+        parts = _column_blocks(m, s_rows, inter, k, kc, h_group(s, inter, m.x_bytes))
         pe, act, dve = pe + parts[0], act + parts[1], dve + parts[2]
         hbm, transfers = hbm + parts[3], transfers + parts[4]
     return pe, act, dve, hbm, transfers
 
 
 def _column_blocks(
-    m: FfnModel, s_rows: int, inter: int, k: int, kc: int
+    m: FfnModel, s_rows: int, inter: int, k: int, kc: int, gh: int
 ) -> tuple[float, float, float, int, int]:
     """(PE, ACT, DVE cycles, DMA bytes, transfers) of the column-blocked down-projection of one super-block:
-    per KC block, every I-tile's weight tile and h^T tile read and its matmuls accumulated in PSUM, then
-    each [P, F_MOV] piece evicted once (the `evict` stage) and written to the fp32 scratch, if an epilogue
-    with row statistics follows (else the eviction wrote the outputs)."""
+    per KC block, every I-tile's weight tile and h^T in groups of `gh` I-tiles (a ragged last I-tile in a
+    group reads on its own) and its matmuls accumulated in PSUM, then each [P, F_MOV] piece evicted once
+    (the `evict` stage) and written to the fp32 scratch, if an epilogue with row statistics follows (else
+    the eviction wrote the outputs)."""
     n_it, n_rs = cdiv(inter, P), cdiv(s_rows, P)
     act, dve, moved, transfers = _stage_cost(m.evict, n_rs, k, shared=n_rs)
     blocks = cdiv(k, kc)
     scratch = s_rows * k * 4 if m.epi_cols.sweeps else 0
     hbm = inter * k * m.x_bytes + blocks * inter * s_rows * m.x_bytes + moved + scratch
-    return float(n_it * n_rs * _cycles(k)), act, dve, hbm, transfers + blocks * 2 * n_it
+    h_reads = cdiv(n_it, gh) + int(inter % P != 0 and (n_it - 1) % gh != 0)
+    return float(n_it * n_rs * _cycles(k)), act, dve, hbm, transfers + blocks * (n_it + h_reads)
 
 
 def _cycles(k: int) -> int:
@@ -307,7 +315,7 @@ def cost(m: FfnModel, mach: Machine, rows: int, k: int, i: int, lnc: int, plan: 
     pe = act = dve = 0.0
     hbm = transfers = 0
     for s_rows, n_sb in _runs(comp_rows, plan.s):
-        parts = _super_block(m, s_rows, inter, plan.ci, k, plan.kc, plan.g)
+        parts = _super_block(m, s_rows, inter, plan.ci, k, plan.kc, plan.g, plan.s)
         pe, act, dve = pe + n_sb * parts[0], act + n_sb * parts[1], dve + n_sb * parts[2]
         hbm, transfers = hbm + n_sb * parts[3], transfers + n_sb * parts[4]
     tiles = cdiv(own, P)

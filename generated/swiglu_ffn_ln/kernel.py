@@ -172,7 +172,7 @@ def _buffers(m: _FfnModel, s: int, ci: int, k: int, i: int, kc: int = 0, g: int 
         return [
             *common,
             _Buffer("down-projection weight tile (one I-tile, one column block)", kc * m.x_bytes, 2),
-            _Buffer("combine output tile read back (h^T, one I-tile)", s * m.x_bytes, 2),
+            _Buffer("combine output read back (h^T, a group of I-tiles)", _h_group(s, i, m.x_bytes) * s * m.x_bytes, 2),
             _Buffer("PSUM eviction block (its loads and temporaries)", m.evict.block_bytes * min(_F_MOV, k), 2),
         ]
     return [
@@ -199,6 +199,12 @@ def _group(k: int, g: int) -> int:
     """K-tiles per up-weight DMA: `g`, or all of K's when 0 (or more)."""
     n_k = _cdiv(k, _P)
     return min(g, n_k) if g else n_k
+
+
+def _h_group(s: int, i: int, x_bytes: int) -> int:
+    """I-tiles of h^T per read of the column-blocked down-projection at super-block `s`: the fewest whose
+    rows reach DMA_ROW_BYTES per partition (the scratch holds each partition's I-tiles contiguous)."""
+    return min(_cdiv(i, _P), _cdiv(_DMA_ROW_BYTES, s * x_bytes))
 
 
 def _up_weights(m: _FfnModel, s: int, ci: int, k: int, g: int = 0) -> _Buffer:
@@ -258,7 +264,7 @@ def _runs(total: int, size: int) -> list[tuple[int, int]]:
 
 
 def _super_block(
-    m: _FfnModel, s_rows: int, inter: int, ci: int, k: int, kc: int = 0, g: int = 0
+    m: _FfnModel, s_rows: int, inter: int, ci: int, k: int, kc: int = 0, g: int = 0, s: int = 0
 ) -> tuple[float, float, float, int, int]:
     """(PE, ACT, DVE cycles, DMA bytes, transfers) of one super-block of `s_rows` rows, `inter` columns."""
     n_k = _cdiv(k, _P)
@@ -289,25 +295,27 @@ def _super_block(
             pe += times * (m.n_up * n_k * width + _cdiv(rw, _P) * k_cycles)
             dve += n_chunks * n_rw * _cdiv(rw, _P) * k_cycles  # PSUM evictions into the accumulator
     if kc:
-        parts = _column_blocks(m, s_rows, inter, k, kc)
+        parts = _column_blocks(m, s_rows, inter, k, kc, _h_group(s, inter, m.x_bytes))
         pe, act, dve = pe + parts[0], act + parts[1], dve + parts[2]
         hbm, transfers = hbm + parts[3], transfers + parts[4]
     return pe, act, dve, hbm, transfers
 
 
 def _column_blocks(
-    m: _FfnModel, s_rows: int, inter: int, k: int, kc: int
+    m: _FfnModel, s_rows: int, inter: int, k: int, kc: int, gh: int
 ) -> tuple[float, float, float, int, int]:
     """(PE, ACT, DVE cycles, DMA bytes, transfers) of the column-blocked down-projection of one super-block:
-    per KC block, every I-tile's weight tile and h^T tile read and its matmuls accumulated in PSUM, then
-    each [P, F_MOV] piece evicted once (the `evict` stage) and written to the fp32 scratch, if an epilogue
-    with row statistics follows (else the eviction wrote the outputs)."""
+    per KC block, every I-tile's weight tile and h^T in groups of `gh` I-tiles (a ragged last I-tile in a
+    group reads on its own) and its matmuls accumulated in PSUM, then each [P, F_MOV] piece evicted once
+    (the `evict` stage) and written to the fp32 scratch, if an epilogue with row statistics follows (else
+    the eviction wrote the outputs)."""
     n_it, n_rs = _cdiv(inter, _P), _cdiv(s_rows, _P)
     act, dve, moved, transfers = _stage_cost(m.evict, n_rs, k, shared=n_rs)
     blocks = _cdiv(k, kc)
     scratch = s_rows * k * 4 if m.epi_cols.sweeps else 0
     hbm = inter * k * m.x_bytes + blocks * inter * s_rows * m.x_bytes + moved + scratch
-    return float(n_it * n_rs * _cycles(k)), act, dve, hbm, transfers + blocks * 2 * n_it
+    h_reads = _cdiv(n_it, gh) + int(inter % _P != 0 and (n_it - 1) % gh != 0)
+    return float(n_it * n_rs * _cycles(k)), act, dve, hbm, transfers + blocks * (n_it + h_reads)
 
 
 def _cycles(k: int) -> int:
@@ -323,7 +331,7 @@ def _cost(m: _FfnModel, mach: _Machine, rows: int, k: int, i: int, lnc: int, pla
     pe = act = dve = 0.0
     hbm = transfers = 0
     for s_rows, n_sb in _runs(comp_rows, plan.s):
-        parts = _super_block(m, s_rows, inter, plan.ci, k, plan.kc, plan.g)
+        parts = _super_block(m, s_rows, inter, plan.ci, k, plan.kc, plan.g, plan.s)
         pe, act, dve = pe + n_sb * parts[0], act + n_sb * parts[1], dve + n_sb * parts[2]
         hbm, transfers = hbm + n_sb * parts[3], transfers + n_sb * parts[4]
     tiles = _cdiv(own, _P)
@@ -474,7 +482,10 @@ def swiglu_ffn_ln_kernel(x_hbm, w1t_hbm, b1_hbm, wgt_hbm, bg_hbm, w2t_hbm, b2_hb
         i_begin, i_end = 0, I
         r_begin, r_end = own_begin, own_end
     if KC:  # each core writes and reads back only the rows it owns
-        h_hbm = nl.ndarray((I, R), dtype=nl.bfloat16, buffer=nl.shared_hbm)
+        # per core, each partition's I-tiles of a super-block contiguous ([p, it * s_rows + r]), so one read
+        # moves gh I-tiles' rows: as many as reach the DMA packet rule's knee (ffn_budget.h_group)
+        h_hbm = nl.ndarray((cores, _P, _cdiv(I, _P) * S), dtype=nl.bfloat16, buffer=nl.shared_hbm)
+        gh = _h_group(S, I, 2)
         acc_hbm = nl.ndarray((R, K), dtype=nl.float32, buffer=nl.shared_hbm)
     for r_sb in range(r_begin, r_end, S):
         s_rows = min(S, r_end - r_sb)
@@ -561,7 +572,8 @@ def swiglu_ffn_ln_kernel(x_hbm, w1t_hbm, b1_hbm, wgt_hbm, bg_hbm, w2t_hbm, b2_hb
                     g.append(m1)
                 for hl in range(n_hc if KC else 0):  # to the h^T scratch: the down-projection runs after the chunks
                     ph = min(_P, i_end - i0 - hl * _P)
-                    nisa.dma_copy(dst=h_hbm[i0 + hl * _P:i0 + hl * _P + ph, r_sb + q0:r_sb + q0 + rw], src=g[hl][0:ph, 0:rw])
+                    h0 = (i0 // _P + hl) * s_rows + q0
+                    nisa.dma_copy(dst=h_hbm[pid, 0:ph, h0:h0 + rw], src=g[hl][0:ph, 0:rw])
                 for rq in range(0, 0 if KC else rw, _P):
                     rs = (q0 + rq) // _P
                     pr = min(_P, rw - rq)
@@ -589,18 +601,25 @@ def swiglu_ffn_ln_kernel(x_hbm, w1t_hbm, b1_hbm, wgt_hbm, bg_hbm, w2t_hbm, b2_hb
             for j in range(n_rs * n_kp):
                 t = nl.ndarray((_P, _F_MOV), dtype=nl.float32, buffer=nl.psum)
                 acc_ps.append(t)
-            for it in range(_cdiv(I, _P)):
-                ph = min(_P, I - it * _P)
-                wd_t = nl.ndarray((_P, KC), dtype=nl.bfloat16, buffer=nl.sbuf)
-                nisa.dma_copy(dst=wd_t[0:ph, 0:kw], src=w2t_hbm[it * _P:it * _P + ph, kc0:kc0 + kw])
-                h_t = nl.ndarray((_P, S), dtype=nl.bfloat16, buffer=nl.sbuf)
-                nisa.dma_copy(dst=h_t[0:ph, 0:s_rows], src=h_hbm[it * _P:it * _P + ph, r_sb:r_sb + s_rows])
-                for rs in range(n_rs):
-                    pr = min(_P, s_rows - rs * _P)
-                    for kp in range(n_kp):
-                        nk = min(_F_MOV, kw - kp * _F_MOV)
-                        nisa.nc_matmul(dst=acc_ps[rs * n_kp + kp][0:pr, 0:nk], stationary=h_t[0:ph, rs * _P:rs * _P + pr],
-                                       moving=wd_t[0:ph, kp * _F_MOV:kp * _F_MOV + nk], accumulate=(it > 0))
+            for ig in range(0, _cdiv(I, _P), gh):  # h^T in groups of gh I-tiles; a ragged last I-tile alone
+                n = min(gh, _cdiv(I, _P) - ig)
+                full = min(n, I // _P - ig)
+                h_t = nl.ndarray((_P, gh * S), dtype=nl.bfloat16, buffer=nl.sbuf)
+                if full > 0:
+                    nisa.dma_copy(dst=h_t[0:_P, 0:full * s_rows], src=h_hbm[pid, 0:_P, ig * s_rows:(ig + full) * s_rows])
+                if full < n:
+                    nisa.dma_copy(dst=h_t[0:I - (ig + full) * _P, full * s_rows:n * s_rows],
+                                  src=h_hbm[pid, 0:I - (ig + full) * _P, (ig + full) * s_rows:(ig + n) * s_rows])
+                for it in range(ig, ig + n):
+                    ph, hs = min(_P, I - it * _P), (it - ig) * s_rows
+                    wd_t = nl.ndarray((_P, KC), dtype=nl.bfloat16, buffer=nl.sbuf)
+                    nisa.dma_copy(dst=wd_t[0:ph, 0:kw], src=w2t_hbm[it * _P:it * _P + ph, kc0:kc0 + kw])
+                    for rs in range(n_rs):
+                        pr = min(_P, s_rows - rs * _P)
+                        for kp in range(n_kp):
+                            nk = min(_F_MOV, kw - kp * _F_MOV)
+                            nisa.nc_matmul(dst=acc_ps[rs * n_kp + kp][0:pr, 0:nk], stationary=h_t[0:ph, hs + rs * _P:hs + rs * _P + pr],
+                                           moving=wd_t[0:ph, kp * _F_MOV:kp * _F_MOV + nk], accumulate=(it > 0))
             for kp in range(n_kp):  # each piece leaves PSUM once, through the epilogue's elementwise part
                 k0, nb = kc0 + kp * _F_MOV, min(_F_MOV, kw - kp * _F_MOV)
                 pr = _P  # [K] rows broadcast once per piece, for every row tile
