@@ -128,3 +128,20 @@ def test_random_shapes_match_formula(r: int, k: int, i: int, lnc: int) -> None:
     want_x = swiglu(*args[:7]) + args[7]
     _close(x_new, want_x, rtol=1e-3)
     _close(z, F.layer_norm(want_x, (k,), eps=1e-6).bfloat16(), rtol=2e-2)
+
+
+def test_up_weights_are_laid_out_once_per_tensor_and_again_after_an_in_place_change() -> None:
+    """The host's weight prep: the laid-out copy is reused while the weight is unchanged, rebuilt after an
+    in-place update (its version moves), and the result follows the updated weight."""
+    module = load_module(GENERATED / "swiglu_ffn" / "kernel.py", target="trn2")
+    x, w1t, b1, wgt, bg, w2t, b2, _ = _inputs(5, 256, 200, seed=7)
+    module.swiglu_ffn(x, w1t, b1, wgt, bg, w2t, b2, lnc=1)
+    first = module._LAID_OUT[id(w1t)][3]
+    module.swiglu_ffn(x, w1t, b1, wgt, bg, w2t, b2, lnc=1)
+    assert module._LAID_OUT[id(w1t)][3] is first
+    # the layout itself: out[h, p, kt * 128 + c] = w[kt * 128 + p, h * 128 + c], zero-padded
+    assert torch.equal(first[1, 3, 128 + 5], w1t[128 + 3, 128 + 5]) and first[1, 3, 127].item() == 0.0
+    w1t.mul_(-1.0)
+    out = module.swiglu_ffn(x, w1t, b1, wgt, bg, w2t, b2, lnc=1)
+    assert module._LAID_OUT[id(w1t)][3] is not first
+    _close(out, swiglu(x, w1t, b1, wgt, bg, w2t, b2).bfloat16(), rtol=2e-2)
