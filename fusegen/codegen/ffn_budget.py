@@ -156,7 +156,7 @@ def buffers(m: FfnModel, s: int, ci: int, k: int, i: int, kc: int = 0, g: int = 
         return [
             *common,
             Buffer("down-projection weight tile (one I-tile, one column block)", kc * m.x_bytes, 2),
-            Buffer("combine output read back (h^T, a group of I-tiles)", h_group(s, i, m.x_bytes) * s * m.x_bytes, 2),
+            Buffer("h^T read back (a group of I-tiles)", h_group(s, i, m.x_bytes) * s * m.x_bytes, 2),
             Buffer("PSUM eviction block (its loads and temporaries)", m.evict.block_bytes * min(F_MOV, k), 2),
         ]
     return [

@@ -162,9 +162,8 @@ def _tile_plan(
         ("engine busy (us)", ", ".join(f"{e} {v / 1000:.1f}" for e, v in engines.items())),
         ("weight bytes streamed", f"{streamed:,} ({streamed / weights:.0f}x the {weights:,} B of weights)"),
     )
-    buffers = tuple(
-        PlannedBuffer(b.name, "sbuf", b.bytes, b.copies) for b in fb.buffers(model, p.s, p.ci, k, i, p.kc, p.g)
-    )
+    planned = fb.buffers(model, p.s, p.ci, k, i, p.kc, p.g)
+    buffers = tuple(PlannedBuffer(b.name, "sbuf", b.bytes, b.copies) for b in planned)
     psum = PlannedBuffer("matmul accumulators (one bank each)", "psum", 2048, fb.psum_banks(model, p.kc))
     return TilePlan(
         family="ffn",

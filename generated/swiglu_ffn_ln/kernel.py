@@ -172,7 +172,7 @@ def _buffers(m: _FfnModel, s: int, ci: int, k: int, i: int, kc: int = 0, g: int 
         return [
             *common,
             _Buffer("down-projection weight tile (one I-tile, one column block)", kc * m.x_bytes, 2),
-            _Buffer("combine output read back (h^T, a group of I-tiles)", _h_group(s, i, m.x_bytes) * s * m.x_bytes, 2),
+            _Buffer("h^T read back (a group of I-tiles)", _h_group(s, i, m.x_bytes) * s * m.x_bytes, 2),
             _Buffer("PSUM eviction block (its loads and temporaries)", m.evict.block_bytes * min(_F_MOV, k), 2),
         ]
     return [

@@ -88,8 +88,8 @@ def test_i_split_across_cores_matches_formula(r: int, k: int, i: int, s: int, ci
     x, w1t, b1, wgt, bg, w2t, b2, a = _inputs(r, k, i, seed=11 * r + i)
     cols, up = module._columns, (lambda w: module._up_layout(w, (0,), i))
     result = run(
-        module.swiglu_ffn_ln_kernel, x, up(w1t), cols(b1), up(wgt), cols(bg), w2t, b2, a, 1e-6, s, ci, 1, 0, 0,
-        grid=2,
+        module.swiglu_ffn_ln_kernel, x, up(w1t), cols(b1), up(wgt), cols(bg), w2t, b2, a, 1e-6,
+        s, ci, 1, 0, 0, grid=2,
     )
     x_new, z = result.outputs
     want_x = swiglu(x, w1t, b1, wgt, bg, w2t, b2) + a

@@ -41,7 +41,9 @@ def test_every_ffn_example_plans_at_every_width(model: str, k: int, i: int) -> N
 #: the MoE expert's small I: the LayerNorm-affine epilogue is bound by the Vector engine's evictions into
 #: the SBUF accumulator (CI=128 at K=7168) or, column-blocked, by its scratch and [K] broadcast traffic
 #: (docs/performance.md, "Cost model II", after the grouped weight DMAs)
-_EXPERT_BOUND = pytest.mark.xfail(strict=True, raises=AssertionError, reason="epilogue-bound at I=2048 (issue 14)")
+_EXPERT_BOUND = pytest.mark.xfail(
+    strict=True, raises=AssertionError, reason="epilogue-bound at I=2048 (issue 14)"
+)
 WIDE = [
     pytest.param(*w, id=w[0], marks=[_EXPERT_BOUND] if w[0] == "DeepSeek-V3 expert" else [])
     for w in WIDTHS
