@@ -149,7 +149,7 @@ def reference_source(ir: KernelIR) -> str:
     names = {o.name: _output_expr(ir, o.node, o.dtype) for o in ir.outputs}
     chunks = row_chunks(ir)
     args = [i.name for i in ir.inputs] + [p.name for p in ir.params] + (["save"] if optional else [])
-    sliced = [f"{a}[r0:r0 + step]" if chunks and a in chunks.row_inputs else a for a in args]
+    sliced = [f"{a}[_r0:_r0 + _step]" if chunks and a in chunks.row_inputs else a for a in args]
     return render(
         "reference.py.jinja", header=header(ir, "reference.py.jinja"), name=ir.name, params=", ".join(params),
         lines=reference_lines(ir), optional=[names[o.name] for o in optional],

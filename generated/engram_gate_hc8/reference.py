@@ -18,13 +18,14 @@ def engram_gate_hc8_reference(x, kv, w_h, w_e, eps=1e-20, clamp=1e-06, save=Fals
     d_H = x.shape[2]
     d_HC = 8
     d_T = x.shape[0]
-    step = max(1, _MEMORY_BUDGET // (4 * max(1, 1 * (1 + d_HC) * d_H + 1 * d_H + 19 * d_HC + 13 * d_HC * d_H)))
-    if x.shape[0] <= step:
+    # the locals are private: a spec's names never start with `_`
+    _step = max(1, _MEMORY_BUDGET // (4 * max(1, 1 * (1 + d_HC) * d_H + 1 * d_H + 19 * d_HC + 13 * d_HC * d_H)))
+    if x.shape[0] <= _step:
         return _engram_gate_hc8_rows(x, kv, w_h, w_e, eps, clamp, save)
-    parts = [_engram_gate_hc8_rows(x[r0:r0 + step], kv[r0:r0 + step], w_h, w_e, eps, clamp, save) for r0 in range(0, x.shape[0], step)]
-    if isinstance(parts[0], tuple):
-        return tuple(torch.cat(column) for column in zip(*parts, strict=True))
-    return torch.cat(parts)
+    _parts = [_engram_gate_hc8_rows(x[_r0:_r0 + _step], kv[_r0:_r0 + _step], w_h, w_e, eps, clamp, save) for _r0 in range(0, x.shape[0], _step)]
+    if isinstance(_parts[0], tuple):
+        return tuple(torch.cat(_column) for _column in zip(*_parts, strict=True))
+    return torch.cat(_parts)
 
 
 def _engram_gate_hc8_rows(x, kv, w_h, w_e, eps=1e-20, clamp=1e-06, save=False):

@@ -926,7 +926,8 @@ def _columns(v: torch.Tensor) -> torch.Tensor:
 
 
 #: up weights in the kernel's layout, per weight tensor: (a weak reference to it, its version, the columns
-#: laid out, the result); a weight is laid out once and again only after it changes in place
+#: laid out, the result); a weight is laid out once and again only after it changes in place (an inference
+#: tensor, which keeps no version counter, each call)
 _LAID_OUT: dict[int, tuple[weakref.ref[torch.Tensor], int, tuple[int, ...], torch.Tensor]] = {}
 
 
@@ -936,7 +937,7 @@ def _up_layout(w: torch.Tensor, firsts: tuple[int, ...], inter: int) -> torch.Te
     zero-padded, so one DMA of an I-tile's K-tiles moves contiguous HBM per partition. Cached per tensor."""
     key = (*firsts, inter)
     hit = _LAID_OUT.get(id(w))
-    if hit is not None and hit[0]() is w and hit[1] == w._version and hit[2] == key:
+    if hit is not None and hit[0]() is w and hit[1] == _version(w) and hit[2] == key:
         return hit[3]
     n_k, n_h = _cdiv(w.shape[0], _P), _cdiv(inter, _P)
     parts = []
@@ -948,8 +949,14 @@ def _up_layout(w: torch.Tensor, firsts: tuple[int, ...], inter: int) -> torch.Te
         laid_out = torch.cat(parts).contiguous()
     for dead in [i for i, entry in _LAID_OUT.items() if entry[0]() is None]:
         del _LAID_OUT[dead]
-    _LAID_OUT[id(w)] = (weakref.ref(w), w._version, key, laid_out)
+    if _version(w) >= 0:
+        _LAID_OUT[id(w)] = (weakref.ref(w), _version(w), key, laid_out)
     return laid_out
+
+
+def _version(w: torch.Tensor) -> int:
+    """w's in-place version counter; -1 for an inference tensor, which has none (so it is never cached)."""
+    return -1 if w.is_inference() else w._version
 
 
 def gelu_mlp(x: torch.Tensor, w1t: torch.Tensor, b1: torch.Tensor, w2t: torch.Tensor, b2: torch.Tensor, lnc: int | None = None, target: str = _TARGET) -> torch.Tensor:

@@ -18,13 +18,14 @@ def gelu_mlp_reference(x, w1t, b1, w2t, b2):
     d_I = w1t.shape[1]
     d_K = x.shape[1]
     d_R = x.shape[0]
-    step = max(1, _MEMORY_BUDGET // (4 * max(1, 4 * d_I + 3 * d_K)))
-    if x.shape[0] <= step:
+    # the locals are private: a spec's names never start with `_`
+    _step = max(1, _MEMORY_BUDGET // (4 * max(1, 4 * d_I + 3 * d_K)))
+    if x.shape[0] <= _step:
         return _gelu_mlp_rows(x, w1t, b1, w2t, b2)
-    parts = [_gelu_mlp_rows(x[r0:r0 + step], w1t, b1, w2t, b2) for r0 in range(0, x.shape[0], step)]
-    if isinstance(parts[0], tuple):
-        return tuple(torch.cat(column) for column in zip(*parts, strict=True))
-    return torch.cat(parts)
+    _parts = [_gelu_mlp_rows(x[_r0:_r0 + _step], w1t, b1, w2t, b2) for _r0 in range(0, x.shape[0], _step)]
+    if isinstance(_parts[0], tuple):
+        return tuple(torch.cat(_column) for _column in zip(*_parts, strict=True))
+    return torch.cat(_parts)
 
 
 def _gelu_mlp_rows(x, w1t, b1, w2t, b2):

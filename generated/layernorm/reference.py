@@ -17,13 +17,14 @@ def layernorm_reference(x, w, b, eps=1e-05, save=False):
     _MEMORY_BUDGET (every value it forms is per-row, so chunks are independent)."""
     d_H = x.shape[1]
     d_T = x.shape[0]
-    step = max(1, _MEMORY_BUDGET // (4 * max(1, 6 * 1 + 4 * d_H)))
-    if x.shape[0] <= step:
+    # the locals are private: a spec's names never start with `_`
+    _step = max(1, _MEMORY_BUDGET // (4 * max(1, 6 * 1 + 4 * d_H)))
+    if x.shape[0] <= _step:
         return _layernorm_rows(x, w, b, eps, save)
-    parts = [_layernorm_rows(x[r0:r0 + step], w, b, eps, save) for r0 in range(0, x.shape[0], step)]
-    if isinstance(parts[0], tuple):
-        return tuple(torch.cat(column) for column in zip(*parts, strict=True))
-    return torch.cat(parts)
+    _parts = [_layernorm_rows(x[_r0:_r0 + _step], w, b, eps, save) for _r0 in range(0, x.shape[0], _step)]
+    if isinstance(_parts[0], tuple):
+        return tuple(torch.cat(_column) for _column in zip(*_parts, strict=True))
+    return torch.cat(_parts)
 
 
 def _layernorm_rows(x, w, b, eps=1e-05, save=False):

@@ -18,13 +18,14 @@ def qk_norm_reference(q, w, eps=1e-06):
     d_D = q.shape[2]
     d_NH = q.shape[1]
     d_T = q.shape[0]
-    step = max(1, _MEMORY_BUDGET // (4 * max(1, 2 * d_NH * d_D)))
-    if q.shape[0] <= step:
+    # the locals are private: a spec's names never start with `_`
+    _step = max(1, _MEMORY_BUDGET // (4 * max(1, 2 * d_NH * d_D)))
+    if q.shape[0] <= _step:
         return _qk_norm_rows(q, w, eps)
-    parts = [_qk_norm_rows(q[r0:r0 + step], w, eps) for r0 in range(0, q.shape[0], step)]
-    if isinstance(parts[0], tuple):
-        return tuple(torch.cat(column) for column in zip(*parts, strict=True))
-    return torch.cat(parts)
+    _parts = [_qk_norm_rows(q[_r0:_r0 + _step], w, eps) for _r0 in range(0, q.shape[0], _step)]
+    if isinstance(_parts[0], tuple):
+        return tuple(torch.cat(_column) for _column in zip(*_parts, strict=True))
+    return torch.cat(_parts)
 
 
 def _qk_norm_rows(q, w, eps=1e-06):

@@ -18,13 +18,14 @@ def relu2_mlp_reference(x, w1t, w2t):
     d_I = w1t.shape[1]
     d_K = x.shape[1]
     d_R = x.shape[0]
-    step = max(1, _MEMORY_BUDGET // (4 * max(1, 4 * d_I + 2 * d_K)))
-    if x.shape[0] <= step:
+    # the locals are private: a spec's names never start with `_`
+    _step = max(1, _MEMORY_BUDGET // (4 * max(1, 4 * d_I + 2 * d_K)))
+    if x.shape[0] <= _step:
         return _relu2_mlp_rows(x, w1t, w2t)
-    parts = [_relu2_mlp_rows(x[r0:r0 + step], w1t, w2t) for r0 in range(0, x.shape[0], step)]
-    if isinstance(parts[0], tuple):
-        return tuple(torch.cat(column) for column in zip(*parts, strict=True))
-    return torch.cat(parts)
+    _parts = [_relu2_mlp_rows(x[_r0:_r0 + _step], w1t, w2t) for _r0 in range(0, x.shape[0], _step)]
+    if isinstance(_parts[0], tuple):
+        return tuple(torch.cat(_column) for _column in zip(*_parts, strict=True))
+    return torch.cat(_parts)
 
 
 def _relu2_mlp_rows(x, w1t, w2t):

@@ -18,13 +18,14 @@ def swiglu_gemma_norm_reference(x, w1t, wgt, w2t, a, gamma, eps=1e-06):
     d_I = w1t.shape[1]
     d_K = x.shape[1]
     d_R = x.shape[0]
-    step = max(1, _MEMORY_BUDGET // (4 * max(1, 5 * d_I + 5 * d_K)))
-    if x.shape[0] <= step:
+    # the locals are private: a spec's names never start with `_`
+    _step = max(1, _MEMORY_BUDGET // (4 * max(1, 5 * d_I + 5 * d_K)))
+    if x.shape[0] <= _step:
         return _swiglu_gemma_norm_rows(x, w1t, wgt, w2t, a, gamma, eps)
-    parts = [_swiglu_gemma_norm_rows(x[r0:r0 + step], w1t, wgt, w2t, a[r0:r0 + step], gamma, eps) for r0 in range(0, x.shape[0], step)]
-    if isinstance(parts[0], tuple):
-        return tuple(torch.cat(column) for column in zip(*parts, strict=True))
-    return torch.cat(parts)
+    _parts = [_swiglu_gemma_norm_rows(x[_r0:_r0 + _step], w1t, wgt, w2t, a[_r0:_r0 + _step], gamma, eps) for _r0 in range(0, x.shape[0], _step)]
+    if isinstance(_parts[0], tuple):
+        return tuple(torch.cat(_column) for _column in zip(*_parts, strict=True))
+    return torch.cat(_parts)
 
 
 def _swiglu_gemma_norm_rows(x, w1t, wgt, w2t, a, gamma, eps=1e-06):
