@@ -17,7 +17,6 @@ def add_rmsnorm_reference(x, r, w, eps=1e-06):
     _MEMORY_BUDGET (every value it forms is per-row, so chunks are independent)."""
     d_H = x.shape[1]
     d_T = x.shape[0]
-    # the locals are private: a spec's names never start with `_`
     _step = max(1, _MEMORY_BUDGET // (4 * max(1, 5 * d_H)))
     if x.shape[0] <= _step:
         return _add_rmsnorm_rows(x, r, w, eps)

@@ -18,7 +18,6 @@ def engram_gate_noresid_reference(x, kv, w_h, w_e, eps=1e-20, clamp=1e-06, save=
     d_H = x.shape[2]
     d_HC = x.shape[1]
     d_T = x.shape[0]
-    # the locals are private: a spec's names never start with `_`
     _step = max(1, _MEMORY_BUDGET // (4 * max(1, 1 * (1 + d_HC) * d_H + 1 * d_H + 19 * d_HC + 13 * d_HC * d_H)))
     if x.shape[0] <= _step:
         return _engram_gate_noresid_rows(x, kv, w_h, w_e, eps, clamp, save)

@@ -17,7 +17,6 @@ def layernorm_reference(x, w, b, eps=1e-05, save=False):
     _MEMORY_BUDGET (every value it forms is per-row, so chunks are independent)."""
     d_H = x.shape[1]
     d_T = x.shape[0]
-    # the locals are private: a spec's names never start with `_`
     _step = max(1, _MEMORY_BUDGET // (4 * max(1, 6 * 1 + 4 * d_H)))
     if x.shape[0] <= _step:
         return _layernorm_rows(x, w, b, eps, save)

@@ -18,7 +18,6 @@ def llama_swiglu_reference(x, wgt, wut, wdt):
     d_I = wgt.shape[1]
     d_K = x.shape[1]
     d_R = x.shape[0]
-    # the locals are private: a spec's names never start with `_`
     _step = max(1, _MEMORY_BUDGET // (4 * max(1, 5 * d_I + 2 * d_K)))
     if x.shape[0] <= _step:
         return _llama_swiglu_rows(x, wgt, wut, wdt)

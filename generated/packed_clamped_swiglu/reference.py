@@ -18,7 +18,6 @@ def packed_clamped_swiglu_reference(x, w12t, w3t, limit=7.0):
     d_I = w3t.shape[0]
     d_K = x.shape[1]
     d_R = x.shape[0]
-    # the locals are private: a spec's names never start with `_`
     _step = max(1, _MEMORY_BUDGET // (4 * max(1, 1 * 2 * d_I + 8 * d_I + 2 * d_K)))
     if x.shape[0] <= _step:
         return _packed_clamped_swiglu_rows(x, w12t, w3t, limit)

@@ -18,7 +18,6 @@ def prenorm_swiglu_reference(x, gamma, wgt, wut, wdt, eps=1e-06):
     d_I = wgt.shape[1]
     d_K = x.shape[1]
     d_R = x.shape[0]
-    # the locals are private: a spec's names never start with `_`
     _step = max(1, _MEMORY_BUDGET // (4 * max(1, 5 * d_I + 5 * d_K)))
     if x.shape[0] <= _step:
         return _prenorm_swiglu_rows(x, gamma, wgt, wut, wdt, eps)

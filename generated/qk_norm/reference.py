@@ -18,7 +18,6 @@ def qk_norm_reference(q, w, eps=1e-06):
     d_D = q.shape[2]
     d_NH = q.shape[1]
     d_T = q.shape[0]
-    # the locals are private: a spec's names never start with `_`
     _step = max(1, _MEMORY_BUDGET // (4 * max(1, 2 * d_NH * d_D)))
     if q.shape[0] <= _step:
         return _qk_norm_rows(q, w, eps)

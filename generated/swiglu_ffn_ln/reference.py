@@ -18,7 +18,6 @@ def swiglu_ffn_ln_reference(x, w1t, b1, wgt, bg, w2t, b2, a, eps=1e-06):
     d_I = w1t.shape[1]
     d_K = x.shape[1]
     d_R = x.shape[0]
-    # the locals are private: a spec's names never start with `_`
     _step = max(1, _MEMORY_BUDGET // (4 * max(1, 7 * d_I + 6 * d_K)))
     if x.shape[0] <= _step:
         return _swiglu_ffn_ln_rows(x, w1t, b1, wgt, bg, w2t, b2, a, eps)

@@ -18,7 +18,6 @@ def swiglu_gemma_norm_reference(x, w1t, wgt, w2t, a, gamma, eps=1e-06):
     d_I = w1t.shape[1]
     d_K = x.shape[1]
     d_R = x.shape[0]
-    # the locals are private: a spec's names never start with `_`
     _step = max(1, _MEMORY_BUDGET // (4 * max(1, 5 * d_I + 5 * d_K)))
     if x.shape[0] <= _step:
         return _swiglu_gemma_norm_rows(x, w1t, wgt, w2t, a, gamma, eps)

@@ -3,7 +3,9 @@
 data/stable_traces.json holds the traces of two generated kernels as the interpreter recorded them
 before its speed work (issue 15); every record must match, and so must the modelled time of the kernel
 (computed from both traces with the current cost model, so a cost-model change does not break this test).
-Regenerate only for an intended trace change: `.venv/bin/python tests/sim/test_trace_stable.py`.
+The kernels are frozen copies (data/frozen/, generated at the commit the traces were recorded on), so
+codegen changes do not move them; their inputs come from today's generated tests (same signatures).
+Regenerate only for an intended interpreter trace change: `.venv/bin/python tests/sim/test_trace_stable.py`.
 """
 
 from __future__ import annotations
@@ -21,6 +23,7 @@ from fusegen.sim import Record, get_target, load_module
 
 ROOT = Path(__file__).resolve().parents[2]
 FIXTURE = Path(__file__).parent / "data" / "stable_traces.json"
+FROZEN = Path(__file__).parent / "data" / "frozen"
 #: (kernel, dims, lnc): an FFN with the LayerNorm epilogue (deferred matmuls, two cores) and a row kernel
 CASES = (
     ("swiglu_ffn_ln", {"I": 1000, "K": 384, "R": 300}, 2),
@@ -32,7 +35,7 @@ def traced(name: str, dims: dict[str, int], lnc: int) -> list[list[Any]]:
     """The normalised records of every launch the host function makes: allocation ids renumbered in
     order of first use (ids are process-global counters) and the file reduced to its name."""
     test = testing.load_generated(ROOT / "generated" / name / f"test_{name}.py")
-    module = load_module(ROOT / "generated" / name / "kernel.py", target="trn2")
+    module = load_module(FROZEN / name / "kernel.py", target="trn2")
     tensors = testing.make_inputs(test.INPUTS, test.input_shapes(dims))
     with launches(module) as found:
         getattr(module, name)(*tensors, lnc=lnc, target="trn2")
