@@ -78,6 +78,7 @@ def cell(p: Planned) -> str:
     note = f"{bound}-bound" if p.plan.modeled_ns > SLOW * p.roof.time_ns else ""
     split = " I-split" if tiles["split_i"] else ""
     blocks = f" KC={tiles['KC']}" if tiles["KC"] else ""
+    blocks += f" G={tiles['G']}" if tiles.get("G") else ""
     return (
         f"| S={tiles['S']} CI={tiles['CI']}{split}{blocks} | {p.plan.sbuf_bytes:,} "
         f"| {p.plan.modeled_ns / 1000:,.1f} | {100 * eff:.0f}% ({p.roof.bound}) | {note} |"

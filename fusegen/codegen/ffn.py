@@ -28,6 +28,7 @@ class HostSignature:
     down_weight: str
     launch_args: str
     doc: str
+    dims: tuple[str, ...]  # `d_<dim> = ...` bindings the up weights' layout needs (packed weights' columns)
     door: tuple[str, ...]  # argument checks (signature.py), then an empty call's early return
 
 
@@ -78,7 +79,7 @@ class FfnFamily:
             budget_source=vendored(ffn_budget),
             kernel_args=_kernel_args(ir),
             host=_host(ir, m, low),
-            dim_bindings=[f"d_{d} = {src}" for d, src in dim_bindings(ir, kernel_arg)],
+            dim_bindings=[f"d_{d} = {src}" for d, src in dim_bindings(ir, kernel_arg, _up_weights(ir, low))],
             machines=_machines(),
             door_source=door_source([("_SIGNATURE", signature(ir.name, ir, _returned(ir), _targets()))]),
             default_target=target,
@@ -103,8 +104,8 @@ def _host(ir: KernelIR, m: FfnMatch, low: FfnLowering) -> HostSignature:
     tensors = [i.name for i in ir.inputs]
     params = [f"{t}: torch.Tensor" for t in tensors] + [f"{p.name}: float = {p.default!r}" for p in ir.params]
     params += ["lnc: int | None = None", "target: str = _TARGET"]
-    launch = [f"_columns({t})" if kernel_arg(t) in low.col_vectors else t for t in tensors]
-    launch += [p.name for p in ir.params]
+    launch = [_launch_arg(t, low) for t in tensors] + [p.name for p in ir.params]
+    firsts = [pj.first_column for pj in low.projections if pj.first_column]
     outs = [o.name for o in ir.outputs]
     returns = "torch.Tensor" if len(outs) == 1 else f"tuple[{', '.join(['torch.Tensor'] * len(outs))}]"
     return HostSignature(
@@ -116,7 +117,22 @@ def _host(ir: KernelIR, m: FfnMatch, low: FfnLowering) -> HostSignature:
         doc=f"Run the kernel on `lnc` logical cores (default LNC, capped at the target's) with the best "
         f"modelled plan for these shapes; returns ({', '.join(outs)}).",
         door=door_lines("_SIGNATURE", ir),
+        dims=tuple(f"d_{d} = {src}" for d, src in dim_bindings(ir, str)) if firsts else (),
     )
+
+
+def _up_weights(ir: KernelIR, low: FfnLowering) -> frozenset[str]:
+    """The inputs the kernel takes in the up weights' host layout (`_up_layout`)."""
+    return frozenset(i.name for i in ir.inputs if kernel_arg(i.name) in {pj.weight for pj in low.projections})
+
+
+def _launch_arg(tensor: str, low: FfnLowering) -> str:
+    """What the host passes the kernel for input `tensor`: [I] vectors as columns, up weights laid out
+    (each projection's columns, stacked in order), anything else as given."""
+    if kernel_arg(tensor) in low.col_vectors:
+        return f"_columns({tensor})"
+    firsts = [pj.first_column or "0" for pj in low.projections if pj.weight == kernel_arg(tensor)]
+    return f"_up_layout({tensor}, ({', '.join(firsts)},), _inter)" if firsts else tensor
 
 
 def _returned(ir: KernelIR) -> list[Returned]:

@@ -11,7 +11,7 @@ from __future__ import annotations
 
 from typing import NamedTuple
 
-from fusegen.perf.dmarule import dma_engine_bytes
+from fusegen.perf.dmarule import DMA_ROW_BYTES, dma_engine_bytes
 
 P = 128  # partitions
 F_MOV = 512  # matmul moving free size, one fp32 PSUM bank
@@ -91,12 +91,17 @@ class Plan(NamedTuple):
     column block at a time, accumulating all of I in PSUM (ACC_BANKS banks); each piece leaves PSUM once
     through the epilogue's elementwise part, to an fp32 HBM scratch the epilogue's statistics passes read
     (without statistics, to the outputs); nothing of width K stays in SBUF but x^T.
+
+    G: K-tiles per up-projection weight DMA (0: all of K). The host lays each up weight out once as
+    [I-tiles, P, K-tiles * P] (the kernel file's `_up_layout`), so one DMA of G K-tiles of one I-tile moves
+    G * P contiguous elements per partition row; a streamed plan (`up_weights`) holds one such group.
     """
 
     s: int
     ci: int
     split: int  # 1: each core computes every row over its share of I; 0: each core its own rows
     kc: int = 0
+    g: int = 0
 
 
 class Cost(NamedTuple):
@@ -131,14 +136,15 @@ def work_per_core(rows: int, i: int, lnc: int, split: int) -> tuple[int, int]:
     return rows_per_core(rows, lnc), i
 
 
-def buffers(m: FfnModel, s: int, ci: int, k: int, i: int, kc: int = 0) -> list[Buffer]:
-    """The kernel's SBUF buffers for super-block `s` rows, chunk `ci` columns and column block `kc`."""
+def buffers(m: FfnModel, s: int, ci: int, k: int, i: int, kc: int = 0, g: int = 0) -> list[Buffer]:
+    """The kernel's SBUF buffers for super-block `s` rows, chunk `ci` columns, column block `kc` and `g`
+    K-tiles per up-weight DMA."""
     n_k, n_h, n_hc = cdiv(k, P), cdiv(i, P), cdiv(ci, P)
     epi = m.epi_cols if kc else m.epi
     common = [
         Buffer("x^T, K on partitions", n_k * s * m.x_bytes, 1),
         Buffer("x row block, staged for the PE transpose", min(F_MOV, k) * m.x_bytes, 2),
-        up_weights(m, s, ci, k),
+        up_weights(m, s, ci, k, g),
         Buffer("combine output (down-proj stationary)", n_hc * F_MOV * m.x_bytes, 1),
         Buffer("combine temporaries", m.mid_tiles * F_MOV * 4, 2),
         Buffer("prologue block (one K-block's loads and temporaries)", m.pro.block_bytes * min(F_MOV, k), 2),
@@ -150,7 +156,7 @@ def buffers(m: FfnModel, s: int, ci: int, k: int, i: int, kc: int = 0) -> list[B
         return [
             *common,
             Buffer("down-projection weight tile (one I-tile, one column block)", kc * m.x_bytes, 2),
-            Buffer("combine output tile read back (h^T, one I-tile)", s * m.x_bytes, 2),
+            Buffer("h^T read back (a group of I-tiles)", h_group(s, i, m.x_bytes) * s * m.x_bytes, 2),
             Buffer("PSUM eviction block (its loads and temporaries)", m.evict.block_bytes * min(F_MOV, k), 2),
         ]
     return [
@@ -167,23 +173,54 @@ def column_block(s: int, k: int) -> int:
     return min(cdiv(k, F_MOV), ACC_BANKS // cdiv(s, P)) * F_MOV
 
 
-def up_weights(m: FfnModel, s: int, ci: int, k: int) -> Buffer:
-    """The up-projection weights in SBUF: a whole chunk loaded up front, or, with one row slice (S <= F_MOV)
-    and one intermediate tile (CI <= P), where each K-tile has a single matmul, streamed a K-tile at a time
-    (loaded just before that matmul)."""
-    if s <= F_MOV and ci <= P:
-        return Buffer("up-projection weight K-tile (streamed)", m.n_up * ci * m.x_bytes, 2)
-    return Buffer("up-projection weight chunk", m.n_up * cdiv(k, P) * ci * m.x_bytes, 2)
+def streams_up(s: int, ci: int) -> bool:
+    """Up weights streamed in groups of K-tiles: one row slice (S <= F_MOV) and one intermediate tile
+    (CI <= P), so each K-tile has a single matmul and its group is loaded just before the first of them."""
+    return s <= F_MOV and ci <= P
 
 
-def sbuf_bytes(m: FfnModel, s: int, ci: int, k: int, i: int, kc: int = 0) -> int:
+def group(k: int, g: int) -> int:
+    """K-tiles per up-weight DMA: `g`, or all of K's when 0 (or more)."""
+    n_k = cdiv(k, P)
+    return min(g, n_k) if g else n_k
+
+
+def h_group(s: int, i: int, x_bytes: int) -> int:
+    """I-tiles of h^T per read of the column-blocked down-projection at super-block `s`: the fewest whose
+    rows reach DMA_ROW_BYTES per partition (the scratch holds each partition's I-tiles contiguous)."""
+    return min(cdiv(i, P), cdiv(DMA_ROW_BYTES, s * x_bytes))
+
+
+def up_weights(m: FfnModel, s: int, ci: int, k: int, g: int = 0) -> Buffer:
+    """The up-projection weights in SBUF: a whole chunk loaded up front (each I-tile in groups of G
+    K-tiles, padded to whole tiles by `up_layout`), or, streamed, one group of G K-tiles per projection."""
+    if streams_up(s, ci):
+        return Buffer("up-projection weight K-tile group (streamed)", m.n_up * group(k, g) * P * m.x_bytes, 2)
+    n_g = cdiv(cdiv(k, P), group(k, g))
+    return Buffer("up-projection weight chunk", m.n_up * cdiv(ci, P) * n_g * group(k, g) * P * m.x_bytes, 2)
+
+
+def sbuf_bytes(m: FfnModel, s: int, ci: int, k: int, i: int, kc: int = 0, g: int = 0) -> int:
     """SBUF bytes per partition the kernel needs, copies included."""
-    return sum(b.bytes * b.copies for b in buffers(m, s, ci, k, i, kc))
+    return sum(b.bytes * b.copies for b in buffers(m, s, ci, k, i, kc, g))
+
+
+def plan_bytes(m: FfnModel, p: Plan, k: int, i: int) -> int:
+    """SBUF bytes per partition of plan `p`."""
+    return sbuf_bytes(m, p.s, p.ci, k, i, p.kc, p.g)
 
 
 def smallest_need(m: FfnModel, k: int, i: int) -> int:
-    """SBUF bytes of the smallest plan (S=128, CI=128), the better of the two down-projections."""
-    return min(sbuf_bytes(m, P, P, k, i), sbuf_bytes(m, P, P, k, i, column_block(P, k)))
+    """SBUF bytes of the smallest plan (S=128, CI=128, the smallest K-tile group), the better of the two
+    down-projections."""
+    g = min_group(m)
+    return min(sbuf_bytes(m, P, P, k, i, 0, g), sbuf_bytes(m, P, P, k, i, column_block(P, k), g))
+
+
+def min_group(m: FfnModel) -> int:
+    """The fewest K-tiles per up-weight DMA that move DMA_ROW_BYTES per partition row (the packet rule's
+    knee: fewer K-tiles pay per packet, more only take SBUF)."""
+    return cdiv(DMA_ROW_BYTES, P * m.x_bytes)
 
 
 def psum_banks(m: FfnModel, kc: int = 0) -> int:
@@ -211,7 +248,7 @@ def _runs(total: int, size: int) -> list[tuple[int, int]]:
 
 
 def _super_block(
-    m: FfnModel, s_rows: int, inter: int, ci: int, k: int, kc: int = 0
+    m: FfnModel, s_rows: int, inter: int, ci: int, k: int, kc: int = 0, g: int = 0, s: int = 0
 ) -> tuple[float, float, float, int, int]:
     """(PE, ACT, DVE cycles, DMA bytes, transfers) of one super-block of `s_rows` rows, `inter` columns."""
     n_k = cdiv(k, P)
@@ -228,8 +265,9 @@ def _super_block(
         transfers += cdiv(s_rows, P) * cdiv(k, F_MOV)
     for chunk, n_chunks in _runs(inter, ci):
         n_hc = cdiv(chunk, P)
-        hbm += n_chunks * (m.n_up + (0 if kc else 1)) * k * chunk * m.x_bytes
-        transfers += n_chunks * (m.n_up * n_k + (0 if kc else n_hc))
+        # up weights: each I-tile's K-tile groups, whole padded tiles (up_layout); down: [ph, K] rows
+        hbm += n_chunks * (m.n_up * n_hc * P * n_k * P + (0 if kc else k * chunk)) * m.x_bytes
+        transfers += n_chunks * (m.n_up * n_hc * cdiv(n_k, group(k, g)) + (0 if kc else n_hc))
         for rw, n_rw in _runs(s_rows, F_MOV):
             width, times = max(MIN_CYCLES, rw), n_chunks * n_rw * n_hc
             act += times * m.mid_act * width
@@ -241,25 +279,27 @@ def _super_block(
             pe += times * (m.n_up * n_k * width + cdiv(rw, P) * k_cycles)
             dve += n_chunks * n_rw * cdiv(rw, P) * k_cycles  # PSUM evictions into the accumulator
     if kc:
-        parts = _column_blocks(m, s_rows, inter, k, kc)
+        parts = _column_blocks(m, s_rows, inter, k, kc, h_group(s, inter, m.x_bytes))
         pe, act, dve = pe + parts[0], act + parts[1], dve + parts[2]
         hbm, transfers = hbm + parts[3], transfers + parts[4]
     return pe, act, dve, hbm, transfers
 
 
 def _column_blocks(
-    m: FfnModel, s_rows: int, inter: int, k: int, kc: int
+    m: FfnModel, s_rows: int, inter: int, k: int, kc: int, gh: int
 ) -> tuple[float, float, float, int, int]:
     """(PE, ACT, DVE cycles, DMA bytes, transfers) of the column-blocked down-projection of one super-block:
-    per KC block, every I-tile's weight tile and h^T tile read and its matmuls accumulated in PSUM, then
-    each [P, F_MOV] piece evicted once (the `evict` stage) and written to the fp32 scratch, if an epilogue
-    with row statistics follows (else the eviction wrote the outputs)."""
+    per KC block, every I-tile's weight tile and h^T in groups of `gh` I-tiles (a ragged last I-tile in a
+    group reads on its own) and its matmuls accumulated in PSUM, then each [P, F_MOV] piece evicted once
+    (the `evict` stage) and written to the fp32 scratch, if an epilogue with row statistics follows (else
+    the eviction wrote the outputs)."""
     n_it, n_rs = cdiv(inter, P), cdiv(s_rows, P)
     act, dve, moved, transfers = _stage_cost(m.evict, n_rs, k, shared=n_rs)
     blocks = cdiv(k, kc)
     scratch = s_rows * k * 4 if m.epi_cols.sweeps else 0
     hbm = inter * k * m.x_bytes + blocks * inter * s_rows * m.x_bytes + moved + scratch
-    return float(n_it * n_rs * _cycles(k)), act, dve, hbm, transfers + blocks * 2 * n_it
+    h_reads = cdiv(n_it, gh) + int(inter % P != 0 and (n_it - 1) % gh != 0)
+    return float(n_it * n_rs * _cycles(k)), act, dve, hbm, transfers + blocks * (n_it + h_reads)
 
 
 def _cycles(k: int) -> int:
@@ -275,7 +315,7 @@ def cost(m: FfnModel, mach: Machine, rows: int, k: int, i: int, lnc: int, plan: 
     pe = act = dve = 0.0
     hbm = transfers = 0
     for s_rows, n_sb in _runs(comp_rows, plan.s):
-        parts = _super_block(m, s_rows, inter, plan.ci, k, plan.kc)
+        parts = _super_block(m, s_rows, inter, plan.ci, k, plan.kc, plan.g, plan.s)
         pe, act, dve = pe + n_sb * parts[0], act + n_sb * parts[1], dve + n_sb * parts[2]
         hbm, transfers = hbm + n_sb * parts[3], transfers + n_sb * parts[4]
     tiles = cdiv(own, P)
@@ -312,8 +352,22 @@ def candidates(
                 else:
                     widest = _widest_fit(m, s, ci_all, k, i, budget, kc)
                     fits = [ci for ci in ci_all[max(0, widest - 3) : widest + 1]] if widest >= 0 else []
-                plans += [Plan(s, ci, split, kc) for ci in fits]
+                plans += [Plan(s, ci, split, kc, g) for ci in fits for g in _groups(m, s, ci, k)]
+            if streams_up(s, P):  # a streamed K-tile group may fit where a whole chunk does not
+                plans += [
+                    Plan(s, P, split, kc, g)
+                    for kc in ((0, 0 if split else column_block(s, k)) if s <= ACC_BANKS * P else (0,))
+                    for g in _groups(m, s, P, k)
+                    if sbuf_bytes(m, s, P, k, i, kc, g) <= budget
+                ]
     return list(dict.fromkeys(plans))
+
+
+def _groups(m: FfnModel, s: int, ci: int, k: int) -> list[int]:
+    """K-tile groups per up-weight DMA worth trying: all of K (0) and, streamed, the packet rule's knee
+    and twice it (less SBUF than all of K)."""
+    n_k, knee = cdiv(k, P), min_group(m)
+    return [0] + ([g for g in (knee, 2 * knee) if g < n_k] if streams_up(s, ci) else [])
 
 
 def _widest_fit(m: FfnModel, s: int, ci_all: range, k: int, i: int, budget: int, kc: int) -> int:
@@ -343,7 +397,7 @@ def rank_key(
     that leaves the other engines most slack), then HBM bytes, then SBUF."""
     c = cost(m, mach, rows, k, i, lnc, plan)
     work = c.pe + c.act + c.dve + c.dma
-    return (round(c.total, 1), round(work, 1), c.hbm_bytes, sbuf_bytes(m, plan.s, plan.ci, k, i, plan.kc))
+    return (round(c.total, 1), round(work, 1), c.hbm_bytes, plan_bytes(m, plan, k, i))
 
 
 def choose(m: FfnModel, mach: Machine, rows: int, k: int, i: int, lnc: int) -> Plan:

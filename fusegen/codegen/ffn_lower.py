@@ -25,11 +25,13 @@ from fusegen.dsl.ir import DTYPE_BYTES, Dim, KernelIR, Node
 @dataclass(frozen=True)
 class Projection:
     """One up projection: its weight (kernel argument), its PSUM tile name and, for columns of a packed
-    weight, the source of the first column ("" for a whole input)."""
+    weight, the source of the first column ("" for a whole input) and the kernel's first I-tile of this
+    projection in the weight's host layout (`_up_layout` stacks a packed weight's projections; "" for 0)."""
 
     weight: str
     psum: str
     first_column: str = ""
+    tile_base: str = ""
 
 
 @dataclass(frozen=True)
@@ -66,7 +68,7 @@ class FfnLowering:
 
 def lower_ffn(ir: KernelIR, m: FfnMatch) -> FfnLowering:
     """Compile the prologue, the combine and the epilogue of `m` into NKI lines for the template."""
-    projections = tuple(_projection(ir, u, f"pj{i}") for i, u in enumerate(m.ups))
+    projections = _stacked(tuple(_projection(ir, u, f"pj{i}") for i, u in enumerate(m.ups)))
     mid, mid_result, col_vectors = _lower_combine(ir, m, projections)
     epi_inputs = _row_stage_inputs(ir, m, m.epi_nodes)
     acc_init, first_chunk, acc_node = _accumulator(ir, m, epi_inputs)
@@ -120,6 +122,17 @@ def _projection(ir: KernelIR, up: Node, psum: str) -> Projection:
     assert columns is not None  # the matcher checked
     source, first = columns
     return Projection(kernel_arg(str(source.name)), psum, "" if first == Dim.const(0) else dim_source(first))
+
+
+def _stacked(projections: tuple[Projection, ...]) -> tuple[Projection, ...]:
+    """Each projection's first I-tile in its weight's host layout: the projections reading one packed
+    weight are stacked in order, `_cdiv(I, _P)` I-tiles each."""
+    out: list[Projection] = []
+    seen: dict[str, int] = {}
+    for pj in projections:
+        slot = seen[pj.weight] = seen.get(pj.weight, -1) + 1
+        out.append(Projection(pj.weight, pj.psum, pj.first_column, f"{slot} * _cdiv(I, _P)" if slot else ""))
+    return tuple(out)
 
 
 def _lower_combine(

@@ -162,18 +162,17 @@ def _tile_plan(
         ("engine busy (us)", ", ".join(f"{e} {v / 1000:.1f}" for e, v in engines.items())),
         ("weight bytes streamed", f"{streamed:,} ({streamed / weights:.0f}x the {weights:,} B of weights)"),
     )
-    buffers = tuple(
-        PlannedBuffer(b.name, "sbuf", b.bytes, b.copies) for b in fb.buffers(model, p.s, p.ci, k, i, p.kc)
-    )
+    planned = fb.buffers(model, p.s, p.ci, k, i, p.kc, p.g)
+    buffers = tuple(PlannedBuffer(b.name, "sbuf", b.bytes, b.copies) for b in planned)
     psum = PlannedBuffer("matmul accumulators (one bank each)", "psum", 2048, fb.psum_banks(model, p.kc))
     return TilePlan(
         family="ffn",
         target=target.name,
         lnc=lnc,
         dims=tuple(sorted(dims.items())),
-        tiles=(("S", p.s), ("CI", p.ci), ("split_i", p.split), ("KC", p.kc)),
+        tiles=(("S", p.s), ("CI", p.ci), ("split_i", p.split), ("KC", p.kc), ("G", p.g)),
         buffers=(*buffers, psum),
-        sbuf_bytes=fb.sbuf_bytes(model, p.s, p.ci, k, i, p.kc),
+        sbuf_bytes=fb.plan_bytes(model, p, k, i),
         sbuf_budget=mach.sbuf_budget,
         psum_banks=fb.psum_banks(model, p.kc),
         psum_budget=target.psum_banks,
@@ -207,17 +206,14 @@ def _reasons(
         for what, stage in (("prologue", model.pro), ("epilogue", model.epi))
         if stage.sweeps
     ]
-    if fb.up_weights(model, p.s, p.ci, k).bytes < model.n_up * fb.cdiv(k, fb.P) * p.ci * model.x_bytes:
-        reasons.append(
-            "up-projection weights stream a K-tile at a time (one row slice, one intermediate tile)"
-        )
+    reasons.append(_up_groups(model, mach, p, k))
     reasons.append(_down_projection(model, mach, shape, lnc, p, c))
     wider = p.ci + fb.P
     if wider <= fb.cdiv(i, fb.P) * fb.P and fb.sbuf_bytes(model, p.s, wider, k, i, p.kc) > mach.sbuf_budget:
         need = fb.sbuf_bytes(model, p.s, wider, k, i, p.kc)
         reasons.append(f"CI={p.ci}: CI={wider} would need {need} B > {mach.sbuf_budget} B of SBUF")
     if lnc > 1:
-        other = fb.cost(model, mach, rows, k, i, lnc, fb.Plan(p.s, p.ci, 1 - p.split))
+        other = fb.cost(model, mach, rows, k, i, lnc, fb.Plan(p.s, p.ci, 1 - p.split, 0, p.g))
         mode = "I split" if p.split else "row split"
         reasons.append(
             f"{mode}: the other split models {other.total / 1000:.1f} us against {c.total / 1000:.1f} us"
@@ -225,12 +221,22 @@ def _reasons(
     return tuple(reasons)
 
 
+def _up_groups(model: fb.FfnModel, mach: fb.Machine, p: fb.Plan, k: int) -> str:
+    """How the up weights move: G K-tiles of one I-tile per DMA, from the host's layout."""
+    g = fb.group(k, p.g)
+    moved = g * fb.P * model.x_bytes
+    how = ("streamed, one group per projection in SBUF at a time (one row slice, one intermediate tile)"
+           if fb.streams_up(p.s, p.ci) else "the whole chunk held")  # fmt: skip
+    return (f"up weights: {g} of {fb.cdiv(k, fb.P)} K-tiles of one I-tile per DMA ({moved} B contiguous per "
+            f"partition row from the host layout; the packet rule's knee is {mach.dma_row_bytes} B), {how}")
+
+
 def _down_projection(
     model: fb.FfnModel, mach: fb.Machine, shape: tuple[int, int, int], lnc: int, p: fb.Plan, c: fb.Cost
 ) -> str:
     """Why this down-projection structure: the other one's modelled time, or the SBUF it would need."""
     rows, k, i = shape
-    other = fb.Plan(p.s, p.ci, p.split, 0 if p.kc else fb.column_block(p.s, k))
+    other = fb.Plan(p.s, p.ci, p.split, 0 if p.kc else fb.column_block(p.s, k), p.g)
     if p.kc:
         what = (f"column blocks of KC={p.kc}: h^T goes to an HBM scratch, each block of the down-projection "
                 f"accumulates all of I in {fb.ACC_BANKS} PSUM banks and is evicted once")  # fmt: skip
@@ -240,7 +246,7 @@ def _down_projection(
         alt = "column blocks"
     if not p.kc and (p.split or p.s > fb.ACC_BANKS * fb.P):
         return f"{what} (column blocks need S <= {fb.ACC_BANKS * fb.P} and a split over rows)"
-    need = fb.sbuf_bytes(model, other.s, other.ci, k, i, other.kc)
+    need = fb.plan_bytes(model, other, k, i)
     if need > mach.sbuf_budget:
         return f"{what}; {alt} would need {need} B > {mach.sbuf_budget} B of SBUF here"
     t = fb.cost(model, mach, rows, k, i, lnc, other).total

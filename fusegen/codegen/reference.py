@@ -59,11 +59,14 @@ def reference_lines(ir: KernelIR) -> list[str]:
     return lines
 
 
-def dim_bindings(ir: KernelIR, arg: Callable[[str], str]) -> list[tuple[str, str]]:
+def dim_bindings(
+    ir: KernelIR, arg: Callable[[str], str], skip: frozenset[str] = frozenset()
+) -> list[tuple[str, str]]:
     """(dim, source) pairs binding each dim: fixed values and whole input axes by name, then the dims
-    solved from compound axes (`2*D`) in the order their sources need (dim_sources.py)."""
+    solved from compound axes (`2*D`) in the order their sources need (dim_sources.py); inputs named in
+    `skip` (passed to a kernel in another layout) are no source."""
     fixed = {d.name: str(d.value) for d in ir.dims if d.value is not None}
-    sources = dim_sources(ir.inputs, fixed)
+    sources = dim_sources([i for i in ir.inputs if i.name not in skip], fixed)
     plain = {s.name: f"{arg(s.input)}.shape[{s.axis}]" for s in sources if s.plain}
     solved = [(s.name, _solved(s, arg)) for s in sources if not s.plain]
     return sorted({**fixed, **plain}.items()) + solved

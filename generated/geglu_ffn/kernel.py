@@ -5,6 +5,7 @@
 from __future__ import annotations
 
 import os
+import weakref
 from typing import NamedTuple
 
 import nki
@@ -106,12 +107,17 @@ class _Plan(NamedTuple):
     column block at a time, accumulating all of I in PSUM (ACC_BANKS banks); each piece leaves PSUM once
     through the epilogue's elementwise part, to an fp32 HBM scratch the epilogue's statistics passes read
     (without statistics, to the outputs); nothing of width K stays in SBUF but x^T.
+
+    G: K-tiles per up-projection weight DMA (0: all of K). The host lays each up weight out once as
+    [I-tiles, P, K-tiles * P] (the kernel file's `_up_layout`), so one DMA of G K-tiles of one I-tile moves
+    G * P contiguous elements per partition row; a streamed plan (`up_weights`) holds one such group.
     """
 
     s: int
     ci: int
     split: int  # 1: each core computes every row over its share of I; 0: each core its own rows
     kc: int = 0
+    g: int = 0
 
 
 class _Cost(NamedTuple):
@@ -146,14 +152,15 @@ def _work_per_core(rows: int, i: int, lnc: int, split: int) -> tuple[int, int]:
     return _rows_per_core(rows, lnc), i
 
 
-def _buffers(m: _FfnModel, s: int, ci: int, k: int, i: int, kc: int = 0) -> list[_Buffer]:
-    """The kernel's SBUF buffers for super-block `s` rows, chunk `ci` columns and column block `kc`."""
+def _buffers(m: _FfnModel, s: int, ci: int, k: int, i: int, kc: int = 0, g: int = 0) -> list[_Buffer]:
+    """The kernel's SBUF buffers for super-block `s` rows, chunk `ci` columns, column block `kc` and `g`
+    K-tiles per up-weight DMA."""
     n_k, n_h, n_hc = _cdiv(k, _P), _cdiv(i, _P), _cdiv(ci, _P)
     epi = m.epi_cols if kc else m.epi
     common = [
         _Buffer("x^T, K on partitions", n_k * s * m.x_bytes, 1),
         _Buffer("x row block, staged for the PE transpose", min(_F_MOV, k) * m.x_bytes, 2),
-        _up_weights(m, s, ci, k),
+        _up_weights(m, s, ci, k, g),
         _Buffer("combine output (down-proj stationary)", n_hc * _F_MOV * m.x_bytes, 1),
         _Buffer("combine temporaries", m.mid_tiles * _F_MOV * 4, 2),
         _Buffer("prologue block (one K-block's loads and temporaries)", m.pro.block_bytes * min(_F_MOV, k), 2),
@@ -165,7 +172,7 @@ def _buffers(m: _FfnModel, s: int, ci: int, k: int, i: int, kc: int = 0) -> list
         return [
             *common,
             _Buffer("down-projection weight tile (one I-tile, one column block)", kc * m.x_bytes, 2),
-            _Buffer("combine output tile read back (h^T, one I-tile)", s * m.x_bytes, 2),
+            _Buffer("h^T read back (a group of I-tiles)", _h_group(s, i, m.x_bytes) * s * m.x_bytes, 2),
             _Buffer("PSUM eviction block (its loads and temporaries)", m.evict.block_bytes * min(_F_MOV, k), 2),
         ]
     return [
@@ -182,23 +189,54 @@ def _column_block(s: int, k: int) -> int:
     return min(_cdiv(k, _F_MOV), _ACC_BANKS // _cdiv(s, _P)) * _F_MOV
 
 
-def _up_weights(m: _FfnModel, s: int, ci: int, k: int) -> _Buffer:
-    """The up-projection weights in SBUF: a whole chunk loaded up front, or, with one row slice (S <= F_MOV)
-    and one intermediate tile (CI <= P), where each K-tile has a single matmul, streamed a K-tile at a time
-    (loaded just before that matmul)."""
-    if s <= _F_MOV and ci <= _P:
-        return _Buffer("up-projection weight K-tile (streamed)", m.n_up * ci * m.x_bytes, 2)
-    return _Buffer("up-projection weight chunk", m.n_up * _cdiv(k, _P) * ci * m.x_bytes, 2)
+def _streams_up(s: int, ci: int) -> bool:
+    """Up weights streamed in groups of K-tiles: one row slice (S <= F_MOV) and one intermediate tile
+    (CI <= P), so each K-tile has a single matmul and its group is loaded just before the first of them."""
+    return s <= _F_MOV and ci <= _P
 
 
-def _sbuf_bytes(m: _FfnModel, s: int, ci: int, k: int, i: int, kc: int = 0) -> int:
+def _group(k: int, g: int) -> int:
+    """K-tiles per up-weight DMA: `g`, or all of K's when 0 (or more)."""
+    n_k = _cdiv(k, _P)
+    return min(g, n_k) if g else n_k
+
+
+def _h_group(s: int, i: int, x_bytes: int) -> int:
+    """I-tiles of h^T per read of the column-blocked down-projection at super-block `s`: the fewest whose
+    rows reach DMA_ROW_BYTES per partition (the scratch holds each partition's I-tiles contiguous)."""
+    return min(_cdiv(i, _P), _cdiv(_DMA_ROW_BYTES, s * x_bytes))
+
+
+def _up_weights(m: _FfnModel, s: int, ci: int, k: int, g: int = 0) -> _Buffer:
+    """The up-projection weights in SBUF: a whole chunk loaded up front (each I-tile in groups of G
+    K-tiles, padded to whole tiles by `up_layout`), or, streamed, one group of G K-tiles per projection."""
+    if _streams_up(s, ci):
+        return _Buffer("up-projection weight K-tile group (streamed)", m.n_up * _group(k, g) * _P * m.x_bytes, 2)
+    n_g = _cdiv(_cdiv(k, _P), _group(k, g))
+    return _Buffer("up-projection weight chunk", m.n_up * _cdiv(ci, _P) * n_g * _group(k, g) * _P * m.x_bytes, 2)
+
+
+def _sbuf_bytes(m: _FfnModel, s: int, ci: int, k: int, i: int, kc: int = 0, g: int = 0) -> int:
     """SBUF bytes per partition the kernel needs, copies included."""
-    return sum(b.bytes * b.copies for b in _buffers(m, s, ci, k, i, kc))
+    return sum(b.bytes * b.copies for b in _buffers(m, s, ci, k, i, kc, g))
+
+
+def _plan_bytes(m: _FfnModel, p: _Plan, k: int, i: int) -> int:
+    """SBUF bytes per partition of plan `p`."""
+    return _sbuf_bytes(m, p.s, p.ci, k, i, p.kc, p.g)
 
 
 def _smallest_need(m: _FfnModel, k: int, i: int) -> int:
-    """SBUF bytes of the smallest plan (S=128, CI=128), the better of the two down-projections."""
-    return min(_sbuf_bytes(m, _P, _P, k, i), _sbuf_bytes(m, _P, _P, k, i, _column_block(_P, k)))
+    """SBUF bytes of the smallest plan (S=128, CI=128, the smallest K-tile group), the better of the two
+    down-projections."""
+    g = _min_group(m)
+    return min(_sbuf_bytes(m, _P, _P, k, i, 0, g), _sbuf_bytes(m, _P, _P, k, i, _column_block(_P, k), g))
+
+
+def _min_group(m: _FfnModel) -> int:
+    """The fewest K-tiles per up-weight DMA that move DMA_ROW_BYTES per partition row (the packet rule's
+    knee: fewer K-tiles pay per packet, more only take SBUF)."""
+    return _cdiv(_DMA_ROW_BYTES, _P * m.x_bytes)
 
 
 def _psum_banks(m: _FfnModel, kc: int = 0) -> int:
@@ -226,7 +264,7 @@ def _runs(total: int, size: int) -> list[tuple[int, int]]:
 
 
 def _super_block(
-    m: _FfnModel, s_rows: int, inter: int, ci: int, k: int, kc: int = 0
+    m: _FfnModel, s_rows: int, inter: int, ci: int, k: int, kc: int = 0, g: int = 0, s: int = 0
 ) -> tuple[float, float, float, int, int]:
     """(PE, ACT, DVE cycles, DMA bytes, transfers) of one super-block of `s_rows` rows, `inter` columns."""
     n_k = _cdiv(k, _P)
@@ -243,8 +281,9 @@ def _super_block(
         transfers += _cdiv(s_rows, _P) * _cdiv(k, _F_MOV)
     for chunk, n_chunks in _runs(inter, ci):
         n_hc = _cdiv(chunk, _P)
-        hbm += n_chunks * (m.n_up + (0 if kc else 1)) * k * chunk * m.x_bytes
-        transfers += n_chunks * (m.n_up * n_k + (0 if kc else n_hc))
+        # up weights: each I-tile's K-tile groups, whole padded tiles (up_layout); down: [ph, K] rows
+        hbm += n_chunks * (m.n_up * n_hc * _P * n_k * _P + (0 if kc else k * chunk)) * m.x_bytes
+        transfers += n_chunks * (m.n_up * n_hc * _cdiv(n_k, _group(k, g)) + (0 if kc else n_hc))
         for rw, n_rw in _runs(s_rows, _F_MOV):
             width, times = max(_MIN_CYCLES, rw), n_chunks * n_rw * n_hc
             act += times * m.mid_act * width
@@ -256,25 +295,27 @@ def _super_block(
             pe += times * (m.n_up * n_k * width + _cdiv(rw, _P) * k_cycles)
             dve += n_chunks * n_rw * _cdiv(rw, _P) * k_cycles  # PSUM evictions into the accumulator
     if kc:
-        parts = _column_blocks(m, s_rows, inter, k, kc)
+        parts = _column_blocks(m, s_rows, inter, k, kc, _h_group(s, inter, m.x_bytes))
         pe, act, dve = pe + parts[0], act + parts[1], dve + parts[2]
         hbm, transfers = hbm + parts[3], transfers + parts[4]
     return pe, act, dve, hbm, transfers
 
 
 def _column_blocks(
-    m: _FfnModel, s_rows: int, inter: int, k: int, kc: int
+    m: _FfnModel, s_rows: int, inter: int, k: int, kc: int, gh: int
 ) -> tuple[float, float, float, int, int]:
     """(PE, ACT, DVE cycles, DMA bytes, transfers) of the column-blocked down-projection of one super-block:
-    per KC block, every I-tile's weight tile and h^T tile read and its matmuls accumulated in PSUM, then
-    each [P, F_MOV] piece evicted once (the `evict` stage) and written to the fp32 scratch, if an epilogue
-    with row statistics follows (else the eviction wrote the outputs)."""
+    per KC block, every I-tile's weight tile and h^T in groups of `gh` I-tiles (a ragged last I-tile in a
+    group reads on its own) and its matmuls accumulated in PSUM, then each [P, F_MOV] piece evicted once
+    (the `evict` stage) and written to the fp32 scratch, if an epilogue with row statistics follows (else
+    the eviction wrote the outputs)."""
     n_it, n_rs = _cdiv(inter, _P), _cdiv(s_rows, _P)
     act, dve, moved, transfers = _stage_cost(m.evict, n_rs, k, shared=n_rs)
     blocks = _cdiv(k, kc)
     scratch = s_rows * k * 4 if m.epi_cols.sweeps else 0
     hbm = inter * k * m.x_bytes + blocks * inter * s_rows * m.x_bytes + moved + scratch
-    return float(n_it * n_rs * _cycles(k)), act, dve, hbm, transfers + blocks * 2 * n_it
+    h_reads = _cdiv(n_it, gh) + int(inter % _P != 0 and (n_it - 1) % gh != 0)
+    return float(n_it * n_rs * _cycles(k)), act, dve, hbm, transfers + blocks * (n_it + h_reads)
 
 
 def _cycles(k: int) -> int:
@@ -290,7 +331,7 @@ def _cost(m: _FfnModel, mach: _Machine, rows: int, k: int, i: int, lnc: int, pla
     pe = act = dve = 0.0
     hbm = transfers = 0
     for s_rows, n_sb in _runs(comp_rows, plan.s):
-        parts = _super_block(m, s_rows, inter, plan.ci, k, plan.kc)
+        parts = _super_block(m, s_rows, inter, plan.ci, k, plan.kc, plan.g, plan.s)
         pe, act, dve = pe + n_sb * parts[0], act + n_sb * parts[1], dve + n_sb * parts[2]
         hbm, transfers = hbm + n_sb * parts[3], transfers + n_sb * parts[4]
     tiles = _cdiv(own, _P)
@@ -327,8 +368,22 @@ def _candidates(
                 else:
                     widest = _widest_fit(m, s, ci_all, k, i, budget, kc)
                     fits = [ci for ci in ci_all[max(0, widest - 3) : widest + 1]] if widest >= 0 else []
-                plans += [_Plan(s, ci, split, kc) for ci in fits]
+                plans += [_Plan(s, ci, split, kc, g) for ci in fits for g in _groups(m, s, ci, k)]
+            if _streams_up(s, _P):  # a streamed K-tile group may fit where a whole chunk does not
+                plans += [
+                    _Plan(s, _P, split, kc, g)
+                    for kc in ((0, 0 if split else _column_block(s, k)) if s <= _ACC_BANKS * _P else (0,))
+                    for g in _groups(m, s, _P, k)
+                    if _sbuf_bytes(m, s, _P, k, i, kc, g) <= budget
+                ]
     return list(dict.fromkeys(plans))
+
+
+def _groups(m: _FfnModel, s: int, ci: int, k: int) -> list[int]:
+    """K-tile groups per up-weight DMA worth trying: all of K (0) and, streamed, the packet rule's knee
+    and twice it (less SBUF than all of K)."""
+    n_k, knee = _cdiv(k, _P), _min_group(m)
+    return [0] + ([g for g in (knee, 2 * knee) if g < n_k] if _streams_up(s, ci) else [])
 
 
 def _widest_fit(m: _FfnModel, s: int, ci_all: range, k: int, i: int, budget: int, kc: int) -> int:
@@ -358,7 +413,7 @@ def _rank_key(
     that leaves the other engines most slack), then HBM bytes, then SBUF."""
     c = _cost(m, mach, rows, k, i, lnc, plan)
     work = c.pe + c.act + c.dve + c.dma
-    return (round(c.total, 1), round(work, 1), c.hbm_bytes, _sbuf_bytes(m, plan.s, plan.ci, k, i, plan.kc))
+    return (round(c.total, 1), round(work, 1), c.hbm_bytes, _plan_bytes(m, plan, k, i))
 
 
 def _choose(m: _FfnModel, mach: _Machine, rows: int, k: int, i: int, lnc: int) -> _Plan:
@@ -383,8 +438,11 @@ _MACHINES = {
 
 
 @nki.jit
-def geglu_ffn_kernel(x_hbm, w1t_hbm, b1_hbm, wgt_hbm, bg_hbm, w2t_hbm, b2_hbm, S, CI, SPLIT, KC):
+def geglu_ffn_kernel(x_hbm, w1t_hbm, b1_hbm, wgt_hbm, bg_hbm, w2t_hbm, b2_hbm, S, CI, SPLIT, KC, G):
     """Rows in super-blocks of S, weights streamed in chunks of CI columns, the chunk loop outermost.
+
+    Up weights come laid out by `_up_layout` ([I-tiles, P, K-tiles * P]: each partition's K-tiles of one
+    I-tile contiguous in HBM), read G K-tiles per DMA (G=0: all of K).
 
     SPLIT=0: each core computes the rows it owns. SPLIT=1 (few rows on several cores): each core computes
     every row over its share of I, then the cores exchange partial down-projections through shared HBM
@@ -397,13 +455,15 @@ def geglu_ffn_kernel(x_hbm, w1t_hbm, b1_hbm, wgt_hbm, bg_hbm, w2t_hbm, b2_hbm, S
     """
     R, K = x_hbm.shape
     I = w2t_hbm.shape[0]
-    d_I = w1t_hbm.shape[1]
+    d_I = b1_hbm.shape[0]
     d_K = x_hbm.shape[1]
     d_R = x_hbm.shape[0]
     n_k = _cdiv(K, _P)
     n_ko = _cdiv(K, _F_MOV)
     kb = min(_F_MOV, K)  # width of the K-blocks the prologue and epilogue stage in SBUF
-    stream_up = S <= _F_MOV and CI <= _P  # up weights a K-tile at a time, as ffn_budget.up_weights counts them
+    stream_up = _streams_up(S, CI)  # up weights a K-tile group at a time, as ffn_budget.up_weights counts them
+    gk = _group(K, G)
+    n_g = _cdiv(n_k, gk)
     out_hbm = nl.ndarray((R, K), dtype=nl.bfloat16, buffer=nl.shared_hbm)
     b1_hbm_col = nl.ndarray((_P, _cdiv(I, _P)), dtype=nl.float32, buffer=nl.sbuf)
     nisa.dma_copy(dst=b1_hbm_col, src=b1_hbm)
@@ -421,7 +481,10 @@ def geglu_ffn_kernel(x_hbm, w1t_hbm, b1_hbm, wgt_hbm, bg_hbm, w2t_hbm, b2_hbm, S
         i_begin, i_end = 0, I
         r_begin, r_end = own_begin, own_end
     if KC:  # each core writes and reads back only the rows it owns
-        h_hbm = nl.ndarray((I, R), dtype=nl.bfloat16, buffer=nl.shared_hbm)
+        # per core, each partition's I-tiles of a super-block contiguous ([p, it * s_rows + r]), so one read
+        # moves gh I-tiles' rows: as many as reach the DMA packet rule's knee (ffn_budget.h_group)
+        h_hbm = nl.ndarray((cores, _P, _cdiv(I, _P) * S), dtype=nl.bfloat16, buffer=nl.shared_hbm)
+        gh = _h_group(S, I, 2)
     for r_sb in range(r_begin, r_end, S):
         s_rows = min(S, r_end - r_sb)
         n_rs = _cdiv(s_rows, _P)
@@ -452,18 +515,20 @@ def geglu_ffn_kernel(x_hbm, w1t_hbm, b1_hbm, wgt_hbm, bg_hbm, w2t_hbm, b2_hbm, S
             i0 = i_begin + c * CI
             ci = min(CI, i_end - i0)
             n_hc = _cdiv(ci, _P)
-            pj0_w = []
-            for kt in range(0 if stream_up else n_k):
-                pk = min(_P, K - kt * _P)
-                t = nl.ndarray((_P, CI), dtype=nl.bfloat16, buffer=nl.sbuf)
-                nisa.dma_copy(dst=t[0:pk, 0:ci], src=w1t_hbm[kt * _P:kt * _P + pk, i0:i0 + ci])
-                pj0_w.append(t)
-            pj1_w = []
-            for kt in range(0 if stream_up else n_k):
-                pk = min(_P, K - kt * _P)
-                t = nl.ndarray((_P, CI), dtype=nl.bfloat16, buffer=nl.sbuf)
-                nisa.dma_copy(dst=t[0:pk, 0:ci], src=wgt_hbm[kt * _P:kt * _P + pk, i0:i0 + ci])
-                pj1_w.append(t)
+            pj0_w = []  # I-tile hl's K-tile group kt // gk at [hl * n_g + kt // gk]
+            for hl in range(0 if stream_up else n_hc):
+                for kt in range(0, n_k, gk):
+                    gw = min(n_k, kt + gk) * _P - kt * _P
+                    t = nl.ndarray((_P, gk * _P), dtype=nl.bfloat16, buffer=nl.sbuf)
+                    nisa.dma_copy(dst=t[0:_P, 0:gw], src=w1t_hbm[i0 // _P + hl, 0:_P, kt * _P:kt * _P + gw])
+                    pj0_w.append(t)
+            pj1_w = []  # I-tile hl's K-tile group kt // gk at [hl * n_g + kt // gk]
+            for hl in range(0 if stream_up else n_hc):
+                for kt in range(0, n_k, gk):
+                    gw = min(n_k, kt + gk) * _P - kt * _P
+                    t = nl.ndarray((_P, gk * _P), dtype=nl.bfloat16, buffer=nl.sbuf)
+                    nisa.dma_copy(dst=t[0:_P, 0:gw], src=wgt_hbm[i0 // _P + hl, 0:_P, kt * _P:kt * _P + gw])
+                    pj1_w.append(t)
             wd = []
             for hl in range(0 if KC else n_hc):
                 ph = min(_P, i_end - i0 - hl * _P)
@@ -479,20 +544,24 @@ def geglu_ffn_kernel(x_hbm, w1t_hbm, b1_hbm, wgt_hbm, bg_hbm, w2t_hbm, b2_hbm, S
                     pj0 = nl.ndarray((_P, _F_MOV), dtype=nl.float32, buffer=nl.psum)
                     for kt in range(n_k):
                         pk = min(_P, K - kt * _P)
-                        if stream_up:  # one row slice, one intermediate tile: this matmul is the K-tile's only use
-                            t = nl.ndarray((_P, CI), dtype=nl.bfloat16, buffer=nl.sbuf)
-                            nisa.dma_copy(dst=t[0:pk, 0:ci], src=w1t_hbm[kt * _P:kt * _P + pk, i0:i0 + ci])
+                        if stream_up and kt % gk == 0:  # one row slice, one I-tile: each K-tile's only matmul
+                            gw = min(n_k, kt + gk) * _P - kt * _P
+                            t = nl.ndarray((_P, gk * _P), dtype=nl.bfloat16, buffer=nl.sbuf)
+                            nisa.dma_copy(dst=t[0:_P, 0:gw], src=w1t_hbm[i0 // _P, 0:_P, kt * _P:kt * _P + gw])
                             pj0_w.append(t)
-                        nisa.nc_matmul(dst=pj0[0:ph, 0:rw], stationary=pj0_w[kt][0:pk, hl * _P:hl * _P + ph],
+                        wt = (kt % gk) * _P
+                        nisa.nc_matmul(dst=pj0[0:ph, 0:rw], stationary=pj0_w[hl * n_g + kt // gk][0:pk, wt:wt + ph],
                                        moving=xt[kt][0:pk, q0:q0 + rw], accumulate=(kt > 0))
                     pj1 = nl.ndarray((_P, _F_MOV), dtype=nl.float32, buffer=nl.psum)
                     for kt in range(n_k):
                         pk = min(_P, K - kt * _P)
-                        if stream_up:  # one row slice, one intermediate tile: this matmul is the K-tile's only use
-                            t = nl.ndarray((_P, CI), dtype=nl.bfloat16, buffer=nl.sbuf)
-                            nisa.dma_copy(dst=t[0:pk, 0:ci], src=wgt_hbm[kt * _P:kt * _P + pk, i0:i0 + ci])
+                        if stream_up and kt % gk == 0:  # one row slice, one I-tile: each K-tile's only matmul
+                            gw = min(n_k, kt + gk) * _P - kt * _P
+                            t = nl.ndarray((_P, gk * _P), dtype=nl.bfloat16, buffer=nl.sbuf)
+                            nisa.dma_copy(dst=t[0:_P, 0:gw], src=wgt_hbm[i0 // _P, 0:_P, kt * _P:kt * _P + gw])
                             pj1_w.append(t)
-                        nisa.nc_matmul(dst=pj1[0:ph, 0:rw], stationary=pj1_w[kt][0:pk, hl * _P:hl * _P + ph],
+                        wt = (kt % gk) * _P
+                        nisa.nc_matmul(dst=pj1[0:ph, 0:rw], stationary=pj1_w[hl * n_g + kt // gk][0:pk, wt:wt + ph],
                                        moving=xt[kt][0:pk, q0:q0 + rw], accumulate=(kt > 0))
                     m0 = nl.ndarray((_P, _F_MOV), dtype=nl.float32, buffer=nl.sbuf)
                     nisa.activation(dst=m0[0:ph, 0:rw], op=nl.gelu_apprx_tanh, data=pj0[0:ph, 0:rw], bias=b1_hbm_col[0:ph, hg:hg + 1])
@@ -501,7 +570,8 @@ def geglu_ffn_kernel(x_hbm, w1t_hbm, b1_hbm, wgt_hbm, bg_hbm, w2t_hbm, b2_hbm, S
                     g.append(m1)
                 for hl in range(n_hc if KC else 0):  # to the h^T scratch: the down-projection runs after the chunks
                     ph = min(_P, i_end - i0 - hl * _P)
-                    nisa.dma_copy(dst=h_hbm[i0 + hl * _P:i0 + hl * _P + ph, r_sb + q0:r_sb + q0 + rw], src=g[hl][0:ph, 0:rw])
+                    h0 = (i0 // _P + hl) * s_rows + q0
+                    nisa.dma_copy(dst=h_hbm[pid, 0:ph, h0:h0 + rw], src=g[hl][0:ph, 0:rw])
                 for rq in range(0, 0 if KC else rw, _P):
                     rs = (q0 + rq) // _P
                     pr = min(_P, rw - rq)
@@ -529,18 +599,25 @@ def geglu_ffn_kernel(x_hbm, w1t_hbm, b1_hbm, wgt_hbm, bg_hbm, w2t_hbm, b2_hbm, S
             for j in range(n_rs * n_kp):
                 t = nl.ndarray((_P, _F_MOV), dtype=nl.float32, buffer=nl.psum)
                 acc_ps.append(t)
-            for it in range(_cdiv(I, _P)):
-                ph = min(_P, I - it * _P)
-                wd_t = nl.ndarray((_P, KC), dtype=nl.bfloat16, buffer=nl.sbuf)
-                nisa.dma_copy(dst=wd_t[0:ph, 0:kw], src=w2t_hbm[it * _P:it * _P + ph, kc0:kc0 + kw])
-                h_t = nl.ndarray((_P, S), dtype=nl.bfloat16, buffer=nl.sbuf)
-                nisa.dma_copy(dst=h_t[0:ph, 0:s_rows], src=h_hbm[it * _P:it * _P + ph, r_sb:r_sb + s_rows])
-                for rs in range(n_rs):
-                    pr = min(_P, s_rows - rs * _P)
-                    for kp in range(n_kp):
-                        nk = min(_F_MOV, kw - kp * _F_MOV)
-                        nisa.nc_matmul(dst=acc_ps[rs * n_kp + kp][0:pr, 0:nk], stationary=h_t[0:ph, rs * _P:rs * _P + pr],
-                                       moving=wd_t[0:ph, kp * _F_MOV:kp * _F_MOV + nk], accumulate=(it > 0))
+            for ig in range(0, _cdiv(I, _P), gh):  # h^T in groups of gh I-tiles; a ragged last I-tile alone
+                n = min(gh, _cdiv(I, _P) - ig)
+                full = min(n, I // _P - ig)
+                h_t = nl.ndarray((_P, gh * S), dtype=nl.bfloat16, buffer=nl.sbuf)
+                if full > 0:
+                    nisa.dma_copy(dst=h_t[0:_P, 0:full * s_rows], src=h_hbm[pid, 0:_P, ig * s_rows:(ig + full) * s_rows])
+                if full < n:
+                    nisa.dma_copy(dst=h_t[0:I - (ig + full) * _P, full * s_rows:n * s_rows],
+                                  src=h_hbm[pid, 0:I - (ig + full) * _P, (ig + full) * s_rows:(ig + n) * s_rows])
+                for it in range(ig, ig + n):
+                    ph, hs = min(_P, I - it * _P), (it - ig) * s_rows
+                    wd_t = nl.ndarray((_P, KC), dtype=nl.bfloat16, buffer=nl.sbuf)
+                    nisa.dma_copy(dst=wd_t[0:ph, 0:kw], src=w2t_hbm[it * _P:it * _P + ph, kc0:kc0 + kw])
+                    for rs in range(n_rs):
+                        pr = min(_P, s_rows - rs * _P)
+                        for kp in range(n_kp):
+                            nk = min(_F_MOV, kw - kp * _F_MOV)
+                            nisa.nc_matmul(dst=acc_ps[rs * n_kp + kp][0:pr, 0:nk], stationary=h_t[0:ph, hs + rs * _P:hs + rs * _P + pr],
+                                           moving=wd_t[0:ph, kp * _F_MOV:kp * _F_MOV + nk], accumulate=(it > 0))
             for kp in range(n_kp):  # each piece leaves PSUM once, through the epilogue's elementwise part
                 k0, nb = kc0 + kp * _F_MOV, min(_F_MOV, kw - kp * _F_MOV)
                 pr = _P  # [K] rows broadcast once per piece, for every row tile
@@ -872,14 +949,49 @@ def _columns(v: torch.Tensor) -> torch.Tensor:
     return padded.reshape(-1, _P).t().contiguous()
 
 
+#: up weights in the kernel's layout, per weight tensor: (a weak reference to it, its version, the columns
+#: laid out, the result); a weight is laid out once and again only after it changes in place (an inference
+#: tensor, which keeps no version counter, each call)
+_LAID_OUT: dict[int, tuple[weakref.ref[torch.Tensor], int, tuple[int, ...], torch.Tensor]] = {}
+
+
+def _up_layout(w: torch.Tensor, firsts: tuple[int, ...], inter: int) -> torch.Tensor:
+    """Up weight w [K, *] -> [len(firsts) * ceil(I/128), 128, ceil(K/128) * 128]: for each projection's
+    columns firsts[j]:firsts[j] + I, out[j * ceil(I/128) + h, p, kt * 128 + c] = w[kt * 128 + p, h * 128 + c]
+    zero-padded, so one DMA of an I-tile's K-tiles moves contiguous HBM per partition. Cached per tensor."""
+    key = (*firsts, inter)
+    hit = _LAID_OUT.get(id(w))
+    if hit is not None and hit[0]() is w and hit[1] == _version(w) and hit[2] == key:
+        return hit[3]
+    n_k, n_h = _cdiv(w.shape[0], _P), _cdiv(inter, _P)
+    parts = []
+    with torch.no_grad():
+        for first in firsts:
+            padded = torch.zeros(n_k * _P, n_h * _P, dtype=w.dtype, device=w.device)
+            padded[: w.shape[0], :inter] = w[:, first : first + inter]
+            parts.append(padded.reshape(n_k, _P, n_h, _P).permute(2, 1, 0, 3).reshape(n_h, _P, n_k * _P))
+        laid_out = torch.cat(parts).contiguous()
+    for dead in [i for i, entry in _LAID_OUT.items() if entry[0]() is None]:
+        del _LAID_OUT[dead]
+    if _version(w) >= 0:
+        _LAID_OUT[id(w)] = (weakref.ref(w), _version(w), key, laid_out)
+    return laid_out
+
+
+def _version(w: torch.Tensor) -> int:
+    """w's in-place version counter; -1 for an inference tensor, which has none (so it is never cached)."""
+    return -1 if w.is_inference() else w._version
+
+
 def geglu_ffn(x: torch.Tensor, w1t: torch.Tensor, b1: torch.Tensor, wgt: torch.Tensor, bg: torch.Tensor, w2t: torch.Tensor, b2: torch.Tensor, lnc: int | None = None, target: str = _TARGET) -> torch.Tensor:
     """Run the kernel on `lnc` logical cores (default LNC, capped at the target's) with the best modelled plan for these shapes; returns (out)."""
     (x, w1t, b1, wgt, bg, w2t, b2,), lnc, _empty = _door(_SIGNATURE, (x, w1t, b1, wgt, bg, w2t, b2,), (), False, lnc, target, _LNC)
     if _empty is not None:
         return _empty
     _rows, _hidden = x.shape
-    _plan = _choose(_MODEL, _MACHINES[target], _rows, _hidden, w2t.shape[0], lnc)
-    return geglu_ffn_kernel[lnc](x, w1t, _columns(b1), wgt, _columns(bg), w2t, b2, _plan.s, _plan.ci, _plan.split, _plan.kc)
+    _inter = w2t.shape[0]
+    _plan = _choose(_MODEL, _MACHINES[target], _rows, _hidden, _inter, lnc)
+    return geglu_ffn_kernel[lnc](x, _up_layout(w1t, (0,), _inter), _columns(b1), _up_layout(wgt, (0,), _inter), _columns(bg), w2t, b2, _plan.s, _plan.ci, _plan.split, _plan.kc, _plan.g)
 
 
 try:  # the NKI op on Neuron hosts (ops.py owns `fusegen::<name>`); the file imports without torch_neuronx

@@ -86,9 +86,10 @@ def test_i_split_across_cores_matches_formula(r: int, k: int, i: int, s: int, ci
     """SPLIT=1: each core streams half the weights; partial sums meet in shared HBM behind a barrier."""
     module = load_module(GENERATED / "swiglu_ffn_ln" / "kernel.py", target="trn2")
     x, w1t, b1, wgt, bg, w2t, b2, a = _inputs(r, k, i, seed=11 * r + i)
-    cols = module._columns
+    cols, up = module._columns, (lambda w: module._up_layout(w, (0,), i))
     result = run(
-        module.swiglu_ffn_ln_kernel, x, w1t, cols(b1), wgt, cols(bg), w2t, b2, a, 1e-6, s, ci, 1, 0, grid=2
+        module.swiglu_ffn_ln_kernel, x, up(w1t), cols(b1), up(wgt), cols(bg), w2t, b2, a, 1e-6,
+        s, ci, 1, 0, 0, grid=2,
     )
     x_new, z = result.outputs
     want_x = swiglu(x, w1t, b1, wgt, bg, w2t, b2) + a
@@ -96,7 +97,9 @@ def test_i_split_across_cores_matches_formula(r: int, k: int, i: int, s: int, ci
     _close(z, F.layer_norm(want_x, (k,), eps=1e-6).bfloat16(), rtol=2e-2)
     assert result.trace.op_counts()["core_barrier"] == 2 * -(-r // s)
     # each core streams only its share of I, once per super-block: the weights cross HBM once per super-block
-    assert _weight_bytes_read(result, args=(1, 3, 5)) == 3 * k * i * 2 * -(-r // s)
+    # (the up weights in whole 128 x 128 tiles of their host layout, zero-padded)
+    padded = -(-k // 128) * 128 * -(-i // 128) * 128
+    assert _weight_bytes_read(result, args=(1, 3, 5)) == (2 * padded + k * i) * 2 * -(-r // s)
 
 
 def _weight_bytes_read(result, args: tuple[int, ...]) -> int:  # type: ignore[no-untyped-def]
@@ -125,3 +128,20 @@ def test_random_shapes_match_formula(r: int, k: int, i: int, lnc: int) -> None:
     want_x = swiglu(*args[:7]) + args[7]
     _close(x_new, want_x, rtol=1e-3)
     _close(z, F.layer_norm(want_x, (k,), eps=1e-6).bfloat16(), rtol=2e-2)
+
+
+def test_up_weights_are_laid_out_once_per_tensor_and_again_after_an_in_place_change() -> None:
+    """The host's weight prep: the laid-out copy is reused while the weight is unchanged, rebuilt after an
+    in-place update (its version moves), and the result follows the updated weight."""
+    module = load_module(GENERATED / "swiglu_ffn" / "kernel.py", target="trn2")
+    x, w1t, b1, wgt, bg, w2t, b2, _ = _inputs(5, 256, 200, seed=7)
+    module.swiglu_ffn(x, w1t, b1, wgt, bg, w2t, b2, lnc=1)
+    first = module._LAID_OUT[id(w1t)][3]
+    module.swiglu_ffn(x, w1t, b1, wgt, bg, w2t, b2, lnc=1)
+    assert module._LAID_OUT[id(w1t)][3] is first
+    # the layout itself: out[h, p, kt * 128 + c] = w[kt * 128 + p, h * 128 + c], zero-padded
+    assert torch.equal(first[1, 3, 128 + 5], w1t[128 + 3, 128 + 5]) and first[1, 3, 127].item() == 0.0
+    w1t.mul_(-1.0)
+    out = module.swiglu_ffn(x, w1t, b1, wgt, bg, w2t, b2, lnc=1)
+    assert module._LAID_OUT[id(w1t)][3] is not first
+    _close(out, swiglu(x, w1t, b1, wgt, bg, w2t, b2).bfloat16(), rtol=2e-2)

@@ -119,26 +119,26 @@ def test_column_blocks_with_ragged_blocks_tiles_and_rows(spec: str) -> None:
     gen = torch.Generator().manual_seed(kc + i)
     x, w1t, b1, wgt, bg, w2t, b2 = _swiglu_inputs(gen, r, k, i)
     module = load_module(GENERATED / spec / "kernel.py", target="trn2")
-    cols = module._columns
-    plan = (s, 128, 0, kc)
+    cols, up = module._columns, (lambda w: module._up_layout(w, (0,), i))
+    plan = (s, 128, 0, kc, 0)
     if spec == "swiglu_rmsnorm":
         a, gamma = _randn(gen, r, k), _randn(gen, k)
         kernel = module.swiglu_rmsnorm_kernel
-        x_new, z = kernel[2](x, w1t, cols(b1), wgt, cols(bg), w2t, b2, a, gamma, 1e-6, *plan)
+        x_new, z = kernel[2](x, up(w1t), cols(b1), up(wgt), cols(bg), w2t, b2, a, gamma, 1e-6, *plan)
         want = _swiglu(x, w1t, b1, wgt, bg, w2t, b2) + a
         _close(x_new, want, rtol=1e-3)
         _close(z, (want * want.pow(2).mean(dim=1, keepdim=True).add(1e-6).rsqrt() * gamma).bfloat16(), 2e-2)
     elif spec == "prenorm_swiglu":
         gamma = _randn(gen, k)
         kernel = module.prenorm_swiglu_kernel
-        out = kernel[2](x, gamma, wgt, w1t, w2t, 1e-6, *plan)
+        out = kernel[2](x, gamma, up(wgt), up(w1t), w2t, 1e-6, *plan)
         xf = x.float()
         xn = (xf * xf.pow(2).mean(dim=1, keepdim=True).add(1e-6).rsqrt() * gamma).bfloat16().float()
         h = F.silu(xn @ wgt.float()) * (xn @ w1t.float())
         _close(out, (h.bfloat16().float() @ w2t.float() + xf).bfloat16(), rtol=2e-2)
     else:
         kernel = module.relu2_mlp_kernel
-        out = kernel[2](x, w1t, w2t, *plan)
+        out = kernel[2](x, up(w1t), w2t, *plan)
         h = torch.relu(x.float() @ w1t.float()).square()
         _close(out, (h.bfloat16().float() @ w2t.float()).bfloat16(), rtol=2e-2)
     model_bytes = module._sbuf_bytes(module._MODEL, s, 128, k, i, kc)

@@ -38,11 +38,20 @@ def test_every_ffn_example_plans_at_every_width(model: str, k: int, i: int) -> N
 #: table). Under cost model II the weight K-tiles (CI * 2 = 256-512 B per partition row at these widths)
 #: are held to 10-21% of the DMA peak by the documented packet rate, so no width meets it yet; strict,
 #: so the test fails once a kernel change meets it (docs/performance.md, "Cost model II").
-WIDE = [w for w in WIDTHS if w[1] >= 4096]
+#: the MoE expert's small I: the LayerNorm-affine epilogue is bound by the Vector engine's evictions into
+#: the SBUF accumulator (CI=128 at K=7168) or, column-blocked, by its scratch and [K] broadcast traffic
+#: (docs/performance.md, "Cost model II", after the grouped weight DMAs)
+_EXPERT_BOUND = pytest.mark.xfail(
+    strict=True, raises=AssertionError, reason="epilogue-bound at I=2048 (issue 14)"
+)
+WIDE = [
+    pytest.param(*w, id=w[0], marks=[_EXPERT_BOUND] if w[0] == "DeepSeek-V3 expert" else [])
+    for w in WIDTHS
+    if w[1] >= 4096
+]
 
 
-@pytest.mark.xfail(strict=True, raises=AssertionError, reason="DMA packet-bound weight K-tiles (issue 15)")
-@pytest.mark.parametrize(("model", "k", "i"), WIDE, ids=[w[0] for w in WIDE])
+@pytest.mark.parametrize(("model", "k", "i"), WIDE)
 def test_ffns_stay_near_the_pe_roofline_at_2048_rows(model: str, k: int, i: int) -> None:
     for ex in EXAMPLES:
         for lnc in (1, 2):
