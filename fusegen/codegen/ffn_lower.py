@@ -17,7 +17,8 @@ from fusegen.codegen.ffn_blocks import (
 )
 from fusegen.codegen.ffn_budget import F_MOV, NO_STAGE, FfnModel, P
 from fusegen.codegen.ffn_match import FfnMatch, weight_columns
-from fusegen.codegen.select import NL_DTYPE, Layout, Selector
+from fusegen.codegen.select import Layout, Selector
+from fusegen.codegen.select_tables import NL_DTYPE
 from fusegen.codegen.stage import Expr, Operand, StageBuilder, dim_source
 from fusegen.dsl.ir import DTYPE_BYTES, Dim, KernelIR, Node
 

@@ -16,7 +16,7 @@ from fusegen.codegen.rowreduce_lower import RowReduceLowering, lower_rowreduce
 from fusegen.codegen.rowreduce_match import RowReduceMatch, match_rowreduce
 from fusegen.codegen.rowreduce_pipeline import head_helpers
 from fusegen.codegen.rowreduce_stream import with_streamed
-from fusegen.codegen.select import NL_DTYPE
+from fusegen.codegen.select_tables import NL_DTYPE
 from fusegen.codegen.signature import Returned, door_lines, door_source, signature
 from fusegen.codegen.stage import dim_source
 from fusegen.dsl.ir import DTYPE_BYTES, Dim, KernelIR, OutputDecl, Shape

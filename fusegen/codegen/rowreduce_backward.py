@@ -34,7 +34,8 @@ from fusegen.codegen.rowreduce_lower import (
     tile_bytes,
 )
 from fusegen.codegen.rowreduce_match import RowReduceMatch
-from fusegen.codegen.select import NL_DTYPE, EngineLoad, Layout, Selector
+from fusegen.codegen.select import Layout, Selector
+from fusegen.codegen.select_tables import NL_DTYPE, EngineLoad
 from fusegen.codegen.stage import Operand, StageBuilder, dim_source
 from fusegen.dsl.ir import DTYPE_BYTES, Dim, KernelIR
 

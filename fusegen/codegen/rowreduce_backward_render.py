@@ -15,7 +15,7 @@ from fusegen.codegen.rewrites import rewrite
 from fusegen.codegen.rowreduce import host_params, kernel_args, kernel_doc, prep_dims
 from fusegen.codegen.rowreduce_backward import BackwardLowering, lower_backward, psum_banks, token_sum_fits
 from fusegen.codegen.rowreduce_match import RowReduceMatch, match_rowreduce
-from fusegen.codegen.select import NL_DTYPE
+from fusegen.codegen.select_tables import NL_DTYPE
 from fusegen.codegen.signature import Returned, door_lines, door_source, signature
 from fusegen.codegen.stage import dim_source
 from fusegen.dsl.ir import KernelIR

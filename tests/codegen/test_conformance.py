@@ -20,7 +20,7 @@ import torch.nn.functional as F
 from fusegen.codegen.build import BuildOptions, build_spec
 from fusegen.codegen.engines import ACTIVATION_FUNCTIONS, DMA_TRANSPOSE_BYTES, GPSIMD_OPS, NOT_INSTRUCTIONS
 from fusegen.codegen.plan import PlanError
-from fusegen.codegen.select import ACTIVATIONS
+from fusegen.codegen.select_tables import ACTIVATIONS
 from fusegen.dsl import load_spec
 from fusegen.dsl.diagnostics import SpecError
 from fusegen.dsl.ir import DTYPE_BYTES

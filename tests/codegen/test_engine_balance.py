@@ -5,7 +5,7 @@ from __future__ import annotations
 import re
 from pathlib import Path
 
-from fusegen.codegen.select import CLOCK_GHZ, EngineLoad
+from fusegen.codegen.select_tables import CLOCK_GHZ, EngineLoad
 
 GENERATED = Path(__file__).resolve().parents[2] / "generated"
 
