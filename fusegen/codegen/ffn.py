@@ -116,7 +116,8 @@ def _host(ir: KernelIR, m: FfnMatch, low: FfnLowering) -> HostSignature:
         launch_args=", ".join(launch),
         doc=f"Run the kernel on `lnc` logical cores (default LNC, capped at the target's) with the best "
         f"modelled plan for these shapes; returns ({', '.join(outs)}).",
-        door=door_lines("_SIGNATURE", ir),
+        # the caller's up weights, before the door's dense copy: the layout cache keys on their storage
+        door=tuple(f"_given_{t} = {t}" for t in sorted(_up_weights(ir, low))) + door_lines("_SIGNATURE", ir),
         dims=tuple(f"d_{d} = {src}" for d, src in dim_bindings(ir, str)) if firsts else (),
     )
 
@@ -132,7 +133,7 @@ def _launch_arg(tensor: str, low: FfnLowering) -> str:
     if kernel_arg(tensor) in low.col_vectors:
         return f"_columns({tensor})"
     firsts = [pj.first_column or "0" for pj in low.projections if pj.weight == kernel_arg(tensor)]
-    return f"_up_layout({tensor}, ({', '.join(firsts)},), _inter)" if firsts else tensor
+    return f"_up_layout(_given_{tensor}, ({', '.join(firsts)},), _inter)" if firsts else tensor
 
 
 def _returned(ir: KernelIR) -> list[Returned]:

@@ -1018,20 +1018,22 @@ def _columns(v: torch.Tensor) -> torch.Tensor:
     return padded.reshape(-1, _P).t().contiguous()
 
 
-#: up weights in the kernel's layout, per weight tensor: (a weak reference to it, its version, the columns
-#: laid out, the result); a weight is laid out once and again only after it changes in place (an inference
-#: tensor, which keeps no version counter, each call)
-_LAID_OUT: dict[int, tuple[weakref.ref[torch.Tensor], int, tuple[int, ...], torch.Tensor]] = {}
+#: up weights in the kernel's layout, keyed by storage owner (the base of a view), the view's geometry and
+#: the columns laid out: (a weak reference to the owner, its version, the result). A weight is laid out once and again
+#: only after it changes in place; keying on the owner lets a fresh view each call (`lin.weight.t()`) hit,
+#: and an inference tensor (no version counter) is laid out each call.
+_LAID_OUT: dict[tuple[object, ...], tuple[weakref.ref[torch.Tensor], int, torch.Tensor]] = {}
 
 
 def _up_layout(w: torch.Tensor, firsts: tuple[int, ...], inter: int) -> torch.Tensor:
     """Up weight w [K, *] -> [len(firsts) * ceil(I/128), 128, ceil(K/128) * 128]: for each projection's
     columns firsts[j]:firsts[j] + I, out[j * ceil(I/128) + h, p, kt * 128 + c] = w[kt * 128 + p, h * 128 + c]
     zero-padded, so one DMA of an I-tile's K-tiles moves contiguous HBM per partition. Cached per tensor."""
-    key = (*firsts, inter)
-    hit = _LAID_OUT.get(id(w))
-    if hit is not None and hit[0]() is w and hit[1] == _version(w) and hit[2] == key:
-        return hit[3]
+    owner = w if w._base is None else w._base
+    key = (w.storage_offset(), tuple(w.shape), w.stride(), w.dtype, *firsts, inter)
+    hit = _LAID_OUT.get((id(owner), *key))
+    if hit is not None and hit[0]() is owner and hit[1] == _version(w):
+        return hit[2]
     n_k, n_h = _cdiv(w.shape[0], _P), _cdiv(inter, _P)
     parts = []
     with torch.no_grad():
@@ -1043,7 +1045,7 @@ def _up_layout(w: torch.Tensor, firsts: tuple[int, ...], inter: int) -> torch.Te
     for dead in [i for i, entry in _LAID_OUT.items() if entry[0]() is None]:
         del _LAID_OUT[dead]
     if _version(w) >= 0:
-        _LAID_OUT[id(w)] = (weakref.ref(w), _version(w), key, laid_out)
+        _LAID_OUT[(id(owner), *key)] = (weakref.ref(owner), _version(w), laid_out)
     return laid_out
 
 
@@ -1054,13 +1056,15 @@ def _version(w: torch.Tensor) -> int:
 
 def swiglu_ffn_ln(x: torch.Tensor, w1t: torch.Tensor, b1: torch.Tensor, wgt: torch.Tensor, bg: torch.Tensor, w2t: torch.Tensor, b2: torch.Tensor, a: torch.Tensor, eps: float = 1e-06, lnc: int | None = None, target: str = _TARGET) -> tuple[torch.Tensor, torch.Tensor]:
     """Run the kernel on `lnc` logical cores (default LNC, capped at the target's) with the best modelled plan for these shapes; returns (x_new, z)."""
+    _given_w1t = w1t
+    _given_wgt = wgt
     (x, w1t, b1, wgt, bg, w2t, b2, a,), lnc, _empty = _door(_SIGNATURE, (x, w1t, b1, wgt, bg, w2t, b2, a,), (eps,), False, lnc, target, _LNC)
     if _empty is not None:
         return _empty
     _rows, _hidden = x.shape
     _inter = w2t.shape[0]
     _plan = _choose(_MODEL, _MACHINES[target], _rows, _hidden, _inter, lnc)
-    return swiglu_ffn_ln_kernel[lnc](x, _up_layout(w1t, (0,), _inter), _columns(b1), _up_layout(wgt, (0,), _inter), _columns(bg), w2t, b2, a, eps, _plan.s, _plan.ci, _plan.split, _plan.kc, _plan.g)
+    return swiglu_ffn_ln_kernel[lnc](x, _up_layout(_given_w1t, (0,), _inter), _columns(b1), _up_layout(_given_wgt, (0,), _inter), _columns(bg), w2t, b2, a, eps, _plan.s, _plan.ci, _plan.split, _plan.kc, _plan.g)
 
 
 try:  # the NKI op on Neuron hosts (ops.py owns `fusegen::<name>`); the file imports without torch_neuronx
