@@ -37,6 +37,11 @@ def owns(ctx: Context, ident: ast.Ident) -> bool:
     return ctx.declared.get(ident.name) == ident.span
 
 
+#: attributes torch.ops namespaces define themselves (torch 2.x `_OpNamespace.name`): an op of that name is
+#: shadowed, so `torch.ops.fusegen.<name>` would not reach it
+OPS_NAMESPACE_ATTRIBUTES = frozenset({"name"})
+
+
 def kernel_name(ctx: Context, decls: Sequence[ast.KernelDecl]) -> str:
     """The kernel's name from its single `kernel` line."""
     if not decls:
@@ -46,7 +51,16 @@ def kernel_name(ctx: Context, decls: Sequence[ast.KernelDecl]) -> str:
         return ""
     for extra in decls[1:]:
         ctx.error(extra.span, f"a spec declares one kernel; `kernel` is already at line {decls[0].span.line}")
-    return decls[0].name.name if owns(ctx, decls[0].name) else ""
+    name = decls[0].name
+    if name.name in OPS_NAMESPACE_ATTRIBUTES:
+        ctx.error(
+            name.span,
+            f"`{name.name}` cannot be a kernel name: `torch.ops.fusegen.{name.name}` is the op namespace's "
+            "own attribute, so the generated op could not be reached there",
+            f"rename it, e.g. `kernel {name.name}_op`",
+        )
+        return ""
+    return name.name if owns(ctx, name) else ""
 
 
 def declare_dims(ctx: Context, decls: Sequence[ast.DimDecl]) -> tuple[ir.DimDecl, ...]:

@@ -22,6 +22,8 @@ from fusegen.codegen.build import BuildOptions, build_spec
 from fusegen.codegen.ops import load_ops
 from fusegen.codegen.output import write_atomically
 from fusegen.dsl import names
+from fusegen.dsl.declarations import OPS_NAMESPACE_ATTRIBUTES
+from fusegen.dsl.diagnostics import SpecError
 
 ROOT = Path(__file__).parents[2]
 #: names issue 12 found breaking kernel.py, backward_reference.py or training; in one row spec, the output
@@ -104,10 +106,26 @@ def chunks(family: str) -> list[list[str]]:
     return [*dealt, ISSUE_NAMES] if family == "row" else dealt  # an op's name is global: one `choose`
 
 
+def op_name(name: str) -> str:
+    """`name` as a kernel name: the op namespace's own attributes are taken (a spec error, tested below)."""
+    return f"{name}_op" if name in OPS_NAMESPACE_ATTRIBUTES else name
+
+
+def test_a_kernel_named_like_the_op_namespace_attribute_is_a_spec_error(tmp_path: Path) -> None:
+    spec = tmp_path / "n.spec"
+    spec.write_text(
+        "kernel name\ndim T, H\ninput x: f32[T, H]\ny = x * 2.0\noutput y: f32[T, H]\ncheck T=3 H=128\n"
+    )
+    with pytest.raises(SpecError, match=r"1:8: .*`name` cannot be a kernel name: `torch.ops.fusegen.name`"):
+        build_spec(str(spec), BuildOptions(tmp_path / "out"))
+    assert not (tmp_path / "out").exists()
+
+
 def row_spec(deal: Names) -> tuple[str, Callable[..., torch.Tensor]]:
     """A trainable [T, H] row-reduction spec (a chain of scaled adds of the inputs, then RMSNorm), and the
     same math as a torch function of its inputs and params (the loss the training step minimises)."""
     kernel, t, h, weight, out, norm = deal.take(6)
+    kernel = op_name(kernel)
     ins, params, steps = deal.take(INPUTS), deal.take(PARAMS), deal.take(STEPS)
     values = [0.5 + k / 8 for k in range(PARAMS)]
     lines = [f"kernel {kernel}", f"dim {t}, {h}", f"input {weight}: bf16[{h}]"]
@@ -133,6 +151,7 @@ def row_spec(deal: Names) -> tuple[str, Callable[..., torch.Tensor]]:
 def ffn_spec(deal: Names) -> str:
     """An FFN spec: up projection with bias, a scaled SiLU, down projection, scaled residual adds."""
     kernel, r, k, i, x, w1, b1, w2, out = deal.take(9)
+    kernel = op_name(kernel)
     ins, params, steps = deal.take(INPUTS - 4), deal.take(PARAMS), deal.take(STEPS)
     lines = [f"kernel {kernel}", f"dim {r}, {k}, {i}", f"input {x}: bf16[{r}, {k}]"]
     lines += [f"input {w1}: bf16[{k}, {i}]", f"input {b1}: f32[{i}]", f"input {w2}: bf16[{i}, {k}]"]
