@@ -10,7 +10,7 @@ from pathlib import Path
 
 from fusegen.codegen.build import FAMILIES
 from fusegen.codegen.family import Mismatch
-from fusegen.codegen.ffn import FFN
+from fusegen.codegen.ffn.family import FFN
 from fusegen.codegen.rewrites import rewrite
 from fusegen.dsl import load_spec
 

@@ -59,7 +59,7 @@ def default_path() -> Path:
     """FUSEGEN_CALIBRATION, else calibration.jsonl in the project root (else the working directory)."""
     if os.environ.get(ENV):
         return Path(os.environ[ENV])
-    from fusegen.codegen.render import project_root
+    from fusegen.codegen.files.render import project_root
 
     return (project_root(Path.cwd() / DEFAULT_NAME) or Path.cwd()) / DEFAULT_NAME
 

@@ -13,7 +13,7 @@ from typing import Any
 
 import torch
 
-from fusegen.codegen.ops import load_ops
+from fusegen.codegen.files.ops import load_ops
 from fusegen.testing import make_inputs
 
 #: (eps, tol) of gradcheck by the narrowest float dtype among a spec's inputs and outputs. The op rounds its

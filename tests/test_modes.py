@@ -22,7 +22,7 @@ import torch
 from fusegen import modes, sim
 from fusegen.cli import main
 from fusegen.codegen import build
-from fusegen.codegen.ops import load_ops
+from fusegen.codegen.files.ops import load_ops
 from fusegen.dsl import load_spec
 from fusegen.testing import make_inputs, run_against_reference
 

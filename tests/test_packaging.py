@@ -15,7 +15,7 @@ import pytest
 import torch
 
 from fusegen.cli import main
-from fusegen.codegen.ops import load_ops
+from fusegen.codegen.files.ops import load_ops
 
 ROOT = Path(__file__).resolve().parents[1]
 PYPROJECT = tomllib.loads((ROOT / "pyproject.toml").read_text())

@@ -10,15 +10,15 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from fusegen.codegen.family import Family, Mismatch, no_family_error
-from fusegen.codegen.ffn import FFN
-from fusegen.codegen.ops import TRAINABLE_FAMILIES, ops_files
+from fusegen.codegen.ffn.family import FFN
+from fusegen.codegen.files.ops import TRAINABLE_FAMILIES, ops_files
+from fusegen.codegen.files.reference import TORCH_DTYPE, dim_bindings, reference_lines, value_name
+from fusegen.codegen.files.reference_chunks import MEMORY_BUDGET, row_chunks
+from fusegen.codegen.files.render import header, render
+from fusegen.codegen.files.report import plan_markdown
 from fusegen.codegen.plan import PlanError, TilePlan, lnc_degrees
-from fusegen.codegen.reference import TORCH_DTYPE, dim_bindings, reference_lines, value_name
-from fusegen.codegen.reference_chunks import MEMORY_BUDGET, row_chunks
-from fusegen.codegen.render import header, render
-from fusegen.codegen.report import plan_markdown
 from fusegen.codegen.rewrites import rewrite
-from fusegen.codegen.rowreduce import ROWREDUCE
+from fusegen.codegen.rowreduce.family import ROWREDUCE
 from fusegen.codegen.stage import StageError, dim_source
 from fusegen.dsl import load_spec
 from fusegen.dsl.check import MAX_CHAIN

@@ -8,7 +8,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from fusegen.codegen import ffn_budget as fb
+from fusegen.codegen.ffn import budget as fb
 from fusegen.perf.cost import ASSUMED, DMA_FIXED_NS, DMA_QUEUES
 from fusegen.perf.roofline import hbm_bytes_per_ns
 from fusegen.sim.targets import Target

@@ -164,7 +164,7 @@ def _candidates(family: Family, ir: KernelIR, match: Any, dims: dict[str, int], 
     """planner.candidates() for the FFN family (the only one with a search), else nothing."""
     if family.name != "ffn" or not hasattr(planner, "candidates"):
         return []
-    from fusegen.codegen.ffn_lower import lower_ffn
+    from fusegen.codegen.ffn.lower import lower_ffn
 
     roles = (str(match.rows), str(match.hidden), str(match.inter))
     env = {**ir.fixed_dims(), **dims}

@@ -1,7 +1,7 @@
 """The DMA packet-rate rule, shared by the trace cost model (fusegen/perf/cost.py) and the FFN planner.
 
 Standard library only: the FFN planner's code is copied into every generated FFN kernel, and
-`fusegen.codegen.render.vendored` copies this module's code with it (it follows the planner's import).
+`fusegen.codegen.files.render.vendored` copies this module's code with it (it follows the planner's import).
 Sources and the derivation: docs/performance.md, "Instruction costs".
 """
 

@@ -11,7 +11,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from fusegen.codegen.build import select_family
-from fusegen.codegen.ffn_lower import lower_ffn
+from fusegen.codegen.ffn.lower import lower_ffn
 from fusegen.codegen.plan import PlanError, TilePlan, plan_ffn
 from fusegen.codegen.rewrites import rewrite
 from fusegen.dsl import load_spec

@@ -17,7 +17,7 @@ import torch
 _LNC = int(os.environ.get("NEURON_LOGICAL_NC_CONFIG", "2"))
 _TARGET = os.environ.get("FUSEGEN_TARGET", "trn2")
 
-# ---- tile planning (copied from fusegen/codegen/ffn_budget.py) ----
+# ---- tile planning (copied from fusegen/codegen/ffn/budget.py) ----
 
 _DMA_ROW_BYTES = 2450
 
@@ -650,7 +650,7 @@ def llama_swiglu_kernel(x_hbm, wgt_hbm, wut_hbm, wdt_hbm, S, CI, SPLIT, KC, G):
     return out_hbm
 
 
-# ---- argument checks (copied from fusegen/codegen/argcheck.py; the signature from the spec) ----
+# ---- argument checks (copied from fusegen/codegen/files/argcheck.py; the signature from the spec) ----
 
 class _Decl(NamedTuple):
     """A declared tensor: name, torch dtype name, dims as spec text (`T`, `HC + 1`, `2*I`); optional outputs

@@ -17,7 +17,7 @@ import torch
 _LNC = int(os.environ.get("NEURON_LOGICAL_NC_CONFIG", "2"))
 _TARGET = os.environ.get("FUSEGEN_TARGET", "trn2")
 
-# ---- tile planning (copied from fusegen/codegen/ffn_budget.py) ----
+# ---- tile planning (copied from fusegen/codegen/ffn/budget.py) ----
 
 _DMA_ROW_BYTES = 2450
 
@@ -654,7 +654,7 @@ def packed_clamped_swiglu_kernel(x_hbm, w12t_hbm, w3t_hbm, limit_arg, S, CI, SPL
     return out_hbm
 
 
-# ---- argument checks (copied from fusegen/codegen/argcheck.py; the signature from the spec) ----
+# ---- argument checks (copied from fusegen/codegen/files/argcheck.py; the signature from the spec) ----
 
 class _Decl(NamedTuple):
     """A declared tensor: name, torch dtype name, dims as spec text (`T`, `HC + 1`, `2*I`); optional outputs

@@ -85,7 +85,7 @@ def _unaliased(outs: tuple[torch.Tensor, ...], args: tuple[torch.Tensor, ...]) -
     return tuple(fresh)
 
 
-# ---- argument checks (copied from fusegen/codegen/argcheck.py; the signature from the spec) ----
+# ---- argument checks (copied from fusegen/codegen/files/argcheck.py; the signature from the spec) ----
 
 class _Decl(NamedTuple):
     """A declared tensor: name, torch dtype name, dims as spec text (`T`, `HC + 1`, `2*I`); optional outputs

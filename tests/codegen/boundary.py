@@ -12,7 +12,7 @@ from types import ModuleType
 
 import torch
 
-from fusegen.codegen import ops
+from fusegen.codegen.files import ops as ops
 from fusegen.dsl import load_spec
 from fusegen.dsl.ir import KernelIR, eval_shape
 from fusegen.sim import load_module

@@ -24,8 +24,8 @@ import pytest
 import torch
 
 from fusegen.codegen.build import reference_source
-from fusegen.codegen.rowreduce_backward_render import kernel_backward_ir
-from fusegen.codegen.rowreduce_match import match_rowreduce
+from fusegen.codegen.rowreduce.backward_render import kernel_backward_ir
+from fusegen.codegen.rowreduce.match import match_rowreduce
 from fusegen.dsl import load_spec
 from fusegen.sim import load_module
 from fusegen.testing import load_generated

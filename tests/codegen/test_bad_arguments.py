@@ -11,7 +11,7 @@ from dataclasses import dataclass
 import pytest
 import torch
 
-from fusegen.codegen import ops
+from fusegen.codegen.files import ops as ops
 from fusegen.testing import load_generated
 from tests.codegen.boundary import GENERATED, as_tuple, inputs, kernel, op, small_dims, spec_ir
 

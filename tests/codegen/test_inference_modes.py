@@ -10,7 +10,7 @@ from collections.abc import Callable
 import pytest
 import torch
 
-from fusegen.codegen import ops
+from fusegen.codegen.files import ops as ops
 from tests.codegen.boundary import GENERATED, KERNELS, as_tuple, inputs, op, small_dims, spec_ir
 
 MODES: dict[str, Callable[[], contextlib.AbstractContextManager[object]]] = {

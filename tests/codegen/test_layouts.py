@@ -10,7 +10,7 @@ from collections.abc import Callable
 import pytest
 import torch
 
-from fusegen.codegen.rowreduce_backward_render import kernel_backward_ir
+from fusegen.codegen.rowreduce.backward_render import kernel_backward_ir
 from fusegen.dsl.ir import eval_shape
 from tests.codegen.boundary import (
     KERNELS,

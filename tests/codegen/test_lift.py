@@ -7,7 +7,7 @@ from pathlib import Path
 import pytest
 import torch
 
-from fusegen.codegen.lift import lift_rows
+from fusegen.codegen.rowreduce.lift import lift_rows
 from fusegen.dsl import check, load_spec, parse
 from tests.codegen.test_rewrites import reference_module
 

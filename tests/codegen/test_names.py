@@ -19,7 +19,7 @@ import pytest
 import torch
 
 from fusegen.codegen.build import BuildOptions, build_spec
-from fusegen.codegen.ops import load_ops
+from fusegen.codegen.files.ops import load_ops
 from fusegen.codegen.output import write_atomically
 from fusegen.dsl import names
 from fusegen.dsl.declarations import OPS_NAMESPACE_ATTRIBUTES

@@ -10,7 +10,7 @@ import pytest
 import torch
 import torch._functorch.config as functorch_config
 
-from fusegen.codegen import ops
+from fusegen.codegen.files import ops as ops
 from fusegen.dsl import load_spec
 from tests.codegen.test_autodiff import calc_diff, naive_grads
 

@@ -9,9 +9,9 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from fusegen import testing
-from fusegen.codegen import ffn_budget as fb
-from fusegen.codegen.ffn_lower import lower_ffn
-from fusegen.codegen.ffn_match import match_ffn
+from fusegen.codegen.ffn import budget as fb
+from fusegen.codegen.ffn.lower import lower_ffn
+from fusegen.codegen.ffn.match import match_ffn
 from fusegen.codegen.plan import PlanError, machine, plan_ffn
 from fusegen.dsl import load_spec
 from fusegen.sim import load_module

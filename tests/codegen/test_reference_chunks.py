@@ -7,7 +7,7 @@ from pathlib import Path
 import pytest
 import torch
 
-from fusegen.codegen.reference_chunks import row_chunks
+from fusegen.codegen.files.reference_chunks import row_chunks
 from fusegen.dsl import load_spec
 from fusegen.sim import load_module
 from fusegen.testing import load_generated, make_inputs

@@ -11,7 +11,7 @@ import pytest
 import torch
 import torch.nn.functional as F
 
-from fusegen.codegen import ops
+from fusegen.codegen.files import ops as ops
 from fusegen.sim import load_module
 
 GENERATED = Path(__file__).resolve().parents[2] / "generated"

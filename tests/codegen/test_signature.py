@@ -7,8 +7,8 @@ from pathlib import Path
 
 import pytest
 
-from fusegen.codegen import argcheck
-from fusegen.codegen.signature import Returned, signature
+from fusegen.codegen.files import argcheck as argcheck
+from fusegen.codegen.files.signature import Returned, signature
 from fusegen.dsl import load_spec
 from fusegen.dsl.ir import Dim
 from fusegen.sim.targets import TARGETS

@@ -6,9 +6,9 @@ import itertools
 
 import pytest
 
-from fusegen.codegen import ffn_budget
+from fusegen.codegen.ffn import budget as ffn_budget
+from fusegen.codegen.files.render import vendored
 from fusegen.codegen.plan import machine
-from fusegen.codegen.render import vendored
 from fusegen.perf.cost import assume, instruction_cost, instruction_ns, record_cost
 from fusegen.perf.dmarule import DMA_ROW_BYTES, dma_engine_bytes
 from fusegen.sim import get_target

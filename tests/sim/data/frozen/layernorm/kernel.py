@@ -18,7 +18,7 @@ _LNC = int(os.environ.get("NEURON_LOGICAL_NC_CONFIG", "2"))
 _SBUF_BUDGET = {'trn1': 180224, 'trn2': 212984, 'trn3': 245752}
 _TARGET = os.environ.get("FUSEGEN_TARGET", "trn2")
 
-# ---- tile planning (copied from fusegen/codegen/rowreduce_budget.py) ----
+# ---- tile planning (copied from fusegen/codegen/rowreduce/budget.py) ----
 
 _P = 128  # partitions: tokens per tile
 _F_MOV = 512  # one fp32 PSUM bank: the prep step broadcasts weights in chunks this wide
@@ -263,7 +263,7 @@ def layernorm_kernel(x_hbm, w_hbm, b_hbm, eps_arg, HB, resident, overlap, save):
 
 
 
-# ---- argument checks (copied from fusegen/codegen/argcheck.py; the signatures from the spec) ----
+# ---- argument checks (copied from fusegen/codegen/files/argcheck.py; the signatures from the spec) ----
 
 class _Decl(NamedTuple):
     """A declared tensor: name, torch dtype name, dims as spec text (`T`, `HC + 1`, `2*I`); optional outputs

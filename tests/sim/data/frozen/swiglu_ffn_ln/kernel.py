@@ -16,7 +16,7 @@ import torch
 _LNC = int(os.environ.get("NEURON_LOGICAL_NC_CONFIG", "2"))
 _TARGET = os.environ.get("FUSEGEN_TARGET", "trn2")
 
-# ---- tile planning (copied from fusegen/codegen/ffn_budget.py) ----
+# ---- tile planning (copied from fusegen/codegen/ffn/budget.py) ----
 
 _P = 128  # partitions
 _F_MOV = 512  # matmul moving free size, one fp32 PSUM bank
@@ -485,7 +485,7 @@ def swiglu_ffn_ln_kernel(x_hbm, w1t_hbm, b1_hbm, wgt_hbm, bg_hbm, w2t_hbm, b2_hb
     return x_new_hbm, z_hbm
 
 
-# ---- argument checks (copied from fusegen/codegen/argcheck.py; the signature from the spec) ----
+# ---- argument checks (copied from fusegen/codegen/files/argcheck.py; the signature from the spec) ----
 
 class _Decl(NamedTuple):
     """A declared tensor: name, torch dtype name, dims as spec text (`T`, `HC + 1`, `2*I`); optional outputs

@@ -18,8 +18,8 @@ import builtins
 import symtable
 from dataclasses import dataclass
 
-from fusegen.codegen.render import render
-from fusegen.codegen.rowreduce_lower import RowReduceLowering
+from fusegen.codegen.files.render import render
+from fusegen.codegen.rowreduce.lower import RowReduceLowering
 
 HEAD_TEMPLATE = "rowreduce_head.py.jinja"
 #: Names of the kernel body that change per token tile or head (the rest are fixed for the launch).

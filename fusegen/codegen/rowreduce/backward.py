@@ -17,10 +17,10 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from fusegen.codegen import rowreduce_budget as rb
 from fusegen.codegen.family import kernel_arg
-from fusegen.codegen.rowreduce_budget import RowModel
-from fusegen.codegen.rowreduce_lower import (
+from fusegen.codegen.rowreduce import budget as rb
+from fusegen.codegen.rowreduce.budget import RowModel
+from fusegen.codegen.rowreduce.lower import (
     Load,
     RowPasses,
     acc,
@@ -33,7 +33,7 @@ from fusegen.codegen.rowreduce_lower import (
     row_kind,
     tile_bytes,
 )
-from fusegen.codegen.rowreduce_match import RowReduceMatch
+from fusegen.codegen.rowreduce.match import RowReduceMatch
 from fusegen.codegen.select import Layout, Selector
 from fusegen.codegen.select_tables import NL_DTYPE, EngineLoad
 from fusegen.codegen.stage import Operand, StageBuilder, dim_source

@@ -12,7 +12,7 @@ import dataclasses
 
 from fusegen.codegen.engines import GPSIMD
 from fusegen.codegen.family import kernel_arg
-from fusegen.codegen.rowreduce_lower import (
+from fusegen.codegen.rowreduce.lower import (
     CHUNK,
     LOCAL,
     Load,
@@ -29,7 +29,7 @@ from fusegen.codegen.rowreduce_lower import (
     row_kind,
     tile_bytes,
 )
-from fusegen.codegen.rowreduce_match import RowReduceMatch
+from fusegen.codegen.rowreduce.match import RowReduceMatch
 from fusegen.codegen.select import Layout, Selector
 from fusegen.codegen.select_tables import NL_DTYPE, EngineLoad
 from fusegen.codegen.stage import StageBuilder

@@ -4,14 +4,14 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from fusegen.codegen import ffn_budget
 from fusegen.codegen.family import kernel_arg
-from fusegen.codegen.ffn_lower import FfnLowering, lower_ffn
-from fusegen.codegen.ffn_match import FfnMatch, match_ffn
+from fusegen.codegen.ffn import budget as ffn_budget
+from fusegen.codegen.ffn.lower import FfnLowering, lower_ffn
+from fusegen.codegen.ffn.match import FfnMatch, match_ffn
+from fusegen.codegen.files.reference import dim_bindings
+from fusegen.codegen.files.render import header, private_repr, render, vendored
+from fusegen.codegen.files.signature import Returned, door_lines, door_source, signature
 from fusegen.codegen.plan import PlanError, TilePlan, machine, plan_ffn
-from fusegen.codegen.reference import dim_bindings
-from fusegen.codegen.render import header, private_repr, render, vendored
-from fusegen.codegen.signature import Returned, door_lines, door_source, signature
 from fusegen.dsl.ir import KernelIR
 from fusegen.sim.targets import TARGETS, get_target
 

@@ -19,8 +19,8 @@ from typing import TypeVar
 
 from fusegen.codegen.engines import GPSIMD, VECTOR, gpsimd_allows
 from fusegen.codegen.family import kernel_arg
-from fusegen.codegen.rowreduce_budget import RowModel
-from fusegen.codegen.rowreduce_match import ColumnLoad, RowLoad, RowReduceMatch
+from fusegen.codegen.rowreduce.budget import RowModel
+from fusegen.codegen.rowreduce.match import ColumnLoad, RowLoad, RowReduceMatch
 from fusegen.codegen.select import Layout, Selector
 from fusegen.codegen.select_tables import NL_DTYPE, EngineLoad
 from fusegen.codegen.stage import Expr, Operand, StageBuilder, dim_source

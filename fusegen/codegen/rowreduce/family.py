@@ -5,19 +5,19 @@ from __future__ import annotations
 import dataclasses
 from dataclasses import dataclass
 
-from fusegen.codegen import rowreduce_budget as rb
 from fusegen.codegen.family import Mismatch, kernel_arg
-from fusegen.codegen.lift import Lifted, as_written, lift_rows
+from fusegen.codegen.files.reference import dim_bindings
+from fusegen.codegen.files.render import header, private_repr, render, vendored
+from fusegen.codegen.files.signature import Returned, door_lines, door_source, signature
 from fusegen.codegen.plan import PlanError, PlannedBuffer, TilePlan, check_lnc
-from fusegen.codegen.reference import dim_bindings
-from fusegen.codegen.render import header, private_repr, render, vendored
 from fusegen.codegen.rewrites import expand_norms, rewrite
-from fusegen.codegen.rowreduce_lower import RowReduceLowering, lower_rowreduce
-from fusegen.codegen.rowreduce_match import RowReduceMatch, match_rowreduce
-from fusegen.codegen.rowreduce_pipeline import head_helpers
-from fusegen.codegen.rowreduce_stream import with_streamed
+from fusegen.codegen.rowreduce import budget as rb
+from fusegen.codegen.rowreduce.lift import Lifted, as_written, lift_rows
+from fusegen.codegen.rowreduce.lower import RowReduceLowering, lower_rowreduce
+from fusegen.codegen.rowreduce.match import RowReduceMatch, match_rowreduce
+from fusegen.codegen.rowreduce.pipeline import head_helpers
+from fusegen.codegen.rowreduce.stream import with_streamed
 from fusegen.codegen.select_tables import NL_DTYPE
-from fusegen.codegen.signature import Returned, door_lines, door_source, signature
 from fusegen.codegen.stage import dim_source
 from fusegen.dsl.ir import DTYPE_BYTES, Dim, KernelIR, OutputDecl, Shape
 from fusegen.sim.targets import TARGETS, Target, get_target

@@ -10,8 +10,8 @@ from __future__ import annotations
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
 
-from fusegen.codegen import argcheck
-from fusegen.codegen.render import vendored
+from fusegen.codegen.files import argcheck as argcheck
+from fusegen.codegen.files.render import vendored
 from fusegen.dsl.ir import Constraint, KernelIR, Shape
 from fusegen.sim.targets import TARGETS
 

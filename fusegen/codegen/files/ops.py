@@ -10,9 +10,9 @@ from types import ModuleType
 
 from fusegen.codegen.autodiff import backward_ir, grad_name
 from fusegen.codegen.family import Mismatch
-from fusegen.codegen.reference import TORCH_DTYPE, dim_bindings
-from fusegen.codegen.render import header, render
-from fusegen.codegen.signature import Returned, door_source, op_check, signature
+from fusegen.codegen.files.reference import TORCH_DTYPE, dim_bindings
+from fusegen.codegen.files.render import header, render
+from fusegen.codegen.files.signature import Returned, door_source, op_check, signature
 from fusegen.codegen.stage import dim_source
 from fusegen.dsl.ir import KernelIR, OutputDecl
 
@@ -32,7 +32,7 @@ def ops_files(ir: KernelIR, family: str, target: str = "trn2", lnc: int = 2) -> 
         return {"ops.py": ops_source(ir, None)}
     back = backward_ir(ir)
     from fusegen.codegen.build import reference_source  # build imports this module
-    from fusegen.codegen.rowreduce_backward_render import backward_files, kernel_backward_ir
+    from fusegen.codegen.rowreduce.backward_render import backward_files, kernel_backward_ir
 
     kernel_back = kernel_backward_ir(ir)
     try:

@@ -4,19 +4,19 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from fusegen.codegen import rowreduce_budget as rb
 from fusegen.codegen.autodiff import backward_ir
 from fusegen.codegen.family import kernel_arg
+from fusegen.codegen.files.reference import dim_bindings
+from fusegen.codegen.files.render import header, private_repr, render, vendored
+from fusegen.codegen.files.report import plan_markdown
+from fusegen.codegen.files.signature import Returned, door_lines, door_source, signature
 from fusegen.codegen.plan import PlanError, PlannedBuffer, TilePlan
-from fusegen.codegen.reference import dim_bindings
-from fusegen.codegen.render import header, private_repr, render, vendored
-from fusegen.codegen.report import plan_markdown
 from fusegen.codegen.rewrites import rewrite
-from fusegen.codegen.rowreduce import host_params, kernel_args, kernel_doc, prep_dims
-from fusegen.codegen.rowreduce_backward import BackwardLowering, lower_backward, psum_banks, token_sum_fits
-from fusegen.codegen.rowreduce_match import RowReduceMatch, match_rowreduce
+from fusegen.codegen.rowreduce import budget as rb
+from fusegen.codegen.rowreduce.backward import BackwardLowering, lower_backward, psum_banks, token_sum_fits
+from fusegen.codegen.rowreduce.family import host_params, kernel_args, kernel_doc, prep_dims
+from fusegen.codegen.rowreduce.match import RowReduceMatch, match_rowreduce
 from fusegen.codegen.select_tables import NL_DTYPE
-from fusegen.codegen.signature import Returned, door_lines, door_source, signature
 from fusegen.codegen.stage import dim_source
 from fusegen.dsl.ir import KernelIR
 from fusegen.sim.targets import TARGETS, Target, get_target

@@ -6,7 +6,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 
 from fusegen.codegen.family import kernel_arg
-from fusegen.codegen.ffn_blocks import (
+from fusegen.codegen.ffn.blocks import (
     BlockedStage,
     BlockLoad,
     BlockSelector,
@@ -15,8 +15,8 @@ from fusegen.codegen.ffn_blocks import (
     spine,
     walk,
 )
-from fusegen.codegen.ffn_budget import F_MOV, NO_STAGE, FfnModel, P
-from fusegen.codegen.ffn_match import FfnMatch, weight_columns
+from fusegen.codegen.ffn.budget import F_MOV, NO_STAGE, FfnModel, P
+from fusegen.codegen.ffn.match import FfnMatch, weight_columns
 from fusegen.codegen.select import Layout, Selector
 from fusegen.codegen.select_tables import NL_DTYPE
 from fusegen.codegen.stage import Expr, Operand, StageBuilder, dim_source

@@ -4,8 +4,8 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+from fusegen.codegen.files.render import header, render
 from fusegen.codegen.plan import TilePlan
-from fusegen.codegen.render import header, render
 from fusegen.dsl.ir import KernelIR
 
 
