@@ -194,7 +194,7 @@ def _cli(args: list[str]) -> tuple[int, str]:
 def _load_built(folder: Path, spec: Path, run: bool) -> bool | None:
     """Import kernel.py (under the interpreter) and reference.py, compile the rest, run the reference at the
     smallest check shape; with `run`, the kernel there too: whether it matched (None when not run)."""
-    from fusegen.codegen.build import test_case, test_shapes
+    from fusegen.codegen.files.tests import test_case, test_shapes
     from fusegen.dsl import load_spec
     from fusegen.sim import load_module
     from fusegen.testing import compare, load_generated, make_inputs

@@ -20,7 +20,8 @@ from typing import Any
 
 from fusegen import calibration, modes
 from fusegen.calibration import Measurement
-from fusegen.codegen.build import BuildOptions, build_spec, plan_shape, test_case
+from fusegen.codegen.build import BuildOptions, build_spec, plan_shape
+from fusegen.codegen.files.tests import test_case
 from fusegen.codegen.output import write_atomically
 from fusegen.dsl import load_spec
 from fusegen.jsonout import document, emit

@@ -21,7 +21,7 @@ import torch
 
 from fusegen import modes, sim
 from fusegen.cli import main
-from fusegen.codegen import build
+from fusegen.codegen.files import tests as tests_file
 from fusegen.codegen.files.ops import load_ops
 from fusegen.dsl import load_spec
 from fusegen.testing import make_inputs, run_against_reference
@@ -159,8 +159,8 @@ def test_nki_sim_launches_every_kernel_through_nki_simulate_for_the_target() -> 
         kernel = modes.load_kernel(LAYERNORM / "kernel.py", "nki-sim", "trn2")
         args = layernorm_inputs(130, 256)
         y = kernel.layernorm(*args, lnc=2, target="trn2")
-        report = run_against_reference(LAYERNORM, "layernorm", build.test_case(load_spec(SPEC)[0], dims), 2,
-                                       "trn2", "nki-sim")  # fmt: skip
+        case = tests_file.test_case(load_spec(SPEC)[0], dims)
+        report = run_against_reference(LAYERNORM, "layernorm", case, 2, "trn2", "nki-sim")
     assert [target for _, target in launches] == ["trn2", "trn2"]
     assert "NEURON_PLATFORM_TARGET_OVERRIDE" not in os.environ  # restored after each launch
     torch.testing.assert_close(y.float(), layernorm(*args), rtol=2e-2, atol=2e-2)

@@ -13,9 +13,8 @@ from fusegen.codegen.build import (
     Built,
     build_spec,
     plan_shape,
-    test_case,
-    test_shapes,
 )
+from fusegen.codegen.files.tests import test_case, test_shapes
 from fusegen.codegen.output import leftovers, stale_files, write_atomically
 from fusegen.codegen.recorded import kernel_folders
 from fusegen.dsl import load_spec

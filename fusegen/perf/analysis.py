@@ -13,8 +13,9 @@ import torch
 
 from fusegen import sim
 from fusegen.codegen import plan as planner
-from fusegen.codegen.build import BuildOptions, build_spec, select_family, test_case
+from fusegen.codegen.build import BuildOptions, build_spec, select_family
 from fusegen.codegen.family import Family
+from fusegen.codegen.files.tests import test_case
 from fusegen.codegen.output import write_atomically
 from fusegen.codegen.plan import PlanError, TilePlan
 from fusegen.codegen.rewrites import rewrite

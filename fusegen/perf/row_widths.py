@@ -15,8 +15,9 @@ from pathlib import Path
 from typing import Any
 
 from fusegen import sim
-from fusegen.codegen.build import select_family, test_case
+from fusegen.codegen.build import select_family
 from fusegen.codegen.family import Family
+from fusegen.codegen.files.tests import test_case
 from fusegen.codegen.plan import PlanError
 from fusegen.codegen.rewrites import rewrite
 from fusegen.dsl import load_spec

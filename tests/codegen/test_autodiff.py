@@ -11,7 +11,7 @@ import pytest
 import torch
 
 from fusegen.codegen.autodiff import RULES, backward_ir, grad_name
-from fusegen.codegen.build import reference_source
+from fusegen.codegen.files.reference import reference_source
 from fusegen.dsl import load_spec
 from fusegen.dsl.ir import KernelIR, eval_shape
 

@@ -23,7 +23,7 @@ from typing import Any
 import pytest
 import torch
 
-from fusegen.codegen.build import reference_source
+from fusegen.codegen.files.reference import reference_source
 from fusegen.codegen.rowreduce.backward_render import kernel_backward_ir
 from fusegen.codegen.rowreduce.match import match_rowreduce
 from fusegen.dsl import load_spec

@@ -8,7 +8,8 @@ from pathlib import Path
 import pytest
 import torch
 
-from fusegen.codegen.build import BuildOptions, build_spec, reference_source
+from fusegen.codegen.build import BuildOptions, build_spec
+from fusegen.codegen.files.reference import reference_source
 from fusegen.codegen.output import write_atomically
 from fusegen.dsl import load_spec
 from fusegen.dsl.ir import eval_shape

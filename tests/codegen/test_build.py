@@ -8,7 +8,8 @@ from pathlib import Path
 import pytest
 
 from fusegen.cli import main
-from fusegen.codegen.build import BuildOptions, build_spec, output_tolerances
+from fusegen.codegen.build import BuildOptions, build_spec
+from fusegen.codegen.files.tests import output_tolerances
 from fusegen.codegen.rewrites import rewrite
 from fusegen.dsl import load_spec
 from fusegen.testing import F32_UNROUNDED, TOLERANCE

@@ -11,6 +11,7 @@ import torch
 
 from fusegen.cli import main
 from fusegen.codegen import build
+from fusegen.codegen.files import tests as tests_file
 from fusegen.dsl import load_spec
 from fusegen.dsl.diagnostics import SpecError
 from fusegen.testing import load_generated
@@ -73,7 +74,7 @@ def test_a_value_named_like_an_unnamed_node_keeps_its_own_reference_local(tmp_pa
 
 def test_ragged_shapes_never_move_a_dim_the_spec_fixes() -> None:
     ir, _ = load_spec(str(ROOT / "examples" / "engram_gate_hc8.spec"))
-    shapes = build.test_shapes(ir)
+    shapes = tests_file.test_shapes(ir)
     assert any(label.startswith("ragged-") for _, label in shapes)
     assert all(dims["HC"] == 8 for dims, _ in shapes)
 
@@ -88,7 +89,7 @@ def test_two_thousand_dims_build_in_linear_time(tmp_path: Path) -> None:
     )
     ir, _ = load_spec(str(spec))
     started = time.process_time()
-    shapes = build.test_shapes(ir)
+    shapes = tests_file.test_shapes(ir)
     assert time.process_time() - started < 1.0
     assert [label for _, label in shapes if label.startswith("ragged-")] == ["ragged-T3"]  # H % 128 holds H
 

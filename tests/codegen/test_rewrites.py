@@ -8,7 +8,7 @@ from types import ModuleType
 import pytest
 import torch
 
-from fusegen.codegen.build import reference_source
+from fusegen.codegen.files.reference import reference_source
 from fusegen.codegen.rewrites import rewrite
 from fusegen.dsl import check, format_ir, load_spec, parse
 from fusegen.dsl.ir import KernelIR

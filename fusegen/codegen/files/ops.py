@@ -10,7 +10,7 @@ from types import ModuleType
 
 from fusegen.codegen.autodiff import backward_ir, grad_name
 from fusegen.codegen.family import Mismatch
-from fusegen.codegen.files.reference import TORCH_DTYPE, dim_bindings
+from fusegen.codegen.files.reference import TORCH_DTYPE, dim_bindings, reference_source
 from fusegen.codegen.files.render import header, render
 from fusegen.codegen.files.signature import Returned, door_source, op_check, signature
 from fusegen.codegen.stage import dim_source
@@ -31,7 +31,6 @@ def ops_files(ir: KernelIR, family: str, target: str = "trn2", lnc: int = 2) -> 
     if family not in TRAINABLE_FAMILIES:
         return {"ops.py": ops_source(ir, None)}
     back = backward_ir(ir)
-    from fusegen.codegen.build import reference_source  # build imports this module
     from fusegen.codegen.rowreduce.backward_render import backward_files, kernel_backward_ir
 
     kernel_back = kernel_backward_ir(ir)

@@ -4,6 +4,8 @@ from __future__ import annotations
 
 from collections.abc import Callable
 
+from fusegen.codegen.files.reference_chunks import MEMORY_BUDGET, row_chunks
+from fusegen.codegen.files.render import header, render
 from fusegen.codegen.stage import dim_source
 from fusegen.dsl.dim_sources import DimSource, dim_sources
 from fusegen.dsl.ir import Dim, IndexItem, KernelIR, Node
@@ -168,3 +170,26 @@ _SPECIAL: dict[str, Callable[[Node, list[str]], str]] = {
     "expand": _expand,
     "transpose": lambda node, args: f"{args[0]}.transpose(-1, -2)",
 }
+
+
+def reference_source(ir: KernelIR) -> str:
+    """reference.py for any family."""
+    params = [i.name for i in ir.inputs] + [f"{p.name}={p.default!r}" for p in ir.params]
+    optional = [o for o in ir.outputs if o.optional]
+    if optional:
+        params.append("save=False")
+    names = {o.name: _output_expr(ir, o.node, o.dtype) for o in ir.outputs}
+    chunks = row_chunks(ir)
+    args = [i.name for i in ir.inputs] + [p.name for p in ir.params] + (["save"] if optional else [])
+    sliced = [f"{a}[_r0:_r0 + _step]" if chunks and a in chunks.row_inputs else a for a in args]
+    return render(
+        "reference.py.jinja", header=header(ir, "reference.py.jinja"), name=ir.name, params=", ".join(params),
+        lines=reference_lines(ir), optional=[names[o.name] for o in optional],
+        required=[names[o.name] for o in ir.outputs if not o.optional], chunks=chunks,
+        args=", ".join(args), sliced=", ".join(sliced), budget=MEMORY_BUDGET,
+        bindings=[f"d_{d} = {src}" for d, src in dim_bindings(ir, lambda n: n)],
+    )  # fmt: skip
+
+
+def _output_expr(ir: KernelIR, node_id: int, dtype: str) -> str:
+    return f"{value_name(ir.node(node_id))}.to({TORCH_DTYPE[dtype]})"
