@@ -1,10 +1,9 @@
-"""Every limit of the front end is a diagnostic at the spot, at and just past the limit, in linear time."""
+"""Every front-end limit is a diagnostic at the spot, at and past it (speed: bench/frontend_speed.py)."""
 
 from __future__ import annotations
 
 import subprocess
 import sys
-import time
 from pathlib import Path
 
 import pytest
@@ -87,7 +86,7 @@ def test_file_size_at_and_past_the_limit(tmp_path: Path, capsys: pytest.CaptureF
     assert f"t.spec:{line}:1: error: the spec is larger than {MAX_SPEC_CHARS} bytes" in err
 
 
-def test_thousands_of_errors_report_capped_and_in_linear_time(
+def test_thousands_of_errors_report_capped(
     tmp_path: Path, capsys: pytest.CaptureFixture[str]
 ) -> None:
     # 1,500 names in scope, then 6,500 lines each naming an unknown value and redeclaring `z`
@@ -95,9 +94,7 @@ def test_thousands_of_errors_report_capped_and_in_linear_time(
     path = tmp_path / "t.spec"
     path.write_text(HEAD + "y = x\n" + "".join(lines) + TAIL)
     assert 90_000 < path.stat().st_size <= MAX_SPEC_CHARS
-    started = time.process_time()
     assert main(["check-spec", str(path)]) == 2
-    assert time.process_time() - started < 2.0
     err = capsys.readouterr().err
     assert err.count(": error: ") == 50 and "and 12950 more" in err and len(err) < 20_000
     assert main(["check-spec", "--max-errors", "3", str(path)]) == 2
@@ -151,9 +148,7 @@ def test_dim_products_at_and_past_the_term_limit() -> None:
     assert _diagnostics(spec.format(f"{eight} * {eight}")) == []
     past = _diagnostics(spec.format(f"{eight} * {nine}"))
     assert past == [f"t.spec:4:17: error: this dim expression expands to more than {MAX_DIM_TERMS} terms"]
-    started = time.process_time()
     assert len(_diagnostics(spec.format(" * ".join([nine] * 60)))) == 1
-    assert time.process_time() - started < 1.0
 
 
 def test_a_very_long_line_is_shown_as_a_window_around_the_caret() -> None:
