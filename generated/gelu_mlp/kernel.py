@@ -32,6 +32,11 @@ def _dma_engine_bytes(nbytes: float, rows: int, engines: int, row_bytes: int = _
 _P = 128  # partitions
 _F_MOV = 512  # matmul moving free size, one fp32 PSUM bank
 _MIN_CYCLES = 64  # minimum instruction initiation interval, cycles (nki.md §6 overheads)
+#: SBUF bytes per partition every plan leaves unallocated (issue 15: ">= 8 KiB of SBUF headroom kept in
+#: every plan"): the usable budget is NKIPY's figure for what a kernel may allocate, and a plan that fills
+#: it to the byte leaves the compiler no room for its own spills and alignment padding, nor the budget
+#: model any margin (docs/performance.md, "FFN at published model widths")
+_SBUF_HEADROOM = 8192
 #: PSUM banks one K-column block of the column-blocked down-projection accumulates in: half of the 8, so
 #: the next block's matmuls start while the last block is evicted
 _ACC_BANKS = 4
@@ -351,11 +356,18 @@ def _cost(m: _FfnModel, mach: _Machine, rows: int, k: int, i: int, lnc: int, pla
     return _Cost(pe / mach.pe_ghz, act / mach.act_ghz, dve / mach.dve_ghz, dma, hbm)
 
 
+def _plannable(usable: int) -> int:
+    """SBUF bytes per partition a plan may take of `usable`: all but SBUF_HEADROOM."""
+    return usable - _SBUF_HEADROOM
+
+
 def _candidates(
-    m: _FfnModel, rows: int, k: int, i: int, lnc: int, budget: int, exhaustive: bool = False
+    m: _FfnModel, rows: int, k: int, i: int, lnc: int, usable: int, exhaustive: bool = False
 ) -> list[_Plan]:
-    """Legal plans: every (S, CI) multiple of 128 when exhaustive, else a pruned set the search keeps; each
-    with the SBUF accumulator and, where S allows (split over rows only), with column blocks."""
+    """Legal plans within `usable` SBUF bytes less the headroom: every (S, CI) multiple of 128 when
+    exhaustive, else a pruned set the search keeps; each with the SBUF accumulator and, where S allows
+    (split over rows only), with column blocks."""
+    budget = _plannable(usable)
     plans = []
     for split in (0, 1) if lnc > 1 and _cdiv(i, _P) >= lnc else (0,):
         comp_rows, inter = _work_per_core(rows, i, lnc, split)
@@ -424,8 +436,8 @@ def _choose(m: _FfnModel, mach: _Machine, rows: int, k: int, i: int, lnc: int) -
     if not plans:
         need = _smallest_need(m, k, i)
         raise ValueError(
-            f"no tile plan fits: the smallest (S=128, CI=128) needs {need} B/partition of SBUF "
-            f"for K={k}, I={i}; the budget is {mach.sbuf_budget} B"
+            f"no tile plan fits: the smallest (S=128, CI=128) needs {need} B/partition of SBUF for K={k}, "
+            f"I={i}; the budget is {plannable(mach.sbuf_budget)} B with {SBUF_HEADROOM} B kept free"
         )
     return min(plans, key=lambda p: _rank_key(m, mach, rows, k, i, lnc, p))
 

@@ -16,6 +16,11 @@ from fusegen.perf.dmarule import DMA_ROW_BYTES, dma_engine_bytes
 P = 128  # partitions
 F_MOV = 512  # matmul moving free size, one fp32 PSUM bank
 MIN_CYCLES = 64  # minimum instruction initiation interval, cycles (nki.md §6 overheads)
+#: SBUF bytes per partition every plan leaves unallocated (issue 15: ">= 8 KiB of SBUF headroom kept in
+#: every plan"): the usable budget is NKIPY's figure for what a kernel may allocate, and a plan that fills
+#: it to the byte leaves the compiler no room for its own spills and alignment padding, nor the budget
+#: model any margin (docs/performance.md, "FFN at published model widths")
+SBUF_HEADROOM = 8192
 #: PSUM banks one K-column block of the column-blocked down-projection accumulates in: half of the 8, so
 #: the next block's matmuls start while the last block is evicted
 ACC_BANKS = 4
@@ -335,11 +340,18 @@ def cost(m: FfnModel, mach: Machine, rows: int, k: int, i: int, lnc: int, plan: 
     return Cost(pe / mach.pe_ghz, act / mach.act_ghz, dve / mach.dve_ghz, dma, hbm)
 
 
+def plannable(usable: int) -> int:
+    """SBUF bytes per partition a plan may take of `usable`: all but SBUF_HEADROOM."""
+    return usable - SBUF_HEADROOM
+
+
 def candidates(
-    m: FfnModel, rows: int, k: int, i: int, lnc: int, budget: int, exhaustive: bool = False
+    m: FfnModel, rows: int, k: int, i: int, lnc: int, usable: int, exhaustive: bool = False
 ) -> list[Plan]:
-    """Legal plans: every (S, CI) multiple of 128 when exhaustive, else a pruned set the search keeps; each
-    with the SBUF accumulator and, where S allows (split over rows only), with column blocks."""
+    """Legal plans within `usable` SBUF bytes less the headroom: every (S, CI) multiple of 128 when
+    exhaustive, else a pruned set the search keeps; each with the SBUF accumulator and, where S allows
+    (split over rows only), with column blocks."""
+    budget = plannable(usable)
     plans = []
     for split in (0, 1) if lnc > 1 and cdiv(i, P) >= lnc else (0,):
         comp_rows, inter = work_per_core(rows, i, lnc, split)
@@ -408,7 +420,7 @@ def choose(m: FfnModel, mach: Machine, rows: int, k: int, i: int, lnc: int) -> P
     if not plans:
         need = smallest_need(m, k, i)
         raise ValueError(
-            f"no tile plan fits: the smallest (S=128, CI=128) needs {need} B/partition of SBUF "
-            f"for K={k}, I={i}; the budget is {mach.sbuf_budget} B"
+            f"no tile plan fits: the smallest (S=128, CI=128) needs {need} B/partition of SBUF for K={k}, "
+            f"I={i}; the budget is {plannable(mach.sbuf_budget)} B with {SBUF_HEADROOM} B kept free"
         )
     return min(plans, key=lambda p: rank_key(m, mach, rows, k, i, lnc, p))
