@@ -189,9 +189,11 @@ def _buffers(m: _FfnModel, s: int, ci: int, k: int, i: int, kc: int = 0, g: int 
 
 
 def _x_block(k: int, x_bytes: int) -> int:
-    """Columns of x per DMA staged for the PE transpose: the fewest whole F_MOV blocks whose partition rows
-    reach DMA_ROW_BYTES (at most K), so x's loads are not packet-bound."""
-    return min(k, _cdiv(_DMA_ROW_BYTES, _F_MOV * x_bytes) * _F_MOV)
+    """Columns of x per DMA staged for the PE transpose: a whole row when it fits in the fewest F_MOV blocks
+    that reach DMA_ROW_BYTES per partition row (K <= 1536 in bf16: there x's loads are a large share of a
+    super-block's start and SBUF has room), else one F_MOV block (wide K: SBUF is tight and x's loads are
+    a small share of the weights')."""
+    return k if k <= _cdiv(_DMA_ROW_BYTES, _F_MOV * x_bytes) * _F_MOV else min(_F_MOV, k)
 
 
 def _x_staged(m: _FfnModel, k: int) -> int:
