@@ -21,7 +21,7 @@ import torch
 
 from fusegen import sim
 from fusegen.perf.capture import launches
-from fusegen.perf.cost import MODEL_I, SENSITIVITY, assume
+from fusegen.perf.cost import DMA_FIXED_NS, MODEL_I, SENSITIVITY, assume
 from fusegen.perf.roofline import Roofline, hbm_bytes_moved, roofline
 from fusegen.perf.schedule import Schedule, schedule
 
@@ -165,8 +165,11 @@ def targets(results: dict[tuple[str, int, int], tuple[Row, Row]]) -> list[str]:
                 _goal(f"{target} LNC={lnc} R={rows}: >= 92% of PE roofline", f"{100 * eff:.1f}%", eff >= 0.92)
             )
         if lnc == 2 and rows <= 256:
-            hbm = gen.time_ns / gen.roof.memory_ns
-            out.append(_goal(f"{target} LNC=2 R={rows}: <= 1.2x the HBM roofline", f"{hbm:.2f}x", hbm <= 1.2))
+            ratio = gen.time_ns / gen.roof.time_ns
+            name = f"{target} LNC=2 R={rows}: <= 1.2x max(PE, HBM) roofline"
+            out.append(_goal(name, f"{ratio:.2f}x", ratio <= 1.2))
+            if ratio > 1.2:
+                out.append(split_bound(target, rows, gen.roof))
             if base.sched is None:
                 name = f"{target} LNC=2 R={rows}: >= 1.5x faster than the seed"
                 out.append(f"  {name:<52}{'n/a':>8}  (the seed {base.note})")
@@ -180,6 +183,27 @@ def targets(results: dict[tuple[str, int, int], tuple[Row, Row]]) -> list[str]:
                     )
                 )
     return out
+
+
+def split_bound(target: str, rows: int, roof: Roofline) -> str:
+    """A lower bound on any LNC 2 kernel that splits I (each core one half of the weights, then the partial
+    sums exchanged through HBM), at documented rates: the busiest core's matmuls (ceil(n/2) of the n
+    I-tiles, each matmul max(64, N) moving columns per cycle) or its weight bytes at its DMA rate, whichever
+    is longer, plus the DMA fixed latencies no engine work can hide: x in before the first matmul, and after
+    the last one the partial sums out and back in, then the output out."""
+    t = sim.get_target(target)
+    assert t.tensor_clock_ghz is not None and t.dma_gbps_per_core is not None
+    n_tiles = -(-I // 128)
+    tiles = -(-n_tiles // 2)  # I-tiles of the busiest core
+    up = 2 * (K // 128) * tiles * max(64, rows)  # two projections, each K-tile x I-tile, R moving columns
+    down = -(-rows // 128) * tiles * K  # per row tile and I-tile, K moving columns
+    pe_ns = (up + down) / t.tensor_clock_ghz
+    dma_ns = 3 * K * 128 * tiles * 2 / t.dma_gbps_per_core  # three bf16 weights, its I-tiles
+    bound = max(pe_ns, dma_ns) + 4 * DMA_FIXED_NS
+    engine = "PE" if pe_ns >= dma_ns else "DMA queues"
+    return (f"    bound (I split, HBM exchange): {engine} {max(pe_ns, dma_ns) / 1000:.1f} us of its {tiles} "
+            f"of {n_tiles} I-tiles + 4 x {DMA_FIXED_NS / 1000:.1f} us DMA latency in series "
+            f"= {bound / 1000:.1f} us = {bound / roof.time_ns:.2f}x")  # fmt: skip
 
 
 def rescheduled(r: Row, target: str) -> Schedule:

@@ -119,8 +119,8 @@ def candidates(
         need = fb.smallest_need(model, k, i)
         raise PlanError(
             f"no tile plan fits on {target.name}: the smallest (S=128, CI=128) needs {need} "
-            f"B/partition of SBUF for K={k}, I={i}; the budget is {mach.sbuf_budget} B "
-            f"({_widest_k(model, i, mach.sbuf_budget)})"
+            f"B/partition of SBUF for K={k}, I={i}; the budget is {fb.plannable(mach.sbuf_budget)} B "
+            f"with {fb.SBUF_HEADROOM} B kept free ({_widest_k(model, i, fb.plannable(mach.sbuf_budget))})"
         )
     ranked = sorted(plans, key=lambda p: fb.rank_key(model, mach, rows, k, i, lnc, p))[:count]
     best = fb.cost(model, mach, rows, k, i, lnc, ranked[0])
@@ -209,9 +209,10 @@ def _reasons(
     reasons.append(_up_groups(model, mach, p, k))
     reasons.append(_down_projection(model, mach, shape, lnc, p, c))
     wider = p.ci + fb.P
-    if wider <= fb.cdiv(i, fb.P) * fb.P and fb.sbuf_bytes(model, p.s, wider, k, i, p.kc) > mach.sbuf_budget:
+    budget = fb.plannable(mach.sbuf_budget)
+    if wider <= fb.cdiv(i, fb.P) * fb.P and fb.sbuf_bytes(model, p.s, wider, k, i, p.kc) > budget:
         need = fb.sbuf_bytes(model, p.s, wider, k, i, p.kc)
-        reasons.append(f"CI={p.ci}: CI={wider} would need {need} B > {mach.sbuf_budget} B of SBUF")
+        reasons.append(f"CI={p.ci}: CI={wider} would need {need} B > {budget} B of SBUF (the headroom kept)")
     if lnc > 1:
         other = fb.cost(model, mach, rows, k, i, lnc, fb.Plan(p.s, p.ci, 1 - p.split, 0, p.g))
         mode = "I split" if p.split else "row split"
@@ -247,7 +248,7 @@ def _down_projection(
     if not p.kc and (p.split or p.s > fb.ACC_BANKS * fb.P):
         return f"{what} (column blocks need S <= {fb.ACC_BANKS * fb.P} and a split over rows)"
     need = fb.plan_bytes(model, other, k, i)
-    if need > mach.sbuf_budget:
-        return f"{what}; {alt} would need {need} B > {mach.sbuf_budget} B of SBUF here"
+    if need > fb.plannable(mach.sbuf_budget):
+        return f"{what}; {alt} would need {need} B > {fb.plannable(mach.sbuf_budget)} B of SBUF here"
     t = fb.cost(model, mach, rows, k, i, lnc, other).total
     return f"{what}; {alt} models {t / 1000:.1f} us against {c.total / 1000:.1f} us"

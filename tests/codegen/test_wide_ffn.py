@@ -152,8 +152,9 @@ def test_past_the_limit_check_explain_and_host_give_the_planners_numbers(
     """K=131072: x^T alone (K * 2 bytes per partition at 128 rows) passes the SBUF budget, so nothing fits;
     every door says so with the numbers and the widest K that fits, no traceback."""
     spec, shape = str(ROOT / "examples" / "swiglu_rmsnorm.spec"), ["R=3", "K=131072", "I=128"]
-    budget = {"trn1": 180224, "trn2": 212984}[target]
-    numbers = rf"needs \d+ B/partition of SBUF for K=131072, I=128; the budget is {budget} B"
+    budget = {"trn1": 180224, "trn2": 212984}[target] - 8192  # the headroom every plan keeps free
+    numbers = (rf"needs \d+ B/partition of SBUF for K=131072, I=128; the budget is {budget} B "
+               r"with 8192 B kept free")
     for command in ("check", "explain"):
         assert main([command, spec, "--shape", *shape, "--target", target, "--lnc", "1"]) == 2
         err = capsys.readouterr().err

@@ -16,6 +16,11 @@ from fusegen.perf.dmarule import DMA_ROW_BYTES, dma_engine_bytes
 P = 128  # partitions
 F_MOV = 512  # matmul moving free size, one fp32 PSUM bank
 MIN_CYCLES = 64  # minimum instruction initiation interval, cycles (nki.md §6 overheads)
+#: SBUF bytes per partition every plan leaves unallocated (issue 15: ">= 8 KiB of SBUF headroom kept in
+#: every plan"): the usable budget is NKIPY's figure for what a kernel may allocate, and a plan that fills
+#: it to the byte leaves the compiler no room for its own spills and alignment padding, nor the budget
+#: model any margin (docs/performance.md, "FFN at published model widths")
+SBUF_HEADROOM = 8192
 #: PSUM banks one K-column block of the column-blocked down-projection accumulates in: half of the 8, so
 #: the next block's matmuls start while the last block is evicted
 ACC_BANKS = 4
@@ -143,7 +148,7 @@ def buffers(m: FfnModel, s: int, ci: int, k: int, i: int, kc: int = 0, g: int = 
     epi = m.epi_cols if kc else m.epi
     common = [
         Buffer("x^T, K on partitions", n_k * s * m.x_bytes, 1),
-        Buffer("x row block, staged for the PE transpose", min(F_MOV, k) * m.x_bytes, 2),
+        Buffer("x row block, staged for the PE transpose", x_staged(m, k) * m.x_bytes, 2),
         up_weights(m, s, ci, k, g),
         Buffer("combine output (down-proj stationary)", n_hc * F_MOV * m.x_bytes, 1),
         Buffer("combine temporaries", m.mid_tiles * F_MOV * 4, 2),
@@ -165,6 +170,19 @@ def buffers(m: FfnModel, s: int, ci: int, k: int, i: int, kc: int = 0, g: int = 
         Buffer("down-projection weight chunk", n_hc * k * m.x_bytes, 2),
         Buffer("[K]-bias piece / partial-sum block", F_MOV * 4, 2),
     ]
+
+
+def x_block(k: int, x_bytes: int) -> int:
+    """Columns of x per DMA staged for the PE transpose: a whole row when it fits in the fewest F_MOV blocks
+    that reach DMA_ROW_BYTES per partition row (K <= 1536 in bf16: there x's loads are a large share of a
+    super-block's start and SBUF has room), else one F_MOV block (wide K: SBUF is tight and x's loads are
+    a small share of the weights')."""
+    return k if k <= cdiv(DMA_ROW_BYTES, F_MOV * x_bytes) * F_MOV else min(F_MOV, k)
+
+
+def x_staged(m: FfnModel, k: int) -> int:
+    """Columns of the staged x block: `x_block`, or a prologue's F_MOV-wide blocks."""
+    return min(F_MOV, k) if m.pro.sweeps else x_block(k, m.x_bytes)
 
 
 def column_block(s: int, k: int) -> int:
@@ -255,11 +273,13 @@ def _super_block(
     k_cycles = _cycles(k)  # one row tile's K, 512 wide
     act, dve, hbm, transfers = _stage_cost(m.pro, cdiv(s_rows, P), k)
     pe = 0.0
-    # x's rows read a K-block per transfer; each K-tile transposed on the PE into PSUM, copied out on DVE
-    hbm, transfers = hbm + s_rows * k * m.x_bytes, transfers + cdiv(s_rows, P) * cdiv(k, F_MOV)
+    # x's rows read a staged block per transfer; each K-tile transposed on the PE into PSUM and copied
+    # out, even K-tiles on DVE, odd ones on ACT
+    hbm, transfers = hbm + s_rows * k * m.x_bytes, transfers + cdiv(s_rows, P) * cdiv(k, x_staged(m, k))
     for rows_t, n_t in _runs(s_rows, P):
         pe += n_t * n_k * max(MIN_CYCLES, rows_t)
-        dve += n_t * n_k * max(MIN_CYCLES, rows_t)
+        dve += n_t * (n_k - n_k // 2) * max(MIN_CYCLES, rows_t)
+        act += n_t * (n_k // 2) * max(MIN_CYCLES, rows_t)
     if m.fold_bias and not kc:  # one [P, F_MOV] piece of the bias per eviction of the first chunk
         hbm += cdiv(s_rows, P) * P * k * 4
         transfers += cdiv(s_rows, P) * cdiv(k, F_MOV)
@@ -335,11 +355,18 @@ def cost(m: FfnModel, mach: Machine, rows: int, k: int, i: int, lnc: int, plan: 
     return Cost(pe / mach.pe_ghz, act / mach.act_ghz, dve / mach.dve_ghz, dma, hbm)
 
 
+def plannable(usable: int) -> int:
+    """SBUF bytes per partition a plan may take of `usable`: all but SBUF_HEADROOM."""
+    return usable - SBUF_HEADROOM
+
+
 def candidates(
-    m: FfnModel, rows: int, k: int, i: int, lnc: int, budget: int, exhaustive: bool = False
+    m: FfnModel, rows: int, k: int, i: int, lnc: int, usable: int, exhaustive: bool = False
 ) -> list[Plan]:
-    """Legal plans: every (S, CI) multiple of 128 when exhaustive, else a pruned set the search keeps; each
-    with the SBUF accumulator and, where S allows (split over rows only), with column blocks."""
+    """Legal plans within `usable` SBUF bytes less the headroom: every (S, CI) multiple of 128 when
+    exhaustive, else a pruned set the search keeps; each with the SBUF accumulator and, where S allows
+    (split over rows only), with column blocks."""
+    budget = plannable(usable)
     plans = []
     for split in (0, 1) if lnc > 1 and cdiv(i, P) >= lnc else (0,):
         comp_rows, inter = work_per_core(rows, i, lnc, split)
@@ -406,9 +433,10 @@ def choose(m: FfnModel, mach: Machine, rows: int, k: int, i: int, lnc: int) -> P
         raise ValueError(f"LNC={lnc} is not available on this target: at most {mach.max_lnc}")
     plans = candidates(m, rows, k, i, lnc, mach.sbuf_budget)
     if not plans:
-        need = smallest_need(m, k, i)
+        # outside the f-string: the generated copy renames these helpers, never inside a string
+        need, budget, kept = smallest_need(m, k, i), plannable(mach.sbuf_budget), SBUF_HEADROOM
         raise ValueError(
-            f"no tile plan fits: the smallest (S=128, CI=128) needs {need} B/partition of SBUF "
-            f"for K={k}, I={i}; the budget is {mach.sbuf_budget} B"
+            f"no tile plan fits: the smallest (S=128, CI=128) needs {need} B/partition of SBUF for K={k}, "
+            f"I={i}; the budget is {budget} B with {kept} B kept free"
         )
     return min(plans, key=lambda p: rank_key(m, mach, rows, k, i, lnc, p))

@@ -232,14 +232,18 @@ def _lower_prologue(ir: KernelIR, m: FfnMatch) -> BlockedStage | None:
 def transpose_block(tile: str, nl_dtype: str) -> tuple[str, ...]:
     """Lines transposing K-block `k0` (width `nb`) of row tile `rs`, held in `tile` in the weights' dtype,
     into x^T one K-tile at a time on the PE (through PSUM): a DMA transpose takes 2-byte dtypes and 16-row
-    pieces only (../nki-rules: DMA), so the PE serves every dtype."""
+    pieces only (../nki-rules: DMA), so the PE serves every dtype. The copies out of PSUM alternate between
+    the Vector and the Scalar engine (an exact copy on either), which halves the first super-block's wait."""
     return (
         "for kt in range(k0 // _P, _cdiv(k0 + nb, _P)):",
         "    pk = min(_P, K - kt * _P)",
         f"    xt_ps = nl.ndarray((_P, _P), dtype={nl_dtype}, buffer=nl.psum)",
         f"    nisa.nc_transpose(dst=xt_ps[0:pk, 0:pr], data={tile}[0:pr, kt * _P - k0:kt * _P - k0 + pk], "
         "engine=nisa.engine.tensor)",
-        "    nisa.tensor_copy(dst=xt[kt][0:pk, rs * _P:rs * _P + pr], src=xt_ps[0:pk, 0:pr])",
+        "    if kt % 2:",
+        "        nisa.activation(dst=xt[kt][0:pk, rs * _P:rs * _P + pr], op=nl.copy, data=xt_ps[0:pk, 0:pr])",
+        "    else:",
+        "        nisa.tensor_copy(dst=xt[kt][0:pk, rs * _P:rs * _P + pr], src=xt_ps[0:pk, 0:pr])",
     )
 
 
