@@ -55,7 +55,9 @@ class Context:
         self.ops: list[str] = []  # and its op name
         self.epoch = 0
         self.regs: dict[str, torch.Tensor] = {}
-        self.matmuls = MatmulQueue(launch.barrier.off_turn)
+        self.grid = launch.grid
+        self.off_turn = launch.barrier.off_turn  # run a long GIL-free torch call while others take turns
+        self.matmuls = MatmulQueue(self.off_turn)
         self.spans: list[Span] = []  # of on-chip allocations, for interval liveness
         self.shared_count = 0  # shared_hbm allocations so far (matched across instances by order)
 
