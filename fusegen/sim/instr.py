@@ -24,7 +24,8 @@ from .tensor import NkiTensor, contiguous_strides
 from .trace import Record
 
 _SMALLEST_FREE_MAX = min(FREE_SIZE_MAX.values())
-OFF_TURN_COPY = 1 << 15  # elements: stores at least this big run off the instance's turn
+OFF_TURN_COPY = 1 << 17  # elements (>= ~100 us of copy, well above the cost of a turn hand-over): stores
+# at least this big copy off the instance's turn
 
 
 class Instr:
