@@ -7,8 +7,7 @@ import threading
 from collections.abc import Callable
 from typing import TypeVar
 
-from .errors import BarrierError
-from .instr import Instr
+from .errors import BarrierError, Located
 
 T = TypeVar("T")
 
@@ -40,11 +39,11 @@ class CoreBarrier:
         finally:
             self.turn.acquire()
 
-    def wait(self, core: int, ins: Instr) -> None:
+    def wait(self, core: int, ins: Located) -> None:
         """Block until all parties arrive."""
         self.off_turn(lambda: self._wait(core, ins))
 
-    def _wait(self, core: int, ins: Instr) -> None:
+    def _wait(self, core: int, ins: Located) -> None:
         """The condition-variable part of wait()."""
         with self.cond:
             gen = self.generation

@@ -5,15 +5,41 @@ from __future__ import annotations
 
 import warnings
 from collections.abc import Callable
-from typing import TYPE_CHECKING, Any
+from typing import Any, Protocol
 
-from .errors import fault, user_site
+from .errors import Located, fault, user_site
 from .rules import ALU_ENGINES, BITVEC_OPS, LNC_DEGREES, RULES, SCALAR_ENGINE_PAIRS, ConformanceWarning, Rule
 from .subset import findings
 from .targets import Target
 
-if TYPE_CHECKING:
-    from .instr import Instr
+
+class _RulesMode(Protocol):
+    """The instance state violation() reads."""
+
+    @property
+    def rules_error(self) -> bool:
+        """Violations raise (else warn)."""
+        ...
+
+
+class Instruction(Located, Protocol):
+    """What violation() needs of an executing instruction (instr.Instr; no import, so no import circle)."""
+
+    @property
+    def ctx(self) -> _RulesMode:
+        """The instance executing it."""
+        ...
+
+    @property
+    def site(self) -> tuple[str, int]:
+        """Its kernel source line."""
+        ...
+
+    @property
+    def op(self) -> str:
+        """Its op name."""
+        ...
+
 
 #: rules="error": every rules.py violation raises; "warn": warns once per rule and line, and runs on.
 #: "warn" is the default until generated/ conforms (issue 13); tests/sim/test_conformance.py and the
@@ -69,7 +95,7 @@ def message(rule: Rule, detail: str) -> str:
 _WARNED: set[tuple[str, tuple[str, int]]] = set()  # (rule, site) already warned about in this process
 
 
-def violation(ins: Instr, name: str, detail: str) -> None:
+def violation(ins: Instruction, name: str, detail: str) -> None:
     """Report a broken rule at the instruction's source line: raise, or warn when rules='warn'."""
     rule = RULES[name]
     if ins.ctx.rules_error or rule.always:

@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import threading
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Protocol
 
 import torch
 
@@ -12,8 +12,8 @@ from .errors import SimError, fault
 from .targets import TARGETS, Target
 
 if TYPE_CHECKING:
-    from .launch import Launch
-    from .memory import Span
+    from .barrier import CoreBarrier
+    from .memory import Alloc, Span, StoragePool
     from .trace import Record
 
 _tls = threading.local()
@@ -21,10 +21,30 @@ _tls = threading.local()
 default_target: list[Target] = [TARGETS["trn2"]]
 
 
+class LaunchState(Protocol):
+    """What instances use of their launch (launch.Launch; not imported here, so no import circle)."""
+
+    grid: int
+    target: Target
+    strict: bool
+    rules_error: bool
+    barrier: CoreBarrier
+    contexts: list[Context]
+    pool: StoragePool
+    deferred: list[tuple[int, SimError]]
+    stop_above: int
+
+    def shared_alloc(
+        self, ctx: Context, shape: tuple[int, ...], dtype: torch.dtype, name: str, site: tuple[str, int]
+    ) -> Alloc:
+        """The n-th shared_hbm allocation of every instance is the same tensor."""
+        ...
+
+
 class Context:
     """State of one program instance (one core): trace, barrier epoch, engine registers, allocations."""
 
-    def __init__(self, core: int, launch: Launch) -> None:
+    def __init__(self, core: int, launch: LaunchState) -> None:
         self.core = core
         self.launch = launch
         self.target: Target = launch.target
@@ -35,7 +55,9 @@ class Context:
         self.ops: list[str] = []  # and its op name
         self.epoch = 0
         self.regs: dict[str, torch.Tensor] = {}
-        self.matmuls = MatmulQueue(launch.barrier.off_turn)
+        self.grid = launch.grid
+        self.off_turn = launch.barrier.off_turn  # run a long GIL-free torch call while others take turns
+        self.matmuls = MatmulQueue(self.off_turn)
         self.spans: list[Span] = []  # of on-chip allocations, for interval liveness
         self.shared_count = 0  # shared_hbm allocations so far (matched across instances by order)
 

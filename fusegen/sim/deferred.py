@@ -85,6 +85,20 @@ def _stacks(slot: int) -> tuple[_Stack, _Stack]:
 def _layout(t: NkiTensor) -> Layout:
     """How an operand is stacked: its whole partition rows when it is a wide enough column range of them
     (a narrow one would leave the GEMM a narrow strided operand, which MKL handles slowly)."""
+    cache_key = (t.alloc.pstride, t.key)
+    layout = _LAYOUTS.get(cache_key)
+    if layout is None:
+        if len(_LAYOUTS) > 4096:  # kernels use a few hundred distinct operand views: never grows unbounded
+            _LAYOUTS.clear()
+        layout = _LAYOUTS[cache_key] = _new_layout(t)
+    return layout
+
+
+_LAYOUTS: dict[tuple[int, ViewKey], Layout] = {}
+
+
+def _new_layout(t: NkiTensor) -> Layout:
+    """Uncached _layout."""
     w, p, n = t.alloc.pstride, t.partitions, t.free_size
     if len(t.shape) == 2 and t.strides[1] == 1 and (p == 1 or t.strides[0] == w) and n * 4 >= w <= _WIDE:
         row, col = divmod(t.offset, w)

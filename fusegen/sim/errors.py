@@ -6,12 +6,21 @@ import itertools
 import os
 import sys
 import types
+from typing import Protocol
 
 _SIM_DIR = os.path.dirname(os.path.abspath(__file__)) + os.sep
 
 
 class SimError(Exception):
     """Base class of every fault the interpreter detects."""
+
+
+class Located(Protocol):
+    """Something at a kernel source line that builds its errors (an executing instruction)."""
+
+    def fail(self, cls: type[SimError], detail: str) -> SimError:
+        """An exception of class `cls` located at the source line."""
+        ...
 
 
 class PartitionError(SimError):

@@ -24,6 +24,8 @@ from .tensor import NkiTensor, contiguous_strides
 from .trace import Record
 
 _SMALLEST_FREE_MAX = min(FREE_SIZE_MAX.values())
+OFF_TURN_COPY = 1 << 17  # elements (>= ~100 us of copy, well above the cost of a turn hand-over): stores
+# at least this big copy off the instance's turn
 
 
 class Instr:
@@ -131,7 +133,10 @@ class Instr:
         if start <= value.data_ptr() < start + alloc.numel * alloc.itemsize:
             value = value.clone()  # e.g. a shifting copy within one tile: source and target overlap
         value = dtypes.cast_for_store(value, alloc.dtype)
-        target.copy_(value if value.shape == t.shape else value.reshape(t.shape))
+        if t.numel >= OFF_TURN_COPY and self.ctx.grid > 1:  # the copy releases the GIL: another instance
+            self.ctx.off_turn(lambda: _store(target, value))  # takes its turn meanwhile (barrier.py)
+        else:
+            _store(target, value)
         self.mark_written(t)
         if alloc.mm_any:  # non-matmul writes end an accumulation group
             t.materialize(alloc.matmul_flags()).fill_(False)
@@ -244,6 +249,11 @@ class Instr:
                 self.ctx.epoch,
             )
         )
+
+
+def _store(target: torch.Tensor, value: torch.Tensor) -> None:
+    """Copy `value` (of target's element count) into the storage view `target`."""
+    target.copy_(value if value.shape == target.shape else value.reshape(target.shape))
 
 
 def unwritten_count(t: NkiTensor) -> int:

@@ -56,6 +56,7 @@ class Launch:
         self.barrier = CoreBarrier(grid)
         self.contexts = [Context(core, self) for core in range(grid)]
         self.shared: list[Alloc] = []
+        self.trackers: list[RaceTracker] = []
         self.pool = StoragePool()
         self.lock = threading.Lock()
         # uninitialized shared-HBM reads as (core, error), raised if no race explains them
@@ -94,6 +95,7 @@ class Launch:
         """Shared tensors of multi-core launches get race tracking."""
         if self.grid > 1:
             alloc.race = RaceTracker(alloc.numel, self.grid)
+            self.trackers.append(alloc.race)
 
     def run(self, fn: Callable[..., Any], args: tuple[Any, ...], kwargs: dict[str, Any]) -> RunResult:
         """Execute every instance, then collect outputs, trace and statistics."""
@@ -139,6 +141,8 @@ class Launch:
         """Free pooled storage and break the launch <-> context cycle (no cyclic GC pass needed)."""
         self.pool.close()
         self.contexts = []
+        for tracker in self.trackers:
+            tracker.release()
 
     def fail(self, core: int, exc: BaseException) -> None:
         """Record an instance's exception; stop the higher cores and release barrier waiters.

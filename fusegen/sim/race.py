@@ -4,6 +4,9 @@ A code is ``epoch << 32 | instruction index``. Cores run in lock-step between ba
 core's entry belongs to the current epoch exactly when its code is >= ``epoch << 32``: the check is
 independent of thread interleaving. Arrays are created once a tensor is first written (per core and
 kind, when first needed); reads before that are only logged (read-only inputs cost a list append).
+Each array has a hull (its latest epoch and the element range touched in it): a view outside another
+core's hull of this epoch cannot conflict with it, so the scan is skipped (disjoint row blocks per core).
+Arrays are kept for later launches (a fresh one costs a page fault per 4 KiB), refilled with 'never'.
 """
 
 from __future__ import annotations
@@ -12,8 +15,13 @@ import threading
 
 import torch
 
+_KEEP_BYTES = 128 << 20  # code arrays kept for later launches (a fresh 14 MB array costs its page faults)
+_spare: dict[int, list[torch.Tensor]] = {}  # numel -> released code arrays
+_spare_lock = threading.Lock()
 Conflict = tuple[int, int, str]  # (other core, its instruction index, 'read' | 'write')
 _View = tuple[tuple[int, ...], tuple[int, ...], int]
+_Hull = tuple[int, int, int]  # (epoch, first element index, last element index)
+_NO_HULL: _Hull = (-1, 0, -1)
 
 
 class RaceTracker:
@@ -27,6 +35,10 @@ class RaceTracker:
         # code arrays per core, created when that core first reads / writes once tracking started
         self.reads: list[torch.Tensor | None] = [None] * cores
         self.writes: list[torch.Tensor | None] = [None] * cores
+        # per core: (latest epoch with codes in its array, first and last element index touched in it);
+        # a view outside that range holds no code of that epoch, so needs no scan
+        self.read_hulls: list[_Hull] = [_NO_HULL] * cores
+        self.write_hulls: list[_Hull] = [_NO_HULL] * cores
         self.read_log: list[tuple[int, int, int, _View]] = []  # (core, epoch, instr, view) before arrays
         self.log_epoch = 0  # entries of earlier epochs are dropped when a read of a later one comes
 
@@ -39,8 +51,8 @@ class RaceTracker:
                     self.log_epoch = epoch
                 self.read_log.append((core, epoch, instr, view))
                 return None
-            conflict = self._find(self.writes, core, epoch, view, "write")
-            _mark(self._array(self.reads, core), view, epoch, instr)
+            conflict = self._find(self.writes, self.write_hulls, core, epoch, view, "write")
+            self._record(self.reads, self.read_hulls, core, view, epoch, instr)
             return conflict
 
     def on_write(self, core: int, epoch: int, instr: int, view: _View) -> Conflict | None:
@@ -48,32 +60,72 @@ class RaceTracker:
         with self.lock:
             if not self.tracking:
                 self._start_tracking()
-            conflict = self._find(self.writes, core, epoch, view, "write")
-            conflict = conflict or self._find(self.reads, core, epoch, view, "read")
-            _mark(self._array(self.writes, core), view, epoch, instr)
+            conflict = self._find(self.writes, self.write_hulls, core, epoch, view, "write")
+            conflict = conflict or self._find(self.reads, self.read_hulls, core, epoch, view, "read")
+            self._record(self.writes, self.write_hulls, core, view, epoch, instr)
             return conflict
 
     def _array(self, arrays: list[torch.Tensor | None], core: int) -> torch.Tensor:
         """The core's code array of one kind (created filled with 'never')."""
         array = arrays[core]
         if array is None:
-            array = arrays[core] = torch.full((self.numel,), -1, dtype=torch.int64)
+            with _spare_lock:
+                spare = _spare.get(self.numel)
+                array = spare.pop() if spare else None
+            if array is None:
+                with torch.inference_mode(False):  # kept across launches: writable in any mode
+                    array = torch.empty(self.numel, dtype=torch.int64)
+            array = arrays[core] = array.fill_(-1)
         return array
+
+    def release(self) -> None:
+        """The launch is over: keep the code arrays for later launches (up to _KEEP_BYTES in all)."""
+        with _spare_lock:
+            kept = sum(a.numel() * 8 for arrays in _spare.values() for a in arrays)
+            for array in [*self.reads, *self.writes]:
+                if array is not None and kept + self.numel * 8 <= _KEEP_BYTES:
+                    _spare.setdefault(self.numel, []).append(array)
+                    kept += self.numel * 8
+        self.reads = [None] * self.cores
+        self.writes = [None] * self.cores
+        self.read_hulls = [_NO_HULL] * self.cores
+        self.write_hulls = [_NO_HULL] * self.cores
 
     def _start_tracking(self) -> None:
         """Replay the logged reads into code arrays."""
         self.tracking = True
         for core, epoch, instr, view in self.read_log:
-            _mark(self._array(self.reads, core), view, epoch, instr)
+            self._record(self.reads, self.read_hulls, core, view, epoch, instr)
         self.read_log = []
 
+    def _record(
+        self,
+        arrays: list[torch.Tensor | None],
+        hulls: list[_Hull],
+        core: int,
+        view: _View,
+        epoch: int,
+        instr: int,
+    ) -> None:
+        """Store the access's code in the core's array of its kind, and widen its hull."""
+        _mark(self._array(arrays, core), view, epoch, instr)
+        last, lo, hi = hulls[core]
+        first, final = _extent(view)
+        if epoch > last:
+            hulls[core] = (epoch, first, final)
+        elif epoch == last:
+            hulls[core] = (epoch, min(lo, first), max(hi, final))
+
+    @staticmethod
     def _find(
-        self, arrays: list[torch.Tensor | None], core: int, epoch: int, view: _View, kind: str
+        arrays: list[torch.Tensor | None], hulls: list[_Hull], core: int, epoch: int, view: _View, kind: str
     ) -> Conflict | None:
         """First element another core touched (per `arrays`) in this epoch."""
         floor = epoch << 32
+        first, final = _extent(view)
         for other, array in enumerate(arrays):
-            if other == core or array is None:
+            last, lo, hi = hulls[other]
+            if other == core or array is None or last < epoch or final < lo or hi < first:
                 continue
             codes = torch.as_strided(array, *view)
             hit = codes >= floor
@@ -81,6 +133,14 @@ class RaceTracker:
                 code = int(codes[hit].reshape(-1)[0])
                 return other, code & 0xFFFFFFFF, kind
         return None
+
+
+def _extent(view: _View) -> tuple[int, int]:
+    """First and last element index a view addresses (last < first when it is empty)."""
+    shape, strides, offset = view
+    if 0 in shape:
+        return offset, offset - 1
+    return offset, offset + sum((n - 1) * s for n, s in zip(shape, strides, strict=True))
 
 
 def _mark(array: torch.Tensor, view: _View, epoch: int, instr: int) -> None:
