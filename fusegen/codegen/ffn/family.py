@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from fusegen.codegen.family import kernel_arg
+from fusegen.codegen.family import KernelBackward, kernel_arg
 from fusegen.codegen.ffn import budget as ffn_budget
 from fusegen.codegen.ffn.lower import FfnLowering, lower_ffn
 from fusegen.codegen.ffn.match import FfnMatch, match_ffn
@@ -37,6 +37,7 @@ class FfnFamily:
     """Projections of one input over K, an elementwise combine, a down-projection, an epilogue."""
 
     name: str = "ffn"
+    trainable: bool = False
     summary: str = (
         "x @ W (1 or 2 projections) -> elementwise combine -> @ W2 -> elementwise/row-wise epilogue"
     )
@@ -85,6 +86,11 @@ class FfnFamily:
             default_target=target,
             default_lnc=lnc,
         )
+
+
+    def backward(self, ir: KernelIR, target: str, lnc: int) -> KernelBackward | None:
+        """No backward (the family is inference-only)."""
+        return None
 
 
 FFN = FfnFamily()
