@@ -4,14 +4,17 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+from fusegen.codegen.autodiff import backward_ir
 from fusegen.codegen.family import KernelBackward, kernel_arg
 from fusegen.codegen.ffn import budget as ffn_budget
+from fusegen.codegen.ffn.backward import backward_plan
 from fusegen.codegen.ffn.lower import FfnLowering, lower_ffn
 from fusegen.codegen.ffn.match import FfnMatch, match_ffn
 from fusegen.codegen.files.reference import dim_bindings
 from fusegen.codegen.files.render import header, private_repr, render, vendored
 from fusegen.codegen.files.signature import Returned, door_lines, door_source, signature
 from fusegen.codegen.plan import PlanError, TilePlan, machine, plan_ffn
+from fusegen.codegen.rewrites import rewrite
 from fusegen.dsl.ir import KernelIR
 from fusegen.sim.targets import TARGETS, get_target
 
@@ -37,7 +40,7 @@ class FfnFamily:
     """Projections of one input over K, an elementwise combine, a down-projection, an epilogue."""
 
     name: str = "ffn"
-    trainable: bool = False
+    trainable: bool = True
     summary: str = (
         "x @ W (1 or 2 projections) -> elementwise combine -> @ W2 -> elementwise/row-wise epilogue"
     )
@@ -89,8 +92,10 @@ class FfnFamily:
 
 
     def backward(self, ir: KernelIR, target: str, lnc: int) -> KernelBackward | None:
-        """No backward (the family is inference-only)."""
-        return None
+        """backward_plan.md: the save-vs-recompute decision (ffn/backward.py); the op's backward runs the
+        reference (backward_reference.py) until the family generates backward kernels."""
+        plan = backward_plan(ir, match_ffn(rewrite(ir)), backward_ir(ir), target, lnc)
+        return KernelBackward(None, (("backward_plan.md", plan),))
 
 
 FFN = FfnFamily()
