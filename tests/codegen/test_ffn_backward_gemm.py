@@ -1,0 +1,32 @@
+"""The FFN backward's weight-gradient GEMM (ffn/token_gemm.py) on the interpreter against torch formulas."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+import torch
+
+from fusegen.codegen.ffn.token_gemm import token_gemm_source
+from fusegen.sim import load_module
+from tests.codegen.test_autodiff import calc_diff
+
+
+@pytest.fixture(scope="module")
+def kernels(tmp_path_factory: pytest.TempPathFactory) -> object:
+    path = Path(tmp_path_factory.mktemp("token_gemm")) / "token_gemm.py"
+    path.write_text(token_gemm_source(), encoding="utf-8")
+    return load_module(path)
+
+
+@pytest.mark.parametrize("lnc", [1, 2])
+@pytest.mark.parametrize(("r", "m", "n"), [(7, 128, 200), (300, 200, 640), (1, 5, 3)])
+def test_token_gemm_is_x_transpose_dy_and_column_sums(kernels: object, r: int, m: int, n: int,
+                                                       lnc: int) -> None:  # fmt: skip
+    gen = torch.Generator().manual_seed(r + m)
+    x, dy = torch.randn(r, m, generator=gen).bfloat16(), torch.randn(r, n, generator=gen).bfloat16()
+    dw, db = kernels.token_gemm(x, dy, lnc=lnc)  # type: ignore[attr-defined]
+    want_dw = torch.einsum("rm,rn->mn", x.double(), dy.double())  # fp64: the sum over tokens of x ⊗ dy
+    want_db = dy.double().sum(0)
+    assert dw.shape == (m, n) and db.shape == (n,) and dw.dtype == db.dtype == torch.float32
+    assert calc_diff(dw, want_dw) <= 1e-12 and calc_diff(db, want_db) <= 1e-12
