@@ -30,3 +30,16 @@ def test_token_gemm_is_x_transpose_dy_and_column_sums(kernels: object, r: int, m
     want_db = dy.double().sum(0)
     assert dw.shape == (m, n) and db.shape == (n,) and dw.dtype == db.dtype == torch.float32
     assert calc_diff(dw, want_dw) <= 1e-12 and calc_diff(db, want_db) <= 1e-12
+
+
+@pytest.mark.parametrize(("a_dtype", "transposed"), [(torch.bfloat16, False), (torch.float32, True)])
+@pytest.mark.parametrize(("r", "c", "n"), [(7, 128, 200), (130, 200, 600)])
+def test_row_gemm_is_a_at_b(kernels: object, r: int, c: int, n: int, a_dtype: torch.dtype,
+                            transposed: bool) -> None:  # fmt: skip
+    gen = torch.Generator().manual_seed(r + c)
+    a = torch.randn(r, c, generator=gen).to(a_dtype)
+    b = torch.randn(*((n, c) if transposed else (c, n)), generator=gen).bfloat16()
+    got = kernels.row_gemm(a, b, transposed=transposed, lnc=2)  # type: ignore[attr-defined]
+    want = a.double() @ (b.double().T if transposed else b.double())
+    assert got.shape == (r, n) and got.dtype == torch.float32
+    assert calc_diff(got, want) <= 1e-12
