@@ -24,7 +24,8 @@ def kernels(tmp_path_factory: pytest.TempPathFactory) -> object:
 def test_token_gemm_is_x_transpose_dy_and_column_sums(kernels: object, r: int, m: int, n: int,
                                                        lnc: int) -> None:  # fmt: skip
     gen = torch.Generator().manual_seed(r + m)
-    x, dy = torch.randn(r, m, generator=gen).bfloat16(), torch.randn(r, n, generator=gen).bfloat16()
+    x, dy = torch.randn(r, m, generator=gen).bfloat16(), torch.randn(r, n, generator=gen)
+    dy = dy if lnc == 2 else dy.bfloat16()  # f32 dy: x's tiles widened (fp32 pairs only with fp32)
     dw, db = kernels.token_gemm(x, dy, lnc=lnc)  # type: ignore[attr-defined]
     want_dw = torch.einsum("rm,rn->mn", x.double(), dy.double())  # fp64: the sum over tokens of x ⊗ dy
     want_db = dy.double().sum(0)
