@@ -26,7 +26,7 @@ def test_token_gemm_is_x_transpose_dy_and_column_sums(kernels: object, r: int, m
     gen = torch.Generator().manual_seed(r + m)
     x, dy = torch.randn(r, m, generator=gen).bfloat16(), torch.randn(r, n, generator=gen)
     dy = dy if lnc == 2 else dy.bfloat16()  # f32 dy: x's tiles widened (fp32 pairs only with fp32)
-    dw, db = kernels.token_gemm(x, dy, lnc=lnc)  # type: ignore[attr-defined]
+    dw, db = kernels._token_gemm(x, dy, lnc=lnc)  # type: ignore[attr-defined]
     want_dw = torch.einsum("rm,rn->mn", x.double(), dy.double())  # fp64: the sum over tokens of x ⊗ dy
     want_db = dy.double().sum(0)
     assert dw.shape == (m, n) and db.shape == (n,) and dw.dtype == db.dtype == torch.float32
@@ -40,7 +40,7 @@ def test_row_gemm_is_a_at_b(kernels: object, r: int, c: int, n: int, a_dtype: to
     gen = torch.Generator().manual_seed(r + c)
     a = torch.randn(r, c, generator=gen).to(a_dtype)
     b = torch.randn(*((n, c) if transposed else (c, n)), generator=gen).bfloat16()
-    got = kernels.row_gemm(a, b, transposed=transposed, lnc=2)  # type: ignore[attr-defined]
+    got = kernels._row_gemm(a, b, transposed=transposed, lnc=2)  # type: ignore[attr-defined]
     want = a.double() @ (b.double().T if transposed else b.double())
     assert got.shape == (r, n) and got.dtype == torch.float32
     assert calc_diff(got, want) <= 1e-12

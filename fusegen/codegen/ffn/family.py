@@ -5,9 +5,10 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from fusegen.codegen.autodiff import backward_ir
-from fusegen.codegen.family import KernelBackward, kernel_arg
+from fusegen.codegen.family import KernelBackward, Mismatch, kernel_arg
 from fusegen.codegen.ffn import budget as ffn_budget
 from fusegen.codegen.ffn.backward import backward_plan
+from fusegen.codegen.ffn.backward_render import backward_kernel_source
 from fusegen.codegen.ffn.lower import FfnLowering, lower_ffn
 from fusegen.codegen.ffn.match import FfnMatch, match_ffn
 from fusegen.codegen.files.reference import dim_bindings
@@ -92,10 +93,16 @@ class FfnFamily:
 
 
     def backward(self, ir: KernelIR, target: str, lnc: int) -> KernelBackward | None:
-        """backward_plan.md: the save-vs-recompute decision (ffn/backward.py); the op's backward runs the
-        reference (backward_reference.py) until the family generates backward kernels."""
-        plan = backward_plan(ir, match_ffn(rewrite(ir)), backward_ir(ir), target, lnc)
-        return KernelBackward(None, (("backward_plan.md", plan),))
+        """backward_kernel.py (ffn/backward_program.py: the backward IR's GEMMs and elementwise stages as NKI
+        kernels) where the program carries the spec's backward IR, and backward_plan.md, the
+        save-vs-recompute decision (ffn/backward.py); the op's backward runs the reference elsewhere."""
+        m, back = match_ffn(rewrite(ir)), backward_ir(ir)
+        plan = ("backward_plan.md", backward_plan(ir, m, back, target, lnc))
+        try:
+            kernels = backward_kernel_source(back, m.rows, target, lnc)
+        except Mismatch:  # e.g. a norm epilogue's row reductions: backward_reference.py only, for now
+            return KernelBackward(None, (plan,))
+        return KernelBackward(back, (("backward_kernel.py", kernels), plan))
 
 
 FFN = FfnFamily()
