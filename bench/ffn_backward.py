@@ -4,8 +4,9 @@ The backward's roofline: its gradient GEMMs (2x the forward's FLOPs: dA = dC @ B
 forward GEMM) at the PE's dense bf16 peak, or reading x, dY and the weights and writing dX and the weight
 and bias gradients (f32) once at HBM bandwidth, whichever is longer. The modelled time is the backward
 plan's (fusegen/codegen/ffn/backward.py): the gradient GEMMs plus the chosen strategy's recomputation at
-the PE peak and its saved traffic. The FFN family has no backward kernels yet, so this is the plan's
-bound, not a kernel trace's schedule: a kernel adds its elementwise work, DMA and PSUM evictions to it.
+the PE peak and its saved traffic. This is the plan's bound, not the backward kernels' trace schedule
+(they are not yet tiled for speed, and at these widths too large for the interpreter): a kernel adds its
+elementwise work, DMA and PSUM evictions to it.
 The forward kernel's modelled time (its planner's) is printed beside it.
 
 Widths: Llama-3-8B-like (R=2048, K=4096, I=14336) and the seed's ViT-H (R=2048, K=1280, I=3416).
@@ -43,7 +44,7 @@ def main(target: str, lnc: int) -> int:
     user_ir = load_spec(str(SPEC))[0]
     ir = rewrite(user_ir)
     m, back = match_ffn(ir), backward_ir(user_ir)
-    print(f"swiglu_ffn backward on {target}, LNC={lnc} (modelled by the backward plan; no kernel yet)")
+    print(f"swiglu_ffn backward on {target}, LNC={lnc} (the backward plan's bound, not a kernel trace)")
     print(f"{'width':>14} {'R':>5} {'K':>5} {'I':>6} {'fwd us':>9} {'bwd us':>9} {'roof us':>9} "
           f"{'bound':>5} {'eff':>6}  strategy")  # fmt: skip
     for label, r, k, i in SHAPES:

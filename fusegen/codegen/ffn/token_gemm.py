@@ -1,9 +1,9 @@
-"""The FFN backward's weight-gradient GEMM: dW = X^T @ dY and db = Σ_tokens dY, a reduction over the tokens.
+"""The FFN backward's GEMMs on their own: dW = X^T @ dY with db = Σ_tokens dY, and the row GEMMs.
 
-Rendered as an NKI file of its own (two kernels and a host function): tokens on the partitions of both
-operands, PSUM accumulation across a core's token tiles, per-core fp32 partials added by a second kernel.
-It is the building block of the FFN backward kernels (dW1 = X^T @ dU, dWg = X^T @ dG, dW2 = h^T @ dY and
-their biases); docs/autodiff.md says what is still to be wired.
+The FFN backward's GEMM kernels (templates/ffn_gemms.py.jinja, which backward_kernel.py includes) rendered
+as an NKI file of their own, so tests/codegen/test_ffn_backward_gemm.py checks them apart from any spec:
+`_token_gemm` (tokens on the partitions of both operands, PSUM accumulation across a core's token tiles,
+per-core fp32 partials added by a second kernel) and `_row_gemm`.
 """
 
 from __future__ import annotations
