@@ -6,6 +6,7 @@ import re
 from pathlib import Path
 
 import pytest
+import torch
 
 from fusegen.cli import main
 
@@ -24,3 +25,14 @@ def test_readme_quick_start_names_make_targets_that_exist() -> None:
     makefile = (Path(__file__).resolve().parents[1] / "Makefile").read_text()
     for target in re.findall(r"^make (\w+)", README, re.M):
         assert re.search(rf"^{target}:", makefile, re.M), target
+
+
+def test_readme_ffn_training_example_lowers_the_loss(capsys: pytest.CaptureFixture[str],
+                                                     monkeypatch: pytest.MonkeyPatch) -> None:  # fmt: skip
+    block = next(b for b in re.findall(r"```python\n(.*?)```", README, re.S) if "swiglu_ffn" in b)
+    monkeypatch.chdir(Path(__file__).resolve().parents[1])  # load_ops looks in ./generated
+    monkeypatch.setenv("FUSEGEN_OPS_BACKEND", "interpreter")
+    torch.manual_seed(0)
+    exec(compile(block, "README.md", "exec"), {})  # our own README
+    losses = [float(line.split()[1]) for line in capsys.readouterr().out.splitlines()]
+    assert len(losses) == 3 and losses[-1] < losses[0], losses

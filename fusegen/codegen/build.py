@@ -9,12 +9,11 @@ from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
 
+from fusegen.codegen.backward import differentiate
 from fusegen.codegen.family import Family, Mismatch, no_family_error
 from fusegen.codegen.ffn.family import FFN
 from fusegen.codegen.files.ops import ops_files
-from fusegen.codegen.files.reference import (
-    reference_source,
-)
+from fusegen.codegen.files.reference import reference_source
 from fusegen.codegen.files.report import plan_markdown
 from fusegen.codegen.files.tests import test_source
 from fusegen.codegen.plan import PlanError, TilePlan
@@ -81,17 +80,18 @@ def _render_spec(path: str, user_ir: KernelIR, options: BuildOptions) -> Built:
     source = read_spec(path)
     family, match = select_family(ir, source)
     plans = _plans(family, ir, match, options, source)
-    try:  # with the backward's own kernels where the family carries its IR
-        ops = ops_files(user_ir, family.name, options.target, options.lnc)
+    try:  # the backward stage: differentiate, then the family's backward kernels where it has them
+        back = differentiate(user_ir, family, options.target, options.lnc)
     except PlanError as err:
         where = ir.checks[0].span if ir.checks else ir.outputs[0].span
         raise SpecError([Diagnostic(where, str(err))], source) from None
     files = {
         "kernel.py": family.kernel_source(ir, match, options.target, options.lnc),
         "reference.py": reference_source(user_ir),
-        f"test_{ir.name}.py": test_source(user_ir, options.target, family.name),
+        f"test_{ir.name}.py": test_source(user_ir, options.target, trainable=back is not None),
         "plan.md": plan_markdown(ir, family.name, family.planning, plans),
-        **ops,
+        **ops_files(user_ir, back),
+        **(back.files() if back is not None else {}),
     }
     return Built(ir.name, tuple((f"{ir.name}/{name}", text) for name, text in sorted(files.items())), plans)
 

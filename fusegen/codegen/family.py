@@ -47,6 +47,24 @@ class Family(Protocol):
     def kernel_source(self, ir: KernelIR, m: Any, target: str, lnc: int) -> str:
         """kernel.py."""
 
+    @property
+    def trainable(self) -> bool:
+        """Whether its ops get autograd (a backward_reference.py, and kernels where `backward` gives them)."""
+
+    def backward(self, ir: KernelIR, target: str, lnc: int) -> KernelBackward | None:
+        """The backward kernels of the spec's own IR `ir`, or None where the family has none for it (raises
+        PlanError when no plan fits)."""
+
+
+@dataclass(frozen=True)
+class KernelBackward:
+    """A family's backward files by name (backward_kernel.py, backward_plan.md) and the backward IR its
+    kernels compute (ops.py passes them its inputs; None: a plan only, the op's backward runs the
+    reference)."""
+
+    ir: KernelIR | None
+    files: tuple[tuple[str, str], ...]
+
 
 @dataclass(frozen=True)
 class Mismatch(Exception):

@@ -5,9 +5,9 @@
 On CPU the op runs the generated kernel in the mode FUSEGEN_MODE selects (sim: fusegen's NKI interpreter, the
 default; nki-sim: AWS's nki.simulate; fusegen/modes.py), or the generated torch reference when
 FUSEGEN_OPS_BACKEND=reference; on a Neuron device it runs the NKI kernel itself.
-The backward dispatches the same way: backward_kernel.py (NKI kernels differentiating the forward kernel's
-fused math, reading its saved tensors) on the interpreter or the device, backward_reference.py (the spec's
-own math differentiated, as torch code) on the reference.
+The backward dispatches the same way: backward_kernel.py (NKI kernels of the family's backward IR, reading
+the saved tensors it names) on the interpreter or the device, backward_reference.py (the spec's own math
+differentiated, as torch code) on the reference.
 """
 
 import functools

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import functools
 import inspect
+import math
 import re
 from pathlib import Path
 from types import ModuleType
@@ -39,6 +40,15 @@ def _kernels(spec: str, file: str, target: str) -> ModuleType:
     return sim.load_module(GENERATED / spec / file, target=target, rules="error")
 
 
+#: the FFN backward's kernels (ffn_gemms.py.jinja, ffn_backward.py.jinja), all launched by its host
+FFN_BACKWARD_KERNELS = (r"_token_gemm_kernel|_add_cores_kernel|_transpose_kernel|_row_gemm_kernel"
+                        r"|_ew\d+_kernel")
+#: a backward whose inputs pass this many elements is skipped: an FFN backward's f32 weight gradients and
+#: per-core partials at K=4096 I=14336 hold ~1 GB on the interpreter (~2 min); the same kernels run at the
+#: smaller checks
+BACKWARD_ELEMENTS = 2**24
+
+
 def _roles(spec: str) -> list[str]:
     roles = ["forward"]
     if "def _fused_weight(" in (GENERATED / spec / "kernel.py").read_text():
@@ -55,6 +65,9 @@ def cases() -> list[Any]:
         for role in _roles(spec):
             for target in TARGETS:
                 for check in checks:
+                    shapes = _test_module(spec).input_shapes(check.values[0]).values()
+                    if role == "backward" and max(math.prod(s) for s in shapes) > BACKWARD_ELEMENTS:
+                        continue
                     out.append(
                         pytest.param(
                             spec,
@@ -89,7 +102,10 @@ def test_generated_kernel_conforms(spec: str, role: str, target: str, dims: dict
         _call(_kernels(spec, "kernel.py", target)._fused_weight, named, target)
     else:
         reference = load_generated(GENERATED / spec / "reference.py")
-        saved = getattr(reference, f"{spec}_reference")(*tensors, save=True)
+        forward = getattr(reference, f"{spec}_reference")
+        saves = "save" in inspect.signature(forward).parameters  # the FFN family saves nothing
+        saved = forward(*tensors, save=True) if saves else forward(*tensors)
+        saved = saved if isinstance(saved, tuple) else (saved,)
         outputs = {name: t for (name, _, _), t in zip(test.OUTPUTS, saved, strict=True)}
         first = test.OUTPUTS[0][0]
         grad = torch.randn(outputs[first].shape, generator=torch.Generator().manual_seed(1))
@@ -110,4 +126,6 @@ def test_the_roles_reach_every_kernel_under_generated() -> None:
             path = GENERATED / spec / file
             if path.exists():
                 kernels = re.findall(r"^@nki\.jit\s*\ndef (\w+)", path.read_text(), flags=re.MULTILINE)
-                assert kernels and set(kernels) <= reached, (path, kernels)
+                kernels = [k for k in kernels if not re.fullmatch(FFN_BACKWARD_KERNELS, k)]
+                assert kernels or file == "backward_kernel.py", path
+                assert set(kernels) <= reached, (path, kernels)

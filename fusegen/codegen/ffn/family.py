@@ -4,14 +4,18 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from fusegen.codegen.family import kernel_arg
+from fusegen.codegen.autodiff import backward_ir
+from fusegen.codegen.family import KernelBackward, Mismatch, kernel_arg
 from fusegen.codegen.ffn import budget as ffn_budget
+from fusegen.codegen.ffn.backward import backward_plan
+from fusegen.codegen.ffn.backward_render import backward_kernel_source
 from fusegen.codegen.ffn.lower import FfnLowering, lower_ffn
 from fusegen.codegen.ffn.match import FfnMatch, match_ffn
 from fusegen.codegen.files.reference import dim_bindings
 from fusegen.codegen.files.render import header, private_repr, render, vendored
 from fusegen.codegen.files.signature import Returned, door_lines, door_source, signature
 from fusegen.codegen.plan import PlanError, TilePlan, machine, plan_ffn
+from fusegen.codegen.rewrites import rewrite
 from fusegen.dsl.ir import KernelIR
 from fusegen.sim.targets import TARGETS, get_target
 
@@ -37,6 +41,7 @@ class FfnFamily:
     """Projections of one input over K, an elementwise combine, a down-projection, an epilogue."""
 
     name: str = "ffn"
+    trainable: bool = True
     summary: str = (
         "x @ W (1 or 2 projections) -> elementwise combine -> @ W2 -> elementwise/row-wise epilogue"
     )
@@ -85,6 +90,19 @@ class FfnFamily:
             default_target=target,
             default_lnc=lnc,
         )
+
+
+    def backward(self, ir: KernelIR, target: str, lnc: int) -> KernelBackward | None:
+        """backward_kernel.py (ffn/backward_program.py: the backward IR's GEMMs and elementwise stages as NKI
+        kernels) where the program carries the spec's backward IR, and backward_plan.md, the
+        save-vs-recompute decision (ffn/backward.py); the op's backward runs the reference elsewhere."""
+        m, back = match_ffn(rewrite(ir)), backward_ir(ir)
+        plan = ("backward_plan.md", backward_plan(ir, m, back, target, lnc))
+        try:
+            kernels = backward_kernel_source(back, m.rows, target, lnc)
+        except Mismatch:  # e.g. a norm epilogue's row reductions: backward_reference.py only, for now
+            return KernelBackward(None, (plan,))
+        return KernelBackward(back, (("backward_kernel.py", kernels), plan))
 
 
 FFN = FfnFamily()

@@ -8,38 +8,25 @@ from collections.abc import Iterable
 from pathlib import Path
 from types import ModuleType
 
-from fusegen.codegen.autodiff import backward_ir, grad_name
-from fusegen.codegen.family import Mismatch
+from fusegen.codegen.autodiff import grad_name
+from fusegen.codegen.backward import Backward
 from fusegen.codegen.files.reference import TORCH_DTYPE, dim_bindings, reference_source
 from fusegen.codegen.files.render import header, render
 from fusegen.codegen.files.signature import Returned, door_source, op_check, signature
 from fusegen.codegen.stage import dim_source
 from fusegen.dsl.ir import KernelIR, OutputDecl
 
-#: Families whose op trains: the row-reduction family lowers its backward IR into NKI kernels of its own
-#: (rowreduce_backward.py); an FFN backward needs weight-gradient GEMMs it has no kernel for yet.
-TRAINABLE_FAMILIES = ("rowreduce",)
 TEMPLATE = "ops.py.jinja"
 
 
-def ops_files(ir: KernelIR, family: str, target: str = "trn2", lnc: int = 2) -> dict[str, str]:
-    """ops.py, plus backward_reference.py for trainable families and backward_kernel.py (with its plan)
-    where the family's matcher carries the backward IR; `ir` is the spec's own (unfused) IR.
-
-    The reference differentiates the spec's own math and the kernels the rewritten forward's, so the two
-    derivations check each other; each reads the saved tensors its own backward IR names."""
-    if family not in TRAINABLE_FAMILIES:
+def ops_files(ir: KernelIR, back: Backward | None) -> dict[str, str]:
+    """ops.py, plus backward_reference.py where the op trains (`back`: the build's backward stage); `ir` is
+    the spec's own (unfused) IR. Each backward reads the saved tensors its own IR names."""
+    if back is None:
         return {"ops.py": ops_source(ir, None)}
-    back = backward_ir(ir)
-    from fusegen.codegen.rowreduce.backward_render import backward_files, kernel_backward_ir
-
-    kernel_back = kernel_backward_ir(ir)
-    try:
-        kernels = backward_files(kernel_back, target, lnc)
-    except Mismatch:  # e.g. an [H] weight's gradient sums over tokens and heads: torch code only
-        kernels = {}
-    ops = ops_source(ir, back, kernel_back if kernels else None)
-    return {"ops.py": ops, "backward_reference.py": reference_source(back), **kernels}
+    kernel_ir = back.kernels.ir if back.kernels is not None else None  # None: no kernels
+    ops = ops_source(ir, back.reference, kernel_ir)
+    return {"ops.py": ops, "backward_reference.py": reference_source(back.reference)}
 
 
 def ops_source(ir: KernelIR, back: KernelIR | None, kernel_back: KernelIR | None = None) -> str:

@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-from fusegen.codegen.files.ops import TRAINABLE_FAMILIES
 from fusegen.codegen.files.reference import dim_bindings
 from fusegen.codegen.files.render import header, render
 from fusegen.codegen.plan import lnc_degrees
@@ -29,9 +28,9 @@ def test_case(ir: KernelIR, dims: dict[str, int]) -> Case:
     return Case(test_inputs(ir), output_tolerances(ir), dims, shapes, save=save)
 
 
-def test_source(ir: KernelIR, target: str, family: str) -> str:
+def test_source(ir: KernelIR, target: str, trainable: bool) -> str:
     """test_<name>.py: the interpreter against the reference at every check shape and ragged variants, and
-    the op's torch conformance (opcheck; gradcheck where the family trains)."""
+    the op's torch conformance (opcheck; gradcheck where the op trains)."""
     differentiated = [i for i, o in enumerate(ir.outputs) if not o.optional]
     inputs = test_inputs(ir)
     shapes = ", ".join(f'"{i.name}": {_tuple_source([dim_source(d) for d in i.shape])}' for i in ir.inputs)
@@ -44,7 +43,7 @@ def test_source(ir: KernelIR, target: str, family: str) -> str:
         + [f"d_{d.name} = {d.value}" for d in ir.dims if d.value is not None],
         input_shapes=shapes, lncs=repr([n for n in TEST_LNCS if n in lnc_degrees(get_target(target))]),
         op_dims=repr(op_check_dims(ir)),
-        trainable=family in TRAINABLE_FAMILIES, differentiated=repr(tuple(differentiated)),
+        trainable=trainable, differentiated=repr(tuple(differentiated)),
         dtypes=repr(tuple(sorted({i.dtype for i in ir.inputs} | {o.dtype for o in ir.outputs}))),
     )  # fmt: skip
 

@@ -5,7 +5,7 @@ from __future__ import annotations
 import dataclasses
 from dataclasses import dataclass
 
-from fusegen.codegen.family import Mismatch, kernel_arg
+from fusegen.codegen.family import KernelBackward, Mismatch, kernel_arg
 from fusegen.codegen.files.reference import dim_bindings
 from fusegen.codegen.files.render import header, private_repr, render, vendored
 from fusegen.codegen.files.signature import Returned, door_lines, door_source, signature
@@ -57,6 +57,7 @@ class RowReduceFamily:
     """Per-row reductions over the last axis, per-row scalar math, an elementwise combine with broadcast."""
 
     name: str = "rowreduce"
+    trainable: bool = True
     summary: str = ("[T, G, H] data (or [T, H], as one head): last-axis reductions (chunked passes) -> "
                     "per-row scalar math -> elementwise combine; weights without the token axis prepared "
                     "once; norms spelled out as their reductions")  # fmt: skip
@@ -126,6 +127,17 @@ class RowReduceFamily:
             output_views=[_output_view(o, lifted) for o in body.outputs
                           if lifted and o.name in lifted.squeezed_outputs],
         )  # fmt: skip
+
+    def backward(self, ir: KernelIR, target: str, lnc: int) -> KernelBackward | None:
+        """backward_kernel.py and its plan, where the family's matcher carries the backward IR (None for,
+        e.g., an [H] weight whose gradient sums over tokens and heads: its backward stays torch code)."""
+        from fusegen.codegen.rowreduce.backward_render import backward_files, kernel_backward_ir  # imports us
+
+        back = kernel_backward_ir(ir)
+        try:
+            return KernelBackward(back, tuple(sorted(backward_files(back, target, lnc).items())))
+        except Mismatch:
+            return None
 
 
 ROWREDUCE = RowReduceFamily()
