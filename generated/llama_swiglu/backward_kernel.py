@@ -31,6 +31,11 @@ def _dma_engine_bytes(nbytes: float, rows: int, engines: int, row_bytes: int = _
 _P = 128  # partitions
 _F_MOV = 512  # matmul moving free size, one fp32 PSUM bank
 _MIN_CYCLES = 64  # minimum instruction initiation interval, cycles (nki.md §6 overheads)
+#: SBUF bytes per partition every plan leaves unallocated (issue 15: ">= 8 KiB of SBUF headroom kept in
+#: every plan"): the usable budget is NKIPY's figure for what a kernel may allocate, and a plan that fills
+#: it to the byte leaves the compiler no room for its own spills and alignment padding, nor the budget
+#: model any margin (docs/performance.md, "FFN at published model widths")
+_SBUF_HEADROOM = 8192
 #: PSUM banks one K-column block of the column-blocked down-projection accumulates in: half of the 8, so
 #: the next block's matmuls start while the last block is evicted
 _ACC_BANKS = 4
@@ -158,7 +163,7 @@ def _buffers(m: _FfnModel, s: int, ci: int, k: int, i: int, kc: int = 0, g: int 
     epi = m.epi_cols if kc else m.epi
     common = [
         _Buffer("x^T, K on partitions", n_k * s * m.x_bytes, 1),
-        _Buffer("x row block, staged for the PE transpose", min(_F_MOV, k) * m.x_bytes, 2),
+        _Buffer("x row block, staged for the PE transpose", _x_staged(m, k) * m.x_bytes, 2),
         _up_weights(m, s, ci, k, g),
         _Buffer("combine output (down-proj stationary)", n_hc * _F_MOV * m.x_bytes, 1),
         _Buffer("combine temporaries", m.mid_tiles * _F_MOV * 4, 2),
@@ -180,6 +185,19 @@ def _buffers(m: _FfnModel, s: int, ci: int, k: int, i: int, kc: int = 0, g: int 
         _Buffer("down-projection weight chunk", n_hc * k * m.x_bytes, 2),
         _Buffer("[K]-bias piece / partial-sum block", _F_MOV * 4, 2),
     ]
+
+
+def _x_block(k: int, x_bytes: int) -> int:
+    """Columns of x per DMA staged for the PE transpose: a whole row when it fits in the fewest F_MOV blocks
+    that reach DMA_ROW_BYTES per partition row (K <= 1536 in bf16: there x's loads are a large share of a
+    super-block's start and SBUF has room), else one F_MOV block (wide K: SBUF is tight and x's loads are
+    a small share of the weights')."""
+    return k if k <= _cdiv(_DMA_ROW_BYTES, _F_MOV * x_bytes) * _F_MOV else min(_F_MOV, k)
+
+
+def _x_staged(m: _FfnModel, k: int) -> int:
+    """Columns of the staged x block: `x_block`, or a prologue's F_MOV-wide blocks."""
+    return min(_F_MOV, k) if m.pro.sweeps else _x_block(k, m.x_bytes)
 
 
 def _column_block(s: int, k: int) -> int:
@@ -270,11 +288,13 @@ def _super_block(
     k_cycles = _cycles(k)  # one row tile's K, 512 wide
     act, dve, hbm, transfers = _stage_cost(m.pro, _cdiv(s_rows, _P), k)
     pe = 0.0
-    # x's rows read a K-block per transfer; each K-tile transposed on the PE into PSUM, copied out on DVE
-    hbm, transfers = hbm + s_rows * k * m.x_bytes, transfers + _cdiv(s_rows, _P) * _cdiv(k, _F_MOV)
+    # x's rows read a staged block per transfer; each K-tile transposed on the PE into PSUM and copied
+    # out, even K-tiles on DVE, odd ones on ACT
+    hbm, transfers = hbm + s_rows * k * m.x_bytes, transfers + _cdiv(s_rows, _P) * _cdiv(k, _x_staged(m, k))
     for rows_t, n_t in _runs(s_rows, _P):
         pe += n_t * n_k * max(_MIN_CYCLES, rows_t)
-        dve += n_t * n_k * max(_MIN_CYCLES, rows_t)
+        dve += n_t * (n_k - n_k // 2) * max(_MIN_CYCLES, rows_t)
+        act += n_t * (n_k // 2) * max(_MIN_CYCLES, rows_t)
     if m.fold_bias and not kc:  # one [P, F_MOV] piece of the bias per eviction of the first chunk
         hbm += _cdiv(s_rows, _P) * _P * k * 4
         transfers += _cdiv(s_rows, _P) * _cdiv(k, _F_MOV)
@@ -350,11 +370,18 @@ def _cost(m: _FfnModel, mach: _Machine, rows: int, k: int, i: int, lnc: int, pla
     return _Cost(pe / mach.pe_ghz, act / mach.act_ghz, dve / mach.dve_ghz, dma, hbm)
 
 
+def _plannable(usable: int) -> int:
+    """SBUF bytes per partition a plan may take of `usable`: all but SBUF_HEADROOM."""
+    return usable - _SBUF_HEADROOM
+
+
 def _candidates(
-    m: _FfnModel, rows: int, k: int, i: int, lnc: int, budget: int, exhaustive: bool = False
+    m: _FfnModel, rows: int, k: int, i: int, lnc: int, usable: int, exhaustive: bool = False
 ) -> list[_Plan]:
-    """Legal plans: every (S, CI) multiple of 128 when exhaustive, else a pruned set the search keeps; each
-    with the SBUF accumulator and, where S allows (split over rows only), with column blocks."""
+    """Legal plans within `usable` SBUF bytes less the headroom: every (S, CI) multiple of 128 when
+    exhaustive, else a pruned set the search keeps; each with the SBUF accumulator and, where S allows
+    (split over rows only), with column blocks."""
+    budget = _plannable(usable)
     plans = []
     for split in (0, 1) if lnc > 1 and _cdiv(i, _P) >= lnc else (0,):
         comp_rows, inter = _work_per_core(rows, i, lnc, split)
@@ -421,10 +448,11 @@ def _choose(m: _FfnModel, mach: _Machine, rows: int, k: int, i: int, lnc: int) -
         raise ValueError(f"LNC={lnc} is not available on this target: at most {mach.max_lnc}")
     plans = _candidates(m, rows, k, i, lnc, mach.sbuf_budget)
     if not plans:
-        need = _smallest_need(m, k, i)
+        # outside the f-string: the generated copy renames these helpers, never inside a string
+        need, budget, kept = _smallest_need(m, k, i), _plannable(mach.sbuf_budget), _SBUF_HEADROOM
         raise ValueError(
-            f"no tile plan fits: the smallest (S=128, CI=128) needs {need} B/partition of SBUF "
-            f"for K={k}, I={i}; the budget is {mach.sbuf_budget} B"
+            f"no tile plan fits: the smallest (S=128, CI=128) needs {need} B/partition of SBUF for K={k}, "
+            f"I={i}; the budget is {budget} B with {kept} B kept free"
         )
     return min(plans, key=lambda p: _rank_key(m, mach, rows, k, i, lnc, p))
 
