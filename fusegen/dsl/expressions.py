@@ -57,10 +57,27 @@ def elementwise(ctx: Context, op: str, args: tuple[int, ...], span: Span, what: 
     shape = broadcast(shapes)
     if shape is None:
         listed = ", ".join(shape_str(s) for s in shapes[:-1]) + f" and {shape_str(shapes[-1])}"
-        ctx.error(span, f"shapes {listed} do not broadcast in `{what}`", broadcast_hint(shapes))
+        ctx.error(span, f"shapes {listed} do not broadcast in `{what}`", _leading_hint(ctx, args) or
+                  broadcast_hint(shapes))  # fmt: skip
         return None
     dtype = "bool" if op in ir.COMPARE_OPS else COMPUTE_DTYPE
     return ctx.add_node(op, args, (), shape, dtype, span)
+
+
+def _leading_hint(ctx: Context, args: tuple[int, ...]) -> str | None:
+    """For a value shaped like the leading dims of another (a per-row [T] beside [T, H]): how to give it
+    the trailing size-1 axes that make it broadcast over the rows, as torch needs too."""
+    nodes = [ctx.nodes[a] for a in args]
+    for short in nodes:
+        for long in nodes:
+            rank = len(short.shape)
+            if 0 < rank < len(long.shape) and long.shape[:rank] == short.shape:
+                name = short.name or "(...)"
+                added = ", ".join([":"] * rank + ["None"] * (len(long.shape) - rank))
+                return (f"broadcasting aligns the last dims, as in torch, so {shape_str(short.shape)} does not "
+                        f"run along the rows of {shape_str(long.shape)}: write `{name}[{added}]`, or reduce "
+                        "with keepdim=true")  # fmt: skip
+    return None
 
 
 def _name(ctx: Context, expr: ast.Name) -> int | None:
@@ -169,8 +186,7 @@ def _index(ctx: Context, expr: ast.Index) -> int | None:
     if len(picks) > len(source.shape):
         extra = picks[len(source.shape)]
         message = f"too many indices: {shape_str(source.shape)} has {len(source.shape)} dims, got {len(picks)}"
-        hint = "`None` inserts a size-1 axis and counts as no dim: `rstd[:, None]` is [T, 1] for a [T] `rstd`"
-        ctx.error(extra.span, message, hint)
+        ctx.error(extra.span, message)
         return None
     padded = picks + (None,) * (len(source.shape) - len(picks))  # omitted trailing dims: full
     items = tuple(_index_item(ctx, item, size) for item, size in zip(padded, source.shape, strict=True))

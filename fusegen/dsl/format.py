@@ -54,6 +54,8 @@ def _attr(kernel: ir.KernelIR, node: ir.Node, value: ir.AttrValue) -> str:
         return "true" if value else "false"
     if isinstance(value, float):
         return format_number(value)
+    if isinstance(value, tuple) and node.op == "unindex":  # `a[:, None]`: None at each new axis
+        return "[" + ", ".join("None" if item.kind == "at" else ":" for item in value) + "]"
     if isinstance(value, tuple):
         source = kernel.node(node.args[0]).shape
         return (
