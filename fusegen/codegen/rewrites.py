@@ -14,7 +14,8 @@ product with the sliced weight, `x @ w12[:, 0:I]` (exact: the same dot products)
 weight gives two projections. Nodes are hash-consed while they are rebuilt, so identical sums merge
 (CSE); nodes no output needs are dropped (DCE). A spec without the patterns comes back as the same object.
 
-First, reductions keep their axis (`keep_axes`): a `keepdim=false` reduction becomes the kept-dim one
+First, row reductions keep their axis (`keep_axes`): a `keepdim=false` reduction over the last axis
+becomes the kept-dim one
 followed by a drop of the size-1 axis (`[:, 0]`), per-row math on dropped values runs on the kept ones
 (`rsqrt(mean(x, -1) + eps)` is [T, 1] inside), and `r[:, None]` of such a value is the kept value
 itself; so the families see only [T, 1] statistics, and a [T] output is the drop of one.
@@ -75,8 +76,8 @@ def keep_axes(ir: KernelIR) -> KernelIR:
 def _kept_form(graph: _Graph, ir: KernelIR, node: Node, args: tuple[int, ...],
                kept: dict[int, tuple[int, int]]) -> tuple[int, int] | None:  # fmt: skip
     """(the node computing `node` with a size-1 axis kept, that axis), where there is one."""
-    if node.op in REDUCTIONS and not node.attr("keepdim"):
-        axis = int(node.attr("axis"))  # type: ignore[arg-type]
+    axis = int(node.attr("axis")) if node.op in REDUCTIONS else -1  # type: ignore[arg-type]
+    if node.op in REDUCTIONS and not node.attr("keepdim") and axis == len(node.shape):  # over the last axis
         shape = (*node.shape[:axis], ONE, *node.shape[axis:])
         attrs = tuple((k, True if k == "keepdim" else v) for k, v in node.attrs)
         return graph.add(node, args, attrs=attrs, shape=shape), axis
