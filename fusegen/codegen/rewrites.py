@@ -15,10 +15,9 @@ weight gives two projections. Nodes are hash-consed while they are rebuilt, so i
 (CSE); nodes no output needs are dropped (DCE). A spec without the patterns comes back as the same object.
 
 First, row reductions keep their axis (`keep_axes`): a `keepdim=false` reduction over the last axis
-becomes the kept-dim one
-followed by a drop of the size-1 axis (`[:, 0]`), per-row math on dropped values runs on the kept ones
-(`rsqrt(mean(x, -1) + eps)` is [T, 1] inside), and `r[:, None]` of such a value is the kept value
-itself; so the families see only [T, 1] statistics, and a [T] output is the drop of one.
+becomes the kept-dim one followed by a drop of the size-1 axis (`[:, 0]`), per-row math on dropped values
+runs on the kept ones (`rsqrt(mean(x, -1) + eps)` is [T, 1] inside), and `r[:, None]` of such a value is
+the kept value itself; so the families see only [T, 1] statistics, and a [T] output is the drop of one.
 """
 
 from __future__ import annotations
