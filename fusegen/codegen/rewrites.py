@@ -81,9 +81,11 @@ def _kept_form(graph: _Graph, ir: KernelIR, node: Node, args: tuple[int, ...],
         attrs = tuple((k, True if k == "keepdim" else v) for k, v in node.attrs)
         return graph.add(node, args, attrs=attrs, shape=shape), axis
     if node.op in ("index", "unindex"):
-        axis = _single_axis(node, ir.node(node.args[0]))
-        source = kept.get(node.args[0]) if node.op == "unindex" else (args[0], axis)
-        return source if axis is not None and source is not None and source[1] == axis else None
+        single = _single_axis(node, ir.node(node.args[0]))
+        if single is None:
+            return None
+        source = kept.get(node.args[0]) if node.op == "unindex" else (args[0], single)
+        return source if source is not None and source[1] == single else None
     tensors = [a for a in node.args if ir.node(a).shape != ()]
     forms = {kept.get(a) is not None and ir.node(a).shape == node.shape for a in tensors}
     if node.op not in ELEMENTWISE or forms != {True}:

@@ -74,9 +74,9 @@ def _leading_hint(ctx: Context, args: tuple[int, ...]) -> str | None:
             if 0 < rank < len(long.shape) and long.shape[:rank] == short.shape:
                 name = short.name or "(...)"
                 added = ", ".join([":"] * rank + ["None"] * (len(long.shape) - rank))
-                return (f"broadcasting aligns the last dims, as in torch, so {shape_str(short.shape)} does not "
-                        f"run along the rows of {shape_str(long.shape)}: write `{name}[{added}]`, or reduce "
-                        "with keepdim=true")  # fmt: skip
+                return (f"broadcasting aligns the last dims, as in torch, so {shape_str(short.shape)} does "
+                        f"not run along the rows of {shape_str(long.shape)}: write `{name}[{added}]`, or "
+                        "reduce with keepdim=true")  # fmt: skip
     return None
 
 
@@ -185,8 +185,8 @@ def _index(ctx: Context, expr: ast.Index) -> int | None:
     picks = tuple(item for item in expr.items if not isinstance(item, ast.NoneLit))
     if len(picks) > len(source.shape):
         extra = picks[len(source.shape)]
-        message = f"too many indices: {shape_str(source.shape)} has {len(source.shape)} dims, got {len(picks)}"
-        ctx.error(extra.span, message)
+        shape, got = shape_str(source.shape), len(picks)
+        ctx.error(extra.span, f"too many indices: {shape} has {len(source.shape)} dims, got {got}")
         return None
     padded = picks + (None,) * (len(source.shape) - len(picks))  # omitted trailing dims: full
     items = tuple(_index_item(ctx, item, size) for item, size in zip(padded, source.shape, strict=True))
@@ -216,7 +216,8 @@ def _new_axes(ctx: Context, expr: ast.Index, node: int, shape: tuple[Dim, ...]) 
             items.append(IndexItem("slice", Dim.const(0), next(kept)))
     items += [IndexItem("slice", Dim.const(0), size) for size in kept]  # omitted trailing dims
     result = tuple(i.stop if i.stop is not None else Dim.const(1) for i in items)
-    return ctx.add_node("unindex", (node,), (("index", tuple(items)),), result, ctx.nodes[node].dtype, expr.span)
+    attrs = (("index", tuple(items)),)
+    return ctx.add_node("unindex", (node,), attrs, result, ctx.nodes[node].dtype, expr.span)
 
 
 def _index_item(ctx: Context, item: ast.Expr | ast.Slice | None, size: Dim) -> IndexItem | None:

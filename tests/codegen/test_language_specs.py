@@ -201,4 +201,5 @@ def test_a_row_statistic_times_the_rows_without_none_says_how(tmp_path: Path) ->
             "y = x * rstd\ncheck T=7 H=64\n")  # fmt: skip
     text = _diagnostic(tmp_path, "no_none", body)
     assert ":6:5: error: shapes [T, H] and [T] do not broadcast in `*`" in text, text
-    assert "[T] does not run along the rows of [T, H]: write `rstd[:, None]`, or reduce with keepdim=true" in text
+    hint = "[T] does not run along the rows of [T, H]: write `rstd[:, None]`, or reduce with keepdim=true"
+    assert hint in text, text

@@ -15,11 +15,12 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from fusegen.codegen.family import ELEMENTWISE, SCALAR_LEAVES, Mismatch, leave
-from fusegen.dsl.ir import Dim, KernelIR, Node, OutputDecl, TensorDecl
+from fusegen.dsl.ir import Dim, IndexItem, KernelIR, Node, OutputDecl, TensorDecl
 
 FAMILY = "rowreduce"
 REDUCTIONS = frozenset(("sum", "mean", "max"))
 ONE = Dim.const(1)
+ZERO = Dim.const(0)
 UNCOVERED = "the head slices of a packed output must cover it without overlap"
 
 
@@ -31,7 +32,7 @@ class RowLoad:
     input: str  # the input's name
     head_start: Dim  # first head index in the input
     per_head: bool  # False: one row shared by every head (loaded once per token tile)
-    column_start: Dim = Dim.const(0)  # first column in the input (`x[:, D:2*D]` of a [T, 2*D] input)
+    column_start: Dim = ZERO  # first column in the input (`x[:, D:2*D]` of a [T, 2*D] input)
 
 
 @dataclass(frozen=True)
@@ -109,8 +110,8 @@ def match_rowreduce(ir: KernelIR) -> RowReduceMatch:
     head_sums = tuple(n.id for n in ir.nodes if n.op == "sum" and n.attr("axis") == 1)
     _check_accumulated_once(ir, head_sums, packing)
     return RowReduceMatch(
-        rows, heads, shapes.width, tuple(loads), _graph_inputs(ir, roots), tuple(roots), levels, tile_outs, col_outs,
-        tuple(columns), head_sums, token_sums, token_outs, post.inputs, packed,
+        rows, heads, shapes.width, tuple(loads), _graph_inputs(ir, roots), tuple(roots), levels, tile_outs,
+        col_outs, tuple(columns), head_sums, token_sums, token_outs, post.inputs, packed,
     )  # fmt: skip
 
 
@@ -126,7 +127,8 @@ def _width(ir: KernelIR, data: TensorDecl) -> Dim:
 
 def _column_slice(node: Node, source: Node) -> bool:
     """Whether index `node` slices part of the last axis of `source`."""
-    last = node.attr("index")[-1]  # type: ignore[index]
+    items: tuple[IndexItem, ...] = node.attr("index")  # type: ignore[assignment]
+    last = items[-1]
     return last.kind == "slice" and (last.start, last.stop) != (Dim.const(0), source.shape[-1])
 
 
