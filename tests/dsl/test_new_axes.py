@@ -72,7 +72,7 @@ def test_the_reference_indexes_as_torch_does() -> None:
     ir = _ir("r = mean(x, axis=-1)\ny = x * r[:, None]")
     scope: dict[str, object] = {"torch": torch, "x": torch.randn(4, 8), "q": torch.zeros(4, 2, 8),
                                 "w": torch.zeros(8)}
-    exec("\n".join(reference_lines(ir)), scope)  # noqa: S102 - the generated reference's own lines
+    exec("\n".join(reference_lines(ir)), scope)  # the generated reference's own lines
     x = scope["x"]
     assert isinstance(x, torch.Tensor)
     out = next(v for k, v in scope.items() if k == "_y")
