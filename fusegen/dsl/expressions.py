@@ -185,8 +185,8 @@ def _index(ctx: Context, expr: ast.Index) -> int | None:
     picks = tuple(item for item in expr.items if not isinstance(item, ast.NoneLit))
     if len(picks) > len(source.shape):
         extra = picks[len(source.shape)]
-        shape, got = shape_str(source.shape), len(picks)
-        ctx.error(extra.span, f"too many indices: {shape} has {len(source.shape)} dims, got {got}")
+        dims, got = len(source.shape), len(picks)
+        ctx.error(extra.span, f"too many indices: {shape_str(source.shape)} has {dims} dims, got {got}")
         return None
     padded = picks + (None,) * (len(source.shape) - len(picks))  # omitted trailing dims: full
     items = tuple(_index_item(ctx, item, size) for item, size in zip(padded, source.shape, strict=True))
