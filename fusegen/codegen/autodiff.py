@@ -244,6 +244,8 @@ RULES: dict[str, Rule] = {
     # torch rounds the gradient of `.to(bf16)` to bf16 on its way back; so do we
     "cast": lambda gr, n, g, a, y: [gr.add("cast", (g,), gr.shape(g), n.dtype, to=n.dtype)],
     "index": lambda gr, n, g, a, y: [gr.add("unindex", (g,), gr.shape(a[0]), index=n.attr("index"))],
+    # a spec's `a[:, None]` (new axes): the gradient picks the operand's place back out
+    "unindex": lambda gr, n, g, a, y: [gr.add("index", (g,), gr.shape(a[0]), index=n.attr("index"))],
     **{op: (lambda gr, n, g, a, y: [None, None]) for op in ("lt", "le", "gt", "ge", "eq", "ne")},
 }
 

@@ -9,8 +9,9 @@ from typing import Any, Protocol
 from fusegen.dsl.diagnostics import Diagnostic, Span, SpecError
 from fusegen.dsl.ir import BINARY_OPS, COMPARE_OPS, UNARY_OPS, KernelIR, Node, Shape, shape_str
 
-#: Ops every family treats as elementwise (comparisons give 1.0 / 0.0), and the trace-time scalars.
-ELEMENTWISE = frozenset((*UNARY_OPS, *BINARY_OPS, *COMPARE_OPS, "pow", "clamp", "cast"))
+#: Ops every family treats as elementwise (comparisons give 1.0 / 0.0, `where` selects by them: stage.py),
+#: and the trace-time scalars.
+ELEMENTWISE = frozenset((*UNARY_OPS, *BINARY_OPS, *COMPARE_OPS, "pow", "clamp", "cast", "where"))
 SCALAR_LEAVES = frozenset(("param", "const", "dim"))
 
 

@@ -13,6 +13,11 @@ can be hoisted. A column slice of a product with an input weight, `(x @ w12)[:, 
 product with the sliced weight, `x @ w12[:, 0:I]` (exact: the same dot products), so a packed gate|up
 weight gives two projections. Nodes are hash-consed while they are rebuilt, so identical sums merge
 (CSE); nodes no output needs are dropped (DCE). A spec without the patterns comes back as the same object.
+
+First, row reductions keep their axis (`keep_axes`): a `keepdim=false` reduction over the last axis
+becomes the kept-dim one followed by a drop of the size-1 axis (`[:, 0]`), per-row math on dropped values
+runs on the kept ones (`rsqrt(mean(x, -1) + eps)` is [T, 1] inside), and `r[:, None]` of such a value is
+the kept value itself; so the families see only [T, 1] statistics, and a [T] output is the drop of one.
 """
 
 from __future__ import annotations
@@ -20,6 +25,8 @@ from __future__ import annotations
 import dataclasses
 from collections.abc import Iterable
 
+from fusegen.codegen.family import ELEMENTWISE
+from fusegen.dsl.ir import REDUCE_OPS as REDUCTIONS
 from fusegen.dsl.ir import AttrValue, Dim, IndexItem, KernelIR, Node, OutputDecl, Shape
 
 COMMUTATIVE = frozenset(("add", "mul", "maximum", "minimum"))
@@ -30,8 +37,85 @@ NORMS = frozenset(("rmsnorm", "layernorm"))
 
 
 def rewrite(ir: KernelIR) -> KernelIR:
-    """`ir` with its sums of products factored (see the module doc), CSE'd and DCE'd; `ir` if none is."""
+    """`ir` with reduced axes kept and its sums of products factored (see the module doc), CSE'd and DCE'd;
+    `ir` if none is."""
+    ir = keep_axes(ir)
     return _rebuild(ir, _rmsnorm_factors(ir), fuse=True)
+
+
+def keep_axes(ir: KernelIR) -> KernelIR:
+    """`ir` with every reduction's axis kept and `[:, None]` of a dropped axis folded away; `ir` if it
+    has no `keepdim=false` reduction or new axis to fold."""
+    graph = _Graph()
+    remap: dict[int, int] = {}
+    kept: dict[int, tuple[int, int]] = {}  # node -> (its value with a size-1 axis at `axis`, axis)
+    changed = False
+    for node in ir.nodes:
+        args = tuple(remap[a] for a in node.args)
+        form = _kept_form(graph, ir, node, args, kept)
+        if form is None:
+            remap[node.id] = graph.add(node, args)
+        elif node.op == "unindex":  # `[:, None]` of a dropped axis: the kept value
+            remap[node.id] = form[0]
+            changed = True
+        elif node.op == "index":  # the drop itself, `[:, 0]` of a size-1 axis
+            remap[node.id] = graph.add(node, args)
+            kept[node.id] = form
+        else:
+            kept[node.id] = form
+            remap[node.id] = _drop(graph, node, *form)
+            changed = True
+    if not changed:
+        return ir
+    outputs = tuple(dataclasses.replace(o, node=remap[o.node]) for o in ir.outputs)
+    nodes, outputs = _live(graph.nodes, outputs)
+    return dataclasses.replace(ir, nodes=nodes, outputs=outputs)
+
+
+def _kept_form(graph: _Graph, ir: KernelIR, node: Node, args: tuple[int, ...],
+               kept: dict[int, tuple[int, int]]) -> tuple[int, int] | None:  # fmt: skip
+    """(the node computing `node` with a size-1 axis kept, that axis), where there is one."""
+    axis = int(node.attr("axis")) if node.op in REDUCTIONS else -1  # type: ignore[arg-type]
+    if node.op in REDUCTIONS and not node.attr("keepdim") and axis == len(node.shape):  # over the last axis
+        shape = (*node.shape[:axis], ONE, *node.shape[axis:])
+        attrs = tuple((k, True if k == "keepdim" else v) for k, v in node.attrs)
+        return graph.add(node, args, attrs=attrs, shape=shape), axis
+    if node.op in ("index", "unindex"):
+        single = _single_axis(node, ir.node(node.args[0]))
+        if single is None:
+            return None
+        source = kept.get(node.args[0]) if node.op == "unindex" else (args[0], single)
+        return source if source is not None and source[1] == single else None
+    tensors = [a for a in node.args if ir.node(a).shape != ()]
+    forms = {kept.get(a) is not None and ir.node(a).shape == node.shape for a in tensors}
+    if node.op not in ELEMENTWISE or forms != {True}:
+        return None
+    axis = kept[tensors[0]][1]
+    if any(kept[a][1] != axis for a in tensors):
+        return None
+    kept_args = tuple(kept[old][0] if old in kept else new for old, new in zip(node.args, args, strict=True))
+    shape = (*node.shape[:axis], ONE, *node.shape[axis:])
+    return graph.add(node, kept_args, shape=shape), axis
+
+
+def _single_axis(node: Node, source: Node) -> int | None:
+    """The axis an index only drops (`[:, 0]` of a size-1 axis) or an unindex only inserts (`[:, None]`)."""
+    items: tuple[IndexItem, ...] = node.attr("index")  # type: ignore[assignment]
+    full = node.shape if node.op == "unindex" else source.shape
+    points = [i for i, it in enumerate(items) if it.kind == "at"]
+    if len(points) != 1 or items[points[0]].start != Dim.const(0) or full[points[0]] != ONE:
+        return None
+    if any(not _whole(it, d) for it, d in zip(items, full, strict=True) if it.kind == "slice"):
+        return None
+    return points[0]
+
+
+def _drop(graph: _Graph, like: Node, kept_id: int, axis: int) -> int:
+    """`kept[:, 0]`: the kept value without its size-1 `axis`, in `like`'s shape."""
+    shape = graph.nodes[kept_id].shape
+    items = tuple(IndexItem("at", Dim.const(0)) if i == axis else IndexItem("slice", Dim.const(0), d)
+                  for i, d in enumerate(shape))  # fmt: skip
+    return graph.add(like, (kept_id,), op="index", attrs=(("index", items),), shape=like.shape, name=None)
 
 
 def expand_norms(ir: KernelIR) -> KernelIR:

@@ -5,7 +5,10 @@ per-partition column (`vec`, shape [P, 1]) or a trace-time Python scalar. Built-
 instruction (mean, layernorm, rmsnorm, x ** 2) are expanded here so that instruction selection
 (`select.py`) only sees primitives. Division, which no engine has as an instruction (NKI release notes),
 becomes a multiplication by `1 / d` (folded at trace time for a scalar divisor, else a `recip` the
-selector emits as nisa.reciprocal); integer powers become products of squares.
+selector emits as nisa.reciprocal); integer powers become products of squares. `where(c, a, b)` becomes
+`m * a + (1 - m) * b` over the comparison's 1.0 / 0.0 mask `m` (ALU comparisons, [ALU]): both products are
+exact (a factor is 0 or 1), so the sum is the selected value bit for bit wherever the branch not taken is
+finite (an infinity there gives NaN, 0 * inf); a zero branch drops its product.
 """
 
 from __future__ import annotations
@@ -117,6 +120,8 @@ class StageBuilder:
             return f"({codes[0]} ** {float(node.attr('exponent'))!r})"  # type: ignore[arg-type]
         if node.op == "cast":
             return codes[0]
+        if node.op == "where":  # the mask is a trace-time 1.0 / 0.0
+            return "({0} * {1} + (1.0 - {0}) * {2})".format(*codes)
         raise StageError(node, f"`{node.op}` of scalars is not supported in a kernel")
 
     def reciprocal(self, den: Expr) -> Expr:
@@ -158,6 +163,8 @@ _SCALAR_BINARY = {
     "div": "({} / {})",
     "maximum": "max({}, {})",
     "minimum": "min({}, {})",
+    **{op: f"float({{}} {sym} {{}})" for op, sym in (("lt", "<"), ("le", "<="), ("gt", ">"), ("ge", ">="),
+                                                    ("eq", "=="), ("ne", "!="))},
 }
 _SCALAR_UNARY = {
     "neg": "(-{})",
@@ -244,6 +251,31 @@ def _affine(y: Expr, affine: list[Expr]) -> Expr:
     return y
 
 
+def _expand_where(b: StageBuilder, node: Node, args: list[Expr]) -> Expr:
+    mask, chosen, other = args
+    if mask.kind == "scalar":  # a comparison of scalars is a trace-time 1.0 / 0.0
+        inverse = scalar(f"(1.0 - {mask.code})")
+    else:
+        inverse = _mk("sub", [scalar("1.0"), mask], mask.kind)
+    parts = [_product(m, v) for m, v in ((mask, chosen), (inverse, other)) if not _is_zero(v)]
+    if not parts:
+        return _product(mask, scalar("0.0"))
+    return parts[0] if len(parts) == 1 else _mk("add", parts, b.kind_of(node))
+
+
+def _product(mask: Expr, value: Expr) -> Expr:
+    """`mask * value`, of the wider of the two kinds (a column mask over a tile is a tile)."""
+    kinds = ("scalar", "vec", "tile")
+    kind = max(mask.kind, value.kind, key=kinds.index)
+    if kind == "scalar":
+        return scalar(f"({mask.code} * {value.code})")
+    return _mk("mul", [mask, value], kind)
+
+
+def _is_zero(e: Expr) -> bool:
+    return e.kind == "scalar" and e.code in ("0.0", "-0.0")
+
+
 def _expand_broadcast(b: StageBuilder, node: Node, args: list[Expr]) -> Expr:
     return args[0]  # a column broadcasts over the free axis wherever it is an operand
 
@@ -256,6 +288,7 @@ _EXPANSIONS: dict[str, Callable[[StageBuilder, Node, list[Expr]], Expr]] = {
     "sum": _expand_reduce,
     "max": _expand_reduce,
     "clamp": _expand_clamp,
+    "where": _expand_where,
     "layernorm": _expand_layernorm,
     "rmsnorm": _expand_rmsnorm,
 }

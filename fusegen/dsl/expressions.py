@@ -57,10 +57,27 @@ def elementwise(ctx: Context, op: str, args: tuple[int, ...], span: Span, what: 
     shape = broadcast(shapes)
     if shape is None:
         listed = ", ".join(shape_str(s) for s in shapes[:-1]) + f" and {shape_str(shapes[-1])}"
-        ctx.error(span, f"shapes {listed} do not broadcast in `{what}`", broadcast_hint(shapes))
+        ctx.error(span, f"shapes {listed} do not broadcast in `{what}`", _leading_hint(ctx, args) or
+                  broadcast_hint(shapes))  # fmt: skip
         return None
     dtype = "bool" if op in ir.COMPARE_OPS else COMPUTE_DTYPE
     return ctx.add_node(op, args, (), shape, dtype, span)
+
+
+def _leading_hint(ctx: Context, args: tuple[int, ...]) -> str | None:
+    """For a value shaped like the leading dims of another (a per-row [T] beside [T, H]): how to give it
+    the trailing size-1 axes that make it broadcast over the rows, as torch needs too."""
+    nodes = [ctx.nodes[a] for a in args]
+    for short in nodes:
+        for long in nodes:
+            rank = len(short.shape)
+            if 0 < rank < len(long.shape) and long.shape[:rank] == short.shape:
+                name = short.name or "(...)"
+                added = ", ".join([":"] * rank + ["None"] * (len(long.shape) - rank))
+                return (f"broadcasting aligns the last dims, as in torch, so {shape_str(short.shape)} does "
+                        f"not run along the rows of {shape_str(long.shape)}: write `{name}[{added}]`, or "
+                        "reduce with keepdim=true")  # fmt: skip
+    return None
 
 
 def _name(ctx: Context, expr: ast.Name) -> int | None:
@@ -165,20 +182,42 @@ def _index(ctx: Context, expr: ast.Index) -> int | None:
     if not source.shape:
         ctx.error(expr.span, "cannot index a scalar")
         return None
-    if len(expr.items) > len(source.shape):
-        extra = expr.items[len(source.shape)]
-        message = (
-            f"too many indices: {shape_str(source.shape)} has {len(source.shape)} dims, got {len(expr.items)}"
-        )
-        ctx.error(extra.span, message)
+    picks = tuple(item for item in expr.items if not isinstance(item, ast.NoneLit))
+    if len(picks) > len(source.shape):
+        extra = picks[len(source.shape)]
+        dims, got = len(source.shape), len(picks)
+        ctx.error(extra.span, f"too many indices: {shape_str(source.shape)} has {dims} dims, got {got}")
         return None
-    padded = expr.items + (None,) * (len(source.shape) - len(expr.items))  # omitted trailing dims: full
+    padded = picks + (None,) * (len(source.shape) - len(picks))  # omitted trailing dims: full
     items = tuple(_index_item(ctx, item, size) for item, size in zip(padded, source.shape, strict=True))
     if any(item is None for item in items):
         return None
     checked = tuple(item for item in items if item is not None)
     shape = tuple(i.stop - i.start for i in checked if i.kind == "slice" and i.stop is not None)
-    return ctx.add_node("index", (base,), (("index", checked),), shape, source.dtype, expr.span)
+    node = base
+    if not all(i.kind == "slice" and i.start == Dim.const(0) and i.stop == d for i, d in zip(
+        checked, source.shape, strict=True
+    )) or len(picks) == len(expr.items):  # fmt: skip
+        node = ctx.add_node("index", (base,), (("index", checked),), shape, source.dtype, expr.span)
+    if len(picks) == len(expr.items):
+        return node
+    return _new_axes(ctx, expr, node, shape)
+
+
+def _new_axes(ctx: Context, expr: ast.Index, node: int, shape: tuple[Dim, ...]) -> int:
+    """`a[:, None]`: the picked value with a size-1 axis where each `None` stands (NumPy's newaxis), as an
+    `unindex` (the picked value placed at position 0 of each new axis)."""
+    kept = iter(shape)
+    items: list[IndexItem] = []
+    for item in expr.items:
+        if isinstance(item, ast.NoneLit):
+            items.append(IndexItem("at", Dim.const(0)))
+        elif isinstance(item, ast.Slice):  # a position drops its dim
+            items.append(IndexItem("slice", Dim.const(0), next(kept)))
+    items += [IndexItem("slice", Dim.const(0), size) for size in kept]  # omitted trailing dims
+    result = tuple(i.stop if i.stop is not None else Dim.const(1) for i in items)
+    attrs = (("index", tuple(items)),)
+    return ctx.add_node("unindex", (node,), attrs, result, ctx.nodes[node].dtype, expr.span)
 
 
 def _index_item(ctx: Context, item: ast.Expr | ast.Slice | None, size: Dim) -> IndexItem | None:

@@ -54,12 +54,19 @@ def _attr(kernel: ir.KernelIR, node: ir.Node, value: ir.AttrValue) -> str:
         return "true" if value else "false"
     if isinstance(value, float):
         return format_number(value)
+    if isinstance(value, tuple) and node.op == "unindex":  # items over its own shape; new axes `None`
+        items = zip(value, node.shape, strict=True)
+        return "[" + ", ".join("None" if item == _NEW_AXIS and size == ir.Dim.const(1)
+                               else _index_item(item, size) for item, size in items) + "]"  # fmt: skip
     if isinstance(value, tuple):
         source = kernel.node(node.args[0]).shape
         return (
             "[" + ", ".join(_index_item(item, size) for item, size in zip(value, source, strict=True)) + "]"
         )
     return str(value)
+
+
+_NEW_AXIS = ir.IndexItem("at", ir.Dim.const(0))
 
 
 def _index_item(item: ir.IndexItem, size: ir.Dim) -> str:

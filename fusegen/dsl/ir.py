@@ -217,6 +217,9 @@ class CheckShape:
 #:   rmsnorm   (x, eps[, gamma])           over the last axis
 #:   cast     (a,)                    attrs: to (dtype); node dtype == to
 #:   index    (a,)                    attrs: index (tuple of IndexItem, one per source dim)
+#:   unindex  (a,)                    attrs: index (one IndexItem per result dim): zeros of the node's shape
+#:                                    with `a` placed at index; a spec's `a[:, None]` is one whose `at 0`
+#:                                    items are the new size-1 axes (the backward IR's scatter, autodiff.py)
 UNARY_OPS = (
     "neg",
     "silu",

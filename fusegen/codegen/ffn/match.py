@@ -39,9 +39,11 @@ def match_ffn(ir: KernelIR) -> FfnMatch:
         raise Mismatch(FAMILY, ir.outputs[0].span, reason, relevant=False)
     down = matmuls[-1]
     ups = tuple(matmuls[:-1])
-    if not 1 <= len(ups) <= 2:
-        where = down if not ups else ups[2]
-        raise leave(FAMILY, where, "expected one or two projections of the input, then a down-projection")
+    if not ups:
+        reason = "an FFN projects up, then down: one or two projections of the input, then a down-projection"
+        raise leave(FAMILY, down, f"{reason}; this is the only matmul")
+    if len(ups) > 2:
+        raise leave(FAMILY, ups[2], "expected one or two projections of the input, then a down-projection")
     x, hidden, inter, rows = _check_ups(ir, ups)
     source, prologue = _prologue(ir, x, rows, hidden)
     weight = ir.node(down.args[1])
@@ -189,5 +191,8 @@ def _epilogue(ir: KernelIR, down: Node, rows: Dim, hidden: Dim) -> set[int]:
             )
     for out in ir.outputs:
         if out.shape != (rows, hidden):
-            raise Mismatch(FAMILY, out.span, f"ffn outputs must be [{rows}, {hidden}]")
+            reason = f"ffn outputs must be [{rows}, {hidden}]"
+            if out.shape == (rows, Dim.const(1)):
+                reason += f"; a per-row [{rows}, 1] value may feed them, not be one"
+            raise Mismatch(FAMILY, out.span, reason)
     return epi

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import dataclasses
+import re
 from dataclasses import dataclass
 
 from fusegen.codegen.family import KernelBackward, Mismatch, kernel_arg
@@ -329,6 +330,18 @@ def _prep_ir(ir: KernelIR, m: RowReduceMatch) -> KernelIR:
     return dataclasses.replace(ir, inputs=tuple(i for i in ir.inputs if i.name in weights), params=())
 
 
+def _host_width(flat: KernelIR, data: str, width: Dim) -> str:
+    """Source of the row width in the host: the data input's last axis, or the dim a column slice of it
+    spans (`D` of `x[:, D:2*D]`), spelled over the host's arguments (`x.shape[-1] // 2`)."""
+    axis = next(i.shape[-1] for i in flat.inputs if i.name == data)
+    if axis == width:
+        return f"{data}.shape[-1]"
+    sources: dict[str, str] = {}
+    for name, src in dim_bindings(flat, str):  # each source reads only dims bound before it
+        sources[name] = re.sub(r"\bd_(\w+)", lambda found: f"({sources[found[1]]})", src)
+    return re.sub(r"\bd_(\w+)", lambda found: f"({sources[found[1]]})", dim_source(width))
+
+
 def _host(ir: KernelIR, m: RowReduceMatch, lifted: Lifted | None, flat: KernelIR) -> HostSignature:
     tensors = [i.name for i in ir.inputs]
     params = host_params(ir)
@@ -346,7 +359,7 @@ def _host(ir: KernelIR, m: RowReduceMatch, lifted: Lifted | None, flat: KernelIR
     saved = f"; with save=True also ({', '.join(optional)})" if optional else ""
     return HostSignature(
         params=", ".join(params), returns=returns,
-        width=f"{data.name}.shape[-1]", heads="1" if lifted else f"{data.name}.shape[1]",
+        width=_host_width(flat, data.name, m.width), heads="1" if lifted else f"{data.name}.shape[1]",
         lift_lines=_lift_lines(ir, lifted, tensors), prep_lift_lines=_lift_lines(ir, lifted, weights),
         launch_args=", ".join(tensors + [p.name for p in ir.params]),
         save_arg="save" if optional else "False",

@@ -101,7 +101,7 @@ class _Lift:
         if operand is not None and self.is_row(operand.shape):
             if node.op in _AXIS_OPS and int(node.attr("axis")) >= 1:  # type: ignore[arg-type]
                 attrs = _with(attrs, "axis", int(node.attr("axis")) + 1)  # type: ignore[arg-type]
-            if node.op == "index":
+            if node.op in ("index", "unindex"):  # unindex: a spec's `s[:, None]`
                 items: tuple[IndexItem, ...] = node.attr("index")  # type: ignore[assignment]
                 attrs = _with(attrs, "index", (items[0], IndexItem("slice", Dim.const(0), ONE), *items[1:]))
         return dataclasses.replace(node, shape=self.shape(node.shape), attrs=attrs)

@@ -24,7 +24,7 @@ from fusegen.codegen.rowreduce.match import ColumnLoad, RowLoad, RowReduceMatch
 from fusegen.codegen.select import Layout, Selector
 from fusegen.codegen.select_tables import NL_DTYPE, EngineLoad
 from fusegen.codegen.stage import Expr, Operand, StageBuilder, dim_source
-from fusegen.dsl.ir import DTYPE_BYTES, KernelIR, Node, OutputDecl
+from fusegen.dsl.ir import DTYPE_BYTES, Dim, KernelIR, Node, OutputDecl
 
 _T = TypeVar("_T")
 ONE_COLUMN = "0:1"
@@ -214,8 +214,17 @@ def load_row(ir: KernelIR, ld: RowLoad, columns: str) -> Load:
     node = ir.node(ld.node)
     head = dim_source(ld.head_start) + (" + h" if ld.per_head else "")
     head = "h" if head == "0 + h" else head
-    source = f"{kernel_arg(ld.input)}[t0:t0 + pt, {head}, {columns}]"
+    source = f"{kernel_arg(ld.input)}[t0:t0 + pt, {head}, {_shifted(columns, ld.column_start)}]"
     return Load(_leaf_name(node), NL_DTYPE[node.dtype], source)
+
+
+def _shifted(columns: str, start: Dim) -> str:
+    """`lo:hi` moved right by a column slice's `start` (`d_D + c0:d_D + c0 + hw`)."""
+    if start == Dim.const(0):
+        return columns
+    lo, hi = columns.split(":")
+    offset = dim_source(start)
+    return f"{offset if lo == '0' else f'{offset} + {lo}'}:{offset} + {hi}"
 
 
 def _column_load(ir: KernelIR, col: ColumnLoad, heads: str) -> Load:
@@ -339,7 +348,7 @@ def frontier(ir: KernelIR, leaves: dict[int, Operand], roots: Iterable[int], kin
         seen.add(node.id)
         for a in node.args:
             arg = ir.node(a)
-            if a in leaves or kind(arg) == "scalar":
+            if a in leaves or kind(arg) == "scalar" or arg.op == "input":  # inputs are loaded, never hoisted
                 continue
             if kind(arg) == "vec" and kind(node) == "tile":
                 found.add(a)

@@ -15,11 +15,12 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from fusegen.codegen.family import ELEMENTWISE, SCALAR_LEAVES, Mismatch, leave
-from fusegen.dsl.ir import Dim, KernelIR, Node, OutputDecl
+from fusegen.dsl.ir import Dim, IndexItem, KernelIR, Node, OutputDecl, TensorDecl
 
 FAMILY = "rowreduce"
 REDUCTIONS = frozenset(("sum", "mean", "max"))
 ONE = Dim.const(1)
+ZERO = Dim.const(0)
 UNCOVERED = "the head slices of a packed output must cover it without overlap"
 
 
@@ -31,6 +32,7 @@ class RowLoad:
     input: str  # the input's name
     head_start: Dim  # first head index in the input
     per_head: bool  # False: one row shared by every head (loaded once per token tile)
+    column_start: Dim = ZERO  # first column in the input (`x[:, D:2*D]` of a [T, 2*D] input)
 
 
 @dataclass(frozen=True)
@@ -90,8 +92,8 @@ def match_rowreduce(ir: KernelIR) -> RowReduceMatch:
     if data is None:
         raise Mismatch(FAMILY, ir.inputs[0].span, "expected a [T, H] or [T, G, H] data input (tokens, "
                        "[heads,] width)", relevant=False)  # fmt: skip
-    rows, heads, width = data.shape
-    shapes = _Shapes(rows, heads, width)
+    rows, heads, _ = data.shape
+    shapes = _Shapes(rows, heads, _width(ir, data))
     prep = _prep_nodes(ir, shapes)
     packed = tuple(_packed(ir, o, shapes) for o in ir.outputs if _is_packed(o, shapes))
     packing = {n for p in packed for n in _packing_nodes(ir, p.output.node)}
@@ -102,17 +104,32 @@ def match_rowreduce(ir: KernelIR) -> RowReduceMatch:
     for node in ir.nodes:
         if node.id not in prep | packing | post.nodes and node.op not in SCALAR_LEAVES:
             _check_main_node(ir, node, shapes, loads, columns)
-    levels = _levels(ir, shapes)
-    if not levels:
-        raise Mismatch(FAMILY, ir.outputs[0].span, "there is no per-row reduction over the last axis")
+    levels = _levels(ir, shapes)  # none: an elementwise row kernel (silu_and_mul), no reduction pass
     tile_outs, col_outs, token_outs = _outputs(ir, shapes, packed, post.after)
     roots = sorted({a for n in ir.nodes if n.id not in prep | post.nodes for a in n.args if a in prep})
     head_sums = tuple(n.id for n in ir.nodes if n.op == "sum" and n.attr("axis") == 1)
     _check_accumulated_once(ir, head_sums, packing)
     return RowReduceMatch(
-        rows, heads, width, tuple(loads), _graph_inputs(ir, roots), tuple(roots), levels, tile_outs, col_outs,
-        tuple(columns), head_sums, token_sums, token_outs, post.inputs, packed,
+        rows, heads, shapes.width, tuple(loads), _graph_inputs(ir, roots), tuple(roots), levels, tile_outs,
+        col_outs, tuple(columns), head_sums, token_sums, token_outs, post.inputs, packed,
     )  # fmt: skip
+
+
+def _width(ir: KernelIR, data: TensorDecl) -> Dim:
+    """The row width H: the data input's last axis, or the width of its column slices when it is read
+    only through them (`silu(x[:, 0:D]) * x[:, D:2*D]` of a [T, 2*D] input works on rows of D)."""
+    node = next(n for n in ir.nodes if n.op == "input" and n.name == data.name)
+    users = ir.users(node.id)
+    if users and all(u.op == "index" and _column_slice(u, node) for u in users):
+        return users[0].shape[-1]
+    return data.shape[-1]
+
+
+def _column_slice(node: Node, source: Node) -> bool:
+    """Whether index `node` slices part of the last axis of `source`."""
+    items: tuple[IndexItem, ...] = node.attr("index")  # type: ignore[assignment]
+    last = items[-1]
+    return last.kind == "slice" and (last.start, last.stop) != (Dim.const(0), source.shape[-1])
 
 
 @dataclass(frozen=True)
@@ -257,16 +274,18 @@ def _column_load(ir: KernelIR, node: Node, shapes: _Shapes) -> ColumnLoad:
 
 
 def _indexed_load(ir: KernelIR, node: Node, shapes: _Shapes) -> RowLoad:
-    """`kv[:, a:b, :]`: a slice of heads of an input, full tokens and width."""
+    """`kv[:, a:b, :]` or `x[:, :, a:b]`: a slice of heads and of row-wide columns of an input."""
     source = ir.node(node.args[0])
     items = node.attr("index")
+    sliced = "an input may be sliced along the head axis and, as wide as the rows, along the width"
     if not isinstance(items, tuple) or len(items) != 3 or any(it.kind != "slice" for it in items):
-        raise leave(FAMILY, node, "an input may only be sliced along the head axis")
-    ends = [(it.start, it.stop) for it in items]
+        raise leave(FAMILY, node, sliced)
     zero = Dim.const(0)
-    if ends[0] != (zero, source.shape[0]) or ends[2] != (zero, source.shape[2]) or not shapes.is_tile(node):
-        raise leave(FAMILY, node, "an input may only be sliced along the head axis")
-    return RowLoad(node.id, str(source.name), items[1].start, node.shape[1] != ONE)
+    if (items[0].start, items[0].stop) != (zero, source.shape[0]):
+        raise leave(FAMILY, node, "an input may not be sliced along the token axis")
+    if not shapes.is_tile(node):
+        raise leave(FAMILY, node, f"{sliced} ({shapes.width} columns here)")
+    return RowLoad(node.id, str(source.name), items[1].start, node.shape[1] != ONE, items[2].start)
 
 
 def _check_drop(ir: KernelIR, node: Node, shapes: _Shapes) -> None:

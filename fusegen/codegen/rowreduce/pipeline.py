@@ -67,7 +67,8 @@ def _ordered(names: set[str]) -> list[str]:
 
 def _names(body: str) -> tuple[set[str], set[str]]:
     """(names a function body reads from outside, names it assigns)."""
-    source = "def body():\n" + "".join(f"    {line}\n" if line else "\n" for line in body.splitlines())
+    lines = "".join(f"    {line}\n" if line else "\n" for line in body.splitlines())
+    source = "def body():\n" + lines + "    pass\n"  # a body of comments only (no reduction pass) parses
     ast.parse(source)  # a syntax error here is a template bug: fail with Python's message
     table = symtable.symtable(source, "<head helper>", "exec").get_children()[0]
     reads = {s.get_name() for s in table.get_symbols() if s.is_global() and s.is_referenced()}
