@@ -5,8 +5,8 @@
 On CPU the op runs the generated kernel in the mode FUSEGEN_MODE selects (sim: fusegen's NKI interpreter, the
 default; nki-sim: AWS's nki.simulate; fusegen/modes.py), or the generated torch reference when
 FUSEGEN_OPS_BACKEND=reference; on a Neuron device it runs the NKI kernel itself.
-The backward runs backward_reference.py (torch code derived from the spec's IR): the family's matcher
-does not carry this backward IR, so there is no backward kernel.
+The backward runs backward_reference.py (torch code derived from the spec's IR) on every backend: the
+family generates no backward kernel for this spec (backward_plan.md, where present, says what it plans).
 """
 
 import functools
