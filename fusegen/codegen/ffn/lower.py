@@ -49,7 +49,9 @@ class FfnLowering:
     """Everything the FFN template formats: names, hook-point code, the budget model."""
 
     x: str
-    x_nl_dtype: str
+    x_nl_dtype: str  # x^T's and the combine output h's dtype
+    up_nl_dtype: str  # the up weights' (fp8 weights: their own, x stays 16-bit)
+    down_nl_dtype: str  # the down weight's
     x_transpose: tuple[str, ...]  # x's staged K-block `x_blk` into x^T (the path without a prologue)
     down_weight: str
     projections: tuple[Projection, ...]
@@ -91,11 +93,15 @@ def lower_ffn(ir: KernelIR, m: FfnMatch) -> FfnLowering:
         pro=prologue.model if prologue else NO_STAGE,
         epi_cols=epilogue_cols.model if epilogue_cols else NO_STAGE,
         evict=evict.model,
+        up_bytes=DTYPE_BYTES[_up_dtype(ir, m)],
+        down_bytes=DTYPE_BYTES[ir.node(m.down.args[1]).dtype],
     )
     down_weight = ir.node(m.down.args[1])
     return FfnLowering(
         x=kernel_arg(str(m.source.name)),
         x_nl_dtype=NL_DTYPE[m.x.dtype],
+        up_nl_dtype=NL_DTYPE[_up_dtype(ir, m)],
+        down_nl_dtype=NL_DTYPE[down_weight.dtype],
         x_transpose=transpose_block("x_blk", NL_DTYPE[m.x.dtype]),
         down_weight=kernel_arg(str(down_weight.name)),
         projections=projections,
@@ -112,6 +118,11 @@ def lower_ffn(ir: KernelIR, m: FfnMatch) -> FfnLowering:
         epilogue_cols=epilogue_cols,
         evict=evict,
     )
+
+
+def _up_dtype(ir: KernelIR, m: FfnMatch) -> str:
+    """The up weights' dtype (the matcher checked they share one)."""
+    return ir.node(m.ups[0].args[1]).dtype
 
 
 def _count(sel: Selector, kind: str) -> int:
@@ -153,7 +164,7 @@ def _lower_combine(
 
     builder = StageBuilder(ir, leaves, kind_of, free_size=lambda n: m.rows)
     sel = Selector(Layout(part="ph", free="rw", free_alloc="_F_MOV"), prefix="m")
-    weight_dtype = ir.node(m.down.args[1]).dtype
+    weight_dtype = m.combine.dtype  # the down-projection's stationary: x's dtype (the matcher checked)
     result = sel.value(builder.expr(m.combine.id), dtype=weight_dtype)
     if result.memory != "sbuf" or result.dtype != weight_dtype:
         result = sel.copy(result, "tile", weight_dtype)
