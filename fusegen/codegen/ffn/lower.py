@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 from collections.abc import Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 from fusegen.codegen.family import kernel_arg
 from fusegen.codegen.ffn.blocks import (
@@ -37,11 +37,13 @@ class Projection:
 
 @dataclass(frozen=True)
 class OutputWrite:
-    """One kernel output: HBM tensor name, nl dtype and the SBUF operand holding it."""
+    """One kernel output: HBM tensor name, nl dtype, the SBUF operand holding it and its shape's source
+    (a per-token [R, 1] output is written once per row tile, from a [P, 1] column)."""
 
     name: str
     nl_dtype: str
     source: str
+    shape: str = "(R, K)"
 
 
 @dataclass(frozen=True)
@@ -84,7 +86,7 @@ def lower_ffn(ir: KernelIR, m: FfnMatch) -> FfnLowering:
         x_bytes=DTYPE_BYTES[m.x.dtype],
         mid_tiles=_count(mid, "tile"),
         col_vectors=len(col_vectors),
-        out_bytes=sum(DTYPE_BYTES[o.dtype] for o in ir.outputs),
+        out_bytes=sum(DTYPE_BYTES[o.dtype] for o in ir.outputs if o.shape[-1] != Dim.const(1)),
         mid_act=mid.passes("act"),
         mid_dve=mid.passes("dve"),
         acc_init=int(acc_init is not None),
@@ -349,8 +351,26 @@ def _lower_epilogue(
     writes: list[OutputWrite] = []
     finish = _output_writes(ir, exprs, writes)
     sel = _block_selector("u" if from_hbm else "e")  # names distinct from the other epilogue's
-    stage = emit_blocked(sel, exprs, loads, finish, writes=len(ir.outputs), accumulator=acc)
-    return stage, tuple(writes)
+    stage = emit_blocked(sel, exprs, loads, finish, writes=_row_outputs(ir), accumulator=acc)
+    return _with_column_writes(stage, writes), tuple(writes)
+
+
+def _row_outputs(ir: KernelIR) -> int:
+    """Outputs written a block at a time (not the per-token [R, 1] ones)."""
+    return sum(1 for out in ir.outputs if out.shape[-1] != Dim.const(1))
+
+
+def _with_column_writes(stage: BlockedStage, writes: list[OutputWrite]) -> BlockedStage:
+    """Per-token [R, 1] outputs leave once per row tile, after the statistics passes: their DMAs join the
+    last pass's lines before its block loop (their columns are computed there, from finished statistics)."""
+    lines = tuple(
+        f"nisa.dma_copy(dst={w.name}[r0:r0 + pr, 0:1], src={w.source})" for w in writes if w.shape == "(R, 1)"
+    )
+    if not lines:
+        return stage
+    last = stage.passes[-1]
+    passes = (*stage.passes[:-1], replace(last, before=last.before + lines))
+    return replace(stage, passes=passes)
 
 
 def _output_writes(
@@ -360,6 +380,10 @@ def _output_writes(
 
     def finish(sel: Selector) -> list[str]:
         for out, expr in zip(ir.outputs, exprs, strict=True):
+            if expr.kind == "vec":  # per-token [R, 1]: the f32 column the statistics passes finished
+                value = sel.value(expr)
+                writes.append(OutputWrite(kernel_arg(out.name), NL_DTYPE[out.dtype], value.code, "(R, 1)"))
+                continue
             # an output nothing else reads is written in its own dtype by the instruction computing it
             value = sel.value(expr, out.dtype if expr.users == 0 else "f32")
             if value.memory == "psum":  # the bare down-projection: out of PSUM on the Scalar engine
@@ -367,6 +391,10 @@ def _output_writes(
             elif value.dtype != out.dtype:
                 value = sel.copy(value, "tile", out.dtype)
             writes.append(OutputWrite(kernel_arg(out.name), NL_DTYPE[out.dtype], value.code))
-        return [f"nisa.dma_copy(dst={w.name}[r0:r0 + pr, k0:k0 + nb], src={w.source})" for w in writes]
+        return [
+            f"nisa.dma_copy(dst={w.name}[r0:r0 + pr, k0:k0 + nb], src={w.source})"
+            for w in writes
+            if w.shape == "(R, K)"
+        ]
 
     return finish

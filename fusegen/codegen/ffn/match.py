@@ -199,6 +199,6 @@ def _epilogue(ir: KernelIR, down: Node, rows: Dim, hidden: Dim) -> set[int]:
                 FAMILY, node, f"values in the epilogue must be [{rows}, {hidden}], [{hidden}] or [{rows}, 1]"
             )
     for out in ir.outputs:
-        if out.shape != (rows, hidden):
-            raise Mismatch(FAMILY, out.span, f"ffn outputs must be [{rows}, {hidden}]")
+        if out.shape not in ((rows, hidden), (rows, one)):
+            raise Mismatch(FAMILY, out.span, f"ffn outputs must be [{rows}, {hidden}] or per-token [{rows}, 1]")
     return epi
