@@ -124,7 +124,7 @@ CycleRule = Callable[[Shape], float]
 
 def _matmul(s: Shape) -> float:
     # max(min(64, N_stat), N_mov), x4 for fp32 [SDK@2.26 isa cost tables], [v2], [v3]
-    factor = FP32_MATMUL_FACTOR if s.dtype == "float32" else 1
+    factor: float = FP32_MATMUL_FACTOR if s.dtype == "float32" else 1
     if s.fp8:
         factor = ASSUMED.fp8_matmul_factor
     return max(min(64, s.stationary), s.elems) * factor

@@ -200,5 +200,6 @@ def _epilogue(ir: KernelIR, down: Node, rows: Dim, hidden: Dim) -> set[int]:
             )
     for out in ir.outputs:
         if out.shape not in ((rows, hidden), (rows, one)):
-            raise Mismatch(FAMILY, out.span, f"ffn outputs must be [{rows}, {hidden}] or per-token [{rows}, 1]")
+            reason = f"ffn outputs must be [{rows}, {hidden}] or per-token [{rows}, 1]"
+            raise Mismatch(FAMILY, out.span, reason)
     return epi
