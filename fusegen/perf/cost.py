@@ -91,11 +91,13 @@ def assume(**changes: float | bool) -> Iterator[Assumptions]:
         if not hasattr(ASSUMED, name):
             raise ValueError(f"no model assumption named {name!r}")
         setattr(ASSUMED, name, value)
+    compute_cost.cache_clear()  # its cached costs were priced under the old figures
     try:
         yield ASSUMED
     finally:
         for name in changes:
             setattr(ASSUMED, name, getattr(saved, name))
+        compute_cost.cache_clear()
 
 
 class Shape(NamedTuple):
