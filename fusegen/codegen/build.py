@@ -16,6 +16,7 @@ from fusegen.codegen.files.ops import ops_files
 from fusegen.codegen.files.reference import reference_source
 from fusegen.codegen.files.report import plan_markdown
 from fusegen.codegen.files.tests import test_source
+from fusegen.codegen.fp8 import fp8_errors
 from fusegen.codegen.plan import PlanError, TilePlan
 from fusegen.codegen.rewrites import rewrite
 from fusegen.codegen.rowreduce.family import ROWREDUCE
@@ -79,6 +80,8 @@ def _render_spec(path: str, user_ir: KernelIR, options: BuildOptions) -> Built:
     ir = rewrite(user_ir)  # fusion identities first; reference.py keeps the spec's own (unfused) math
     source = read_spec(path)
     family, match = select_family(ir, source)
+    if errors := fp8_errors(ir, family.name, options.target):
+        raise SpecError(errors, source)
     plans = _plans(family, ir, match, options, source)
     try:  # the backward stage: differentiate, then the family's backward kernels where it has them
         back = differentiate(user_ir, family, options.target, options.lnc)
@@ -117,6 +120,8 @@ def plan_shape(path: str, dims: dict[str, int], target: str, lnc: int) -> None:
     ir = rewrite(load_spec(path)[0])
     source = Path(path).read_text(encoding="utf-8", errors="replace")
     family, match = select_family(ir, source)
+    if errors := fp8_errors(ir, family.name, target):
+        raise SpecError(errors, source)
     where = ir.checks[0].span if ir.checks else ir.outputs[0].span
     at = dataclasses.replace(ir, checks=(CheckShape(tuple(sorted(dims.items())), where),))
     try:

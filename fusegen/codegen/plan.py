@@ -150,7 +150,7 @@ def _tile_plan(
     rows, k, i = shape
     c = fb.cost(model, mach, rows, k, i, lnc, p)
     comp_rows, inter = fb.work_per_core(rows, i, lnc, p.split)
-    weights = (model.n_up + 1) * k * i * model.x_bytes
+    weights = (model.n_up * model.up_bytes + model.down_bytes) * k * i
     cores = lnc if not p.split else 1  # with the I split, each weight byte is read by one core
     streamed = weights * fb.cdiv(comp_rows, p.s) * cores
     engines = {"PE": c.pe, "ACT": c.act, "DVE": c.dve, "DMA": c.dma}
@@ -225,7 +225,7 @@ def _reasons(
 def _up_groups(model: fb.FfnModel, mach: fb.Machine, p: fb.Plan, k: int) -> str:
     """How the up weights move: G K-tiles of one I-tile per DMA, from the host's layout."""
     g = fb.group(k, p.g)
-    moved = g * fb.P * model.x_bytes
+    moved = g * fb.P * model.up_bytes
     how = ("streamed, one group per projection in SBUF at a time (one row slice, one intermediate tile)"
            if fb.streams_up(p.s, p.ci) else "the whole chunk held")  # fmt: skip
     return (f"up weights: {g} of {fb.cdiv(k, fb.P)} K-tiles of one I-tile per DMA ({moved} B contiguous per "

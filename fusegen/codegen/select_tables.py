@@ -54,7 +54,13 @@ CALL_COST = {
     "reciprocal": ("dve", 8),
     "memset": ("dve", 1),
 }
-NL_DTYPE = {"bf16": "nl.bfloat16", "f16": "nl.float16", "f32": "nl.float32"}
+NL_DTYPE = {
+    "bf16": "nl.bfloat16",
+    "f16": "nl.float16",
+    "f32": "nl.float32",
+    "fp8_e4m3": "nl.float8_e4m3fn",  # the OCP format (max 448); nl.float8_e4m3 is another encoding
+    "fp8_e5m2": "nl.float8_e5m2",
+}
 #: trn2 clocks (GHz) of the engines `EngineLoad` balances ([v3], fusegen/sim/targets.py).
 CLOCK_GHZ = {"act": 1.2, "dve": 0.96}
 

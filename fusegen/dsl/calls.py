@@ -10,7 +10,7 @@ from fusegen.dsl.context import Context
 from fusegen.dsl.diagnostics import Span
 from fusegen.dsl.ir import COMPUTE_DTYPE, Dim, shape_str
 from fusegen.dsl.names import did_you_mean
-from fusegen.dsl.signatures import FUTURE_DTYPES, SIGNATURES, Signature
+from fusegen.dsl.signatures import SIGNATURES, Signature
 
 Bound = dict[str, ast.Expr]
 
@@ -157,9 +157,6 @@ def _norm(ctx: Context, call: ast.Call, sig: Signature, bound: Bound) -> int | N
 
 
 def _cast(ctx: Context, call: ast.Call, sig: Signature, bound: Bound) -> int | None:
-    if sig.name in FUTURE_DTYPES:
-        ctx.error(call.func.span, "fp8 is not supported yet")
-        return None
     args = _values(ctx, bound, ("x",))
     if args is None:
         return None

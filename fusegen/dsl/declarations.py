@@ -10,7 +10,6 @@ from fusegen.dsl.context import FAILED_NODE, Binding, Context, article
 from fusegen.dsl.diagnostics import Span
 from fusegen.dsl.names import did_you_mean
 from fusegen.dsl.shapes import MAX_DIM_VALUE, to_dim
-from fusegen.dsl.signatures import FUTURE_DTYPES
 
 #: ops that compute nothing: an output bound to one would only copy a host value.
 _LEAF_OPS = ("input", "param", "const", "dim")
@@ -184,9 +183,6 @@ def tensor_type(ctx: Context, spelled: ast.TensorType) -> tuple[str | None, ir.S
 def _dtype(ctx: Context, ident: ast.Ident) -> str | None:
     if ident.name in ir.DTYPES:
         return ident.name
-    if ident.name in FUTURE_DTYPES:
-        ctx.error(ident.span, "fp8 is not supported yet", f"use one of {', '.join(ir.DTYPES)}")
-    else:
-        hint = did_you_mean(ident.name, ir.DTYPES) or f"dtypes are {', '.join(ir.DTYPES)}"
-        ctx.error(ident.span, f"unknown dtype `{ident.name}`", hint)
+    hint = did_you_mean(ident.name, ir.DTYPES) or f"dtypes are {', '.join(ir.DTYPES)}"
+    ctx.error(ident.span, f"unknown dtype `{ident.name}`", hint)
     return None

@@ -10,7 +10,7 @@ from fusegen.dsl import ast, ir
 from fusegen.dsl.calls import lower_call
 from fusegen.dsl.context import FAILED_NODE, Context
 from fusegen.dsl.diagnostics import Span
-from fusegen.dsl.ir import COMPUTE_DTYPE, Dim, IndexItem, shape_str
+from fusegen.dsl.ir import COMPUTE_DTYPE, FP8_DTYPES, Dim, IndexItem, shape_str
 from fusegen.dsl.shapes import (
     broadcast,
     broadcast_hint,
@@ -140,7 +140,7 @@ def _binop(ctx: Context, expr: ast.BinOp) -> int | None:
 
 def _matmul(ctx: Context, expr: ast.BinOp, lhs: int, rhs: int) -> int | None:
     a, b = ctx.nodes[lhs], ctx.nodes[rhs]
-    if a.dtype != b.dtype:
+    if a.dtype != b.dtype and not mixed_fp8(a.dtype, b.dtype):
         message = f"dtype clash: `@` operands are {a.dtype} and {b.dtype}"
         ctx.error(expr.span, message, f"cast one side so both are the same, e.g. `{b.dtype}(...)`")
         return None
@@ -149,6 +149,12 @@ def _matmul(ctx: Context, expr: ast.BinOp, lhs: int, rhs: int) -> int | None:
         ctx.error(expr.span, "matmul shapes do not fit", matmul_hint(a.shape, b.shape))
         return None
     return ctx.add_node("matmul", (lhs, rhs), (), shape, COMPUTE_DTYPE, expr.span)
+
+
+def mixed_fp8(a: str, b: str) -> bool:
+    """A 16-bit float times an fp8 one: the Tensor engine takes mixed fp8/bf16/fp16 inputs (only fp32
+    must pair with fp32, ../nki.md nc_matmul), so fp8 weights need no cast of the activations."""
+    return {a, b} & set(FP8_DTYPES) != set() and {a, b} - set(FP8_DTYPES) <= {"bf16", "f16"}
 
 
 def _compare(ctx: Context, expr: ast.Compare) -> int | None:

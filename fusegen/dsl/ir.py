@@ -11,12 +11,14 @@ from dataclasses import dataclass, field
 
 from fusegen.dsl.diagnostics import Span
 
-#: dtypes a spec may name (fp8 is reserved: the grammar accepts it, the checker rejects it for now).
-DTYPES = ("bf16", "f16", "f32")
+#: dtypes a spec may name; the fp8 ones are the OCP formats (e4m3 is the "fn" variant: no inf, max 448).
+DTYPES = ("bf16", "f16", "f32", "fp8_e4m3", "fp8_e5m2")
+#: 8-bit float dtypes: storage and matmul inputs only (every computed value is f32 unless cast).
+FP8_DTYPES = ("fp8_e4m3", "fp8_e5m2")
 #: dtype of every computed value unless a cast says otherwise.
 COMPUTE_DTYPE = "f32"
 #: bytes per element of each dtype.
-DTYPE_BYTES = {"bf16": 2, "f16": 2, "f32": 4, "bool": 1}
+DTYPE_BYTES = {"bf16": 2, "f16": 2, "f32": 4, "fp8_e4m3": 1, "fp8_e5m2": 1, "bool": 1}
 
 Monomial = tuple[str, ...]  # sorted symbol names; () is the constant term
 

@@ -38,6 +38,11 @@ FP32_MATMUL_FACTOR = 4
 #: trn2 Vector "perf mode" (bf16/fp16, SBUF): tensor_copy/tensor_scalar up to 4x, tensor_tensor 2x [v3]
 PERF_MODE_SPEEDUP = {"tensor_copy": 4, "tensor_scalar": 4, "tensor_tensor": 2}
 HALF_DTYPES = frozenset({"bfloat16", "float16"})
+#: fp8 matmul inputs take the bf16 time per instruction, "max(min(64, N_stat), N_mov) bf16/fp16/tf32/fp8"
+#: [SDK@2.26 isa cost tables], [v3]; trn2's 158 fp8 TFLOPS (2x bf16 [v3]) come from perf_mode=double_row
+#: (K=256 per instruction, same time), which generated kernels do not emit. ASSUMED.fp8_matmul_factor
+#: scales it for the fp8 bench's sensitivity (FP8_SENSITIVITY).
+FP8_DTYPES = frozenset({"float8_e4m3fn", "float8_e4m3", "float8_e5m2"})
 #: Tensor-engine dI/dt throttling (trn2, trn3): after an idle window the PE starts at ~50% of its peak
 #: utilisation and ramps to full over ~3 us; the limit re-engages when utilisation over any ~3 us window
 #: drops below 50% [SDK: tools/neuron-explorer/glossary.rst, "Throttling"]
@@ -58,6 +63,7 @@ class Assumptions:
     dma_row_bytes: int = dmarule.DMA_ROW_BYTES  # DMA packet-rate rule (fusegen/perf/dmarule.py)
     pe_throttle: bool = True  # model the Tensor engine's dI/dt ramp on NeuronCore-v3+
     dge_issue_ns: float = 0.0  # issue time of a DMA on one of the core's hardware DGEs (0: not modelled)
+    fp8_matmul_factor: float = 1.0  # time of a matmul with an fp8 input, relative to bf16 (FP8_DTYPES)
 
 
 ASSUMED = Assumptions()
@@ -67,6 +73,11 @@ SENSITIVITY: tuple[tuple[str, dict[str, float | bool]], ...] = (
     ("DMA row bytes x1.5", {"dma_row_bytes": dmarule.DMA_ROW_BYTES * 3 // 2}),
     ("no PE throttling", {"pe_throttle": False}),
     ("HWDGE issue 600 ns per DMA", {"dge_issue_ns": HWDGE_ISSUE_NS}),
+)
+#: the fp8 bench's sensitivity: the fp8 matmul rate +-50% (the documented figure is 1x bf16's)
+FP8_SENSITIVITY: tuple[tuple[str, dict[str, float | bool]], ...] = (
+    ("fp8 matmul time x0.5", {"fp8_matmul_factor": 0.5}),
+    ("fp8 matmul time x1.5", {"fp8_matmul_factor": 1.5}),
 )
 #: the cost model before issue 15 (no DMA packet rule, no throttling), for before/after comparisons
 MODEL_I: dict[str, float | bool] = {"dma_row_bytes": 0, "pe_throttle": False}
@@ -80,11 +91,13 @@ def assume(**changes: float | bool) -> Iterator[Assumptions]:
         if not hasattr(ASSUMED, name):
             raise ValueError(f"no model assumption named {name!r}")
         setattr(ASSUMED, name, value)
+    compute_cost.cache_clear()  # its cached costs were priced under the old figures
     try:
         yield ASSUMED
     finally:
         for name in changes:
             setattr(ASSUMED, name, getattr(saved, name))
+        compute_cost.cache_clear()
 
 
 class Shape(NamedTuple):
@@ -97,6 +110,7 @@ class Shape(NamedTuple):
     psum_input: bool  # one input lives in PSUM
     reduce: bool  # activation also reduces into a register
     perf_mode: bool  # trn2 Vector fast path applies (bf16/fp16, all operands in SBUF)
+    fp8: bool = False  # a matmul with an fp8 input
 
 
 @dataclass(frozen=True, slots=True)
@@ -112,7 +126,9 @@ CycleRule = Callable[[Shape], float]
 
 def _matmul(s: Shape) -> float:
     # max(min(64, N_stat), N_mov), x4 for fp32 [SDK@2.26 isa cost tables], [v2], [v3]
-    factor = FP32_MATMUL_FACTOR if s.dtype == "float32" else 1
+    factor: float = FP32_MATMUL_FACTOR if s.dtype == "float32" else 1
+    if s.fp8:
+        factor = ASSUMED.fp8_matmul_factor
     return max(min(64, s.stationary), s.elems) * factor
 
 
@@ -283,7 +299,7 @@ def record_shape(target: Target, rec: Record) -> Shape:
     return Shape(
         partitions=rec.partitions, elems=rec.elems, stationary=_free_size(reads[0][3]) if matmul else 0,
         dtype=main[4], psum_input=any(op[2] == "psum" for op in reads), reduce=writes > 1,
-        perf_mode=half_on_sbuf,
+        perf_mode=half_on_sbuf, fp8=matmul and any(op[4] in FP8_DTYPES for op in reads),
     )  # fmt: skip
 
 

@@ -68,7 +68,7 @@ class _FfnModel(NamedTuple):
     """What a generated FFN kernel holds in SBUF and computes, counted by its lowering."""
 
     n_up: int  # up projections: 1 plain MLP, 2 gated
-    x_bytes: int  # bytes per element of x and of the weights
+    x_bytes: int  # bytes per element of x and of the combine's output h (the down-projection's stationary)
     mid_tiles: int  # f32 [P, F_MOV] temporaries of the combine, per intermediate tile
     col_vectors: int  # [I] inputs held as [P, n_h] f32 columns
     out_bytes: int  # bytes per row element written, over all outputs
@@ -80,6 +80,8 @@ class _FfnModel(NamedTuple):
     pro: _Stage  # the prologue, per computed row tile (NO_STAGE without one)
     epi_cols: _Stage = _NO_STAGE  # the epilogue of the column-blocked kernel: accumulator blocks read from HBM
     evict: _Stage = _NO_STAGE  # its eviction of each down-projection piece (the spine computed), per row tile
+    up_bytes: int = 2  # bytes per element of the up-projection weights (1: fp8)
+    down_bytes: int = 2  # bytes per element of the down-projection weight (1: fp8)
 
 
 class _Machine(NamedTuple):
@@ -176,14 +178,14 @@ def _buffers(m: _FfnModel, s: int, ci: int, k: int, i: int, kc: int = 0, g: int 
     if kc:
         return [
             *common,
-            _Buffer("down-projection weight tile (one I-tile, one column block)", kc * m.x_bytes, 2),
+            _Buffer("down-projection weight tile (one I-tile, one column block)", kc * m.down_bytes, 2),
             _Buffer("h^T read back (a group of I-tiles)", _h_group(s, i, m.x_bytes) * s * m.x_bytes, 2),
             _Buffer("PSUM eviction block (its loads and temporaries)", m.evict.block_bytes * min(_F_MOV, k), 2),
         ]
     return [
         *common,
         _Buffer("fp32 accumulator", _cdiv(s, _P) * k * 4, 1),
-        _Buffer("down-projection weight chunk", n_hc * k * m.x_bytes, 2),
+        _Buffer("down-projection weight chunk", n_hc * k * m.down_bytes, 2),
         _Buffer("[K]-bias piece / partial-sum block", _F_MOV * 4, 2),
     ]
 
@@ -229,9 +231,10 @@ def _up_weights(m: _FfnModel, s: int, ci: int, k: int, g: int = 0) -> _Buffer:
     """The up-projection weights in SBUF: a whole chunk loaded up front (each I-tile in groups of G
     K-tiles, padded to whole tiles by `up_layout`), or, streamed, one group of G K-tiles per projection."""
     if _streams_up(s, ci):
-        return _Buffer("up-projection weight K-tile group (streamed)", m.n_up * _group(k, g) * _P * m.x_bytes, 2)
+        streamed = m.n_up * _group(k, g) * _P * m.up_bytes
+        return _Buffer("up-projection weight K-tile group (streamed)", streamed, 2)
     n_g = _cdiv(_cdiv(k, _P), _group(k, g))
-    return _Buffer("up-projection weight chunk", m.n_up * _cdiv(ci, _P) * n_g * _group(k, g) * _P * m.x_bytes, 2)
+    return _Buffer("up-projection weight chunk", m.n_up * _cdiv(ci, _P) * n_g * _group(k, g) * _P * m.up_bytes, 2)
 
 
 def _sbuf_bytes(m: _FfnModel, s: int, ci: int, k: int, i: int, kc: int = 0, g: int = 0) -> int:
@@ -254,7 +257,7 @@ def _smallest_need(m: _FfnModel, k: int, i: int) -> int:
 def _min_group(m: _FfnModel) -> int:
     """The fewest K-tiles per up-weight DMA that move DMA_ROW_BYTES per partition row (the packet rule's
     knee: fewer K-tiles pay per packet, more only take SBUF)."""
-    return _cdiv(_DMA_ROW_BYTES, _P * m.x_bytes)
+    return _cdiv(_DMA_ROW_BYTES, _P * m.up_bytes)
 
 
 def _psum_banks(m: _FfnModel, kc: int = 0) -> int:
@@ -302,7 +305,7 @@ def _super_block(
     for chunk, n_chunks in _runs(inter, ci):
         n_hc = _cdiv(chunk, _P)
         # up weights: each I-tile's K-tile groups, whole padded tiles (up_layout); down: [ph, K] rows
-        hbm += n_chunks * (m.n_up * n_hc * _P * n_k * _P + (0 if kc else k * chunk)) * m.x_bytes
+        hbm += n_chunks * (m.n_up * n_hc * _P * n_k * _P * m.up_bytes + (0 if kc else k * chunk * m.down_bytes))
         transfers += n_chunks * (m.n_up * n_hc * _cdiv(n_k, _group(k, g)) + (0 if kc else n_hc))
         for rw, n_rw in _runs(s_rows, _F_MOV):
             width, times = max(_MIN_CYCLES, rw), n_chunks * n_rw * n_hc
@@ -333,7 +336,7 @@ def _column_blocks(
     act, dve, moved, transfers = _stage_cost(m.evict, n_rs, k, shared=n_rs)
     blocks = _cdiv(k, kc)
     scratch = s_rows * k * 4 if m.epi_cols.sweeps else 0
-    hbm = inter * k * m.x_bytes + blocks * inter * s_rows * m.x_bytes + moved + scratch
+    hbm = inter * k * m.down_bytes + blocks * inter * s_rows * m.x_bytes + moved + scratch
     h_reads = _cdiv(n_it, gh) + int(inter % _P != 0 and (n_it - 1) % gh != 0)
     return float(n_it * n_rs * _cycles(k)), act, dve, hbm, transfers + blocks * (n_it + h_reads)
 
@@ -457,7 +460,7 @@ def _choose(m: _FfnModel, mach: _Machine, rows: int, k: int, i: int, lnc: int) -
         )
     return min(plans, key=lambda p: _rank_key(m, mach, rows, k, i, lnc, p))
 
-_MODEL = _FfnModel(n_up=2, x_bytes=2, mid_tiles=2, col_vectors=2, out_bytes=6, mid_act=1, mid_dve=2, acc_init=0, fold_bias=1, epi=_Stage(block_bytes=8, cols=4, sweeps=2, act=1, dve=4, col_ops=1, read_bytes=4, bcast=1, loads=4), pro=_Stage(block_bytes=0, cols=0, sweeps=0, act=0, dve=0, col_ops=0, read_bytes=0, bcast=0, loads=0), epi_cols=_Stage(block_bytes=10, cols=4, sweeps=2, act=1, dve=2, col_ops=1, read_bytes=8, bcast=1, loads=5), evict=_Stage(block_bytes=16, cols=0, sweeps=1, act=0, dve=4, col_ops=0, read_bytes=4, bcast=1, loads=3))
+_MODEL = _FfnModel(n_up=2, x_bytes=2, mid_tiles=2, col_vectors=2, out_bytes=6, mid_act=1, mid_dve=2, acc_init=0, fold_bias=1, epi=_Stage(block_bytes=8, cols=4, sweeps=2, act=1, dve=4, col_ops=1, read_bytes=4, bcast=1, loads=4), pro=_Stage(block_bytes=0, cols=0, sweeps=0, act=0, dve=0, col_ops=0, read_bytes=0, bcast=0, loads=0), epi_cols=_Stage(block_bytes=10, cols=4, sweeps=2, act=1, dve=2, col_ops=1, read_bytes=8, bcast=1, loads=5), evict=_Stage(block_bytes=16, cols=0, sweeps=1, act=0, dve=4, col_ops=0, read_bytes=4, bcast=1, loads=3), up_bytes=2, down_bytes=2)
 #: the figures the planner's time model needs, per target (from fusegen/sim/targets.py).
 _MACHINES = {
     "trn1": _Machine(pe_ghz=2.8, act_ghz=1.4, dve_ghz=1.12, dma_gbps=272.0, dma_fixed_ns=1300.0, dma_queues=16, dma_row_bytes=2450, sbuf_budget=180224, max_lnc=1),

@@ -16,11 +16,11 @@ from fusegen.codegen.files import ops as ops
 from fusegen.dsl import load_spec
 from fusegen.dsl.ir import KernelIR, eval_shape
 from fusegen.sim import load_module
+from fusegen.testing import TORCH_DTYPES
 
 ROOT = Path(__file__).parents[2]
 GENERATED = ROOT / "generated"
 KERNELS = sorted(p.name for p in GENERATED.iterdir() if (p / "ops.py").is_file())
-TORCH_DTYPES = {"bf16": torch.bfloat16, "f16": torch.float16, "f32": torch.float32}
 #: values tried for each free dim, smallest first: the rows get 3 (or `rows`), other dims the first legal
 CANDIDATES = (3, 2, 1, 32, 64, 128, 256)
 

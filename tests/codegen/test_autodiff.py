@@ -29,7 +29,8 @@ def calc_diff(x: torch.Tensor, y: torch.Tensor) -> float:
 
 def fp64_function(source: str, name: str) -> Callable[..., Any]:
     """Exec a generated reference with every dtype widened to fp64, so the comparison sees only the math."""
-    for narrow in (".float()", "torch.bfloat16", "torch.float16", "torch.float32"):
+    fp8 = ("torch.float8_e4m3fn", "torch.float8_e5m2")
+    for narrow in (".float()", "torch.bfloat16", "torch.float16", "torch.float32", *fp8):
         source = source.replace(narrow, ".double()" if narrow == ".float()" else "torch.float64")
     namespace: dict[str, Any] = {}
     exec(compile(source, f"<{name}>", "exec"), namespace)  # our own generated code

@@ -106,15 +106,15 @@ FFN_HEAD = (
 
 
 def test_with_no_family_the_caret_is_on_the_line_the_closest_family_cannot_take(tmp_path: Path) -> None:
-    """An FFN with a [R, 1] output: the error sits on that output (ffn's reason first), not on `input x`;
+    """An FFN with an optional output: the error sits on that output (ffn's reason first), not on `input x`;
     rowreduce says what is true of it (a matmul is not row-wise math), not 'expected a 3-D input'."""
-    text = _no_family(tmp_path, FFN_HEAD + "output y: f32[R, K]\noutput m: f32[R, 1]\n"
+    text = _no_family(tmp_path, FFN_HEAD + "output y: f32[R, K]\noptional output m: f32[R, 1]\n"
                       "h = relu(x @ w1t)\ny = bf16(h) @ w2t\nm = mean(y, axis=-1, keepdim=true)\n"
                       "check R=4 K=128 I=128\n")  # fmt: skip
     head, first_note = text.split("\n")[0], text.split("note:")[1]
     assert head.endswith("k.spec:8:1: error: no kernel family matches `k` (tried: ffn, rowreduce); the ffn "
                          "family comes closest and cannot take this line")  # fmt: skip
-    assert first_note.startswith(" leaves the ffn family here: ffn outputs must be [R, K]")
+    assert first_note.startswith(" leaves the ffn family here: optional outputs are not supported")
     assert "k.spec:9:10: note: leaves the rowreduce family here: `@` is not row-wise math" in text
     assert "3-D" not in text
 

@@ -52,7 +52,7 @@ class FfnModel(NamedTuple):
     """What a generated FFN kernel holds in SBUF and computes, counted by its lowering."""
 
     n_up: int  # up projections: 1 plain MLP, 2 gated
-    x_bytes: int  # bytes per element of x and of the weights
+    x_bytes: int  # bytes per element of x and of the combine's output h (the down-projection's stationary)
     mid_tiles: int  # f32 [P, F_MOV] temporaries of the combine, per intermediate tile
     col_vectors: int  # [I] inputs held as [P, n_h] f32 columns
     out_bytes: int  # bytes per row element written, over all outputs
@@ -64,6 +64,8 @@ class FfnModel(NamedTuple):
     pro: Stage  # the prologue, per computed row tile (NO_STAGE without one)
     epi_cols: Stage = NO_STAGE  # the epilogue of the column-blocked kernel: accumulator blocks read from HBM
     evict: Stage = NO_STAGE  # its eviction of each down-projection piece (the spine computed), per row tile
+    up_bytes: int = 2  # bytes per element of the up-projection weights (1: fp8)
+    down_bytes: int = 2  # bytes per element of the down-projection weight (1: fp8)
 
 
 class Machine(NamedTuple):
@@ -160,14 +162,14 @@ def buffers(m: FfnModel, s: int, ci: int, k: int, i: int, kc: int = 0, g: int = 
     if kc:
         return [
             *common,
-            Buffer("down-projection weight tile (one I-tile, one column block)", kc * m.x_bytes, 2),
+            Buffer("down-projection weight tile (one I-tile, one column block)", kc * m.down_bytes, 2),
             Buffer("h^T read back (a group of I-tiles)", h_group(s, i, m.x_bytes) * s * m.x_bytes, 2),
             Buffer("PSUM eviction block (its loads and temporaries)", m.evict.block_bytes * min(F_MOV, k), 2),
         ]
     return [
         *common,
         Buffer("fp32 accumulator", cdiv(s, P) * k * 4, 1),
-        Buffer("down-projection weight chunk", n_hc * k * m.x_bytes, 2),
+        Buffer("down-projection weight chunk", n_hc * k * m.down_bytes, 2),
         Buffer("[K]-bias piece / partial-sum block", F_MOV * 4, 2),
     ]
 
@@ -213,9 +215,10 @@ def up_weights(m: FfnModel, s: int, ci: int, k: int, g: int = 0) -> Buffer:
     """The up-projection weights in SBUF: a whole chunk loaded up front (each I-tile in groups of G
     K-tiles, padded to whole tiles by `up_layout`), or, streamed, one group of G K-tiles per projection."""
     if streams_up(s, ci):
-        return Buffer("up-projection weight K-tile group (streamed)", m.n_up * group(k, g) * P * m.x_bytes, 2)
+        streamed = m.n_up * group(k, g) * P * m.up_bytes
+        return Buffer("up-projection weight K-tile group (streamed)", streamed, 2)
     n_g = cdiv(cdiv(k, P), group(k, g))
-    return Buffer("up-projection weight chunk", m.n_up * cdiv(ci, P) * n_g * group(k, g) * P * m.x_bytes, 2)
+    return Buffer("up-projection weight chunk", m.n_up * cdiv(ci, P) * n_g * group(k, g) * P * m.up_bytes, 2)
 
 
 def sbuf_bytes(m: FfnModel, s: int, ci: int, k: int, i: int, kc: int = 0, g: int = 0) -> int:
@@ -238,7 +241,7 @@ def smallest_need(m: FfnModel, k: int, i: int) -> int:
 def min_group(m: FfnModel) -> int:
     """The fewest K-tiles per up-weight DMA that move DMA_ROW_BYTES per partition row (the packet rule's
     knee: fewer K-tiles pay per packet, more only take SBUF)."""
-    return cdiv(DMA_ROW_BYTES, P * m.x_bytes)
+    return cdiv(DMA_ROW_BYTES, P * m.up_bytes)
 
 
 def psum_banks(m: FfnModel, kc: int = 0) -> int:
@@ -286,7 +289,7 @@ def _super_block(
     for chunk, n_chunks in _runs(inter, ci):
         n_hc = cdiv(chunk, P)
         # up weights: each I-tile's K-tile groups, whole padded tiles (up_layout); down: [ph, K] rows
-        hbm += n_chunks * (m.n_up * n_hc * P * n_k * P + (0 if kc else k * chunk)) * m.x_bytes
+        hbm += n_chunks * (m.n_up * n_hc * P * n_k * P * m.up_bytes + (0 if kc else k * chunk * m.down_bytes))
         transfers += n_chunks * (m.n_up * n_hc * cdiv(n_k, group(k, g)) + (0 if kc else n_hc))
         for rw, n_rw in _runs(s_rows, F_MOV):
             width, times = max(MIN_CYCLES, rw), n_chunks * n_rw * n_hc
@@ -317,7 +320,7 @@ def _column_blocks(
     act, dve, moved, transfers = _stage_cost(m.evict, n_rs, k, shared=n_rs)
     blocks = cdiv(k, kc)
     scratch = s_rows * k * 4 if m.epi_cols.sweeps else 0
-    hbm = inter * k * m.x_bytes + blocks * inter * s_rows * m.x_bytes + moved + scratch
+    hbm = inter * k * m.down_bytes + blocks * inter * s_rows * m.x_bytes + moved + scratch
     h_reads = cdiv(n_it, gh) + int(inter % P != 0 and (n_it - 1) % gh != 0)
     return float(n_it * n_rs * _cycles(k)), act, dve, hbm, transfers + blocks * (n_it + h_reads)
 

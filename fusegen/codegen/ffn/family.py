@@ -14,6 +14,7 @@ from fusegen.codegen.ffn.match import FfnMatch, match_ffn
 from fusegen.codegen.files.reference import dim_bindings
 from fusegen.codegen.files.render import header, private_repr, render, vendored
 from fusegen.codegen.files.signature import Returned, door_lines, door_source, signature
+from fusegen.codegen.fp8 import fp8_targets
 from fusegen.codegen.plan import PlanError, TilePlan, machine, plan_ffn
 from fusegen.codegen.rewrites import rewrite
 from fusegen.dsl.ir import KernelIR
@@ -86,7 +87,9 @@ class FfnFamily:
             host=_host(ir, m, low),
             dim_bindings=[f"d_{d} = {src}" for d, src in dim_bindings(ir, kernel_arg, _up_weights(ir, low))],
             machines=_machines(),
-            door_source=door_source([("_SIGNATURE", signature(ir.name, ir, _returned(ir), _targets()))]),
+            door_source=door_source(
+                [("_SIGNATURE", signature(ir.name, ir, _returned(ir), fp8_targets(ir, _targets())))]
+            ),
             default_target=target,
             default_lnc=lnc,
         )

@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 from collections.abc import Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 from fusegen.codegen.family import kernel_arg
 from fusegen.codegen.ffn.blocks import (
@@ -37,11 +37,13 @@ class Projection:
 
 @dataclass(frozen=True)
 class OutputWrite:
-    """One kernel output: HBM tensor name, nl dtype and the SBUF operand holding it."""
+    """One kernel output: HBM tensor name, nl dtype, the SBUF operand holding it and its shape's source
+    (a per-token [R, 1] output is written once per row tile, from a [P, 1] column)."""
 
     name: str
     nl_dtype: str
     source: str
+    shape: str = "(R, K)"
 
 
 @dataclass(frozen=True)
@@ -49,7 +51,9 @@ class FfnLowering:
     """Everything the FFN template formats: names, hook-point code, the budget model."""
 
     x: str
-    x_nl_dtype: str
+    x_nl_dtype: str  # x^T's and the combine output h's dtype
+    up_nl_dtype: str  # the up weights' (fp8 weights: their own, x stays 16-bit)
+    down_nl_dtype: str  # the down weight's
     x_transpose: tuple[str, ...]  # x's staged K-block `x_blk` into x^T (the path without a prologue)
     down_weight: str
     projections: tuple[Projection, ...]
@@ -82,7 +86,7 @@ def lower_ffn(ir: KernelIR, m: FfnMatch) -> FfnLowering:
         x_bytes=DTYPE_BYTES[m.x.dtype],
         mid_tiles=_count(mid, "tile"),
         col_vectors=len(col_vectors),
-        out_bytes=sum(DTYPE_BYTES[o.dtype] for o in ir.outputs),
+        out_bytes=sum(DTYPE_BYTES[o.dtype] for o in ir.outputs if o.shape[-1] != Dim.const(1)),
         mid_act=mid.passes("act"),
         mid_dve=mid.passes("dve"),
         acc_init=int(acc_init is not None),
@@ -91,11 +95,15 @@ def lower_ffn(ir: KernelIR, m: FfnMatch) -> FfnLowering:
         pro=prologue.model if prologue else NO_STAGE,
         epi_cols=epilogue_cols.model if epilogue_cols else NO_STAGE,
         evict=evict.model,
+        up_bytes=DTYPE_BYTES[_up_dtype(ir, m)],
+        down_bytes=DTYPE_BYTES[ir.node(m.down.args[1]).dtype],
     )
     down_weight = ir.node(m.down.args[1])
     return FfnLowering(
         x=kernel_arg(str(m.source.name)),
         x_nl_dtype=NL_DTYPE[m.x.dtype],
+        up_nl_dtype=NL_DTYPE[_up_dtype(ir, m)],
+        down_nl_dtype=NL_DTYPE[down_weight.dtype],
         x_transpose=transpose_block("x_blk", NL_DTYPE[m.x.dtype]),
         down_weight=kernel_arg(str(down_weight.name)),
         projections=projections,
@@ -112,6 +120,11 @@ def lower_ffn(ir: KernelIR, m: FfnMatch) -> FfnLowering:
         epilogue_cols=epilogue_cols,
         evict=evict,
     )
+
+
+def _up_dtype(ir: KernelIR, m: FfnMatch) -> str:
+    """The up weights' dtype (the matcher checked they share one)."""
+    return ir.node(m.ups[0].args[1]).dtype
 
 
 def _count(sel: Selector, kind: str) -> int:
@@ -153,7 +166,7 @@ def _lower_combine(
 
     builder = StageBuilder(ir, leaves, kind_of, free_size=lambda n: m.rows)
     sel = Selector(Layout(part="ph", free="rw", free_alloc="_F_MOV"), prefix="m")
-    weight_dtype = ir.node(m.down.args[1]).dtype
+    weight_dtype = m.combine.dtype  # the down-projection's stationary: x's dtype (the matcher checked)
     result = sel.value(builder.expr(m.combine.id), dtype=weight_dtype)
     if result.memory != "sbuf" or result.dtype != weight_dtype:
         result = sel.copy(result, "tile", weight_dtype)
@@ -342,8 +355,26 @@ def _lower_epilogue(
     writes: list[OutputWrite] = []
     finish = _output_writes(ir, exprs, writes)
     sel = _block_selector("u" if from_hbm else "e")  # names distinct from the other epilogue's
-    stage = emit_blocked(sel, exprs, loads, finish, writes=len(ir.outputs), accumulator=acc)
-    return stage, tuple(writes)
+    stage = emit_blocked(sel, exprs, loads, finish, writes=_row_outputs(ir), accumulator=acc)
+    return _with_column_writes(stage, writes), tuple(writes)
+
+
+def _row_outputs(ir: KernelIR) -> int:
+    """Outputs written a block at a time (not the per-token [R, 1] ones)."""
+    return sum(1 for out in ir.outputs if out.shape[-1] != Dim.const(1))
+
+
+def _with_column_writes(stage: BlockedStage, writes: list[OutputWrite]) -> BlockedStage:
+    """Per-token [R, 1] outputs leave once per row tile, after the statistics passes: their DMAs join the
+    last pass's lines before its block loop (their columns are computed there, from finished statistics)."""
+    lines = tuple(
+        f"nisa.dma_copy(dst={w.name}[r0:r0 + pr, 0:1], src={w.source})" for w in writes if w.shape == "(R, 1)"
+    )
+    if not lines:
+        return stage
+    last = stage.passes[-1]
+    passes = (*stage.passes[:-1], replace(last, before=last.before + lines))
+    return replace(stage, passes=passes)
 
 
 def _output_writes(
@@ -353,6 +384,10 @@ def _output_writes(
 
     def finish(sel: Selector) -> list[str]:
         for out, expr in zip(ir.outputs, exprs, strict=True):
+            if expr.kind == "vec":  # per-token [R, 1]: the f32 column the statistics passes finished
+                value = sel.value(expr)
+                writes.append(OutputWrite(kernel_arg(out.name), NL_DTYPE[out.dtype], value.code, "(R, 1)"))
+                continue
             # an output nothing else reads is written in its own dtype by the instruction computing it
             value = sel.value(expr, out.dtype if expr.users == 0 else "f32")
             if value.memory == "psum":  # the bare down-projection: out of PSUM on the Scalar engine
@@ -360,6 +395,10 @@ def _output_writes(
             elif value.dtype != out.dtype:
                 value = sel.copy(value, "tile", out.dtype)
             writes.append(OutputWrite(kernel_arg(out.name), NL_DTYPE[out.dtype], value.code))
-        return [f"nisa.dma_copy(dst={w.name}[r0:r0 + pr, k0:k0 + nb], src={w.source})" for w in writes]
+        return [
+            f"nisa.dma_copy(dst={w.name}[r0:r0 + pr, k0:k0 + nb], src={w.source})"
+            for w in writes
+            if w.shape == "(R, K)"
+        ]
 
     return finish

@@ -7,7 +7,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from fusegen.codegen.family import ELEMENTWISE, SCALAR_LEAVES, Mismatch, leave, shape_is
-from fusegen.dsl.ir import Dim, IndexItem, KernelIR, Node
+from fusegen.dsl.ir import FP8_DTYPES, Dim, IndexItem, KernelIR, Node
 
 FAMILY = "ffn"
 #: Ops allowed between the projections and the down-projection, and in the epilogue.
@@ -50,6 +50,9 @@ def match_ffn(ir: KernelIR) -> FfnMatch:
     if weight.op != "input" or not shape_is(weight.shape, (inter, hidden)):
         raise leave(FAMILY, weight, f"the down-projection's weight must be an input [{inter}, {hidden}]")
     combine = ir.node(down.args[0])
+    if combine.dtype != x.dtype or not weight_dtype_fits(weight.dtype, x.dtype):
+        where = combine if combine.dtype != x.dtype else weight
+        raise leave(FAMILY, where, f"the down-projection must be {x.dtype} @ {x.dtype} (or an fp8 weight)")
     mid = _stage_nodes(ir, combine, stops={u.id for u in ups}, what="combine")
     for up in ups:
         if up.id not in mid:
@@ -67,6 +70,8 @@ def _check_ups(ir: KernelIR, ups: tuple[Node, ...]) -> tuple[Node, Dim, Dim, Dim
         raise leave(
             FAMILY, x, "the projected operand must be a 2-D input [R, K], or a cast of a row-wise prologue"
         )
+    if x.dtype in FP8_DTYPES:
+        raise leave(FAMILY, x, "the projected operand must be bf16, f16 or f32 (fp8 is for the weights)")
     rows, hidden = x.shape
     inter = ir.node(ups[0].args[1]).shape[-1]
     for up in ups:
@@ -77,9 +82,15 @@ def _check_ups(ir: KernelIR, ups: tuple[Node, ...]) -> tuple[Node, Dim, Dim, Dim
             raise leave(
                 FAMILY, weight, f"a projection weight must be an input [{hidden}, {inter}] or columns of one"
             )
-        if weight.dtype != x.dtype:
-            raise leave(FAMILY, weight, f"projection weights must have the input's dtype {x.dtype}")
+        if weight.dtype != ir.node(ups[0].args[1]).dtype or not weight_dtype_fits(weight.dtype, x.dtype):
+            raise leave(FAMILY, weight, f"projection weights must share one dtype: {x.dtype}, or an fp8 one")
     return x, hidden, inter, rows
+
+
+def weight_dtype_fits(weight: str, x: str) -> bool:
+    """A weight of x's dtype, or an fp8 weight beside a 16-bit x (the PE takes mixed fp8/bf16 inputs; x and
+    the combine stay 16-bit: fp8 is a storage format for weights and outputs here)."""
+    return weight == x or (weight in FP8_DTYPES and x in ("bf16", "f16"))
 
 
 def weight_columns(ir: KernelIR, weight: Node) -> tuple[Node, Dim] | None:
@@ -190,9 +201,7 @@ def _epilogue(ir: KernelIR, down: Node, rows: Dim, hidden: Dim) -> set[int]:
                 FAMILY, node, f"values in the epilogue must be [{rows}, {hidden}], [{hidden}] or [{rows}, 1]"
             )
     for out in ir.outputs:
-        if out.shape != (rows, hidden):
-            reason = f"ffn outputs must be [{rows}, {hidden}]"
-            if out.shape == (rows, Dim.const(1)):
-                reason += f"; a per-row [{rows}, 1] value may feed them, not be one"
+        if out.shape not in ((rows, hidden), (rows, one)):
+            reason = f"ffn outputs must be [{rows}, {hidden}] or per-token [{rows}, 1]"
             raise Mismatch(FAMILY, out.span, reason)
     return epi

@@ -10,7 +10,13 @@ from fusegen.codegen.stage import dim_source
 from fusegen.dsl.dim_sources import DimSource, dim_sources
 from fusegen.dsl.ir import Dim, IndexItem, KernelIR, Node
 
-TORCH_DTYPE = {"bf16": "torch.bfloat16", "f16": "torch.float16", "f32": "torch.float32"}
+TORCH_DTYPE = {
+    "bf16": "torch.bfloat16",
+    "f16": "torch.float16",
+    "f32": "torch.float32",
+    "fp8_e4m3": "torch.float8_e4m3fn",
+    "fp8_e5m2": "torch.float8_e5m2",
+}
 
 _UNARY = {
     "neg": "-{}",

@@ -16,7 +16,13 @@ from fusegen.dsl.ir import Constraint, KernelIR, Shape
 from fusegen.sim.targets import TARGETS
 
 #: IR dtype -> torch dtype attribute
-TORCH_NAME = {"bf16": "bfloat16", "f16": "float16", "f32": "float32"}
+TORCH_NAME = {
+    "bf16": "bfloat16",
+    "f16": "float16",
+    "f32": "float32",
+    "fp8_e4m3": "float8_e4m3fn",
+    "fp8_e5m2": "float8_e5m2",
+}
 
 
 @dataclass(frozen=True)

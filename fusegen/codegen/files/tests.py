@@ -6,7 +6,7 @@ from fusegen.codegen.files.reference import dim_bindings
 from fusegen.codegen.files.render import header, render
 from fusegen.codegen.plan import lnc_degrees
 from fusegen.codegen.stage import dim_source
-from fusegen.dsl.ir import KernelIR, eval_shape
+from fusegen.dsl.ir import FP8_DTYPES, KernelIR, eval_shape
 from fusegen.sim.targets import get_target
 from fusegen.testing import Case, Tolerance, tolerance
 
@@ -59,11 +59,11 @@ def output_tolerances(ir: KernelIR) -> tuple[Tolerance, ...]:
 
 
 def _rounded(ir: KernelIR, node_id: int) -> bool:
-    """Whether a cast to bf16/f16 lies upstream of the node (inputs are read exactly on both sides)."""
+    """Whether a cast to bf16/f16/fp8 lies upstream of the node (inputs are read exactly on both sides)."""
     seen, todo = {node_id}, [node_id]
     while todo:
         node = ir.node(todo.pop())
-        if node.op == "cast" and node.dtype in ("bf16", "f16"):
+        if node.op == "cast" and node.dtype in ("bf16", "f16", *FP8_DTYPES):
             return True
         todo += [a for a in node.args if a not in seen]
         seen.update(node.args)

@@ -1,0 +1,65 @@
+"""Where fp8 may appear: which targets take which fp8 format, and which families lower fp8 values.
+
+Sources (aws-neuron/aws-neuron-sdk): the NeuronCore-v2 data types (about-neuron/arch/neuron-features/
+data-types.rst) list FP8_e5m2, FP8_e4m3 and FP8_e3m4 as "cFP8"; `nki.language.float8_e4m3fn`, the OCP
+e4m3 (no inf, NaN 0bS1111111, max 448) that `fp8_e4m3` is, is documented for Trn2 and Trn3 only (its
+page from SDK 2.32: "relevant for: Trn2, Trn3"). So a spec naming `fp8_e4m3` builds for trn2 and not
+for trn1; `fp8_e5m2` (`nl.float8_e5m2`, on every target) builds for both.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable
+
+from fusegen.dsl.diagnostics import Diagnostic
+from fusegen.dsl.ir import FP8_DTYPES, KernelIR, Node
+from fusegen.sim.targets import TARGETS
+
+#: the oldest NeuronCore generation taking each fp8 format
+MIN_NC_VERSION = {"fp8_e4m3": 3, "fp8_e5m2": 2}
+#: targets `fusegen build --target` offers
+BUILD_TARGETS = ("trn1", "trn2")
+#: families whose lowering handles fp8 values (FFN weights, and casts and outputs of its epilogue)
+FP8_FAMILIES = frozenset({"ffn"})
+
+
+def fp8_nodes(ir: KernelIR) -> list[Node]:
+    """Every input, cast and output value of an fp8 dtype, in IR order."""
+    outputs = {o.node for o in ir.outputs if o.dtype in FP8_DTYPES}
+    return [n for n in ir.nodes if n.dtype in FP8_DTYPES or n.id in outputs]
+
+
+def _dtypes_of(ir: KernelIR) -> set[str]:
+    return {n.dtype for n in ir.nodes if n.dtype in FP8_DTYPES} | {
+        o.dtype for o in ir.outputs if o.dtype in FP8_DTYPES
+    }
+
+
+def supports(target: str, dtypes: Iterable[str]) -> bool:
+    """Whether `target`'s Tensor engine takes every fp8 format in `dtypes`."""
+    return all(TARGETS[target].nc_version >= MIN_NC_VERSION[d] for d in dtypes)
+
+
+def fp8_errors(ir: KernelIR, family: str, target: str) -> list[Diagnostic]:
+    """Diagnostics for fp8 values a family cannot lower or a target cannot take (empty when fine)."""
+    nodes = fp8_nodes(ir)
+    if not nodes:
+        return []
+    first = nodes[0]
+    if family not in FP8_FAMILIES:
+        hint = "fp8 weights and quantised outputs are supported in the ffn family; use bf16 here"
+        return [Diagnostic(first.span, f"the {family} family does not lower fp8 values", hint=hint)]
+    missing = sorted(d for d in _dtypes_of(ir) if not supports(target, (d,)))
+    if not missing:
+        return []
+    at = next((n for n in nodes if n.dtype in missing), first)  # else an output stored as fp8
+    others = [t for t in BUILD_TARGETS if supports(t, missing) and t != target]
+    message = f"{', '.join(missing)} is not available on {target}"
+    hint = f"build with --target {others[0]}, or use fp8_e5m2" if others else "use fp8_e5m2"
+    return [Diagnostic(at.span, message, hint=hint)]
+
+
+def fp8_targets(ir: KernelIR, targets: Iterable[str]) -> list[str]:
+    """The targets among `targets` that take every fp8 format `ir` uses."""
+    dtypes = _dtypes_of(ir)
+    return [t for t in targets if supports(t, dtypes)]
