@@ -150,8 +150,10 @@ def _dma_time(mach: _Machine, hbm: int, transfers: int) -> float:
     )
 
 
-#: column blocks the search tries: PSUM holds NB / F_MOV accumulators per row tile, double-buffered
+#: column blocks the search tries: PSUM holds NB / F_MOV accumulators per row tile
 _BLOCKS = (_F_MOV, 2 * _F_MOV)
+#: PSUM banks of the targets (2 KiB per partition each); accumulators and a transpose tile, double-buffered
+_PSUM_BANKS = 8
 
 
 class _ProjModel(NamedTuple):
@@ -164,7 +166,8 @@ class _ProjModel(NamedTuple):
 
 class _Plan(NamedTuple):
     """S rows per super-block (x^T resident), NB weight columns per block, split over columns (1) or rows
-    (0), and stream (1: each K-tile's weight piece loaded just before its matmuls, S = 128 only)."""
+    (0), and stream (1: every row tile's accumulators live at once, so each K-tile's weight piece is loaded
+    just before its matmuls; 0: a block's K-tiles held while the row tiles take turns)."""
 
     s: int
     nb: int
@@ -201,9 +204,14 @@ def _sbuf_bytes(m: _ProjModel, p: _Plan, k: int) -> int:
     return sum(b.bytes * b.copies for b in _buffers(m, p, k))
 
 
+def _accumulators(p: _Plan) -> int:
+    """PSUM accumulators live at once: NB / F_MOV per row tile, for every row tile of a streamed plan."""
+    return (_cdiv(p.s, _P) if p.stream else 1) * (p.nb // _F_MOV)
+
+
 def _psum_banks(p: _Plan) -> int:
-    """PSUM banks in flight: NB / F_MOV accumulators and a transpose tile, double-buffered."""
-    return 2 * (p.nb // _F_MOV + 1)
+    """PSUM banks in flight: the accumulators and a transpose tile, double-buffered."""
+    return 2 * (_accumulators(p) + 1)
 
 
 def _cost(m: _ProjModel, mach: _Machine, rows: int, k: int, widths: tuple[int, ...], lnc: int, p: _Plan) -> _Cost:
@@ -245,9 +253,9 @@ def _candidates(m: _ProjModel, rows: int, k: int, widths: tuple[int, ...], lnc: 
         comp_rows = rows if split else _rows_per_core(rows, lnc)
         for s in _row_tiles(comp_rows):
             for nb in [b for b in _BLOCKS if b == _F_MOV or b <= _cdiv(widest, _F_MOV) * _F_MOV]:
-                for stream in (0, 1) if s == _P else (0,):
+                for stream in (0, 1):
                     plan = _Plan(s, nb, split, stream)
-                    if _sbuf_bytes(m, plan, k) <= budget:
+                    if _psum_banks(plan) <= _PSUM_BANKS and _sbuf_bytes(m, plan, k) <= budget:
                         plans.append(plan)
     return plans
 
@@ -289,8 +297,9 @@ def out_proj_residual_kernel(attn_hbm, wo_hbm, resid_hbm, S, NB, SPLIT, STREAM):
     """Rows in super-blocks of S (x^T resident, K on partitions), each weight streamed in NB-column blocks.
 
     Per block and row tile, NB / 512 PSUM accumulators take the matmuls over all K-tiles; each leaves
-    PSUM once through the projection's epilogue, straight to its outputs. STREAM=1 (S = 128): each
-    K-tile's weight piece is loaded just before its matmuls instead of the whole block up front.
+    PSUM once through the projection's epilogue, straight to its outputs. STREAM=0: a block's K-tiles are
+    loaded up front and the row tiles take turns; STREAM=1: every row tile's accumulators are live at once
+    (S / 128 * NB / 512 PSUM banks), so each K-tile's piece is loaded just before its matmuls, then dropped.
     SPLIT=0: each core computes the rows it owns; SPLIT=1 (few rows): every row over its share of columns.
     """
     R, K = attn_hbm.shape
@@ -339,31 +348,36 @@ def out_proj_residual_kernel(attn_hbm, wo_hbm, resid_hbm, S, NB, SPLIT, STREAM):
                 t = nl.ndarray((_P, NB), dtype=nl.bfloat16, buffer=nl.sbuf)
                 nisa.dma_copy(dst=t[0:pk, 0:nw], src=wo_hbm[kt * _P:kt * _P + pk, w0:w0 + nw])
                 w_blk.append(t)
-            for rs in range(n_rs):
-                r0 = r_sb + rs * _P
-                pr = min(_P, s_rows - rs * _P)
-                acc_ps = []
-                for jq in range(_cdiv(nw, _F_MOV)):
+            n_q = _cdiv(nw, _F_MOV)
+            for rs0 in range(0, n_rs, n_rs if STREAM else 1):  # row tiles whose accumulators live together
+                rs1 = n_rs if STREAM else rs0 + 1
+                acc_ps = []  # row tile rs's piece jq at [(rs - rs0) * n_q + jq]
+                for j in range((rs1 - rs0) * n_q):
                     t = nl.ndarray((_P, _F_MOV), dtype=nl.float32, buffer=nl.psum)
                     acc_ps.append(t)
                 for kt in range(n_k):
                     pk = min(_P, K - kt * _P)
-                    if STREAM:  # one row tile: this K-tile's piece is used once, loaded just before
+                    if STREAM:  # this K-tile's piece serves every row tile, loaded just before their matmuls
                         w_t = nl.ndarray((_P, NB), dtype=nl.bfloat16, buffer=nl.sbuf)
                         nisa.dma_copy(dst=w_t[0:pk, 0:nw], src=wo_hbm[kt * _P:kt * _P + pk, w0:w0 + nw])
                     else:
                         w_t = w_blk[kt]
-                    for jq in range(_cdiv(nw, _F_MOV)):
-                        nb = min(_F_MOV, nw - jq * _F_MOV)
-                        nisa.nc_matmul(dst=acc_ps[jq][0:pr, 0:nb], stationary=xt[kt][0:pk, rs * _P:rs * _P + pr],
-                                       moving=w_t[0:pk, jq * _F_MOV:jq * _F_MOV + nb], accumulate=(kt > 0))
-                for jq in range(_cdiv(nw, _F_MOV)):  # each piece leaves PSUM once, through the epilogue
-                    k0, nb = n0 + jq * _F_MOV, min(_F_MOV, nw - jq * _F_MOV)
-                    resid_hbm_tile = nl.ndarray((_P, kb), dtype=nl.float32, buffer=nl.sbuf)
-                    nisa.dma_copy(dst=resid_hbm_tile[0:pr, 0:nb], src=resid_hbm[r0:r0 + pr, k0:k0 + nb])
-                    e0_0 = nl.ndarray((_P, kb), dtype=nl.bfloat16, buffer=nl.sbuf)
-                    nisa.tensor_tensor(dst=e0_0[0:pr, 0:nb], data1=acc_ps[jq][0:pr, 0:nb], data2=resid_hbm_tile[0:pr, 0:nb], op=nl.add)
-                    nisa.dma_copy(dst=out_hbm[r0:r0 + pr, k0:k0 + nb], src=e0_0[0:pr, 0:nb])
+                    for rs in range(rs0, rs1):
+                        pr = min(_P, s_rows - rs * _P)
+                        for jq in range(n_q):
+                            nb = min(_F_MOV, nw - jq * _F_MOV)
+                            nisa.nc_matmul(dst=acc_ps[(rs - rs0) * n_q + jq][0:pr, 0:nb], stationary=xt[kt][0:pk, rs * _P:rs * _P + pr],
+                                           moving=w_t[0:pk, jq * _F_MOV:jq * _F_MOV + nb], accumulate=(kt > 0))
+                for rs in range(rs0, rs1):
+                    r0 = r_sb + rs * _P
+                    pr = min(_P, s_rows - rs * _P)
+                    for jq in range(n_q):  # each piece leaves PSUM once, through the epilogue
+                        k0, nb = n0 + jq * _F_MOV, min(_F_MOV, nw - jq * _F_MOV)
+                        resid_hbm_tile = nl.ndarray((_P, kb), dtype=nl.float32, buffer=nl.sbuf)
+                        nisa.dma_copy(dst=resid_hbm_tile[0:pr, 0:nb], src=resid_hbm[r0:r0 + pr, k0:k0 + nb])
+                        e0_0 = nl.ndarray((_P, kb), dtype=nl.bfloat16, buffer=nl.sbuf)
+                        nisa.tensor_tensor(dst=e0_0[0:pr, 0:nb], data1=acc_ps[(rs - rs0) * n_q + jq][0:pr, 0:nb], data2=resid_hbm_tile[0:pr, 0:nb], op=nl.add)
+                        nisa.dma_copy(dst=out_hbm[r0:r0 + pr, k0:k0 + nb], src=e0_0[0:pr, 0:nb])
     return out_hbm
 
 

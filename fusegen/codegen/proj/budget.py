@@ -26,8 +26,10 @@ from fusegen.codegen.budget_base import (
     stage_cost,
 )
 
-#: column blocks the search tries: PSUM holds NB / F_MOV accumulators per row tile, double-buffered
+#: column blocks the search tries: PSUM holds NB / F_MOV accumulators per row tile
 BLOCKS = (F_MOV, 2 * F_MOV)
+#: PSUM banks of the targets (2 KiB per partition each); accumulators and a transpose tile, double-buffered
+PSUM_BANKS = 8
 
 
 class ProjModel(NamedTuple):
@@ -40,7 +42,8 @@ class ProjModel(NamedTuple):
 
 class Plan(NamedTuple):
     """S rows per super-block (x^T resident), NB weight columns per block, split over columns (1) or rows
-    (0), and stream (1: each K-tile's weight piece loaded just before its matmuls, S = 128 only)."""
+    (0), and stream (1: every row tile's accumulators live at once, so each K-tile's weight piece is loaded
+    just before its matmuls; 0: a block's K-tiles held while the row tiles take turns)."""
 
     s: int
     nb: int
@@ -77,9 +80,14 @@ def sbuf_bytes(m: ProjModel, p: Plan, k: int) -> int:
     return sum(b.bytes * b.copies for b in buffers(m, p, k))
 
 
+def accumulators(p: Plan) -> int:
+    """PSUM accumulators live at once: NB / F_MOV per row tile, for every row tile of a streamed plan."""
+    return (cdiv(p.s, P) if p.stream else 1) * (p.nb // F_MOV)
+
+
 def psum_banks(p: Plan) -> int:
-    """PSUM banks in flight: NB / F_MOV accumulators and a transpose tile, double-buffered."""
-    return 2 * (p.nb // F_MOV + 1)
+    """PSUM banks in flight: the accumulators and a transpose tile, double-buffered."""
+    return 2 * (accumulators(p) + 1)
 
 
 def cost(m: ProjModel, mach: Machine, rows: int, k: int, widths: tuple[int, ...], lnc: int, p: Plan) -> Cost:
@@ -121,9 +129,9 @@ def candidates(m: ProjModel, rows: int, k: int, widths: tuple[int, ...], lnc: in
         comp_rows = rows if split else rows_per_core(rows, lnc)
         for s in row_tiles(comp_rows):
             for nb in [b for b in BLOCKS if b == F_MOV or b <= cdiv(widest, F_MOV) * F_MOV]:
-                for stream in (0, 1) if s == P else (0,):
+                for stream in (0, 1):
                     plan = Plan(s, nb, split, stream)
-                    if sbuf_bytes(m, plan, k) <= budget:
+                    if psum_banks(plan) <= PSUM_BANKS and sbuf_bytes(m, plan, k) <= budget:
                         plans.append(plan)
     return plans
 

@@ -24,8 +24,8 @@ from fusegen.codegen.select_tables import NL_DTYPE
 from fusegen.codegen.stage import Operand, dim_source
 from fusegen.dsl.ir import DTYPE_BYTES, Dim, KernelIR
 
-#: the PSUM accumulator of column piece `jq` of the current block, the epilogue's leaf for the matmul
-PSUM_LEAF = "acc_ps[jq][0:pr, 0:nb]"
+#: the PSUM accumulator of row tile `rs`, column piece `jq` of the current block: the epilogue's leaf
+PSUM_LEAF = "acc_ps[(rs - rs0) * n_q + jq][0:pr, 0:nb]"
 
 
 @dataclass(frozen=True)

@@ -112,8 +112,12 @@ def _reasons(
     if model.pro.sweeps:
         reasons.append(f"prologue: {model.pro.sweeps} pass(es) over K in {pb.F_MOV}-column blocks (row "
                        "statistics first); SBUF use does not grow with K")  # fmt: skip
-    how = ("each K-tile's piece loaded just before its matmuls (one row tile per super-block)" if p.stream
-           else "all K-tiles of a block held while every row tile of the super-block uses them")  # fmt: skip
+    how = (
+        f"every row tile's accumulators live at once ({pb.accumulators(p)} PSUM banks), so each K-tile's "
+        "piece is loaded just before its matmuls"
+        if p.stream
+        else "all K-tiles of a block held while the row tiles take turns"
+    )
     reasons.append(f"NB={p.nb}: weights in {p.nb}-column blocks, {p.nb * model.x_bytes} B per partition row "
                    f"per DMA (the packet rule's knee is {mach.dma_row_bytes} B); {how}")  # fmt: skip
     reasons.append(f"N ({', '.join(str(w) for w in widths)}) streamed: no buffer grows with the output width")
