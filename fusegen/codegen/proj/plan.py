@@ -113,7 +113,7 @@ def _reasons(
         reasons.append(f"prologue: {model.pro.sweeps} pass(es) over K in {pb.F_MOV}-column blocks (row "
                        "statistics first); SBUF use does not grow with K")  # fmt: skip
     how = (
-        f"every row tile's accumulators live at once ({pb.accumulators(p)} PSUM banks), so each K-tile's "
+        f"every row tile's accumulators live at once ({pb.accumulators(p)} PSUM bank(s)), so each K-tile's "
         "piece is loaded just before its matmuls"
         if p.stream
         else "all K-tiles of a block held while the row tiles take turns"
@@ -121,12 +121,13 @@ def _reasons(
     reasons.append(f"NB={p.nb}: weights in {p.nb}-column blocks, {p.nb * model.x_bytes} B per partition row "
                    f"per DMA (the packet rule's knee is {mach.dma_row_bytes} B); {how}")  # fmt: skip
     reasons.append(f"N ({', '.join(str(w) for w in widths)}) streamed: no buffer grows with the output width")
-    others = [
-        q for q in pb.candidates(model, rows, k, widths, lnc, mach.sbuf_budget) if q.s == p.s and q != p
-    ]
-    for q in others[:2]:
+    others = [q for q in pb.candidates(model, rows, k, widths, lnc, mach.sbuf_budget) if q != p]
+    for q in sorted(others, key=lambda q: pb.rank_key(model, mach, rows, k, widths, lnc, q))[:2]:
         t = pb.cost(model, mach, rows, k, widths, lnc, q).total
-        reasons.append(f"NB={q.nb}, stream={q.stream}, split={q.split} models {t / 1000:.1f} us")
+        reasons.append(
+            f"runner-up S={q.s}, NB={q.nb}, stream={q.stream}, split={q.split}: {t / 1000:.1f} us "
+            f"against {c.total / 1000:.1f} us (ties go to less engine work, HBM traffic, SBUF)"
+        )
     wider = pb.Plan(p.s + pb.P, p.nb, p.split, 0)
     if p.s < comp_rows and pb.sbuf_bytes(model, wider, k) > mach.sbuf_budget:
         reasons.append(
