@@ -162,6 +162,7 @@ class _ProjModel(NamedTuple):
     x_bytes: int  # bytes per element of x and of the weights
     pro: _Stage  # the prologue, per row tile (NO_STAGE without one)
     epi: tuple[_Stage, ...]  # each projection's epilogue, per row tile, over its N columns
+    block_rows: tuple[int, ...]  # each projection's [N] inputs, broadcast once per column block
 
 
 class _Plan(NamedTuple):
@@ -195,6 +196,7 @@ def _buffers(m: _ProjModel, p: _Plan, k: int) -> list[_Buffer]:
         _Buffer("prologue block (one K-block's loads and temporaries)", m.pro.block_bytes * _F_MOV, 2),
         weights,
         _Buffer("epilogue block (one column block's loads and temporaries)", epi_bytes * _F_MOV, 2),
+        _Buffer("[N] inputs broadcast over the partitions, one column block", max(m.block_rows) * p.nb * 4, 2),
         _Buffer("row columns", (m.pro.cols + max((st.cols for st in m.epi), default=0)) * 4, 2),
     ]
 
@@ -229,10 +231,10 @@ def _cost(m: _ProjModel, mach: _Machine, rows: int, k: int, widths: tuple[int, .
         for rows_t, n_t in _runs(s_rows, _P):  # x^T: each K-tile transposed on the PE, copied out of PSUM
             pe += n_sb * n_t * n_k * max(_MIN_CYCLES, rows_t)
             dve += n_sb * n_t * n_k * max(_MIN_CYCLES, rows_t)
-        for n, epi in zip(widths, m.epi, strict=True):
+        for n, epi, rows_in in zip(widths, m.epi, m.block_rows, strict=True):
             cols = _columns_per_core(n, lnc, p.split)
-            hbm += n_sb * k * cols * m.x_bytes  # the weights, once per super-block
-            transfers += n_sb * n_k * _cdiv(cols, p.nb)
+            hbm += n_sb * (k * cols * m.x_bytes + rows_in * _P * cols * 4)  # [N] inputs: P copies land in SBUF
+            transfers += n_sb * (n_k + rows_in) * _cdiv(cols, p.nb)  # the weights, once per super-block
             pe += n_sb * tiles * n_k * _cycles(cols)
             a, d, moved, moves = _stage_cost(epi, tiles, cols)
             act, dve, hbm, transfers = (
@@ -284,7 +286,7 @@ def _choose(m: _ProjModel, mach: _Machine, rows: int, k: int, widths: tuple[int,
                          f"B/partition of SBUF for K={k}; the budget is {mach.sbuf_budget} B")  # fmt: skip
     return min(plans, key=lambda p: _rank_key(m, mach, rows, k, widths, lnc, p))
 
-_MODEL = _ProjModel(x_bytes=2, pro=_Stage(block_bytes=10, cols=4, sweeps=2, act=1, dve=2, col_ops=1, read_bytes=4, bcast=1, loads=7), epi=(_Stage(block_bytes=2, cols=0, sweeps=1, act=0, dve=1, col_ops=0, read_bytes=0, bcast=0, loads=1), _Stage(block_bytes=2, cols=0, sweeps=1, act=0, dve=1, col_ops=0, read_bytes=0, bcast=0, loads=1), _Stage(block_bytes=2, cols=0, sweeps=1, act=0, dve=1, col_ops=0, read_bytes=0, bcast=0, loads=1), ))
+_MODEL = _ProjModel(x_bytes=2, pro=_Stage(block_bytes=10, cols=4, sweeps=2, act=1, dve=2, col_ops=1, read_bytes=4, bcast=1, loads=7), epi=(_Stage(block_bytes=2, cols=0, sweeps=1, act=0, dve=1, col_ops=0, read_bytes=0, bcast=0, loads=1), _Stage(block_bytes=2, cols=0, sweeps=1, act=0, dve=1, col_ops=0, read_bytes=0, bcast=0, loads=1), _Stage(block_bytes=2, cols=0, sweeps=1, act=0, dve=1, col_ops=0, read_bytes=0, bcast=0, loads=1), ), block_rows=(0, 0, 0, ))
 #: the figures the planner's time model needs, per target (from fusegen/sim/targets.py).
 _MACHINES = {
     "trn1": _Machine(pe_ghz=2.8, act_ghz=1.4, dve_ghz=1.12, dma_gbps=272.0, dma_fixed_ns=1300.0, dma_queues=16, dma_row_bytes=2450, sbuf_budget=180224, max_lnc=1),

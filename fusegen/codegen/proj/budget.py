@@ -38,6 +38,7 @@ class ProjModel(NamedTuple):
     x_bytes: int  # bytes per element of x and of the weights
     pro: Stage  # the prologue, per row tile (NO_STAGE without one)
     epi: tuple[Stage, ...]  # each projection's epilogue, per row tile, over its N columns
+    block_rows: tuple[int, ...]  # each projection's [N] inputs, broadcast once per column block
 
 
 class Plan(NamedTuple):
@@ -71,6 +72,7 @@ def buffers(m: ProjModel, p: Plan, k: int) -> list[Buffer]:
         Buffer("prologue block (one K-block's loads and temporaries)", m.pro.block_bytes * F_MOV, 2),
         weights,
         Buffer("epilogue block (one column block's loads and temporaries)", epi_bytes * F_MOV, 2),
+        Buffer("[N] inputs broadcast over the partitions, one column block", max(m.block_rows) * p.nb * 4, 2),
         Buffer("row columns", (m.pro.cols + max((st.cols for st in m.epi), default=0)) * 4, 2),
     ]
 
@@ -105,10 +107,10 @@ def cost(m: ProjModel, mach: Machine, rows: int, k: int, widths: tuple[int, ...]
         for rows_t, n_t in runs(s_rows, P):  # x^T: each K-tile transposed on the PE, copied out of PSUM
             pe += n_sb * n_t * n_k * max(MIN_CYCLES, rows_t)
             dve += n_sb * n_t * n_k * max(MIN_CYCLES, rows_t)
-        for n, epi in zip(widths, m.epi, strict=True):
+        for n, epi, rows_in in zip(widths, m.epi, m.block_rows, strict=True):
             cols = columns_per_core(n, lnc, p.split)
-            hbm += n_sb * k * cols * m.x_bytes  # the weights, once per super-block
-            transfers += n_sb * n_k * cdiv(cols, p.nb)
+            hbm += n_sb * (k * cols * m.x_bytes + rows_in * P * cols * 4)  # [N] inputs: P copies land in SBUF
+            transfers += n_sb * (n_k + rows_in) * cdiv(cols, p.nb)  # the weights, once per super-block
             pe += n_sb * tiles * n_k * cycles(cols)
             a, d, moved, moves = stage_cost(epi, tiles, cols)
             act, dve, hbm, transfers = (

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from fusegen.codegen.blocks import BlockedStage, emit_blocked
+from fusegen.codegen.blocks import BlockedStage, BlockLoad, emit_blocked
 from fusegen.codegen.budget_base import NO_STAGE
 from fusegen.codegen.family import kernel_arg
 from fusegen.codegen.proj.budget import ProjModel
@@ -36,6 +36,7 @@ class ProjectionLowering:
     first: str  # source of its first column ("" for a whole input)
     width: str  # source of N
     row_columns: tuple[str, ...]  # [R, 1] inputs of the epilogue, loaded once per row tile
+    block_rows: tuple[BlockLoad, ...]  # [N] inputs broadcast over the partitions once per column block
     epilogue: BlockedStage  # one pass: its loads and lines per [P, F_MOV] piece
     outputs: tuple[OutputWrite, ...]
 
@@ -60,6 +61,7 @@ def lower_proj(ir: KernelIR, m: ProjMatch) -> ProjLowering:
         x_bytes=DTYPE_BYTES[m.x.dtype],
         pro=prologue.model if prologue else NO_STAGE,
         epi=tuple(pj.epilogue.model for pj in projections),
+        block_rows=tuple(len(pj.block_rows) for pj in projections),
     )
     return ProjLowering(
         x=kernel_arg(str(m.source.name)),
@@ -75,6 +77,7 @@ def _projection(ir: KernelIR, m: ProjMatch, pj: Projection, n: int) -> Projectio
     """The epilogue of one projection over a piece of its PSUM accumulator: every output written."""
     inputs = row_stage_inputs(ir, pj.epi_nodes, m.rows, pj.width)
     leaves, loads = row_leaves(ir, pj.epi_nodes, inputs, skip=None)
+    block_rows = _hoisted_rows(leaves, loads, inputs["row"])
     leaves[pj.matmul.id] = Operand("tile", PSUM_LEAF, memory="psum")
     builder = row_builder(ir, pj.width, leaves)
     outputs = [ir.outputs[i] for i in pj.outputs]
@@ -85,5 +88,27 @@ def _projection(ir: KernelIR, m: ProjMatch, pj: Projection, n: int) -> Projectio
     assert len(stage.passes) == 1, "the matcher admits no row statistics in a projection's epilogue"
     first = "" if pj.first == Dim.const(0) else dim_source(pj.first)
     return ProjectionLowering(
-        kernel_arg(str(pj.weight.name)), first, dim_source(pj.width), inputs["vec"], stage, tuple(writes)
+        kernel_arg(str(pj.weight.name)),
+        first,
+        dim_source(pj.width),
+        inputs["vec"],
+        block_rows,
+        stage,
+        tuple(writes),
     )
+
+
+def _hoisted_rows(
+    leaves: dict[int, Operand], loads: dict[str, BlockLoad], rows: tuple[str, ...]
+) -> tuple[BlockLoad, ...]:
+    """[N] inputs (a bias) broadcast once per NB-column block for every row tile of the super-block,
+    rather than per row tile and piece: their leaves read piece `jq` of the block's tile."""
+    hoisted = []
+    for name in rows:
+        load = loads.pop(f"{name}_row")
+        src = f"{name}.ap(pattern=[[0, _P], [1, nw]], offset=n0)"
+        hoisted.append(BlockLoad(load.tile, src, load.nbytes, broadcast=True))
+        for nid, leaf in leaves.items():
+            if leaf.code == f"{load.tile}[0:pr, 0:nb]":
+                leaves[nid] = Operand(leaf.kind, f"{load.tile}[0:pr, jq * _F_MOV:jq * _F_MOV + nb]")
+    return tuple(hoisted)
