@@ -54,16 +54,28 @@ def match_proj(ir: KernelIR) -> ProjMatch:
     rows, hidden = x.shape
     for mm in matmuls:
         if mm.args[0] != x.id:
-            raise leave(
-                FAMILY,
-                mm,
-                f"every matmul must multiply the same operand `{x.name or x.op}` (one "
-                "projection of one input; a matmul of a matmul's result is the ffn family's)",
-            )
+            # a matmul of a matmul's result is the ffn family's structure, not a projection of one operand
+            chained = any(n.op == "matmul" for n in _upstream(ir, mm.args[0]))
+            reason = (f"every matmul must multiply the same operand `{x.name or x.op}` (one projection of "
+                      "one input; a matmul of a matmul's result is the ffn family's)")  # fmt: skip
+            miss = leave(FAMILY, mm, reason)
+            raise Mismatch(FAMILY, miss.span, miss.reason, relevant=not chained)
     source, prologue = row_prologue(FAMILY, ir, x, rows, hidden)
     owners = _owners(ir, matmuls)
     projections = tuple(_projection(ir, mm, x, owners, rows) for mm in matmuls)
     return ProjMatch(x, source, prologue, projections, rows, hidden)
+
+
+def _upstream(ir: KernelIR, nid: int) -> list[Node]:
+    """The nodes `nid` is computed from, itself included."""
+    seen: dict[int, Node] = {}
+    todo = [nid]
+    while todo:
+        node = ir.node(todo.pop())
+        if node.id not in seen:
+            seen[node.id] = node
+            todo.extend(node.args)
+    return list(seen.values())
 
 
 def _owners(ir: KernelIR, matmuls: list[Node]) -> dict[int, int]:
