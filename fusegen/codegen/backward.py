@@ -6,7 +6,7 @@ from dataclasses import dataclass
 
 from fusegen.codegen.autodiff import backward_ir
 from fusegen.codegen.family import Family, KernelBackward
-from fusegen.dsl.ir import KernelIR
+from fusegen.dsl.ir import FP8_DTYPES, KernelIR
 
 
 @dataclass(frozen=True)
@@ -23,10 +23,13 @@ class Backward:
 
 
 def differentiate(user_ir: KernelIR, family: Family, target: str, lnc: int) -> Backward | None:
-    """The backward of the spec's own (unfused) IR where `family` trains, else None (inference-only).
+    """The backward of the spec's own (unfused) IR where `family` trains, else None (inference-only; so is
+    every spec with an fp8 input or output: fp8 is a storage format for inference here, and torch has no
+    arithmetic on fp8 tensors for their gradients).
 
     The reference differentiates the spec's own math and the family's kernels (typically) the rewritten
     forward's, so the two derivations check each other."""
-    if not family.trainable:
+    dtypes = {i.dtype for i in user_ir.inputs} | {o.dtype for o in user_ir.outputs}
+    if not family.trainable or dtypes.intersection(FP8_DTYPES):
         return None
     return Backward(backward_ir(user_ir), family.backward(user_ir, target, lnc))

@@ -18,6 +18,7 @@ from fusegen.codegen.files.report import plan_markdown
 from fusegen.codegen.files.tests import test_source
 from fusegen.codegen.fp8 import fp8_errors
 from fusegen.codegen.plan import PlanError, TilePlan
+from fusegen.codegen.proj.family import PROJ
 from fusegen.codegen.rewrites import rewrite
 from fusegen.codegen.rowreduce.family import ROWREDUCE
 from fusegen.codegen.stage import StageError
@@ -27,7 +28,7 @@ from fusegen.dsl.diagnostics import Diagnostic, SpecError
 from fusegen.dsl.ir import CheckShape, KernelIR
 from fusegen.dsl.source import read_spec
 
-FAMILIES: tuple[Family, ...] = (FFN, ROWREDUCE)
+FAMILIES: tuple[Family, ...] = (FFN, PROJ, ROWREDUCE)
 PLAN_HINT = "shrink this shape, or build for another --target"
 
 

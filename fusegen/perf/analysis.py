@@ -162,7 +162,9 @@ def _alternatives(
 
 def _candidates(family: Family, ir: KernelIR, match: Any, dims: dict[str, int], target: str,
                 lnc: int) -> list[TilePlan]:  # fmt: skip
-    """planner.candidates() for the FFN family (the only one with a search), else nothing."""
+    """The planner's candidates for the FFN and projection families (the ones with a search), else nothing."""
+    if family.name == "proj":
+        return _proj_candidates(ir, match, {**ir.fixed_dims(), **dims}, target, lnc)
     if family.name != "ffn" or not hasattr(planner, "candidates"):
         return []
     from fusegen.codegen.ffn.lower import lower_ffn
@@ -172,6 +174,19 @@ def _candidates(family: Family, ir: KernelIR, match: Any, dims: dict[str, int], 
     try:
         return list(planner.candidates(lower_ffn(ir, match).model, sim.get_target(target), lnc, env, roles,
                                        count=ALTERNATIVES + 1))  # fmt: skip
+    except PlanError:
+        return []
+
+
+def _proj_candidates(ir: KernelIR, match: Any, env: dict[str, int], target: str, lnc: int) -> list[TilePlan]:
+    from fusegen.codegen.proj.lower import lower_proj
+    from fusegen.codegen.proj.plan import candidates
+
+    widths = tuple(pj.width for pj in match.projections)
+    model = lower_proj(ir, match).model
+    try:
+        return candidates(model, sim.get_target(target), lnc, env, match.rows, match.hidden, widths,
+                          count=ALTERNATIVES + 1)  # fmt: skip
     except PlanError:
         return []
 

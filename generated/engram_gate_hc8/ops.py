@@ -11,7 +11,7 @@ differentiated, as torch code) on the reference.
 """
 
 import functools
-import importlib.util
+import importlib.util as _importlib_util  # private: a kernel may be named `importlib`
 import os
 from pathlib import Path
 from types import ModuleType
@@ -40,9 +40,9 @@ def _module(file: str, mode: str | None = None) -> ModuleType:
         from fusegen import modes
 
         return modes.load_kernel(_HERE / file, mode, os.environ.get("FUSEGEN_TARGET", "trn2"))
-    spec = importlib.util.spec_from_file_location(f"_fusegen_ops_engram_gate_hc8_{Path(file).stem}", _HERE / file)
+    spec = _importlib_util.spec_from_file_location(f"_fusegen_ops_engram_gate_hc8_{Path(file).stem}", _HERE / file)
     assert spec is not None and spec.loader is not None
-    module = importlib.util.module_from_spec(spec)
+    module = _importlib_util.module_from_spec(spec)
     spec.loader.exec_module(module)
     return module
 
@@ -51,7 +51,7 @@ def _backend(t: torch.Tensor) -> str:
     """Where `t`'s op runs: "device" off CPU; on CPU "reference" when FUSEGEN_OPS_BACKEND=reference, else the
     mode FUSEGEN_MODE selects, "sim" or "nki-sim" (both read at every call)."""
     if t.device.type != "cpu":
-        if importlib.util.find_spec("nki") is None:
+        if _importlib_util.find_spec("nki") is None:
             raise ValueError(f"fusegen::engram_gate_hc8: no backend for device {t.device}: the op runs on the CPU "
                              "(fusegen's interpreter, or the torch reference) or on a Neuron device with nki")
         return "device"

@@ -17,8 +17,15 @@ import torch
 _LNC = int(os.environ.get("NEURON_LOGICAL_NC_CONFIG", "2"))
 _TARGET = os.environ.get("FUSEGEN_TARGET", "trn2")
 
-# ---- tile planning (copied from fusegen/codegen/ffn/budget.py) ----
+# ---- tile planning (copied from fusegen/codegen/ffn/budget.py and the modules it imports) ----
 
+#: Bytes per partition from which a 128-partition transfer runs at the DMA engines' peak rate. Below it the
+#: engines are bound by packets (one per partition row), not bytes: each row occupies its engine as long as
+#: this many bytes would at the peak rate. Read off the throughput figure of nki-dma-overview.rst
+#: ("DMA Throughput varying Bytes per Partition for p_dim = 128"): throughput grows linearly up to 1 KiB
+#: (42% of the 32 KiB rate there), 2 KiB reaches 81%, 4 KiB 97%; a linear rise that meets the peak at
+#: 2,450 B fits every point within 4% of peak. The figure's y axis has no numbers and no generation is
+#: named, so this constant is uncertain: bench/rows_perf.py and bench/ffn_perf.py show +-50%.
 _DMA_ROW_BYTES = 2450
 
 
@@ -32,14 +39,6 @@ def _dma_engine_bytes(nbytes: float, rows: int, engines: int, row_bytes: int = _
 _P = 128  # partitions
 _F_MOV = 512  # matmul moving free size, one fp32 PSUM bank
 _MIN_CYCLES = 64  # minimum instruction initiation interval, cycles (nki.md §6 overheads)
-#: SBUF bytes per partition every plan leaves unallocated (issue 15: ">= 8 KiB of SBUF headroom kept in
-#: every plan"): the usable budget is NKIPY's figure for what a kernel may allocate, and a plan that fills
-#: it to the byte leaves the compiler no room for its own spills and alignment padding, nor the budget
-#: model any margin (docs/performance.md, "FFN at published model widths")
-_SBUF_HEADROOM = 8192
-#: PSUM banks one K-column block of the column-blocked down-projection accumulates in: half of the 8, so
-#: the next block's matmuls start while the last block is evicted
-_ACC_BANKS = 4
 
 
 class _Stage(NamedTuple):
@@ -64,26 +63,6 @@ class _Stage(NamedTuple):
 _NO_STAGE = _Stage(0, 0, 0, 0, 0, 0, 0, 0, 0)
 
 
-class _FfnModel(NamedTuple):
-    """What a generated FFN kernel holds in SBUF and computes, counted by its lowering."""
-
-    n_up: int  # up projections: 1 plain MLP, 2 gated
-    x_bytes: int  # bytes per element of x and of the combine's output h (the down-projection's stationary)
-    mid_tiles: int  # f32 [P, F_MOV] temporaries of the combine, per intermediate tile
-    col_vectors: int  # [I] inputs held as [P, n_h] f32 columns
-    out_bytes: int  # bytes per row element written, over all outputs
-    mid_act: int  # Scalar-engine passes of the combine, per intermediate tile
-    mid_dve: int  # Vector-engine passes of the combine
-    acc_init: int  # 1: an [R, K] residual is DMA'd into the accumulator before the first chunk
-    fold_bias: int  # 1: a [K] bias is added while evicting the first chunk, one [P, F_MOV] piece a time
-    epi: _Stage  # the epilogue, per owned row tile
-    pro: _Stage  # the prologue, per computed row tile (NO_STAGE without one)
-    epi_cols: _Stage = _NO_STAGE  # the epilogue of the column-blocked kernel: accumulator blocks read from HBM
-    evict: _Stage = _NO_STAGE  # its eviction of each down-projection piece (the spine computed), per row tile
-    up_bytes: int = 2  # bytes per element of the up-projection weights (1: fp8)
-    down_bytes: int = 2  # bytes per element of the down-projection weight (1: fp8)
-
-
 class _Machine(NamedTuple):
     """The figures of one target the time model needs (per physical core)."""
 
@@ -104,27 +83,6 @@ class _Buffer(NamedTuple):
     name: str
     bytes: int
     copies: int
-
-
-class _Plan(NamedTuple):
-    """Tiles and core split: S rows per super-block, CI intermediate columns per chunk, split over I, and
-    KC output columns per block of the column-blocked down-projection (0: an SBUF accumulator instead).
-
-    KC > 0: the combine's result h^T goes to an HBM scratch, then the down-projection runs one KC-wide
-    column block at a time, accumulating all of I in PSUM (ACC_BANKS banks); each piece leaves PSUM once
-    through the epilogue's elementwise part, to an fp32 HBM scratch the epilogue's statistics passes read
-    (without statistics, to the outputs); nothing of width K stays in SBUF but x^T.
-
-    G: K-tiles per up-projection weight DMA (0: all of K). The host lays each up weight out once as
-    [I-tiles, P, K-tiles * P] (the kernel file's `_up_layout`), so one DMA of G K-tiles of one I-tile moves
-    G * P contiguous elements per partition row; a streamed plan (`up_weights`) holds one such group.
-    """
-
-    s: int
-    ci: int
-    split: int  # 1: each core computes every row over its share of I; 0: each core its own rows
-    kc: int = 0
-    g: int = 0
 
 
 class _Cost(NamedTuple):
@@ -150,6 +108,98 @@ def _cdiv(n: int, d: int) -> int:
 def _rows_per_core(rows: int, lnc: int) -> int:
     """Rows one core owns: whole 128-row tiles are dealt out, the ragged tile goes last."""
     return min(rows, _cdiv(_cdiv(rows, _P), lnc) * _P)
+
+
+def _stage_cost(st: _Stage, tiles: int, k: int, shared: int = 0) -> tuple[float, float, int, int]:
+    """(ACT cycles, DVE cycles, DMA bytes, DMA transfers) of a stage over `tiles` row tiles of P rows;
+    `shared`: its [K] rows are broadcast once for that many row tiles (0: once per row tile)."""
+    n_kb = _cdiv(k, _F_MOV)
+    k_cycles = _cycles(k)
+    act = tiles * st.act * k_cycles
+    dve = tiles * (st.dve * k_cycles + st.col_ops * n_kb * _MIN_CYCLES)
+    bcast_tiles = _cdiv(tiles, shared) if shared else tiles
+    moved = _P * k * (tiles * st.read_bytes + bcast_tiles * 4 * st.bcast)  # broadcast: P copies land in SBUF
+    return act, dve, moved, n_kb * (tiles * (st.loads - st.bcast) + bcast_tiles * st.bcast)
+
+
+def _runs(total: int, size: int) -> list[tuple[int, int]]:
+    """`total` cut into pieces of `size` (the last one ragged), as (piece, how many) runs."""
+    _runs = [(size, total // size)] if total >= size else []
+    return _runs + ([(total % size, 1)] if total % size else [])
+
+
+def _cycles(k: int) -> int:
+    """Cycles of one instruction per F_MOV-wide piece over K, the last one ragged."""
+    return sum(max(_MIN_CYCLES, nk) * n for nk, n in _runs(k, _F_MOV))
+
+
+def _row_tiles(rows: int) -> list[int]:
+    """Super-block sizes the search tries: rows/1 .. rows/8 rounded up to whole tiles, and 128 .. 2048 rows
+    (a wide shape fits only small super-blocks, however many rows there are)."""
+    most = _cdiv(rows, _P) * _P
+    even = {_cdiv(_cdiv(rows, n), _P) * _P for n in range(1, 9)}
+    return sorted(even | {s for s in (_P, 2 * _P, 4 * _P, 8 * _P, 16 * _P) if s <= most})
+
+
+def _dma_time(mach: _Machine, hbm: int, transfers: int) -> float:
+    """Modelled DMA time of `hbm` bytes in `transfers` [P, *] transfers: the packet-rate rule over the
+    average transfer (a lower bound of the per-transfer sum the trace model charges: transfers below
+    DMA_ROW_BYTES per partition row cost more than their bytes), or the transfers' fixed costs."""
+    engine_bytes = _dma_engine_bytes(hbm, transfers * _P, mach.dma_queues, mach.dma_row_bytes)
+    return max(
+        engine_bytes * mach.dma_queues / mach.dma_gbps, transfers * mach.dma_fixed_ns / mach.dma_queues
+    )
+
+
+#: SBUF bytes per partition every plan leaves unallocated (issue 15: ">= 8 KiB of SBUF headroom kept in
+#: every plan"): the usable budget is NKIPY's figure for what a kernel may allocate, and a plan that fills
+#: it to the byte leaves the compiler no room for its own spills and alignment padding, nor the budget
+#: model any margin (docs/performance.md, "FFN at published model widths")
+_SBUF_HEADROOM = 8192
+#: PSUM banks one K-column block of the column-blocked down-projection accumulates in: half of the 8, so
+#: the next block's matmuls start while the last block is evicted
+_ACC_BANKS = 4
+
+
+class _FfnModel(NamedTuple):
+    """What a generated FFN kernel holds in SBUF and computes, counted by its lowering."""
+
+    n_up: int  # up projections: 1 plain MLP, 2 gated
+    x_bytes: int  # bytes per element of x and of the combine's output h (the down-projection's stationary)
+    mid_tiles: int  # f32 [P, F_MOV] temporaries of the combine, per intermediate tile
+    col_vectors: int  # [I] inputs held as [P, n_h] f32 columns
+    out_bytes: int  # bytes per row element written, over all outputs
+    mid_act: int  # Scalar-engine passes of the combine, per intermediate tile
+    mid_dve: int  # Vector-engine passes of the combine
+    acc_init: int  # 1: an [R, K] residual is DMA'd into the accumulator before the first chunk
+    fold_bias: int  # 1: a [K] bias is added while evicting the first chunk, one [P, F_MOV] piece a time
+    epi: _Stage  # the epilogue, per owned row tile
+    pro: _Stage  # the prologue, per computed row tile (NO_STAGE without one)
+    epi_cols: _Stage = _NO_STAGE  # the epilogue of the column-blocked kernel: accumulator blocks read from HBM
+    evict: _Stage = _NO_STAGE  # its eviction of each down-projection piece (the spine computed), per row tile
+    up_bytes: int = 2  # bytes per element of the up-projection weights (1: fp8)
+    down_bytes: int = 2  # bytes per element of the down-projection weight (1: fp8)
+
+
+class _Plan(NamedTuple):
+    """Tiles and core split: S rows per super-block, CI intermediate columns per chunk, split over I, and
+    KC output columns per block of the column-blocked down-projection (0: an SBUF accumulator instead).
+
+    KC > 0: the combine's result h^T goes to an HBM scratch, then the down-projection runs one KC-wide
+    column block at a time, accumulating all of I in PSUM (ACC_BANKS banks); each piece leaves PSUM once
+    through the epilogue's elementwise part, to an fp32 HBM scratch the epilogue's statistics passes read
+    (without statistics, to the outputs); nothing of width K stays in SBUF but x^T.
+
+    G: K-tiles per up-projection weight DMA (0: all of K). The host lays each up weight out once as
+    [I-tiles, P, K-tiles * P] (the kernel file's `_up_layout`), so one DMA of G K-tiles of one I-tile moves
+    G * P contiguous elements per partition row; a streamed plan (`up_weights`) holds one such group.
+    """
+
+    s: int
+    ci: int
+    split: int  # 1: each core computes every row over its share of I; 0: each core its own rows
+    kc: int = 0
+    g: int = 0
 
 
 def _work_per_core(rows: int, i: int, lnc: int, split: int) -> tuple[int, int]:
@@ -266,24 +316,6 @@ def _psum_banks(m: _FfnModel, kc: int = 0) -> int:
     return 2 * _ACC_BANKS if kc else 2 * (m.n_up + 1)
 
 
-def _stage_cost(st: _Stage, tiles: int, k: int, shared: int = 0) -> tuple[float, float, int, int]:
-    """(ACT cycles, DVE cycles, DMA bytes, DMA transfers) of a stage over `tiles` row tiles of P rows;
-    `shared`: its [K] rows are broadcast once for that many row tiles (0: once per row tile)."""
-    n_kb = _cdiv(k, _F_MOV)
-    k_cycles = _cycles(k)
-    act = tiles * st.act * k_cycles
-    dve = tiles * (st.dve * k_cycles + st.col_ops * n_kb * _MIN_CYCLES)
-    bcast_tiles = _cdiv(tiles, shared) if shared else tiles
-    moved = _P * k * (tiles * st.read_bytes + bcast_tiles * 4 * st.bcast)  # broadcast: P copies land in SBUF
-    return act, dve, moved, n_kb * (tiles * (st.loads - st.bcast) + bcast_tiles * st.bcast)
-
-
-def _runs(total: int, size: int) -> list[tuple[int, int]]:
-    """`total` cut into pieces of `size` (the last one ragged), as (piece, how many) runs."""
-    runs = [(size, total // size)] if total >= size else []
-    return runs + ([(total % size, 1)] if total % size else [])
-
-
 def _super_block(
     m: _FfnModel, s_rows: int, inter: int, ci: int, k: int, kc: int = 0, g: int = 0, s: int = 0
 ) -> tuple[float, float, float, int, int]:
@@ -341,11 +373,6 @@ def _column_blocks(
     return float(n_it * n_rs * _cycles(k)), act, dve, hbm, transfers + blocks * (n_it + h_reads)
 
 
-def _cycles(k: int) -> int:
-    """Cycles of one instruction per F_MOV-wide piece over K, the last one ragged."""
-    return sum(max(_MIN_CYCLES, nk) * n for nk, n in _runs(k, _F_MOV))
-
-
 def _cost(m: _FfnModel, mach: _Machine, rows: int, k: int, i: int, lnc: int, plan: _Plan) -> _Cost:
     """Modelled time of the busiest core for `plan`."""
     comp_rows, inter = _work_per_core(rows, i, lnc, plan.split)
@@ -367,10 +394,7 @@ def _cost(m: _FfnModel, mach: _Machine, rows: int, k: int, i: int, lnc: int, pla
         hbm += 2 * own * k * 4
         transfers += tiles * (1 + _cdiv(k, _F_MOV))
         dve += tiles * k_cycles
-    # the packet-rate rule over the average transfer (a lower bound of the per-transfer sum the trace
-    # model charges: transfers below DMA_ROW_BYTES per partition row cost more than their bytes)
-    engine_bytes = _dma_engine_bytes(hbm, transfers * _P, mach.dma_queues, mach.dma_row_bytes)
-    dma = max(engine_bytes * mach.dma_queues / mach.dma_gbps, transfers * mach.dma_fixed_ns / mach.dma_queues)
+    dma = _dma_time(mach, hbm, transfers)
     return _Cost(pe / mach.pe_ghz, act / mach.act_ghz, dve / mach.dve_ghz, dma, hbm)
 
 
@@ -426,14 +450,6 @@ def _widest_fit(m: _FfnModel, s: int, ci_all: range, k: int, i: int, budget: int
         else:
             hi = mid - 1
     return lo
-
-
-def _row_tiles(rows: int) -> list[int]:
-    """Super-block sizes the search tries: rows/1 .. rows/8 rounded up to whole tiles, and 128 .. 2048 rows
-    (a wide shape fits only small super-blocks, however many rows there are)."""
-    most = _cdiv(rows, _P) * _P
-    even = {_cdiv(_cdiv(rows, n), _P) * _P for n in range(1, 9)}
-    return sorted(even | {s for s in (_P, 2 * _P, 4 * _P, 8 * _P, 16 * _P) if s <= most})
 
 
 def _rank_key(

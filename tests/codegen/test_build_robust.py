@@ -112,8 +112,8 @@ def test_with_no_family_the_caret_is_on_the_line_the_closest_family_cannot_take(
                       "h = relu(x @ w1t)\ny = bf16(h) @ w2t\nm = mean(y, axis=-1, keepdim=true)\n"
                       "check R=4 K=128 I=128\n")  # fmt: skip
     head, first_note = text.split("\n")[0], text.split("note:")[1]
-    assert head.endswith("k.spec:8:1: error: no kernel family matches `k` (tried: ffn, rowreduce); the ffn "
-                         "family comes closest and cannot take this line")  # fmt: skip
+    assert head.endswith("k.spec:8:1: error: no kernel family matches `k` (tried: ffn, proj, rowreduce); the "
+                         "ffn family comes closest and cannot take this line")  # fmt: skip
     assert first_note.startswith(" leaves the ffn family here: optional outputs are not supported")
     assert "k.spec:9:10: note: leaves the rowreduce family here: `@` is not row-wise math" in text
     assert "3-D" not in text
@@ -125,7 +125,7 @@ def test_a_row_spec_value_is_described_as_written(tmp_path: Path) -> None:
                       "output y: f32[T, H]\noutput z: f32[T]\ny = rmsnorm(x, eps)\nz = c * 2.0\n"
                       "check T=4 H=128\n")  # fmt: skip
     assert text.split("\n")[0].endswith("k.spec:4:1: error: no kernel family matches `k` (tried: ffn, "
-                                        "rowreduce); the rowreduce family comes closest and cannot take "
-                                        "this line")  # fmt: skip
+                                        "proj, rowreduce); the rowreduce family comes closest and cannot "
+                                        "take this line")  # fmt: skip
     assert "(`c` is f32[T]); a spec over [T, H] data is read as [T, 1, H] (one head)" in text
     assert "[T, 1]" not in text

@@ -98,7 +98,7 @@ class Names:
 def chunks(family: str) -> list[list[str]]:
     """The usable names, one spec's worth each; the FFN family deals them from a shifted start, so a name
     takes a different role (dim, input, param, ...) in each family."""
-    pool = usable_names()
+    pool = [n for n in usable_names() if n not in ISSUE_NAMES]  # dealt once, as the last row spec's
     per_spec = 6 + INPUTS + PARAMS + STEPS if family == "row" else 9 + INPUTS - 4 + PARAMS + STEPS
     shift = 0 if family == "row" else per_spec // 3
     pool = pool[shift:] + pool[:shift]

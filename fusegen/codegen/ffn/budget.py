@@ -11,11 +11,25 @@ from __future__ import annotations
 
 from typing import NamedTuple
 
-from fusegen.perf.dmarule import DMA_ROW_BYTES, dma_engine_bytes
+from fusegen.codegen.budget_base import (
+    F_MOV,
+    MIN_CYCLES,
+    NO_STAGE,
+    Buffer,
+    Cost,
+    Machine,
+    P,
+    Stage,
+    cdiv,
+    cycles,
+    dma_time,
+    row_tiles,
+    rows_per_core,
+    runs,
+    stage_cost,
+)
+from fusegen.perf.dmarule import DMA_ROW_BYTES
 
-P = 128  # partitions
-F_MOV = 512  # matmul moving free size, one fp32 PSUM bank
-MIN_CYCLES = 64  # minimum instruction initiation interval, cycles (nki.md §6 overheads)
 #: SBUF bytes per partition every plan leaves unallocated (issue 15: ">= 8 KiB of SBUF headroom kept in
 #: every plan"): the usable budget is NKIPY's figure for what a kernel may allocate, and a plan that fills
 #: it to the byte leaves the compiler no room for its own spills and alignment padding, nor the budget
@@ -24,28 +38,6 @@ SBUF_HEADROOM = 8192
 #: PSUM banks one K-column block of the column-blocked down-projection accumulates in: half of the 8, so
 #: the next block's matmuls start while the last block is evicted
 ACC_BANKS = 4
-
-
-class Stage(NamedTuple):
-    """A rows-on-partitions stage (the epilogue, or the prologue) swept over K in F_MOV-wide blocks.
-
-    Row statistics need the whole row, so a stage runs as passes over the blocks: each pass finishes
-    the [P, 1] statistics the next one needs (a LayerNorm: the mean, then the variance), the last pass
-    computes and writes the outputs. Only one block's temporaries are live at a time.
-    """
-
-    block_bytes: int  # bytes per block column: temporaries and block loads, the largest pass
-    cols: int  # f32 [P, 1] columns per row tile
-    sweeps: int  # passes over the K blocks
-    act: int  # Scalar-engine instructions per block, over all passes (weighted by cost)
-    dve: int  # Vector-engine instructions per block, over all passes (weighted by cost)
-    col_ops: int  # [P, 1] Vector-engine instructions per block (partial statistics accumulated)
-    read_bytes: int  # bytes read per row element from [R, K] inputs, over all passes
-    bcast: int  # [K] inputs loaded broadcast to [P, block] per block, over all passes
-    loads: int  # DMA transfers per block, over all passes (reads and output writes)
-
-
-NO_STAGE = Stage(0, 0, 0, 0, 0, 0, 0, 0, 0)
 
 
 class FfnModel(NamedTuple):
@@ -68,28 +60,6 @@ class FfnModel(NamedTuple):
     down_bytes: int = 2  # bytes per element of the down-projection weight (1: fp8)
 
 
-class Machine(NamedTuple):
-    """The figures of one target the time model needs (per physical core)."""
-
-    pe_ghz: float  # tensor engine clock
-    act_ghz: float  # scalar engine clock
-    dve_ghz: float  # vector engine clock
-    dma_gbps: float  # min(DMA bandwidth, the core's share of HBM bandwidth), bytes/ns
-    dma_fixed_ns: float  # fixed cost of one DMA transfer
-    dma_queues: int  # transfers in flight
-    dma_row_bytes: int  # DMA packet-rate rule: each partition row costs at least this many bytes (dmarule)
-    sbuf_budget: int  # usable SBUF bytes per partition
-    max_lnc: int  # logical cores one launch may span (trn2 pairs cores; trn1 has no LNC=2)
-
-
-class Buffer(NamedTuple):
-    """One SBUF buffer of the kernel: bytes per partition per copy, and copies in flight."""
-
-    name: str
-    bytes: int
-    copies: int
-
-
 class Plan(NamedTuple):
     """Tiles and core split: S rows per super-block, CI intermediate columns per chunk, split over I, and
     KC output columns per block of the column-blocked down-projection (0: an SBUF accumulator instead).
@@ -109,31 +79,6 @@ class Plan(NamedTuple):
     split: int  # 1: each core computes every row over its share of I; 0: each core its own rows
     kc: int = 0
     g: int = 0
-
-
-class Cost(NamedTuple):
-    """Modelled busy time per engine of the busiest core, ns; the kernel takes the largest."""
-
-    pe: float
-    act: float
-    dve: float
-    dma: float
-    hbm_bytes: int
-
-    @property
-    def total(self) -> float:
-        """Modelled kernel time: engines overlap, so the busiest one bounds it."""
-        return max(self.pe, self.act, self.dve, self.dma)
-
-
-def cdiv(n: int, d: int) -> int:
-    """Ceiling division."""
-    return -(-n // d)
-
-
-def rows_per_core(rows: int, lnc: int) -> int:
-    """Rows one core owns: whole 128-row tiles are dealt out, the ragged tile goes last."""
-    return min(rows, cdiv(cdiv(rows, P), lnc) * P)
 
 
 def work_per_core(rows: int, i: int, lnc: int, split: int) -> tuple[int, int]:
@@ -250,48 +195,30 @@ def psum_banks(m: FfnModel, kc: int = 0) -> int:
     return 2 * ACC_BANKS if kc else 2 * (m.n_up + 1)
 
 
-def _stage_cost(st: Stage, tiles: int, k: int, shared: int = 0) -> tuple[float, float, int, int]:
-    """(ACT cycles, DVE cycles, DMA bytes, DMA transfers) of a stage over `tiles` row tiles of P rows;
-    `shared`: its [K] rows are broadcast once for that many row tiles (0: once per row tile)."""
-    n_kb = cdiv(k, F_MOV)
-    k_cycles = _cycles(k)
-    act = tiles * st.act * k_cycles
-    dve = tiles * (st.dve * k_cycles + st.col_ops * n_kb * MIN_CYCLES)
-    bcast_tiles = cdiv(tiles, shared) if shared else tiles
-    moved = P * k * (tiles * st.read_bytes + bcast_tiles * 4 * st.bcast)  # broadcast: P copies land in SBUF
-    return act, dve, moved, n_kb * (tiles * (st.loads - st.bcast) + bcast_tiles * st.bcast)
-
-
-def _runs(total: int, size: int) -> list[tuple[int, int]]:
-    """`total` cut into pieces of `size` (the last one ragged), as (piece, how many) runs."""
-    runs = [(size, total // size)] if total >= size else []
-    return runs + ([(total % size, 1)] if total % size else [])
-
-
 def _super_block(
     m: FfnModel, s_rows: int, inter: int, ci: int, k: int, kc: int = 0, g: int = 0, s: int = 0
 ) -> tuple[float, float, float, int, int]:
     """(PE, ACT, DVE cycles, DMA bytes, transfers) of one super-block of `s_rows` rows, `inter` columns."""
     n_k = cdiv(k, P)
-    k_cycles = _cycles(k)  # one row tile's K, 512 wide
-    act, dve, hbm, transfers = _stage_cost(m.pro, cdiv(s_rows, P), k)
+    k_cycles = cycles(k)  # one row tile's K, 512 wide
+    act, dve, hbm, transfers = stage_cost(m.pro, cdiv(s_rows, P), k)
     pe = 0.0
     # x's rows read a staged block per transfer; each K-tile transposed on the PE into PSUM and copied
     # out, even K-tiles on DVE, odd ones on ACT
     hbm, transfers = hbm + s_rows * k * m.x_bytes, transfers + cdiv(s_rows, P) * cdiv(k, x_staged(m, k))
-    for rows_t, n_t in _runs(s_rows, P):
+    for rows_t, n_t in runs(s_rows, P):
         pe += n_t * n_k * max(MIN_CYCLES, rows_t)
         dve += n_t * (n_k - n_k // 2) * max(MIN_CYCLES, rows_t)
         act += n_t * (n_k // 2) * max(MIN_CYCLES, rows_t)
     if m.fold_bias and not kc:  # one [P, F_MOV] piece of the bias per eviction of the first chunk
         hbm += cdiv(s_rows, P) * P * k * 4
         transfers += cdiv(s_rows, P) * cdiv(k, F_MOV)
-    for chunk, n_chunks in _runs(inter, ci):
+    for chunk, n_chunks in runs(inter, ci):
         n_hc = cdiv(chunk, P)
         # up weights: each I-tile's K-tile groups, whole padded tiles (up_layout); down: [ph, K] rows
         hbm += n_chunks * (m.n_up * n_hc * P * n_k * P * m.up_bytes + (0 if kc else k * chunk * m.down_bytes))
         transfers += n_chunks * (m.n_up * n_hc * cdiv(n_k, group(k, g)) + (0 if kc else n_hc))
-        for rw, n_rw in _runs(s_rows, F_MOV):
+        for rw, n_rw in runs(s_rows, F_MOV):
             width, times = max(MIN_CYCLES, rw), n_chunks * n_rw * n_hc
             act += times * m.mid_act * width
             dve += times * m.mid_dve * width
@@ -317,32 +244,27 @@ def _column_blocks(
     (the `evict` stage) and written to the fp32 scratch, if an epilogue with row statistics follows (else
     the eviction wrote the outputs)."""
     n_it, n_rs = cdiv(inter, P), cdiv(s_rows, P)
-    act, dve, moved, transfers = _stage_cost(m.evict, n_rs, k, shared=n_rs)
+    act, dve, moved, transfers = stage_cost(m.evict, n_rs, k, shared=n_rs)
     blocks = cdiv(k, kc)
     scratch = s_rows * k * 4 if m.epi_cols.sweeps else 0
     hbm = inter * k * m.down_bytes + blocks * inter * s_rows * m.x_bytes + moved + scratch
     h_reads = cdiv(n_it, gh) + int(inter % P != 0 and (n_it - 1) % gh != 0)
-    return float(n_it * n_rs * _cycles(k)), act, dve, hbm, transfers + blocks * (n_it + h_reads)
-
-
-def _cycles(k: int) -> int:
-    """Cycles of one instruction per F_MOV-wide piece over K, the last one ragged."""
-    return sum(max(MIN_CYCLES, nk) * n for nk, n in _runs(k, F_MOV))
+    return float(n_it * n_rs * cycles(k)), act, dve, hbm, transfers + blocks * (n_it + h_reads)
 
 
 def cost(m: FfnModel, mach: Machine, rows: int, k: int, i: int, lnc: int, plan: Plan) -> Cost:
     """Modelled time of the busiest core for `plan`."""
     comp_rows, inter = work_per_core(rows, i, lnc, plan.split)
     own = rows_per_core(rows, lnc)
-    k_cycles = _cycles(k)
+    k_cycles = cycles(k)
     pe = act = dve = 0.0
     hbm = transfers = 0
-    for s_rows, n_sb in _runs(comp_rows, plan.s):
+    for s_rows, n_sb in runs(comp_rows, plan.s):
         parts = _super_block(m, s_rows, inter, plan.ci, k, plan.kc, plan.g, plan.s)
         pe, act, dve = pe + n_sb * parts[0], act + n_sb * parts[1], dve + n_sb * parts[2]
         hbm, transfers = hbm + n_sb * parts[3], transfers + n_sb * parts[4]
     tiles = cdiv(own, P)
-    e_act, e_dve, e_bytes, e_transfers = _stage_cost(m.epi_cols if plan.kc else m.epi, tiles, k)
+    e_act, e_dve, e_bytes, e_transfers = stage_cost(m.epi_cols if plan.kc else m.epi, tiles, k)
     act, dve, hbm, transfers = act + e_act, dve + e_dve, hbm + e_bytes, transfers + e_transfers
     if not plan.kc:
         hbm += own * k * 4 * m.acc_init
@@ -351,10 +273,7 @@ def cost(m: FfnModel, mach: Machine, rows: int, k: int, i: int, lnc: int, plan: 
         hbm += 2 * own * k * 4
         transfers += tiles * (1 + cdiv(k, F_MOV))
         dve += tiles * k_cycles
-    # the packet-rate rule over the average transfer (a lower bound of the per-transfer sum the trace
-    # model charges: transfers below DMA_ROW_BYTES per partition row cost more than their bytes)
-    engine_bytes = dma_engine_bytes(hbm, transfers * P, mach.dma_queues, mach.dma_row_bytes)
-    dma = max(engine_bytes * mach.dma_queues / mach.dma_gbps, transfers * mach.dma_fixed_ns / mach.dma_queues)
+    dma = dma_time(mach, hbm, transfers)
     return Cost(pe / mach.pe_ghz, act / mach.act_ghz, dve / mach.dve_ghz, dma, hbm)
 
 
@@ -375,7 +294,7 @@ def candidates(
         comp_rows, inter = work_per_core(rows, i, lnc, split)
         s_all = range(P, cdiv(comp_rows, P) * P + 1, P)
         ci_all = range(P, cdiv(inter, P) * P + 1, P)
-        for s in s_all if exhaustive else _row_tiles(comp_rows):
+        for s in s_all if exhaustive else row_tiles(comp_rows):
             for kc in (0, 0 if split else column_block(s, k)) if s <= ACC_BANKS * P else (0,):
                 if exhaustive:
                     fits = [ci for ci in ci_all if sbuf_bytes(m, s, ci, k, i, kc) <= budget]
@@ -410,14 +329,6 @@ def _widest_fit(m: FfnModel, s: int, ci_all: range, k: int, i: int, budget: int,
         else:
             hi = mid - 1
     return lo
-
-
-def _row_tiles(rows: int) -> list[int]:
-    """Super-block sizes the search tries: rows/1 .. rows/8 rounded up to whole tiles, and 128 .. 2048 rows
-    (a wide shape fits only small super-blocks, however many rows there are)."""
-    most = cdiv(rows, P) * P
-    even = {cdiv(cdiv(rows, n), P) * P for n in range(1, 9)}
-    return sorted(even | {s for s in (P, 2 * P, 4 * P, 8 * P, 16 * P) if s <= most})
 
 
 def rank_key(

@@ -11,14 +11,15 @@ from fusegen.codegen.ffn.backward import backward_plan
 from fusegen.codegen.ffn.backward_render import backward_kernel_source
 from fusegen.codegen.ffn.lower import FfnLowering, lower_ffn
 from fusegen.codegen.ffn.match import FfnMatch, match_ffn
+from fusegen.codegen.files.host import kernel_args, machines, returned, targets
 from fusegen.codegen.files.reference import dim_bindings
 from fusegen.codegen.files.render import header, private_repr, render, vendored
-from fusegen.codegen.files.signature import Returned, door_lines, door_source, signature
+from fusegen.codegen.files.signature import door_lines, door_source, signature
 from fusegen.codegen.fp8 import fp8_targets
-from fusegen.codegen.plan import PlanError, TilePlan, machine, plan_ffn
+from fusegen.codegen.plan import TilePlan, plan_ffn
 from fusegen.codegen.rewrites import rewrite
 from fusegen.dsl.ir import KernelIR
-from fusegen.sim.targets import TARGETS, get_target
+from fusegen.sim.targets import get_target
 
 TEMPLATE = "ffn_kernel.py.jinja"
 
@@ -83,12 +84,12 @@ class FfnFamily:
             low=low,
             model=private_repr(low.model),
             budget_source=vendored(ffn_budget),
-            kernel_args=_kernel_args(ir),
+            kernel_args=kernel_args(ir),
             host=_host(ir, m, low),
             dim_bindings=[f"d_{d} = {src}" for d, src in dim_bindings(ir, kernel_arg, _up_weights(ir, low))],
-            machines=_machines(),
+            machines=machines(),
             door_source=door_source(
-                [("_SIGNATURE", signature(ir.name, ir, _returned(ir), fp8_targets(ir, _targets())))]
+                [("_SIGNATURE", signature(ir.name, ir, returned(ir), fp8_targets(ir, targets())))]
             ),
             default_target=target,
             default_lnc=lnc,
@@ -115,10 +116,6 @@ def _doc(ir: KernelIR) -> str:
     outs = ", ".join(o.name for o in ir.outputs)
     ins = ", ".join(i.name for i in ir.inputs)
     return f"{ir.name}: ({ins}) -> ({outs}), an FFN-family NKI kernel; reference.py spells out the math."
-
-
-def _kernel_args(ir: KernelIR) -> list[str]:
-    return [kernel_arg(i.name) for i in ir.inputs] + [f"{p.name}_arg" for p in ir.params]
 
 
 def _host(ir: KernelIR, m: FfnMatch, low: FfnLowering) -> HostSignature:
@@ -155,24 +152,3 @@ def _launch_arg(tensor: str, low: FfnLowering) -> str:
         return f"_columns({tensor})"
     firsts = [pj.first_column or "0" for pj in low.projections if pj.weight == kernel_arg(tensor)]
     return f"_up_layout(_given_{tensor}, ({', '.join(firsts)},), _inter)" if firsts else tensor
-
-
-def _returned(ir: KernelIR) -> list[Returned]:
-    """What the host returns: every output, in order."""
-    return [Returned(o.name, o.dtype, o.shape) for o in ir.outputs]
-
-
-def _targets() -> list[str]:
-    """The targets the host can plan for: those with the time model's figures."""
-    return [name for name, _ in _machines()]
-
-
-def _machines() -> list[tuple[str, str]]:
-    """(target, Machine literal) for every target whose figures the table has."""
-    out = []
-    for name, target in sorted(TARGETS.items()):
-        try:
-            out.append((name, private_repr(machine(target))))
-        except PlanError:
-            continue
-    return out

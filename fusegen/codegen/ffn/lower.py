@@ -2,24 +2,27 @@
 
 from __future__ import annotations
 
-from collections.abc import Callable
 from dataclasses import dataclass, replace
 
+from fusegen.codegen.blocks import BlockedStage, BlockLoad, block_reduction, emit_blocked, spine, walk
 from fusegen.codegen.family import kernel_arg
-from fusegen.codegen.ffn.blocks import (
-    BlockedStage,
-    BlockLoad,
-    BlockSelector,
-    block_reduction,
-    emit_blocked,
-    spine,
-    walk,
+from fusegen.codegen.ffn.budget import NO_STAGE, FfnModel
+from fusegen.codegen.ffn.match import FfnMatch
+from fusegen.codegen.matmul_match import weight_columns
+from fusegen.codegen.rowstage import (
+    OutputWrite,
+    block_selector,
+    lower_prologue,
+    output_writes,
+    row_builder,
+    row_leaves,
+    row_stage_inputs,
+    stage_inputs,
+    transpose_block,
 )
-from fusegen.codegen.ffn.budget import F_MOV, NO_STAGE, FfnModel, P
-from fusegen.codegen.ffn.match import FfnMatch, weight_columns
 from fusegen.codegen.select import Layout, Selector
 from fusegen.codegen.select_tables import NL_DTYPE
-from fusegen.codegen.stage import Expr, Operand, StageBuilder, dim_source
+from fusegen.codegen.stage import Operand, StageBuilder, dim_source
 from fusegen.dsl.ir import DTYPE_BYTES, Dim, KernelIR, Node
 
 
@@ -33,17 +36,6 @@ class Projection:
     psum: str
     first_column: str = ""
     tile_base: str = ""
-
-
-@dataclass(frozen=True)
-class OutputWrite:
-    """One kernel output: HBM tensor name, nl dtype, the SBUF operand holding it and its shape's source
-    (a per-token [R, 1] output is written once per row tile, from a [P, 1] column)."""
-
-    name: str
-    nl_dtype: str
-    source: str
-    shape: str = "(R, K)"
 
 
 @dataclass(frozen=True)
@@ -75,12 +67,12 @@ def lower_ffn(ir: KernelIR, m: FfnMatch) -> FfnLowering:
     """Compile the prologue, the combine and the epilogue of `m` into NKI lines for the template."""
     projections = _stacked(tuple(_projection(ir, u, f"pj{i}") for i, u in enumerate(m.ups)))
     mid, mid_result, col_vectors = _lower_combine(ir, m, projections)
-    epi_inputs = _row_stage_inputs(ir, m, m.epi_nodes)
+    epi_inputs = row_stage_inputs(ir, m.epi_nodes, m.rows, m.hidden)
     acc_init, first_chunk, acc_node = _accumulator(ir, m, epi_inputs)
     epilogue, outputs = _lower_epilogue(ir, m, epi_inputs, acc_node, acc_init)
     evict, saved = _lower_eviction(ir, m, epi_inputs)
     epilogue_cols = None if saved is None else _lower_epilogue(ir, m, epi_inputs, saved, None, True)[0]
-    prologue = _lower_prologue(ir, m)
+    prologue = lower_prologue(ir, m.x, m.prologue_nodes, m.rows, m.hidden)
     model = FfnModel(
         n_up=len(m.ups),
         x_bytes=DTYPE_BYTES[m.x.dtype],
@@ -104,7 +96,7 @@ def lower_ffn(ir: KernelIR, m: FfnMatch) -> FfnLowering:
         x_nl_dtype=NL_DTYPE[m.x.dtype],
         up_nl_dtype=NL_DTYPE[_up_dtype(ir, m)],
         down_nl_dtype=NL_DTYPE[down_weight.dtype],
-        x_transpose=transpose_block("x_blk", NL_DTYPE[m.x.dtype]),
+        x_transpose=transpose_block("x_blk", NL_DTYPE[m.x.dtype], alternate=True),
         down_weight=kernel_arg(str(down_weight.name)),
         projections=projections,
         col_vectors=col_vectors,
@@ -155,7 +147,7 @@ def _lower_combine(
     leaves: dict[int, Operand] = {}
     for up, pj in zip(m.ups, projections, strict=True):
         leaves[up.id] = Operand("tile", f"{pj.psum}[0:ph, 0:rw]", memory="psum")
-    cols = tuple(n.name for n in _inputs(ir, m.mid_nodes) if n.name)
+    cols = tuple(n.name for n in stage_inputs(ir, m.mid_nodes) if n.name)
     for nid in m.mid_nodes:
         node = ir.node(nid)
         if node.op == "input":
@@ -171,93 +163,6 @@ def _lower_combine(
     if result.memory != "sbuf" or result.dtype != weight_dtype:
         result = sel.copy(result, "tile", weight_dtype)
     return sel, result.code.split("[")[0], tuple(kernel_arg(c) for c in cols)
-
-
-def _inputs(ir: KernelIR, ids: tuple[int, ...]) -> list[Node]:
-    return [ir.node(i) for i in ids if ir.node(i).op == "input"]
-
-
-def _row_stage_inputs(ir: KernelIR, m: FfnMatch, nodes: tuple[int, ...]) -> dict[str, tuple[str, ...]]:
-    """A rows-on-partitions stage's inputs by how the kernel holds them: [K] rows, row tiles, columns."""
-    groups: dict[str, list[str]] = {"row": [], "tile": [], "vec": []}
-    for node in _inputs(ir, nodes):
-        if node.shape == (m.rows, m.hidden):
-            groups["tile"].append(kernel_arg(str(node.name)))
-        elif node.shape[-1] == m.hidden:
-            groups["row"].append(kernel_arg(str(node.name)))
-        else:
-            groups["vec"].append(kernel_arg(str(node.name)))
-    return {k: tuple(v) for k, v in groups.items()}
-
-
-def _row_leaves(
-    ir: KernelIR, nodes: tuple[int, ...], inputs: dict[str, tuple[str, ...]], skip: str | None
-) -> tuple[dict[int, Operand], dict[str, BlockLoad]]:
-    """Leaf operands of a rows-on-partitions stage over one K-block (rows r0.., columns k0..k0+nb),
-    and the block loads that fill them: [R, K] row blocks, [K] vectors broadcast, [R, 1] columns."""
-    leaves, loads = {}, {}
-    for node in _inputs(ir, nodes):
-        name = kernel_arg(str(node.name))
-        if name in inputs["tile"] and name != skip:
-            leaves[node.id] = Operand("tile", f"{name}_tile[0:pr, 0:nb]")
-            src = f"{name}[r0:r0 + pr, k0:k0 + nb]"
-            loads[f"{name}_tile"] = BlockLoad(f"{name}_tile", src, DTYPE_BYTES[node.dtype], broadcast=False)
-        elif name in inputs["row"]:
-            leaves[node.id] = Operand("tile", f"{name}_row[0:pr, 0:nb]")
-            src = f"{name}.ap(pattern=[[0, pr], [1, nb]], offset=k0)"
-            loads[f"{name}_row"] = BlockLoad(f"{name}_row", src, DTYPE_BYTES[node.dtype], broadcast=True)
-        elif name in inputs["vec"]:
-            leaves[node.id] = Operand("vec", f"{name}_tile[0:pr, 0:1]")
-    return leaves, loads
-
-
-def _row_builder(ir: KernelIR, m: FfnMatch, leaves: dict[int, Operand]) -> StageBuilder:
-    one = Dim.const(1)
-
-    def kind_of(node: Node) -> str:
-        return "scalar" if node.shape == () else ("vec" if node.shape[-1] == one else "tile")
-
-    return StageBuilder(ir, leaves, kind_of, free_size=lambda n: m.hidden)
-
-
-def _block_selector(prefix: str) -> BlockSelector:
-    return BlockSelector(Layout(part="pr", free="nb", free_alloc="kb"), prefix=prefix)
-
-
-def _lower_prologue(ir: KernelIR, m: FfnMatch) -> BlockedStage | None:
-    """The pre-projection stage on K-blocks of the source's row tiles; each block of its result is cast to
-    the weights' dtype and transposed into x^T (a block is F_MOV // P whole K-tiles)."""
-    if not m.prologue_nodes:
-        return None
-    inputs = _row_stage_inputs(ir, m, m.prologue_nodes)
-    leaves, loads = _row_leaves(ir, m.prologue_nodes, inputs, skip=None)
-    root = _row_builder(ir, m, leaves).expr(m.x.id)
-
-    def finish(sel: Selector) -> list[str]:
-        result = sel.value(root, dtype=m.x.dtype)
-        if result.dtype != m.x.dtype or result.memory != "sbuf":
-            result = sel.copy(result, "tile", m.x.dtype)
-        return list(transpose_block(result.code.split("[")[0], NL_DTYPE[m.x.dtype]))
-
-    return emit_blocked(_block_selector("p"), [root], loads, finish, writes=F_MOV // P)
-
-
-def transpose_block(tile: str, nl_dtype: str) -> tuple[str, ...]:
-    """Lines transposing K-block `k0` (width `nb`) of row tile `rs`, held in `tile` in the weights' dtype,
-    into x^T one K-tile at a time on the PE (through PSUM): a DMA transpose takes 2-byte dtypes and 16-row
-    pieces only (../nki-rules: DMA), so the PE serves every dtype. The copies out of PSUM alternate between
-    the Vector and the Scalar engine (an exact copy on either), which halves the first super-block's wait."""
-    return (
-        "for kt in range(k0 // _P, _cdiv(k0 + nb, _P)):",
-        "    pk = min(_P, K - kt * _P)",
-        f"    xt_ps = nl.ndarray((_P, _P), dtype={nl_dtype}, buffer=nl.psum)",
-        f"    nisa.nc_transpose(dst=xt_ps[0:pk, 0:pr], data={tile}[0:pr, kt * _P - k0:kt * _P - k0 + pk], "
-        "engine=nisa.engine.tensor)",
-        "    if kt % 2:",
-        "        nisa.activation(dst=xt[kt][0:pk, rs * _P:rs * _P + pr], op=nl.copy, data=xt_ps[0:pk, 0:pr])",
-        "    else:",
-        "        nisa.tensor_copy(dst=xt[kt][0:pk, rs * _P:rs * _P + pr], src=xt_ps[0:pk, 0:pr])",
-    )
 
 
 def _accumulator(
@@ -310,13 +215,13 @@ def _lower_eviction(
     and that value written to `acc_hbm`; returns the eviction and the IR node `acc_hbm` then holds.
     An epilogue without row statistics or [R, 1] inputs runs whole in the eviction, which writes the
     outputs (node None: no scratch, no epilogue after it)."""
-    leaves, loads = _row_leaves(ir, m.epi_nodes, inputs, skip=None)
+    leaves, loads = row_leaves(ir, m.epi_nodes, inputs, skip=None)
     leaves[m.down.id] = Operand("tile", "acc_ps[rs * n_kp + kp][0:pr, 0:nb]", memory="psum")
-    builder = _row_builder(ir, m, leaves)
+    builder = row_builder(ir, m.hidden, leaves)
     exprs = [builder.expr(out.node) for out in ir.outputs]
     if not inputs["vec"] and not any(block_reduction(e) for e in walk(exprs)):
-        whole = _output_writes(ir, exprs, [])
-        return emit_blocked(_block_selector("v"), exprs, loads, whole, writes=len(ir.outputs)), None
+        whole = output_writes(ir.outputs, exprs, [])
+        return emit_blocked(block_selector("v"), exprs, loads, whole, writes=len(ir.outputs)), None
     node_of = {id(e): nid for nid, e in builder.exprs.items()}
     chain = [e for e in spine(exprs, builder.exprs[m.down.id]) if id(e) in node_of]  # IR values only
     top = chain[-1] if chain else builder.exprs[m.down.id]
@@ -327,7 +232,7 @@ def _lower_eviction(
             value = sel.convert(value, "f32")
         return [f"nisa.dma_copy(dst=acc_hbm[r0:r0 + pr, k0:k0 + nb], src={value.code})"]
 
-    stage = emit_blocked(_block_selector("v"), [top], loads, finish, writes=1)
+    stage = emit_blocked(block_selector("v"), [top], loads, finish, writes=1)
     assert len(stage.passes) == 1 and not stage.passes[0].before, "an eviction needs no statistics"
     return stage, node_of[id(top)]
 
@@ -342,19 +247,19 @@ def _lower_epilogue(
 ) -> tuple[BlockedStage, tuple[OutputWrite, ...]]:
     """The epilogue over an SBUF accumulator, or (`from_hbm`, column-blocked plans) over the bare
     down-projection's blocks loaded from the fp32 scratch `acc_hbm`, every other input a block load."""
-    leaves, loads = _row_leaves(ir, m.epi_nodes, inputs, acc_init)
+    leaves, loads = row_leaves(ir, m.epi_nodes, inputs, acc_init)
     acc = "acc[rs][0:pr, k0:k0 + nb]"  # the accumulator's block
     if from_hbm:
         acc = ""
         loads["acc_blk"] = BlockLoad("acc_blk", "acc_hbm[r0:r0 + pr, k0:k0 + nb]", 4, broadcast=False)
     leaves[acc_node] = Operand("tile", "acc_blk[0:pr, 0:nb]" if from_hbm else acc)
-    builder = _row_builder(ir, m, leaves)
+    builder = row_builder(ir, m.hidden, leaves)
     exprs = [builder.expr(out.node) for out in ir.outputs]  # all first: users counts must be complete
     # the accumulator returned as it is is read by its output's write: never computed over in place
     builder.exprs[acc_node].users += sum(out.node == acc_node for out in ir.outputs)
     writes: list[OutputWrite] = []
-    finish = _output_writes(ir, exprs, writes)
-    sel = _block_selector("u" if from_hbm else "e")  # names distinct from the other epilogue's
+    finish = output_writes(ir.outputs, exprs, writes)
+    sel = block_selector("u" if from_hbm else "e")  # names distinct from the other epilogue's
     stage = emit_blocked(sel, exprs, loads, finish, writes=_row_outputs(ir), accumulator=acc)
     return _with_column_writes(stage, writes), tuple(writes)
 
@@ -375,30 +280,3 @@ def _with_column_writes(stage: BlockedStage, writes: list[OutputWrite]) -> Block
     last = stage.passes[-1]
     passes = (*stage.passes[:-1], replace(last, before=last.before + lines))
     return replace(stage, passes=passes)
-
-
-def _output_writes(
-    ir: KernelIR, exprs: list[Expr], writes: list[OutputWrite]
-) -> Callable[[Selector], list[str]]:
-    """The last pass's finish: each output's value in its dtype (collected in `writes`), DMA'd out."""
-
-    def finish(sel: Selector) -> list[str]:
-        for out, expr in zip(ir.outputs, exprs, strict=True):
-            if expr.kind == "vec":  # per-token [R, 1]: the f32 column the statistics passes finished
-                value = sel.value(expr)
-                writes.append(OutputWrite(kernel_arg(out.name), NL_DTYPE[out.dtype], value.code, "(R, 1)"))
-                continue
-            # an output nothing else reads is written in its own dtype by the instruction computing it
-            value = sel.value(expr, out.dtype if expr.users == 0 else "f32")
-            if value.memory == "psum":  # the bare down-projection: out of PSUM on the Scalar engine
-                value = sel.convert(value, out.dtype)
-            elif value.dtype != out.dtype:
-                value = sel.copy(value, "tile", out.dtype)
-            writes.append(OutputWrite(kernel_arg(out.name), NL_DTYPE[out.dtype], value.code))
-        return [
-            f"nisa.dma_copy(dst={w.name}[r0:r0 + pr, k0:k0 + nb], src={w.source})"
-            for w in writes
-            if w.shape == "(R, K)"
-        ]
-
-    return finish

@@ -6,12 +6,11 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from fusegen.codegen.family import ELEMENTWISE, SCALAR_LEAVES, Mismatch, leave, shape_is
-from fusegen.dsl.ir import FP8_DTYPES, Dim, IndexItem, KernelIR, Node
+from fusegen.codegen.family import SCALAR_LEAVES, Mismatch, leave, shape_is
+from fusegen.codegen.matmul_match import ROW_WISE, row_prologue, stage_nodes, weight_columns
+from fusegen.dsl.ir import FP8_DTYPES, Dim, KernelIR, Node
 
 FAMILY = "ffn"
-#: Ops allowed between the projections and the down-projection, and in the epilogue.
-ROW_WISE = frozenset(("sum", "mean", "max", "layernorm", "rmsnorm"))
 
 
 @dataclass(frozen=True)
@@ -45,7 +44,7 @@ def match_ffn(ir: KernelIR) -> FfnMatch:
     if len(ups) > 2:
         raise leave(FAMILY, ups[2], "expected one or two projections of the input, then a down-projection")
     x, hidden, inter, rows = _check_ups(ir, ups)
-    source, prologue = _prologue(ir, x, rows, hidden)
+    source, prologue = row_prologue(FAMILY, ir, x, rows, hidden)
     weight = ir.node(down.args[1])
     if weight.op != "input" or not shape_is(weight.shape, (inter, hidden)):
         raise leave(FAMILY, weight, f"the down-projection's weight must be an input [{inter}, {hidden}]")
@@ -53,7 +52,7 @@ def match_ffn(ir: KernelIR) -> FfnMatch:
     if combine.dtype != x.dtype or not weight_dtype_fits(weight.dtype, x.dtype):
         where = combine if combine.dtype != x.dtype else weight
         raise leave(FAMILY, where, f"the down-projection must be {x.dtype} @ {x.dtype} (or an fp8 weight)")
-    mid = _stage_nodes(ir, combine, stops={u.id for u in ups}, what="combine")
+    mid = stage_nodes(FAMILY, ir, combine, stops={u.id for u in ups}, what="combine")
     for up in ups:
         if up.id not in mid:
             raise leave(FAMILY, up, "every projection must feed the combine")
@@ -93,66 +92,6 @@ def weight_dtype_fits(weight: str, x: str) -> bool:
     return weight == x or (weight in FP8_DTYPES and x in ("bf16", "f16"))
 
 
-def weight_columns(ir: KernelIR, weight: Node) -> tuple[Node, Dim] | None:
-    """(the input, its first column) a projection weight reads: an input, or a column slice of one
-    (a packed gate|up weight after the rewrite); None for anything else."""
-    if weight.op == "input":
-        return weight, Dim.const(0)
-    source = ir.node(weight.args[0]) if weight.op == "index" else None
-    if source is None or source.op != "input":
-        return None
-    items: tuple[IndexItem, ...] = weight.attr("index")  # type: ignore[assignment]
-    rows, columns = items
-    if rows.start != Dim.const(0) or rows.stop not in (None, source.shape[0]) or columns.kind != "slice":
-        return None
-    return source, columns.start
-
-
-def _prologue(ir: KernelIR, x: Node, rows: Dim, hidden: Dim) -> tuple[Node, tuple[int, ...]]:
-    """The [R, K] input the kernel reads, and the row-wise prologue computing the projected operand."""
-    if x.op == "input":
-        return x, ()
-    nodes = _stage_nodes(ir, x, stops=set(), what="prologue")
-    sources = [
-        ir.node(n) for n in sorted(nodes) if ir.node(n).op == "input" and ir.node(n).shape == (rows, hidden)
-    ]
-    if len(sources) != 1:
-        raise leave(FAMILY, x, f"a prologue must read exactly one [{rows}, {hidden}] input")
-    for nid in sorted(nodes):
-        node = ir.node(nid)
-        if (
-            node.op == "input"
-            and node.id != sources[0].id
-            and not shape_is(node.shape, (hidden,), (Dim.const(1), hidden))
-        ):
-            raise leave(
-                FAMILY,
-                node,
-                f"a prologue may read one [{rows}, {hidden}] input, [{hidden}] vectors and scalars",
-            )
-        if node.op in ("sum", "mean", "max") and (node.attr("axis") != 1 or not node.attr("keepdim")):
-            raise leave(FAMILY, node, "prologue reductions must be over the last axis with keepdim=true")
-    return sources[0], tuple(sorted(nodes))
-
-
-def _stage_nodes(ir: KernelIR, root: Node, stops: set[int], what: str) -> set[int]:
-    """Ids of the nodes `root` is computed from, stopping at `stops`, inputs and scalars."""
-    seen: set[int] = set()
-    todo = [root.id]
-    while todo:
-        nid = todo.pop()
-        if nid in seen:
-            continue
-        seen.add(nid)
-        node = ir.node(nid)
-        if nid in stops or node.op == "input" or node.op in SCALAR_LEAVES:
-            continue
-        if node.op not in ELEMENTWISE and node.op not in ROW_WISE:
-            raise leave(FAMILY, node, f"`{node.op}` cannot appear in the {what}")
-        todo.extend(node.args)
-    return seen
-
-
 def _check_mid(ir: KernelIR, mid: set[int], rows: Dim, inter: Dim) -> None:
     for nid in sorted(mid):
         node = ir.node(nid)
@@ -177,7 +116,7 @@ def _epilogue(ir: KernelIR, down: Node, rows: Dim, hidden: Dim) -> set[int]:
         root = ir.node(out.node)
         if out.optional:
             raise Mismatch(FAMILY, out.span, "optional outputs are not supported by the ffn family")
-        nodes = _stage_nodes(ir, root, stops={down.id}, what="epilogue")
+        nodes = stage_nodes(FAMILY, ir, root, stops={down.id}, what="epilogue")
         if down.id not in nodes:
             raise Mismatch(FAMILY, out.span, "every output must be computed from the down-projection")
         epi |= nodes

@@ -65,16 +65,26 @@ def project_root(path: Path) -> Path | None:
     )
 
 
-def vendored(module: ModuleType, start: str = "P = 128") -> str:
-    """A standard-library-only module's code from the line starting with `start` on (docstring and
-    imports stay behind: the generated file imports what it needs), to be copied into a generated file,
+def vendored(module: ModuleType, start: str | None = None) -> str:
+    """A standard-library-only module's code after its docstring and imports (or from the line starting
+    with `start` on; the generated file imports what it needs), to be copied into a generated file,
     every name it defines made private (`private`). The fusegen modules it imports from (themselves
-    standard library only, e.g. fusegen/perf/dmarule.py) are copied first, whole but for docstring and
-    imports, so their names are defined and renamed alike."""
+    standard library only, e.g. fusegen/perf/dmarule.py) are copied first (and theirs before them), whole
+    but for docstring and imports, so their names are defined and renamed alike."""
     source = inspect.getsource(module)
-    body = source[source.index("\n" + start) + 1 :].rstrip("\n")
-    used = [_body(importlib.import_module(name)) for name in _fusegen_imports(source)]
+    body = _body(module) if start is None else source[source.index("\n" + start) + 1 :].rstrip("\n")
+    used = [_body(importlib.import_module(name)) for name in _imported(source)]
     return private("\n\n\n".join([*used, body]))
+
+
+def _imported(source: str) -> list[str]:
+    """The fusegen modules `source` imports from, transitively, each after the ones it imports."""
+    order: list[str] = []
+    for name in _fusegen_imports(source):
+        for dep in [*_imported(inspect.getsource(importlib.import_module(name))), name]:
+            if dep not in order:
+                order.append(dep)
+    return order
 
 
 def _fusegen_imports(source: str) -> list[str]:
@@ -84,10 +94,14 @@ def _fusegen_imports(source: str) -> list[str]:
 
 
 def _body(module: ModuleType) -> str:
-    """A module's code after its docstring and imports."""
+    """A module's code after its docstring and imports (a comment right above its first statement kept)."""
     source = inspect.getsource(module)
     first = next(n for n in ast.parse(source).body[1:] if not isinstance(n, ast.Import | ast.ImportFrom))
-    return "\n".join(source.split("\n")[first.lineno - 1 :]).rstrip("\n")
+    lines = source.split("\n")
+    start = first.lineno - 1
+    while start > 0 and lines[start - 1].startswith("#"):  # the comment above the first statement stays
+        start -= 1
+    return "\n".join(lines[start:]).rstrip("\n")
 
 
 def private(source: str) -> str:
@@ -117,6 +131,8 @@ def private(source: str) -> str:
 def private_repr(value: object) -> str:
     """A vendored NamedTuple instance (nested ones too) as a literal under private class names (`private`)."""
     fields = getattr(value, "_fields", None)
+    if fields is None and isinstance(value, tuple):  # a tuple of them (one per projection)
+        return "(" + "".join(f"{private_repr(v)}, " for v in value) + ")"
     if fields is None:
         return repr(value)
     items = ", ".join(f"{f}={private_repr(getattr(value, f))}" for f in fields)

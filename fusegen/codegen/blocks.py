@@ -13,7 +13,7 @@ from __future__ import annotations
 from collections.abc import Callable
 from dataclasses import dataclass, field
 
-from fusegen.codegen.ffn.budget import Stage
+from fusegen.codegen.budget_base import Stage
 from fusegen.codegen.select import Selector
 from fusegen.codegen.stage import Expr, Operand
 from fusegen.dsl.ir import DTYPE_BYTES

@@ -1,0 +1,126 @@
+"""The projection family: match, lower, plan and render a spec into kernel.py (beyond the shared files)."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from fusegen.codegen.family import KernelBackward, kernel_arg
+from fusegen.codegen.files.host import kernel_args, machines, returned, targets
+from fusegen.codegen.files.reference import dim_bindings
+from fusegen.codegen.files.render import header, private_repr, render, vendored
+from fusegen.codegen.files.signature import door_lines, door_source, signature
+from fusegen.codegen.plan import TilePlan
+from fusegen.codegen.proj import budget as proj_budget
+from fusegen.codegen.proj.lower import lower_proj
+from fusegen.codegen.proj.match import ProjMatch, match_proj
+from fusegen.codegen.proj.plan import plan_proj
+from fusegen.codegen.stage import dim_source
+from fusegen.dsl.ir import KernelIR
+from fusegen.sim.targets import get_target
+
+TEMPLATE = "proj_kernel.py.jinja"
+
+
+@dataclass(frozen=True)
+class HostSignature:
+    """Pieces of the host function's source, decided here and formatted by the template."""
+
+    params: str
+    returns: str
+    x: str
+    widths: str  # the projections' N, a tuple literal's items
+    launch_args: str
+    doc: str
+    kernel_returns: str
+    dims: tuple[str, ...]  # `d_<dim> = ...` bindings the widths need
+    door: tuple[str, ...]  # argument checks (signature.py), then an empty call's early return
+
+
+@dataclass(frozen=True)
+class ProjFamily:
+    """Projections of one operand (optionally normalised first), each with an elementwise epilogue."""
+
+    name: str = "proj"
+    trainable: bool = False  # inference only for now: no backward_reference.py, no autograd
+    summary: str = "row-wise prologue(x) @ W (1 or more weights, any N) -> elementwise epilogue per output"
+    hooks: tuple[str, ...] = (
+        "prologue: row-wise math on x (RMSNorm/LayerNorm with gamma, scaling) in K-block passes, cast and "
+        "transposed on the PE into x^T",
+        "epilogue: elementwise with [N] / [R, N] / [R, 1] inputs and casts, computed while each [P, 512] "
+        "piece leaves PSUM",
+    )
+    planning: str = (
+        "The planner enumerates legal plans (rows per super-block S with x^T resident, weight columns per "
+        "block NB, weights held per block or streamed a K-tile at a time, rows or columns split over the "
+        "cores) within SBUF and PSUM, and picks the least modelled time, then the least total engine work, "
+        "then the fewest HBM bytes, then the least SBUF; the host function re-plans the same way for runtime "
+        "shapes."
+    )
+
+    def match(self, ir: KernelIR) -> ProjMatch:
+        """The projection roles in `ir` (raises Mismatch)."""
+        return match_proj(ir)
+
+    def plans(self, ir: KernelIR, m: ProjMatch, target: str, lnc: int) -> list[TilePlan]:
+        """One plan per `check` shape."""
+        model = lower_proj(ir, m).model
+        widths = tuple(pj.width for pj in m.projections)
+        return [
+            plan_proj(
+                model, get_target(target), lnc, {**ir.fixed_dims(), **c.env()}, m.rows, m.hidden, widths
+            )
+            for c in ir.checks
+        ]
+
+    def kernel_source(self, ir: KernelIR, m: ProjMatch, target: str, lnc: int) -> str:
+        """kernel.py: the NKI kernel, its vendored planner, the host function."""
+        low = lower_proj(ir, m)
+        return render(
+            TEMPLATE,
+            header=header(ir, TEMPLATE),
+            name=ir.name,
+            doc=_doc(ir),
+            low=low,
+            model=private_repr(low.model),
+            budget_source=vendored(proj_budget),
+            kernel_args=kernel_args(ir),
+            host=_host(ir, m),
+            dim_bindings=[f"d_{d} = {src}" for d, src in dim_bindings(ir, kernel_arg)],
+            machines=machines(),
+            door_source=door_source([("_SIGNATURE", signature(ir.name, ir, returned(ir), targets()))]),
+            default_target=target,
+            default_lnc=lnc,
+        )
+
+    def backward(self, ir: KernelIR, target: str, lnc: int) -> KernelBackward | None:
+        """No backward kernels (the family is not trainable yet)."""
+        return None
+
+
+PROJ = ProjFamily()
+
+
+def _doc(ir: KernelIR) -> str:
+    outs = ", ".join(o.name for o in ir.outputs)
+    ins = ", ".join(i.name for i in ir.inputs)
+    return f"{ir.name}: ({ins}) -> ({outs}), a proj-family NKI kernel; reference.py spells out the math."
+
+
+def _host(ir: KernelIR, m: ProjMatch) -> HostSignature:
+    tensors = [i.name for i in ir.inputs]
+    params = [f"{t}: torch.Tensor" for t in tensors] + [f"{p.name}: float = {p.default!r}" for p in ir.params]
+    params += ["lnc: int | None = None", "target: str = _TARGET"]
+    outs = [o.name for o in ir.outputs]
+    returns = "torch.Tensor" if len(outs) == 1 else f"tuple[{', '.join(['torch.Tensor'] * len(outs))}]"
+    return HostSignature(
+        params=", ".join(params),
+        returns=returns,
+        x=str(m.source.name),
+        widths="".join(f"{dim_source(pj.width)}, " for pj in m.projections),
+        launch_args=", ".join(tensors + [p.name for p in ir.params]),
+        doc=f"Run the kernel on `lnc` logical cores (default LNC, capped at the target's) with the best "
+        f"modelled plan for these shapes; returns ({', '.join(outs)}).",
+        kernel_returns=", ".join(kernel_arg(o) for o in outs),
+        dims=tuple(f"d_{d} = {src}" for d, src in dim_bindings(ir, str)),
+        door=door_lines("_SIGNATURE", ir),
+    )
