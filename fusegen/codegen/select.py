@@ -3,13 +3,16 @@
 Patterns, tried from the consumer down (an operand pattern is recomputed inside every instruction
 that fuses it, which is free: a bias, a scale or a second scalar op costs no extra pass):
 - `act(t * s + b)`                       -> nisa.activation (Scalar engine; s scalar/[P,1], b [P,1])
+- `exp(u) / sum(exp(..))` (full width)     -> one nisa.activation(op=nl.exp) with log of the sum in its bias
+                                            (select_folds.py)
 - `t * s ± b` (full width, with a load)  -> nisa.activation(op=nl.copy) when the Scalar engine is the less
                                             loaded of the two (`EngineLoad`); `t - b` is a bias of -b
 - `sum(act(t * s + b))`                  -> nisa.activation_reduce
 - `(t op0 s0) op1 s1`                    -> nisa.tensor_scalar (s scalar or [P,1])
 - `(t op0 s) op1 u`                      -> nisa.scalar_tensor_tensor (u a tile)
 - `t op u`                               -> nisa.tensor_tensor
-- `max(t)`                               -> nisa.tensor_reduce
+- `max(t)`                               -> nisa.tensor_reduce; `max(t * s)`, s a scalar, reduces t itself
+                                            (select_folds.py)
 - `recip(t)` (stage.py's form of a divisor) -> nisa.reciprocal (division is no hardware instruction)
 - `pow(t, p)`, p not an integer            -> nisa.tensor_tensor(op=nl.power) on GpSimd, p memset into a tile
 Engines come from engines.py: `[P, 1]` work goes to GpSimd only where the documented table allows the
@@ -27,6 +30,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 
 from fusegen.codegen import select_columns as columns
+from fusegen.codegen import select_folds
 from fusegen.codegen.engines import GPSIMD, gpsimd_allows
 from fusegen.codegen.select_tables import (
     ACTIVATIONS,
@@ -142,6 +146,9 @@ class Selector:
         if e.op == "sum":
             return self._activation_reduce(e)
         if e.op == "max":
+            scaled = select_folds.max_of_scaled(self, e)
+            if scaled is not None:
+                return scaled
             dst = self._alloc("vec", "f32")
             src = self.value(e.args[0])
             self._emit("tensor_reduce", (src,), dst=dst.code, op="nl.maximum", data=src.code, axis="(1,)")
@@ -267,7 +274,7 @@ class Selector:
         return dst
 
     def _arith(self, e: Expr, dtype: str) -> Operand:
-        on_scalar = self._affine_on_scalar(e, dtype)
+        on_scalar = select_folds.normalised_exp(self, e, dtype) or self._affine_on_scalar(e, dtype)
         if on_scalar is not None:
             return on_scalar
         chain = self._scalar_chain(e)

@@ -5,7 +5,11 @@ from __future__ import annotations
 import re
 from pathlib import Path
 
+import pytest
+import torch
+
 from fusegen.codegen.select_tables import CLOCK_GHZ, EngineLoad
+from fusegen.sim import load_module
 
 GENERATED = Path(__file__).resolve().parents[2] / "generated"
 
@@ -44,3 +48,28 @@ def test_layernorm_centres_on_the_scalar_engine() -> None:
 def test_softmax_exponent_takes_scale_and_max_as_activation_arguments() -> None:
     epilogue = _body("scaled_softmax", "_head_epilogue")
     assert re.search(r"op=nl.exp, data=x_ld\[0:pt, 0:d_H\], bias=\w+\[0:pt, 0:1\], scale=scale_arg", epilogue)
+
+
+def test_softmax_normalises_inside_the_exponent_and_takes_the_max_of_the_loaded_row() -> None:
+    passes, epilogue = _body("scaled_softmax", "_head_passes"), _body("scaled_softmax", "_head_epilogue")
+    # p = exp(x*s - (max + log sum)): one Scalar pass, no reciprocal scaling on Vector
+    assert not _full_width("tensor_scalar", epilogue) and "reciprocal" not in epilogue
+    assert re.search(r"nisa.activation\(dst=\w+\[0:pt, 0:d_H\], op=nl.exp, data=x_ld", epilogue)
+    # max(x*s) = s * (max or min of x): the bf16 row reduced as loaded, no scaled fp32 copy of it
+    extreme = r"op=\(nl.maximum if scale_arg >= 0 else nl.minimum\), data=x_ld"
+    assert re.search(r"tensor_reduce\(.*" + extreme, passes)
+    assert not _full_width("tensor_scalar", passes) and not _full_width("activation(", passes)
+
+
+@pytest.mark.parametrize("scale", [0.37, -8.0, 0.0])
+def test_softmax_folds_hold_for_any_sign_of_the_scale(scale: float) -> None:
+    """The max of s*x is s*min(x) for s < 0 (s = -8 spreads z over ~256, so shifting by anything but the
+    true max overflows exp in fp32); the exponent's folded log keeps p and lse exact to rounding."""
+    gen = torch.Generator().manual_seed(3)
+    x = (4 * torch.randn(130, 640, generator=gen)).bfloat16()  # two token tiles, the second partial
+    module = load_module(GENERATED / "scaled_softmax" / "kernel.py", target="trn2")
+    p, lse = module.scaled_softmax(x, scale=scale, lnc=1)
+    z = x.double() * scale
+    want_p, want_lse = torch.softmax(z, dim=-1), torch.logsumexp(z, dim=-1, keepdim=True)
+    assert (p.double() - want_p).abs().max().item() <= 2e-2 * want_p.abs().max().item()
+    assert torch.allclose(lse.double(), want_lse, rtol=1e-5, atol=1e-5)

@@ -282,7 +282,7 @@ def lower_levels(
     levels, widest, vecs, constants = [], 0, 0, []
     hoisted: dict[int, Operand] = {}
     for depth, ids in enumerate(m.levels):
-        lower_accs = {rid: acc(rid) for lower in m.levels[:depth] for rid in lower}
+        lower_accs = {rid: acc(rid, ir) for lower in m.levels[:depth] for rid in lower}
         below = column_leaves(ir, m) | lower_accs | hoisted
         cols, new = lower_columns(ir, m, below, ids, prefix=f"{tag}k{depth}_")
         hoisted |= new
@@ -348,9 +348,12 @@ def frontier(ir: KernelIR, leaves: dict[int, Operand], roots: Iterable[int], kin
     return sorted(found)
 
 
-def acc(node_id: int) -> Operand:
-    """The [P, 1] accumulator column of reduction node `node_id`."""
-    return Operand("vec", f"acc{node_id}[0:pt, {ONE_COLUMN}]")
+def acc(node_id: int, ir: KernelIR | None = None) -> Operand:
+    """The [P, 1] accumulator column of reduction node `node_id` (marked positive when `ir` shows it is a
+    sum of exponentials, so the selector may take its log: select_folds.py)."""
+    node = None if ir is None else ir.node(node_id)
+    positive = node is not None and node.op == "sum" and ir is not None and ir.node(node.args[0]).op == "exp"
+    return Operand("vec", f"acc{node_id}[0:pt, {ONE_COLUMN}]", positive=positive)
 
 
 def _row_leaves(ir: KernelIR, loads: dict[int, RowLoad], free: str) -> dict[int, Operand]:
@@ -365,7 +368,7 @@ def _lower_epilogue(
     full = f"0:{dim_source(m.width)}"
     loads = {ld.node: ld for ld in m.loads}
     leaves = _row_leaves(ir, loads, full) | _resident_leaves(resident, full)
-    leaves |= {rid: acc(rid) for level in m.levels for rid in level}
+    leaves |= {rid: acc(rid, ir) for level in m.levels for rid in level}
     builder = StageBuilder(ir, leaves, row_kind(m), free_size=lambda n: m.width)
     width = dim_source(m.width)
     layout = Layout(part="pt", free=width, free_alloc=width)
