@@ -30,7 +30,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 
 from fusegen.codegen import select_columns as columns
-from fusegen.codegen import select_folds
+from fusegen.codegen import select_folds, select_pe
 from fusegen.codegen.engines import GPSIMD, gpsimd_allows
 from fusegen.codegen.select_tables import (
     ACTIVATIONS,
@@ -75,6 +75,8 @@ class Selector:
     prefix: str
     column_engine: str = ""  # `engine=` of [P, 1] work where engines.py allows it (off the Vector queue)
     load: EngineLoad | None = None  # shared by a kernel's stages: balance affine steps Scalar/Vector
+    pe_staging: bool = False  # two-tile work may go through PSUM on the Tensor engine (select_pe.py)
+    pe_staged: bool = False  # this stage has used its one PSUM-staged tile
     lines: list[str] = field(default_factory=list)
     line_kinds: list[str] = field(default_factory=list)  # kind of the tile each line allocates or writes
     line_engines: list[str] = field(default_factory=list)  # "act" | "dve" | "gpsimd"; "" for allocations
@@ -128,7 +130,18 @@ class Selector:
         self.calls.append((call, kind))
         full_width = kind == "tile" or any(r.kind == "tile" for r in reads)  # e.g. a reduction into a column
         if self.load is not None and full_width and "engine" not in kwargs:
-            self.load.add(*CALL_COST[call])
+            engine, passes = CALL_COST[call]
+            self.load.add(engine, 1 if call == "tensor_tensor" and columns.reads_psum(reads) else passes)
+
+    def raw(self, line: str, kind: str, engine: str) -> None:
+        """A line formatted elsewhere (select_pe.py), with the kind and engine of what it writes."""
+        self.lines.append(line)
+        self.line_kinds.append(kind)
+        self.line_engines.append(engine)
+
+    def register(self, name: str, kind: str) -> None:
+        """A tile allocated by a raw line."""
+        self._kinds[name] = kind
 
     def passes(self, engine: str) -> int:
         """Full-width passes (instructions weighted by cost) this stage puts on `engine`."""
@@ -288,6 +301,9 @@ class Selector:
         if fused is not None:
             return fused
         x, y = self._not_both_psum(self.value(a), self.value(b))
+        on_pe = select_pe.tensor_tensor(self, x, y, e.op, e.kind, dtype)
+        if on_pe is not None:
+            return on_pe
         dst = self._alloc(e.kind, dtype)
         self._emit("tensor_tensor", (x, y), dst=dst.code, data1=x.code, data2=y.code, op=ALU[e.op])
         return dst

@@ -141,7 +141,7 @@ def _choose_rows(m: _RowModel, width: int, heads: int, budget: int) -> tuple[int
         f"(the prepared weights stay width-long); the budget is {budget} B"
     )
 
-_MODEL = _RowModel(resident_per_head=4, prep_scratch=0, row_inputs=6, epilogue=2, chunk=20, columns=124, row_copies=2, stream_epilogue=2)
+_MODEL = _RowModel(resident_per_head=4, prep_scratch=0, row_inputs=6, epilogue=2, chunk=20, columns=132, row_copies=2, stream_epilogue=2)
 
 
 def _prepare_weights(h, w_h_hbm, w_e_hbm):
@@ -181,7 +181,7 @@ def _fused_weight_kernel(w_h_hbm, w_e_hbm):
     return _prep0
 
 
-def _head_passes(t0, pt, h, HB, d_H, dot_sv, ec0, ec1, ec2, ec3, gate_sv, kv_hbm, prepared, r0_c0, rstd_k_sv, rstd_x_sv, v_ld, x_hbm):
+def _head_passes(t0, pt, h, HB, d_H, dot_sv, ec0, ec1, ec2, ec3, gate_sv, kv_hbm, pe_identity, prepared, r0_c0, rstd_k_sv, rstd_x_sv, v_ld, x_hbm):
     """Token tile t0, head h: loads, reduction passes, per-row math; returns what head_epilogue reads."""
     x_ld = nl.ndarray((_P, d_H), dtype=nl.bfloat16, buffer=nl.sbuf)
     nisa.dma_copy(dst=x_ld[0:pt, 0:d_H], src=x_hbm[t0:t0 + pt, h, 0:d_H])
@@ -201,8 +201,14 @@ def _head_passes(t0, pt, h, HB, d_H, dot_sv, ec0, ec1, ec2, ec3, gate_sv, kv_hbm
         nisa.activation_reduce(dst=r0_3[0:pt, 0:hw], op=nl.square, data=k_ld[0:pt, c0:c0 + hw], reduce_op=nl.add, reduce_res=r0_4[0:pt, 0:1])
         r0_5 = nl.ndarray((_P, 1), dtype=nl.float32, buffer=nl.sbuf)
         nisa.tensor_tensor(dst=r0_5[0:pt, 0:1], data1=r0_4[0:pt, 0:1], data2=r0_c0[0:pt, 0:1], op=nl.multiply, engine=nisa.engine.gpsimd)
-        r0_6 = nl.ndarray((_P, HB), dtype=nl.float32, buffer=nl.sbuf)
-        nisa.tensor_tensor(dst=r0_6[0:pt, 0:hw], data1=x_ld[0:pt, c0:c0 + hw], data2=k_ld[0:pt, c0:c0 + hw], op=nl.multiply)
+        r0_6 = nl.ndarray((_P, HB), dtype=nl.float32, buffer=nl.psum if HB <= nl.tile_size.psum_bank_fmax * nl.tile_size.psum_num_banks else nl.sbuf)
+        if HB <= nl.tile_size.psum_bank_fmax * nl.tile_size.psum_num_banks:
+            for q0 in range(0, hw, _F_MOV):
+                qw = min(_F_MOV, hw - q0)
+                nisa.nc_matmul(dst=r0_6[0:pt, q0:q0 + qw], stationary=pe_identity[0:pt, 0:pt], moving=x_ld[0:pt, c0 + q0:c0 + q0 + qw], accumulate=False)
+        else:
+            nisa.activation(dst=r0_6[0:pt, 0:hw], op=nl.copy, data=x_ld[0:pt, c0:c0 + hw])
+        nisa.tensor_tensor(dst=r0_6[0:pt, 0:hw], data1=r0_6[0:pt, 0:hw], data2=k_ld[0:pt, c0:c0 + hw], op=nl.multiply)
         r0_7 = nl.ndarray((_P, HB), dtype=nl.float32, buffer=nl.sbuf)
         nisa.tensor_tensor(dst=r0_7[0:pt, 0:hw], data1=r0_6[0:pt, 0:hw], data2=prepared[0][0:pt, c0:c0 + hw], op=nl.multiply)
         r0_8 = nl.ndarray((_P, HB), dtype=nl.float32, buffer=nl.sbuf)
@@ -393,6 +399,10 @@ def engram_gate_kernel(x_hbm, kv_hbm, w_h_hbm, w_e_hbm, eps_arg, clamp_arg, HB, 
     held = [_prepare_weights(h, w_h_hbm, w_e_hbm) for h in range(d_HC)] if resident else []
     r0_c0 = nl.ndarray((_P, 1), dtype=nl.float32, buffer=nl.sbuf)
     nisa.memset(dst=r0_c0[0:_P, 0:1], value=(1.0 / float(d_H)), engine=nisa.engine.gpsimd)
+    pe_offsets = nl.ndarray((_P, _P), dtype=nl.int32, buffer=nl.sbuf)
+    nisa.iota(dst=pe_offsets[0:_P, 0:_P], pattern=[[-1, _P]], offset=0, channel_multiplier=1)
+    pe_identity = nl.ndarray((_P, _P), dtype=nl.bfloat16, buffer=nl.sbuf)
+    nisa.tensor_scalar(dst=pe_identity[0:_P, 0:_P], data=pe_offsets[0:_P, 0:_P], op0=nl.equal, operand0=0.0)
     ec0 = nl.ndarray((_P, 1), dtype=nl.float32, buffer=nl.sbuf)
     nisa.memset(dst=ec0[0:_P, 0:1], value=eps_arg, engine=nisa.engine.gpsimd)
     ec1 = nl.ndarray((_P, 1), dtype=nl.float32, buffer=nl.sbuf)
@@ -440,7 +450,7 @@ def engram_gate_kernel(x_hbm, kv_hbm, w_h_hbm, w_e_hbm, eps_arg, clamp_arg, HB, 
             rstd_k_sv = nl.ndarray((_P, d_HC), dtype=nl.float32, buffer=nl.sbuf)
             for h in range(d_HC):
                 prepared = held[h] if resident else _prepare_weights(h, w_h_hbm, w_e_hbm)
-                head = _head_passes(t0, pt, h, HB, d_H, dot_sv, ec0, ec1, ec2, ec3, gate_sv, kv_hbm, prepared, r0_c0, rstd_k_sv, rstd_x_sv, v_ld, x_hbm)  # ahead of the previous head's epilogue and stores
+                head = _head_passes(t0, pt, h, HB, d_H, dot_sv, ec0, ec1, ec2, ec3, gate_sv, kv_hbm, pe_identity, prepared, r0_c0, rstd_k_sv, rstd_x_sv, v_ld, x_hbm)  # ahead of the previous head's epilogue and stores
                 for dst, src in stores:
                     nisa.dma_copy(dst=dst, src=src)
                 stores = []

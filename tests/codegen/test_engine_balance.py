@@ -73,3 +73,35 @@ def test_softmax_folds_hold_for_any_sign_of_the_scale(scale: float) -> None:
     want_p, want_lse = torch.softmax(z, dim=-1), torch.logsumexp(z, dim=-1, keepdim=True)
     assert (p.double() - want_p).abs().max().item() <= 2e-2 * want_p.abs().max().item()
     assert torch.allclose(lse.double(), want_lse, rtol=1e-5, atol=1e-5)
+
+
+def test_add_of_two_rows_runs_on_the_tensor_engine_and_a_product_reads_a_staged_row() -> None:
+    passes, epilogue = _body("add_rmsnorm", "_head_passes"), _body("add_rmsnorm", "_head_epilogue")
+    for body in (passes, epilogue):  # x + r: I @ x, then I @ r accumulated, into PSUM
+        assert re.search(r"nc_matmul\(.*stationary=pe_identity.*moving=x_ld.*accumulate=False", body)
+        assert re.search(r"nc_matmul\(.*stationary=pe_identity.*moving=r_ld.*accumulate=True", body)
+        # the Vector add is only the fallback for rows wider than the PSUM banks
+        vector_add = [ln for ln in _full_width("tensor_tensor", body) if "op=nl.add" in ln]
+        assert len(vector_add) == 1 and body.index(vector_add[0]) > body.index("else:")
+    engram = _body("engram_gate", "_head_passes")
+    # x * k reads x staged in PSUM and overwrites it there, so `* w` reads PSUM as well (N cycles each)
+    staged = re.search(r"nc_matmul\(dst=(\w+)\[.*moving=x_ld", engram)
+    assert staged is not None
+    tile = staged.group(1)
+    assert f"tensor_tensor(dst={tile}[0:pt, 0:hw], data1={tile}[0:pt, 0:hw], data2=k_ld" in engram
+    weighted = rf"tensor_tensor\(dst=\w+\[0:pt, 0:hw\], data1={tile}\[0:pt, 0:hw\], data2=prepared"
+    assert re.search(weighted, engram)
+
+
+def test_add_rmsnorm_wider_than_the_psum_banks_takes_the_sbuf_form() -> None:
+    """H = 4224 > 4096 fp32 columns: the epilogue's x + r is the Vector add; results as torch has them."""
+    gen = torch.Generator().manual_seed(5)
+    t, h = 3, 4224
+    x, r = (torch.randn(t, h, generator=gen).bfloat16() for _ in range(2))
+    w = (1 + 0.1 * torch.randn(h, generator=gen)).bfloat16()
+    module = load_module(GENERATED / "add_rmsnorm" / "kernel.py", target="trn2")
+    y, s = module.add_rmsnorm(x, r, w, lnc=1)
+    want_s = x.float() + r.float()
+    want_y = torch.nn.functional.rms_norm(want_s, (h,), w.float(), 1e-6)
+    assert torch.equal(s, want_s.bfloat16())
+    assert (y.float() - want_y).abs().max().item() <= 2e-2 * want_y.abs().max().item()

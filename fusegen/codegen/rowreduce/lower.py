@@ -127,7 +127,7 @@ def balanced(lower: Callable[[EngineLoad], _T]) -> _T:
 
 def _lower_rowreduce(ir: KernelIR, m: RowReduceMatch, load: EngineLoad) -> RowReduceLowering:
     """The three stages of `m`, full-width steps of the passes and the epilogue balanced by one `load`."""
-    passes = lower_passes(ir, m, load)
+    passes = lower_passes(ir, m, load, pe_staging=True)
     epi, n_required, tile_outs, col_outs = _lower_epilogue(ir, m, passes.resident, load)
     n_columns = column_prefix(epi, n_required)
     model = RowModel(
@@ -145,15 +145,19 @@ def _lower_rowreduce(ir: KernelIR, m: RowReduceMatch, load: EngineLoad) -> RowRe
         epi_lines=tuple(epi.lines[n_columns:n_required]), save_lines=tuple(epi.lines[n_required:]),
         tile_outputs=tile_outs, required_columns=tuple(c for c in col_outs if not c.optional),
         optional_columns=tuple(c for c in col_outs if c.optional), model=model,
-        constants=passes.constants + tuple(epi.constants),
+        constants=tuple(dict.fromkeys(passes.constants + tuple(epi.constants))),  # one PE identity
     )  # fmt: skip
 
 
-def lower_passes(ir: KernelIR, m: RowReduceMatch, load: EngineLoad | None = None) -> RowPasses:
-    """The prep, the loads and the reduction passes of `m` (full-width steps balanced by `load`)."""
+def lower_passes(ir: KernelIR, m: RowReduceMatch, load: EngineLoad | None = None, pe_staging: bool = False
+                 ) -> RowPasses:  # fmt: skip
+    """The prep, the loads and the reduction passes of `m` (full-width steps balanced by `load`; two-tile
+    steps through PSUM with `pe_staging`, which the forward kernel uses)."""
     width = dim_source(m.width)
     prep, prep_loads, resident = _lower_prep(ir, m, width)
-    levels, chunk_bytes, column_tiles, hoisted, constants = lower_levels(ir, m, resident, load=load)
+    levels, chunk_bytes, column_tiles, hoisted, constants = lower_levels(
+        ir, m, resident, load=load, pe_staging=pe_staging
+    )
     row_loads = [load_row(ir, ld, f"0:{width}") for ld in m.loads]
     return RowPasses(
         rows=dim_source(m.rows), heads=dim_source(m.heads), width=width,
@@ -273,12 +277,13 @@ def _resident_leaves(resident: dict[int, str], free: str) -> dict[int, Operand]:
 
 def lower_levels(
     ir: KernelIR, m: RowReduceMatch, resident: dict[int, str], row_free: str = CHUNK, tag: str = "",
-    load: EngineLoad | None = None,
+    load: EngineLoad | None = None, pe_staging: bool = False,
 ) -> tuple[tuple[Level, ...], int, int, dict[int, Operand], tuple[str, ...]]:
     """Each level's lines and accumulations, the widest level's chunk bytes per column, the [P, 1] tiles
     of all levels, the per-row values hoisted out of their chunk loops (later stages reuse them), and the
     launch-wide constant columns. Row inputs are read at `row_free` (LOCAL when each chunk is streamed in);
-    `tag` prefixes the tile names; `load` balances full-width affine steps between Scalar and Vector."""
+    `tag` prefixes the tile names; `load` balances full-width affine steps between Scalar and Vector;
+    `pe_staging` lets two-tile steps go through PSUM on the Tensor engine (select_pe.py; forward only)."""
     levels, widest, vecs, constants = [], 0, 0, []
     hoisted: dict[int, Operand] = {}
     for depth, ids in enumerate(m.levels):
@@ -289,7 +294,9 @@ def lower_levels(
         leaves = chunk_leaves(ir, m, resident, row_free) | below | new
         builder = StageBuilder(ir, leaves, row_kind(m), free_size=lambda n: m.width)
         layout = Layout(part="pt", free="hw", free_alloc="HB")
-        sel = Selector(layout, prefix=f"{tag}r{depth}_", column_engine=GPSIMD, load=load)
+        sel = Selector(
+            layout, prefix=f"{tag}r{depth}_", column_engine=GPSIMD, load=load, pe_staging=pe_staging
+        )
         combines = []
         for rid in ids:
             part = sel.value(builder.expr(rid))
@@ -372,7 +379,7 @@ def _lower_epilogue(
     builder = StageBuilder(ir, leaves, row_kind(m), free_size=lambda n: m.width)
     width = dim_source(m.width)
     layout = Layout(part="pt", free=width, free_alloc=width)
-    sel = Selector(layout, prefix="e", column_engine=GPSIMD, load=load)
+    sel = Selector(layout, prefix="e", column_engine=GPSIMD, load=load, pe_staging=True)
     exprs = {o.node: builder.expr(o.node) for o in m.tile_outputs}  # all first: users counts must be complete
     cols = {o.name: builder.expr(src) for o, src in m.column_outputs}
     tiles = []
