@@ -317,6 +317,9 @@ class Selector:
         t, s = _split_tile(inner)
         if t is None or s is None or (reverse and e.op not in COMMUTATIVE):
             return None
+        folded = select_pe.scaled_affine_then_row(self, e, inner, t, s, other, dtype)
+        if folded is not None:
+            return folded
         step = self._step(inner, s)
         data, operand1 = self._not_both_psum(self.value(t), self.value(other))
         operand0 = self._fp32(self.value(step.operand))

@@ -8,6 +8,9 @@ an accumulating second matmul adds another row with the fp32 rounding of a Vecto
 - `a + b` of two bf16 row loads: two matmuls, no Vector work at all;
 - `a op t` with `a` a bf16 row load: `a` staged into PSUM by one matmul, the tensor_tensor at N (an fp32
   result overwrites the staged row, so a following two-tile step reads PSUM too);
+- `((x ± b) * s) op u` (a scalar_tensor_tensor, 2N) whose `x ± b` the Scalar engine computes anyway (an
+  affine activation, e.g. layernorm's centring): `* s` folds into that activation (scale s, bias ±b*s),
+  which writes PSUM, and `op u` reads it there (N). No Tensor-engine work; no extra Scalar pass.
 A stage stages one tile, and only when its allocation fits the PSUM banks (tested when NKI traces the
 kernel: `HB` or the width is known then); a wider one takes the SBUF form in the `else` branch.
 """
@@ -16,7 +19,7 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING
 
-from fusegen.codegen.stage import Operand
+from fusegen.codegen.stage import Expr, Operand
 
 if TYPE_CHECKING:
     from fusegen.codegen.select import Selector
@@ -67,6 +70,33 @@ def tensor_tensor(sel: Selector, x: Operand, y: Operand, op: str, kind: str, dty
     out = dst if dtype == "f32" else sel._alloc(kind, dtype)
     sel._emit("tensor_tensor", (first, second), dst=out.code, data1=first.code, data2=second.code,
               op=f"nl.{_NL[op]}")  # fmt: skip
+    return out
+
+
+def scaled_affine_then_row(sel: Selector, e: Expr, inner: Expr, t: Expr, s: Expr, other: Expr, dtype: str
+                           ) -> Operand | None:  # fmt: skip
+    """`(t * s) op other` with t a full-width `x ± b` the Scalar engine would compute: one activation
+    (scale s, bias ±b*s) into PSUM and a tensor_tensor reading it there; None otherwise."""
+    if not sel.pe_staging or sel.pe_staged or sel.load is None or inner.op != "mul" or e.op not in _NL:
+        return None
+    # t's own pass (`x ± b`, one activation or tensor_scalar) takes `* s` as well; on the Scalar engine its
+    # result may go to PSUM
+    x, scale, bias, negate = sel._affine_split(t)
+    if x is t or scale is not None or bias is None or x.kind != "tile":
+        return None
+    sel.pe_staged = True
+    signed = Expr("neg", (bias,), kind=bias.kind) if negate else bias
+    bias_col = sel.value(Expr("mul", (signed, s), kind="vec"))
+    scale_op = sel._fp32(sel.value(s))
+    data = sel.value(x)
+    dst = _alloc(sel)
+    sel._emit("activation", (data, scale_op, bias_col), dst=dst.code, op="nl.copy", data=data.code,
+              bias=bias_col.code, scale=scale_op.code)  # fmt: skip
+    row = sel.value(other)
+    first, second = (dst, row) if e.args[0] is inner else (row, dst)
+    out = dst if dtype == "f32" else sel._alloc(e.kind, dtype)
+    sel._emit("tensor_tensor", (first, second), dst=out.code, data1=first.code, data2=second.code,
+              op=f"nl.{_NL[e.op]}")  # fmt: skip
     return out
 
 

@@ -105,3 +105,31 @@ def test_add_rmsnorm_wider_than_the_psum_banks_takes_the_sbuf_form() -> None:
     want_y = torch.nn.functional.rms_norm(want_s, (h,), w.float(), 1e-6)
     assert torch.equal(s, want_s.bfloat16())
     assert (y.float() - want_y).abs().max().item() <= 2e-2 * want_y.abs().max().item()
+
+
+def test_layernorm_scales_inside_its_centring_activation_which_writes_psum() -> None:
+    epilogue = _body("layernorm", "_head_epilogue")
+    # (x - mean) * rstd: one activation with scale rstd and bias -mean*rstd, into a PSUM tile
+    column = r"\w+\[0:pt, 0:1\]"
+    centred = re.search(rf"nisa.activation\(dst=(\w+)\[.*op=nl.copy, data=x_ld\[0:pt, 0:d_H\], "
+                        rf"bias={column}, scale={column}\)", epilogue)  # fmt: skip
+    assert centred is not None
+    tile = centred.group(1)
+    assert re.search(rf"{tile} = nl.ndarray\(.*buffer=nl.psum if d_H <=", epilogue)
+    # * w and + b read it in PSUM (N cycles each), no scalar_tensor_tensor (2N)
+    assert f"tensor_tensor(dst={tile}[0:pt, 0:d_H], data1={tile}[0:pt, 0:d_H], data2=prepared[0]" in epilogue
+    assert "scalar_tensor_tensor" not in epilogue
+
+
+def test_layernorm_wider_than_the_psum_banks_takes_the_sbuf_form() -> None:
+    """H = 4224 > 4096 fp32 columns: the folded activation writes SBUF; results as torch has them."""
+    gen = torch.Generator().manual_seed(6)
+    t, h = 3, 4224
+    x = (3 + torch.randn(t, h, generator=gen)).bfloat16()  # a mean well away from 0
+    w, b = 1 + 0.1 * torch.randn(h, generator=gen), 0.1 * torch.randn(h, generator=gen)
+    module = load_module(GENERATED / "layernorm" / "kernel.py", target="trn2")
+    y, mu, rstd = module.layernorm(x, w, b, save=True, lnc=1)
+    want = torch.nn.functional.layer_norm(x.float(), (h,), w, b, 1e-5)
+    assert (y.float() - want).abs().max().item() <= 2e-2 * want.abs().max().item()
+    assert torch.allclose(mu, x.float().mean(-1), rtol=1e-5, atol=1e-6)
+    assert torch.allclose(rstd, torch.rsqrt(x.float().var(-1, unbiased=False) + 1e-5), rtol=1e-5)
