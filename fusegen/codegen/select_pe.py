@@ -28,6 +28,13 @@ HALF = ("bf16", "f16")
 #: fp32 columns of all PSUM banks, as NKI names them (nl.tile_size, shared/reference/nki.md §3)
 PSUM_COLUMNS = "nl.tile_size.psum_bank_fmax * nl.tile_size.psum_num_banks"
 IDENTITY = "pe_identity"  # the launch-wide [_P, _P] identity in the rows' dtype
+#: SBUF bytes per partition of the identity (2-byte) and the int32 offsets it is built from
+IDENTITY_BYTES = 128 * 2 + 128 * 4
+
+
+def identity_line(line: str) -> bool:
+    """Whether a launch-wide constant line builds the identity (not a [P, 1] constant column)."""
+    return "pe_offsets" in line or IDENTITY in line
 
 
 def _row_load(x: Operand) -> bool:

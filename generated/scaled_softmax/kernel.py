@@ -35,6 +35,7 @@ class _RowModel(NamedTuple):
     columns: int  # bytes of [P, 1] columns and per-head staging, per head
     row_copies: int = 1  # row inputs in flight: 2 when the next head's loads overlap this head's epilogue
     stream_epilogue: int = 0  # temporaries of the chunked epilogue of a streamed plan, per chunk column
+    launch_tiles: int = 0  # bytes of launch-wide tiles independent of width and heads (the PE identity)
 
 
 class _Buffer(NamedTuple):
@@ -71,8 +72,11 @@ def _buffers(m: _RowModel, width: int, heads: int, hb: int, resident: bool = Tru
     weights = _Buffer(
         f"prepared weights (fp32, {kept})", m.resident_per_head * _held_heads(heads, resident) * width, rebuilt
     )
+    identity = _Buffer("launch-wide tiles (the Tensor engine's identity)", m.launch_tiles, 1)
+    fixed = [identity] if m.launch_tiles else []
     if streamed:
         return [
+            *fixed,
             weights,
             _Buffer("row input chunks (streamed from HBM)", m.row_inputs * hb, 1),
             _Buffer("epilogue chunk temporaries", m.stream_epilogue * hb, 1),
@@ -80,9 +84,11 @@ def _buffers(m: _RowModel, width: int, heads: int, hb: int, resident: bool = Tru
             _Buffer("per-row columns and output staging", m.columns * heads, 1),
         ]
     return [
+        *fixed,
         weights,
         _Buffer("row inputs of one token tile and head", m.row_inputs * width, m.row_copies if overlap else 1),
-        _Buffer("epilogue tiles", m.epilogue * width, 1),
+        # overlapped: a head's output tiles wait for their stores until the next-but-one head's loads queue
+        _Buffer("epilogue tiles", m.epilogue * width, 2 if overlap else 1),
         _Buffer("reduction chunk temporaries", m.chunk * hb, 1),
         _Buffer("per-row columns and output staging", m.columns * heads, 1),
     ]
@@ -141,7 +147,7 @@ def _choose_rows(m: _RowModel, width: int, heads: int, budget: int) -> tuple[int
         f"(the prepared weights stay width-long); the budget is {budget} B"
     )
 
-_MODEL = _RowModel(resident_per_head=0, prep_scratch=0, row_inputs=2, epilogue=2, chunk=4, columns=100, row_copies=2, stream_epilogue=2)
+_MODEL = _RowModel(resident_per_head=0, prep_scratch=0, row_inputs=2, epilogue=2, chunk=4, columns=100, row_copies=2, stream_epilogue=2, launch_tiles=0)
 
 
 def _head_passes(t0, pt, h, HB, d_H, ec0, lse_sv, r0_c0, r1_c0, scale_arg, x_ld):
@@ -192,7 +198,7 @@ def _head_epilogue(head, d_H, lse_hbm, p_hbm, scale_arg):
     e5 = nl.ndarray((_P, 1), dtype=nl.float32, buffer=nl.sbuf)
     nisa.tensor_tensor(dst=e5[0:pt, 0:1], data1=acc3[0:pt, 0:1], data2=e4[0:pt, 0:1], op=nl.add, engine=nisa.engine.gpsimd)
     stores.append((p_hbm[t0:t0 + pt, h, 0:d_H], e3[0:pt, 0:d_H]))
-    nisa.tensor_copy(dst=lse_sv[0:pt, h:h + 1], src=e5[0:pt, 0:1])
+    nisa.tensor_copy(dst=lse_sv[0:pt, h:h + 1], src=e5[0:pt, 0:1], engine=nisa.engine.gpsimd)
     if h == 1 - 1:
         stores.append((lse_hbm[t0:t0 + pt, 0:1], lse_sv[0:pt, 0:1]))
     return stores
@@ -256,7 +262,7 @@ def _stream_epilogue(head, HB, d_H, lse_hbm, p_hbm, scale_arg, sec0, x_hbm):
         se3 = nl.ndarray((_P, HB), dtype=nl.bfloat16, buffer=nl.sbuf)
         nisa.activation(dst=se3[0:pt, 0:hw], op=nl.exp, data=x_ld[0:pt, 0:hw], bias=se2[0:pt, 0:1], scale=scale_arg)
         nisa.dma_copy(dst=p_hbm[t0:t0 + pt, h, c0:c0 + hw], src=se3[0:pt, 0:hw])
-    nisa.tensor_copy(dst=lse_sv[0:pt, h:h + 1], src=sc1[0:pt, 0:1])
+    nisa.tensor_copy(dst=lse_sv[0:pt, h:h + 1], src=sc1[0:pt, 0:1], engine=nisa.engine.gpsimd)
     if h == 1 - 1:
         stores.append((lse_hbm[t0:t0 + pt, 0:1], lse_sv[0:pt, 0:1]))
     return stores
@@ -289,7 +295,11 @@ def scaled_softmax_kernel(x_hbm, scale_arg, HB, resident, overlap, streamed, sav
     nisa.memset(dst=sr1_c0[0:_P, 0:1], value=-1.0, engine=nisa.engine.gpsimd)
     sec0 = nl.ndarray((_P, 1), dtype=nl.float32, buffer=nl.sbuf)
     nisa.memset(dst=sec0[0:_P, 0:1], value=-1.0, engine=nisa.engine.gpsimd)
-    stores = []  # output DMAs, issued once the next head's loads are queued (the DMA queues are in order)
+    # output DMAs of the last epilogue, and of the one before (the DMA queues are in order: overlapped, a head's
+    # stores wait until the next-but-one head's loads are queued, so a store waiting for its epilogue never
+    # holds up a load; else until the next head's loads are)
+    stores = []
+    queued = []
     t_begin = min(d_T, nl.program_id(0) * _rows_per_core(d_T, nl.num_programs()))
     t_end = min(d_T, t_begin + _rows_per_core(d_T, nl.num_programs()))
     # the previous head's state (head_passes' result) while its epilogue is still to run: at most one; a list,
@@ -311,9 +321,9 @@ def scaled_softmax_kernel(x_hbm, scale_arg, HB, resident, overlap, streamed, sav
             lse_sv = nl.ndarray((_P, 1), dtype=nl.float32, buffer=nl.sbuf)
             for h in range(1):
                 head = _head_passes(t0, pt, h, HB, d_H, ec0, lse_sv, r0_c0, r1_c0, scale_arg, x_ld)  # ahead of the previous head's epilogue and stores
-                for dst, src in stores:
+                for dst, src in queued if overlap else stores:
                     nisa.dma_copy(dst=dst, src=src)
-                stores = []
+                queued, stores = (stores, []) if overlap else ([], [])
                 for prev in pending:
                     stores.extend(_head_epilogue(prev, d_H, lse_hbm, p_hbm, scale_arg))
                 pending = [head] if overlap else []
@@ -321,7 +331,7 @@ def scaled_softmax_kernel(x_hbm, scale_arg, HB, resident, overlap, streamed, sav
                     stores.extend(_head_epilogue(head, d_H, lse_hbm, p_hbm, scale_arg))
         for prev in pending:
             stores.extend(_head_epilogue(prev, d_H, lse_hbm, p_hbm, scale_arg))
-        for dst, src in stores:
+        for dst, src in queued + stores:
             nisa.dma_copy(dst=dst, src=src)
     return p_hbm_flat, lse_hbm
 

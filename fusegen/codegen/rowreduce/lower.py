@@ -17,6 +17,7 @@ from collections.abc import Callable, Iterable
 from dataclasses import dataclass
 from typing import TypeVar
 
+from fusegen.codegen import select_pe
 from fusegen.codegen.engines import GPSIMD, VECTOR, gpsimd_allows
 from fusegen.codegen.family import kernel_arg
 from fusegen.codegen.rowreduce.budget import RowModel
@@ -130,6 +131,8 @@ def _lower_rowreduce(ir: KernelIR, m: RowReduceMatch, load: EngineLoad) -> RowRe
     passes = lower_passes(ir, m, load, pe_staging=True)
     epi, n_required, tile_outs, col_outs = _lower_epilogue(ir, m, passes.resident, load)
     n_columns = column_prefix(epi, n_required)
+    constants = tuple(dict.fromkeys(passes.constants + tuple(epi.constants)))  # one PE identity
+    columns = [ln for ln in constants if not select_pe.identity_line(ln)]
     model = RowModel(
         resident_per_head=4 * len(passes.resident),
         prep_scratch=0,  # the prep holds one 512-column chunk of each weight row at a time
@@ -137,15 +140,16 @@ def _lower_rowreduce(ir: KernelIR, m: RowReduceMatch, load: EngineLoad) -> RowRe
         epilogue=sum(DTYPE_BYTES[dt] for _, kind, dt in epi.tiles if kind == "tile"),
         chunk=passes.chunk_bytes,
         columns=4 * (sum(1 for _, k, _ in epi.tiles if k == "vec") + len(passes.levels) * 8 + len(col_outs)
-                     + (len(passes.constants) + len(epi.constants)) // 2),
+                     + len(columns) // 2),
         row_copies=2,  # head_passes of the next head runs before this head's full-width epilogue
+        launch_tiles=select_pe.IDENTITY_BYTES if len(columns) < len(constants) else 0,
     )  # fmt: skip
     return RowReduceLowering(
         passes=passes, epi_columns=tuple(epi.lines[:n_columns]),
         epi_lines=tuple(epi.lines[n_columns:n_required]), save_lines=tuple(epi.lines[n_required:]),
         tile_outputs=tile_outs, required_columns=tuple(c for c in col_outs if not c.optional),
         optional_columns=tuple(c for c in col_outs if c.optional), model=model,
-        constants=tuple(dict.fromkeys(passes.constants + tuple(epi.constants))),  # one PE identity
+        constants=constants,
     )  # fmt: skip
 
 
