@@ -87,6 +87,11 @@ class Selector:
     _memo: dict[tuple[int, str], Operand] = field(default_factory=dict)
     constant_columns: dict[str, Operand] = field(default_factory=dict)  # by value source (select_columns)
     _memo_neg: dict[tuple[int, str], Expr] = field(default_factory=dict)
+    _seen: dict[tuple[str, tuple[int, ...], str], Expr] = field(default_factory=dict)  # (op, args, kind)
+
+    def intern(self, op: str, args: tuple[Expr, ...], kind: str) -> Expr:
+        """`op(args)` as an Expr: the one already materialised with the same op and operands, else new."""
+        return self._seen.get((op, tuple(id(a) for a in args), kind)) or Expr(op, args, kind=kind)
 
     def value(self, e: Expr, dtype: str = "f32") -> Operand:
         """An operand holding `e` (a scalar expression, a leaf, or a freshly computed tile)."""
@@ -101,6 +106,8 @@ class Selector:
                 self._memo[key] = self.convert(held, dtype)
             else:
                 self._memo[key] = self._materialise(e, dtype)
+                if e.op not in ("leaf", "cast", "scalar"):
+                    self._seen.setdefault((e.op, tuple(id(a) for a in e.args), e.kind), e)
         return self._memo[key]
 
     # ---- emission ----------------------------------------------------------------------------

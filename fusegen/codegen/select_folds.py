@@ -51,13 +51,13 @@ def normalised_exp(sel: Selector, e: Expr, dtype: str) -> Operand | None:
         return None
     u, c = found
     t, s, b, negate = sel._affine_split(u)
-    log_c = Expr("log", (c,), kind="vec")
+    log_c = sel.intern("log", (c,), "vec")  # e.g. the log a softmax's log-sum-exp takes anyway
     if b is None:
-        bias = Expr("neg", (log_c,), kind="vec")
+        bias = sel.intern("neg", (log_c,), "vec")
     elif negate:
-        bias = Expr("neg", (Expr("add", (b, log_c), kind="vec"),), kind="vec")
+        bias = sel.intern("neg", (sel.intern("add", (b, log_c), "vec"),), "vec")
     else:
-        bias = Expr("sub", (b, log_c), kind="vec")
+        bias = sel.intern("sub", (b, log_c), "vec")
     data = sel.value(t)
     scale = None if s is None else sel._fp32(sel.value(s))
     bias_col = sel.value(bias)

@@ -386,12 +386,14 @@ def _lower_epilogue(
     sel = Selector(layout, prefix="e", column_engine=GPSIMD, load=load, pe_staging=True)
     exprs = {o.node: builder.expr(o.node) for o in m.tile_outputs}  # all first: users counts must be complete
     cols = {o.name: builder.expr(src) for o, src in m.column_outputs}
+    # required [T, G] outputs first: per-row math only, so it joins the column prefix that runs in
+    # head_passes, ahead of the previous head's epilogue in every engine's queue
+    required = [o for o, _ in m.column_outputs if not o.optional]
+    columns = [lower_column(sel, o, cols[o.name]) for o in required]
     tiles = []
     for out in m.tile_outputs:
         value = output_value(sel, exprs[out.node], out.dtype)
         tiles.append((kernel_arg(out.name), NL_DTYPE[out.dtype], value.code))
-    required = [o for o, _ in m.column_outputs if not o.optional]
-    columns = [lower_column(sel, o, cols[o.name]) for o in required]
     n_required = len(sel.lines)
     columns += [lower_column(sel, o, cols[o.name]) for o, _ in m.column_outputs if o.optional]
     return sel, n_required, tuple(tiles), tuple(columns)
