@@ -7,6 +7,9 @@ kernels (the only row example with generated backward kernels) at the same shape
 goal. Each trace is scheduled again with the DMA packet-rate figure at 50% and 150% of its value, without
 PE throttling, and with a 600 ns hardware-DGE issue per DMA (the sensitivity to the model's uncertain
 figures), and with neither the DMA rule nor throttling (the cost model before issue 15: before/after).
+Each forward kernel's `floor` line is its bound under the documented rates: the full-width passes per token
+tile and head that no documented instruction choice avoids (`FLOORS`), on the Vector and Scalar engines,
+against the HBM roofline; where it is below the goal, the goal is impossible in this model.
 Run: .venv/bin/python bench/rows_perf.py [--quick]   (--quick: T=512; the full run interprets ~1 GB of
 row data and takes minutes)
 """
@@ -14,6 +17,7 @@ row data and takes minutes)
 from __future__ import annotations
 
 import argparse
+import itertools
 import sys
 import time
 from pathlib import Path
@@ -26,7 +30,9 @@ sys.path.insert(0, str(ROOT))
 from fusegen import sim  # noqa: E402
 from fusegen.perf.analysis import Modeled, analyse, model_launches, tensor_bytes  # noqa: E402
 from fusegen.perf.capture import launches  # noqa: E402
-from fusegen.perf.cost import MODEL_I, SENSITIVITY, assume  # noqa: E402
+from fusegen.perf.cost import MODEL_I, SENSITIVITY, assume, instruction_ns  # noqa: E402
+from fusegen.perf.roofline import Roofline  # noqa: E402
+from fusegen.sim.targets import get_target  # noqa: E402
 
 TARGET, LNC = "trn2", 2
 #: (spec, dims, goal as a share of the HBM roofline)
@@ -36,6 +42,21 @@ CASES = (
     ("layernorm", {"T": 4096, "H": 4096}, 0.70),
     ("scaled_softmax", {"T": 4096, "H": 4096}, 0.70),
 )
+#: Full-width passes per 128-token tile and head that no documented instruction choice avoids (N elements
+#: per partition each; shared/reference/nki.md §6): (what, Vector passes, Scalar passes), None where the
+#: engine cannot take the step. A two-tile step is N Vector cycles at best (tensor_tensor is 2N, N with one
+#: input in PSUM or in all-bf16 perf mode: never less); a sum of squares on Vector is a product and a
+#: reduction (2N); a bf16 tensor_reduce add/max is N/2; a PSUM eviction (DMA cannot read PSUM) is N on
+#: either engine. The floor takes the best assignment; the Tensor engine and DMA (the roofline) aside.
+FLOORS: dict[str, tuple[tuple[str, float | None, float | None], ...]] = {
+    "engram_gate": (("x*k and (x*k)*w, reading PSUM", 2, None), ("sum(x^2)", 2, 1), ("sum(k^2)", 2, 1),
+                    ("sum(x*k*w)", 1, 1), ("out = x + g*v, evicted from PSUM", 1, 1)),
+    "add_rmsnorm": (("s*w, reading PSUM", 1, None), ("sum(s^2)", 2, 1), ("h = bf16(s), evicted", 1, 1),
+                    ("y = (s*w)*rstd, evicted", 1, 1)),
+    "layernorm": (("z*w and +b, reading PSUM", 2, None), ("sum((x - mean)^2)", 2, 1), ("sum(x)", 0.5, 1),
+                  ("z = (x - mean)*rstd", 1, 1)),
+    "scaled_softmax": (("max of the bf16 row", 0.5, None), ("exp with its sum; the normalised exp", None, 2)),
+}  # fmt: skip
 #: the model's uncertain figures, each varied alone, then the model before issue 15
 VARIANTS = (*SENSITIVITY, ("model I (neither rule)", MODEL_I))
 
@@ -58,12 +79,39 @@ def report(label: str, modeled: Modeled, goal: float | None) -> bool:
     return goal is None or eff >= goal
 
 
+def floor(spec: str, dims: dict[str, int], roof: Roofline, goal: float) -> None:
+    """The kernel's bound under the documented rates (`FLOORS`): the best assignment of its unavoidable
+    passes to the Vector and Scalar engines, the µs per core that leaves on each, the efficiency at most."""
+    target = get_target(TARGET)
+    pass_ns = (instruction_ns(target, "vector", "tensor_tensor", 128, dims["H"], psum_input=True),
+               instruction_ns(target, "scalar", "activation", 128, dims["H"]))  # fmt: skip
+    units = -(-dims["T"] // 128) // LNC * dims.get("HC", 1)  # token tiles and heads per core
+    options: list[list[tuple[float, float]]] = []  # per step: its (Vector, Scalar) passes on each engine
+    for _, on_vector, on_scalar in FLOORS[spec]:
+        options.append([(on_vector, 0.0)] if on_vector is not None else [])
+        options[-1] += [(0.0, on_scalar)] if on_scalar is not None else []
+    best = min(
+        ((sum(c[0] for c in pick), sum(c[1] for c in pick)) for pick in itertools.product(*options)),
+        key=lambda vs: max(vs[0] * pass_ns[0], vs[1] * pass_ns[1]),
+    )
+    vector, scalar = (n * ns * units for n, ns in zip(best, pass_ns, strict=True))
+    bound = max(vector, scalar, roof.time_ns)
+    engine = "HBM" if bound == roof.time_ns else ("Vector" if vector >= scalar else "Scalar")
+    reachable = roof.time_ns / bound >= goal
+    verdict = "goal reachable" if reachable else "goal impossible under the documented rates"
+    print(f"|   floor | {bound / 1e3:,.1f} us ({engine}; Vector {best[0]:g} + Scalar {best[1]:g} passes per "
+          f"tile and head: {vector / 1e3:,.1f} / {scalar / 1e3:,.1f} us) | | <= {roof.time_ns / bound:.1%} | "
+          f"{'; '.join(what for what, _, _ in FLOORS[spec])} | | {verdict} |")
+
+
 def forward(spec: str, dims: dict[str, int], goal: float) -> bool:
-    """The generated forward kernel at `dims`, as `fusegen explain` models it."""
+    """The generated forward kernel at `dims`, as `fusegen explain` models it, and its floor."""
     start = time.perf_counter()
     got = analyse(str(ROOT / "examples" / f"{spec}.spec"), dims, TARGET, LNC, alternatives=False)
     label = f"{spec} {' '.join(f'{k}={v}' for k, v in dims.items())} ({time.perf_counter() - start:.0f} s)"
-    return report(label, got.modeled, goal)
+    met = report(label, got.modeled, goal)
+    floor(spec, dims, got.modeled.roof, goal)
+    return met
 
 
 def engram_backward(dims: dict[str, int]) -> None:

@@ -3,13 +3,16 @@
 Patterns, tried from the consumer down (an operand pattern is recomputed inside every instruction
 that fuses it, which is free: a bias, a scale or a second scalar op costs no extra pass):
 - `act(t * s + b)`                       -> nisa.activation (Scalar engine; s scalar/[P,1], b [P,1])
+- `exp(u) / sum(exp(..))` (full width)     -> one nisa.activation(op=nl.exp) with log of the sum in its bias
+                                            (select_folds.py)
 - `t * s ± b` (full width, with a load)  -> nisa.activation(op=nl.copy) when the Scalar engine is the less
                                             loaded of the two (`EngineLoad`); `t - b` is a bias of -b
 - `sum(act(t * s + b))`                  -> nisa.activation_reduce
 - `(t op0 s0) op1 s1`                    -> nisa.tensor_scalar (s scalar or [P,1])
 - `(t op0 s) op1 u`                      -> nisa.scalar_tensor_tensor (u a tile)
 - `t op u`                               -> nisa.tensor_tensor
-- `max(t)`                               -> nisa.tensor_reduce
+- `max(t)`                               -> nisa.tensor_reduce; `max(t * s)`, s a scalar, reduces t itself
+                                            (select_folds.py)
 - `recip(t)` (stage.py's form of a divisor) -> nisa.reciprocal (division is no hardware instruction)
 - `pow(t, p)`, p not an integer            -> nisa.tensor_tensor(op=nl.power) on GpSimd, p memset into a tile
 Engines come from engines.py: `[P, 1]` work goes to GpSimd only where the documented table allows the
@@ -27,6 +30,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 
 from fusegen.codegen import select_columns as columns
+from fusegen.codegen import select_folds, select_pe
 from fusegen.codegen.engines import GPSIMD, gpsimd_allows
 from fusegen.codegen.select_tables import (
     ACTIVATIONS,
@@ -71,6 +75,8 @@ class Selector:
     prefix: str
     column_engine: str = ""  # `engine=` of [P, 1] work where engines.py allows it (off the Vector queue)
     load: EngineLoad | None = None  # shared by a kernel's stages: balance affine steps Scalar/Vector
+    pe_staging: bool = False  # two-tile work may go through PSUM on the Tensor engine (select_pe.py)
+    pe_staged: bool = False  # this stage has used its one PSUM-staged tile
     lines: list[str] = field(default_factory=list)
     line_kinds: list[str] = field(default_factory=list)  # kind of the tile each line allocates or writes
     line_engines: list[str] = field(default_factory=list)  # "act" | "dve" | "gpsimd"; "" for allocations
@@ -81,6 +87,11 @@ class Selector:
     _memo: dict[tuple[int, str], Operand] = field(default_factory=dict)
     constant_columns: dict[str, Operand] = field(default_factory=dict)  # by value source (select_columns)
     _memo_neg: dict[tuple[int, str], Expr] = field(default_factory=dict)
+    _seen: dict[tuple[str, tuple[int, ...], str], Expr] = field(default_factory=dict)  # (op, args, kind)
+
+    def intern(self, op: str, args: tuple[Expr, ...], kind: str) -> Expr:
+        """`op(args)` as an Expr: the one already materialised with the same op and operands, else new."""
+        return self._seen.get((op, tuple(id(a) for a in args), kind)) or Expr(op, args, kind=kind)
 
     def value(self, e: Expr, dtype: str = "f32") -> Operand:
         """An operand holding `e` (a scalar expression, a leaf, or a freshly computed tile)."""
@@ -95,6 +106,8 @@ class Selector:
                 self._memo[key] = self.convert(held, dtype)
             else:
                 self._memo[key] = self._materialise(e, dtype)
+                if e.op not in ("leaf", "cast", "scalar"):
+                    self._seen.setdefault((e.op, tuple(id(a) for a in e.args), e.kind), e)
         return self._memo[key]
 
     # ---- emission ----------------------------------------------------------------------------
@@ -124,7 +137,18 @@ class Selector:
         self.calls.append((call, kind))
         full_width = kind == "tile" or any(r.kind == "tile" for r in reads)  # e.g. a reduction into a column
         if self.load is not None and full_width and "engine" not in kwargs:
-            self.load.add(*CALL_COST[call])
+            engine, passes = CALL_COST[call]
+            self.load.add(engine, 1 if call == "tensor_tensor" and columns.reads_psum(reads) else passes)
+
+    def raw(self, line: str, kind: str, engine: str) -> None:
+        """A line formatted elsewhere (select_pe.py), with the kind and engine of what it writes."""
+        self.lines.append(line)
+        self.line_kinds.append(kind)
+        self.line_engines.append(engine)
+
+    def register(self, name: str, kind: str) -> None:
+        """A tile allocated by a raw line."""
+        self._kinds[name] = kind
 
     def passes(self, engine: str) -> int:
         """Full-width passes (instructions weighted by cost) this stage puts on `engine`."""
@@ -142,6 +166,9 @@ class Selector:
         if e.op == "sum":
             return self._activation_reduce(e)
         if e.op == "max":
+            scaled = select_folds.max_of_scaled(self, e)
+            if scaled is not None:
+                return scaled
             dst = self._alloc("vec", "f32")
             src = self.value(e.args[0])
             self._emit("tensor_reduce", (src,), dst=dst.code, op="nl.maximum", data=src.code, axis="(1,)")
@@ -267,7 +294,7 @@ class Selector:
         return dst
 
     def _arith(self, e: Expr, dtype: str) -> Operand:
-        on_scalar = self._affine_on_scalar(e, dtype)
+        on_scalar = select_folds.normalised_exp(self, e, dtype) or self._affine_on_scalar(e, dtype)
         if on_scalar is not None:
             return on_scalar
         chain = self._scalar_chain(e)
@@ -281,6 +308,9 @@ class Selector:
         if fused is not None:
             return fused
         x, y = self._not_both_psum(self.value(a), self.value(b))
+        on_pe = select_pe.tensor_tensor(self, x, y, e.op, e.kind, dtype)
+        if on_pe is not None:
+            return on_pe
         dst = self._alloc(e.kind, dtype)
         self._emit("tensor_tensor", (x, y), dst=dst.code, data1=x.code, data2=y.code, op=ALU[e.op])
         return dst
@@ -294,6 +324,9 @@ class Selector:
         t, s = _split_tile(inner)
         if t is None or s is None or (reverse and e.op not in COMMUTATIVE):
             return None
+        folded = select_pe.scaled_affine_then_row(self, e, inner, t, s, other, dtype)
+        if folded is not None:
+            return folded
         step = self._step(inner, s)
         data, operand1 = self._not_both_psum(self.value(t), self.value(other))
         operand0 = self._fp32(self.value(step.operand))

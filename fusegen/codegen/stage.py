@@ -27,6 +27,7 @@ class Operand:
     code: str  # e.g. `y1[0:ph, 0:rw]`, `b1_sb[0:ph, hg:hg + 1]`, `eps`
     memory: str = "sbuf"  # "sbuf" | "psum" ("" for scalars)
     dtype: str = "f32"
+    positive: bool = False  # known > 0 (a sum of exponentials): its log is defined (select_folds.py)
 
 
 @dataclass(eq=False)

@@ -35,6 +35,7 @@ class _RowModel(NamedTuple):
     columns: int  # bytes of [P, 1] columns and per-head staging, per head
     row_copies: int = 1  # row inputs in flight: 2 when the next head's loads overlap this head's epilogue
     stream_epilogue: int = 0  # temporaries of the chunked epilogue of a streamed plan, per chunk column
+    launch_tiles: int = 0  # bytes of launch-wide tiles independent of width and heads (the PE identity)
 
 
 class _Buffer(NamedTuple):
@@ -71,8 +72,11 @@ def _buffers(m: _RowModel, width: int, heads: int, hb: int, resident: bool = Tru
     weights = _Buffer(
         f"prepared weights (fp32, {kept})", m.resident_per_head * _held_heads(heads, resident) * width, rebuilt
     )
+    identity = _Buffer("launch-wide tiles (the Tensor engine's identity)", m.launch_tiles, 1)
+    fixed = [identity] if m.launch_tiles else []
     if streamed:
         return [
+            *fixed,
             weights,
             _Buffer("row input chunks (streamed from HBM)", m.row_inputs * hb, 1),
             _Buffer("epilogue chunk temporaries", m.stream_epilogue * hb, 1),
@@ -80,9 +84,11 @@ def _buffers(m: _RowModel, width: int, heads: int, hb: int, resident: bool = Tru
             _Buffer("per-row columns and output staging", m.columns * heads, 1),
         ]
     return [
+        *fixed,
         weights,
         _Buffer("row inputs of one token tile and head", m.row_inputs * width, m.row_copies if overlap else 1),
-        _Buffer("epilogue tiles", m.epilogue * width, 1),
+        # overlapped: a head's output tiles wait for their stores until the next-but-one head's loads queue
+        _Buffer("epilogue tiles", m.epilogue * width, 2 if overlap else 1),
         _Buffer("reduction chunk temporaries", m.chunk * hb, 1),
         _Buffer("per-row columns and output staging", m.columns * heads, 1),
     ]
@@ -141,7 +147,7 @@ def _choose_rows(m: _RowModel, width: int, heads: int, budget: int) -> tuple[int
         f"(the prepared weights stay width-long); the budget is {budget} B"
     )
 
-_MODEL = _RowModel(resident_per_head=4, prep_scratch=0, row_inputs=4, epilogue=8, chunk=8, columns=48, row_copies=2, stream_epilogue=8)
+_MODEL = _RowModel(resident_per_head=4, prep_scratch=0, row_inputs=4, epilogue=8, chunk=8, columns=48, row_copies=2, stream_epilogue=8, launch_tiles=768)
 
 
 def _prepare_weights(h, w_hbm):
@@ -172,14 +178,20 @@ def _fused_weight_kernel(w_hbm):
     return _prep0
 
 
-def _head_passes(t0, pt, h, HB, d_H, prepared, r0_c0, r_ld, x_ld):
+def _head_passes(t0, pt, h, HB, d_H, pe_identity, prepared, r0_c0, r_ld, x_ld):
     """Token tile t0, head h: loads, reduction passes, per-row math; returns what head_epilogue reads."""
     # reduction pass 1: partial results per chunk, folded into [_P, 1] accumulators
     for c in range(_cdiv(d_H, HB)):
         c0 = c * HB
         hw = min(HB, d_H - c0)
-        r0_0 = nl.ndarray((_P, HB), dtype=nl.float32, buffer=nl.sbuf)
-        nisa.tensor_tensor(dst=r0_0[0:pt, 0:hw], data1=x_ld[0:pt, c0:c0 + hw], data2=r_ld[0:pt, c0:c0 + hw], op=nl.add)
+        r0_0 = nl.ndarray((_P, HB), dtype=nl.float32, buffer=nl.psum if HB <= nl.tile_size.psum_bank_fmax * nl.tile_size.psum_num_banks else nl.sbuf)
+        if HB <= nl.tile_size.psum_bank_fmax * nl.tile_size.psum_num_banks:
+            for q0 in range(0, hw, _F_MOV):
+                qw = min(_F_MOV, hw - q0)
+                nisa.nc_matmul(dst=r0_0[0:pt, q0:q0 + qw], stationary=pe_identity[0:pt, 0:pt], moving=x_ld[0:pt, c0 + q0:c0 + q0 + qw], accumulate=False)
+                nisa.nc_matmul(dst=r0_0[0:pt, q0:q0 + qw], stationary=pe_identity[0:pt, 0:pt], moving=r_ld[0:pt, c0 + q0:c0 + q0 + qw], accumulate=True)
+        else:
+            nisa.tensor_tensor(dst=r0_0[0:pt, 0:hw], data1=x_ld[0:pt, c0:c0 + hw], data2=r_ld[0:pt, c0:c0 + hw], op=nl.add)
         r0_1 = nl.ndarray((_P, HB), dtype=nl.float32, buffer=nl.sbuf)
         r0_2 = nl.ndarray((_P, 1), dtype=nl.float32, buffer=nl.sbuf)
         nisa.activation_reduce(dst=r0_1[0:pt, 0:hw], op=nl.square, data=r0_0[0:pt, 0:hw], reduce_op=nl.add, reduce_res=r0_2[0:pt, 0:1])
@@ -193,12 +205,18 @@ def _head_passes(t0, pt, h, HB, d_H, prepared, r0_c0, r_ld, x_ld):
     return (t0, pt, h, acc7, prepared, r_ld, x_ld)
 
 
-def _head_epilogue(head, d_H, ec0, h_hbm, y_hbm):
+def _head_epilogue(head, d_H, ec0, h_hbm, pe_identity, y_hbm):
     """Head state `head` from head_passes: the full-width combine and staged columns; returns its output DMAs."""
     t0, pt, h, acc7, prepared, r_ld, x_ld = head
     stores = []
-    e0 = nl.ndarray((_P, d_H), dtype=nl.float32, buffer=nl.sbuf)
-    nisa.tensor_tensor(dst=e0[0:pt, 0:d_H], data1=x_ld[0:pt, 0:d_H], data2=r_ld[0:pt, 0:d_H], op=nl.add)
+    e0 = nl.ndarray((_P, d_H), dtype=nl.float32, buffer=nl.psum if d_H <= nl.tile_size.psum_bank_fmax * nl.tile_size.psum_num_banks else nl.sbuf)
+    if d_H <= nl.tile_size.psum_bank_fmax * nl.tile_size.psum_num_banks:
+        for q0 in range(0, d_H, _F_MOV):
+            qw = min(_F_MOV, d_H - q0)
+            nisa.nc_matmul(dst=e0[0:pt, q0:q0 + qw], stationary=pe_identity[0:pt, 0:pt], moving=x_ld[0:pt, q0:q0 + qw], accumulate=False)
+            nisa.nc_matmul(dst=e0[0:pt, q0:q0 + qw], stationary=pe_identity[0:pt, 0:pt], moving=r_ld[0:pt, q0:q0 + qw], accumulate=True)
+    else:
+        nisa.tensor_tensor(dst=e0[0:pt, 0:d_H], data1=x_ld[0:pt, 0:d_H], data2=r_ld[0:pt, 0:d_H], op=nl.add)
     e1 = nl.ndarray((_P, 1), dtype=nl.float32, buffer=nl.sbuf)
     nisa.tensor_tensor(dst=e1[0:pt, 0:1], data1=acc7[0:pt, 0:1], data2=ec0[0:pt, 0:1], op=nl.add, engine=nisa.engine.gpsimd)
     e2 = nl.ndarray((_P, 1), dtype=nl.float32, buffer=nl.sbuf)
@@ -283,6 +301,10 @@ def add_rmsnorm_kernel(x_hbm, r_hbm, w_hbm, eps_arg, HB, resident, overlap, stre
     y_hbm = y_hbm_flat.reshape((d_T, 1, d_H))
     h_hbm = h_hbm_flat.reshape((d_T, 1, d_H))
     held = [_prepare_weights(h, w_hbm) for h in range(1)] if resident else []
+    pe_offsets = nl.ndarray((_P, _P), dtype=nl.int32, buffer=nl.sbuf)
+    nisa.iota(dst=pe_offsets[0:_P, 0:_P], pattern=[[-1, _P]], offset=0, channel_multiplier=1)
+    pe_identity = nl.ndarray((_P, _P), dtype=nl.bfloat16, buffer=nl.sbuf)
+    nisa.tensor_scalar(dst=pe_identity[0:_P, 0:_P], data=pe_offsets[0:_P, 0:_P], op0=nl.equal, operand0=0.0)
     r0_c0 = nl.ndarray((_P, 1), dtype=nl.float32, buffer=nl.sbuf)
     nisa.memset(dst=r0_c0[0:_P, 0:1], value=(1.0 / float(d_H)), engine=nisa.engine.gpsimd)
     ec0 = nl.ndarray((_P, 1), dtype=nl.float32, buffer=nl.sbuf)
@@ -291,7 +313,11 @@ def add_rmsnorm_kernel(x_hbm, r_hbm, w_hbm, eps_arg, HB, resident, overlap, stre
     nisa.memset(dst=sr0_c0[0:_P, 0:1], value=(1.0 / float(d_H)), engine=nisa.engine.gpsimd)
     scc0 = nl.ndarray((_P, 1), dtype=nl.float32, buffer=nl.sbuf)
     nisa.memset(dst=scc0[0:_P, 0:1], value=eps_arg, engine=nisa.engine.gpsimd)
-    stores = []  # output DMAs, issued once the next head's loads are queued (the DMA queues are in order)
+    # output DMAs of the last epilogue, and of the one before (the DMA queues are in order: overlapped, a head's
+    # stores wait until the next-but-one head's loads are queued, so a store waiting for its epilogue never
+    # holds up a load; else until the next head's loads are)
+    stores = []
+    queued = []
     t_begin = min(d_T, nl.program_id(0) * _rows_per_core(d_T, nl.num_programs()))
     t_end = min(d_T, t_begin + _rows_per_core(d_T, nl.num_programs()))
     # the previous head's state (head_passes' result) while its epilogue is still to run: at most one; a list,
@@ -314,18 +340,18 @@ def add_rmsnorm_kernel(x_hbm, r_hbm, w_hbm, eps_arg, HB, resident, overlap, stre
             nisa.dma_copy(dst=r_ld[0:pt, 0:d_H], src=r_hbm[t0:t0 + pt, 0, 0:d_H])
             for h in range(1):
                 prepared = held[h] if resident else _prepare_weights(h, w_hbm)
-                head = _head_passes(t0, pt, h, HB, d_H, prepared, r0_c0, r_ld, x_ld)  # ahead of the previous head's epilogue and stores
-                for dst, src in stores:
+                head = _head_passes(t0, pt, h, HB, d_H, pe_identity, prepared, r0_c0, r_ld, x_ld)  # ahead of the previous head's epilogue and stores
+                for dst, src in queued if overlap else stores:
                     nisa.dma_copy(dst=dst, src=src)
-                stores = []
+                queued, stores = (stores, []) if overlap else ([], [])
                 for prev in pending:
-                    stores.extend(_head_epilogue(prev, d_H, ec0, h_hbm, y_hbm))
+                    stores.extend(_head_epilogue(prev, d_H, ec0, h_hbm, pe_identity, y_hbm))
                 pending = [head] if overlap else []
                 if not overlap:
-                    stores.extend(_head_epilogue(head, d_H, ec0, h_hbm, y_hbm))
+                    stores.extend(_head_epilogue(head, d_H, ec0, h_hbm, pe_identity, y_hbm))
         for prev in pending:
-            stores.extend(_head_epilogue(prev, d_H, ec0, h_hbm, y_hbm))
-        for dst, src in stores:
+            stores.extend(_head_epilogue(prev, d_H, ec0, h_hbm, pe_identity, y_hbm))
+        for dst, src in queued + stores:
             nisa.dma_copy(dst=dst, src=src)
     return y_hbm_flat, h_hbm_flat
 

@@ -35,6 +35,7 @@ class _RowModel(NamedTuple):
     columns: int  # bytes of [P, 1] columns and per-head staging, per head
     row_copies: int = 1  # row inputs in flight: 2 when the next head's loads overlap this head's epilogue
     stream_epilogue: int = 0  # temporaries of the chunked epilogue of a streamed plan, per chunk column
+    launch_tiles: int = 0  # bytes of launch-wide tiles independent of width and heads (the PE identity)
 
 
 class _Buffer(NamedTuple):
@@ -71,8 +72,11 @@ def _buffers(m: _RowModel, width: int, heads: int, hb: int, resident: bool = Tru
     weights = _Buffer(
         f"prepared weights (fp32, {kept})", m.resident_per_head * _held_heads(heads, resident) * width, rebuilt
     )
+    identity = _Buffer("launch-wide tiles (the Tensor engine's identity)", m.launch_tiles, 1)
+    fixed = [identity] if m.launch_tiles else []
     if streamed:
         return [
+            *fixed,
             weights,
             _Buffer("row input chunks (streamed from HBM)", m.row_inputs * hb, 1),
             _Buffer("epilogue chunk temporaries", m.stream_epilogue * hb, 1),
@@ -80,9 +84,11 @@ def _buffers(m: _RowModel, width: int, heads: int, hb: int, resident: bool = Tru
             _Buffer("per-row columns and output staging", m.columns * heads, 1),
         ]
     return [
+        *fixed,
         weights,
         _Buffer("row inputs of one token tile and head", m.row_inputs * width, m.row_copies if overlap else 1),
-        _Buffer("epilogue tiles", m.epilogue * width, 1),
+        # overlapped: a head's output tiles wait for their stores until the next-but-one head's loads queue
+        _Buffer("epilogue tiles", m.epilogue * width, 2 if overlap else 1),
         _Buffer("reduction chunk temporaries", m.chunk * hb, 1),
         _Buffer("per-row columns and output staging", m.columns * heads, 1),
     ]
@@ -141,7 +147,7 @@ def _choose_rows(m: _RowModel, width: int, heads: int, budget: int) -> tuple[int
         f"(the prepared weights stay width-long); the budget is {budget} B"
     )
 
-_MODEL = _RowModel(resident_per_head=4, prep_scratch=0, row_inputs=8, epilogue=4, chunk=40, columns=168, row_copies=1, stream_epilogue=0)
+_MODEL = _RowModel(resident_per_head=4, prep_scratch=0, row_inputs=8, epilogue=4, chunk=40, columns=168, row_copies=1, stream_epilogue=0, launch_tiles=0)
 
 
 def _prepare_weights(h, w_h_hbm, w_e_hbm):

@@ -35,6 +35,7 @@ class _RowModel(NamedTuple):
     columns: int  # bytes of [P, 1] columns and per-head staging, per head
     row_copies: int = 1  # row inputs in flight: 2 when the next head's loads overlap this head's epilogue
     stream_epilogue: int = 0  # temporaries of the chunked epilogue of a streamed plan, per chunk column
+    launch_tiles: int = 0  # bytes of launch-wide tiles independent of width and heads (the PE identity)
 
 
 class _Buffer(NamedTuple):
@@ -71,8 +72,11 @@ def _buffers(m: _RowModel, width: int, heads: int, hb: int, resident: bool = Tru
     weights = _Buffer(
         f"prepared weights (fp32, {kept})", m.resident_per_head * _held_heads(heads, resident) * width, rebuilt
     )
+    identity = _Buffer("launch-wide tiles (the Tensor engine's identity)", m.launch_tiles, 1)
+    fixed = [identity] if m.launch_tiles else []
     if streamed:
         return [
+            *fixed,
             weights,
             _Buffer("row input chunks (streamed from HBM)", m.row_inputs * hb, 1),
             _Buffer("epilogue chunk temporaries", m.stream_epilogue * hb, 1),
@@ -80,9 +84,11 @@ def _buffers(m: _RowModel, width: int, heads: int, hb: int, resident: bool = Tru
             _Buffer("per-row columns and output staging", m.columns * heads, 1),
         ]
     return [
+        *fixed,
         weights,
         _Buffer("row inputs of one token tile and head", m.row_inputs * width, m.row_copies if overlap else 1),
-        _Buffer("epilogue tiles", m.epilogue * width, 1),
+        # overlapped: a head's output tiles wait for their stores until the next-but-one head's loads queue
+        _Buffer("epilogue tiles", m.epilogue * width, 2 if overlap else 1),
         _Buffer("reduction chunk temporaries", m.chunk * hb, 1),
         _Buffer("per-row columns and output staging", m.columns * heads, 1),
     ]
@@ -141,7 +147,7 @@ def _choose_rows(m: _RowModel, width: int, heads: int, budget: int) -> tuple[int
         f"(the prepared weights stay width-long); the budget is {budget} B"
     )
 
-_MODEL = _RowModel(resident_per_head=4, prep_scratch=0, row_inputs=6, epilogue=2, chunk=20, columns=124, row_copies=2, stream_epilogue=2)
+_MODEL = _RowModel(resident_per_head=4, prep_scratch=0, row_inputs=6, epilogue=2, chunk=20, columns=124, row_copies=2, stream_epilogue=2, launch_tiles=768)
 
 
 def _prepare_weights(h, w_h_hbm, w_e_hbm):
@@ -181,7 +187,7 @@ def _fused_weight_kernel(w_h_hbm, w_e_hbm):
     return _prep0
 
 
-def _head_passes(t0, pt, h, HB, d_H, dot_sv, ec0, ec1, ec2, ec3, gate_sv, kv_hbm, prepared, r0_c0, rstd_k_sv, rstd_x_sv, v_ld, x_hbm):
+def _head_passes(t0, pt, h, HB, d_H, dot_sv, ec0, ec1, ec2, ec3, gate_sv, kv_hbm, pe_identity, prepared, r0_c0, rstd_k_sv, rstd_x_sv, v_ld, x_hbm):
     """Token tile t0, head h: loads, reduction passes, per-row math; returns what head_epilogue reads."""
     x_ld = nl.ndarray((_P, d_H), dtype=nl.bfloat16, buffer=nl.sbuf)
     nisa.dma_copy(dst=x_ld[0:pt, 0:d_H], src=x_hbm[t0:t0 + pt, h, 0:d_H])
@@ -201,8 +207,14 @@ def _head_passes(t0, pt, h, HB, d_H, dot_sv, ec0, ec1, ec2, ec3, gate_sv, kv_hbm
         nisa.activation_reduce(dst=r0_3[0:pt, 0:hw], op=nl.square, data=k_ld[0:pt, c0:c0 + hw], reduce_op=nl.add, reduce_res=r0_4[0:pt, 0:1])
         r0_5 = nl.ndarray((_P, 1), dtype=nl.float32, buffer=nl.sbuf)
         nisa.tensor_tensor(dst=r0_5[0:pt, 0:1], data1=r0_4[0:pt, 0:1], data2=r0_c0[0:pt, 0:1], op=nl.multiply, engine=nisa.engine.gpsimd)
-        r0_6 = nl.ndarray((_P, HB), dtype=nl.float32, buffer=nl.sbuf)
-        nisa.tensor_tensor(dst=r0_6[0:pt, 0:hw], data1=x_ld[0:pt, c0:c0 + hw], data2=k_ld[0:pt, c0:c0 + hw], op=nl.multiply)
+        r0_6 = nl.ndarray((_P, HB), dtype=nl.float32, buffer=nl.psum if HB <= nl.tile_size.psum_bank_fmax * nl.tile_size.psum_num_banks else nl.sbuf)
+        if HB <= nl.tile_size.psum_bank_fmax * nl.tile_size.psum_num_banks:
+            for q0 in range(0, hw, _F_MOV):
+                qw = min(_F_MOV, hw - q0)
+                nisa.nc_matmul(dst=r0_6[0:pt, q0:q0 + qw], stationary=pe_identity[0:pt, 0:pt], moving=x_ld[0:pt, c0 + q0:c0 + q0 + qw], accumulate=False)
+        else:
+            nisa.activation(dst=r0_6[0:pt, 0:hw], op=nl.copy, data=x_ld[0:pt, c0:c0 + hw])
+        nisa.tensor_tensor(dst=r0_6[0:pt, 0:hw], data1=r0_6[0:pt, 0:hw], data2=k_ld[0:pt, c0:c0 + hw], op=nl.multiply)
         r0_7 = nl.ndarray((_P, HB), dtype=nl.float32, buffer=nl.sbuf)
         nisa.tensor_tensor(dst=r0_7[0:pt, 0:hw], data1=r0_6[0:pt, 0:hw], data2=prepared[0][0:pt, c0:c0 + hw], op=nl.multiply)
         r0_8 = nl.ndarray((_P, HB), dtype=nl.float32, buffer=nl.sbuf)
@@ -260,10 +272,10 @@ def _head_epilogue(head, d_H, d_HC, dot_hbm, gate_hbm, out_hbm, rstd_k_hbm, rstd
     nisa.tensor_scalar(dst=e14[0:pt, 0:d_H], data=v_ld[0:pt, 0:d_H], op0=nl.multiply, operand0=e13[0:pt, 0:1])
     stores.append((out_hbm[t0:t0 + pt, h, 0:d_H], e14[0:pt, 0:d_H]))
     if save:
-        nisa.tensor_copy(dst=dot_sv[0:pt, h:h + 1], src=acc19[0:pt, 0:1])
-        nisa.tensor_copy(dst=gate_sv[0:pt, h:h + 1], src=e13[0:pt, 0:1])
-        nisa.tensor_copy(dst=rstd_x_sv[0:pt, h:h + 1], src=e1[0:pt, 0:1])
-        nisa.tensor_copy(dst=rstd_k_sv[0:pt, h:h + 1], src=e4[0:pt, 0:1])
+        nisa.tensor_copy(dst=dot_sv[0:pt, h:h + 1], src=acc19[0:pt, 0:1], engine=nisa.engine.gpsimd)
+        nisa.tensor_copy(dst=gate_sv[0:pt, h:h + 1], src=e13[0:pt, 0:1], engine=nisa.engine.gpsimd)
+        nisa.tensor_copy(dst=rstd_x_sv[0:pt, h:h + 1], src=e1[0:pt, 0:1], engine=nisa.engine.gpsimd)
+        nisa.tensor_copy(dst=rstd_k_sv[0:pt, h:h + 1], src=e4[0:pt, 0:1], engine=nisa.engine.gpsimd)
     if h == d_HC - 1:
         if save:
             stores.append((dot_hbm[t0:t0 + pt, 0:d_HC], dot_sv[0:pt, 0:d_HC]))
@@ -358,10 +370,10 @@ def _stream_epilogue(head, HB, d_H, d_HC, dot_hbm, gate_hbm, kv_hbm, out_hbm, rs
         nisa.tensor_scalar(dst=se0[0:pt, 0:hw], data=v_ld[0:pt, 0:hw], op0=nl.multiply, operand0=sc13[0:pt, 0:1])
         nisa.dma_copy(dst=out_hbm[t0:t0 + pt, h, c0:c0 + hw], src=se0[0:pt, 0:hw])
     if save:
-        nisa.tensor_copy(dst=dot_sv[0:pt, h:h + 1], src=acc19[0:pt, 0:1])
-        nisa.tensor_copy(dst=gate_sv[0:pt, h:h + 1], src=sc13[0:pt, 0:1])
-        nisa.tensor_copy(dst=rstd_x_sv[0:pt, h:h + 1], src=sc1[0:pt, 0:1])
-        nisa.tensor_copy(dst=rstd_k_sv[0:pt, h:h + 1], src=sc4[0:pt, 0:1])
+        nisa.tensor_copy(dst=dot_sv[0:pt, h:h + 1], src=acc19[0:pt, 0:1], engine=nisa.engine.gpsimd)
+        nisa.tensor_copy(dst=gate_sv[0:pt, h:h + 1], src=sc13[0:pt, 0:1], engine=nisa.engine.gpsimd)
+        nisa.tensor_copy(dst=rstd_x_sv[0:pt, h:h + 1], src=sc1[0:pt, 0:1], engine=nisa.engine.gpsimd)
+        nisa.tensor_copy(dst=rstd_k_sv[0:pt, h:h + 1], src=sc4[0:pt, 0:1], engine=nisa.engine.gpsimd)
     if h == d_HC - 1:
         if save:
             stores.append((dot_hbm[t0:t0 + pt, 0:d_HC], dot_sv[0:pt, 0:d_HC]))
@@ -391,6 +403,10 @@ def engram_gate_hc8_kernel(x_hbm, kv_hbm, w_h_hbm, w_e_hbm, eps_arg, clamp_arg, 
     held = [_prepare_weights(h, w_h_hbm, w_e_hbm) for h in range(d_HC)] if resident else []
     r0_c0 = nl.ndarray((_P, 1), dtype=nl.float32, buffer=nl.sbuf)
     nisa.memset(dst=r0_c0[0:_P, 0:1], value=(1.0 / float(d_H)), engine=nisa.engine.gpsimd)
+    pe_offsets = nl.ndarray((_P, _P), dtype=nl.int32, buffer=nl.sbuf)
+    nisa.iota(dst=pe_offsets[0:_P, 0:_P], pattern=[[-1, _P]], offset=0, channel_multiplier=1)
+    pe_identity = nl.ndarray((_P, _P), dtype=nl.bfloat16, buffer=nl.sbuf)
+    nisa.tensor_scalar(dst=pe_identity[0:_P, 0:_P], data=pe_offsets[0:_P, 0:_P], op0=nl.equal, operand0=0.0)
     ec0 = nl.ndarray((_P, 1), dtype=nl.float32, buffer=nl.sbuf)
     nisa.memset(dst=ec0[0:_P, 0:1], value=eps_arg, engine=nisa.engine.gpsimd)
     ec1 = nl.ndarray((_P, 1), dtype=nl.float32, buffer=nl.sbuf)
@@ -409,7 +425,11 @@ def engram_gate_hc8_kernel(x_hbm, kv_hbm, w_h_hbm, w_e_hbm, eps_arg, clamp_arg, 
     nisa.memset(dst=scc2[0:_P, 0:1], value=(-clamp_arg), engine=nisa.engine.gpsimd)
     scc3 = nl.ndarray((_P, 1), dtype=nl.float32, buffer=nl.sbuf)
     nisa.memset(dst=scc3[0:_P, 0:1], value=clamp_arg, engine=nisa.engine.gpsimd)
-    stores = []  # output DMAs, issued once the next head's loads are queued (the DMA queues are in order)
+    # output DMAs of the last epilogue, and of the one before (the DMA queues are in order: overlapped, a head's
+    # stores wait until the next-but-one head's loads are queued, so a store waiting for its epilogue never
+    # holds up a load; else until the next head's loads are)
+    stores = []
+    queued = []
     t_begin = min(d_T, nl.program_id(0) * _rows_per_core(d_T, nl.num_programs()))
     t_end = min(d_T, t_begin + _rows_per_core(d_T, nl.num_programs()))
     # the previous head's state (head_passes' result) while its epilogue is still to run: at most one; a list,
@@ -438,10 +458,10 @@ def engram_gate_hc8_kernel(x_hbm, kv_hbm, w_h_hbm, w_e_hbm, eps_arg, clamp_arg, 
             rstd_k_sv = nl.ndarray((_P, d_HC), dtype=nl.float32, buffer=nl.sbuf)
             for h in range(d_HC):
                 prepared = held[h] if resident else _prepare_weights(h, w_h_hbm, w_e_hbm)
-                head = _head_passes(t0, pt, h, HB, d_H, dot_sv, ec0, ec1, ec2, ec3, gate_sv, kv_hbm, prepared, r0_c0, rstd_k_sv, rstd_x_sv, v_ld, x_hbm)  # ahead of the previous head's epilogue and stores
-                for dst, src in stores:
+                head = _head_passes(t0, pt, h, HB, d_H, dot_sv, ec0, ec1, ec2, ec3, gate_sv, kv_hbm, pe_identity, prepared, r0_c0, rstd_k_sv, rstd_x_sv, v_ld, x_hbm)  # ahead of the previous head's epilogue and stores
+                for dst, src in queued if overlap else stores:
                     nisa.dma_copy(dst=dst, src=src)
-                stores = []
+                queued, stores = (stores, []) if overlap else ([], [])
                 for prev in pending:
                     stores.extend(_head_epilogue(prev, d_H, d_HC, dot_hbm, gate_hbm, out_hbm, rstd_k_hbm, rstd_x_hbm, save))
                 pending = [head] if overlap else []
@@ -449,7 +469,7 @@ def engram_gate_hc8_kernel(x_hbm, kv_hbm, w_h_hbm, w_e_hbm, eps_arg, clamp_arg, 
                     stores.extend(_head_epilogue(head, d_H, d_HC, dot_hbm, gate_hbm, out_hbm, rstd_k_hbm, rstd_x_hbm, save))
         for prev in pending:
             stores.extend(_head_epilogue(prev, d_H, d_HC, dot_hbm, gate_hbm, out_hbm, rstd_k_hbm, rstd_x_hbm, save))
-        for dst, src in stores:
+        for dst, src in queued + stores:
             nisa.dma_copy(dst=dst, src=src)
     if save:
         return out_hbm, dot_hbm, gate_hbm, rstd_x_hbm, rstd_k_hbm

@@ -35,6 +35,7 @@ class _RowModel(NamedTuple):
     columns: int  # bytes of [P, 1] columns and per-head staging, per head
     row_copies: int = 1  # row inputs in flight: 2 when the next head's loads overlap this head's epilogue
     stream_epilogue: int = 0  # temporaries of the chunked epilogue of a streamed plan, per chunk column
+    launch_tiles: int = 0  # bytes of launch-wide tiles independent of width and heads (the PE identity)
 
 
 class _Buffer(NamedTuple):
@@ -71,8 +72,11 @@ def _buffers(m: _RowModel, width: int, heads: int, hb: int, resident: bool = Tru
     weights = _Buffer(
         f"prepared weights (fp32, {kept})", m.resident_per_head * _held_heads(heads, resident) * width, rebuilt
     )
+    identity = _Buffer("launch-wide tiles (the Tensor engine's identity)", m.launch_tiles, 1)
+    fixed = [identity] if m.launch_tiles else []
     if streamed:
         return [
+            *fixed,
             weights,
             _Buffer("row input chunks (streamed from HBM)", m.row_inputs * hb, 1),
             _Buffer("epilogue chunk temporaries", m.stream_epilogue * hb, 1),
@@ -80,9 +84,11 @@ def _buffers(m: _RowModel, width: int, heads: int, hb: int, resident: bool = Tru
             _Buffer("per-row columns and output staging", m.columns * heads, 1),
         ]
     return [
+        *fixed,
         weights,
         _Buffer("row inputs of one token tile and head", m.row_inputs * width, m.row_copies if overlap else 1),
-        _Buffer("epilogue tiles", m.epilogue * width, 1),
+        # overlapped: a head's output tiles wait for their stores until the next-but-one head's loads queue
+        _Buffer("epilogue tiles", m.epilogue * width, 2 if overlap else 1),
         _Buffer("reduction chunk temporaries", m.chunk * hb, 1),
         _Buffer("per-row columns and output staging", m.columns * heads, 1),
     ]
@@ -141,7 +147,7 @@ def _choose_rows(m: _RowModel, width: int, heads: int, budget: int) -> tuple[int
         f"(the prepared weights stay width-long); the budget is {budget} B"
     )
 
-_MODEL = _RowModel(resident_per_head=8, prep_scratch=0, row_inputs=2, epilogue=10, chunk=4, columns=104, row_copies=2, stream_epilogue=10)
+_MODEL = _RowModel(resident_per_head=8, prep_scratch=0, row_inputs=2, epilogue=6, chunk=4, columns=108, row_copies=2, stream_epilogue=10, launch_tiles=0)
 
 
 def _prepare_weights(h, w_hbm, b_hbm):
@@ -181,7 +187,7 @@ def _fused_weight_kernel(w_hbm, b_hbm):
     return _prep0, _prep1
 
 
-def _head_passes(t0, pt, h, HB, d_H, ec0, mu_sv, prepared, r0_c0, r1_c0, r1_c1, rstd_sv, x_ld):
+def _head_passes(t0, pt, h, HB, d_H, ec0, ec1, mu_sv, prepared, r0_c0, r1_c0, r1_c1, rstd_sv, x_ld):
     """Token tile t0, head h: loads, reduction passes, per-row math; returns what head_epilogue reads."""
     # reduction pass 1: partial results per chunk, folded into [_P, 1] accumulators
     for c in range(_cdiv(d_H, HB)):
@@ -214,27 +220,28 @@ def _head_passes(t0, pt, h, HB, d_H, ec0, mu_sv, prepared, r0_c0, r1_c0, r1_c1, 
     # per-row math on the accumulators, before the previous head's full-width epilogue
     e0 = nl.ndarray((_P, 1), dtype=nl.float32, buffer=nl.sbuf)
     nisa.tensor_tensor(dst=e0[0:pt, 0:1], data1=acc4[0:pt, 0:1], data2=ec0[0:pt, 0:1], op=nl.multiply, engine=nisa.engine.gpsimd)
-    return (t0, pt, h, acc4, acc7, e0, mu_sv, prepared, rstd_sv, x_ld)
-
-
-def _head_epilogue(head, d_H, ec1, mu_hbm, rstd_hbm, save, y_hbm):
-    """Head state `head` from head_passes: the full-width combine and staged columns; returns its output DMAs."""
-    t0, pt, h, acc4, acc7, e0, mu_sv, prepared, rstd_sv, x_ld = head
-    stores = []
-    e1 = nl.ndarray((_P, d_H), dtype=nl.float32, buffer=nl.sbuf)
-    nisa.activation(dst=e1[0:pt, 0:d_H], op=nl.copy, data=x_ld[0:pt, 0:d_H], bias=e0[0:pt, 0:1])
+    e1 = nl.ndarray((_P, 1), dtype=nl.float32, buffer=nl.sbuf)
+    nisa.tensor_tensor(dst=e1[0:pt, 0:1], data1=acc7[0:pt, 0:1], data2=ec1[0:pt, 0:1], op=nl.add, engine=nisa.engine.gpsimd)
     e2 = nl.ndarray((_P, 1), dtype=nl.float32, buffer=nl.sbuf)
-    nisa.tensor_tensor(dst=e2[0:pt, 0:1], data1=acc7[0:pt, 0:1], data2=ec1[0:pt, 0:1], op=nl.add, engine=nisa.engine.gpsimd)
+    nisa.activation(dst=e2[0:pt, 0:1], op=nl.rsqrt, data=e1[0:pt, 0:1])
     e3 = nl.ndarray((_P, 1), dtype=nl.float32, buffer=nl.sbuf)
-    nisa.activation(dst=e3[0:pt, 0:1], op=nl.rsqrt, data=e2[0:pt, 0:1])
-    e4 = nl.ndarray((_P, d_H), dtype=nl.float32, buffer=nl.sbuf)
-    nisa.scalar_tensor_tensor(dst=e4[0:pt, 0:d_H], data=e1[0:pt, 0:d_H], op0=nl.multiply, operand0=e3[0:pt, 0:1], op1=nl.multiply, operand1=prepared[0][0:pt, 0:d_H])
+    nisa.tensor_tensor(dst=e3[0:pt, 0:1], data1=e0[0:pt, 0:1], data2=e2[0:pt, 0:1], op=nl.multiply, engine=nisa.engine.gpsimd)
+    return (t0, pt, h, acc4, e2, e3, mu_sv, prepared, rstd_sv, x_ld)
+
+
+def _head_epilogue(head, d_H, mu_hbm, rstd_hbm, save, y_hbm):
+    """Head state `head` from head_passes: the full-width combine and staged columns; returns its output DMAs."""
+    t0, pt, h, acc4, e2, e3, mu_sv, prepared, rstd_sv, x_ld = head
+    stores = []
+    e4 = nl.ndarray((_P, d_H), dtype=nl.float32, buffer=nl.psum if d_H <= nl.tile_size.psum_bank_fmax * nl.tile_size.psum_num_banks else nl.sbuf)
+    nisa.activation(dst=e4[0:pt, 0:d_H], op=nl.copy, data=x_ld[0:pt, 0:d_H], bias=e3[0:pt, 0:1], scale=e2[0:pt, 0:1])
+    nisa.tensor_tensor(dst=e4[0:pt, 0:d_H], data1=e4[0:pt, 0:d_H], data2=prepared[0][0:pt, 0:d_H], op=nl.multiply)
     e5 = nl.ndarray((_P, d_H), dtype=nl.bfloat16, buffer=nl.sbuf)
     nisa.tensor_tensor(dst=e5[0:pt, 0:d_H], data1=e4[0:pt, 0:d_H], data2=prepared[1][0:pt, 0:d_H], op=nl.add)
     stores.append((y_hbm[t0:t0 + pt, h, 0:d_H], e5[0:pt, 0:d_H]))
     if save:
-        nisa.tensor_copy(dst=mu_sv[0:pt, h:h + 1], src=acc4[0:pt, 0:1])
-        nisa.tensor_copy(dst=rstd_sv[0:pt, h:h + 1], src=e3[0:pt, 0:1])
+        nisa.tensor_copy(dst=mu_sv[0:pt, h:h + 1], src=acc4[0:pt, 0:1], engine=nisa.engine.gpsimd)
+        nisa.tensor_copy(dst=rstd_sv[0:pt, h:h + 1], src=e2[0:pt, 0:1], engine=nisa.engine.gpsimd)
     if h == 1 - 1:
         if save:
             stores.append((mu_hbm[t0:t0 + pt, 0:1], mu_sv[0:pt, 0:1]))
@@ -304,8 +311,8 @@ def _stream_epilogue(head, HB, d_H, mu_hbm, rstd_hbm, save, sec0, x_hbm, y_hbm):
         nisa.tensor_tensor(dst=se3[0:pt, 0:hw], data1=se2[0:pt, 0:hw], data2=prepared[1][0:pt, c0:c0 + hw], op=nl.add)
         nisa.dma_copy(dst=y_hbm[t0:t0 + pt, h, c0:c0 + hw], src=se3[0:pt, 0:hw])
     if save:
-        nisa.tensor_copy(dst=mu_sv[0:pt, h:h + 1], src=acc4[0:pt, 0:1])
-        nisa.tensor_copy(dst=rstd_sv[0:pt, h:h + 1], src=sc1[0:pt, 0:1])
+        nisa.tensor_copy(dst=mu_sv[0:pt, h:h + 1], src=acc4[0:pt, 0:1], engine=nisa.engine.gpsimd)
+        nisa.tensor_copy(dst=rstd_sv[0:pt, h:h + 1], src=sc1[0:pt, 0:1], engine=nisa.engine.gpsimd)
     if h == 1 - 1:
         if save:
             stores.append((mu_hbm[t0:t0 + pt, 0:1], mu_sv[0:pt, 0:1]))
@@ -354,7 +361,11 @@ def layernorm_kernel(x_hbm, w_hbm, b_hbm, eps_arg, HB, resident, overlap, stream
     nisa.memset(dst=scc0[0:_P, 0:1], value=eps_arg, engine=nisa.engine.gpsimd)
     sec0 = nl.ndarray((_P, 1), dtype=nl.float32, buffer=nl.sbuf)
     nisa.memset(dst=sec0[0:_P, 0:1], value=-1.0, engine=nisa.engine.gpsimd)
-    stores = []  # output DMAs, issued once the next head's loads are queued (the DMA queues are in order)
+    # output DMAs of the last epilogue, and of the one before (the DMA queues are in order: overlapped, a head's
+    # stores wait until the next-but-one head's loads are queued, so a store waiting for its epilogue never
+    # holds up a load; else until the next head's loads are)
+    stores = []
+    queued = []
     t_begin = min(d_T, nl.program_id(0) * _rows_per_core(d_T, nl.num_programs()))
     t_end = min(d_T, t_begin + _rows_per_core(d_T, nl.num_programs()))
     # the previous head's state (head_passes' result) while its epilogue is still to run: at most one; a list,
@@ -379,18 +390,18 @@ def layernorm_kernel(x_hbm, w_hbm, b_hbm, eps_arg, HB, resident, overlap, stream
             rstd_sv = nl.ndarray((_P, 1), dtype=nl.float32, buffer=nl.sbuf)
             for h in range(1):
                 prepared = held[h] if resident else _prepare_weights(h, w_hbm, b_hbm)
-                head = _head_passes(t0, pt, h, HB, d_H, ec0, mu_sv, prepared, r0_c0, r1_c0, r1_c1, rstd_sv, x_ld)  # ahead of the previous head's epilogue and stores
-                for dst, src in stores:
+                head = _head_passes(t0, pt, h, HB, d_H, ec0, ec1, mu_sv, prepared, r0_c0, r1_c0, r1_c1, rstd_sv, x_ld)  # ahead of the previous head's epilogue and stores
+                for dst, src in queued if overlap else stores:
                     nisa.dma_copy(dst=dst, src=src)
-                stores = []
+                queued, stores = (stores, []) if overlap else ([], [])
                 for prev in pending:
-                    stores.extend(_head_epilogue(prev, d_H, ec1, mu_hbm, rstd_hbm, save, y_hbm))
+                    stores.extend(_head_epilogue(prev, d_H, mu_hbm, rstd_hbm, save, y_hbm))
                 pending = [head] if overlap else []
                 if not overlap:
-                    stores.extend(_head_epilogue(head, d_H, ec1, mu_hbm, rstd_hbm, save, y_hbm))
+                    stores.extend(_head_epilogue(head, d_H, mu_hbm, rstd_hbm, save, y_hbm))
         for prev in pending:
-            stores.extend(_head_epilogue(prev, d_H, ec1, mu_hbm, rstd_hbm, save, y_hbm))
-        for dst, src in stores:
+            stores.extend(_head_epilogue(prev, d_H, mu_hbm, rstd_hbm, save, y_hbm))
+        for dst, src in queued + stores:
             nisa.dma_copy(dst=dst, src=src)
     if save:
         return y_hbm_flat, mu_hbm_flat, rstd_hbm_flat

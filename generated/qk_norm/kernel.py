@@ -35,6 +35,7 @@ class _RowModel(NamedTuple):
     columns: int  # bytes of [P, 1] columns and per-head staging, per head
     row_copies: int = 1  # row inputs in flight: 2 when the next head's loads overlap this head's epilogue
     stream_epilogue: int = 0  # temporaries of the chunked epilogue of a streamed plan, per chunk column
+    launch_tiles: int = 0  # bytes of launch-wide tiles independent of width and heads (the PE identity)
 
 
 class _Buffer(NamedTuple):
@@ -71,8 +72,11 @@ def _buffers(m: _RowModel, width: int, heads: int, hb: int, resident: bool = Tru
     weights = _Buffer(
         f"prepared weights (fp32, {kept})", m.resident_per_head * _held_heads(heads, resident) * width, rebuilt
     )
+    identity = _Buffer("launch-wide tiles (the Tensor engine's identity)", m.launch_tiles, 1)
+    fixed = [identity] if m.launch_tiles else []
     if streamed:
         return [
+            *fixed,
             weights,
             _Buffer("row input chunks (streamed from HBM)", m.row_inputs * hb, 1),
             _Buffer("epilogue chunk temporaries", m.stream_epilogue * hb, 1),
@@ -80,9 +84,11 @@ def _buffers(m: _RowModel, width: int, heads: int, hb: int, resident: bool = Tru
             _Buffer("per-row columns and output staging", m.columns * heads, 1),
         ]
     return [
+        *fixed,
         weights,
         _Buffer("row inputs of one token tile and head", m.row_inputs * width, m.row_copies if overlap else 1),
-        _Buffer("epilogue tiles", m.epilogue * width, 1),
+        # overlapped: a head's output tiles wait for their stores until the next-but-one head's loads queue
+        _Buffer("epilogue tiles", m.epilogue * width, 2 if overlap else 1),
         _Buffer("reduction chunk temporaries", m.chunk * hb, 1),
         _Buffer("per-row columns and output staging", m.columns * heads, 1),
     ]
@@ -141,7 +147,7 @@ def _choose_rows(m: _RowModel, width: int, heads: int, budget: int) -> tuple[int
         f"(the prepared weights stay width-long); the budget is {budget} B"
     )
 
-_MODEL = _RowModel(resident_per_head=4, prep_scratch=0, row_inputs=2, epilogue=2, chunk=4, columns=48, row_copies=2, stream_epilogue=2)
+_MODEL = _RowModel(resident_per_head=4, prep_scratch=0, row_inputs=2, epilogue=2, chunk=4, columns=48, row_copies=2, stream_epilogue=2, launch_tiles=0)
 
 
 def _prepare_weights(h, w_hbm):
@@ -269,7 +275,11 @@ def qk_norm_kernel(q_hbm, w_hbm, eps_arg, HB, resident, overlap, streamed, save)
     nisa.memset(dst=sr0_c0[0:_P, 0:1], value=(1.0 / float(d_D)), engine=nisa.engine.gpsimd)
     scc0 = nl.ndarray((_P, 1), dtype=nl.float32, buffer=nl.sbuf)
     nisa.memset(dst=scc0[0:_P, 0:1], value=eps_arg, engine=nisa.engine.gpsimd)
-    stores = []  # output DMAs, issued once the next head's loads are queued (the DMA queues are in order)
+    # output DMAs of the last epilogue, and of the one before (the DMA queues are in order: overlapped, a head's
+    # stores wait until the next-but-one head's loads are queued, so a store waiting for its epilogue never
+    # holds up a load; else until the next head's loads are)
+    stores = []
+    queued = []
     t_begin = min(d_T, nl.program_id(0) * _rows_per_core(d_T, nl.num_programs()))
     t_end = min(d_T, t_begin + _rows_per_core(d_T, nl.num_programs()))
     # the previous head's state (head_passes' result) while its epilogue is still to run: at most one; a list,
@@ -289,9 +299,9 @@ def qk_norm_kernel(q_hbm, w_hbm, eps_arg, HB, resident, overlap, streamed, save)
             for h in range(d_NH):
                 prepared = held[h] if resident else _prepare_weights(h, w_hbm)
                 head = _head_passes(t0, pt, h, HB, d_D, ec0, prepared, q_hbm, r0_c0)  # ahead of the previous head's epilogue and stores
-                for dst, src in stores:
+                for dst, src in queued if overlap else stores:
                     nisa.dma_copy(dst=dst, src=src)
-                stores = []
+                queued, stores = (stores, []) if overlap else ([], [])
                 for prev in pending:
                     stores.extend(_head_epilogue(prev, d_D, y_hbm))
                 pending = [head] if overlap else []
@@ -299,7 +309,7 @@ def qk_norm_kernel(q_hbm, w_hbm, eps_arg, HB, resident, overlap, streamed, save)
                     stores.extend(_head_epilogue(head, d_D, y_hbm))
         for prev in pending:
             stores.extend(_head_epilogue(prev, d_D, y_hbm))
-        for dst, src in stores:
+        for dst, src in queued + stores:
             nisa.dma_copy(dst=dst, src=src)
     return y_hbm
 

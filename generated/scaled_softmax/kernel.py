@@ -35,6 +35,7 @@ class _RowModel(NamedTuple):
     columns: int  # bytes of [P, 1] columns and per-head staging, per head
     row_copies: int = 1  # row inputs in flight: 2 when the next head's loads overlap this head's epilogue
     stream_epilogue: int = 0  # temporaries of the chunked epilogue of a streamed plan, per chunk column
+    launch_tiles: int = 0  # bytes of launch-wide tiles independent of width and heads (the PE identity)
 
 
 class _Buffer(NamedTuple):
@@ -71,8 +72,11 @@ def _buffers(m: _RowModel, width: int, heads: int, hb: int, resident: bool = Tru
     weights = _Buffer(
         f"prepared weights (fp32, {kept})", m.resident_per_head * _held_heads(heads, resident) * width, rebuilt
     )
+    identity = _Buffer("launch-wide tiles (the Tensor engine's identity)", m.launch_tiles, 1)
+    fixed = [identity] if m.launch_tiles else []
     if streamed:
         return [
+            *fixed,
             weights,
             _Buffer("row input chunks (streamed from HBM)", m.row_inputs * hb, 1),
             _Buffer("epilogue chunk temporaries", m.stream_epilogue * hb, 1),
@@ -80,9 +84,11 @@ def _buffers(m: _RowModel, width: int, heads: int, hb: int, resident: bool = Tru
             _Buffer("per-row columns and output staging", m.columns * heads, 1),
         ]
     return [
+        *fixed,
         weights,
         _Buffer("row inputs of one token tile and head", m.row_inputs * width, m.row_copies if overlap else 1),
-        _Buffer("epilogue tiles", m.epilogue * width, 1),
+        # overlapped: a head's output tiles wait for their stores until the next-but-one head's loads queue
+        _Buffer("epilogue tiles", m.epilogue * width, 2 if overlap else 1),
         _Buffer("reduction chunk temporaries", m.chunk * hb, 1),
         _Buffer("per-row columns and output staging", m.columns * heads, 1),
     ]
@@ -141,23 +147,23 @@ def _choose_rows(m: _RowModel, width: int, heads: int, budget: int) -> tuple[int
         f"(the prepared weights stay width-long); the budget is {budget} B"
     )
 
-_MODEL = _RowModel(resident_per_head=0, prep_scratch=0, row_inputs=2, epilogue=6, chunk=4, columns=92, row_copies=2, stream_epilogue=6)
+_MODEL = _RowModel(resident_per_head=0, prep_scratch=0, row_inputs=2, epilogue=2, chunk=4, columns=92, row_copies=2, stream_epilogue=2, launch_tiles=0)
 
 
-def _head_passes(t0, pt, h, HB, d_H, ec0, lse_sv, r1_c0, scale_arg, x_ld):
+def _head_passes(t0, pt, h, HB, d_H, ec0, lse_sv, r0_c0, r1_c0, scale_arg, x_ld):
     """Token tile t0, head h: loads, reduction passes, per-row math; returns what head_epilogue reads."""
     # reduction pass 1: partial results per chunk, folded into [_P, 1] accumulators
     for c in range(_cdiv(d_H, HB)):
         c0 = c * HB
         hw = min(HB, d_H - c0)
         r0_0 = nl.ndarray((_P, 1), dtype=nl.float32, buffer=nl.sbuf)
-        r0_1 = nl.ndarray((_P, HB), dtype=nl.float32, buffer=nl.sbuf)
-        nisa.activation(dst=r0_1[0:pt, 0:hw], op=nl.copy, data=x_ld[0:pt, c0:c0 + hw], scale=scale_arg)
-        nisa.tensor_reduce(dst=r0_0[0:pt, 0:1], op=nl.maximum, data=r0_1[0:pt, 0:hw], axis=(1,))
+        nisa.tensor_reduce(dst=r0_0[0:pt, 0:1], op=(nl.maximum if scale_arg >= 0 else nl.minimum), data=x_ld[0:pt, c0:c0 + hw], axis=(1,))
+        r0_1 = nl.ndarray((_P, 1), dtype=nl.float32, buffer=nl.sbuf)
+        nisa.tensor_tensor(dst=r0_1[0:pt, 0:1], data1=r0_0[0:pt, 0:1], data2=r0_c0[0:pt, 0:1], op=nl.multiply, engine=nisa.engine.gpsimd)
         if c == 0:
-            acc3 = r0_0
+            acc3 = r0_1
         else:
-            nisa.tensor_tensor(dst=acc3[0:pt, 0:1], data1=acc3[0:pt, 0:1], data2=r0_0[0:pt, 0:1], op=nl.maximum, engine=nisa.engine.vector)
+            nisa.tensor_tensor(dst=acc3[0:pt, 0:1], data1=acc3[0:pt, 0:1], data2=r0_1[0:pt, 0:1], op=nl.maximum, engine=nisa.engine.vector)
     # reduction pass 2: partial results per chunk, folded into [_P, 1] accumulators
     for c in range(_cdiv(d_H, HB)):
         c0 = c * HB
@@ -173,32 +179,28 @@ def _head_passes(t0, pt, h, HB, d_H, ec0, lse_sv, r1_c0, scale_arg, x_ld):
             nisa.tensor_tensor(dst=acc6[0:pt, 0:1], data1=acc6[0:pt, 0:1], data2=r1_2[0:pt, 0:1], op=nl.add, engine=nisa.engine.gpsimd)
     # per-row math on the accumulators, before the previous head's full-width epilogue
     e0 = nl.ndarray((_P, 1), dtype=nl.float32, buffer=nl.sbuf)
-    nisa.tensor_tensor(dst=e0[0:pt, 0:1], data1=acc3[0:pt, 0:1], data2=ec0[0:pt, 0:1], op=nl.multiply, engine=nisa.engine.gpsimd)
-    return (t0, pt, h, acc3, acc6, e0, lse_sv, x_ld)
+    nisa.activation(dst=e0[0:pt, 0:1], op=nl.log, data=acc6[0:pt, 0:1])
+    e1 = nl.ndarray((_P, 1), dtype=nl.float32, buffer=nl.sbuf)
+    nisa.tensor_tensor(dst=e1[0:pt, 0:1], data1=acc3[0:pt, 0:1], data2=e0[0:pt, 0:1], op=nl.add, engine=nisa.engine.gpsimd)
+    e2 = nl.ndarray((_P, 1), dtype=nl.float32, buffer=nl.sbuf)
+    nisa.tensor_tensor(dst=e2[0:pt, 0:1], data1=e1[0:pt, 0:1], data2=ec0[0:pt, 0:1], op=nl.multiply, engine=nisa.engine.gpsimd)
+    return (t0, pt, h, e1, e2, lse_sv, x_ld)
 
 
 def _head_epilogue(head, d_H, lse_hbm, p_hbm, scale_arg):
     """Head state `head` from head_passes: the full-width combine and staged columns; returns its output DMAs."""
-    t0, pt, h, acc3, acc6, e0, lse_sv, x_ld = head
+    t0, pt, h, e1, e2, lse_sv, x_ld = head
     stores = []
-    e1 = nl.ndarray((_P, d_H), dtype=nl.float32, buffer=nl.sbuf)
-    nisa.activation(dst=e1[0:pt, 0:d_H], op=nl.exp, data=x_ld[0:pt, 0:d_H], bias=e0[0:pt, 0:1], scale=scale_arg)
-    e2 = nl.ndarray((_P, 1), dtype=nl.float32, buffer=nl.sbuf)
-    nisa.reciprocal(dst=e2[0:pt, 0:1], data=acc6[0:pt, 0:1])
     e3 = nl.ndarray((_P, d_H), dtype=nl.bfloat16, buffer=nl.sbuf)
-    nisa.tensor_scalar(dst=e3[0:pt, 0:d_H], data=e1[0:pt, 0:d_H], op0=nl.multiply, operand0=e2[0:pt, 0:1])
-    e4 = nl.ndarray((_P, 1), dtype=nl.float32, buffer=nl.sbuf)
-    nisa.activation(dst=e4[0:pt, 0:1], op=nl.log, data=acc6[0:pt, 0:1])
-    e5 = nl.ndarray((_P, 1), dtype=nl.float32, buffer=nl.sbuf)
-    nisa.tensor_tensor(dst=e5[0:pt, 0:1], data1=acc3[0:pt, 0:1], data2=e4[0:pt, 0:1], op=nl.add, engine=nisa.engine.gpsimd)
+    nisa.activation(dst=e3[0:pt, 0:d_H], op=nl.exp, data=x_ld[0:pt, 0:d_H], bias=e2[0:pt, 0:1], scale=scale_arg)
     stores.append((p_hbm[t0:t0 + pt, h, 0:d_H], e3[0:pt, 0:d_H]))
-    nisa.tensor_copy(dst=lse_sv[0:pt, h:h + 1], src=e5[0:pt, 0:1])
+    nisa.tensor_copy(dst=lse_sv[0:pt, h:h + 1], src=e1[0:pt, 0:1], engine=nisa.engine.gpsimd)
     if h == 1 - 1:
         stores.append((lse_hbm[t0:t0 + pt, 0:1], lse_sv[0:pt, 0:1]))
     return stores
 
 
-def _stream_passes(t0, pt, h, HB, d_H, lse_sv, scale_arg, sr1_c0, x_hbm):
+def _stream_passes(t0, pt, h, HB, d_H, lse_sv, scale_arg, sr0_c0, sr1_c0, x_hbm):
     """head_passes for rows too wide for SBUF: each pass reads its chunks of the row inputs from HBM."""
     # reduction pass 1: partial results per chunk, folded into [_P, 1] accumulators
     for c in range(_cdiv(d_H, HB)):
@@ -207,13 +209,13 @@ def _stream_passes(t0, pt, h, HB, d_H, lse_sv, scale_arg, sr1_c0, x_hbm):
         x_ld = nl.ndarray((_P, HB), dtype=nl.bfloat16, buffer=nl.sbuf)
         nisa.dma_copy(dst=x_ld[0:pt, 0:hw], src=x_hbm[t0:t0 + pt, 0, c0:c0 + hw])
         sr0_0 = nl.ndarray((_P, 1), dtype=nl.float32, buffer=nl.sbuf)
-        sr0_1 = nl.ndarray((_P, HB), dtype=nl.float32, buffer=nl.sbuf)
-        nisa.activation(dst=sr0_1[0:pt, 0:hw], op=nl.copy, data=x_ld[0:pt, 0:hw], scale=scale_arg)
-        nisa.tensor_reduce(dst=sr0_0[0:pt, 0:1], op=nl.maximum, data=sr0_1[0:pt, 0:hw], axis=(1,))
+        nisa.tensor_reduce(dst=sr0_0[0:pt, 0:1], op=(nl.maximum if scale_arg >= 0 else nl.minimum), data=x_ld[0:pt, 0:hw], axis=(1,))
+        sr0_1 = nl.ndarray((_P, 1), dtype=nl.float32, buffer=nl.sbuf)
+        nisa.tensor_tensor(dst=sr0_1[0:pt, 0:1], data1=sr0_0[0:pt, 0:1], data2=sr0_c0[0:pt, 0:1], op=nl.multiply, engine=nisa.engine.gpsimd)
         if c == 0:
-            acc3 = sr0_0
+            acc3 = sr0_1
         else:
-            nisa.tensor_tensor(dst=acc3[0:pt, 0:1], data1=acc3[0:pt, 0:1], data2=sr0_0[0:pt, 0:1], op=nl.maximum, engine=nisa.engine.vector)
+            nisa.tensor_tensor(dst=acc3[0:pt, 0:1], data1=acc3[0:pt, 0:1], data2=sr0_1[0:pt, 0:1], op=nl.maximum, engine=nisa.engine.vector)
     # reduction pass 2: partial results per chunk, folded into [_P, 1] accumulators
     for c in range(_cdiv(d_H, HB)):
         c0 = c * HB
@@ -248,15 +250,15 @@ def _stream_epilogue(head, HB, d_H, lse_hbm, p_hbm, scale_arg, sec0, x_hbm):
         x_ld = nl.ndarray((_P, HB), dtype=nl.bfloat16, buffer=nl.sbuf)
         nisa.dma_copy(dst=x_ld[0:pt, 0:hw], src=x_hbm[t0:t0 + pt, 0, c0:c0 + hw])
         se0 = nl.ndarray((_P, 1), dtype=nl.float32, buffer=nl.sbuf)
-        nisa.tensor_tensor(dst=se0[0:pt, 0:1], data1=acc3[0:pt, 0:1], data2=sec0[0:pt, 0:1], op=nl.multiply, engine=nisa.engine.gpsimd)
-        se1 = nl.ndarray((_P, HB), dtype=nl.float32, buffer=nl.sbuf)
-        nisa.activation(dst=se1[0:pt, 0:hw], op=nl.exp, data=x_ld[0:pt, 0:hw], bias=se0[0:pt, 0:1], scale=scale_arg)
+        nisa.activation(dst=se0[0:pt, 0:1], op=nl.log, data=acc6[0:pt, 0:1])
+        se1 = nl.ndarray((_P, 1), dtype=nl.float32, buffer=nl.sbuf)
+        nisa.tensor_tensor(dst=se1[0:pt, 0:1], data1=acc3[0:pt, 0:1], data2=se0[0:pt, 0:1], op=nl.add, engine=nisa.engine.gpsimd)
         se2 = nl.ndarray((_P, 1), dtype=nl.float32, buffer=nl.sbuf)
-        nisa.reciprocal(dst=se2[0:pt, 0:1], data=acc6[0:pt, 0:1])
+        nisa.tensor_tensor(dst=se2[0:pt, 0:1], data1=se1[0:pt, 0:1], data2=sec0[0:pt, 0:1], op=nl.multiply, engine=nisa.engine.gpsimd)
         se3 = nl.ndarray((_P, HB), dtype=nl.bfloat16, buffer=nl.sbuf)
-        nisa.tensor_scalar(dst=se3[0:pt, 0:hw], data=se1[0:pt, 0:hw], op0=nl.multiply, operand0=se2[0:pt, 0:1])
+        nisa.activation(dst=se3[0:pt, 0:hw], op=nl.exp, data=x_ld[0:pt, 0:hw], bias=se2[0:pt, 0:1], scale=scale_arg)
         nisa.dma_copy(dst=p_hbm[t0:t0 + pt, h, c0:c0 + hw], src=se3[0:pt, 0:hw])
-    nisa.tensor_copy(dst=lse_sv[0:pt, h:h + 1], src=sc1[0:pt, 0:1])
+    nisa.tensor_copy(dst=lse_sv[0:pt, h:h + 1], src=sc1[0:pt, 0:1], engine=nisa.engine.gpsimd)
     if h == 1 - 1:
         stores.append((lse_hbm[t0:t0 + pt, 0:1], lse_sv[0:pt, 0:1]))
     return stores
@@ -277,15 +279,23 @@ def scaled_softmax_kernel(x_hbm, scale_arg, HB, resident, overlap, streamed, sav
     p_hbm_flat = nl.ndarray((d_T, d_H), dtype=nl.bfloat16, buffer=nl.shared_hbm)
     lse_hbm = nl.ndarray((d_T, 1), dtype=nl.float32, buffer=nl.shared_hbm)
     p_hbm = p_hbm_flat.reshape((d_T, 1, d_H))
+    r0_c0 = nl.ndarray((_P, 1), dtype=nl.float32, buffer=nl.sbuf)
+    nisa.memset(dst=r0_c0[0:_P, 0:1], value=scale_arg, engine=nisa.engine.gpsimd)
     r1_c0 = nl.ndarray((_P, 1), dtype=nl.float32, buffer=nl.sbuf)
     nisa.memset(dst=r1_c0[0:_P, 0:1], value=-1.0, engine=nisa.engine.gpsimd)
     ec0 = nl.ndarray((_P, 1), dtype=nl.float32, buffer=nl.sbuf)
     nisa.memset(dst=ec0[0:_P, 0:1], value=-1.0, engine=nisa.engine.gpsimd)
+    sr0_c0 = nl.ndarray((_P, 1), dtype=nl.float32, buffer=nl.sbuf)
+    nisa.memset(dst=sr0_c0[0:_P, 0:1], value=scale_arg, engine=nisa.engine.gpsimd)
     sr1_c0 = nl.ndarray((_P, 1), dtype=nl.float32, buffer=nl.sbuf)
     nisa.memset(dst=sr1_c0[0:_P, 0:1], value=-1.0, engine=nisa.engine.gpsimd)
     sec0 = nl.ndarray((_P, 1), dtype=nl.float32, buffer=nl.sbuf)
     nisa.memset(dst=sec0[0:_P, 0:1], value=-1.0, engine=nisa.engine.gpsimd)
-    stores = []  # output DMAs, issued once the next head's loads are queued (the DMA queues are in order)
+    # output DMAs of the last epilogue, and of the one before (the DMA queues are in order: overlapped, a head's
+    # stores wait until the next-but-one head's loads are queued, so a store waiting for its epilogue never
+    # holds up a load; else until the next head's loads are)
+    stores = []
+    queued = []
     t_begin = min(d_T, nl.program_id(0) * _rows_per_core(d_T, nl.num_programs()))
     t_end = min(d_T, t_begin + _rows_per_core(d_T, nl.num_programs()))
     # the previous head's state (head_passes' result) while its epilogue is still to run: at most one; a list,
@@ -296,7 +306,7 @@ def scaled_softmax_kernel(x_hbm, scale_arg, HB, resident, overlap, streamed, sav
             pt = min(_P, t_end - t0)
             lse_sv = nl.ndarray((_P, 1), dtype=nl.float32, buffer=nl.sbuf)
             for h in range(1):
-                head = _stream_passes(t0, pt, h, HB, d_H, lse_sv, scale_arg, sr1_c0, x_hbm)
+                head = _stream_passes(t0, pt, h, HB, d_H, lse_sv, scale_arg, sr0_c0, sr1_c0, x_hbm)
                 for dst, src in _stream_epilogue(head, HB, d_H, lse_hbm, p_hbm, scale_arg, sec0, x_hbm):
                     nisa.dma_copy(dst=dst, src=src)
     else:
@@ -306,10 +316,10 @@ def scaled_softmax_kernel(x_hbm, scale_arg, HB, resident, overlap, streamed, sav
             nisa.dma_copy(dst=x_ld[0:pt, 0:d_H], src=x_hbm[t0:t0 + pt, 0, 0:d_H])
             lse_sv = nl.ndarray((_P, 1), dtype=nl.float32, buffer=nl.sbuf)
             for h in range(1):
-                head = _head_passes(t0, pt, h, HB, d_H, ec0, lse_sv, r1_c0, scale_arg, x_ld)  # ahead of the previous head's epilogue and stores
-                for dst, src in stores:
+                head = _head_passes(t0, pt, h, HB, d_H, ec0, lse_sv, r0_c0, r1_c0, scale_arg, x_ld)  # ahead of the previous head's epilogue and stores
+                for dst, src in queued if overlap else stores:
                     nisa.dma_copy(dst=dst, src=src)
-                stores = []
+                queued, stores = (stores, []) if overlap else ([], [])
                 for prev in pending:
                     stores.extend(_head_epilogue(prev, d_H, lse_hbm, p_hbm, scale_arg))
                 pending = [head] if overlap else []
@@ -317,7 +327,7 @@ def scaled_softmax_kernel(x_hbm, scale_arg, HB, resident, overlap, streamed, sav
                     stores.extend(_head_epilogue(head, d_H, lse_hbm, p_hbm, scale_arg))
         for prev in pending:
             stores.extend(_head_epilogue(prev, d_H, lse_hbm, p_hbm, scale_arg))
-        for dst, src in stores:
+        for dst, src in queued + stores:
             nisa.dma_copy(dst=dst, src=src)
     return p_hbm_flat, lse_hbm
 

@@ -35,6 +35,7 @@ class _RowModel(NamedTuple):
     columns: int  # bytes of [P, 1] columns and per-head staging, per head
     row_copies: int = 1  # row inputs in flight: 2 when the next head's loads overlap this head's epilogue
     stream_epilogue: int = 0  # temporaries of the chunked epilogue of a streamed plan, per chunk column
+    launch_tiles: int = 0  # bytes of launch-wide tiles independent of width and heads (the PE identity)
 
 
 class _Buffer(NamedTuple):
@@ -71,8 +72,11 @@ def _buffers(m: _RowModel, width: int, heads: int, hb: int, resident: bool = Tru
     weights = _Buffer(
         f"prepared weights (fp32, {kept})", m.resident_per_head * _held_heads(heads, resident) * width, rebuilt
     )
+    identity = _Buffer("launch-wide tiles (the Tensor engine's identity)", m.launch_tiles, 1)
+    fixed = [identity] if m.launch_tiles else []
     if streamed:
         return [
+            *fixed,
             weights,
             _Buffer("row input chunks (streamed from HBM)", m.row_inputs * hb, 1),
             _Buffer("epilogue chunk temporaries", m.stream_epilogue * hb, 1),
@@ -80,9 +84,11 @@ def _buffers(m: _RowModel, width: int, heads: int, hb: int, resident: bool = Tru
             _Buffer("per-row columns and output staging", m.columns * heads, 1),
         ]
     return [
+        *fixed,
         weights,
         _Buffer("row inputs of one token tile and head", m.row_inputs * width, m.row_copies if overlap else 1),
-        _Buffer("epilogue tiles", m.epilogue * width, 1),
+        # overlapped: a head's output tiles wait for their stores until the next-but-one head's loads queue
+        _Buffer("epilogue tiles", m.epilogue * width, 2 if overlap else 1),
         _Buffer("reduction chunk temporaries", m.chunk * hb, 1),
         _Buffer("per-row columns and output staging", m.columns * heads, 1),
     ]
@@ -141,7 +147,7 @@ def _choose_rows(m: _RowModel, width: int, heads: int, budget: int) -> tuple[int
         f"(the prepared weights stay width-long); the budget is {budget} B"
     )
 
-_MODEL = _RowModel(resident_per_head=0, prep_scratch=0, row_inputs=4, epilogue=6, chunk=0, columns=0, row_copies=2, stream_epilogue=6)
+_MODEL = _RowModel(resident_per_head=0, prep_scratch=0, row_inputs=4, epilogue=10, chunk=0, columns=0, row_copies=2, stream_epilogue=6, launch_tiles=768)
 
 
 def _head_passes(t0, pt, h, _1_ld, _3_ld):
@@ -150,15 +156,22 @@ def _head_passes(t0, pt, h, _1_ld, _3_ld):
     return (t0, pt, h, _1_ld, _3_ld)
 
 
-def _head_epilogue(head, d_D, y_hbm):
+def _head_epilogue(head, d_D, pe_identity, y_hbm):
     """Head state `head` from head_passes: the full-width combine and staged columns; returns its output DMAs."""
     t0, pt, h, _1_ld, _3_ld = head
     stores = []
     e0 = nl.ndarray((_P, d_D), dtype=nl.float32, buffer=nl.sbuf)
     nisa.activation(dst=e0[0:pt, 0:d_D], op=nl.silu, data=_1_ld[0:pt, 0:d_D])
-    e1 = nl.ndarray((_P, d_D), dtype=nl.bfloat16, buffer=nl.sbuf)
-    nisa.tensor_tensor(dst=e1[0:pt, 0:d_D], data1=e0[0:pt, 0:d_D], data2=_3_ld[0:pt, 0:d_D], op=nl.multiply)
-    stores.append((y_hbm[t0:t0 + pt, h, 0:d_D], e1[0:pt, 0:d_D]))
+    e1 = nl.ndarray((_P, d_D), dtype=nl.float32, buffer=nl.psum if d_D <= nl.tile_size.psum_bank_fmax * nl.tile_size.psum_num_banks else nl.sbuf)
+    if d_D <= nl.tile_size.psum_bank_fmax * nl.tile_size.psum_num_banks:
+        for q0 in range(0, d_D, _F_MOV):
+            qw = min(_F_MOV, d_D - q0)
+            nisa.nc_matmul(dst=e1[0:pt, q0:q0 + qw], stationary=pe_identity[0:pt, 0:pt], moving=_3_ld[0:pt, q0:q0 + qw], accumulate=False)
+    else:
+        nisa.activation(dst=e1[0:pt, 0:d_D], op=nl.copy, data=_3_ld[0:pt, 0:d_D])
+    e2 = nl.ndarray((_P, d_D), dtype=nl.bfloat16, buffer=nl.sbuf)
+    nisa.tensor_tensor(dst=e2[0:pt, 0:d_D], data1=e0[0:pt, 0:d_D], data2=e1[0:pt, 0:d_D], op=nl.multiply)
+    stores.append((y_hbm[t0:t0 + pt, h, 0:d_D], e2[0:pt, 0:d_D]))
     return stores
 
 
@@ -202,7 +215,15 @@ def silu_and_mul_kernel(x_hbm, HB, resident, overlap, streamed, save):
     d_D = x_hbm.shape[2] // 2
     y_hbm_flat = nl.ndarray((d_T, d_D), dtype=nl.bfloat16, buffer=nl.shared_hbm)
     y_hbm = y_hbm_flat.reshape((d_T, 1, d_D))
-    stores = []  # output DMAs, issued once the next head's loads are queued (the DMA queues are in order)
+    pe_offsets = nl.ndarray((_P, _P), dtype=nl.int32, buffer=nl.sbuf)
+    nisa.iota(dst=pe_offsets[0:_P, 0:_P], pattern=[[-1, _P]], offset=0, channel_multiplier=1)
+    pe_identity = nl.ndarray((_P, _P), dtype=nl.bfloat16, buffer=nl.sbuf)
+    nisa.tensor_scalar(dst=pe_identity[0:_P, 0:_P], data=pe_offsets[0:_P, 0:_P], op0=nl.equal, operand0=0.0)
+    # output DMAs of the last epilogue, and of the one before (the DMA queues are in order: overlapped, a head's
+    # stores wait until the next-but-one head's loads are queued, so a store waiting for its epilogue never
+    # holds up a load; else until the next head's loads are)
+    stores = []
+    queued = []
     t_begin = min(d_T, nl.program_id(0) * _rows_per_core(d_T, nl.num_programs()))
     t_end = min(d_T, t_begin + _rows_per_core(d_T, nl.num_programs()))
     # the previous head's state (head_passes' result) while its epilogue is still to run: at most one; a list,
@@ -224,17 +245,17 @@ def silu_and_mul_kernel(x_hbm, HB, resident, overlap, streamed, save):
             nisa.dma_copy(dst=_3_ld[0:pt, 0:d_D], src=x_hbm[t0:t0 + pt, 0, d_D:d_D + d_D])
             for h in range(1):
                 head = _head_passes(t0, pt, h, _1_ld, _3_ld)  # ahead of the previous head's epilogue and stores
-                for dst, src in stores:
+                for dst, src in queued if overlap else stores:
                     nisa.dma_copy(dst=dst, src=src)
-                stores = []
+                queued, stores = (stores, []) if overlap else ([], [])
                 for prev in pending:
-                    stores.extend(_head_epilogue(prev, d_D, y_hbm))
+                    stores.extend(_head_epilogue(prev, d_D, pe_identity, y_hbm))
                 pending = [head] if overlap else []
                 if not overlap:
-                    stores.extend(_head_epilogue(head, d_D, y_hbm))
+                    stores.extend(_head_epilogue(head, d_D, pe_identity, y_hbm))
         for prev in pending:
-            stores.extend(_head_epilogue(prev, d_D, y_hbm))
-        for dst, src in stores:
+            stores.extend(_head_epilogue(prev, d_D, pe_identity, y_hbm))
+        for dst, src in queued + stores:
             nisa.dma_copy(dst=dst, src=src)
     return y_hbm_flat
 

@@ -49,11 +49,14 @@ def test_every_row_example_plans_at_every_width(ex: RowExample) -> None:
 
 @pytest.mark.parametrize("vocab", [v for _, v in VOCABS])
 def test_softmax_streams_vocabularies_reading_the_logits_three_times(vocab: int) -> None:
+    """Vocabularies from 128k stream; a 32k one fits SBUF whole (its epilogue holds only the bf16 output:
+    the normalised exponential is one activation), so its logits are read once."""
     ex = next(e for e in EXAMPLES if e.name == "scaled_softmax")
     plan = plan_rows(ex, {"T": 2048, "H": vocab}, "trn2", 2).plan
-    assert plan is not None and _streamed(plan)
+    assert plan is not None and _streamed(plan) == (vocab > 32000)
     # max, then the sum of exponentials, then the normalised row: three reads of the logits, one write
-    assert dict(plan.hbm_bytes)["per token"] == 3 * 2 * vocab + 2 * vocab + 4
+    reads = 3 if vocab > 32000 else 1
+    assert dict(plan.hbm_bytes)["per token"] == reads * 2 * vocab + 2 * vocab + 4
 
 
 def test_the_resident_plan_stays_where_rows_fit() -> None:
@@ -64,10 +67,11 @@ def test_the_resident_plan_stays_where_rows_fit() -> None:
 
 
 #: streamed rows keep one head's fp32 prepared weights width-long: 4 B per column for the Engram gate's
-#: w_h * w_e, so nothing fits at H=65536 on trn1 (that weight alone is 262,144 B > 180,224 B)
+#: w_h * w_e, so nothing fits at H=65536 on trn1 (that weight alone is 262,144 B > 180,224 B; the rest:
+#: 128-column chunks, per-row columns and the Tensor engine's 768-byte identity)
 LIMIT = ["T=8", "HC=2", "H=65536"]
 LIMIT_MESSAGE = (
-    r"width 65536 with 2 heads needs 265,?976 B/partition of SBUF even with rows streamed from HBM in "
+    r"width 65536 with 2 heads needs 266,?744 B/partition of SBUF even with rows streamed from HBM in "
     r"128-column chunks .*the budget is 180,?224 B"
 )
 

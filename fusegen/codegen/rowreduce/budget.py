@@ -23,6 +23,7 @@ class RowModel(NamedTuple):
     columns: int  # bytes of [P, 1] columns and per-head staging, per head
     row_copies: int = 1  # row inputs in flight: 2 when the next head's loads overlap this head's epilogue
     stream_epilogue: int = 0  # temporaries of the chunked epilogue of a streamed plan, per chunk column
+    launch_tiles: int = 0  # bytes of launch-wide tiles independent of width and heads (the PE identity)
 
 
 class Buffer(NamedTuple):
@@ -59,8 +60,11 @@ def buffers(m: RowModel, width: int, heads: int, hb: int, resident: bool = True,
     weights = Buffer(
         f"prepared weights (fp32, {kept})", m.resident_per_head * held_heads(heads, resident) * width, rebuilt
     )
+    identity = Buffer("launch-wide tiles (the Tensor engine's identity)", m.launch_tiles, 1)
+    fixed = [identity] if m.launch_tiles else []
     if streamed:
         return [
+            *fixed,
             weights,
             Buffer("row input chunks (streamed from HBM)", m.row_inputs * hb, 1),
             Buffer("epilogue chunk temporaries", m.stream_epilogue * hb, 1),
@@ -68,9 +72,11 @@ def buffers(m: RowModel, width: int, heads: int, hb: int, resident: bool = True,
             Buffer("per-row columns and output staging", m.columns * heads, 1),
         ]
     return [
+        *fixed,
         weights,
         Buffer("row inputs of one token tile and head", m.row_inputs * width, m.row_copies if overlap else 1),
-        Buffer("epilogue tiles", m.epilogue * width, 1),
+        # overlapped: a head's output tiles wait for their stores until the next-but-one head's loads queue
+        Buffer("epilogue tiles", m.epilogue * width, 2 if overlap else 1),
         Buffer("reduction chunk temporaries", m.chunk * hb, 1),
         Buffer("per-row columns and output staging", m.columns * heads, 1),
     ]

@@ -17,6 +17,7 @@ from collections.abc import Callable, Iterable
 from dataclasses import dataclass
 from typing import TypeVar
 
+from fusegen.codegen import select_pe
 from fusegen.codegen.engines import GPSIMD, VECTOR, gpsimd_allows
 from fusegen.codegen.family import kernel_arg
 from fusegen.codegen.rowreduce.budget import RowModel
@@ -127,9 +128,11 @@ def balanced(lower: Callable[[EngineLoad], _T]) -> _T:
 
 def _lower_rowreduce(ir: KernelIR, m: RowReduceMatch, load: EngineLoad) -> RowReduceLowering:
     """The three stages of `m`, full-width steps of the passes and the epilogue balanced by one `load`."""
-    passes = lower_passes(ir, m, load)
+    passes = lower_passes(ir, m, load, pe_staging=True)
     epi, n_required, tile_outs, col_outs = _lower_epilogue(ir, m, passes.resident, load)
     n_columns = column_prefix(epi, n_required)
+    constants = tuple(dict.fromkeys(passes.constants + tuple(epi.constants)))  # one PE identity
+    columns = [ln for ln in constants if not select_pe.identity_line(ln)]
     model = RowModel(
         resident_per_head=4 * len(passes.resident),
         prep_scratch=0,  # the prep holds one 512-column chunk of each weight row at a time
@@ -137,23 +140,28 @@ def _lower_rowreduce(ir: KernelIR, m: RowReduceMatch, load: EngineLoad) -> RowRe
         epilogue=sum(DTYPE_BYTES[dt] for _, kind, dt in epi.tiles if kind == "tile"),
         chunk=passes.chunk_bytes,
         columns=4 * (sum(1 for _, k, _ in epi.tiles if k == "vec") + len(passes.levels) * 8 + len(col_outs)
-                     + (len(passes.constants) + len(epi.constants)) // 2),
+                     + len(columns) // 2),
         row_copies=2,  # head_passes of the next head runs before this head's full-width epilogue
+        launch_tiles=select_pe.IDENTITY_BYTES if len(columns) < len(constants) else 0,
     )  # fmt: skip
     return RowReduceLowering(
         passes=passes, epi_columns=tuple(epi.lines[:n_columns]),
         epi_lines=tuple(epi.lines[n_columns:n_required]), save_lines=tuple(epi.lines[n_required:]),
         tile_outputs=tile_outs, required_columns=tuple(c for c in col_outs if not c.optional),
         optional_columns=tuple(c for c in col_outs if c.optional), model=model,
-        constants=passes.constants + tuple(epi.constants),
+        constants=constants,
     )  # fmt: skip
 
 
-def lower_passes(ir: KernelIR, m: RowReduceMatch, load: EngineLoad | None = None) -> RowPasses:
-    """The prep, the loads and the reduction passes of `m` (full-width steps balanced by `load`)."""
+def lower_passes(ir: KernelIR, m: RowReduceMatch, load: EngineLoad | None = None, pe_staging: bool = False
+                 ) -> RowPasses:  # fmt: skip
+    """The prep, the loads and the reduction passes of `m` (full-width steps balanced by `load`; two-tile
+    steps through PSUM with `pe_staging`, which the forward kernel uses)."""
     width = dim_source(m.width)
     prep, prep_loads, resident = _lower_prep(ir, m, width)
-    levels, chunk_bytes, column_tiles, hoisted, constants = lower_levels(ir, m, resident, load=load)
+    levels, chunk_bytes, column_tiles, hoisted, constants = lower_levels(
+        ir, m, resident, load=load, pe_staging=pe_staging
+    )
     row_loads = [load_row(ir, ld, f"0:{width}") for ld in m.loads]
     return RowPasses(
         rows=dim_source(m.rows), heads=dim_source(m.heads), width=width,
@@ -282,23 +290,26 @@ def _resident_leaves(resident: dict[int, str], free: str) -> dict[int, Operand]:
 
 def lower_levels(
     ir: KernelIR, m: RowReduceMatch, resident: dict[int, str], row_free: str = CHUNK, tag: str = "",
-    load: EngineLoad | None = None,
+    load: EngineLoad | None = None, pe_staging: bool = False,
 ) -> tuple[tuple[Level, ...], int, int, dict[int, Operand], tuple[str, ...]]:
     """Each level's lines and accumulations, the widest level's chunk bytes per column, the [P, 1] tiles
     of all levels, the per-row values hoisted out of their chunk loops (later stages reuse them), and the
     launch-wide constant columns. Row inputs are read at `row_free` (LOCAL when each chunk is streamed in);
-    `tag` prefixes the tile names; `load` balances full-width affine steps between Scalar and Vector."""
+    `tag` prefixes the tile names; `load` balances full-width affine steps between Scalar and Vector;
+    `pe_staging` lets two-tile steps go through PSUM on the Tensor engine (select_pe.py; forward only)."""
     levels, widest, vecs, constants = [], 0, 0, []
     hoisted: dict[int, Operand] = {}
     for depth, ids in enumerate(m.levels):
-        lower_accs = {rid: acc(rid) for lower in m.levels[:depth] for rid in lower}
+        lower_accs = {rid: acc(rid, ir) for lower in m.levels[:depth] for rid in lower}
         below = column_leaves(ir, m) | lower_accs | hoisted
         cols, new = lower_columns(ir, m, below, ids, prefix=f"{tag}k{depth}_")
         hoisted |= new
         leaves = chunk_leaves(ir, m, resident, row_free) | below | new
         builder = StageBuilder(ir, leaves, row_kind(m), free_size=lambda n: m.width)
         layout = Layout(part="pt", free="hw", free_alloc="HB")
-        sel = Selector(layout, prefix=f"{tag}r{depth}_", column_engine=GPSIMD, load=load)
+        sel = Selector(
+            layout, prefix=f"{tag}r{depth}_", column_engine=GPSIMD, load=load, pe_staging=pe_staging
+        )
         combines = []
         for rid in ids:
             part = sel.value(builder.expr(rid))
@@ -357,9 +368,12 @@ def frontier(ir: KernelIR, leaves: dict[int, Operand], roots: Iterable[int], kin
     return sorted(found)
 
 
-def acc(node_id: int) -> Operand:
-    """The [P, 1] accumulator column of reduction node `node_id`."""
-    return Operand("vec", f"acc{node_id}[0:pt, {ONE_COLUMN}]")
+def acc(node_id: int, ir: KernelIR | None = None) -> Operand:
+    """The [P, 1] accumulator column of reduction node `node_id` (marked positive when `ir` shows it is a
+    sum of exponentials, so the selector may take its log: select_folds.py)."""
+    node = None if ir is None else ir.node(node_id)
+    positive = node is not None and node.op == "sum" and ir is not None and ir.node(node.args[0]).op == "exp"
+    return Operand("vec", f"acc{node_id}[0:pt, {ONE_COLUMN}]", positive=positive)
 
 
 def _row_leaves(ir: KernelIR, loads: dict[int, RowLoad], free: str) -> dict[int, Operand]:
@@ -374,19 +388,21 @@ def _lower_epilogue(
     full = f"0:{dim_source(m.width)}"
     loads = {ld.node: ld for ld in m.loads}
     leaves = _row_leaves(ir, loads, full) | _resident_leaves(resident, full)
-    leaves |= {rid: acc(rid) for level in m.levels for rid in level}
+    leaves |= {rid: acc(rid, ir) for level in m.levels for rid in level}
     builder = StageBuilder(ir, leaves, row_kind(m), free_size=lambda n: m.width)
     width = dim_source(m.width)
     layout = Layout(part="pt", free=width, free_alloc=width)
-    sel = Selector(layout, prefix="e", column_engine=GPSIMD, load=load)
+    sel = Selector(layout, prefix="e", column_engine=GPSIMD, load=load, pe_staging=True)
     exprs = {o.node: builder.expr(o.node) for o in m.tile_outputs}  # all first: users counts must be complete
     cols = {o.name: builder.expr(src) for o, src in m.column_outputs}
+    # required [T, G] outputs first: per-row math only, so it joins the column prefix that runs in
+    # head_passes, ahead of the previous head's epilogue in every engine's queue
+    required = [o for o, _ in m.column_outputs if not o.optional]
+    columns = [lower_column(sel, o, cols[o.name]) for o in required]
     tiles = []
     for out in m.tile_outputs:
         value = output_value(sel, exprs[out.node], out.dtype)
         tiles.append((kernel_arg(out.name), NL_DTYPE[out.dtype], value.code))
-    required = [o for o, _ in m.column_outputs if not o.optional]
-    columns = [lower_column(sel, o, cols[o.name]) for o in required]
     n_required = len(sel.lines)
     columns += [lower_column(sel, o, cols[o.name]) for o, _ in m.column_outputs if o.optional]
     return sel, n_required, tuple(tiles), tuple(columns)

@@ -59,7 +59,7 @@ def _lower_streamed(ir: KernelIR, m: RowReduceMatch, low: RowReduceLowering, loa
     loads = [load_row(ir, ld, CHUNK) for ld in m.loads]
     levels = tuple(dataclasses.replace(lv, loads=_used(loads, lv.lines)) for lv in levels)
     # per-row values: everything the chunked combine reads, and the [T, G] outputs, once per head
-    columns = column_leaves(ir, m) | {rid: acc(rid) for level in m.levels for rid in level}
+    columns = column_leaves(ir, m) | {rid: acc(rid, ir) for level in m.levels for rid in level}
     col_builder = StageBuilder(ir, columns, row_kind(m), free_size=lambda n: m.width)
     col_sel = Selector(Layout(part="pt", free="1", free_alloc="1"), prefix=f"{TAG}c", column_engine=GPSIMD)
     needed = frontier(ir, columns, [o.node for o in m.tile_outputs], row_kind(m))

@@ -1,0 +1,142 @@
+"""Full-width two-tile work of a forward row stage moved onto the idle Tensor engine, through PSUM.
+
+The Vector engine runs `tensor_tensor` in 2N cycles with both inputs in SBUF but in N with one in PSUM,
+and Scalar/Vector read PSUM like SBUF (shared/reference/nki.md §6, §5). The Tensor engine writes PSUM:
+an identity matmul (stationary I[pt, pt], moving a bf16 row chunk of at most 512 columns) puts the row
+into PSUM as fp32 exactly (1.0 * x plus zeros, fp32 accumulation), in max(64, N) PE cycles at 2.4 GHz;
+an accumulating second matmul adds another row with the fp32 rounding of a Vector fp32 add. So:
+- `a + b` of two bf16 row loads: two matmuls, no Vector work at all;
+- `a op t` with `a` a bf16 row load: `a` staged into PSUM by one matmul, the tensor_tensor at N (an fp32
+  result overwrites the staged row, so a following two-tile step reads PSUM too);
+- `((x ± b) * s) op u` (a scalar_tensor_tensor, 2N) whose `x ± b` the Scalar engine computes anyway (an
+  affine activation, e.g. layernorm's centring): `* s` folds into that activation (scale s, bias ±b*s),
+  which writes PSUM, and `op u` reads it there (N). No Tensor-engine work; no extra Scalar pass.
+A stage stages one tile, and only when its allocation fits the PSUM banks (tested when NKI traces the
+kernel: `HB` or the width is known then); a wider one takes the SBUF form in the `else` branch.
+"""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING
+
+from fusegen.codegen.stage import Expr, Operand
+
+if TYPE_CHECKING:
+    from fusegen.codegen.select import Selector
+
+HALF = ("bf16", "f16")
+#: fp32 columns of all PSUM banks, as NKI names them (nl.tile_size, shared/reference/nki.md §3)
+PSUM_COLUMNS = "nl.tile_size.psum_bank_fmax * nl.tile_size.psum_num_banks"
+IDENTITY = "pe_identity"  # the launch-wide [_P, _P] identity in the rows' dtype
+#: SBUF bytes per partition of the identity (2-byte) and the int32 offsets it is built from
+IDENTITY_BYTES = 128 * 2 + 128 * 4
+
+
+def identity_line(line: str) -> bool:
+    """Whether a launch-wide constant line builds the identity (not a [P, 1] constant column)."""
+    return "pe_offsets" in line or IDENTITY in line
+
+
+def _row_load(x: Operand) -> bool:
+    return x.kind == "tile" and x.memory == "sbuf" and x.dtype in HALF and x.code.endswith("]")
+
+
+def tensor_tensor(sel: Selector, x: Operand, y: Operand, op: str, kind: str, dtype: str) -> Operand | None:
+    """`x op y` (ALU name `op`) with PE help, or None when neither form applies to this stage."""
+    if not sel.pe_staging or sel.pe_staged or kind != "tile" or "psum" in (x.memory, y.memory):
+        return None
+    both = _row_load(x) and _row_load(y) and x.dtype == y.dtype and op == "add"
+    if not both and not _row_load(x) and not _row_load(y):
+        return None
+    if not both and op not in ("add", "sub", "mul", "maximum", "minimum"):
+        return None
+    sel.pe_staged = True
+    _identity(sel, x.dtype if _row_load(x) else y.dtype)
+    staged = x if _row_load(x) else y
+    other = y if staged is x else x
+    rows = [staged, other] if both else [staged]
+    dst = _alloc(sel)
+    part, free = sel.layout.part, sel.layout.free
+    sel.raw(f"if {sel.layout.free_alloc} <= {PSUM_COLUMNS}:", "tile", "pe")
+    sel.raw(f"    for q0 in range(0, {free}, _F_MOV):", "tile", "pe")
+    sel.raw(f"        qw = min(_F_MOV, {free} - q0)", "tile", "pe")
+    for i, row in enumerate(rows):
+        sel.raw(f"        nisa.nc_matmul(dst={_sub(dst.code)}, stationary={IDENTITY}[0:{part}, 0:{part}], "
+                f"moving={_sub(row.code)}, accumulate={i > 0})", "tile", "pe")  # fmt: skip
+    sel.raw("else:", "tile", "pe")
+    if both:
+        sel.raw(f"    nisa.tensor_tensor(dst={dst.code}, data1={x.code}, data2={y.code}, op=nl.{_NL[op]})",
+                "tile", "dve")  # fmt: skip
+    else:
+        sel.raw(f"    nisa.activation(dst={dst.code}, op=nl.copy, data={staged.code})", "tile", "act")
+    if both:
+        return dst if dtype == "f32" else sel.convert(dst, dtype)
+    first, second = (dst, other) if staged is x else (other, dst)
+    # an fp32 result overwrites the staged row in place (only this instruction reads it), so it stays in
+    # PSUM and the next two-tile step that reads it runs at N as well
+    out = dst if dtype == "f32" else sel._alloc(kind, dtype)
+    sel._emit("tensor_tensor", (first, second), dst=out.code, data1=first.code, data2=second.code,
+              op=f"nl.{_NL[op]}")  # fmt: skip
+    return out
+
+
+def scaled_affine_then_row(sel: Selector, e: Expr, inner: Expr, t: Expr, s: Expr, other: Expr, dtype: str
+                           ) -> Operand | None:  # fmt: skip
+    """`(t * s) op other` with t a full-width `x ± b` the Scalar engine would compute: one activation
+    (scale s, bias ±b*s) into PSUM and a tensor_tensor reading it there; None otherwise."""
+    if not sel.pe_staging or sel.pe_staged or sel.load is None or inner.op != "mul" or e.op not in _NL:
+        return None
+    # t's own pass (`x ± b`, one activation or tensor_scalar) takes `* s` as well; on the Scalar engine its
+    # result may go to PSUM
+    x, scale, bias, negate = sel._affine_split(t)
+    if x is t or scale is not None or bias is None or x.kind != "tile":
+        return None
+    sel.pe_staged = True
+    signed = Expr("neg", (bias,), kind=bias.kind) if negate else bias
+    bias_col = sel.value(Expr("mul", (signed, s), kind="vec"))
+    scale_op = sel._fp32(sel.value(s))
+    data = sel.value(x)
+    dst = _alloc(sel)
+    sel._emit("activation", (data, scale_op, bias_col), dst=dst.code, op="nl.copy", data=data.code,
+              bias=bias_col.code, scale=scale_op.code)  # fmt: skip
+    row = sel.value(other)
+    first, second = (dst, row) if e.args[0] is inner else (row, dst)
+    out = dst if dtype == "f32" else sel._alloc(e.kind, dtype)
+    sel._emit("tensor_tensor", (first, second), dst=out.code, data1=first.code, data2=second.code,
+              op=f"nl.{_NL[e.op]}")  # fmt: skip
+    return out
+
+
+_NL = {"add": "add", "sub": "subtract", "mul": "multiply", "maximum": "maximum", "minimum": "minimum"}
+
+
+def _alloc(sel: Selector) -> Operand:
+    """An fp32 tile in PSUM when it fits the banks, else in SBUF (the `else` branch's form)."""
+    name = f"{sel.prefix}{len(sel.tiles)}"
+    sel.tiles.append((name, "tile", "f32"))
+    alloc = sel.layout.free_alloc
+    sel.raw(f"{name} = nl.ndarray((_P, {alloc}), dtype=nl.float32, "
+            f"buffer=nl.psum if {alloc} <= {PSUM_COLUMNS} else nl.sbuf)", "tile", "")  # fmt: skip
+    sel.register(name, "tile")
+    return Operand("tile", f"{name}[0:{sel.layout.part}, 0:{sel.layout.free}]", memory="psum")
+
+
+def _sub(code: str) -> str:
+    """`name[part, a:b]` narrowed to the columns `a + q0 : a + q0 + qw` of the current 512-column chunk."""
+    head, columns = code[:-1].rsplit(", ", 1)
+    start = columns.split(":", 1)[0].strip()
+    lo = "q0" if start == "0" else f"{start} + q0"
+    return f"{head}, {lo}:{lo} + qw]"
+
+
+def _identity(sel: Selector, dtype: str) -> None:
+    """I as a [_P, _P] tile of the rows' dtype, built once per launch: iota of p - j, compared with 0."""
+    nl_dtype = {"bf16": "nl.bfloat16", "f16": "nl.float16"}[dtype]
+    lines = [
+        "pe_offsets = nl.ndarray((_P, _P), dtype=nl.int32, buffer=nl.sbuf)",
+        "nisa.iota(dst=pe_offsets[0:_P, 0:_P], pattern=[[-1, _P]], offset=0, channel_multiplier=1)",
+        f"{IDENTITY} = nl.ndarray((_P, _P), dtype={nl_dtype}, buffer=nl.sbuf)",
+        f"nisa.tensor_scalar(dst={IDENTITY}[0:_P, 0:_P], data=pe_offsets[0:_P, 0:_P], op0=nl.equal, "
+        "operand0=0.0)",
+    ]
+    sel.constants.extend(line for line in lines if line not in sel.constants)
