@@ -67,7 +67,7 @@ class _FfnModel(NamedTuple):
     """What a generated FFN kernel holds in SBUF and computes, counted by its lowering."""
 
     n_up: int  # up projections: 1 plain MLP, 2 gated
-    x_bytes: int  # bytes per element of x and of the weights
+    x_bytes: int  # bytes per element of x and of the combine's output h (the down-projection's stationary)
     mid_tiles: int  # f32 [P, F_MOV] temporaries of the combine, per intermediate tile
     col_vectors: int  # [I] inputs held as [P, n_h] f32 columns
     out_bytes: int  # bytes per row element written, over all outputs
@@ -79,6 +79,8 @@ class _FfnModel(NamedTuple):
     pro: _Stage  # the prologue, per computed row tile (NO_STAGE without one)
     epi_cols: _Stage = _NO_STAGE  # the epilogue of the column-blocked kernel: accumulator blocks read from HBM
     evict: _Stage = _NO_STAGE  # its eviction of each down-projection piece (the spine computed), per row tile
+    up_bytes: int = 2  # bytes per element of the up-projection weights (1: fp8)
+    down_bytes: int = 2  # bytes per element of the down-projection weight (1: fp8)
 
 
 class _Machine(NamedTuple):
@@ -93,6 +95,7 @@ class _Machine(NamedTuple):
     dma_row_bytes: int  # DMA packet-rate rule: each partition row costs at least this many bytes (dmarule)
     sbuf_budget: int  # usable SBUF bytes per partition
     max_lnc: int  # logical cores one launch may span (trn2 pairs cores; trn1 has no LNC=2)
+    pe_ramp_ns: float = 0.0  # PE time a burst started after an idle window loses to the dI/dt ramp (`_chain`)
 
 
 class _Buffer(NamedTuple):
@@ -132,11 +135,13 @@ class _Cost(NamedTuple):
     dve: float
     dma: float
     hbm_bytes: int
+    chain: float = 0.0  # a column-blocked plan's loads and matmuls that cannot overlap, in series (`_chain`)
 
     @property
     def total(self) -> float:
-        """Modelled kernel time: engines overlap, so the busiest one bounds it."""
-        return max(self.pe, self.act, self.dve, self.dma)
+        """Modelled kernel time: engines overlap, so the busiest one bounds it, or the series they must
+        run in where the kernel's order keeps them from overlapping."""
+        return max(self.pe, self.act, self.dve, self.dma, self.chain)
 
 
 def _cdiv(n: int, d: int) -> int:
@@ -175,14 +180,14 @@ def _buffers(m: _FfnModel, s: int, ci: int, k: int, i: int, kc: int = 0, g: int 
     if kc:
         return [
             *common,
-            _Buffer("down-projection weight tile (one I-tile, one column block)", kc * m.x_bytes, 2),
+            _Buffer("down-projection weight tile (one I-tile, one column block)", kc * m.down_bytes, 2),
             _Buffer("h^T read back (a group of I-tiles)", _h_group(s, i, m.x_bytes) * s * m.x_bytes, 2),
             _Buffer("PSUM eviction block (its loads and temporaries)", m.evict.block_bytes * min(_F_MOV, k), 2),
         ]
     return [
         *common,
         _Buffer("fp32 accumulator", _cdiv(s, _P) * k * 4, 1),
-        _Buffer("down-projection weight chunk", n_hc * k * m.x_bytes, 2),
+        _Buffer("down-projection weight chunk", n_hc * k * m.down_bytes, 2),
         _Buffer("[K]-bias piece / partial-sum block", _F_MOV * 4, 2),
     ]
 
@@ -228,9 +233,10 @@ def _up_weights(m: _FfnModel, s: int, ci: int, k: int, g: int = 0) -> _Buffer:
     """The up-projection weights in SBUF: a whole chunk loaded up front (each I-tile in groups of G
     K-tiles, padded to whole tiles by `up_layout`), or, streamed, one group of G K-tiles per projection."""
     if _streams_up(s, ci):
-        return _Buffer("up-projection weight K-tile group (streamed)", m.n_up * _group(k, g) * _P * m.x_bytes, 2)
+        streamed = m.n_up * _group(k, g) * _P * m.up_bytes
+        return _Buffer("up-projection weight K-tile group (streamed)", streamed, 2)
     n_g = _cdiv(_cdiv(k, _P), _group(k, g))
-    return _Buffer("up-projection weight chunk", m.n_up * _cdiv(ci, _P) * n_g * _group(k, g) * _P * m.x_bytes, 2)
+    return _Buffer("up-projection weight chunk", m.n_up * _cdiv(ci, _P) * n_g * _group(k, g) * _P * m.up_bytes, 2)
 
 
 def _sbuf_bytes(m: _FfnModel, s: int, ci: int, k: int, i: int, kc: int = 0, g: int = 0) -> int:
@@ -253,7 +259,7 @@ def _smallest_need(m: _FfnModel, k: int, i: int) -> int:
 def _min_group(m: _FfnModel) -> int:
     """The fewest K-tiles per up-weight DMA that move DMA_ROW_BYTES per partition row (the packet rule's
     knee: fewer K-tiles pay per packet, more only take SBUF)."""
-    return _cdiv(_DMA_ROW_BYTES, _P * m.x_bytes)
+    return _cdiv(_DMA_ROW_BYTES, _P * m.up_bytes)
 
 
 def _psum_banks(m: _FfnModel, kc: int = 0) -> int:
@@ -301,7 +307,7 @@ def _super_block(
     for chunk, n_chunks in _runs(inter, ci):
         n_hc = _cdiv(chunk, _P)
         # up weights: each I-tile's K-tile groups, whole padded tiles (up_layout); down: [ph, K] rows
-        hbm += n_chunks * (m.n_up * n_hc * _P * n_k * _P + (0 if kc else k * chunk)) * m.x_bytes
+        hbm += n_chunks * (m.n_up * n_hc * _P * n_k * _P * m.up_bytes + (0 if kc else k * chunk * m.down_bytes))
         transfers += n_chunks * (m.n_up * n_hc * _cdiv(n_k, _group(k, g)) + (0 if kc else n_hc))
         for rw, n_rw in _runs(s_rows, _F_MOV):
             width, times = max(_MIN_CYCLES, rw), n_chunks * n_rw * n_hc
@@ -332,7 +338,7 @@ def _column_blocks(
     act, dve, moved, transfers = _stage_cost(m.evict, n_rs, k, shared=n_rs)
     blocks = _cdiv(k, kc)
     scratch = s_rows * k * 4 if m.epi_cols.sweeps else 0
-    hbm = inter * k * m.x_bytes + blocks * inter * s_rows * m.x_bytes + moved + scratch
+    hbm = inter * k * m.down_bytes + blocks * inter * s_rows * m.x_bytes + moved + scratch
     h_reads = _cdiv(n_it, gh) + int(inter % _P != 0 and (n_it - 1) % gh != 0)
     return float(n_it * n_rs * _cycles(k)), act, dve, hbm, transfers + blocks * (n_it + h_reads)
 
@@ -363,11 +369,57 @@ def _cost(m: _FfnModel, mach: _Machine, rows: int, k: int, i: int, lnc: int, pla
         hbm += 2 * own * k * 4
         transfers += tiles * (1 + _cdiv(k, _F_MOV))
         dve += tiles * k_cycles
+    dma = _dma_ns(mach, hbm, transfers)
+    chain = 0.0
+    for s_rows, n_sb in _runs(comp_rows, plan.s) if plan.kc else ():
+        chain += n_sb * _chain(m, mach, s_rows, inter, k, plan)
+    return _Cost(pe / mach.pe_ghz, act / mach.act_ghz, dve / mach.dve_ghz, dma, hbm, chain)
+
+
+def _dma_ns(mach: _Machine, hbm: float, transfers: int) -> float:
+    """DMA time of `hbm` bytes in `transfers` 128-partition transfers over all queues."""
     # the packet-rate rule over the average transfer (a lower bound of the per-transfer sum the trace
     # model charges: transfers below DMA_ROW_BYTES per partition row cost more than their bytes)
     engine_bytes = _dma_engine_bytes(hbm, transfers * _P, mach.dma_queues, mach.dma_row_bytes)
-    dma = max(engine_bytes * mach.dma_queues / mach.dma_gbps, transfers * mach.dma_fixed_ns / mach.dma_queues)
-    return _Cost(pe / mach.pe_ghz, act / mach.act_ghz, dve / mach.dve_ghz, dma, hbm)
+    fixed = transfers * mach.dma_fixed_ns / mach.dma_queues
+    return max(engine_bytes * mach.dma_queues / mach.dma_gbps, fixed)
+
+
+def _pipelined(load: float, compute: float, units: int) -> float:
+    """Time of `units` equal steps whose loads (`load` ns in all) feed their compute (`compute` ns): the
+    slower side, plus the faster side's first step, which nothing overlaps."""
+    return max(load, compute) + min(load, compute) / max(1, units)
+
+
+def _chain(m: _FfnModel, mach: _Machine, s_rows: int, inter: int, k: int, plan: _Plan) -> float:
+    """Time of one column-blocked super-block when its DMAs run in program order (cost model II: a DMA
+    holds the queues from when its data is ready, and the transfers after it wait for the queues): each
+    chunk's h^T writes wait for its last combine, so the next chunk's weight loads start only after them,
+    and each column block's eviction writes hold back the next block's loads. Per chunk: its weight loads
+    pipelined with its matmuls (a load fixed cost before the first matmul), the last I-tile's combine,
+    the h^T writes; per column block the same with its weight tiles and h^T reads, then its evictions.
+    The PE idles through each chunk's and block's first load (its fixed cost alone is most of the dI/dt
+    window), so each starts its matmuls on a fresh ramp (`pe_ramp_ns`)."""
+    n_k, n_rs, n_it = _cdiv(k, _P), _cdiv(s_rows, _P), _cdiv(inter, _P)
+    total = _dma_ns(mach, s_rows * k * m.x_bytes, n_rs * _cdiv(k, _x_staged(m, k))) + mach.dma_fixed_ns
+    total += n_rs * n_k * _P / mach.pe_ghz  # x^T: the PE transposes before the first matmul
+    stall = mach.dma_fixed_ns + mach.pe_ramp_ns  # the first load's fixed cost, then a cold PE
+    width = max(_MIN_CYCLES, min(s_rows, _F_MOV))
+    combine = m.mid_act * width / mach.act_ghz + m.mid_dve * width / mach.dve_ghz  # the last I-tile's
+    for chunk, n_chunks in _runs(inter, plan.ci):
+        units = m.n_up * _cdiv(chunk, _P)  # one projection's weights of one I-tile per step
+        weights = _dma_ns(mach, units * n_k * _P * _P * m.up_bytes, units * _cdiv(n_k, _group(k, plan.g)))
+        mm = sum(n * units * n_k * max(_MIN_CYCLES, rw) for rw, n in _runs(s_rows, _F_MOV)) / mach.pe_ghz
+        writes = _dma_ns(mach, chunk * s_rows * m.x_bytes, _cdiv(chunk, _P) * _cdiv(s_rows, _F_MOV))
+        total += n_chunks * (_pipelined(weights, mm, units) + stall + combine + writes)
+    gh = _h_group(plan.s, inter, m.x_bytes)
+    evict_act, evict_dve, _, _ = _stage_cost(m.evict, n_rs, min(k, plan.kc), shared=n_rs)
+    evict = evict_act / mach.act_ghz + evict_dve / mach.dve_ghz
+    for kw, n_blocks in _runs(k, plan.kc):
+        loads = _dma_ns(mach, inter * (kw * m.down_bytes + s_rows * m.x_bytes), n_it + _cdiv(n_it, gh))
+        mm = n_it * n_rs * _cycles(kw) / mach.pe_ghz
+        total += n_blocks * (_pipelined(loads, mm, n_it) + stall + evict)
+    return total
 
 
 def _plannable(usable: int) -> int:

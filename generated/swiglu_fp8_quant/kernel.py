@@ -32,6 +32,11 @@ def _dma_engine_bytes(nbytes: float, rows: int, engines: int, row_bytes: int = _
 _P = 128  # partitions
 _F_MOV = 512  # matmul moving free size, one fp32 PSUM bank
 _MIN_CYCLES = 64  # minimum instruction initiation interval, cycles (nki.md §6 overheads)
+#: SBUF bytes per partition every plan leaves unallocated (issue 15: ">= 8 KiB of SBUF headroom kept in
+#: every plan"): the usable budget is NKIPY's figure for what a kernel may allocate, and a plan that fills
+#: it to the byte leaves the compiler no room for its own spills and alignment padding, nor the budget
+#: model any margin (docs/performance.md, "FFN at published model widths")
+_SBUF_HEADROOM = 8192
 #: PSUM banks one K-column block of the column-blocked down-projection accumulates in: half of the 8, so
 #: the next block's matmuls start while the last block is evicted
 _ACC_BANKS = 4
@@ -91,6 +96,7 @@ class _Machine(NamedTuple):
     dma_row_bytes: int  # DMA packet-rate rule: each partition row costs at least this many bytes (dmarule)
     sbuf_budget: int  # usable SBUF bytes per partition
     max_lnc: int  # logical cores one launch may span (trn2 pairs cores; trn1 has no LNC=2)
+    pe_ramp_ns: float = 0.0  # PE time a burst started after an idle window loses to the dI/dt ramp (`_chain`)
 
 
 class _Buffer(NamedTuple):
@@ -130,11 +136,13 @@ class _Cost(NamedTuple):
     dve: float
     dma: float
     hbm_bytes: int
+    chain: float = 0.0  # a column-blocked plan's loads and matmuls that cannot overlap, in series (`_chain`)
 
     @property
     def total(self) -> float:
-        """Modelled kernel time: engines overlap, so the busiest one bounds it."""
-        return max(self.pe, self.act, self.dve, self.dma)
+        """Modelled kernel time: engines overlap, so the busiest one bounds it, or the series they must
+        run in where the kernel's order keeps them from overlapping."""
+        return max(self.pe, self.act, self.dve, self.dma, self.chain)
 
 
 def _cdiv(n: int, d: int) -> int:
@@ -161,7 +169,7 @@ def _buffers(m: _FfnModel, s: int, ci: int, k: int, i: int, kc: int = 0, g: int 
     epi = m.epi_cols if kc else m.epi
     common = [
         _Buffer("x^T, K on partitions", n_k * s * m.x_bytes, 1),
-        _Buffer("x row block, staged for the PE transpose", min(_F_MOV, k) * m.x_bytes, 2),
+        _Buffer("x row block, staged for the PE transpose", _x_staged(m, k) * m.x_bytes, 2),
         _up_weights(m, s, ci, k, g),
         _Buffer("combine output (down-proj stationary)", n_hc * _F_MOV * m.x_bytes, 1),
         _Buffer("combine temporaries", m.mid_tiles * _F_MOV * 4, 2),
@@ -183,6 +191,19 @@ def _buffers(m: _FfnModel, s: int, ci: int, k: int, i: int, kc: int = 0, g: int 
         _Buffer("down-projection weight chunk", n_hc * k * m.down_bytes, 2),
         _Buffer("[K]-bias piece / partial-sum block", _F_MOV * 4, 2),
     ]
+
+
+def _x_block(k: int, x_bytes: int) -> int:
+    """Columns of x per DMA staged for the PE transpose: a whole row when it fits in the fewest F_MOV blocks
+    that reach DMA_ROW_BYTES per partition row (K <= 1536 in bf16: there x's loads are a large share of a
+    super-block's start and SBUF has room), else one F_MOV block (wide K: SBUF is tight and x's loads are
+    a small share of the weights')."""
+    return k if k <= _cdiv(_DMA_ROW_BYTES, _F_MOV * x_bytes) * _F_MOV else min(_F_MOV, k)
+
+
+def _x_staged(m: _FfnModel, k: int) -> int:
+    """Columns of the staged x block: `x_block`, or a prologue's F_MOV-wide blocks."""
+    return min(_F_MOV, k) if m.pro.sweeps else _x_block(k, m.x_bytes)
 
 
 def _column_block(s: int, k: int) -> int:
@@ -274,11 +295,13 @@ def _super_block(
     k_cycles = _cycles(k)  # one row tile's K, 512 wide
     act, dve, hbm, transfers = _stage_cost(m.pro, _cdiv(s_rows, _P), k)
     pe = 0.0
-    # x's rows read a K-block per transfer; each K-tile transposed on the PE into PSUM, copied out on DVE
-    hbm, transfers = hbm + s_rows * k * m.x_bytes, transfers + _cdiv(s_rows, _P) * _cdiv(k, _F_MOV)
+    # x's rows read a staged block per transfer; each K-tile transposed on the PE into PSUM and copied
+    # out, even K-tiles on DVE, odd ones on ACT
+    hbm, transfers = hbm + s_rows * k * m.x_bytes, transfers + _cdiv(s_rows, _P) * _cdiv(k, _x_staged(m, k))
     for rows_t, n_t in _runs(s_rows, _P):
         pe += n_t * n_k * max(_MIN_CYCLES, rows_t)
-        dve += n_t * n_k * max(_MIN_CYCLES, rows_t)
+        dve += n_t * (n_k - n_k // 2) * max(_MIN_CYCLES, rows_t)
+        act += n_t * (n_k // 2) * max(_MIN_CYCLES, rows_t)
     if m.fold_bias and not kc:  # one [P, F_MOV] piece of the bias per eviction of the first chunk
         hbm += _cdiv(s_rows, _P) * _P * k * 4
         transfers += _cdiv(s_rows, _P) * _cdiv(k, _F_MOV)
@@ -347,18 +370,71 @@ def _cost(m: _FfnModel, mach: _Machine, rows: int, k: int, i: int, lnc: int, pla
         hbm += 2 * own * k * 4
         transfers += tiles * (1 + _cdiv(k, _F_MOV))
         dve += tiles * k_cycles
+    dma = _dma_ns(mach, hbm, transfers)
+    chain = 0.0
+    for s_rows, n_sb in _runs(comp_rows, plan.s) if plan.kc else ():
+        chain += n_sb * _chain(m, mach, s_rows, inter, k, plan)
+    return _Cost(pe / mach.pe_ghz, act / mach.act_ghz, dve / mach.dve_ghz, dma, hbm, chain)
+
+
+def _dma_ns(mach: _Machine, hbm: float, transfers: int) -> float:
+    """DMA time of `hbm` bytes in `transfers` 128-partition transfers over all queues."""
     # the packet-rate rule over the average transfer (a lower bound of the per-transfer sum the trace
     # model charges: transfers below DMA_ROW_BYTES per partition row cost more than their bytes)
     engine_bytes = _dma_engine_bytes(hbm, transfers * _P, mach.dma_queues, mach.dma_row_bytes)
-    dma = max(engine_bytes * mach.dma_queues / mach.dma_gbps, transfers * mach.dma_fixed_ns / mach.dma_queues)
-    return _Cost(pe / mach.pe_ghz, act / mach.act_ghz, dve / mach.dve_ghz, dma, hbm)
+    fixed = transfers * mach.dma_fixed_ns / mach.dma_queues
+    return max(engine_bytes * mach.dma_queues / mach.dma_gbps, fixed)
+
+
+def _pipelined(load: float, compute: float, units: int) -> float:
+    """Time of `units` equal steps whose loads (`load` ns in all) feed their compute (`compute` ns): the
+    slower side, plus the faster side's first step, which nothing overlaps."""
+    return max(load, compute) + min(load, compute) / max(1, units)
+
+
+def _chain(m: _FfnModel, mach: _Machine, s_rows: int, inter: int, k: int, plan: _Plan) -> float:
+    """Time of one column-blocked super-block when its DMAs run in program order (cost model II: a DMA
+    holds the queues from when its data is ready, and the transfers after it wait for the queues): each
+    chunk's h^T writes wait for its last combine, so the next chunk's weight loads start only after them,
+    and each column block's eviction writes hold back the next block's loads. Per chunk: its weight loads
+    pipelined with its matmuls (a load fixed cost before the first matmul), the last I-tile's combine,
+    the h^T writes; per column block the same with its weight tiles and h^T reads, then its evictions.
+    The PE idles through each chunk's and block's first load (its fixed cost alone is most of the dI/dt
+    window), so each starts its matmuls on a fresh ramp (`pe_ramp_ns`)."""
+    n_k, n_rs, n_it = _cdiv(k, _P), _cdiv(s_rows, _P), _cdiv(inter, _P)
+    total = _dma_ns(mach, s_rows * k * m.x_bytes, n_rs * _cdiv(k, _x_staged(m, k))) + mach.dma_fixed_ns
+    total += n_rs * n_k * _P / mach.pe_ghz  # x^T: the PE transposes before the first matmul
+    stall = mach.dma_fixed_ns + mach.pe_ramp_ns  # the first load's fixed cost, then a cold PE
+    width = max(_MIN_CYCLES, min(s_rows, _F_MOV))
+    combine = m.mid_act * width / mach.act_ghz + m.mid_dve * width / mach.dve_ghz  # the last I-tile's
+    for chunk, n_chunks in _runs(inter, plan.ci):
+        units = m.n_up * _cdiv(chunk, _P)  # one projection's weights of one I-tile per step
+        weights = _dma_ns(mach, units * n_k * _P * _P * m.up_bytes, units * _cdiv(n_k, _group(k, plan.g)))
+        mm = sum(n * units * n_k * max(_MIN_CYCLES, rw) for rw, n in _runs(s_rows, _F_MOV)) / mach.pe_ghz
+        writes = _dma_ns(mach, chunk * s_rows * m.x_bytes, _cdiv(chunk, _P) * _cdiv(s_rows, _F_MOV))
+        total += n_chunks * (_pipelined(weights, mm, units) + stall + combine + writes)
+    gh = _h_group(plan.s, inter, m.x_bytes)
+    evict_act, evict_dve, _, _ = _stage_cost(m.evict, n_rs, min(k, plan.kc), shared=n_rs)
+    evict = evict_act / mach.act_ghz + evict_dve / mach.dve_ghz
+    for kw, n_blocks in _runs(k, plan.kc):
+        loads = _dma_ns(mach, inter * (kw * m.down_bytes + s_rows * m.x_bytes), n_it + _cdiv(n_it, gh))
+        mm = n_it * n_rs * _cycles(kw) / mach.pe_ghz
+        total += n_blocks * (_pipelined(loads, mm, n_it) + stall + evict)
+    return total
+
+
+def _plannable(usable: int) -> int:
+    """SBUF bytes per partition a plan may take of `usable`: all but SBUF_HEADROOM."""
+    return usable - _SBUF_HEADROOM
 
 
 def _candidates(
-    m: _FfnModel, rows: int, k: int, i: int, lnc: int, budget: int, exhaustive: bool = False
+    m: _FfnModel, rows: int, k: int, i: int, lnc: int, usable: int, exhaustive: bool = False
 ) -> list[_Plan]:
-    """Legal plans: every (S, CI) multiple of 128 when exhaustive, else a pruned set the search keeps; each
-    with the SBUF accumulator and, where S allows (split over rows only), with column blocks."""
+    """Legal plans within `usable` SBUF bytes less the headroom: every (S, CI) multiple of 128 when
+    exhaustive, else a pruned set the search keeps; each with the SBUF accumulator and, where S allows
+    (split over rows only), with column blocks."""
+    budget = _plannable(usable)
     plans = []
     for split in (0, 1) if lnc > 1 and _cdiv(i, _P) >= lnc else (0,):
         comp_rows, inter = _work_per_core(rows, i, lnc, split)
@@ -425,18 +501,19 @@ def _choose(m: _FfnModel, mach: _Machine, rows: int, k: int, i: int, lnc: int) -
         raise ValueError(f"LNC={lnc} is not available on this target: at most {mach.max_lnc}")
     plans = _candidates(m, rows, k, i, lnc, mach.sbuf_budget)
     if not plans:
-        need = _smallest_need(m, k, i)
+        # outside the f-string: the generated copy renames these helpers, never inside a string
+        need, budget, kept = _smallest_need(m, k, i), _plannable(mach.sbuf_budget), _SBUF_HEADROOM
         raise ValueError(
-            f"no tile plan fits: the smallest (S=128, CI=128) needs {need} B/partition of SBUF "
-            f"for K={k}, I={i}; the budget is {mach.sbuf_budget} B"
+            f"no tile plan fits: the smallest (S=128, CI=128) needs {need} B/partition of SBUF for K={k}, "
+            f"I={i}; the budget is {budget} B with {kept} B kept free"
         )
     return min(plans, key=lambda p: _rank_key(m, mach, rows, k, i, lnc, p))
 
 _MODEL = _FfnModel(n_up=2, x_bytes=2, mid_tiles=2, col_vectors=2, out_bytes=5, mid_act=1, mid_dve=2, acc_init=0, fold_bias=0, epi=_Stage(block_bytes=16, cols=4, sweeps=2, act=1, dve=5, col_ops=1, read_bytes=4, bcast=1, loads=4), pro=_Stage(block_bytes=0, cols=0, sweeps=0, act=0, dve=0, col_ops=0, read_bytes=0, bcast=0, loads=0), epi_cols=_Stage(block_bytes=8, cols=4, sweeps=2, act=1, dve=1, col_ops=1, read_bytes=8, bcast=0, loads=4), evict=_Stage(block_bytes=16, cols=0, sweeps=1, act=0, dve=4, col_ops=0, read_bytes=4, bcast=1, loads=3), up_bytes=1, down_bytes=1)
 #: the figures the planner's time model needs, per target (from fusegen/sim/targets.py).
 _MACHINES = {
-    "trn1": _Machine(pe_ghz=2.8, act_ghz=1.4, dve_ghz=1.12, dma_gbps=272.0, dma_fixed_ns=1300.0, dma_queues=16, dma_row_bytes=2450, sbuf_budget=180224, max_lnc=1),
-    "trn2": _Machine(pe_ghz=2.4, act_ghz=1.2, dve_ghz=0.96, dma_gbps=362.5, dma_fixed_ns=1300.0, dma_queues=16, dma_row_bytes=2450, sbuf_budget=212984, max_lnc=2),
+    "trn1": _Machine(pe_ghz=2.8, act_ghz=1.4, dve_ghz=1.12, dma_gbps=272.0, dma_fixed_ns=1300.0, dma_queues=16, dma_row_bytes=2450, sbuf_budget=180224, max_lnc=1, pe_ramp_ns=0.0),
+    "trn2": _Machine(pe_ghz=2.4, act_ghz=1.2, dve_ghz=0.96, dma_gbps=362.5, dma_fixed_ns=1300.0, dma_queues=16, dma_row_bytes=2450, sbuf_budget=212984, max_lnc=2, pe_ramp_ns=750.0),
 }
 
 
@@ -505,32 +582,39 @@ def swiglu_fp8_quant_kernel(x_hbm, w1t_hbm, s1_hbm, wgt_hbm, sg_hbm, w2t_hbm, s2
         for rs in range(n_rs):  # one row tile at a time, each K-block transposed on the PE into x^T
             r0 = r_sb + rs * _P
             pr = min(_P, s_rows - rs * _P)
-            for k0 in range(0, K, _F_MOV):
-                nb = min(_F_MOV, K - k0)
-                x_blk = nl.ndarray((_P, kb), dtype=nl.bfloat16, buffer=nl.sbuf)
+            xb = _x_block(K, 2)  # x's rows staged in blocks that reach the DMA packet knee
+            for k0 in range(0, K, xb):
+                nb = min(xb, K - k0)
+                x_blk = nl.ndarray((_P, xb), dtype=nl.bfloat16, buffer=nl.sbuf)
                 nisa.dma_copy(dst=x_blk[0:pr, 0:nb], src=x_hbm[r0:r0 + pr, k0:k0 + nb])
                 for kt in range(k0 // _P, _cdiv(k0 + nb, _P)):
                     pk = min(_P, K - kt * _P)
                     xt_ps = nl.ndarray((_P, _P), dtype=nl.bfloat16, buffer=nl.psum)
                     nisa.nc_transpose(dst=xt_ps[0:pk, 0:pr], data=x_blk[0:pr, kt * _P - k0:kt * _P - k0 + pk], engine=nisa.engine.tensor)
-                    nisa.tensor_copy(dst=xt[kt][0:pk, rs * _P:rs * _P + pr], src=xt_ps[0:pk, 0:pr])
+                    if kt % 2:
+                        nisa.activation(dst=xt[kt][0:pk, rs * _P:rs * _P + pr], op=nl.copy, data=xt_ps[0:pk, 0:pr])
+                    else:
+                        nisa.tensor_copy(dst=xt[kt][0:pk, rs * _P:rs * _P + pr], src=xt_ps[0:pk, 0:pr])
         acc = []
         for rs in range(0 if KC else n_rs):
             t = nl.ndarray((_P, K), dtype=nl.float32, buffer=nl.sbuf)
             acc.append(t)
-        for c in range(_cdiv(i_end - i_begin, CI)):
+        n_c = _cdiv(i_end - i_begin, CI)
+        for c in range(n_c):
             i0 = i_begin + c * CI
             ci = min(CI, i_end - i0)
             n_hc = _cdiv(ci, _P)
-            pj0_w = []  # I-tile hl's K-tile group kt // gk at [hl * n_g + kt // gk]
+            # I-tile hl's K-tile group kt // gk at [hl * n_g + kt // gk]; loaded I-tile by I-tile, every
+            # projection's in turn, in the order the matmuls read them (the first I-tile's gate does not
+            # queue behind the whole chunk of the other projection)
+            pj0_w = []
+            pj1_w = []
             for hl in range(0 if stream_up else n_hc):
                 for kt in range(0, n_k, gk):
                     gw = min(n_k, kt + gk) * _P - kt * _P
                     t = nl.ndarray((_P, gk * _P), dtype=nl.float8_e4m3fn, buffer=nl.sbuf)
                     nisa.dma_copy(dst=t[0:_P, 0:gw], src=w1t_hbm[i0 // _P + hl, 0:_P, kt * _P:kt * _P + gw])
                     pj0_w.append(t)
-            pj1_w = []  # I-tile hl's K-tile group kt // gk at [hl * n_g + kt // gk]
-            for hl in range(0 if stream_up else n_hc):
                 for kt in range(0, n_k, gk):
                     gw = min(n_k, kt + gk) * _P - kt * _P
                     t = nl.ndarray((_P, gk * _P), dtype=nl.float8_e4m3fn, buffer=nl.sbuf)
@@ -579,7 +663,10 @@ def swiglu_fp8_quant_kernel(x_hbm, w1t_hbm, s1_hbm, wgt_hbm, sg_hbm, w2t_hbm, s2
                     ph = min(_P, i_end - i0 - hl * _P)
                     h0 = (i0 // _P + hl) * s_rows + q0
                     nisa.dma_copy(dst=h_hbm[pid, 0:ph, h0:h0 + rw], src=g[hl][0:ph, 0:rw])
-                for rq in range(0, 0 if KC else rw, _P):
+                # the other core's row tiles first (SPLIT): their partial sums leave while this core's are computed
+                rqs = [rq for rq in range(0, 0 if KC else rw, _P) if not owned[(q0 + rq) // _P]]
+                rqs += [rq for rq in range(0, 0 if KC else rw, _P) if owned[(q0 + rq) // _P]]
+                for rq in rqs:
                     rs = (q0 + rq) // _P
                     pr = min(_P, rw - rq)
                     for ko in range(n_ko):
@@ -597,6 +684,41 @@ def swiglu_fp8_quant_kernel(x_hbm, w1t_hbm, s1_hbm, wgt_hbm, sg_hbm, w2t_hbm, s2
                         else:
                             nisa.tensor_tensor(dst=acc[rs][0:pr, k0:k0 + nk], data1=acc[rs][0:pr, k0:k0 + nk],
                                                data2=ps[0:pr, 0:nk], op=nl.add)
+                    if c == n_c - 1 and not owned[rs]:  # SPLIT: done here; out to the owner, under the next matmuls
+                        r0 = r_sb + rs * _P
+                        nisa.dma_copy(dst=partial[r0:r0 + pr, 0:K], src=acc[rs][0:pr, 0:K])
+                    if c == n_c - 1 and owned[rs] and not SPLIT:  # done: the epilogue runs under the next matmuls
+                        r0 = r_sb + rs * _P
+                        pr = min(_P, s_rows - rs * _P)
+                        es1_0 = nl.ndarray((_P, 1), dtype=nl.float32, buffer=nl.sbuf)
+                        nisa.memset(dst=es1_0[0:pr, 0:1], value=-3.0e38)
+                        for k0 in range(0, K, _F_MOV):
+                            nb = min(_F_MOV, K - k0)
+                            a_hbm_tile = nl.ndarray((_P, kb), dtype=nl.float32, buffer=nl.sbuf)
+                            nisa.dma_copy(dst=a_hbm_tile[0:pr, 0:nb], src=a_hbm[r0:r0 + pr, k0:k0 + nb])
+                            s2_hbm_row = nl.ndarray((_P, kb), dtype=nl.float32, buffer=nl.sbuf)
+                            nisa.dma_copy(dst=s2_hbm_row[0:pr, 0:nb], src=s2_hbm.ap(pattern=[[0, pr], [1, nb]], offset=k0))
+                            e0 = nl.ndarray((_P, kb), dtype=nl.float32, buffer=nl.sbuf)
+                            nisa.tensor_tensor(dst=e0[0:pr, 0:nb], data1=acc[rs][0:pr, k0:k0 + nb], data2=s2_hbm_row[0:pr, 0:nb], op=nl.multiply)
+                            nisa.tensor_tensor(dst=acc[rs][0:pr, k0:k0 + nb], data1=e0[0:pr, 0:nb], data2=a_hbm_tile[0:pr, 0:nb], op=nl.add)
+                            e2 = nl.ndarray((_P, 1), dtype=nl.float32, buffer=nl.sbuf)
+                            e3 = nl.ndarray((_P, kb), dtype=nl.float32, buffer=nl.sbuf)
+                            nisa.activation(dst=e3[0:pr, 0:nb], op=nl.abs, data=acc[rs][0:pr, k0:k0 + nb])
+                            nisa.tensor_reduce(dst=e2[0:pr, 0:1], op=nl.maximum, data=e3[0:pr, 0:nb], axis=(1,))
+                            nisa.tensor_tensor(dst=es1_0[0:pr, 0:1], data1=es1_0[0:pr, 0:1], data2=e2[0:pr, 0:1], op=nl.maximum)
+                        e4 = nl.ndarray((_P, 1), dtype=nl.float32, buffer=nl.sbuf)
+                        nisa.tensor_scalar(dst=e4[0:pr, 0:1], data=es1_0[0:pr, 0:1], op0=nl.maximum, operand0=1e-12, op1=nl.multiply, operand1=(1.0 / 448.0))
+                        e5 = nl.ndarray((_P, 1), dtype=nl.float32, buffer=nl.sbuf)
+                        nisa.reciprocal(dst=e5[0:pr, 0:1], data=e4[0:pr, 0:1])
+                        nisa.dma_copy(dst=s_hbm[r0:r0 + pr, 0:1], src=e4[0:pr, 0:1])
+                        nisa.dma_copy(dst=amax_hbm[r0:r0 + pr, 0:1], src=es1_0[0:pr, 0:1])
+                        for k0 in range(0, K, _F_MOV):
+                            nb = min(_F_MOV, K - k0)
+                            e6 = nl.ndarray((_P, kb), dtype=nl.float8_e4m3fn, buffer=nl.sbuf)
+                            nisa.tensor_scalar(dst=e6[0:pr, 0:nb], data=acc[rs][0:pr, k0:k0 + nb], op0=nl.multiply, operand0=e5[0:pr, 0:1])
+                            nisa.dma_copy(dst=x_new_hbm[r0:r0 + pr, k0:k0 + nb], src=acc[rs][0:pr, k0:k0 + nb])
+                            nisa.dma_copy(dst=q_hbm[r0:r0 + pr, k0:k0 + nb], src=e6[0:pr, 0:nb])
+
         for kc0 in range(0, K if KC else 0, KC or 1):  # column blocks: all of I accumulates in PSUM
             kw = min(KC, K - kc0)
             n_kp = _cdiv(kw, _F_MOV)
@@ -637,11 +759,7 @@ def swiglu_fp8_quant_kernel(x_hbm, w1t_hbm, s1_hbm, wgt_hbm, sg_hbm, w2t_hbm, s2
                     v1 = nl.ndarray((_P, kb), dtype=nl.float32, buffer=nl.sbuf)
                     nisa.tensor_tensor(dst=v1[0:pr, 0:nb], data1=v0[0:pr, 0:nb], data2=a_hbm_tile[0:pr, 0:nb], op=nl.add)
                     nisa.dma_copy(dst=acc_hbm[r0:r0 + pr, k0:k0 + nb], src=v1[0:pr, 0:nb])
-        if SPLIT:  # the other core's rows go out; after the barrier, this core's come in
-            for rs in range(n_rs):
-                r0, pr = r_sb + rs * _P, min(_P, s_rows - rs * _P)
-                if not owned[rs]:
-                    nisa.dma_copy(dst=partial[r0:r0 + pr, 0:K], src=acc[rs][0:pr, 0:K])
+        if SPLIT:  # the other core's rows went out with the last chunk; after the barrier, this core's come in
             nisa.core_barrier(data=partial, cores=tuple(range(cores)))
             for rs in range(n_rs):
                 r0, pr = r_sb + rs * _P, min(_P, s_rows - rs * _P)
@@ -651,39 +769,12 @@ def swiglu_fp8_quant_kernel(x_hbm, w1t_hbm, s1_hbm, wgt_hbm, sg_hbm, w2t_hbm, s2
                         t = nl.ndarray((_P, _F_MOV), dtype=nl.float32, buffer=nl.sbuf)
                         nisa.dma_copy(dst=t[0:pr, 0:nb], src=partial[r0:r0 + pr, k0:k0 + nb])
                         nisa.tensor_tensor(dst=acc[rs][0:pr, k0:k0 + nb], data1=acc[rs][0:pr, k0:k0 + nb], data2=t[0:pr, 0:nb], op=nl.add)
-        # epilogue, one owned row tile at a time, in passes over K-blocks
-        for rs in range(n_rs):
-            if not owned[rs]:
-                continue
-            r0 = r_sb + rs * _P
-            pr = min(_P, s_rows - rs * _P)
-            if KC:
-                us1_0 = nl.ndarray((_P, 1), dtype=nl.float32, buffer=nl.sbuf)
-                nisa.memset(dst=us1_0[0:pr, 0:1], value=-3.0e38)
-                for k0 in range(0, K, _F_MOV):
-                    nb = min(_F_MOV, K - k0)
-                    acc_blk = nl.ndarray((_P, kb), dtype=nl.float32, buffer=nl.sbuf)
-                    nisa.dma_copy(dst=acc_blk[0:pr, 0:nb], src=acc_hbm[r0:r0 + pr, k0:k0 + nb])
-                    u0 = nl.ndarray((_P, 1), dtype=nl.float32, buffer=nl.sbuf)
-                    u1 = nl.ndarray((_P, kb), dtype=nl.float32, buffer=nl.sbuf)
-                    nisa.activation(dst=u1[0:pr, 0:nb], op=nl.abs, data=acc_blk[0:pr, 0:nb])
-                    nisa.tensor_reduce(dst=u0[0:pr, 0:1], op=nl.maximum, data=u1[0:pr, 0:nb], axis=(1,))
-                    nisa.tensor_tensor(dst=us1_0[0:pr, 0:1], data1=us1_0[0:pr, 0:1], data2=u0[0:pr, 0:1], op=nl.maximum)
-                u2 = nl.ndarray((_P, 1), dtype=nl.float32, buffer=nl.sbuf)
-                nisa.tensor_scalar(dst=u2[0:pr, 0:1], data=us1_0[0:pr, 0:1], op0=nl.maximum, operand0=1e-12, op1=nl.multiply, operand1=(1.0 / 448.0))
-                u3 = nl.ndarray((_P, 1), dtype=nl.float32, buffer=nl.sbuf)
-                nisa.reciprocal(dst=u3[0:pr, 0:1], data=u2[0:pr, 0:1])
-                nisa.dma_copy(dst=s_hbm[r0:r0 + pr, 0:1], src=u2[0:pr, 0:1])
-                nisa.dma_copy(dst=amax_hbm[r0:r0 + pr, 0:1], src=us1_0[0:pr, 0:1])
-                for k0 in range(0, K, _F_MOV):
-                    nb = min(_F_MOV, K - k0)
-                    acc_blk = nl.ndarray((_P, kb), dtype=nl.float32, buffer=nl.sbuf)
-                    nisa.dma_copy(dst=acc_blk[0:pr, 0:nb], src=acc_hbm[r0:r0 + pr, k0:k0 + nb])
-                    u4 = nl.ndarray((_P, kb), dtype=nl.float8_e4m3fn, buffer=nl.sbuf)
-                    nisa.tensor_scalar(dst=u4[0:pr, 0:nb], data=acc_blk[0:pr, 0:nb], op0=nl.multiply, operand0=u3[0:pr, 0:1])
-                    nisa.dma_copy(dst=x_new_hbm[r0:r0 + pr, k0:k0 + nb], src=acc_blk[0:pr, 0:nb])
-                    nisa.dma_copy(dst=q_hbm[r0:r0 + pr, k0:k0 + nb], src=u4[0:pr, 0:nb])
-            else:
+        # the epilogue of each owned row tile after the exchange (SPLIT) or the column blocks (KC), in passes
+        # over K-blocks; otherwise it ran in the last chunk
+        for rs in range(n_rs if SPLIT else 0):
+            if owned[rs]:
+                r0 = r_sb + rs * _P
+                pr = min(_P, s_rows - rs * _P)
                 es1_0 = nl.ndarray((_P, 1), dtype=nl.float32, buffer=nl.sbuf)
                 nisa.memset(dst=es1_0[0:pr, 0:1], value=-3.0e38)
                 for k0 in range(0, K, _F_MOV):
@@ -712,6 +803,35 @@ def swiglu_fp8_quant_kernel(x_hbm, w1t_hbm, s1_hbm, wgt_hbm, sg_hbm, w2t_hbm, s2
                     nisa.tensor_scalar(dst=e6[0:pr, 0:nb], data=acc[rs][0:pr, k0:k0 + nb], op0=nl.multiply, operand0=e5[0:pr, 0:1])
                     nisa.dma_copy(dst=x_new_hbm[r0:r0 + pr, k0:k0 + nb], src=acc[rs][0:pr, k0:k0 + nb])
                     nisa.dma_copy(dst=q_hbm[r0:r0 + pr, k0:k0 + nb], src=e6[0:pr, 0:nb])
+
+        for rs in range(n_rs if KC else 0):
+            r0 = r_sb + rs * _P
+            pr = min(_P, s_rows - rs * _P)
+            us1_0 = nl.ndarray((_P, 1), dtype=nl.float32, buffer=nl.sbuf)
+            nisa.memset(dst=us1_0[0:pr, 0:1], value=-3.0e38)
+            for k0 in range(0, K, _F_MOV):
+                nb = min(_F_MOV, K - k0)
+                acc_blk = nl.ndarray((_P, kb), dtype=nl.float32, buffer=nl.sbuf)
+                nisa.dma_copy(dst=acc_blk[0:pr, 0:nb], src=acc_hbm[r0:r0 + pr, k0:k0 + nb])
+                u0 = nl.ndarray((_P, 1), dtype=nl.float32, buffer=nl.sbuf)
+                u1 = nl.ndarray((_P, kb), dtype=nl.float32, buffer=nl.sbuf)
+                nisa.activation(dst=u1[0:pr, 0:nb], op=nl.abs, data=acc_blk[0:pr, 0:nb])
+                nisa.tensor_reduce(dst=u0[0:pr, 0:1], op=nl.maximum, data=u1[0:pr, 0:nb], axis=(1,))
+                nisa.tensor_tensor(dst=us1_0[0:pr, 0:1], data1=us1_0[0:pr, 0:1], data2=u0[0:pr, 0:1], op=nl.maximum)
+            u2 = nl.ndarray((_P, 1), dtype=nl.float32, buffer=nl.sbuf)
+            nisa.tensor_scalar(dst=u2[0:pr, 0:1], data=us1_0[0:pr, 0:1], op0=nl.maximum, operand0=1e-12, op1=nl.multiply, operand1=(1.0 / 448.0))
+            u3 = nl.ndarray((_P, 1), dtype=nl.float32, buffer=nl.sbuf)
+            nisa.reciprocal(dst=u3[0:pr, 0:1], data=u2[0:pr, 0:1])
+            nisa.dma_copy(dst=s_hbm[r0:r0 + pr, 0:1], src=u2[0:pr, 0:1])
+            nisa.dma_copy(dst=amax_hbm[r0:r0 + pr, 0:1], src=us1_0[0:pr, 0:1])
+            for k0 in range(0, K, _F_MOV):
+                nb = min(_F_MOV, K - k0)
+                acc_blk = nl.ndarray((_P, kb), dtype=nl.float32, buffer=nl.sbuf)
+                nisa.dma_copy(dst=acc_blk[0:pr, 0:nb], src=acc_hbm[r0:r0 + pr, k0:k0 + nb])
+                u4 = nl.ndarray((_P, kb), dtype=nl.float8_e4m3fn, buffer=nl.sbuf)
+                nisa.tensor_scalar(dst=u4[0:pr, 0:nb], data=acc_blk[0:pr, 0:nb], op0=nl.multiply, operand0=u3[0:pr, 0:1])
+                nisa.dma_copy(dst=x_new_hbm[r0:r0 + pr, k0:k0 + nb], src=acc_blk[0:pr, 0:nb])
+                nisa.dma_copy(dst=q_hbm[r0:r0 + pr, k0:k0 + nb], src=u4[0:pr, 0:nb])
 
     return x_new_hbm, q_hbm, s_hbm, amax_hbm
 

@@ -96,6 +96,7 @@ class _Machine(NamedTuple):
     dma_row_bytes: int  # DMA packet-rate rule: each partition row costs at least this many bytes (dmarule)
     sbuf_budget: int  # usable SBUF bytes per partition
     max_lnc: int  # logical cores one launch may span (trn2 pairs cores; trn1 has no LNC=2)
+    pe_ramp_ns: float = 0.0  # PE time a burst started after an idle window loses to the dI/dt ramp (`_chain`)
 
 
 class _Buffer(NamedTuple):
@@ -135,11 +136,13 @@ class _Cost(NamedTuple):
     dve: float
     dma: float
     hbm_bytes: int
+    chain: float = 0.0  # a column-blocked plan's loads and matmuls that cannot overlap, in series (`_chain`)
 
     @property
     def total(self) -> float:
-        """Modelled kernel time: engines overlap, so the busiest one bounds it."""
-        return max(self.pe, self.act, self.dve, self.dma)
+        """Modelled kernel time: engines overlap, so the busiest one bounds it, or the series they must
+        run in where the kernel's order keeps them from overlapping."""
+        return max(self.pe, self.act, self.dve, self.dma, self.chain)
 
 
 def _cdiv(n: int, d: int) -> int:
@@ -367,11 +370,57 @@ def _cost(m: _FfnModel, mach: _Machine, rows: int, k: int, i: int, lnc: int, pla
         hbm += 2 * own * k * 4
         transfers += tiles * (1 + _cdiv(k, _F_MOV))
         dve += tiles * k_cycles
+    dma = _dma_ns(mach, hbm, transfers)
+    chain = 0.0
+    for s_rows, n_sb in _runs(comp_rows, plan.s) if plan.kc else ():
+        chain += n_sb * _chain(m, mach, s_rows, inter, k, plan)
+    return _Cost(pe / mach.pe_ghz, act / mach.act_ghz, dve / mach.dve_ghz, dma, hbm, chain)
+
+
+def _dma_ns(mach: _Machine, hbm: float, transfers: int) -> float:
+    """DMA time of `hbm` bytes in `transfers` 128-partition transfers over all queues."""
     # the packet-rate rule over the average transfer (a lower bound of the per-transfer sum the trace
     # model charges: transfers below DMA_ROW_BYTES per partition row cost more than their bytes)
     engine_bytes = _dma_engine_bytes(hbm, transfers * _P, mach.dma_queues, mach.dma_row_bytes)
-    dma = max(engine_bytes * mach.dma_queues / mach.dma_gbps, transfers * mach.dma_fixed_ns / mach.dma_queues)
-    return _Cost(pe / mach.pe_ghz, act / mach.act_ghz, dve / mach.dve_ghz, dma, hbm)
+    fixed = transfers * mach.dma_fixed_ns / mach.dma_queues
+    return max(engine_bytes * mach.dma_queues / mach.dma_gbps, fixed)
+
+
+def _pipelined(load: float, compute: float, units: int) -> float:
+    """Time of `units` equal steps whose loads (`load` ns in all) feed their compute (`compute` ns): the
+    slower side, plus the faster side's first step, which nothing overlaps."""
+    return max(load, compute) + min(load, compute) / max(1, units)
+
+
+def _chain(m: _FfnModel, mach: _Machine, s_rows: int, inter: int, k: int, plan: _Plan) -> float:
+    """Time of one column-blocked super-block when its DMAs run in program order (cost model II: a DMA
+    holds the queues from when its data is ready, and the transfers after it wait for the queues): each
+    chunk's h^T writes wait for its last combine, so the next chunk's weight loads start only after them,
+    and each column block's eviction writes hold back the next block's loads. Per chunk: its weight loads
+    pipelined with its matmuls (a load fixed cost before the first matmul), the last I-tile's combine,
+    the h^T writes; per column block the same with its weight tiles and h^T reads, then its evictions.
+    The PE idles through each chunk's and block's first load (its fixed cost alone is most of the dI/dt
+    window), so each starts its matmuls on a fresh ramp (`pe_ramp_ns`)."""
+    n_k, n_rs, n_it = _cdiv(k, _P), _cdiv(s_rows, _P), _cdiv(inter, _P)
+    total = _dma_ns(mach, s_rows * k * m.x_bytes, n_rs * _cdiv(k, _x_staged(m, k))) + mach.dma_fixed_ns
+    total += n_rs * n_k * _P / mach.pe_ghz  # x^T: the PE transposes before the first matmul
+    stall = mach.dma_fixed_ns + mach.pe_ramp_ns  # the first load's fixed cost, then a cold PE
+    width = max(_MIN_CYCLES, min(s_rows, _F_MOV))
+    combine = m.mid_act * width / mach.act_ghz + m.mid_dve * width / mach.dve_ghz  # the last I-tile's
+    for chunk, n_chunks in _runs(inter, plan.ci):
+        units = m.n_up * _cdiv(chunk, _P)  # one projection's weights of one I-tile per step
+        weights = _dma_ns(mach, units * n_k * _P * _P * m.up_bytes, units * _cdiv(n_k, _group(k, plan.g)))
+        mm = sum(n * units * n_k * max(_MIN_CYCLES, rw) for rw, n in _runs(s_rows, _F_MOV)) / mach.pe_ghz
+        writes = _dma_ns(mach, chunk * s_rows * m.x_bytes, _cdiv(chunk, _P) * _cdiv(s_rows, _F_MOV))
+        total += n_chunks * (_pipelined(weights, mm, units) + stall + combine + writes)
+    gh = _h_group(plan.s, inter, m.x_bytes)
+    evict_act, evict_dve, _, _ = _stage_cost(m.evict, n_rs, min(k, plan.kc), shared=n_rs)
+    evict = evict_act / mach.act_ghz + evict_dve / mach.dve_ghz
+    for kw, n_blocks in _runs(k, plan.kc):
+        loads = _dma_ns(mach, inter * (kw * m.down_bytes + s_rows * m.x_bytes), n_it + _cdiv(n_it, gh))
+        mm = n_it * n_rs * _cycles(kw) / mach.pe_ghz
+        total += n_blocks * (_pipelined(loads, mm, n_it) + stall + evict)
+    return total
 
 
 def _plannable(usable: int) -> int:
@@ -463,8 +512,8 @@ def _choose(m: _FfnModel, mach: _Machine, rows: int, k: int, i: int, lnc: int) -
 _MODEL = _FfnModel(n_up=2, x_bytes=2, mid_tiles=2, col_vectors=0, out_bytes=6, mid_act=1, mid_dve=2, acc_init=1, fold_bias=0, epi=_Stage(block_bytes=10, cols=4, sweeps=2, act=1, dve=3, col_ops=1, read_bytes=0, bcast=1, loads=3), pro=_Stage(block_bytes=0, cols=0, sweeps=0, act=0, dve=0, col_ops=0, read_bytes=0, bcast=0, loads=0), epi_cols=_Stage(block_bytes=14, cols=4, sweeps=2, act=1, dve=3, col_ops=1, read_bytes=8, bcast=1, loads=5), evict=_Stage(block_bytes=8, cols=0, sweeps=1, act=0, dve=2, col_ops=0, read_bytes=4, bcast=0, loads=2), up_bytes=2, down_bytes=2)
 #: the figures the planner's time model needs, per target (from fusegen/sim/targets.py).
 _MACHINES = {
-    "trn1": _Machine(pe_ghz=2.8, act_ghz=1.4, dve_ghz=1.12, dma_gbps=272.0, dma_fixed_ns=1300.0, dma_queues=16, dma_row_bytes=2450, sbuf_budget=180224, max_lnc=1),
-    "trn2": _Machine(pe_ghz=2.4, act_ghz=1.2, dve_ghz=0.96, dma_gbps=362.5, dma_fixed_ns=1300.0, dma_queues=16, dma_row_bytes=2450, sbuf_budget=212984, max_lnc=2),
+    "trn1": _Machine(pe_ghz=2.8, act_ghz=1.4, dve_ghz=1.12, dma_gbps=272.0, dma_fixed_ns=1300.0, dma_queues=16, dma_row_bytes=2450, sbuf_budget=180224, max_lnc=1, pe_ramp_ns=0.0),
+    "trn2": _Machine(pe_ghz=2.4, act_ghz=1.2, dve_ghz=0.96, dma_gbps=362.5, dma_fixed_ns=1300.0, dma_queues=16, dma_row_bytes=2450, sbuf_budget=212984, max_lnc=2, pe_ramp_ns=750.0),
 }
 
 
