@@ -50,6 +50,7 @@ class Machine(NamedTuple):
     dma_row_bytes: int  # DMA packet-rate rule: each partition row costs at least this many bytes (dmarule)
     sbuf_budget: int  # usable SBUF bytes per partition
     max_lnc: int  # logical cores one launch may span (trn2 pairs cores; trn1 has no LNC=2)
+    pe_ramp_ns: float = 0.0  # PE time a burst started after an idle window loses to the dI/dt ramp
 
 
 class Buffer(NamedTuple):
@@ -68,11 +69,13 @@ class Cost(NamedTuple):
     dve: float
     dma: float
     hbm_bytes: int
+    chain: float = 0.0  # work the kernel's order keeps from overlapping, in series (column-blocked FFN)
 
     @property
     def total(self) -> float:
-        """Modelled kernel time: engines overlap, so the busiest one bounds it."""
-        return max(self.pe, self.act, self.dve, self.dma)
+        """Modelled kernel time: engines overlap, so the busiest one bounds it, or the series they must
+        run in where the kernel's order keeps them from overlapping."""
+        return max(self.pe, self.act, self.dve, self.dma, self.chain)
 
 
 def cdiv(n: int, d: int) -> int:

@@ -9,7 +9,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from fusegen.codegen.ffn import budget as fb
-from fusegen.perf.cost import ASSUMED, DMA_FIXED_NS, DMA_QUEUES
+from fusegen.perf.cost import ASSUMED, DMA_FIXED_NS, DMA_QUEUES, PE_COLD_UTILISATION, PE_RAMP_NS
 from fusegen.perf.roofline import hbm_bytes_per_ns
 from fusegen.sim.targets import Target
 
@@ -79,6 +79,7 @@ def machine(target: Target) -> fb.Machine:
     hbm, dma = target.hbm_gbps_per_chip, target.dma_gbps_per_core
     if pe is None or act is None or dve is None or hbm is None or dma is None:  # trn3's figures are unknown
         raise PlanError(f"the target table has no clock or bandwidth figures for {target.name} yet")
+    throttled = target.nc_version >= 3 and ASSUMED.pe_throttle
     return fb.Machine(
         pe_ghz=pe,
         act_ghz=act,
@@ -89,6 +90,9 @@ def machine(target: Target) -> fb.Machine:
         dma_row_bytes=ASSUMED.dma_row_bytes,
         sbuf_budget=target.sbuf_usable_bytes,
         max_lnc=target.max_lnc,
+        # the dI/dt ramp (cost.pe_utilisation_limit): utilisation rises linearly from the cold share to
+        # full over PE_RAMP_NS, so a burst longer than the ramp loses PE_RAMP_NS * (1 - cold) / 2
+        pe_ramp_ns=PE_RAMP_NS * (1 - PE_COLD_UTILISATION) / 2 if throttled else 0.0,
     )
 
 
@@ -154,6 +158,8 @@ def _tile_plan(
     cores = lnc if not p.split else 1  # with the I split, each weight byte is read by one core
     streamed = weights * fb.cdiv(comp_rows, p.s) * cores
     engines = {"PE": c.pe, "ACT": c.act, "DVE": c.dve, "DMA": c.dma}
+    if c.chain:  # column blocks: loads and matmuls in series (ffn_budget._chain)
+        engines["loads and matmuls in series"] = c.chain
     bound = max(engines, key=lambda e: engines[e])
     summary = (
         ("work split", "over I: each core all rows, its share of I" if p.split else "over rows"),

@@ -14,6 +14,7 @@ from fusegen.codegen.ffn.lower import lower_ffn
 from fusegen.codegen.ffn.match import match_ffn
 from fusegen.codegen.plan import PlanError, machine, plan_ffn
 from fusegen.dsl import load_spec
+from fusegen.perf.schedule import schedule
 from fusegen.sim import load_module
 from fusegen.sim.targets import get_target
 
@@ -122,3 +123,37 @@ def test_interpreter_peak_sbuf_stays_within_the_budget_model(spec: str, dims: di
     plan = plan_ffn(lower_ffn(ir, match_ffn(ir)).model, get_target("trn2"), 2, dims, ROLES)
     peak = max(core["sbuf_peak_bytes"] for core in run.stats["cores"])
     assert 0 < peak <= plan.sbuf_bytes
+
+
+_FP8_IR, _ = load_spec(str(ROOT / "examples" / "swiglu_fp8.spec"))
+FP8_MODEL = lower_ffn(_FP8_IR, match_ffn(_FP8_IR)).model
+
+
+def test_column_blocked_plan_is_priced_with_its_serialised_loads_at_llama_widths() -> None:
+    """Issue 15: at Llama-3-8B widths (K=4096, I=14336), R=256, LNC 2, the trace model (bench/plan_price.py)
+    runs the column-blocked S=128 CI=128 KC=2048 plan in 1,197.6 us and the planner's pick without column
+    blocks in 637.1 us; the closed form once priced both at 575 us and picked the column blocks."""
+    mach = machine(get_target("trn2"))
+    pick = fb.choose(FP8_MODEL, mach, 256, 4096, 14336, 2)
+    blocked = fb.cost(FP8_MODEL, mach, 256, 4096, 14336, 2, fb.Plan(128, 128, 0, 2048)).total
+    assert pick.kc == 0
+    assert blocked >= 1.5 * fb.cost(FP8_MODEL, mach, 256, 4096, 14336, 2, pick).total
+
+
+def test_column_blocked_closed_form_follows_the_trace_model(monkeypatch: pytest.MonkeyPatch) -> None:
+    """A column-blocked plan's closed-form time is within 25% of the trace model's (the generated kernel on
+    the interpreter, scheduled by fusegen.perf) at a cheap shape. The chain it sums is the trace's critical
+    path with each chunk's loads and matmuls pipelined as equal steps and the dependent-instruction
+    hand-offs left out: bench/plan_price.py puts it at 0.92x-1.15x of the trace over seven shapes; 1.14x
+    here, where the engines-only model of issue 15 gave 1.88x."""
+    dims = {"R": 256, "K": 1024, "I": 256}
+    directory = ROOT / "generated" / "swiglu_fp8"
+    generated_test = testing.load_generated(directory / "test_swiglu_fp8.py")
+    args = testing.make_inputs(generated_test.INPUTS, generated_test.input_shapes(dims))
+    module = load_module(directory / "kernel.py", target="trn2")
+    plan = module._Plan(256, 256, 0, 1024, 0)
+    monkeypatch.setattr(module, "_choose", lambda *_: plan)
+    module.swiglu_fp8(*args, lnc=1, target="trn2")
+    traced = schedule(module.swiglu_fp8_kernel.last_run.trace, get_target("trn2")).time_ns
+    closed = module._cost(module._MODEL, module._MACHINES["trn2"], 256, 1024, 256, 1, plan).total
+    assert 0.8 * closed <= traced <= 1.25 * closed

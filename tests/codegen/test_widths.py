@@ -45,8 +45,17 @@ def test_every_ffn_example_plans_at_every_width(model: str, k: int, i: int) -> N
 _EXPERT_BOUND = pytest.mark.xfail(
     strict=True, raises=AssertionError, reason="epilogue-bound at I=2048 (issue 14)"
 )
+#: the widest: 85% rested on column-blocked plans the closed form priced without their serialised loads;
+#: the trace model runs them at ~65-80% of the PE roofline (bench/plan_price.py; docs/performance.md,
+#: "Column-blocked plans: the planner's price"), so the planner now picks slower-modelled plans there
+_SERIAL_CHAIN = pytest.mark.xfail(
+    strict=True, raises=AssertionError, reason="column-blocked loads run in series (issue 15)"
+)
+_MARKS = {"DeepSeek-V3 expert": [_EXPERT_BOUND]} | {
+    w: [_SERIAL_CHAIN] for w in ("DeepSeek-V3 dense", "Llama-3-70B", "Qwen2.5-72B", "Llama-3.1-405B")
+}
 WIDE = [
-    pytest.param(*w, id=w[0], marks=[_EXPERT_BOUND] if w[0] == "DeepSeek-V3 expert" else [])
+    pytest.param(*w, id=w[0], marks=_MARKS.get(w[0], []))
     for w in WIDTHS
     if w[1] >= 4096
 ]

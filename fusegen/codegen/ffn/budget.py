@@ -274,7 +274,48 @@ def cost(m: FfnModel, mach: Machine, rows: int, k: int, i: int, lnc: int, plan: 
         transfers += tiles * (1 + cdiv(k, F_MOV))
         dve += tiles * k_cycles
     dma = dma_time(mach, hbm, transfers)
-    return Cost(pe / mach.pe_ghz, act / mach.act_ghz, dve / mach.dve_ghz, dma, hbm)
+    chain = 0.0
+    for s_rows, n_sb in runs(comp_rows, plan.s) if plan.kc else ():
+        chain += n_sb * _chain(m, mach, s_rows, inter, k, plan)
+    return Cost(pe / mach.pe_ghz, act / mach.act_ghz, dve / mach.dve_ghz, dma, hbm, chain)
+
+
+
+def _pipelined(load: float, compute: float, units: int) -> float:
+    """Time of `units` equal steps whose loads (`load` ns in all) feed their compute (`compute` ns): the
+    slower side, plus the faster side's first step, which nothing overlaps."""
+    return max(load, compute) + min(load, compute) / max(1, units)
+
+
+def _chain(m: FfnModel, mach: Machine, s_rows: int, inter: int, k: int, plan: Plan) -> float:
+    """Time of one column-blocked super-block when its DMAs run in program order (cost model II: a DMA
+    holds the queues from when its data is ready, and the transfers after it wait for the queues): each
+    chunk's h^T writes wait for its last combine, so the next chunk's weight loads start only after them,
+    and each column block's eviction writes hold back the next block's loads. Per chunk: its weight loads
+    pipelined with its matmuls (a load fixed cost before the first matmul), the last I-tile's combine,
+    the h^T writes; per column block the same with its weight tiles and h^T reads, then its evictions.
+    The PE idles through each chunk's and block's first load (its fixed cost alone is most of the dI/dt
+    window), so each starts its matmuls on a fresh ramp (`pe_ramp_ns`)."""
+    n_k, n_rs, n_it = cdiv(k, P), cdiv(s_rows, P), cdiv(inter, P)
+    total = dma_time(mach, s_rows * k * m.x_bytes, n_rs * cdiv(k, x_staged(m, k))) + mach.dma_fixed_ns
+    total += n_rs * n_k * P / mach.pe_ghz  # x^T: the PE transposes before the first matmul
+    stall = mach.dma_fixed_ns + mach.pe_ramp_ns  # the first load's fixed cost, then a cold PE
+    width = max(MIN_CYCLES, min(s_rows, F_MOV))
+    combine = m.mid_act * width / mach.act_ghz + m.mid_dve * width / mach.dve_ghz  # the last I-tile's
+    for chunk, n_chunks in runs(inter, plan.ci):
+        units = m.n_up * cdiv(chunk, P)  # one projection's weights of one I-tile per step
+        weights = dma_time(mach, units * n_k * P * P * m.up_bytes, units * cdiv(n_k, group(k, plan.g)))
+        mm = sum(n * units * n_k * max(MIN_CYCLES, rw) for rw, n in runs(s_rows, F_MOV)) / mach.pe_ghz
+        writes = dma_time(mach, chunk * s_rows * m.x_bytes, cdiv(chunk, P) * cdiv(s_rows, F_MOV))
+        total += n_chunks * (_pipelined(weights, mm, units) + stall + combine + writes)
+    gh = h_group(plan.s, inter, m.x_bytes)
+    evict_act, evict_dve, _, _ = stage_cost(m.evict, n_rs, min(k, plan.kc), shared=n_rs)
+    evict = evict_act / mach.act_ghz + evict_dve / mach.dve_ghz
+    for kw, n_blocks in runs(k, plan.kc):
+        loads = dma_time(mach, inter * (kw * m.down_bytes + s_rows * m.x_bytes), n_it + cdiv(n_it, gh))
+        mm = n_it * n_rs * cycles(kw) / mach.pe_ghz
+        total += n_blocks * (_pipelined(loads, mm, n_it) + stall + evict)
+    return total
 
 
 def plannable(usable: int) -> int:
