@@ -23,6 +23,12 @@ BUILD_TARGETS = ("trn1", "trn2")
 FP8_FAMILIES = frozenset({"ffn"})
 
 
+def weight_dtype_fits(weight: str, x: str) -> bool:
+    """A weight of x's dtype, or an fp8 weight beside a 16-bit x (the PE takes mixed fp8/bf16 inputs; x and
+    the combine stay 16-bit: fp8 is a storage format for weights and outputs here)."""
+    return weight == x or (weight in FP8_DTYPES and x in ("bf16", "f16"))
+
+
 def fp8_nodes(ir: KernelIR) -> list[Node]:
     """Every input, cast and output value of an fp8 dtype, in IR order."""
     outputs = {o.node for o in ir.outputs if o.dtype in FP8_DTYPES}
