@@ -8,6 +8,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from fusegen.codegen.family import SCALAR_LEAVES, Mismatch, leave, shape_is
+from fusegen.codegen.fp8 import weight_dtype_fits
 from fusegen.codegen.matmul_match import row_prologue, stage_nodes, weight_columns
 from fusegen.dsl.ir import Dim, KernelIR, Node
 
@@ -100,8 +101,9 @@ def _projection(ir: KernelIR, mm: Node, x: Node, owners: dict[int, int], rows: D
     hidden, width = weight.shape
     if columns is None or len(weight.shape) != 2:
         raise leave(FAMILY, weight, f"a projection weight must be an input [{hidden}, N] or columns of one")
-    if weight.dtype != x.dtype:
-        raise leave(FAMILY, weight, f"projection weights must have the projected operand's dtype {x.dtype}")
+    if not weight_dtype_fits(weight.dtype, x.dtype):
+        raise leave(FAMILY, weight, f"a projection weight must be {x.dtype} (the projected operand's dtype) "
+                    "or, beside a bf16/f16 operand, fp8 (scale its product in the epilogue)")  # fmt: skip
     outputs = tuple(i for i, owner in owners.items() if owner == mm.id)
     if not outputs:
         raise leave(FAMILY, mm, "every projection must feed an output")
