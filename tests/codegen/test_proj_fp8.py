@@ -92,7 +92,9 @@ def test_e5m2_weights_build_and_run_on_trn1(tmp_path: Path, capsys: pytest.Captu
         _close(got, want, rtol=2e-2)
 
 
-def test_mixed_fp8_and_f32_is_refused_at_the_weight(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+def test_mixed_fp8_and_f32_is_refused_at_the_matmul(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
     """fp8 weights go beside a 16-bit operand only (the PE's mixed mode): an f32 operand is a dtype clash
     at each matmul, with the way out."""
     text = SPEC.read_text().replace("bf16(rmsnorm(x, eps, gamma))", "rmsnorm(f32(x), eps, gamma)")
@@ -114,7 +116,9 @@ def test_mixed_fp8_and_f32_is_refused_at_the_weight(tmp_path: Path, capsys: pyte
         (6, torch.ones(128, 128, dtype=E5M2), TypeError, "wv: expected dtype torch.float8_e4m3fn"),
     ],
 )
-def test_bad_scales_and_weights_at_the_door(index: int, value: torch.Tensor, error: type, message: str) -> None:
+def test_bad_scales_and_weights_at_the_door(
+    index: int, value: torch.Tensor, error: type, message: str
+) -> None:
     module = load_module(GENERATED / "qkv_fp8" / "kernel.py", target="trn2")
     d = _inputs(3, 128, 128, 128)
     args = [d[n] for n in NAMES]
