@@ -143,3 +143,21 @@ def test_planner_models_the_halved_weight_stream() -> None:
     cols = 4096 // 2 + 1024 // 2 + 1024 // 2
     assert costs[1].hbm_bytes - costs[0].hbm_bytes == 4096 * cols - 128 * cols * 4
     assert costs[0].hbm_bytes < 0.65 * costs[1].hbm_bytes
+
+
+def test_per_token_quantisation_of_a_projection_names_the_amax(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """A per-token amax over N needs whole rows, which the projection never holds (it streams column
+    blocks): the build fails at the amax line, saying why and where per-token quantisation is fused."""
+    spec = tmp_path / "proj_quant.spec"
+    spec.write_text(
+        "kernel proj_quant\ndim R, K, N\nrequire K % 128 == 0\ninput x: bf16[R, K]\n"
+        "input w: fp8_e4m3[K, N]\ninput sw: f32[N]\noutput y: f32[R, N]\noutput q: fp8_e4m3[R, N]\n"
+        "output s: f32[R, 1]\ny = (x @ w) * sw\namax = max(abs(y), 1, keepdim=true)\ns = amax / 448.0\n"
+        "q = y / s\ncheck R=64 K=256 N=512\n"
+    )
+    code, err = _build(spec, tmp_path / "out", "trn2", capsys)
+    assert code == 2
+    assert "proj_quant.spec:11:8: note: leaves the proj family here: a row statistic" in err
+    assert "per-token amax / scale [R, 1]" in err and "examples/swiglu_fp8_quant.spec" in err

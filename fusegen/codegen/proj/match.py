@@ -15,6 +15,12 @@ from fusegen.dsl.ir import Dim, KernelIR, Node
 FAMILY = "proj"
 #: Row statistics need a whole output row; the projection streams its outputs in column blocks.
 STATISTICS = frozenset(("sum", "mean", "max", "layernorm", "rmsnorm"))
+STATISTIC_REASON = (
+    "a row statistic of a projection's output (a norm, or a per-token amax / scale [R, 1]) cannot be "
+    "taken: the proj family streams each output in column blocks and never holds a whole row; normalise "
+    "before the projection, or return the output and take the statistic in a row-wise kernel (per-token "
+    "quantisation of an FFN's output is fused: examples/swiglu_fp8_quant.spec)"
+)
 
 
 @dataclass(frozen=True)
@@ -119,12 +125,7 @@ def _check_epilogue(ir: KernelIR, epi: set[int], outputs: tuple[int, ...], rows:
     for nid in sorted(epi):
         node = ir.node(nid)
         if node.op in STATISTICS:
-            raise leave(
-                FAMILY,
-                node,
-                "a row statistic of a projection's output cannot be taken: the proj "
-                "family streams each output in column blocks (normalise before the projection)",
-            )
+            raise leave(FAMILY, node, STATISTIC_REASON)
         if node.op == "input" and not shape_is(
             node.shape, (width,), (one, width), (rows, width), (rows, one)
         ):
