@@ -19,8 +19,14 @@ from fusegen.sim.targets import TARGETS
 MIN_NC_VERSION = {"fp8_e4m3": 3, "fp8_e5m2": 2}
 #: targets `fusegen build --target` offers
 BUILD_TARGETS = ("trn1", "trn2")
-#: families whose lowering handles fp8 values (FFN weights, and casts and outputs of its epilogue)
-FP8_FAMILIES = frozenset({"ffn"})
+#: families whose lowering handles fp8 values (FFN and projection weights, casts and outputs of epilogues)
+FP8_FAMILIES = frozenset({"ffn", "proj"})
+
+
+def weight_dtype_fits(weight: str, x: str) -> bool:
+    """A weight of x's dtype, or an fp8 weight beside a 16-bit x (the PE takes mixed fp8/bf16 inputs; x and
+    the combine stay 16-bit: fp8 is a storage format for weights and outputs here)."""
+    return weight == x or (weight in FP8_DTYPES and x in ("bf16", "f16"))
 
 
 def fp8_nodes(ir: KernelIR) -> list[Node]:
@@ -47,7 +53,7 @@ def fp8_errors(ir: KernelIR, family: str, target: str) -> list[Diagnostic]:
         return []
     first = nodes[0]
     if family not in FP8_FAMILIES:
-        hint = "fp8 weights and quantised outputs are supported in the ffn family; use bf16 here"
+        hint = "fp8 weights and quantised outputs are supported in the ffn and proj families; use bf16 here"
         return [Diagnostic(first.span, f"the {family} family does not lower fp8 values", hint=hint)]
     missing = sorted(d for d in _dtypes_of(ir) if not supports(target, (d,)))
     if not missing:

@@ -159,10 +159,11 @@ _PSUM_BANKS = 8
 class _ProjModel(NamedTuple):
     """What a generated projection kernel holds in SBUF and computes, counted by its lowering."""
 
-    x_bytes: int  # bytes per element of x and of the weights
+    x_bytes: int  # bytes per element of x
     pro: _Stage  # the prologue, per row tile (NO_STAGE without one)
     epi: tuple[_Stage, ...]  # each projection's epilogue, per row tile, over its N columns
     block_rows: tuple[int, ...]  # each projection's [N] inputs, broadcast once per column block
+    w_bytes: tuple[int, ...]  # bytes per element of each projection's weight (1: fp8)
 
 
 class _Plan(NamedTuple):
@@ -185,10 +186,11 @@ def _buffers(m: _ProjModel, p: _Plan, k: int) -> list[_Buffer]:
     """The kernel's SBUF buffers for plan `p`."""
     n_k = _cdiv(k, _P)
     epi_bytes = max((st.block_bytes for st in m.epi), default=0)
+    w_bytes = max(m.w_bytes)  # one weight buffer serves every projection in turn
     weights = (
-        _Buffer("weight K-tile piece (streamed)", p.nb * m.x_bytes, 3)
+        _Buffer("weight K-tile piece (streamed)", p.nb * w_bytes, 3)
         if p.stream
-        else _Buffer("weight block (all K-tiles, NB columns)", n_k * p.nb * m.x_bytes, 2)
+        else _Buffer("weight block (all K-tiles, NB columns)", n_k * p.nb * w_bytes, 2)
     )
     return [
         _Buffer("x^T, K on partitions", n_k * p.s * m.x_bytes, 1),
@@ -231,9 +233,9 @@ def _cost(m: _ProjModel, mach: _Machine, rows: int, k: int, widths: tuple[int, .
         for rows_t, n_t in _runs(s_rows, _P):  # x^T: each K-tile transposed on the PE, copied out of PSUM
             pe += n_sb * n_t * n_k * max(_MIN_CYCLES, rows_t)
             dve += n_sb * n_t * n_k * max(_MIN_CYCLES, rows_t)
-        for n, epi, rows_in in zip(widths, m.epi, m.block_rows, strict=True):
+        for n, epi, rows_in, w_bytes in zip(widths, m.epi, m.block_rows, m.w_bytes, strict=True):
             cols = _columns_per_core(n, lnc, p.split)
-            hbm += n_sb * (k * cols * m.x_bytes + rows_in * _P * cols * 4)  # [N] inputs: P copies land in SBUF
+            hbm += n_sb * (k * cols * w_bytes + rows_in * _P * cols * 4)  # [N] inputs: P copies land in SBUF
             transfers += n_sb * (n_k + rows_in) * _cdiv(cols, p.nb)  # the weights, once per super-block
             pe += n_sb * tiles * n_k * _cycles(cols)
             a, d, moved, moves = _stage_cost(epi, tiles, cols)
@@ -286,7 +288,7 @@ def _choose(m: _ProjModel, mach: _Machine, rows: int, k: int, widths: tuple[int,
                          f"B/partition of SBUF for K={k}; the budget is {mach.sbuf_budget} B")  # fmt: skip
     return min(plans, key=lambda p: _rank_key(m, mach, rows, k, widths, lnc, p))
 
-_MODEL = _ProjModel(x_bytes=2, pro=_Stage(block_bytes=0, cols=0, sweeps=0, act=0, dve=0, col_ops=0, read_bytes=0, bcast=0, loads=0), epi=(_Stage(block_bytes=6, cols=0, sweeps=1, act=0, dve=2, col_ops=0, read_bytes=2, bcast=0, loads=2), ), block_rows=(0, ))
+_MODEL = _ProjModel(x_bytes=2, pro=_Stage(block_bytes=0, cols=0, sweeps=0, act=0, dve=0, col_ops=0, read_bytes=0, bcast=0, loads=0), epi=(_Stage(block_bytes=6, cols=0, sweeps=1, act=0, dve=2, col_ops=0, read_bytes=2, bcast=0, loads=2), ), block_rows=(0, ), w_bytes=(2, ))
 #: the figures the planner's time model needs, per target (from fusegen/sim/targets.py).
 _MACHINES = {
     "trn1": _Machine(pe_ghz=2.8, act_ghz=1.4, dve_ghz=1.12, dma_gbps=272.0, dma_fixed_ns=1300.0, dma_queues=16, dma_row_bytes=2450, sbuf_budget=180224, max_lnc=1),

@@ -7,6 +7,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from fusegen.codegen.family import SCALAR_LEAVES, Mismatch, leave, shape_is
+from fusegen.codegen.fp8 import weight_dtype_fits
 from fusegen.codegen.matmul_match import ROW_WISE, row_prologue, stage_nodes, weight_columns
 from fusegen.dsl.ir import FP8_DTYPES, Dim, KernelIR, Node
 
@@ -84,12 +85,6 @@ def _check_ups(ir: KernelIR, ups: tuple[Node, ...]) -> tuple[Node, Dim, Dim, Dim
         if weight.dtype != ir.node(ups[0].args[1]).dtype or not weight_dtype_fits(weight.dtype, x.dtype):
             raise leave(FAMILY, weight, f"projection weights must share one dtype: {x.dtype}, or an fp8 one")
     return x, hidden, inter, rows
-
-
-def weight_dtype_fits(weight: str, x: str) -> bool:
-    """A weight of x's dtype, or an fp8 weight beside a 16-bit x (the PE takes mixed fp8/bf16 inputs; x and
-    the combine stay 16-bit: fp8 is a storage format for weights and outputs here)."""
-    return weight == x or (weight in FP8_DTYPES and x in ("bf16", "f16"))
 
 
 def _check_mid(ir: KernelIR, mid: set[int], rows: Dim, inter: Dim) -> None:

@@ -35,10 +35,11 @@ PSUM_BANKS = 8
 class ProjModel(NamedTuple):
     """What a generated projection kernel holds in SBUF and computes, counted by its lowering."""
 
-    x_bytes: int  # bytes per element of x and of the weights
+    x_bytes: int  # bytes per element of x
     pro: Stage  # the prologue, per row tile (NO_STAGE without one)
     epi: tuple[Stage, ...]  # each projection's epilogue, per row tile, over its N columns
     block_rows: tuple[int, ...]  # each projection's [N] inputs, broadcast once per column block
+    w_bytes: tuple[int, ...]  # bytes per element of each projection's weight (1: fp8)
 
 
 class Plan(NamedTuple):
@@ -61,10 +62,11 @@ def buffers(m: ProjModel, p: Plan, k: int) -> list[Buffer]:
     """The kernel's SBUF buffers for plan `p`."""
     n_k = cdiv(k, P)
     epi_bytes = max((st.block_bytes for st in m.epi), default=0)
+    w_bytes = max(m.w_bytes)  # one weight buffer serves every projection in turn
     weights = (
-        Buffer("weight K-tile piece (streamed)", p.nb * m.x_bytes, 3)
+        Buffer("weight K-tile piece (streamed)", p.nb * w_bytes, 3)
         if p.stream
-        else Buffer("weight block (all K-tiles, NB columns)", n_k * p.nb * m.x_bytes, 2)
+        else Buffer("weight block (all K-tiles, NB columns)", n_k * p.nb * w_bytes, 2)
     )
     return [
         Buffer("x^T, K on partitions", n_k * p.s * m.x_bytes, 1),
@@ -107,9 +109,9 @@ def cost(m: ProjModel, mach: Machine, rows: int, k: int, widths: tuple[int, ...]
         for rows_t, n_t in runs(s_rows, P):  # x^T: each K-tile transposed on the PE, copied out of PSUM
             pe += n_sb * n_t * n_k * max(MIN_CYCLES, rows_t)
             dve += n_sb * n_t * n_k * max(MIN_CYCLES, rows_t)
-        for n, epi, rows_in in zip(widths, m.epi, m.block_rows, strict=True):
+        for n, epi, rows_in, w_bytes in zip(widths, m.epi, m.block_rows, m.w_bytes, strict=True):
             cols = columns_per_core(n, lnc, p.split)
-            hbm += n_sb * (k * cols * m.x_bytes + rows_in * P * cols * 4)  # [N] inputs: P copies land in SBUF
+            hbm += n_sb * (k * cols * w_bytes + rows_in * P * cols * 4)  # [N] inputs: P copies land in SBUF
             transfers += n_sb * (n_k + rows_in) * cdiv(cols, p.nb)  # the weights, once per super-block
             pe += n_sb * tiles * n_k * cycles(cols)
             a, d, moved, moves = stage_cost(epi, tiles, cols)

@@ -9,6 +9,7 @@ from fusegen.codegen.files.host import kernel_args, machines, returned, targets
 from fusegen.codegen.files.reference import dim_bindings
 from fusegen.codegen.files.render import header, private_repr, render, vendored
 from fusegen.codegen.files.signature import door_lines, door_source, signature
+from fusegen.codegen.fp8 import fp8_targets
 from fusegen.codegen.plan import TilePlan
 from fusegen.codegen.proj import budget as proj_budget
 from fusegen.codegen.proj.lower import lower_proj
@@ -87,7 +88,9 @@ class ProjFamily:
             host=_host(ir, m),
             dim_bindings=[f"d_{d} = {src}" for d, src in dim_bindings(ir, kernel_arg)],
             machines=machines(),
-            door_source=door_source([("_SIGNATURE", signature(ir.name, ir, returned(ir), targets()))]),
+            door_source=door_source(
+                [("_SIGNATURE", signature(ir.name, ir, returned(ir), fp8_targets(ir, targets())))]
+            ),
             default_target=target,
             default_lnc=lnc,
         )

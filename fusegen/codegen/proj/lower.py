@@ -33,6 +33,7 @@ class ProjectionLowering:
     """One projection as the template formats it: weight, columns, epilogue and outputs."""
 
     weight: str  # kernel argument holding the weight's columns
+    w_nl_dtype: str  # its tiles' dtype: the weight's own (an fp8 weight stays fp8 on the PE)
     first: str  # source of its first column ("" for a whole input)
     width: str  # source of N
     row_columns: tuple[str, ...]  # [R, 1] inputs of the epilogue, loaded once per row tile
@@ -62,6 +63,7 @@ def lower_proj(ir: KernelIR, m: ProjMatch) -> ProjLowering:
         pro=prologue.model if prologue else NO_STAGE,
         epi=tuple(pj.epilogue.model for pj in projections),
         block_rows=tuple(len(pj.block_rows) for pj in projections),
+        w_bytes=tuple(DTYPE_BYTES[pj.weight.dtype] for pj in m.projections),
     )
     return ProjLowering(
         x=kernel_arg(str(m.source.name)),
@@ -89,6 +91,7 @@ def _projection(ir: KernelIR, m: ProjMatch, pj: Projection, n: int) -> Projectio
     first = "" if pj.first == Dim.const(0) else dim_source(pj.first)
     return ProjectionLowering(
         kernel_arg(str(pj.weight.name)),
+        NL_DTYPE[pj.weight.dtype],
         first,
         dim_source(pj.width),
         inputs["vec"],

@@ -8,12 +8,19 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from fusegen.codegen.family import SCALAR_LEAVES, Mismatch, leave, shape_is
+from fusegen.codegen.fp8 import weight_dtype_fits
 from fusegen.codegen.matmul_match import row_prologue, stage_nodes, weight_columns
 from fusegen.dsl.ir import Dim, KernelIR, Node
 
 FAMILY = "proj"
 #: Row statistics need a whole output row; the projection streams its outputs in column blocks.
 STATISTICS = frozenset(("sum", "mean", "max", "layernorm", "rmsnorm"))
+STATISTIC_REASON = (
+    "a row statistic of a projection's output (a norm, or a per-token amax / scale [R, 1]) cannot be "
+    "taken: the proj family streams each output in column blocks and never holds a whole row; normalise "
+    "before the projection, or return the output and take the statistic in a row-wise kernel (per-token "
+    "quantisation of an FFN's output is fused: examples/swiglu_fp8_quant.spec)"
+)
 
 
 @dataclass(frozen=True)
@@ -100,8 +107,9 @@ def _projection(ir: KernelIR, mm: Node, x: Node, owners: dict[int, int], rows: D
     hidden, width = weight.shape
     if columns is None or len(weight.shape) != 2:
         raise leave(FAMILY, weight, f"a projection weight must be an input [{hidden}, N] or columns of one")
-    if weight.dtype != x.dtype:
-        raise leave(FAMILY, weight, f"projection weights must have the projected operand's dtype {x.dtype}")
+    if not weight_dtype_fits(weight.dtype, x.dtype):
+        raise leave(FAMILY, weight, f"a projection weight must be {x.dtype} (the projected operand's dtype) "
+                    "or, beside a bf16/f16 operand, fp8 (scale its product in the epilogue)")  # fmt: skip
     outputs = tuple(i for i, owner in owners.items() if owner == mm.id)
     if not outputs:
         raise leave(FAMILY, mm, "every projection must feed an output")
@@ -117,12 +125,7 @@ def _check_epilogue(ir: KernelIR, epi: set[int], outputs: tuple[int, ...], rows:
     for nid in sorted(epi):
         node = ir.node(nid)
         if node.op in STATISTICS:
-            raise leave(
-                FAMILY,
-                node,
-                "a row statistic of a projection's output cannot be taken: the proj "
-                "family streams each output in column blocks (normalise before the projection)",
-            )
+            raise leave(FAMILY, node, STATISTIC_REASON)
         if node.op == "input" and not shape_is(
             node.shape, (width,), (one, width), (rows, width), (rows, one)
         ):

@@ -60,7 +60,7 @@ def _tile_plan(
     rows, k, widths = shape
     c = pb.cost(model, mach, rows, k, widths, lnc, p)
     comp_rows = rows if p.split else pb.rows_per_core(rows, lnc)
-    weights = k * sum(widths) * model.x_bytes
+    weights = k * sum(w * b for w, b in zip(widths, model.w_bytes, strict=True))
     busy = 1 if p.split else pb.cdiv(rows, comp_rows)  # cores with rows to compute
     streamed = weights * pb.cdiv(comp_rows, p.s) * busy
     engines = {"PE": c.pe, "ACT": c.act, "DVE": c.dve, "DMA": c.dma}
@@ -118,7 +118,8 @@ def _reasons(
         if p.stream
         else "all K-tiles of a block held while the row tiles take turns"
     )
-    reasons.append(f"NB={p.nb}: weights in {p.nb}-column blocks, {p.nb * model.x_bytes} B per partition row "
+    row_bytes = p.nb * max(model.w_bytes)
+    reasons.append(f"NB={p.nb}: weights in {p.nb}-column blocks, {row_bytes} B per partition row "
                    f"per DMA (the packet rule's knee is {mach.dma_row_bytes} B); {how}")  # fmt: skip
     reasons.append(f"N ({', '.join(str(w) for w in widths)}) streamed: no buffer grows with the output width")
     others = [q for q in pb.candidates(model, rows, k, widths, lnc, mach.sbuf_budget) if q != p]
