@@ -17,8 +17,15 @@ import torch
 _LNC = int(os.environ.get("NEURON_LOGICAL_NC_CONFIG", "2"))
 _TARGET = os.environ.get("FUSEGEN_TARGET", "trn2")
 
-# ---- tile planning (copied from fusegen/codegen/ffn/budget.py) ----
+# ---- tile planning (copied from fusegen/codegen/ffn/budget.py and the modules it imports) ----
 
+#: Bytes per partition from which a 128-partition transfer runs at the DMA engines' peak rate. Below it the
+#: engines are bound by packets (one per partition row), not bytes: each row occupies its engine as long as
+#: this many bytes would at the peak rate. Read off the throughput figure of nki-dma-overview.rst
+#: ("DMA Throughput varying Bytes per Partition for p_dim = 128"): throughput grows linearly up to 1 KiB
+#: (42% of the 32 KiB rate there), 2 KiB reaches 81%, 4 KiB 97%; a linear rise that meets the peak at
+#: 2,450 B fits every point within 4% of peak. The figure's y axis has no numbers and no generation is
+#: named, so this constant is uncertain: bench/rows_perf.py and bench/ffn_perf.py show +-50%.
 _DMA_ROW_BYTES = 2450
 
 
@@ -32,14 +39,6 @@ def _dma_engine_bytes(nbytes: float, rows: int, engines: int, row_bytes: int = _
 _P = 128  # partitions
 _F_MOV = 512  # matmul moving free size, one fp32 PSUM bank
 _MIN_CYCLES = 64  # minimum instruction initiation interval, cycles (nki.md §6 overheads)
-#: SBUF bytes per partition every plan leaves unallocated (issue 15: ">= 8 KiB of SBUF headroom kept in
-#: every plan"): the usable budget is NKIPY's figure for what a kernel may allocate, and a plan that fills
-#: it to the byte leaves the compiler no room for its own spills and alignment padding, nor the budget
-#: model any margin (docs/performance.md, "FFN at published model widths")
-_SBUF_HEADROOM = 8192
-#: PSUM banks one K-column block of the column-blocked down-projection accumulates in: half of the 8, so
-#: the next block's matmuls start while the last block is evicted
-_ACC_BANKS = 4
 
 
 class _Stage(NamedTuple):
@@ -64,6 +63,107 @@ class _Stage(NamedTuple):
 _NO_STAGE = _Stage(0, 0, 0, 0, 0, 0, 0, 0, 0)
 
 
+class _Machine(NamedTuple):
+    """The figures of one target the time model needs (per physical core)."""
+
+    pe_ghz: float  # tensor engine clock
+    act_ghz: float  # scalar engine clock
+    dve_ghz: float  # vector engine clock
+    dma_gbps: float  # min(DMA bandwidth, the core's share of HBM bandwidth), bytes/ns
+    dma_fixed_ns: float  # fixed cost of one DMA transfer
+    dma_queues: int  # transfers in flight
+    dma_row_bytes: int  # DMA packet-rate rule: each partition row costs at least this many bytes (dmarule)
+    sbuf_budget: int  # usable SBUF bytes per partition
+    max_lnc: int  # logical cores one launch may span (trn2 pairs cores; trn1 has no LNC=2)
+    pe_ramp_ns: float = 0.0  # PE time a burst started after an idle window loses to the dI/dt ramp
+
+
+class _Buffer(NamedTuple):
+    """One SBUF buffer of the kernel: bytes per partition per copy, and copies in flight."""
+
+    name: str
+    bytes: int
+    copies: int
+
+
+class _Cost(NamedTuple):
+    """Modelled busy time per engine of the busiest core, ns; the kernel takes the largest."""
+
+    pe: float
+    act: float
+    dve: float
+    dma: float
+    hbm_bytes: int
+    chain: float = 0.0  # work the kernel's order keeps from overlapping, in series (column-blocked FFN)
+
+    @property
+    def total(self) -> float:
+        """Modelled kernel time: engines overlap, so the busiest one bounds it, or the series they must
+        run in where the kernel's order keeps them from overlapping."""
+        return max(self.pe, self.act, self.dve, self.dma, self.chain)
+
+
+def _cdiv(n: int, d: int) -> int:
+    """Ceiling division."""
+    return -(-n // d)
+
+
+def _rows_per_core(rows: int, lnc: int) -> int:
+    """Rows one core owns: whole 128-row tiles are dealt out, the ragged tile goes last."""
+    return min(rows, _cdiv(_cdiv(rows, _P), lnc) * _P)
+
+
+def _stage_cost(st: _Stage, tiles: int, k: int, shared: int = 0) -> tuple[float, float, int, int]:
+    """(ACT cycles, DVE cycles, DMA bytes, DMA transfers) of a stage over `tiles` row tiles of P rows;
+    `shared`: its [K] rows are broadcast once for that many row tiles (0: once per row tile)."""
+    n_kb = _cdiv(k, _F_MOV)
+    k_cycles = _cycles(k)
+    act = tiles * st.act * k_cycles
+    dve = tiles * (st.dve * k_cycles + st.col_ops * n_kb * _MIN_CYCLES)
+    bcast_tiles = _cdiv(tiles, shared) if shared else tiles
+    moved = _P * k * (tiles * st.read_bytes + bcast_tiles * 4 * st.bcast)  # broadcast: P copies land in SBUF
+    return act, dve, moved, n_kb * (tiles * (st.loads - st.bcast) + bcast_tiles * st.bcast)
+
+
+def _runs(total: int, size: int) -> list[tuple[int, int]]:
+    """`total` cut into pieces of `size` (the last one ragged), as (piece, how many) runs."""
+    _runs = [(size, total // size)] if total >= size else []
+    return _runs + ([(total % size, 1)] if total % size else [])
+
+
+def _cycles(k: int) -> int:
+    """Cycles of one instruction per F_MOV-wide piece over K, the last one ragged."""
+    return sum(max(_MIN_CYCLES, nk) * n for nk, n in _runs(k, _F_MOV))
+
+
+def _row_tiles(rows: int) -> list[int]:
+    """Super-block sizes the search tries: rows/1 .. rows/8 rounded up to whole tiles, and 128 .. 2048 rows
+    (a wide shape fits only small super-blocks, however many rows there are)."""
+    most = _cdiv(rows, _P) * _P
+    even = {_cdiv(_cdiv(rows, n), _P) * _P for n in range(1, 9)}
+    return sorted(even | {s for s in (_P, 2 * _P, 4 * _P, 8 * _P, 16 * _P) if s <= most})
+
+
+def _dma_time(mach: _Machine, hbm: int, transfers: int) -> float:
+    """Modelled DMA time of `hbm` bytes in `transfers` [P, *] transfers: the packet-rate rule over the
+    average transfer (a lower bound of the per-transfer sum the trace model charges: transfers below
+    DMA_ROW_BYTES per partition row cost more than their bytes), or the transfers' fixed costs."""
+    engine_bytes = _dma_engine_bytes(hbm, transfers * _P, mach.dma_queues, mach.dma_row_bytes)
+    return max(
+        engine_bytes * mach.dma_queues / mach.dma_gbps, transfers * mach.dma_fixed_ns / mach.dma_queues
+    )
+
+
+#: SBUF bytes per partition every plan leaves unallocated (issue 15: ">= 8 KiB of SBUF headroom kept in
+#: every plan"): the usable budget is NKIPY's figure for what a kernel may allocate, and a plan that fills
+#: it to the byte leaves the compiler no room for its own spills and alignment padding, nor the budget
+#: model any margin (docs/performance.md, "FFN at published model widths")
+_SBUF_HEADROOM = 8192
+#: PSUM banks one K-column block of the column-blocked down-projection accumulates in: half of the 8, so
+#: the next block's matmuls start while the last block is evicted
+_ACC_BANKS = 4
+
+
 class _FfnModel(NamedTuple):
     """What a generated FFN kernel holds in SBUF and computes, counted by its lowering."""
 
@@ -82,29 +182,6 @@ class _FfnModel(NamedTuple):
     evict: _Stage = _NO_STAGE  # its eviction of each down-projection piece (the spine computed), per row tile
     up_bytes: int = 2  # bytes per element of the up-projection weights (1: fp8)
     down_bytes: int = 2  # bytes per element of the down-projection weight (1: fp8)
-
-
-class _Machine(NamedTuple):
-    """The figures of one target the time model needs (per physical core)."""
-
-    pe_ghz: float  # tensor engine clock
-    act_ghz: float  # scalar engine clock
-    dve_ghz: float  # vector engine clock
-    dma_gbps: float  # min(DMA bandwidth, the core's share of HBM bandwidth), bytes/ns
-    dma_fixed_ns: float  # fixed cost of one DMA transfer
-    dma_queues: int  # transfers in flight
-    dma_row_bytes: int  # DMA packet-rate rule: each partition row costs at least this many bytes (dmarule)
-    sbuf_budget: int  # usable SBUF bytes per partition
-    max_lnc: int  # logical cores one launch may span (trn2 pairs cores; trn1 has no LNC=2)
-    pe_ramp_ns: float = 0.0  # PE time a burst started after an idle window loses to the dI/dt ramp (`_chain`)
-
-
-class _Buffer(NamedTuple):
-    """One SBUF buffer of the kernel: bytes per partition per copy, and copies in flight."""
-
-    name: str
-    bytes: int
-    copies: int
 
 
 class _Plan(NamedTuple):
@@ -126,33 +203,6 @@ class _Plan(NamedTuple):
     split: int  # 1: each core computes every row over its share of I; 0: each core its own rows
     kc: int = 0
     g: int = 0
-
-
-class _Cost(NamedTuple):
-    """Modelled busy time per engine of the busiest core, ns; the kernel takes the largest."""
-
-    pe: float
-    act: float
-    dve: float
-    dma: float
-    hbm_bytes: int
-    chain: float = 0.0  # a column-blocked plan's loads and matmuls that cannot overlap, in series (`_chain`)
-
-    @property
-    def total(self) -> float:
-        """Modelled kernel time: engines overlap, so the busiest one bounds it, or the series they must
-        run in where the kernel's order keeps them from overlapping."""
-        return max(self.pe, self.act, self.dve, self.dma, self.chain)
-
-
-def _cdiv(n: int, d: int) -> int:
-    """Ceiling division."""
-    return -(-n // d)
-
-
-def _rows_per_core(rows: int, lnc: int) -> int:
-    """Rows one core owns: whole 128-row tiles are dealt out, the ragged tile goes last."""
-    return min(rows, _cdiv(_cdiv(rows, _P), lnc) * _P)
 
 
 def _work_per_core(rows: int, i: int, lnc: int, split: int) -> tuple[int, int]:
@@ -269,24 +319,6 @@ def _psum_banks(m: _FfnModel, kc: int = 0) -> int:
     return 2 * _ACC_BANKS if kc else 2 * (m.n_up + 1)
 
 
-def _stage_cost(st: _Stage, tiles: int, k: int, shared: int = 0) -> tuple[float, float, int, int]:
-    """(ACT cycles, DVE cycles, DMA bytes, DMA transfers) of a stage over `tiles` row tiles of P rows;
-    `shared`: its [K] rows are broadcast once for that many row tiles (0: once per row tile)."""
-    n_kb = _cdiv(k, _F_MOV)
-    k_cycles = _cycles(k)
-    act = tiles * st.act * k_cycles
-    dve = tiles * (st.dve * k_cycles + st.col_ops * n_kb * _MIN_CYCLES)
-    bcast_tiles = _cdiv(tiles, shared) if shared else tiles
-    moved = _P * k * (tiles * st.read_bytes + bcast_tiles * 4 * st.bcast)  # broadcast: P copies land in SBUF
-    return act, dve, moved, n_kb * (tiles * (st.loads - st.bcast) + bcast_tiles * st.bcast)
-
-
-def _runs(total: int, size: int) -> list[tuple[int, int]]:
-    """`total` cut into pieces of `size` (the last one ragged), as (piece, how many) runs."""
-    runs = [(size, total // size)] if total >= size else []
-    return runs + ([(total % size, 1)] if total % size else [])
-
-
 def _super_block(
     m: _FfnModel, s_rows: int, inter: int, ci: int, k: int, kc: int = 0, g: int = 0, s: int = 0
 ) -> tuple[float, float, float, int, int]:
@@ -344,11 +376,6 @@ def _column_blocks(
     return float(n_it * n_rs * _cycles(k)), act, dve, hbm, transfers + blocks * (n_it + h_reads)
 
 
-def _cycles(k: int) -> int:
-    """Cycles of one instruction per F_MOV-wide piece over K, the last one ragged."""
-    return sum(max(_MIN_CYCLES, nk) * n for nk, n in _runs(k, _F_MOV))
-
-
 def _cost(m: _FfnModel, mach: _Machine, rows: int, k: int, i: int, lnc: int, plan: _Plan) -> _Cost:
     """Modelled time of the busiest core for `plan`."""
     comp_rows, inter = _work_per_core(rows, i, lnc, plan.split)
@@ -370,20 +397,12 @@ def _cost(m: _FfnModel, mach: _Machine, rows: int, k: int, i: int, lnc: int, pla
         hbm += 2 * own * k * 4
         transfers += tiles * (1 + _cdiv(k, _F_MOV))
         dve += tiles * k_cycles
-    dma = _dma_ns(mach, hbm, transfers)
+    dma = _dma_time(mach, hbm, transfers)
     chain = 0.0
     for s_rows, n_sb in _runs(comp_rows, plan.s) if plan.kc else ():
         chain += n_sb * _chain(m, mach, s_rows, inter, k, plan)
     return _Cost(pe / mach.pe_ghz, act / mach.act_ghz, dve / mach.dve_ghz, dma, hbm, chain)
 
-
-def _dma_ns(mach: _Machine, hbm: float, transfers: int) -> float:
-    """DMA time of `hbm` bytes in `transfers` 128-partition transfers over all queues."""
-    # the packet-rate rule over the average transfer (a lower bound of the per-transfer sum the trace
-    # model charges: transfers below DMA_ROW_BYTES per partition row cost more than their bytes)
-    engine_bytes = _dma_engine_bytes(hbm, transfers * _P, mach.dma_queues, mach.dma_row_bytes)
-    fixed = transfers * mach.dma_fixed_ns / mach.dma_queues
-    return max(engine_bytes * mach.dma_queues / mach.dma_gbps, fixed)
 
 
 def _pipelined(load: float, compute: float, units: int) -> float:
@@ -402,22 +421,22 @@ def _chain(m: _FfnModel, mach: _Machine, s_rows: int, inter: int, k: int, plan: 
     The PE idles through each chunk's and block's first load (its fixed cost alone is most of the dI/dt
     window), so each starts its matmuls on a fresh ramp (`pe_ramp_ns`)."""
     n_k, n_rs, n_it = _cdiv(k, _P), _cdiv(s_rows, _P), _cdiv(inter, _P)
-    total = _dma_ns(mach, s_rows * k * m.x_bytes, n_rs * _cdiv(k, _x_staged(m, k))) + mach.dma_fixed_ns
+    total = _dma_time(mach, s_rows * k * m.x_bytes, n_rs * _cdiv(k, _x_staged(m, k))) + mach.dma_fixed_ns
     total += n_rs * n_k * _P / mach.pe_ghz  # x^T: the PE transposes before the first matmul
     stall = mach.dma_fixed_ns + mach.pe_ramp_ns  # the first load's fixed cost, then a cold PE
     width = max(_MIN_CYCLES, min(s_rows, _F_MOV))
     combine = m.mid_act * width / mach.act_ghz + m.mid_dve * width / mach.dve_ghz  # the last I-tile's
     for chunk, n_chunks in _runs(inter, plan.ci):
         units = m.n_up * _cdiv(chunk, _P)  # one projection's weights of one I-tile per step
-        weights = _dma_ns(mach, units * n_k * _P * _P * m.up_bytes, units * _cdiv(n_k, _group(k, plan.g)))
+        weights = _dma_time(mach, units * n_k * _P * _P * m.up_bytes, units * _cdiv(n_k, _group(k, plan.g)))
         mm = sum(n * units * n_k * max(_MIN_CYCLES, rw) for rw, n in _runs(s_rows, _F_MOV)) / mach.pe_ghz
-        writes = _dma_ns(mach, chunk * s_rows * m.x_bytes, _cdiv(chunk, _P) * _cdiv(s_rows, _F_MOV))
+        writes = _dma_time(mach, chunk * s_rows * m.x_bytes, _cdiv(chunk, _P) * _cdiv(s_rows, _F_MOV))
         total += n_chunks * (_pipelined(weights, mm, units) + stall + combine + writes)
     gh = _h_group(plan.s, inter, m.x_bytes)
     evict_act, evict_dve, _, _ = _stage_cost(m.evict, n_rs, min(k, plan.kc), shared=n_rs)
     evict = evict_act / mach.act_ghz + evict_dve / mach.dve_ghz
     for kw, n_blocks in _runs(k, plan.kc):
-        loads = _dma_ns(mach, inter * (kw * m.down_bytes + s_rows * m.x_bytes), n_it + _cdiv(n_it, gh))
+        loads = _dma_time(mach, inter * (kw * m.down_bytes + s_rows * m.x_bytes), n_it + _cdiv(n_it, gh))
         mm = n_it * n_rs * _cycles(kw) / mach.pe_ghz
         total += n_blocks * (_pipelined(loads, mm, n_it) + stall + evict)
     return total
@@ -475,14 +494,6 @@ def _widest_fit(m: _FfnModel, s: int, ci_all: range, k: int, i: int, budget: int
         else:
             hi = mid - 1
     return lo
-
-
-def _row_tiles(rows: int) -> list[int]:
-    """Super-block sizes the search tries: rows/1 .. rows/8 rounded up to whole tiles, and 128 .. 2048 rows
-    (a wide shape fits only small super-blocks, however many rows there are)."""
-    most = _cdiv(rows, _P) * _P
-    even = {_cdiv(_cdiv(rows, n), _P) * _P for n in range(1, 9)}
-    return sorted(even | {s for s in (_P, 2 * _P, 4 * _P, 8 * _P, 16 * _P) if s <= most})
 
 
 def _rank_key(

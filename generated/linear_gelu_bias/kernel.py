@@ -74,6 +74,7 @@ class _Machine(NamedTuple):
     dma_row_bytes: int  # DMA packet-rate rule: each partition row costs at least this many bytes (dmarule)
     sbuf_budget: int  # usable SBUF bytes per partition
     max_lnc: int  # logical cores one launch may span (trn2 pairs cores; trn1 has no LNC=2)
+    pe_ramp_ns: float = 0.0  # PE time a burst started after an idle window loses to the dI/dt ramp
 
 
 class _Buffer(NamedTuple):
@@ -92,11 +93,13 @@ class _Cost(NamedTuple):
     dve: float
     dma: float
     hbm_bytes: int
+    chain: float = 0.0  # work the kernel's order keeps from overlapping, in series (column-blocked FFN)
 
     @property
     def total(self) -> float:
-        """Modelled kernel time: engines overlap, so the busiest one bounds it."""
-        return max(self.pe, self.act, self.dve, self.dma)
+        """Modelled kernel time: engines overlap, so the busiest one bounds it, or the series they must
+        run in where the kernel's order keeps them from overlapping."""
+        return max(self.pe, self.act, self.dve, self.dma, self.chain)
 
 
 def _cdiv(n: int, d: int) -> int:
@@ -291,8 +294,8 @@ def _choose(m: _ProjModel, mach: _Machine, rows: int, k: int, widths: tuple[int,
 _MODEL = _ProjModel(x_bytes=2, pro=_Stage(block_bytes=0, cols=0, sweeps=0, act=0, dve=0, col_ops=0, read_bytes=0, bcast=0, loads=0), epi=(_Stage(block_bytes=6, cols=0, sweeps=1, act=1, dve=2, col_ops=0, read_bytes=0, bcast=0, loads=1), ), block_rows=(1, ), w_bytes=(2, ))
 #: the figures the planner's time model needs, per target (from fusegen/sim/targets.py).
 _MACHINES = {
-    "trn1": _Machine(pe_ghz=2.8, act_ghz=1.4, dve_ghz=1.12, dma_gbps=272.0, dma_fixed_ns=1300.0, dma_queues=16, dma_row_bytes=2450, sbuf_budget=180224, max_lnc=1),
-    "trn2": _Machine(pe_ghz=2.4, act_ghz=1.2, dve_ghz=0.96, dma_gbps=362.5, dma_fixed_ns=1300.0, dma_queues=16, dma_row_bytes=2450, sbuf_budget=212984, max_lnc=2),
+    "trn1": _Machine(pe_ghz=2.8, act_ghz=1.4, dve_ghz=1.12, dma_gbps=272.0, dma_fixed_ns=1300.0, dma_queues=16, dma_row_bytes=2450, sbuf_budget=180224, max_lnc=1, pe_ramp_ns=0.0),
+    "trn2": _Machine(pe_ghz=2.4, act_ghz=1.2, dve_ghz=0.96, dma_gbps=362.5, dma_fixed_ns=1300.0, dma_queues=16, dma_row_bytes=2450, sbuf_budget=212984, max_lnc=2, pe_ramp_ns=750.0),
 }
 
 

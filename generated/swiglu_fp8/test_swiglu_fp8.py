@@ -50,12 +50,13 @@ def test_kernel_matches_reference(dims: dict[str, int], lnc: int) -> None:
     assert report.ok, report.text()
 
 
-@pytest.mark.parametrize("requires_grad", [False, True])
+@pytest.mark.parametrize("requires_grad", [False])
 def test_op_passes_opcheck(requires_grad: bool) -> None:
     _skip_unless_runs(op=True)
     conformance.opcheck(HERE, "swiglu_fp8", INPUTS, input_shapes(OP_DIMS), requires_grad)
 
 
-def test_op_backward_passes_gradcheck() -> None:
+def test_op_refuses_grad_inputs() -> None:  # inference-only: its family has no backward yet
     _skip_unless_runs(op=True)
-    assert conformance.gradcheck(HERE, "swiglu_fp8", INPUTS, input_shapes(OP_DIMS), (0,), ('bf16', 'f32', 'fp8_e4m3'))
+    with pytest.raises(RuntimeError, match="inference-only"):
+        conformance.call(HERE, "swiglu_fp8", INPUTS, input_shapes(OP_DIMS), requires_grad=True)
