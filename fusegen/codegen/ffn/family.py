@@ -11,11 +11,10 @@ from fusegen.codegen.ffn.backward import backward_plan
 from fusegen.codegen.ffn.backward_render import backward_kernel_source
 from fusegen.codegen.ffn.lower import FfnLowering, lower_ffn
 from fusegen.codegen.ffn.match import FfnMatch, match_ffn
-from fusegen.codegen.files.host import kernel_args, machines, returned, targets
+from fusegen.codegen.files.host import host_params, kernel_render_args, run_doc
 from fusegen.codegen.files.reference import dim_bindings
-from fusegen.codegen.files.render import header, private_repr, render, vendored
-from fusegen.codegen.files.signature import door_lines, door_source, signature
-from fusegen.codegen.fp8 import fp8_targets
+from fusegen.codegen.files.render import render
+from fusegen.codegen.files.signature import door_lines
 from fusegen.codegen.plan import TilePlan, plan_ffn
 from fusegen.codegen.rewrites import rewrite
 from fusegen.dsl.ir import KernelIR
@@ -78,23 +77,11 @@ class FfnFamily:
         low = lower_ffn(ir, m)
         return render(
             TEMPLATE,
-            header=header(ir, TEMPLATE),
-            name=ir.name,
-            doc=_doc(ir),
+            **kernel_render_args(ir, TEMPLATE, "an FFN-family", low.model, ffn_budget, target, lnc),
             low=low,
-            model=private_repr(low.model),
-            budget_source=vendored(ffn_budget),
-            kernel_args=kernel_args(ir),
             host=_host(ir, m, low),
             dim_bindings=[f"d_{d} = {src}" for d, src in dim_bindings(ir, kernel_arg, _up_weights(ir, low))],
-            machines=machines(),
-            door_source=door_source(
-                [("_SIGNATURE", signature(ir.name, ir, returned(ir), fp8_targets(ir, targets())))]
-            ),
-            default_target=target,
-            default_lnc=lnc,
         )
-
 
     def backward(self, ir: KernelIR, target: str, lnc: int) -> KernelBackward | None:
         """backward_kernel.py (ffn/backward_program.py: the backward IR's GEMMs and elementwise stages as NKI
@@ -112,28 +99,17 @@ class FfnFamily:
 FFN = FfnFamily()
 
 
-def _doc(ir: KernelIR) -> str:
-    outs = ", ".join(o.name for o in ir.outputs)
-    ins = ", ".join(i.name for i in ir.inputs)
-    return f"{ir.name}: ({ins}) -> ({outs}), an FFN-family NKI kernel; reference.py spells out the math."
-
-
 def _host(ir: KernelIR, m: FfnMatch, low: FfnLowering) -> HostSignature:
-    tensors = [i.name for i in ir.inputs]
-    params = [f"{t}: torch.Tensor" for t in tensors] + [f"{p.name}: float = {p.default!r}" for p in ir.params]
-    params += ["lnc: int | None = None", "target: str = _TARGET"]
-    launch = [_launch_arg(t, low) for t in tensors] + [p.name for p in ir.params]
+    params, returns = host_params(ir)
+    launch = [_launch_arg(i.name, low) for i in ir.inputs] + [p.name for p in ir.params]
     firsts = [pj.first_column for pj in low.projections if pj.first_column]
-    outs = [o.name for o in ir.outputs]
-    returns = "torch.Tensor" if len(outs) == 1 else f"tuple[{', '.join(['torch.Tensor'] * len(outs))}]"
     return HostSignature(
-        params=", ".join(params),
+        params=params,
         returns=returns,
         x=str(m.source.name),
         down_weight=str(ir.node(m.down.args[1]).name),
         launch_args=", ".join(launch),
-        doc=f"Run the kernel on `lnc` logical cores (default LNC, capped at the target's) with the best "
-        f"modelled plan for these shapes; returns ({', '.join(outs)}).",
+        doc=run_doc(ir),
         # the caller's up weights, before the door's dense copy: the layout cache keys on their storage
         door=tuple(f"_given_{t} = {t}" for t in sorted(_up_weights(ir, low))) + door_lines("_SIGNATURE", ir),
         dims=tuple(f"d_{d} = {src}" for d, src in dim_bindings(ir, str)) if firsts else (),

@@ -3,12 +3,53 @@ targets whose time-model figures it carries."""
 
 from __future__ import annotations
 
+from types import ModuleType
+
 from fusegen.codegen.family import kernel_arg
-from fusegen.codegen.files.render import private_repr
-from fusegen.codegen.files.signature import Returned
+from fusegen.codegen.files.render import header, private_repr, vendored
+from fusegen.codegen.files.signature import Returned, door_source, signature
+from fusegen.codegen.fp8 import fp8_targets
 from fusegen.codegen.plan import PlanError, machine
 from fusegen.dsl.ir import KernelIR
 from fusegen.sim.targets import TARGETS
+
+
+def kernel_render_args(
+    ir: KernelIR, template: str, family: str, model: object, budget: ModuleType, target: str, lnc: int
+) -> dict[str, object]:
+    """The render arguments every matmul family's kernel.py takes alike: header, doc, the vendored budget
+    model and its literal, the kernel's arguments, the targets' figures, the door and the defaults."""
+    ins, outs = ", ".join(i.name for i in ir.inputs), ", ".join(o.name for o in ir.outputs)
+    return {
+        "header": header(ir, template),
+        "name": ir.name,
+        "doc": f"{ir.name}: ({ins}) -> ({outs}), {family} NKI kernel; reference.py spells out the math.",
+        "model": private_repr(model),
+        "budget_source": vendored(budget),
+        "kernel_args": kernel_args(ir),
+        "machines": machines(),
+        "door_source": door_source(
+            [("_SIGNATURE", signature(ir.name, ir, returned(ir), fp8_targets(ir, targets())))]
+        ),
+        "default_target": target,
+        "default_lnc": lnc,
+    }
+
+
+def host_params(ir: KernelIR) -> tuple[str, str]:
+    """The host function's parameters (inputs, params, `lnc`, `target`) and its return annotation."""
+    params = [f"{i.name}: torch.Tensor" for i in ir.inputs]
+    params += [f"{p.name}: float = {p.default!r}" for p in ir.params]
+    params += ["lnc: int | None = None", "target: str = _TARGET"]
+    n = len(ir.outputs)
+    return ", ".join(params), "torch.Tensor" if n == 1 else f"tuple[{', '.join(['torch.Tensor'] * n)}]"
+
+
+def run_doc(ir: KernelIR) -> str:
+    """The host function's docstring."""
+    outs = ", ".join(o.name for o in ir.outputs)
+    return (f"Run the kernel on `lnc` logical cores (default LNC, capped at the target's) with the best "
+            f"modelled plan for these shapes; returns ({outs}).")  # fmt: skip
 
 
 def kernel_args(ir: KernelIR) -> list[str]:

@@ -5,11 +5,10 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from fusegen.codegen.family import KernelBackward, kernel_arg
-from fusegen.codegen.files.host import kernel_args, machines, returned, targets
+from fusegen.codegen.files.host import host_params, kernel_render_args, run_doc
 from fusegen.codegen.files.reference import dim_bindings
-from fusegen.codegen.files.render import header, private_repr, render, vendored
-from fusegen.codegen.files.signature import door_lines, door_source, signature
-from fusegen.codegen.fp8 import fp8_targets
+from fusegen.codegen.files.render import render
+from fusegen.codegen.files.signature import door_lines
 from fusegen.codegen.plan import TilePlan
 from fusegen.codegen.proj import budget as proj_budget
 from fusegen.codegen.proj.lower import lower_proj
@@ -78,21 +77,10 @@ class ProjFamily:
         low = lower_proj(ir, m)
         return render(
             TEMPLATE,
-            header=header(ir, TEMPLATE),
-            name=ir.name,
-            doc=_doc(ir),
+            **kernel_render_args(ir, TEMPLATE, "a proj-family", low.model, proj_budget, target, lnc),
             low=low,
-            model=private_repr(low.model),
-            budget_source=vendored(proj_budget),
-            kernel_args=kernel_args(ir),
             host=_host(ir, m),
             dim_bindings=[f"d_{d} = {src}" for d, src in dim_bindings(ir, kernel_arg)],
-            machines=machines(),
-            door_source=door_source(
-                [("_SIGNATURE", signature(ir.name, ir, returned(ir), fp8_targets(ir, targets())))]
-            ),
-            default_target=target,
-            default_lnc=lnc,
         )
 
     def backward(self, ir: KernelIR, target: str, lnc: int) -> KernelBackward | None:
@@ -103,27 +91,16 @@ class ProjFamily:
 PROJ = ProjFamily()
 
 
-def _doc(ir: KernelIR) -> str:
-    outs = ", ".join(o.name for o in ir.outputs)
-    ins = ", ".join(i.name for i in ir.inputs)
-    return f"{ir.name}: ({ins}) -> ({outs}), a proj-family NKI kernel; reference.py spells out the math."
-
-
 def _host(ir: KernelIR, m: ProjMatch) -> HostSignature:
-    tensors = [i.name for i in ir.inputs]
-    params = [f"{t}: torch.Tensor" for t in tensors] + [f"{p.name}: float = {p.default!r}" for p in ir.params]
-    params += ["lnc: int | None = None", "target: str = _TARGET"]
-    outs = [o.name for o in ir.outputs]
-    returns = "torch.Tensor" if len(outs) == 1 else f"tuple[{', '.join(['torch.Tensor'] * len(outs))}]"
+    params, returns = host_params(ir)
     return HostSignature(
-        params=", ".join(params),
+        params=params,
         returns=returns,
         x=str(m.source.name),
         widths="".join(f"{dim_source(pj.width)}, " for pj in m.projections),
-        launch_args=", ".join(tensors + [p.name for p in ir.params]),
-        doc=f"Run the kernel on `lnc` logical cores (default LNC, capped at the target's) with the best "
-        f"modelled plan for these shapes; returns ({', '.join(outs)}).",
-        kernel_returns=", ".join(kernel_arg(o) for o in outs),
+        launch_args=", ".join([i.name for i in ir.inputs] + [p.name for p in ir.params]),
+        doc=run_doc(ir),
+        kernel_returns=", ".join(kernel_arg(o.name) for o in ir.outputs),
         dims=tuple(f"d_{d} = {src}" for d, src in dim_bindings(ir, str)),
         door=door_lines("_SIGNATURE", ir),
     )
