@@ -3,7 +3,7 @@ save-vs-recompute plan (backward.py)."""
 
 from __future__ import annotations
 
-from fusegen.codegen.ffn import budget as ffn_budget
+from fusegen.codegen import budget_base
 from fusegen.codegen.ffn.backward_program import Program, build_program
 from fusegen.codegen.files.render import header, render, vendored
 from fusegen.codegen.files.signature import Returned, door_lines, door_source, signature
@@ -25,7 +25,7 @@ def backward_kernel_source(back: KernelIR, rows: Dim, target: str, lnc: int) -> 
     return render(
         TEMPLATE, header=header(back, TEMPLATE), name=back.name,
         doc=f"{back.name}: ({ins}) -> ({outs}), {BACKWARD_DOC}.",
-        budget_source=vendored(ffn_budget), default_lnc=lnc, default_target=target, program=program,
+        budget_source=vendored(budget_base), default_lnc=lnc, default_target=target, program=program,
         door_source=door_source([("_SIGNATURE", signature(back.name, back, returned, sums=True))]),
         host_params=", ".join([*tensors, *params, "lnc: int | None = None", "target: str = _TARGET"]),
         door=door_lines("_SIGNATURE", back), returns=outs,
