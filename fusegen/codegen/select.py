@@ -8,8 +8,8 @@ that fuses it, which is free: a bias, a scale or a second scalar op costs no ext
 - `t * s ± b` (full width, with a load)  -> nisa.activation(op=nl.copy) when the Scalar engine is the less
                                             loaded of the two (`EngineLoad`); `t - b` is a bias of -b
 - `sum(act(t * s + b))`                  -> nisa.activation_reduce
-- `(t op0 s0) op1 s1`                    -> nisa.tensor_scalar (s scalar or [P,1])
-- `(t op0 s) op1 u`                      -> nisa.scalar_tensor_tensor (u a tile)
+- `(t op0 s0) op1 s1`                    -> nisa.tensor_scalar (s scalar or [P,1]; select_alu.py)
+- `(t op0 s) op1 u`                      -> nisa.scalar_tensor_tensor (u a tile; select_alu.py)
 - `t op u`                               -> nisa.tensor_tensor
 - `max(t)`                               -> nisa.tensor_reduce; `max(t * s)`, s a scalar, reduces t itself
                                             (select_folds.py)
@@ -29,6 +29,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
+from fusegen.codegen import select_alu as alu
 from fusegen.codegen import select_columns as columns
 from fusegen.codegen import select_folds, select_pe
 from fusegen.codegen.engines import GPSIMD, gpsimd_allows
@@ -36,12 +37,10 @@ from fusegen.codegen.select_tables import (
     ACTIVATIONS,
     ALU,
     CALL_COST,
-    COMMUTATIVE,
-    COMPARISONS,
     NL_DTYPE,
     EngineLoad,
 )
-from fusegen.codegen.stage import Expr, Operand, scalar
+from fusegen.codegen.stage import Expr, Operand
 
 
 class SelectError(Exception):
@@ -55,16 +54,6 @@ class Layout:
     part: str  # e.g. "ph"
     free: str  # e.g. "rw"
     free_alloc: str  # allocation free size, e.g. "512" or "K"
-
-
-@dataclass(frozen=True)
-class ScalarOp:
-    """One `op operand` step of a tensor_scalar chain (the operand materialised after the data, so a
-    column computed for it lands next to its use)."""
-
-    op: str
-    operand: Expr
-    reverse: bool
 
 
 @dataclass
@@ -258,12 +247,12 @@ class Selector:
         `t - b` only with a load, i.e. in the row stages, whose column chains can negate b off Vector)."""
         bias, negate = None, False
         if e.kind == "tile" and (e.op == "add" or (e.op == "sub" and self.load is not None)):
-            t, b = _split_tile(e)
+            t, b = alu.split_tile(e)
             if t is not None and b is not None and b.kind == "vec" and (e.op == "add" or e.args[0] is t):
                 e, bias, negate = t, b, e.op == "sub"
         scale = None
         if e.op == "mul" and e.kind == "tile":
-            t, s = _split_tile(e)
+            t, s = alu.split_tile(e)
             if t is not None and s is not None:
                 e, scale = t, s
         return e, scale, bias, negate
@@ -297,14 +286,14 @@ class Selector:
         on_scalar = select_folds.normalised_exp(self, e, dtype) or self._affine_on_scalar(e, dtype)
         if on_scalar is not None:
             return on_scalar
-        chain = self._scalar_chain(e)
+        chain = alu.scalar_chain(e)
         if chain is not None:
             base, ops = chain
-            return self._tensor_scalar(base, ops, e.kind, dtype)
+            return alu.tensor_scalar(self, base, ops, e.kind, dtype)
         a, b = e.args
         if e.op not in ALU:
             raise SelectError(f"`{e.op}` needs a scalar operand")
-        fused = self._stt(e, a, b, dtype) or self._stt(e, b, a, dtype, reverse=True)
+        fused = alu.stt(self, e, a, b, dtype) or alu.stt(self, e, b, a, dtype, reverse=True)
         if fused is not None:
             return fused
         x, y = self._not_both_psum(self.value(a), self.value(b))
@@ -313,83 +302,6 @@ class Selector:
             return on_pe
         dst = self._alloc(e.kind, dtype)
         self._emit("tensor_tensor", (x, y), dst=dst.code, data1=x.code, data2=y.code, op=ALU[e.op])
-        return dst
-
-    def _stt(self, e: Expr, inner: Expr, other: Expr, dtype: str, reverse: bool = False) -> Operand | None:
-        """`(t op0 s) op other` as one scalar_tensor_tensor, when `inner` is `t op0 s`."""
-        if inner.kind != e.kind or other.kind != e.kind or inner.op not in ALU or inner.op == "pow":
-            return None
-        if inner.op in COMPARISONS or e.op in COMPARISONS:  # scalar_tensor_tensor takes arithmetic ops only
-            return None
-        t, s = _split_tile(inner)
-        if t is None or s is None or (reverse and e.op not in COMMUTATIVE):
-            return None
-        folded = select_pe.scaled_affine_then_row(self, e, inner, t, s, other, dtype)
-        if folded is not None:
-            return folded
-        step = self._step(inner, s)
-        data, operand1 = self._not_both_psum(self.value(t), self.value(other))
-        operand0 = self._fp32(self.value(step.operand))
-        dst = self._alloc(e.kind, dtype)
-        self._emit(
-            "scalar_tensor_tensor",
-            (data, operand0, operand1),
-            dst=dst.code,
-            data=data.code,
-            op0=ALU[step.op],
-            operand0=operand0.code,
-            op1=ALU[e.op],
-            operand1=operand1.code,
-            **({"reverse0": "True"} if step.reverse else {}),
-        )
-        return dst
-
-    def _scalar_chain(self, e: Expr) -> tuple[Expr, list[ScalarOp]] | None:
-        """`e` as a tile (or column) followed by one or two scalar steps, innermost first."""
-        steps: list[ScalarOp] = []
-        base = e
-        for _ in range(2):
-            step_list = self._scalar_steps(base)
-            if step_list is None or len(steps) + len(step_list[1]) > 2:
-                break
-            base, new = step_list
-            steps = new + steps
-        return (base, steps) if steps else None
-
-    def _scalar_steps(self, e: Expr) -> tuple[Expr, list[ScalarOp]] | None:
-        if e.op == "neg":
-            return e.args[0], [ScalarOp("mul", scalar("-1.0"), False)]
-        if e.op == "clamp":
-            return None  # clamp is expanded by the checker into maximum/minimum
-        if e.op not in ALU:
-            return None
-        t, s = _split_scalar(e)
-        if t is None or s is None:
-            return None
-        return t, [self._step(e, s)]
-
-    def _step(self, e: Expr, s: Expr) -> ScalarOp:
-        return ScalarOp(e.op, s, reverse=(e.args[0] is s and e.op not in COMMUTATIVE))
-
-    def _tensor_scalar(self, base: Expr, ops: list[ScalarOp], kind: str, dtype: str) -> Operand:
-        data = self.value(base)
-        operands = [self.value(step.operand) for step in ops]
-        nl_ops = [ALU[step.op] for step in ops]
-        if (
-            kind == "vec"
-            and self.column_engine == GPSIMD
-            and columns.stays_off_vector(data, nl_ops, operands)
-        ):
-            return columns.chain(self, data, nl_ops, operands, dtype)
-        operands = [self._fp32(operand) for operand in operands]
-        dst = self._alloc(kind, dtype)
-        kwargs = {"dst": dst.code, "data": data.code}
-        for i, (step, operand) in enumerate(zip(ops, operands, strict=True)):
-            kwargs[f"op{i}"] = ALU[step.op]
-            kwargs[f"operand{i}"] = operand.code
-            if step.reverse:
-                kwargs[f"reverse{i}"] = "True"
-        self._emit("tensor_scalar", _present(data, *operands), **kwargs)
         return dst
 
     def _not_both_psum(self, x: Operand, y: Operand) -> tuple[Operand, Operand]:
@@ -401,32 +313,6 @@ class Selector:
 
 def _present(*operands: Operand | None) -> tuple[Operand, ...]:
     return tuple(o for o in operands if o is not None)
-
-
-def _split_tile(e: Expr) -> tuple[Expr | None, Expr | None]:
-    """For a binary `e`, (the operand of e's own kind, the other operand if it is a column/scalar)."""
-    a, b = e.args
-    if a.kind == e.kind and b.kind != e.kind:
-        return a, b
-    if b.kind == e.kind and a.kind != e.kind:
-        return b, a
-    if e.kind == "vec" and b.kind == "scalar":
-        return a, b
-    if e.kind == "vec" and a.kind == "scalar":
-        return b, a
-    return None, None
-
-
-def _split_scalar(e: Expr) -> tuple[Expr | None, Expr | None]:
-    """For a binary `e`, (the tile/column operand, the scalar-like operand usable by tensor_scalar)."""
-    a, b = e.args
-    if e.kind == "tile":
-        return _split_tile(e)
-    if b.kind == "scalar":
-        return a, b
-    if a.kind == "scalar":
-        return b, a
-    return None, None
 
 
 def _affine_kwargs(scale: Operand | None, bias: Operand | None) -> dict[str, str]:
