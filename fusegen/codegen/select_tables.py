@@ -10,6 +10,7 @@ ACTIVATIONS = {
     "silu": "nl.silu",
     "gelu": "nl.gelu",
     "gelu_tanh": "nl.gelu_apprx_tanh",
+    "erf": "nl.erf",  # backward IR only: exact gelu's derivative (autodiff.py)
     "relu": "nl.relu",
     "sigmoid": "nl.sigmoid",
     "tanh": "nl.tanh",

@@ -6,8 +6,9 @@ column sums of D where the IR sums D over the tokens: the bias gradient); `A @ t
 are row GEMMs (`row_gemm`: dH = dY @ W2^T, dX = dU @ W1^T, and the recomputed up-projections). The
 elementwise nodes between them are lowered by the shared stage machinery (stage.py, select.py) into one
 kernel per wave of GEMMs and value width, over [128 rows, 512 columns] tiles; a wave's elementwise kernel
-reads the earlier waves' results from HBM. Backward IRs with anything else (a row reduction of a norm
-epilogue, an index, a zero gradient) raise Mismatch: their ops train through backward_reference.py.
+reads the earlier waves' results from HBM, column slices of them at an offset, and writes a concatenation
+of column slices' gradients into one buffer (backward_slices.py). Backward IRs with anything else (a row
+reduction of a norm epilogue, a zero gradient) raise Mismatch: their ops train through backward_reference.py.
 """
 
 from __future__ import annotations
@@ -16,10 +17,11 @@ from collections import defaultdict
 from dataclasses import dataclass
 
 from fusegen.codegen.family import ELEMENTWISE, Mismatch
+from fusegen.codegen.ffn.backward_slices import Concat, column_start, concats, dim_lines
 from fusegen.codegen.rowreduce.lower import output_value
 from fusegen.codegen.select import Layout, SelectError, Selector
 from fusegen.codegen.select_tables import NL_DTYPE
-from fusegen.codegen.stage import Operand, StageBuilder, StageError
+from fusegen.codegen.stage import Operand, StageBuilder, StageError, dim_source
 from fusegen.dsl.ir import Dim, KernelIR, Node
 
 FAMILY = "ffn backward"
@@ -33,6 +35,8 @@ class Leaf:
     name: str  # the host's variable and the kernel's argument (`<name>_hbm`)
     dtype: str
     vector: bool
+    column: str = ""  # a column slice's first column in `name` ("" for 0; source over the kernel's dims)
+    tile: str = ""  # a column slice's SBUF tile (a whole value's is `<name>_t`)
 
     @property
     def nl_dtype(self) -> str:
@@ -48,8 +52,23 @@ class Elementwise:
     leaves: tuple[Leaf, ...]
     params: tuple[str, ...]
     lines: tuple[str, ...]
-    writes: tuple[tuple[str, str, str], ...]  # (result name, nl dtype, tile access)
-    width: str  # a [R, N] leaf's name whose shape gives R and N
+    writes: tuple[tuple[str, str, str], ...]  # (result buffer, tile access, its first column or "")
+    buffers: tuple[tuple[str, str, str], ...]  # (result name, nl dtype, columns: "N" or a concat's width)
+    width: str  # the source of (R, N)
+
+    @property
+    def sources(self) -> tuple[str, ...]:
+        """The kernel's HBM arguments: its leaves' values, once each."""
+        return tuple(dict.fromkeys(lf.name for lf in self.leaves))
+
+
+@dataclass(frozen=True)
+class Write:
+    """A value an elementwise kernel writes: node `value` into node `buffer`'s HBM buffer at `column`."""
+
+    value: int
+    buffer: int
+    column: Dim | None  # None: the buffer is the value's own
 
 
 @dataclass(frozen=True)
@@ -86,7 +105,9 @@ def _check(ir: KernelIR, n: Node, rows: Dim) -> None:
         if ir.node(n.args[0]).shape[0] != rows or len(ir.node(n.args[0]).shape) != 2:
             raise Mismatch(FAMILY, n.span, "a sum over an axis other than the tokens")
         return
-    if n.op not in ELEMENTWISE and n.op != "expand":
+    if n.op in ("index", "unindex") and column_start(n, rows) is None:
+        raise Mismatch(FAMILY, n.span, f"an `{n.op}` other than a column slice keeping every row")
+    if n.op not in ELEMENTWISE and n.op not in ("expand", "erf", "index", "unindex"):
         raise Mismatch(FAMILY, n.span, f"`{n.op}` has no backward kernel stage")
     if n.shape and (len(n.shape) != 2 or n.shape[0] != rows) and len(n.shape) != 1:
         raise Mismatch(FAMILY, n.span, "an elementwise value that is neither [R, N] nor [N]")
@@ -99,7 +120,9 @@ def build_program(ir: KernelIR, rows: Dim) -> Program:
         if n.op == "dim":  # the elementwise kernels bind no dims
             raise Mismatch(FAMILY, n.span, "a dim's value in an elementwise stage")
     level = _levels(ir)
-    demanded = _demanded(ir)
+    cats = concats(ir, rows)
+    direct = _demanded(ir) - set(cats)  # values written to their own buffers
+    demanded = direct | {p for c in cats.values() if c.node in _demanded(ir) for p, _ in c.parts}
     users: dict[int, list[Node]] = defaultdict(list)
     for n in ir.nodes:
         for a in n.args:
@@ -107,18 +130,23 @@ def build_program(ir: KernelIR, rows: Dim) -> Program:
     done: set[int] = {n.id for n in ir.nodes if n.op == "input"}
     calls: list[Call] = []
     kernels: list[Elementwise] = []
+    dims: set[str] = set()
     for wave in range(max(level.values(), default=0) + 1):
         groups: dict[tuple[object, ...], list[int]] = defaultdict(list)
         for nid in sorted(demanded):
             if level[nid] == wave and nid not in done:
                 groups[ir.node(nid).shape].append(nid)
         for nodes in groups.values():
-            kernel = _elementwise(ir, nodes, done, f"_ew{len(kernels)}_kernel")
+            kernel = _elementwise(
+                ir, nodes, done, f"_ew{len(kernels)}_kernel", _into(ir, cats, nodes, direct)
+            )
             kernels.append(kernel)
             params = [p.removesuffix("_arg") for p in kernel.params]  # the host's own names for them
-            args = ", ".join([*(lf.name for lf in kernel.leaves), *params])
-            calls.append(Call(", ".join(f"_v{nid}" for nid in nodes), f"{kernel.kernel}[lnc]({args})"))
+            dims.update(p.removeprefix("d_") for p in params if p.startswith("d_"))
+            args = ", ".join([*kernel.sources, *params])
+            calls.append(Call(", ".join(b[0] for b in kernel.buffers), f"{kernel.kernel}[lnc]({args})"))
             done.update(nodes)
+            done.update(c.node for c in cats.values() if c.parts[0][0] in nodes)
         for n in ir.nodes:
             if n.op == "matmul" and level[n.id] == wave + 1:
                 calls.append(_gemm_call(ir, n, users))
@@ -130,7 +158,22 @@ def build_program(ir: KernelIR, rows: Dim) -> Program:
     if any(ir.node(o.node).op == "input" for o in ir.outputs):
         raise Mismatch(FAMILY, ir.outputs[0].span, "a gradient that is an input as given")
     returns = tuple(_var(ir.node(o.node)) for o in ir.outputs)
-    return Program(tuple(calls), tuple(kernels), returns)
+    bindings = [Call(name, source) for name, source in dim_lines(ir, dims)]
+    return Program(tuple(bindings + calls), tuple(kernels), returns)
+
+
+def _into(ir: KernelIR, cats: dict[int, Concat], nodes: list[int], direct: set[int]) -> list[Write]:
+    """Where the kernel computing `nodes` writes each: its own buffer where something reads it whole, and the
+    concatenations it is a part of at their columns; Mismatch for a concatenation split between kernels."""
+    writes = [Write(n, n, None) for n in nodes if n in direct]
+    for c in cats.values():
+        mine = [p for p, _ in c.parts if p in nodes]
+        if mine and len(mine) < len(c.parts):
+            raise Mismatch(
+                FAMILY, ir.node(c.node).span, "a concatenation whose parts different kernels compute"
+            )
+        writes += [Write(part, c.node, start) for part, start in c.parts if mine]
+    return writes
 
 
 def _paired(ir: KernelIR, mm: Node, s: Node) -> bool:
@@ -181,37 +224,80 @@ def _gemm_call(ir: KernelIR, n: Node, users: dict[int, list[Node]]) -> Call:
     return Call(f"_v{n.id}", f"_row_gemm({a}, {b}, {b_t}, lnc)")
 
 
-def _elementwise(ir: KernelIR, nodes: list[int], done: set[int], kernel: str) -> Elementwise:
+def _elementwise(
+    ir: KernelIR, nodes: list[int], done: set[int], kernel: str, into: list[Write]
+) -> Elementwise:
     """One kernel computing `nodes` from the values already in HBM (`done`), one [pr, fw] tile at a time."""
+    leaves, leaf_decls, dims = _frontier(ir, nodes, done)
+    builder = StageBuilder(ir, leaves, lambda n: "scalar" if n.shape == () else "tile", lambda n: n.shape[-1])
+    sel = Selector(Layout(part="pr", free="fw", free_alloc="_F_MOV"), prefix="e")
+    try:
+        exprs = {nid: builder.expr(nid) for nid in nodes}  # all first: users counts must be complete
+        writes = tuple((f"_v{w.buffer}", output_value(sel, exprs[w.value], ir.node(w.buffer).dtype).code,
+                        _offset(w.column)) for w in into)  # fmt: skip
+    except (StageError, SelectError) as err:
+        raise Mismatch(FAMILY, ir.node(nodes[0]).span, f"an elementwise stage the selector cannot take: {err}"
+                       ) from None  # fmt: skip
+    tiles = {lf.tile or f"{lf.name}_t" for lf in leaf_decls}
+    if not leaf_decls or any(w[1].split("[")[0] in tiles for w in writes):
+        raise Mismatch(FAMILY, ir.node(nodes[0]).span, "an elementwise stage that only copies")
+    buffers = tuple(dict.fromkeys(_buffer(ir, w, dims) for w in into))
+    width = _width(ir.node(nodes[0]), leaf_decls, dims)
+    params = sorted({f"{n.name}_arg" for n in ir.nodes if n.op == "param"}) + [f"d_{d}" for d in sorted(dims)]
+    return Elementwise(kernel, tuple(leaf_decls), tuple(params), tuple(sel.lines), writes, buffers, width)
+
+
+def _buffer(ir: KernelIR, w: Write, dims: set[str]) -> tuple[str, str, str]:
+    """A write's HBM buffer: its name, nl dtype and columns (`N`, or a concatenation's over `dims`)."""
+    buffer = ir.node(w.buffer)
+    if w.column is None:
+        return f"_v{w.buffer}", NL_DTYPE[buffer.dtype], "N"
+    dims.update((*buffer.shape[-1].symbols(), *w.column.symbols()))
+    return f"_v{w.buffer}", NL_DTYPE[buffer.dtype], dim_source(buffer.shape[-1])
+
+
+def _offset(column: Dim | None) -> str:
+    """A first column's source in a kernel, "" for none or 0."""
+    return "" if column is None or column == Dim.const(0) else dim_source(column)
+
+
+def _frontier(
+    ir: KernelIR, nodes: list[int], done: set[int]
+) -> tuple[dict[int, Operand], list[Leaf], set[str]]:
+    """The values in HBM (`done`, or a column slice of one) that `nodes` read through unwritten elementwise
+    nodes: their operands by node, their leaf declarations, and the dims their column offsets read."""
     leaves: dict[int, Operand] = {}
-    leaf_decls: list[Leaf] = []
+    decls: list[Leaf] = []
+    dims: set[str] = set()
     todo, seen = list(nodes), set(nodes)
-    while todo:  # the frontier: values in HBM that the nodes read through unwritten elementwise nodes
+    while todo:
         n = ir.node(todo.pop())
         for a in n.args:
             arg = ir.node(a)
             if a in seen or arg.op in SCALARS:
                 continue
             seen.add(a)
+            start = column_start(arg, arg.shape[0]) if arg.op == "index" and arg.args[0] in done else None
             if a in done:
                 name = _var(arg)
                 leaves[a] = Operand("tile", f"{name}_t[0:pr, 0:fw]", dtype=arg.dtype)
-                leaf_decls.append(Leaf(name, arg.dtype, len(arg.shape) == 1))
+                decls.append(Leaf(name, arg.dtype, len(arg.shape) == 1))
+            elif start is not None:
+                leaves[a] = Operand("tile", f"_s{a}_t[0:pr, 0:fw]", dtype=arg.dtype)
+                decls.append(Leaf(_var(ir.node(arg.args[0])), arg.dtype, False, _offset(start), f"_s{a}_t"))
+                dims.update(start.symbols())
             else:
                 todo.append(a)
-    builder = StageBuilder(ir, leaves, lambda n: "scalar" if n.shape == () else "tile", lambda n: n.shape[-1])
-    sel = Selector(Layout(part="pr", free="fw", free_alloc="_F_MOV"), prefix="e")
-    try:
-        exprs = {nid: builder.expr(nid) for nid in nodes}  # all first: users counts must be complete
-        writes = tuple((f"_v{nid}", NL_DTYPE[ir.node(nid).dtype],
-                        output_value(sel, exprs[nid], ir.node(nid).dtype).code) for nid in nodes)  # fmt: skip
-    except (StageError, SelectError) as err:
-        raise Mismatch(FAMILY, ir.node(nodes[0]).span, f"an elementwise stage the selector cannot take: {err}"
-                       ) from None  # fmt: skip
-    if any(w[2].split("[")[0] in {lf.name + "_t" for lf in leaf_decls} for w in writes) or not leaf_decls:
-        raise Mismatch(FAMILY, ir.node(nodes[0]).span, "an elementwise stage that only copies")
-    params = tuple(sorted({f"{n.name}_arg" for n in ir.nodes if n.op == "param"}))
-    width = next((lf.name for lf in leaf_decls if not lf.vector), "")
-    if not width:
-        raise Mismatch(FAMILY, ir.node(nodes[0]).span, "an elementwise stage over vectors only")
-    return Elementwise(kernel, tuple(leaf_decls), params, tuple(sel.lines), writes, width)
+    return leaves, decls, dims
+
+
+def _width(n: Node, leaves: list[Leaf], dims: set[str]) -> str:
+    """The source of the kernel's (R, N): a whole [R, N] leaf's shape, else a slice's rows and N's dims."""
+    whole = next((lf.name for lf in leaves if not lf.vector and not lf.tile), "")
+    if whole:
+        return f"{whole}_hbm.shape"
+    sliced = next((lf.name for lf in leaves if lf.tile), "")
+    if not sliced:
+        raise Mismatch(FAMILY, n.span, "an elementwise stage over vectors only")
+    dims.update(n.shape[-1].symbols())
+    return f"{sliced}_hbm.shape[0], {dim_source(n.shape[-1])}"
