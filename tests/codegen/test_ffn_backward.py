@@ -9,10 +9,13 @@ import pytest
 import torch
 import torch.nn.functional as F
 
+from fusegen import conformance
 from fusegen.codegen.autodiff import backward_ir
 from fusegen.codegen.ffn.backward import backward_flops, strategies
 from fusegen.codegen.ffn.match import match_ffn
+from fusegen.codegen.files import ops
 from fusegen.codegen.rewrites import rewrite
+from fusegen.dsl.ir import eval_shape
 from fusegen.testing import load_generated
 from tests.codegen.boundary import GENERATED, KERNELS, as_tuple, inputs, kernel, op, small_dims, spec_ir
 from tests.codegen.test_autodiff import calc_diff
@@ -36,19 +39,50 @@ def swiglu_ffn_ln(x, w1t, b1, wgt, bg, w2t, b2, a, eps=1e-6):  # type: ignore[no
     return x_new, F.layer_norm(x_new, (x_new.shape[-1],), eps=eps).to(torch.bfloat16).to(x.dtype)
 
 
-FORMULAS: dict[str, Callable[..., object]] = {"swiglu_ffn": swiglu_ffn, "swiglu_ffn_ln": swiglu_ffn_ln}
+def gelu_mlp(x, w1t, b1, w2t, b2):  # type: ignore[no-untyped-def]
+    """examples/gelu_mlp.spec by hand: exact (erf) GELU, its output rounded to bf16 before W2."""
+    return F.gelu(x @ w1t + b1).to(torch.bfloat16).to(x.dtype) @ w2t + b2
+
+
+def packed_clamped_swiglu(x, w12t, w3t, limit):  # type: ignore[no-untyped-def]
+    """examples/packed_clamped_swiglu.spec by hand: the packed product split in gate | up, both clamped."""
+    gate, up = (x @ w12t).chunk(2, dim=-1)
+    h = F.silu(gate.clamp(max=limit)) * up.clamp(-limit, limit)
+    return h.to(torch.bfloat16).to(x.dtype) @ w3t
+
+
+FORMULAS: dict[str, Callable[..., object]] = {
+    "swiglu_ffn": swiglu_ffn, "swiglu_ffn_ln": swiglu_ffn_ln, "gelu_mlp": gelu_mlp,
+    "packed_clamped_swiglu": packed_clamped_swiglu,
+}  # fmt: skip
+#: params other than the spec's defaults: a limit the up-projections cross, so both sides of the clamps train
+PARAMS = {"packed_clamped_swiglu": {"limit": 1.5}}
+#: ops whose backward runs as generated kernels on the interpreter: their tests fail if it runs the reference
+KERNEL_PATH = ("swiglu_ffn", "gelu_mlp", "packed_clamped_swiglu")
 
 
 def ffn_inputs(name: str, r: int, k: int, i: int, seed: int) -> list[torch.Tensor]:
     """Seeded inputs in the spec's dtypes: bf16 x and weights (scaled by 1/sqrt(fan-in)), f32 biases."""
     gen = torch.Generator().manual_seed(seed)
-    shapes = {"x": (r, k), "w1t": (k, i), "b1": (i,), "wgt": (k, i), "bg": (i,), "w2t": (i, k), "b2": (k,)}
-    if name == "swiglu_ffn_ln":
-        shapes["a"] = (r, k)
-    scale = {"w1t": k**-0.5, "wgt": k**-0.5, "w2t": i**-0.5}
-    dtypes = {d.name: d.dtype for d in spec_ir(name).inputs}
-    return [(torch.randn(s, generator=gen) * scale.get(n, 1.0)).to(torch.bfloat16 if dtypes[n] == "bf16"
-            else torch.float32) for n, s in shapes.items()]  # fmt: skip
+    ir = spec_ir(name)
+    tokens = ir.inputs[0].shape[0]
+    args = []
+    for decl in ir.inputs:
+        shape = eval_shape(decl.shape, {"R": r, "K": k, "I": i})
+        weight = len(shape) == 2 and decl.shape[0] != tokens
+        value = torch.randn(shape, generator=gen) * (shape[0] ** -0.5 if weight else 1.0)
+        args.append(value.to(torch.bfloat16 if decl.dtype == "bf16" else torch.float32))
+    return args
+
+
+def refuse_reference(name: str, monkeypatch: pytest.MonkeyPatch) -> None:
+    """Make the op's backward_reference.py raise, so the op trains only through backward_kernel.py."""
+
+    def refuse(*args: object, **kwargs: object) -> None:
+        raise AssertionError(f"{name}: the backward ran backward_reference.py, not the generated kernels")
+
+    reference = ops.load_ops(name, GENERATED)._module("backward_reference.py")
+    monkeypatch.setattr(reference, f"{name}_backward_reference", refuse)
 
 
 def _gradients(fn: Callable[..., object], args: list[torch.Tensor], grads: list[torch.Tensor],
@@ -63,22 +97,25 @@ def _gradients(fn: Callable[..., object], args: list[torch.Tensor], grads: list[
 
 @pytest.mark.parametrize("backend", ["interpreter", "reference"])
 @pytest.mark.parametrize(("r", "k", "i"), SHAPES)
-@pytest.mark.parametrize("name", ["swiglu_ffn", "swiglu_ffn_ln"])
+@pytest.mark.parametrize("name", ["swiglu_ffn", "swiglu_ffn_ln", "gelu_mlp", "packed_clamped_swiglu"])
 def test_ffn_op_gradients_match_fp64_formula(name: str, r: int, k: int, i: int, backend: str,
                                              monkeypatch: pytest.MonkeyPatch) -> None:  # fmt: skip
     monkeypatch.setenv("FUSEGEN_OPS_BACKEND", backend)
+    if backend == "interpreter" and name in KERNEL_PATH:
+        refuse_reference(name, monkeypatch)
     args = ffn_inputs(name, r, k, i, seed=r)
     ir = spec_ir(name)
     gen = torch.Generator().manual_seed(1)
     grads = [torch.randn(r, k, generator=gen).to(torch.bfloat16 if o.dtype == "bf16" else torch.float32)
              for o in ir.outputs]  # fmt: skip
     op(name)  # registers fusegen::<name> and its backward op
-    params = [p.default for p in ir.params]
+    params = [PARAMS.get(name, {}).get(p.name, p.default) for p in ir.params]
     f32 = getattr(torch.ops.fusegen, f"{name}_backward")(*args, *grads, *params)  # the f32 input gradients
-    want = _gradients(FORMULAS[name], args, [g.double() for g in grads], torch.float64)
+    formula = FORMULAS[name]
+    want = _gradients(lambda *t: formula(*t, *params), args, [g.double() for g in grads], torch.float64)
     for decl, g, w in zip(ir.inputs, f32, want, strict=True):
         assert g.dtype == torch.float32 and calc_diff(g, w) <= BAR, (decl.name, calc_diff(g, w))
-    got = _gradients(op(name), args, grads, None)  # autograd: the same gradients in the inputs' dtypes
+    got = _gradients(lambda *t: op(name)(*t, *params), args, grads, None)  # type: ignore[operator]
     assert all(torch.equal(g, f.to(a.dtype)) for g, f, a in zip(got, f32, args, strict=True))
 
 
@@ -179,3 +216,22 @@ def test_backward_kernels_match_the_reference_backward(name: str) -> None:
     for decl, g, w in zip(ir.inputs, got, want, strict=True):
         assert g.dtype == torch.float32 and g.shape == w.shape
         assert calc_diff(g, w) <= 1e-10, (decl.name, calc_diff(g, w))
+
+
+@pytest.mark.parametrize("name", ["gelu_mlp", "packed_clamped_swiglu"])
+def test_kernel_backward_passes_opcheck_and_gradcheck_at_ragged_shapes(
+    name: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """torch.library.opcheck and gradcheck with the backward on the generated kernels, at rows split unevenly
+    between two cores and an intermediate width that is no multiple of 128 (the slices' offsets too)."""
+    monkeypatch.setenv("FUSEGEN_OPS_BACKEND", "interpreter")
+    refuse_reference(name, monkeypatch)
+    ir = spec_ir(name)
+    tokens = ir.inputs[0].shape[0]
+    specs = tuple((d.name, d.dtype, "fan_in" if len(d.shape) == 2 and d.shape[0] != tokens else "1")
+                  for d in ir.inputs)  # fmt: skip
+    shapes = {d.name: eval_shape(d.shape, {"R": 7, "K": 128, "I": 100}) for d in ir.inputs}
+    folder = GENERATED / name
+    conformance.opcheck(folder, name, specs, shapes, requires_grad=True)
+    dtypes = tuple({*(d.dtype for d in ir.inputs), *(o.dtype for o in ir.outputs)})
+    assert conformance.gradcheck(folder, name, specs, shapes, (0,), dtypes)
