@@ -4,6 +4,7 @@ op backends, and a two-layer toy model under torch.compile as in eager (docs/aut
 from __future__ import annotations
 
 from collections.abc import Callable
+from pathlib import Path
 
 import pytest
 import torch
@@ -11,11 +12,14 @@ import torch.nn.functional as F
 
 from fusegen import conformance
 from fusegen.codegen.autodiff import backward_ir
+from fusegen.codegen.family import Mismatch
 from fusegen.codegen.ffn.backward import backward_flops, strategies
+from fusegen.codegen.ffn.backward_program import build_program
 from fusegen.codegen.ffn.match import match_ffn
 from fusegen.codegen.files import ops
 from fusegen.codegen.rewrites import rewrite
-from fusegen.dsl.ir import eval_shape
+from fusegen.dsl import load_spec
+from fusegen.dsl.ir import Dim, eval_shape
 from fusegen.testing import load_generated
 from tests.codegen.boundary import GENERATED, KERNELS, as_tuple, inputs, kernel, op, small_dims, spec_ir
 from tests.codegen.test_autodiff import calc_diff
@@ -235,3 +239,31 @@ def test_kernel_backward_passes_opcheck_and_gradcheck_at_ragged_shapes(
     conformance.opcheck(folder, name, specs, shapes, requires_grad=True)
     dtypes = tuple({*(d.dtype for d in ir.inputs), *(o.dtype for o in ir.outputs)})
     assert conformance.gradcheck(folder, name, specs, shapes, (0,), dtypes)
+
+
+#: a packed product whose up half is unused: its gradient is the gate half's, zeros elsewhere
+GATE_ONLY = """kernel gate_only
+dim R, K, I
+input x: bf16[R, K]
+input w12t: bf16[K, 2 * I]
+input w3t: bf16[I, K]
+output out: bf16[R, K]
+h = x @ w12t
+out = bf16(silu(h[:, 0:I])) @ w3t
+check R=8 K=128 I=64
+"""
+
+
+def test_packed_gradient_is_one_buffer_and_a_partial_scatter_is_refused(tmp_path: Path) -> None:
+    """packed_clamped_swiglu's program writes [dG | dU] into one [R, 2I] buffer that one token GEMM and one
+    row GEMM read whole; a gradient that fills only some columns is no concatenation: a Mismatch (the op
+    trains through backward_reference.py)."""
+    program = build_program(backward_ir(spec_ir("packed_clamped_swiglu")), Dim.sym("R"))
+    (stage,) = program.kernels
+    concat = [b for b in stage.buffers if b[2] != "N"]
+    assert [c[2] for c in concat] == ["2 * d_I"] and sorted(w[2] for w in stage.writes) == ["", "", "d_I"]
+    assert sum(f"({concat[0][0]}," in c.call or f", {concat[0][0]}," in c.call for c in program.calls) == 2
+    path = tmp_path / "gate_only.spec"
+    path.write_text(GATE_ONLY, encoding="utf-8")
+    with pytest.raises(Mismatch, match="not a concatenation"):
+        build_program(backward_ir(load_spec(str(path))[0]), Dim.sym("R"))
