@@ -152,6 +152,11 @@ def build_program(ir: KernelIR, rows: Dim) -> Program:
                 calls.append(_gemm_call(ir, n, users))
                 done.add(n.id)
                 done.update(u.id for u in users[n.args[1]] if u.op == "sum" and _paired(ir, n, u))
+    unwritten = [c for c in cats if c in _demanded(ir) and c not in done]  # e.g. a part that is an input
+    if unwritten:
+        raise Mismatch(
+            FAMILY, ir.node(unwritten[0]).span, "a concatenation of values no elementwise stage computes"
+        )
     sums = [n for n in ir.nodes if n.op == "sum" and n.id not in done]
     if sums:
         raise Mismatch(FAMILY, sums[0].span, "a sum over the tokens without a weight gradient to ride on")

@@ -17,7 +17,6 @@ from dataclasses import dataclass
 
 from fusegen.codegen.family import Mismatch
 from fusegen.codegen.files.reference import dim_bindings
-from fusegen.codegen.stage import dim_source
 from fusegen.dsl.ir import Dim, IndexItem, KernelIR, Node
 
 FAMILY = "ffn backward"
@@ -99,8 +98,3 @@ def dim_lines(ir: KernelIR, needed: set[str]) -> list[tuple[str, str]]:
         if name in want:
             want.update(re.findall(r"\bd_(\w+)", source))
     return [(f"d_{name}", source) for name, source in bindings if name in want]
-
-
-def dim_code(dim: Dim) -> tuple[str, set[str]]:
-    """A dim's source inside a kernel (its symbols the kernel's `d_<name>` arguments) and those symbols."""
-    return dim_source(dim), set(dim.symbols())
