@@ -13,7 +13,7 @@ from fusegen.codegen.autodiff import backward_ir
 from fusegen.codegen.ffn.backward import backward_flops, strategies
 from fusegen.codegen.ffn.match import match_ffn
 from fusegen.codegen.rewrites import rewrite
-from fusegen.testing import load_generated
+from fusegen.testing import TORCH_DTYPES, load_generated
 from tests.codegen.boundary import GENERATED, KERNELS, as_tuple, inputs, kernel, op, small_dims, spec_ir
 from tests.codegen.test_autodiff import calc_diff
 
@@ -171,7 +171,7 @@ def test_backward_kernels_match_the_reference_backward(name: str) -> None:
     dims = {**small_dims(ir, rows=130), **{d: v for d, v in (("K", 256), ("I", 600)) if d in small_dims(ir)}}
     args = inputs(ir, dims, seed=1)
     gen = torch.Generator().manual_seed(3)
-    grads = [torch.randn(args[0].shape, generator=gen).bfloat16() for _ in ir.outputs]
+    grads = [torch.randn(args[0].shape, generator=gen).to(TORCH_DTYPES[o.dtype]) for o in ir.outputs]
     got = getattr(kernel(name, "backward_kernel.py"), f"{name}_backward")(*args, *grads, lnc=2)
     want = getattr(load_generated(GENERATED / name / "backward_reference.py"), f"{name}_backward_reference")(
         *args, *grads)

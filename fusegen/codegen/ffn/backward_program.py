@@ -6,8 +6,10 @@ column sums of D where the IR sums D over the tokens: the bias gradient); `A @ t
 are row GEMMs (`row_gemm`: dH = dY @ W2^T, dX = dU @ W1^T, and the recomputed up-projections). The
 elementwise nodes between them are lowered by the shared stage machinery (stage.py, select.py) into one
 kernel per wave of GEMMs and value width, over [128 rows, 512 columns] tiles; a wave's elementwise kernel
-reads the earlier waves' results from HBM. Backward IRs with anything else (a row reduction of a norm
-epilogue, an index, a zero gradient) raise Mismatch: their ops train through backward_reference.py.
+reads the earlier waves' results from HBM. A stage with a norm's row reductions, or a sum over the tokens
+that no token GEMM carries (dγ, dβ), is a row kernel (backward_rows.py: passes over each row tile's
+chunks). Backward IRs with anything else (an index, a zero gradient) raise Mismatch: their ops train
+through backward_reference.py.
 """
 
 from __future__ import annotations
@@ -16,6 +18,7 @@ from collections import defaultdict
 from dataclasses import dataclass
 
 from fusegen.codegen.family import ELEMENTWISE, Mismatch
+from fusegen.codegen.ffn import backward_rows  # imports this module back: only its functions use it
 from fusegen.codegen.rowreduce.lower import output_value
 from fusegen.codegen.select import Layout, SelectError, Selector
 from fusegen.codegen.select_tables import NL_DTYPE
@@ -50,6 +53,17 @@ class Elementwise:
     lines: tuple[str, ...]
     writes: tuple[tuple[str, str, str], ...]  # (result name, nl dtype, tile access)
     width: str  # a [R, N] leaf's name whose shape gives R and N
+    # a row kernel's (backward_rows.py): its reduction passes, launch-wide lines, the last pass's loads
+    # (None: all leaves) and its token sums (result name, the core's [1, N] accumulator)
+    passes: tuple[backward_rows.RowPass, ...] = ()
+    setup: tuple[str, ...] = ()
+    final_leaves: tuple[Leaf, ...] | None = None
+    sums: tuple[tuple[str, str], ...] = ()
+
+    @property
+    def results(self) -> tuple[str, ...]:
+        """What the kernel returns: the written values, then the token sums' per-core partials."""
+        return (*(w[0] for w in self.writes), *(s[0] for s in self.sums))
 
 
 @dataclass(frozen=True)
@@ -80,7 +94,7 @@ def _is_gemm(n: Node) -> bool:
 
 def _check(ir: KernelIR, n: Node, rows: Dim) -> None:
     """Mismatch unless the program can carry node `n`."""
-    if n.op in ("input", "transpose", *SCALARS) or n.op == "matmul":
+    if n.op in ("input", "transpose", *SCALARS) or n.op == "matmul" or backward_rows.is_row_reduction(ir, n):
         return
     if _is_gemm(n):
         if ir.node(n.args[0]).shape[0] != rows or len(ir.node(n.args[0]).shape) != 2:
@@ -96,10 +110,9 @@ def build_program(ir: KernelIR, rows: Dim) -> Program:
     """The host program of backward IR `ir` (rows: the token dim); raises Mismatch."""
     for n in ir.nodes:
         _check(ir, n, rows)
-        if n.op == "dim":  # the elementwise kernels bind no dims
-            raise Mismatch(FAMILY, n.span, "a dim's value in an elementwise stage")
     level = _levels(ir)
-    demanded = _demanded(ir)
+    lone = _lone_sums(ir)
+    demanded = _demanded(ir, lone)
     users: dict[int, list[Node]] = defaultdict(list)
     for n in ir.nodes:
         for a in n.args:
@@ -112,21 +125,30 @@ def build_program(ir: KernelIR, rows: Dim) -> Program:
         for nid in sorted(demanded):
             if level[nid] == wave and nid not in done:
                 groups[ir.node(nid).shape].append(nid)
-        for nodes in groups.values():
-            kernel = _elementwise(ir, nodes, done, f"_ew{len(kernels)}_kernel")
+        sums: dict[tuple[object, ...], list[int]] = defaultdict(list)  # lone token sums, by their value's shape
+        for s in lone:
+            if level[ir.node(s).args[0]] == wave:
+                sums[ir.node(ir.node(s).args[0]).shape].append(s)
+        for shape in dict.fromkeys([*groups, *sums]):
+            nodes, name = groups[shape], f"_ew{len(kernels)}_kernel"
+            if sums[shape] or backward_rows.needs_rows(ir, nodes, done):
+                kernel = backward_rows.row_kernel(ir, nodes, sums[shape], done, name)
+            else:
+                kernel = _elementwise(ir, nodes, done, name)
             kernels.append(kernel)
             params = [p.removesuffix("_arg") for p in kernel.params]  # the host's own names for them
             args = ", ".join([*(lf.name for lf in kernel.leaves), *params])
-            calls.append(Call(", ".join(f"_v{nid}" for nid in nodes), f"{kernel.kernel}[lnc]({args})"))
-            done.update(nodes)
+            calls.append(Call(", ".join(kernel.results), f"{kernel.kernel}[lnc]({args})"))
+            calls += [Call(s, f"_add_cores_kernel[lnc]({s})[0]") for s, _ in kernel.sums]
+            done.update(nodes, sums[shape])
         for n in ir.nodes:
             if n.op == "matmul" and level[n.id] == wave + 1:
                 calls.append(_gemm_call(ir, n, users))
                 done.add(n.id)
                 done.update(u.id for u in users[n.args[1]] if u.op == "sum" and _paired(ir, n, u))
-    sums = [n for n in ir.nodes if n.op == "sum" and n.id not in done]
-    if sums:
-        raise Mismatch(FAMILY, sums[0].span, "a sum over the tokens without a weight gradient to ride on")
+    left = [n for n in ir.nodes if _is_gemm(n) and n.op == "sum" and n.id not in done]
+    if left:
+        raise Mismatch(FAMILY, left[0].span, "a sum over the tokens of a value no kernel computes")
     if any(ir.node(o.node).op == "input" for o in ir.outputs):
         raise Mismatch(FAMILY, ir.outputs[0].span, "a gradient that is an input as given")
     returns = tuple(_var(ir.node(o.node)) for o in ir.outputs)
@@ -144,17 +166,25 @@ def _levels(ir: KernelIR) -> dict[int, int]:
     for n in ir.nodes:
         below = max((level[a] for a in n.args), default=0)
         level[n.id] = below + 1 if n.op == "matmul" else below
-    for n in ir.nodes:  # a column sum is produced with its token GEMM
-        if n.op == "sum":
+    for n in ir.nodes:  # a column sum is produced with its token GEMM (or its value's row kernel)
+        if n.op == "sum" and _is_gemm(n):
             level[n.id] = max(level[n.id], level[n.args[0]] + 1)
     return level
 
 
-def _demanded(ir: KernelIR) -> set[int]:
-    """Elementwise nodes some GEMM, sum or output reads: what the elementwise kernels must write."""
+def _lone_sums(ir: KernelIR) -> list[int]:
+    """Sums over the tokens that are no token GEMM's column sums: their row kernels sum them."""
+    gemms = [m for m in ir.nodes if m.op == "matmul"]
+    return [n.id for n in ir.nodes if n.op == "sum" and _is_gemm(n)
+            and not any(_paired(ir, m, n) for m in gemms)]  # fmt: skip
+
+
+def _demanded(ir: KernelIR, lone: list[int]) -> set[int]:
+    """Elementwise nodes some GEMM, sum or output reads: what the elementwise kernels must write (a lone
+    token sum's value only where something else reads it)."""
     want = {o.node for o in ir.outputs}
     for n in ir.nodes:
-        if _is_gemm(n):
+        if _is_gemm(n) and n.id not in lone:
             want.update(n.args)
     want = {w for w in want if ir.node(w).op not in ("input", "transpose", "matmul", "sum", *SCALARS)}
     for n in ir.nodes:  # a transpose's operand is what the GEMM reads
