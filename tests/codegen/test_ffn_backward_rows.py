@@ -64,7 +64,8 @@ def prenorm_swiglu(x, gamma, wgt, wut, wdt, eps):  # type: ignore[no-untyped-def
 
 
 FORMULAS: dict[str, Callable[..., object]] = {f.__name__: f for f in (
-    swiglu_ffn_ln, swiglu_rmsnorm, swiglu_layernorm_affine, swiglu_gemma_norm, swiglu_layerscale, prenorm_swiglu)}
+    swiglu_ffn_ln, swiglu_rmsnorm, swiglu_layernorm_affine, swiglu_gemma_norm, swiglu_layerscale,
+    prenorm_swiglu)}
 
 
 def _args(name: str, dims: dict[str, int], seed: int) -> tuple[list[torch.Tensor], list[torch.Tensor]]:

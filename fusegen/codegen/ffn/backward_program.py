@@ -125,7 +125,7 @@ def build_program(ir: KernelIR, rows: Dim) -> Program:
         for nid in sorted(demanded):
             if level[nid] == wave and nid not in done:
                 groups[ir.node(nid).shape].append(nid)
-        sums: dict[tuple[object, ...], list[int]] = defaultdict(list)  # lone token sums, by their value's shape
+        sums: dict[tuple[object, ...], list[int]] = defaultdict(list)  # lone token sums, by value shape
         for s in lone:
             if level[ir.node(s).args[0]] == wave:
                 sums[ir.node(ir.node(s).args[0]).shape].append(s)

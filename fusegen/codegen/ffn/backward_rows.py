@@ -107,7 +107,7 @@ class _RowBuilder:
 
     def _leaf(self, n: Node) -> program.Leaf:
         if _kind(n) == "vec" or (len(n.shape) == 2 and n.shape != self.shape):
-            raise Mismatch(program.FAMILY, n.span, "a row kernel reading an HBM value that is neither [R, N] nor [N]")
+            raise Mismatch(program.FAMILY, n.span, "a row kernel reading an HBM value neither [R, N] nor [N]")
         return self.leaves.setdefault(n.id, program.Leaf(program._var(n), n.dtype, len(n.shape) == 1))
 
     def finish(self, sel: Selector) -> tuple[str, ...]:
@@ -116,7 +116,8 @@ class _RowBuilder:
         return tuple(sel.lines)
 
 
-def row_kernel(ir: KernelIR, nodes: list[int], sums: list[int], done: set[int], kernel: str) -> program.Elementwise:
+def row_kernel(ir: KernelIR, nodes: list[int], sums: list[int], done: set[int], kernel: str
+               ) -> program.Elementwise:  # fmt: skip
     """One row kernel writing `nodes` and the token sums `sums` (of [R, N] values) from the values in HBM
     (`done`); raises Mismatch."""
     roots = [*nodes, *(ir.node(s).args[0] for s in sums)]
@@ -140,7 +141,8 @@ def row_kernel(ir: KernelIR, nodes: list[int], sums: list[int], done: set[int], 
                         output_value(sel, exprs[nid], ir.node(nid).dtype).code) for nid in nodes)  # fmt: skip
         accs = [_column_sum(sel, exprs[ir.node(s).args[0]], f"cs{j}") for j, s in enumerate(sums)]
     except (StageError, SelectError) as err:
-        raise Mismatch(program.FAMILY, ir.node(roots[0]).span, f"a row stage the selector cannot take: {err}") from None
+        raise Mismatch(program.FAMILY, ir.node(roots[0]).span, f"a row stage the selector cannot take: {err}"
+                       ) from None  # fmt: skip
     lines = rows.finish(sel)
     width = next((lf.name for lf in rows.leaves.values() if not lf.vector), "")
     if not width:
@@ -212,6 +214,6 @@ def _dim_bindings(ir: KernelIR, computed: list[int], leaves: dict[int, program.L
         src = next((f"{lf.name}_hbm.shape[{axis}]" for nid, lf in leaves.items()
                     for axis, size in enumerate(ir.node(nid).shape) if size == Dim.sym(d)), None)  # fmt: skip
         if src is None:
-            raise Mismatch(program.FAMILY, ir.node(computed[0]).span, f"dim {d} is the size of no HBM value the kernel reads")
+            raise Mismatch(program.FAMILY, ir.node(computed[0]).span, f"dim {d}: no HBM value has it")
         lines.append(f"d_{d} = {src}")
     return lines
