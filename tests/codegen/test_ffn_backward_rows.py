@@ -13,7 +13,7 @@ import torch.nn.functional as F
 from fusegen.codegen.files.ops import load_ops
 from tests.codegen.boundary import GENERATED, inputs, kernel, op, spec_ir
 from tests.codegen.test_autodiff import calc_diff
-from tests.codegen.test_ffn_backward import BAR, _gradients
+from tests.codegen.test_ffn_backward import BAR, _gradients, backward_args
 
 #: rows over both cores at LNC 2 and a ragged last tile; K over two 512-column chunks, the last ragged
 #: (every reduction pass folds two chunks); I ragged
@@ -100,7 +100,9 @@ def test_row_kernel_gradients_match_fp64_formula(name: str, monkeypatch: pytest.
     ir = spec_ir(name)
     args, grads = _args(name, DIMS, seed=11)
     params = [p.default for p in ir.params]
-    f32 = getattr(torch.ops.fusegen, f"{name}_backward")(*args, *grads, *params)
+    tensors = backward_args(name, args, grads, params)
+    loaded.clear()  # the forward's files
+    f32 = getattr(torch.ops.fusegen, f"{name}_backward")(*tensors, *params)
     assert loaded == ["backward_kernel.py"], loaded
     formula = FORMULAS[name]
     want = _gradients(lambda *t: formula(*t, *params), args, [g.double() for g in grads], torch.float64)
