@@ -80,6 +80,20 @@ def _args(name: str, dims: dict[str, int], seed: int) -> tuple[list[torch.Tensor
     return args, grads
 
 
+def distances(name: str, seed: int) -> list[tuple[str, float, float]]:
+    """Per input: calc_diff against fp64 autograd through the formula of the op's backward on the current
+    backend and of f32 eager torch autograd through the same formula."""
+    ir, params = spec_ir(name), [p.default for p in spec_ir(name).params]
+    args, grads = _args(name, DIMS, seed=seed)
+    tensors = backward_args(name, args, grads, params)
+    got = getattr(torch.ops.fusegen, f"{name}_backward")(*tensors, *params)
+    formula = FORMULAS[name]
+    want = _gradients(lambda *t: formula(*t, *params), args, [g.double() for g in grads], torch.float64)
+    eager = _gradients(lambda *t: formula(*t, *params), args, [g.float() for g in grads], torch.float32)
+    return [(d.name, calc_diff(g, w), calc_diff(e, w)) for d, g, w, e in zip(ir.inputs, got, want, eager,
+                                                                             strict=True)]  # fmt: skip
+
+
 @pytest.mark.parametrize("name", sorted(FORMULAS))
 def test_row_kernel_gradients_match_fp64_formula(name: str, monkeypatch: pytest.MonkeyPatch) -> None:
     """The op's backward on the interpreter runs backward_kernel.py (never the reference) and every f32
@@ -97,19 +111,9 @@ def test_row_kernel_gradients_match_fp64_formula(name: str, monkeypatch: pytest.
         return real(file, mode)
 
     monkeypatch.setattr(module, "_module", spy)
-    ir = spec_ir(name)
-    args, grads = _args(name, DIMS, seed=11)
-    params = [p.default for p in ir.params]
-    tensors = backward_args(name, args, grads, params)
-    loaded.clear()  # the forward's files
-    f32 = getattr(torch.ops.fusegen, f"{name}_backward")(*tensors, *params)
-    assert loaded == ["backward_kernel.py"], loaded
-    formula = FORMULAS[name]
-    want = _gradients(lambda *t: formula(*t, *params), args, [g.double() for g in grads], torch.float64)
-    eager = _gradients(lambda *t: formula(*t, *params), args, [g.float() for g in grads], torch.float32)
-    for decl, g, w, e in zip(ir.inputs, f32, want, eager, strict=True):
-        bar = max(BAR, 2 * calc_diff(e, w))
-        assert g.dtype == torch.float32 and calc_diff(g, w) <= bar, (decl.name, calc_diff(g, w), bar)
+    for input_name, kernel_diff, eager_diff in distances(name, seed=11):
+        assert kernel_diff <= max(BAR, 2 * eager_diff), (input_name, kernel_diff, eager_diff)
+    assert loaded[-1:] == ["backward_kernel.py"] and "backward_reference.py" not in loaded, loaded
 
 
 @pytest.mark.parametrize(("rows", "lnc"), [(1, 2), (7, 1)])
@@ -143,3 +147,11 @@ def test_views_and_slices_train_as_contiguous_copies(monkeypatch: pytest.MonkeyP
     want = _gradients(fn, args, grads, None)
     assert all(torch.equal(g, w) for g, w in zip(got, want, strict=True))
     assert all(g.dtype == a.dtype for g, a in zip(got, args, strict=True))
+
+
+if __name__ == "__main__":  # the figures of docs/autodiff.md: python -m tests.codegen.test_ffn_backward_rows
+    for spec in sorted(FORMULAS):
+        rows = [d for seed in range(11, 17) for d in distances(spec, seed)]
+        held = sum(k <= max(BAR, 2 * e) for _, k, e in rows)
+        print(f"{spec}: kernel <= {max(r[1] for r in rows):.1e}, f32 eager <= {max(r[2] for r in rows):.1e}, "
+              f"the test's bar holds on {held} of {len(rows)} gradients (seeds 11..16)")
