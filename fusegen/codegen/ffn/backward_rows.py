@@ -67,8 +67,8 @@ def needs_rows(ir: KernelIR, nodes: list[int], done: set[int]) -> bool:
     """Whether computing `nodes` takes a row kernel: a row reduction, or a dim's value (which the row
     kernel binds from its leaves' shapes)."""
     computed = closure(ir, nodes, done)
-    scalars = {a for nid in computed for a in ir.node(nid).args if ir.node(a).op == "dim"}
-    return bool(scalars) or any(is_row_reduction(ir, ir.node(nid)) for nid in computed)
+    dims = [a for nid in computed for a in ir.node(nid).args if ir.node(a).op == "dim"]
+    return bool(dims) or any(is_row_reduction(ir, ir.node(nid)) for nid in computed)
 
 
 def _kind(n: Node) -> str:
