@@ -277,12 +277,13 @@ def _is_squeeze(items: tuple[IndexItem, ...], shape: Shape) -> bool:
     )
 
 
-def saved_values(ir: KernelIR, fwd: Graph, where: dict[int, int]) -> dict[int, Saved]:
-    """Forward values an optional f32 output recovers exactly, by their id in `fwd`."""
+def saved_values(ir: KernelIR, fwd: Graph, where: dict[int, int], outputs: bool = False) -> dict[int, Saved]:
+    """Forward values an optional f32 output recovers exactly (`outputs`: any f32 output), by their id in
+    `fwd`."""
     saved: dict[int, Saved] = {}
     for out in ir.outputs:
         node = fwd.nodes[where[out.node]]
-        if not out.optional or out.dtype != "f32" or node.op in _LEAVES:
+        if not (out.optional or outputs) or out.dtype != "f32" or node.op in _LEAVES:
             continue
         items: tuple[IndexItem, ...] = node.attr("index") if node.op == "index" else ()  # type: ignore[assignment]
         if items and _is_squeeze(items, fwd.shape(node.args[0])):
@@ -322,12 +323,14 @@ def grad_name(name: str) -> str:
     return GRAD_PREFIX + name
 
 
-def backward_ir(ir: KernelIR, grads: Sequence[str] | None = None) -> KernelIR:
-    """The backward of `ir` for the outputs named in `grads` (default: the required outputs)."""
+def backward_ir(ir: KernelIR, grads: Sequence[str] | None = None, read_outputs: bool = False) -> KernelIR:
+    """The backward of `ir` for the outputs named in `grads` (default: the required outputs); with
+    `read_outputs`, it reads the values its f32 outputs hold (autograd keeps an op's outputs) instead of
+    recomputing them."""
     ir = expand_norms(ir)
     fwd, where = primitive_graph(ir)
     outs = [o for o in ir.outputs if (o.name in grads if grads is not None else not o.optional)]
-    saved = saved_values(ir, fwd, where)
+    saved = saved_values(ir, fwd, where, read_outputs)
     decls = [
         *ir.inputs,
         *(TensorDecl(s.output.name, s.output.dtype, s.output.shape, s.output.span) for s in saved.values()),

@@ -5,8 +5,9 @@
 On CPU the op runs the generated kernel in the mode FUSEGEN_MODE selects (sim: fusegen's NKI interpreter, the
 default; nki-sim: AWS's nki.simulate; fusegen/modes.py), or the generated torch reference when
 FUSEGEN_OPS_BACKEND=reference; on a Neuron device it runs the NKI kernel itself.
-The backward runs backward_reference.py (torch code derived from the spec's IR) on every backend: the
-family generates no backward kernel for this spec (backward_plan.md, where present, says what it plans).
+The backward dispatches the same way: backward_kernel.py (NKI kernels of the family's backward IR, reading
+the saved tensors it names) on the interpreter or the device, backward_reference.py (the spec's own math
+differentiated, as torch code) on the reference.
 """
 
 import functools
@@ -27,6 +28,8 @@ _DIFFERENTIATED_OUTPUTS = (0,)
 #: each backward's arguments, as positions in (inputs, saved outputs, output gradients), and their dtypes
 _REFERENCE_ARGS = (0, 1, 2, 3, 4, 5)  # x, gamma, wgt, wut, wdt, d_out
 _REFERENCE_DTYPES = (torch.bfloat16, torch.float32, torch.bfloat16, torch.bfloat16, torch.bfloat16, torch.bfloat16)
+_KERNEL_ARGS = (0, 1, 2, 3, 4, 5)  # x, gamma, wgt, wut, wdt, d_out
+_KERNEL_DTYPES = (torch.bfloat16, torch.float32, torch.bfloat16, torch.bfloat16, torch.bfloat16, torch.bfloat16)
 
 
 @functools.cache
@@ -406,6 +409,9 @@ def _backward_op(x: torch.Tensor, gamma: torch.Tensor, wgt: torch.Tensor, wut: t
     """f32 input gradients from the inputs, saved outputs and output gradients on this device's backend: its
     own op, so torch.compile traces the backward through the fake below instead of running a kernel on it."""
     _tensors = (x, gamma, wgt, wut, wdt, d_out,)
+    if _backend(_tensors[0]) != "reference":  # the kernels differentiate the fused forward's saved tensors
+        _args = _cast(tuple(_tensors[i] for i in _KERNEL_ARGS), _KERNEL_DTYPES)
+        return _unaliased(_call("backward_", "prenorm_swiglu_backward", _args, **{"eps": eps}), _args)
     _args = _cast(tuple(_tensors[i] for i in _REFERENCE_ARGS), _REFERENCE_DTYPES)
     _grads = _module("backward_reference.py").prenorm_swiglu_backward_reference(*_args, **{"eps": eps})
     return _unaliased(tuple(_grads) if isinstance(_grads, (tuple, list)) else (_grads,), _args)

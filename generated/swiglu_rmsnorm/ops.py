@@ -5,8 +5,9 @@
 On CPU the op runs the generated kernel in the mode FUSEGEN_MODE selects (sim: fusegen's NKI interpreter, the
 default; nki-sim: AWS's nki.simulate; fusegen/modes.py), or the generated torch reference when
 FUSEGEN_OPS_BACKEND=reference; on a Neuron device it runs the NKI kernel itself.
-The backward runs backward_reference.py (torch code derived from the spec's IR) on every backend: the
-family generates no backward kernel for this spec (backward_plan.md, where present, says what it plans).
+The backward dispatches the same way: backward_kernel.py (NKI kernels of the family's backward IR, reading
+the saved tensors it names) on the interpreter or the device, backward_reference.py (the spec's own math
+differentiated, as torch code) on the reference.
 """
 
 import functools
@@ -22,11 +23,13 @@ _HERE = Path(__file__).resolve().parent
 _DTYPES = (torch.bfloat16, torch.bfloat16, torch.float32, torch.bfloat16, torch.float32, torch.bfloat16, torch.float32, torch.float32, torch.float32,)
 #: outputs (by position) autograd marks non-differentiable, saves, and differentiates
 _OPTIONAL_OUTPUTS = ()
-_SAVED_OUTPUTS = ()
+_SAVED_OUTPUTS = (0,)
 _DIFFERENTIATED_OUTPUTS = (0, 1)
 #: each backward's arguments, as positions in (inputs, saved outputs, output gradients), and their dtypes
-_REFERENCE_ARGS = (0, 1, 2, 3, 4, 5, 6, 7, 8, 9, 10)  # x, w1t, b1, wgt, bg, w2t, b2, a, gamma, d_x_new, d_z
+_REFERENCE_ARGS = (0, 1, 2, 3, 4, 5, 6, 7, 8, 10, 11)  # x, w1t, b1, wgt, bg, w2t, b2, a, gamma, d_x_new, d_z
 _REFERENCE_DTYPES = (torch.bfloat16, torch.bfloat16, torch.float32, torch.bfloat16, torch.float32, torch.bfloat16, torch.float32, torch.float32, torch.float32, torch.float32, torch.bfloat16)
+_KERNEL_ARGS = (0, 1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11)  # x, w1t, b1, wgt, bg, w2t, b2, a, gamma, x_new, d_x_new, d_z
+_KERNEL_DTYPES = (torch.bfloat16, torch.bfloat16, torch.float32, torch.bfloat16, torch.float32, torch.bfloat16, torch.float32, torch.float32, torch.float32, torch.float32, torch.float32, torch.bfloat16)
 
 
 @functools.cache
@@ -410,17 +413,20 @@ def _setup_context(ctx, inputs, output) -> None:
 
 
 @torch.library.custom_op("fusegen::swiglu_rmsnorm_backward", mutates_args=())
-def _backward_op(x: torch.Tensor, w1t: torch.Tensor, b1: torch.Tensor, wgt: torch.Tensor, bg: torch.Tensor, w2t: torch.Tensor, b2: torch.Tensor, a: torch.Tensor, gamma: torch.Tensor, d_x_new: torch.Tensor, d_z: torch.Tensor, eps: float) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]:
+def _backward_op(x: torch.Tensor, w1t: torch.Tensor, b1: torch.Tensor, wgt: torch.Tensor, bg: torch.Tensor, w2t: torch.Tensor, b2: torch.Tensor, a: torch.Tensor, gamma: torch.Tensor, x_new: torch.Tensor, d_x_new: torch.Tensor, d_z: torch.Tensor, eps: float) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]:
     """f32 input gradients from the inputs, saved outputs and output gradients on this device's backend: its
     own op, so torch.compile traces the backward through the fake below instead of running a kernel on it."""
-    _tensors = (x, w1t, b1, wgt, bg, w2t, b2, a, gamma, d_x_new, d_z,)
+    _tensors = (x, w1t, b1, wgt, bg, w2t, b2, a, gamma, x_new, d_x_new, d_z,)
+    if _backend(_tensors[0]) != "reference":  # the kernels differentiate the fused forward's saved tensors
+        _args = _cast(tuple(_tensors[i] for i in _KERNEL_ARGS), _KERNEL_DTYPES)
+        return _unaliased(_call("backward_", "swiglu_rmsnorm_backward", _args, **{"eps": eps}), _args)
     _args = _cast(tuple(_tensors[i] for i in _REFERENCE_ARGS), _REFERENCE_DTYPES)
     _grads = _module("backward_reference.py").swiglu_rmsnorm_backward_reference(*_args, **{"eps": eps})
     return _unaliased(tuple(_grads) if isinstance(_grads, (tuple, list)) else (_grads,), _args)
 
 
 @_backward_op.register_fake
-def _backward_fake(x, w1t, b1, wgt, bg, w2t, b2, a, gamma, d_x_new, d_z, eps):
+def _backward_fake(x, w1t, b1, wgt, bg, w2t, b2, a, gamma, x_new, d_x_new, d_z, eps):
     """One f32 gradient per input, in the input's shape."""
     return tuple(_t.new_empty(_t.shape, dtype=torch.float32) for _t in (x, w1t, b1, wgt, bg, w2t, b2, a, gamma,))
 

@@ -21,8 +21,8 @@ SPEC = str(ROOT / "examples" / "swiglu_ffn_ln.spec")
 def test_second_build_is_byte_identical(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
     assert main(["build", "--out", str(tmp_path), SPEC]) == 0
     first = {p: p.read_bytes() for p in sorted(tmp_path.rglob("*")) if p.is_file()}
-    names = ["backward_plan.md", "backward_reference.py", "kernel.py", "ops.py", "plan.md", "reference.py",
-             "test_swiglu_ffn_ln.py"]
+    names = ["backward_kernel.py", "backward_plan.md", "backward_reference.py", "kernel.py", "ops.py",
+             "plan.md", "reference.py", "test_swiglu_ffn_ln.py"]
     assert sorted(p.name for p in first) == names
     assert main(["build", "--out", str(tmp_path), SPEC]) == 0
     assert "0 changed" in capsys.readouterr().out

@@ -3,6 +3,7 @@ op backends, and a two-layer toy model under torch.compile as in eager (docs/aut
 
 from __future__ import annotations
 
+import inspect
 from collections.abc import Callable
 from pathlib import Path
 
@@ -20,7 +21,7 @@ from fusegen.codegen.files import ops
 from fusegen.codegen.rewrites import rewrite
 from fusegen.dsl import load_spec
 from fusegen.dsl.ir import Dim, eval_shape
-from fusegen.testing import load_generated
+from fusegen.testing import TORCH_DTYPES, load_generated
 from tests.codegen.boundary import GENERATED, KERNELS, as_tuple, inputs, kernel, op, small_dims, spec_ir
 from tests.codegen.test_autodiff import calc_diff
 
@@ -62,7 +63,7 @@ FORMULAS: dict[str, Callable[..., object]] = {
 #: params other than the spec's defaults: a limit the up-projections cross, so both sides of the clamps train
 PARAMS = {"packed_clamped_swiglu": {"limit": 1.5}}
 #: ops whose backward runs as generated kernels on the interpreter: their tests fail if it runs the reference
-KERNEL_PATH = ("swiglu_ffn", "gelu_mlp", "packed_clamped_swiglu")
+KERNEL_PATH = ("swiglu_ffn", "swiglu_ffn_ln", "gelu_mlp", "packed_clamped_swiglu")
 
 
 def ffn_inputs(name: str, r: int, k: int, i: int, seed: int) -> list[torch.Tensor]:
@@ -89,6 +90,15 @@ def refuse_reference(name: str, monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setattr(reference, f"{name}_backward_reference", refuse)
 
 
+def backward_args(name: str, args: list[torch.Tensor], grads: list[torch.Tensor],
+                  params: list[float]) -> list[torch.Tensor]:  # fmt: skip
+    """torch.ops.fusegen.<name>_backward's tensors: the inputs, the forward's outputs autograd saves for the
+    backward (the f32 outputs the kernels read), the output gradients."""
+    outs = as_tuple(op(name)(*args, *params))  # registers fusegen::<name> and its backward op
+    saved = ops.load_ops(name, GENERATED)._SAVED_OUTPUTS
+    return [*args, *(outs[i] for i in saved), *grads]
+
+
 def _gradients(fn: Callable[..., object], args: list[torch.Tensor], grads: list[torch.Tensor],
                dtype: torch.dtype | None) -> list[torch.Tensor]:  # fmt: skip
     """d(args) of Σ outputs·grads through `fn`, the args cast to `dtype` (None: as given)."""
@@ -112,9 +122,9 @@ def test_ffn_op_gradients_match_fp64_formula(name: str, r: int, k: int, i: int, 
     gen = torch.Generator().manual_seed(1)
     grads = [torch.randn(r, k, generator=gen).to(torch.bfloat16 if o.dtype == "bf16" else torch.float32)
              for o in ir.outputs]  # fmt: skip
-    op(name)  # registers fusegen::<name> and its backward op
     params = [PARAMS.get(name, {}).get(p.name, p.default) for p in ir.params]
-    f32 = getattr(torch.ops.fusegen, f"{name}_backward")(*args, *grads, *params)  # the f32 input gradients
+    tensors = backward_args(name, args, grads, params)
+    f32 = getattr(torch.ops.fusegen, f"{name}_backward")(*tensors, *params)  # the f32 input gradients
     formula = FORMULAS[name]
     want = _gradients(lambda *t: formula(*t, *params), args, [g.double() for g in grads], torch.float64)
     for decl, g, w in zip(ir.inputs, f32, want, strict=True):
@@ -136,6 +146,11 @@ def test_backward_plan_prices_every_strategy() -> None:
         assert by_name["recompute all from x"].recompute_flops == recomputed * 2 * 1280 * 3416
         assert by_name["save the up-projections"].recompute_flops == 0
         assert by_name["save the up-projections"].saved_bytes >= 2 * 2 * 3416
+    # the kernels' IR reads swiglu_ffn_ln's f32 x_new: the down-projection is not recomputed
+    ir = spec_ir("swiglu_ffn_ln")
+    m, back = match_ffn(rewrite(ir)), backward_ir(ir, read_outputs=True)
+    assert "x_new" in [d.name for d in back.inputs]
+    assert backward_flops(ir, back, m, dims).recompute == 2 * 2 * 1280 * 3416
 
 
 class TwoLayers(torch.nn.Module):
@@ -206,14 +221,19 @@ KERNEL_BACKWARDS = [n for n in FFN_KERNELS if (GENERATED / n / "backward_kernel.
 
 @pytest.mark.parametrize("name", KERNEL_BACKWARDS)
 def test_backward_kernels_match_the_reference_backward(name: str) -> None:
-    """backward_kernel.py on the interpreter (LNC 2, ragged rows, I over two 512-column blocks, ragged)
-    against backward_reference.py, both f32 on the same bf16 inputs: they differ by summation order."""
+    """backward_kernel.py on the interpreter (LNC 2, ragged rows, I over two 512-column blocks, ragged; the
+    f32 outputs it reads from reference.py's forward) against backward_reference.py, both f32 on the same
+    bf16 inputs: they differ by summation order."""
     ir = spec_ir(name)
     dims = {**small_dims(ir, rows=130), **{d: v for d, v in (("K", 256), ("I", 600)) if d in small_dims(ir)}}
     args = inputs(ir, dims, seed=1)
     gen = torch.Generator().manual_seed(3)
-    grads = [torch.randn(args[0].shape, generator=gen).bfloat16() for _ in ir.outputs]
-    got = getattr(kernel(name, "backward_kernel.py"), f"{name}_backward")(*args, *grads, lnc=2)
+    grads = [torch.randn(args[0].shape, generator=gen).to(TORCH_DTYPES[o.dtype]) for o in ir.outputs]
+    outs = as_tuple(getattr(load_generated(GENERATED / name / "reference.py"), f"{name}_reference")(*args))
+    named = {d.name: t for d, t in zip([*ir.inputs, *ir.outputs], [*args, *outs], strict=True)}
+    named.update({f"d_{o.name}": g for o, g in zip(ir.outputs, grads, strict=True)})
+    host = getattr(kernel(name, "backward_kernel.py"), f"{name}_backward")
+    got = host(**{p: named[p] for p in inspect.signature(host).parameters if p in named}, lnc=2)
     want = getattr(load_generated(GENERATED / name / "backward_reference.py"), f"{name}_backward_reference")(
         *args, *grads)
     assert len(got) == len(want) == len(ir.inputs)

@@ -114,9 +114,9 @@ def test_generated_kernel_conforms(spec: str, role: str, target: str, dims: dict
         saved = forward(*tensors, save=True) if saves else forward(*tensors)
         saved = saved if isinstance(saved, tuple) else (saved,)
         outputs = {name: t for (name, _, _), t in zip(test.OUTPUTS, saved, strict=True)}
-        first = test.OUTPUTS[0][0]
-        grad = torch.randn(outputs[first].shape, generator=torch.Generator().manual_seed(1))
-        named = {**named, **outputs, f"d_{first}": grad.to(outputs[first].dtype)}
+        gen = torch.Generator().manual_seed(1)
+        grads = {f"d_{n}": torch.randn(t.shape, generator=gen).to(t.dtype) for n, t in outputs.items()}
+        named = {**named, **outputs, **grads}
         _call(getattr(_kernels(spec, "backward_kernel.py", target), f"{spec}_backward"), named, target)
 
 

@@ -148,7 +148,9 @@ def plan_shape(ir: KernelIR, m: FfnMatch, back: KernelIR, dims: dict[str, int], 
 def backward_plan(ir: KernelIR, m: FfnMatch, back: KernelIR, target: str, lnc: int) -> str:
     """backward_plan.md: the save-vs-recompute decision at every check shape."""
     shapes = [plan_shape(ir, m, back, {**ir.fixed_dims(), **c.env()}, target, lnc) for c in ir.checks]
+    outputs = {o.name for o in ir.outputs}
     return render(
         TEMPLATE, header=header(ir, TEMPLATE, comment="<!--").replace("\n", " -->\n") + " -->",
         name=ir.name, target=target, lnc=lnc, shapes=shapes,
+        read_outputs=", ".join(f"`{i.name}`" for i in back.inputs if i.name in outputs),
     )  # fmt: skip

@@ -7,8 +7,10 @@ are row GEMMs (`row_gemm`: dH = dY @ W2^T, dX = dU @ W1^T, and the recomputed up
 elementwise nodes between them are lowered by the shared stage machinery (stage.py, select.py) into one
 kernel per wave of GEMMs and value width, over [128 rows, 512 columns] tiles; a wave's elementwise kernel
 reads the earlier waves' results from HBM, column slices of them at an offset, and writes a concatenation
-of column slices' gradients into one buffer (backward_slices.py). Backward IRs with anything else (a row
-reduction of a norm epilogue, a zero gradient) raise Mismatch: their ops train through backward_reference.py.
+of column slices' gradients into one buffer (backward_slices.py). A stage with a norm's row reductions, or
+a sum over the tokens that no token GEMM carries (dγ, dβ), is a row kernel (backward_rows.py: passes over
+each row tile's chunks). Backward IRs with anything else (a zero gradient) raise Mismatch: their ops train
+through backward_reference.py.
 """
 
 from __future__ import annotations
@@ -17,6 +19,7 @@ from collections import defaultdict
 from dataclasses import dataclass
 
 from fusegen.codegen.family import ELEMENTWISE, Mismatch
+from fusegen.codegen.ffn import backward_rows  # imports this module back: only its functions use it
 from fusegen.codegen.ffn.backward_slices import Concat, column_start, concats, dim_lines
 from fusegen.codegen.rowreduce.lower import output_value
 from fusegen.codegen.select import Layout, SelectError, Selector
@@ -55,11 +58,22 @@ class Elementwise:
     writes: tuple[tuple[str, str, str], ...]  # (result buffer, tile access, its first column or "")
     buffers: tuple[tuple[str, str, str], ...]  # (result name, nl dtype, columns: "N" or a concat's width)
     width: str  # the source of (R, N)
+    # a row kernel's (backward_rows.py): its reduction passes, launch-wide lines, the last pass's loads
+    # (None: all leaves) and its token sums (result name, the core's [1, N] accumulator)
+    passes: tuple[backward_rows.RowPass, ...] = ()
+    setup: tuple[str, ...] = ()
+    final_leaves: tuple[Leaf, ...] | None = None
+    sums: tuple[tuple[str, str], ...] = ()
 
     @property
     def sources(self) -> tuple[str, ...]:
         """The kernel's HBM arguments: its leaves' values, once each."""
         return tuple(dict.fromkeys(lf.name for lf in self.leaves))
+
+    @property
+    def results(self) -> tuple[str, ...]:
+        """What the kernel returns: the written buffers, then the token sums' per-core partials."""
+        return (*(b[0] for b in self.buffers), *(s[0] for s in self.sums))
 
 
 @dataclass(frozen=True)
@@ -99,7 +113,7 @@ def _is_gemm(n: Node) -> bool:
 
 def _check(ir: KernelIR, n: Node, rows: Dim) -> None:
     """Mismatch unless the program can carry node `n`."""
-    if n.op in ("input", "transpose", *SCALARS) or n.op == "matmul":
+    if n.op in ("input", "transpose", *SCALARS) or n.op == "matmul" or backward_rows.is_row_reduction(ir, n):
         return
     if _is_gemm(n):
         if ir.node(n.args[0]).shape[0] != rows or len(ir.node(n.args[0]).shape) != 2:
@@ -117,12 +131,12 @@ def build_program(ir: KernelIR, rows: Dim) -> Program:
     """The host program of backward IR `ir` (rows: the token dim); raises Mismatch."""
     for n in ir.nodes:
         _check(ir, n, rows)
-        if n.op == "dim":  # the elementwise kernels bind no dims
-            raise Mismatch(FAMILY, n.span, "a dim's value in an elementwise stage")
     level = _levels(ir)
     cats = concats(ir, rows)
-    direct = _demanded(ir) - set(cats)  # values written to their own buffers
-    demanded = direct | {p for c in cats.values() if c.node in _demanded(ir) for p, _ in c.parts}
+    lone = _lone_sums(ir)
+    wanted = _demanded(ir, lone)
+    direct = wanted - set(cats)  # values written to their own buffers
+    demanded = direct | {p for c in cats.values() if c.node in wanted for p, _ in c.parts}
     users: dict[int, list[Node]] = defaultdict(list)
     for n in ir.nodes:
         for a in n.args:
@@ -136,30 +150,38 @@ def build_program(ir: KernelIR, rows: Dim) -> Program:
         for nid in sorted(demanded):
             if level[nid] == wave and nid not in done:
                 groups[ir.node(nid).shape].append(nid)
-        for nodes in groups.values():
-            kernel = _elementwise(
-                ir, nodes, done, f"_ew{len(kernels)}_kernel", _into(ir, cats, nodes, direct)
-            )
+        sums: dict[tuple[object, ...], list[int]] = defaultdict(list)  # lone token sums, by value shape
+        for s in lone:
+            if level[ir.node(s).args[0]] == wave:
+                sums[ir.node(ir.node(s).args[0]).shape].append(s)
+        for shape in dict.fromkeys([*groups, *sums]):
+            nodes, name = groups[shape], f"_ew{len(kernels)}_kernel"
+            into = _into(ir, cats, nodes, direct)
+            if sums[shape] or backward_rows.needs_rows(ir, nodes, done):
+                kernel = backward_rows.row_kernel(ir, nodes, sums[shape], done, name, into)
+            else:
+                kernel = _elementwise(ir, nodes, done, name, into)
             kernels.append(kernel)
             params = [p.removesuffix("_arg") for p in kernel.params]  # the host's own names for them
             dims.update(p.removeprefix("d_") for p in params if p.startswith("d_"))
             args = ", ".join([*kernel.sources, *params])
-            calls.append(Call(", ".join(b[0] for b in kernel.buffers), f"{kernel.kernel}[lnc]({args})"))
-            done.update(nodes)
+            calls.append(Call(", ".join(kernel.results), f"{kernel.kernel}[lnc]({args})"))
+            calls += [Call(s, f"_add_cores_kernel[lnc]({s})[0]") for s, _ in kernel.sums]
+            done.update(nodes, sums[shape])
             done.update(c.node for c in cats.values() if c.parts[0][0] in nodes)
         for n in ir.nodes:
             if n.op == "matmul" and level[n.id] == wave + 1:
                 calls.append(_gemm_call(ir, n, users))
                 done.add(n.id)
                 done.update(u.id for u in users[n.args[1]] if u.op == "sum" and _paired(ir, n, u))
-    unwritten = [c for c in cats if c in _demanded(ir) and c not in done]  # e.g. a part that is an input
+    unwritten = [c for c in cats if c in wanted and c not in done]  # e.g. a part that is an input
     if unwritten:
         raise Mismatch(
             FAMILY, ir.node(unwritten[0]).span, "a concatenation of values no elementwise stage computes"
         )
-    sums = [n for n in ir.nodes if n.op == "sum" and n.id not in done]
-    if sums:
-        raise Mismatch(FAMILY, sums[0].span, "a sum over the tokens without a weight gradient to ride on")
+    left = [n for n in ir.nodes if _is_gemm(n) and n.op == "sum" and n.id not in done]
+    if left:
+        raise Mismatch(FAMILY, left[0].span, "a sum over the tokens of a value no kernel computes")
     if any(ir.node(o.node).op == "input" for o in ir.outputs):
         raise Mismatch(FAMILY, ir.outputs[0].span, "a gradient that is an input as given")
     returns = tuple(_var(ir.node(o.node)) for o in ir.outputs)
@@ -192,17 +214,25 @@ def _levels(ir: KernelIR) -> dict[int, int]:
     for n in ir.nodes:
         below = max((level[a] for a in n.args), default=0)
         level[n.id] = below + 1 if n.op == "matmul" else below
-    for n in ir.nodes:  # a column sum is produced with its token GEMM
-        if n.op == "sum":
+    for n in ir.nodes:  # a column sum is produced with its token GEMM (or its value's row kernel)
+        if n.op == "sum" and _is_gemm(n):
             level[n.id] = max(level[n.id], level[n.args[0]] + 1)
     return level
 
 
-def _demanded(ir: KernelIR) -> set[int]:
-    """Elementwise nodes some GEMM, sum or output reads: what the elementwise kernels must write."""
+def _lone_sums(ir: KernelIR) -> list[int]:
+    """Sums over the tokens that are no token GEMM's column sums: their row kernels sum them."""
+    gemms = [m for m in ir.nodes if m.op == "matmul"]
+    return [n.id for n in ir.nodes if n.op == "sum" and _is_gemm(n)
+            and not any(_paired(ir, m, n) for m in gemms)]  # fmt: skip
+
+
+def _demanded(ir: KernelIR, lone: list[int]) -> set[int]:
+    """Elementwise nodes some GEMM, sum or output reads: what the elementwise kernels must write (a lone
+    token sum's value only where something else reads it)."""
     want = {o.node for o in ir.outputs}
     for n in ir.nodes:
-        if _is_gemm(n):
+        if _is_gemm(n) and n.id not in lone:
             want.update(n.args)
     want = {w for w in want if ir.node(w).op not in ("input", "transpose", "matmul", "sum", *SCALARS)}
     for n in ir.nodes:  # a transpose's operand is what the GEMM reads

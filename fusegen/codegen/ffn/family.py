@@ -86,13 +86,15 @@ class FfnFamily:
     def backward(self, ir: KernelIR, target: str, lnc: int) -> KernelBackward | None:
         """backward_kernel.py (ffn/backward_program.py: the backward IR's GEMMs and elementwise stages as NKI
         kernels) where the program carries the spec's backward IR, and backward_plan.md, the
-        save-vs-recompute decision (ffn/backward.py); the op's backward runs the reference elsewhere."""
-        m, back = match_ffn(rewrite(ir)), backward_ir(ir)
-        plan = ("backward_plan.md", backward_plan(ir, m, back, target, lnc))
+        save-vs-recompute decision (ffn/backward.py); the op's backward runs the reference elsewhere. The
+        kernels read the forward's f32 outputs (x_new of a norm epilogue: no down-projection to recompute)."""
+        m, back = match_ffn(rewrite(ir)), backward_ir(ir, read_outputs=True)
         try:
             kernels = backward_kernel_source(back, m.rows, target, lnc)
-        except Mismatch:  # e.g. a norm epilogue's row reductions: backward_reference.py only, for now
-            return KernelBackward(None, (plan,))
+        except Mismatch:  # e.g. exact GELU's erf: backward_reference.py only, for now
+            reference = backward_ir(ir)
+            return KernelBackward(None, (("backward_plan.md", backward_plan(ir, m, reference, target, lnc)),))
+        plan = ("backward_plan.md", backward_plan(ir, m, back, target, lnc))
         return KernelBackward(back, (("backward_kernel.py", kernels), plan))
 
 
