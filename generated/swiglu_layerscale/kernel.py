@@ -413,32 +413,36 @@ def _pipelined(load: float, compute: float, units: int) -> float:
 
 def _chain(m: _FfnModel, mach: _Machine, s_rows: int, inter: int, k: int, plan: _Plan) -> float:
     """Time of one column-blocked super-block when its DMAs run in program order (cost model II: a DMA
-    holds the queues from when its data is ready, and the transfers after it wait for the queues): each
-    chunk's h^T writes wait for its last combine, so the next chunk's weight loads start only after them,
-    and each column block's eviction writes hold back the next block's loads. Per chunk: its weight loads
-    pipelined with its matmuls (a load fixed cost before the first matmul), the last I-tile's combine,
-    the h^T writes; per column block the same with its weight tiles and h^T reads, then its evictions.
-    The PE idles through each chunk's and block's first load (its fixed cost alone is most of the dI/dt
-    window), so each starts its matmuls on a fresh ramp (`pe_ramp_ns`)."""
+    holds the queues from when its data is ready, and the transfers after it wait for the queues). x's
+    loads and transposes come first. Each chunk's h^T writes issue behind the next chunk's first I-tile
+    of matmuls, so they are ready when the queues reach them: the chunks' weight loads and h^T writes
+    pipeline with their matmuls over the whole super-block (a load fixed cost and a cold PE before the
+    first matmul), and only the last combine and its h^T writes are in series before the column blocks
+    read h^T back. Each column block's eviction writes still hold back the next block's loads: per block,
+    its weight tiles and h^T reads pipelined with its matmuls, one fixed cost and a fresh PE ramp (the PE
+    idles through that load; its fixed cost alone is most of the dI/dt window, `pe_ramp_ns`), then its
+    evictions."""
     n_k, n_rs, n_it = _cdiv(k, _P), _cdiv(s_rows, _P), _cdiv(inter, _P)
     total = _dma_time(mach, s_rows * k * m.x_bytes, n_rs * _cdiv(k, _x_staged(m, k))) + mach.dma_fixed_ns
     total += n_rs * n_k * _P / mach.pe_ghz  # x^T: the PE transposes before the first matmul
     stall = mach.dma_fixed_ns + mach.pe_ramp_ns  # the first load's fixed cost, then a cold PE
     width = max(_MIN_CYCLES, min(s_rows, _F_MOV))
     combine = m.mid_act * width / mach.act_ghz + m.mid_dve * width / mach.dve_ghz  # the last I-tile's
-    for chunk, n_chunks in _runs(inter, plan.ci):
+    loads = mm = writes = 0.0
+    for chunk, n_chunks in _runs(inter, plan.ci):  # the last run holds the last chunk
         units = m.n_up * _cdiv(chunk, _P)  # one projection's weights of one I-tile per step
         weights = _dma_time(mach, units * n_k * _P * _P * m.up_bytes, units * _cdiv(n_k, _group(k, plan.g)))
-        mm = sum(n * units * n_k * max(_MIN_CYCLES, rw) for rw, n in _runs(s_rows, _F_MOV)) / mach.pe_ghz
         writes = _dma_time(mach, chunk * s_rows * m.x_bytes, _cdiv(chunk, _P) * _cdiv(s_rows, _F_MOV))
-        total += n_chunks * (_pipelined(weights, mm, units) + stall + combine + writes)
+        loads += n_chunks * (weights + writes)
+        mm += sum(n * n_chunks * units * n_k * max(_MIN_CYCLES, rw) for rw, n in _runs(s_rows, _F_MOV)) / mach.pe_ghz
+    total += _pipelined(loads, mm, m.n_up * n_it) + stall + combine + writes
     gh = _h_group(plan.s, inter, m.x_bytes)
     evict_act, evict_dve, _, _ = _stage_cost(m.evict, n_rs, min(k, plan.kc), shared=n_rs)
     evict = evict_act / mach.act_ghz + evict_dve / mach.dve_ghz
     for kw, n_blocks in _runs(k, plan.kc):
-        loads = _dma_time(mach, inter * (kw * m.down_bytes + s_rows * m.x_bytes), n_it + _cdiv(n_it, gh))
-        mm = n_it * n_rs * _cycles(kw) / mach.pe_ghz
-        total += n_blocks * (_pipelined(loads, mm, n_it) + stall + evict)
+        block_loads = _dma_time(mach, inter * (kw * m.down_bytes + s_rows * m.x_bytes), n_it + _cdiv(n_it, gh))
+        block_mm = n_it * n_rs * _cycles(kw) / mach.pe_ghz
+        total += n_blocks * (_pipelined(block_loads, block_mm, n_it) + stall + evict)
     return total
 
 
@@ -608,6 +612,7 @@ def swiglu_layerscale_kernel(x_hbm, w1t_hbm, b1_hbm, wgt_hbm, bg_hbm, w2t_hbm, b
             t = nl.ndarray((_P, K), dtype=nl.float32, buffer=nl.sbuf)
             acc.append(t)
         n_c = _cdiv(i_end - i_begin, CI)
+        h_out = []  # KC: a chunk's h^T writes wait for its combine, so they issue behind the next chunk's first matmuls
         for c in range(n_c):
             i0 = i_begin + c * CI
             ci = min(CI, i_end - i0)
@@ -651,6 +656,10 @@ def swiglu_layerscale_kernel(x_hbm, w1t_hbm, b1_hbm, wgt_hbm, bg_hbm, w2t_hbm, b
                         wt = (kt % gk) * _P
                         nisa.nc_matmul(dst=pj0[0:ph, 0:rw], stationary=pj0_w[hl * n_g + kt // gk][0:pk, wt:wt + ph],
                                        moving=xt[kt][0:pk, q0:q0 + rw], accumulate=(kt > 0))
+                    if hl == 0:  # the previous chunk's h^T writes: queued behind this chunk's first weight loads
+                        for ph_h, h0, rw_h, h_src in h_out:
+                            nisa.dma_copy(dst=h_hbm[pid, 0:ph_h, h0:h0 + rw_h], src=h_src[0:ph_h, 0:rw_h])
+                        h_out = []
                     pj1 = nl.ndarray((_P, _F_MOV), dtype=nl.float32, buffer=nl.psum)
                     for kt in range(n_k):
                         pk = min(_P, K - kt * _P)
@@ -667,10 +676,8 @@ def swiglu_layerscale_kernel(x_hbm, w1t_hbm, b1_hbm, wgt_hbm, bg_hbm, w2t_hbm, b
                     m1 = nl.ndarray((_P, _F_MOV), dtype=nl.bfloat16, buffer=nl.sbuf)
                     nisa.scalar_tensor_tensor(dst=m1[0:ph, 0:rw], data=pj1[0:ph, 0:rw], op0=nl.add, operand0=bg_hbm_col[0:ph, hg:hg + 1], op1=nl.multiply, operand1=m0[0:ph, 0:rw])
                     g.append(m1)
-                for hl in range(n_hc if KC else 0):  # to the h^T scratch: the down-projection runs after the chunks
-                    ph = min(_P, i_end - i0 - hl * _P)
-                    h0 = (i0 // _P + hl) * s_rows + q0
-                    nisa.dma_copy(dst=h_hbm[pid, 0:ph, h0:h0 + rw], src=g[hl][0:ph, 0:rw])
+                for hl in range(n_hc if KC else 0):  # for the h^T scratch: the down-projection runs after the chunks
+                    h_out.append((min(_P, i_end - i0 - hl * _P), (i0 // _P + hl) * s_rows + q0, rw, g[hl]))
                 # the other core's row tiles first (SPLIT): their partial sums leave while this core's are computed
                 rqs = [rq for rq in range(0, 0 if KC else rw, _P) if not owned[(q0 + rq) // _P]]
                 rqs += [rq for rq in range(0, 0 if KC else rw, _P) if owned[(q0 + rq) // _P]]
@@ -735,6 +742,9 @@ def swiglu_layerscale_kernel(x_hbm, w1t_hbm, b1_hbm, wgt_hbm, bg_hbm, w2t_hbm, b
                             nisa.tensor_scalar(dst=e9[0:pr, 0:nb], data=acc[rs][0:pr, k0:k0 + nb], op0=nl.add, operand0=e4[0:pr, 0:1], op1=nl.multiply, operand1=e8[0:pr, 0:1])
                             nisa.dma_copy(dst=z_hbm[r0:r0 + pr, k0:k0 + nb], src=e9[0:pr, 0:nb])
 
+        for ph_h, h0, rw_h, h_src in h_out:
+            nisa.dma_copy(dst=h_hbm[pid, 0:ph_h, h0:h0 + rw_h], src=h_src[0:ph_h, 0:rw_h])
+        h_out = []
         for kc0 in range(0, K if KC else 0, KC or 1):  # column blocks: all of I accumulates in PSUM
             kw = min(KC, K - kc0)
             n_kp = _cdiv(kw, _F_MOV)

@@ -289,32 +289,36 @@ def _pipelined(load: float, compute: float, units: int) -> float:
 
 def _chain(m: FfnModel, mach: Machine, s_rows: int, inter: int, k: int, plan: Plan) -> float:
     """Time of one column-blocked super-block when its DMAs run in program order (cost model II: a DMA
-    holds the queues from when its data is ready, and the transfers after it wait for the queues): each
-    chunk's h^T writes wait for its last combine, so the next chunk's weight loads start only after them,
-    and each column block's eviction writes hold back the next block's loads. Per chunk: its weight loads
-    pipelined with its matmuls (a load fixed cost before the first matmul), the last I-tile's combine,
-    the h^T writes; per column block the same with its weight tiles and h^T reads, then its evictions.
-    The PE idles through each chunk's and block's first load (its fixed cost alone is most of the dI/dt
-    window), so each starts its matmuls on a fresh ramp (`pe_ramp_ns`)."""
+    holds the queues from when its data is ready, and the transfers after it wait for the queues). x's
+    loads and transposes come first. Each chunk's h^T writes issue behind the next chunk's first I-tile
+    of matmuls, so they are ready when the queues reach them: the chunks' weight loads and h^T writes
+    pipeline with their matmuls over the whole super-block (a load fixed cost and a cold PE before the
+    first matmul), and only the last combine and its h^T writes are in series before the column blocks
+    read h^T back. Each column block's eviction writes still hold back the next block's loads: per block,
+    its weight tiles and h^T reads pipelined with its matmuls, one fixed cost and a fresh PE ramp (the PE
+    idles through that load; its fixed cost alone is most of the dI/dt window, `pe_ramp_ns`), then its
+    evictions."""
     n_k, n_rs, n_it = cdiv(k, P), cdiv(s_rows, P), cdiv(inter, P)
     total = dma_time(mach, s_rows * k * m.x_bytes, n_rs * cdiv(k, x_staged(m, k))) + mach.dma_fixed_ns
     total += n_rs * n_k * P / mach.pe_ghz  # x^T: the PE transposes before the first matmul
     stall = mach.dma_fixed_ns + mach.pe_ramp_ns  # the first load's fixed cost, then a cold PE
     width = max(MIN_CYCLES, min(s_rows, F_MOV))
     combine = m.mid_act * width / mach.act_ghz + m.mid_dve * width / mach.dve_ghz  # the last I-tile's
-    for chunk, n_chunks in runs(inter, plan.ci):
+    loads = mm = writes = 0.0
+    for chunk, n_chunks in runs(inter, plan.ci):  # the last run holds the last chunk
         units = m.n_up * cdiv(chunk, P)  # one projection's weights of one I-tile per step
         weights = dma_time(mach, units * n_k * P * P * m.up_bytes, units * cdiv(n_k, group(k, plan.g)))
-        mm = sum(n * units * n_k * max(MIN_CYCLES, rw) for rw, n in runs(s_rows, F_MOV)) / mach.pe_ghz
         writes = dma_time(mach, chunk * s_rows * m.x_bytes, cdiv(chunk, P) * cdiv(s_rows, F_MOV))
-        total += n_chunks * (_pipelined(weights, mm, units) + stall + combine + writes)
+        loads += n_chunks * (weights + writes)
+        mm += sum(n * n_chunks * units * n_k * max(MIN_CYCLES, rw) for rw, n in runs(s_rows, F_MOV)) / mach.pe_ghz
+    total += _pipelined(loads, mm, m.n_up * n_it) + stall + combine + writes
     gh = h_group(plan.s, inter, m.x_bytes)
     evict_act, evict_dve, _, _ = stage_cost(m.evict, n_rs, min(k, plan.kc), shared=n_rs)
     evict = evict_act / mach.act_ghz + evict_dve / mach.dve_ghz
     for kw, n_blocks in runs(k, plan.kc):
-        loads = dma_time(mach, inter * (kw * m.down_bytes + s_rows * m.x_bytes), n_it + cdiv(n_it, gh))
-        mm = n_it * n_rs * cycles(kw) / mach.pe_ghz
-        total += n_blocks * (_pipelined(loads, mm, n_it) + stall + evict)
+        block_loads = dma_time(mach, inter * (kw * m.down_bytes + s_rows * m.x_bytes), n_it + cdiv(n_it, gh))
+        block_mm = n_it * n_rs * cycles(kw) / mach.pe_ghz
+        total += n_blocks * (_pipelined(block_loads, block_mm, n_it) + stall + evict)
     return total
 
 
