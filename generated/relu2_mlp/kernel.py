@@ -414,8 +414,8 @@ def _pipelined(load: float, compute: float, units: int) -> float:
 def _chain(m: _FfnModel, mach: _Machine, s_rows: int, inter: int, k: int, plan: _Plan) -> float:
     """Time of one column-blocked super-block when its DMAs run in program order (cost model II: a DMA
     holds the queues from when its data is ready, and the transfers after it wait for the queues). x's
-    loads and transposes come first. Each chunk's h^T writes issue behind the next chunk's first I-tile
-    of matmuls, so they are ready when the queues reach them: the chunks' weight loads and h^T writes
+    loads and transposes come first. Each chunk's h^T writes issue behind all of the next chunk's
+    loads, so they are ready when the queues reach them: the chunks' weight loads and h^T writes
     pipeline with their matmuls over the whole super-block (a load fixed cost and a cold PE before the
     first matmul), and only the last combine and its h^T writes are in series before the column blocks
     read h^T back. Each column block's eviction writes still hold back the next block's loads: per block,
@@ -607,7 +607,7 @@ def relu2_mlp_kernel(x_hbm, w1t_hbm, w2t_hbm, S, CI, SPLIT, KC, G):
             t = nl.ndarray((_P, K), dtype=nl.float32, buffer=nl.sbuf)
             acc.append(t)
         n_c = _cdiv(i_end - i_begin, CI)
-        h_out = []  # KC: a chunk's h^T writes wait for its combine, so they issue behind the next chunk's first matmuls
+        h_out = []  # KC: a chunk's h^T writes wait for its combine, so they issue behind the next chunk's loads
         for c in range(n_c):
             i0 = i_begin + c * CI
             ci = min(CI, i_end - i0)
@@ -645,15 +645,15 @@ def relu2_mlp_kernel(x_hbm, w1t_hbm, w2t_hbm, S, CI, SPLIT, KC, G):
                         wt = (kt % gk) * _P
                         nisa.nc_matmul(dst=pj0[0:ph, 0:rw], stationary=pj0_w[hl * n_g + kt // gk][0:pk, wt:wt + ph],
                                        moving=xt[kt][0:pk, q0:q0 + rw], accumulate=(kt > 0))
-                    if hl == 0:  # the previous chunk's h^T writes: queued behind this chunk's first weight loads
-                        for ph_h, h0, rw_h, h_src in h_out:
-                            nisa.dma_copy(dst=h_hbm[pid, 0:ph_h, h0:h0 + rw_h], src=h_src[0:ph_h, 0:rw_h])
-                        h_out = []
                     m0 = nl.ndarray((_P, _F_MOV), dtype=nl.float32, buffer=nl.sbuf)
                     nisa.activation(dst=m0[0:ph, 0:rw], op=nl.relu, data=pj0[0:ph, 0:rw])
                     m1 = nl.ndarray((_P, _F_MOV), dtype=nl.bfloat16, buffer=nl.sbuf)
                     nisa.activation(dst=m1[0:ph, 0:rw], op=nl.square, data=m0[0:ph, 0:rw])
                     g.append(m1)
+                if KC and q0 == 0:  # the previous chunk's h^T writes, queued behind all of this chunk's loads
+                    for ph_h, h0, rw_h, h_src in h_out:
+                        nisa.dma_copy(dst=h_hbm[pid, 0:ph_h, h0:h0 + rw_h], src=h_src[0:ph_h, 0:rw_h])
+                    h_out = []
                 for hl in range(n_hc if KC else 0):  # for the h^T scratch: the down-projection runs after the chunks
                     h_out.append((min(_P, i_end - i0 - hl * _P), (i0 // _P + hl) * s_rows + q0, rw, g[hl]))
                 # the other core's row tiles first (SPLIT): their partial sums leave while this core's are computed

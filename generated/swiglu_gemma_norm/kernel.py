@@ -414,8 +414,8 @@ def _pipelined(load: float, compute: float, units: int) -> float:
 def _chain(m: _FfnModel, mach: _Machine, s_rows: int, inter: int, k: int, plan: _Plan) -> float:
     """Time of one column-blocked super-block when its DMAs run in program order (cost model II: a DMA
     holds the queues from when its data is ready, and the transfers after it wait for the queues). x's
-    loads and transposes come first. Each chunk's h^T writes issue behind the next chunk's first I-tile
-    of matmuls, so they are ready when the queues reach them: the chunks' weight loads and h^T writes
+    loads and transposes come first. Each chunk's h^T writes issue behind all of the next chunk's
+    loads, so they are ready when the queues reach them: the chunks' weight loads and h^T writes
     pipeline with their matmuls over the whole super-block (a load fixed cost and a cold PE before the
     first matmul), and only the last combine and its h^T writes are in series before the column blocks
     read h^T back. Each column block's eviction writes still hold back the next block's loads: per block,
@@ -612,7 +612,7 @@ def swiglu_gemma_norm_kernel(x_hbm, w1t_hbm, wgt_hbm, w2t_hbm, a_hbm, gamma_hbm,
                 nisa.dma_copy(dst=t[0:pr, 0:K], src=a_hbm[r_sb + rs * _P:r_sb + rs * _P + pr, 0:K])
             acc.append(t)
         n_c = _cdiv(i_end - i_begin, CI)
-        h_out = []  # KC: a chunk's h^T writes wait for its combine, so they issue behind the next chunk's first matmuls
+        h_out = []  # KC: a chunk's h^T writes wait for its combine, so they issue behind the next chunk's loads
         for c in range(n_c):
             i0 = i_begin + c * CI
             ci = min(CI, i_end - i0)
@@ -656,10 +656,6 @@ def swiglu_gemma_norm_kernel(x_hbm, w1t_hbm, wgt_hbm, w2t_hbm, a_hbm, gamma_hbm,
                         wt = (kt % gk) * _P
                         nisa.nc_matmul(dst=pj0[0:ph, 0:rw], stationary=pj0_w[hl * n_g + kt // gk][0:pk, wt:wt + ph],
                                        moving=xt[kt][0:pk, q0:q0 + rw], accumulate=(kt > 0))
-                    if hl == 0:  # the previous chunk's h^T writes: queued behind this chunk's first weight loads
-                        for ph_h, h0, rw_h, h_src in h_out:
-                            nisa.dma_copy(dst=h_hbm[pid, 0:ph_h, h0:h0 + rw_h], src=h_src[0:ph_h, 0:rw_h])
-                        h_out = []
                     pj1 = nl.ndarray((_P, _F_MOV), dtype=nl.float32, buffer=nl.psum)
                     for kt in range(n_k):
                         pk = min(_P, K - kt * _P)
@@ -676,6 +672,10 @@ def swiglu_gemma_norm_kernel(x_hbm, w1t_hbm, wgt_hbm, w2t_hbm, a_hbm, gamma_hbm,
                     m1 = nl.ndarray((_P, _F_MOV), dtype=nl.bfloat16, buffer=nl.sbuf)
                     nisa.tensor_tensor(dst=m1[0:ph, 0:rw], data1=m0[0:ph, 0:rw], data2=pj1[0:ph, 0:rw], op=nl.multiply)
                     g.append(m1)
+                if KC and q0 == 0:  # the previous chunk's h^T writes, queued behind all of this chunk's loads
+                    for ph_h, h0, rw_h, h_src in h_out:
+                        nisa.dma_copy(dst=h_hbm[pid, 0:ph_h, h0:h0 + rw_h], src=h_src[0:ph_h, 0:rw_h])
+                    h_out = []
                 for hl in range(n_hc if KC else 0):  # for the h^T scratch: the down-projection runs after the chunks
                     h_out.append((min(_P, i_end - i0 - hl * _P), (i0 // _P + hl) * s_rows + q0, rw, g[hl]))
                 # the other core's row tiles first (SPLIT): their partial sums leave while this core's are computed

@@ -290,8 +290,8 @@ def _pipelined(load: float, compute: float, units: int) -> float:
 def _chain(m: FfnModel, mach: Machine, s_rows: int, inter: int, k: int, plan: Plan) -> float:
     """Time of one column-blocked super-block when its DMAs run in program order (cost model II: a DMA
     holds the queues from when its data is ready, and the transfers after it wait for the queues). x's
-    loads and transposes come first. Each chunk's h^T writes issue behind the next chunk's first I-tile
-    of matmuls, so they are ready when the queues reach them: the chunks' weight loads and h^T writes
+    loads and transposes come first. Each chunk's h^T writes issue behind all of the next chunk's
+    loads, so they are ready when the queues reach them: the chunks' weight loads and h^T writes
     pipeline with their matmuls over the whole super-block (a load fixed cost and a cold PE before the
     first matmul), and only the last combine and its h^T writes are in series before the column blocks
     read h^T back. Each column block's eviction writes still hold back the next block's loads: per block,
