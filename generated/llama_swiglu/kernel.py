@@ -154,6 +154,46 @@ def _dma_time(mach: _Machine, hbm: int, transfers: int) -> float:
     )
 
 
+#: PSUM banks a core has (the target's 8, 2 KiB per partition each: nki.md §5)
+_PSUM_BANKS = 8
+
+
+def _pipelined(load: float, compute: float, units: int) -> float:
+    """Time of `units` equal steps whose loads (`load` ns in all) feed their compute (`compute` ns): the
+    slower side, plus the faster side's first step, which nothing overlaps."""
+    return max(load, compute) + min(load, compute) / max(1, units)
+
+
+def _slice_period(up: float, combine: float, down: float, evict: float, n_evict: int, n_up: int) -> float:
+    """Time of one chunk's row slice with the SBUF accumulator, its matmuls `up` then `down` on the PE:
+    the down-projection waits for the last I-tile's `combine`, and each of its `n_evict` PSUM tiles takes
+    a bank freed by an eviction into the accumulator (`evict` ns in all, Vector engine). The next slice's
+    up-projection tiles need `n_up` banks, so the PE starts it once all but PSUM_BANKS - n_up evictions
+    are done: where the evictions are the slower side, they bound the slice."""
+    waited = evict * max(0, n_evict - (_PSUM_BANKS - n_up)) / max(1, n_evict)
+    return up + combine + max(down, waited)
+
+
+def _drain(epi: _Stage, mach: _Machine, tiles: int, k: int, overlap: float = 0.0) -> float:
+    """The epilogue of `tiles` row tiles after their last matmul, in series: each K-block's output writes
+    wait for its compute and hold back the next block's loads, so per block its loads (one fixed cost, when
+    it reads any), its compute and its writes follow one another; less `overlap` ns of matmuls that run
+    beside it, but never less than one row tile's."""
+    act, dve, moved, transfers = _stage_cost(epi, tiles, k)
+    reads = tiles * _cdiv(k, _F_MOV) * mach.dma_fixed_ns if epi.read_bytes or epi.bcast else 0.0
+    total = act / mach.act_ghz + dve / mach.dve_ghz + _dma_time(mach, moved, transfers) + reads
+    return max(total / max(1, tiles), total - overlap)
+
+
+def _exchange(mach: _Machine, own: int, k: int) -> float:
+    """The SPLIT plans' partial-sum exchange after the last chunk, in series: the other core's rows out,
+    the core barrier, this core's rows in, each direction with one fixed cost (the adds ride the epilogue)."""
+    tiles = _cdiv(own, _P)
+    out = _dma_time(mach, own * k * 4, tiles)
+    back = _dma_time(mach, own * k * 4, tiles * _cdiv(k, _F_MOV))
+    return out + back + 2 * mach.dma_fixed_ns
+
+
 #: SBUF bytes per partition every plan leaves unallocated (issue 15: ">= 8 KiB of SBUF headroom kept in
 #: every plan"): the usable budget is NKIPY's figure for what a kernel may allocate, and a plan that fills
 #: it to the byte leaves the compiler no room for its own spills and alignment padding, nor the budget
@@ -398,17 +438,13 @@ def _cost(m: _FfnModel, mach: _Machine, rows: int, k: int, i: int, lnc: int, pla
         transfers += tiles * (1 + _cdiv(k, _F_MOV))
         dve += tiles * k_cycles
     dma = _dma_time(mach, hbm, transfers)
-    chain = 0.0
-    for s_rows, n_sb in _runs(comp_rows, plan.s) if plan.kc else ():
-        chain += n_sb * _chain(m, mach, s_rows, inter, k, plan)
+    chain = _dma_time(mach, m.col_vectors * _P * _cdiv(i, _P) * 4, m.col_vectors)  # [I] columns, loaded first
+    for s_rows, n_sb in _runs(comp_rows, plan.s):
+        serial = _chain if plan.kc else _filled
+        chain += n_sb * serial(m, mach, s_rows, inter, k, plan)
+    if plan.split:  # SPLIT: the exchange, then every owned row tile's epilogue, after the last chunk
+        chain += (_exchange(mach, own, k) if lnc > 1 else 0.0) + _drain(m.epi, mach, tiles, k)
     return _Cost(pe / mach.pe_ghz, act / mach.act_ghz, dve / mach.dve_ghz, dma, hbm, chain)
-
-
-
-def _pipelined(load: float, compute: float, units: int) -> float:
-    """Time of `units` equal steps whose loads (`load` ns in all) feed their compute (`compute` ns): the
-    slower side, plus the faster side's first step, which nothing overlaps."""
-    return max(load, compute) + min(load, compute) / max(1, units)
 
 
 def _chain(m: _FfnModel, mach: _Machine, s_rows: int, inter: int, k: int, plan: _Plan) -> float:
@@ -423,8 +459,7 @@ def _chain(m: _FfnModel, mach: _Machine, s_rows: int, inter: int, k: int, plan: 
     idles through that load; its fixed cost alone is most of the dI/dt window, `pe_ramp_ns`), then its
     evictions."""
     n_k, n_rs, n_it = _cdiv(k, _P), _cdiv(s_rows, _P), _cdiv(inter, _P)
-    total = _dma_time(mach, s_rows * k * m.x_bytes, n_rs * _cdiv(k, _x_staged(m, k))) + mach.dma_fixed_ns
-    total += n_rs * n_k * _P / mach.pe_ghz  # x^T: the PE transposes before the first matmul
+    total = _fill(m, mach, s_rows, k)
     stall = mach.dma_fixed_ns + mach.pe_ramp_ns  # the first load's fixed cost, then a cold PE
     width = max(_MIN_CYCLES, min(s_rows, _F_MOV))
     combine = m.mid_act * width / mach.act_ghz + m.mid_dve * width / mach.dve_ghz  # the last I-tile's
@@ -434,7 +469,8 @@ def _chain(m: _FfnModel, mach: _Machine, s_rows: int, inter: int, k: int, plan: 
         weights = _dma_time(mach, units * n_k * _P * _P * m.up_bytes, units * _cdiv(n_k, _group(k, plan.g)))
         writes = _dma_time(mach, chunk * s_rows * m.x_bytes, _cdiv(chunk, _P) * _cdiv(s_rows, _F_MOV))
         loads += n_chunks * (weights + writes)
-        mm += sum(n * n_chunks * units * n_k * max(_MIN_CYCLES, rw) for rw, n in _runs(s_rows, _F_MOV)) / mach.pe_ghz
+        mm += sum(n * n_chunks * units * n_k * max(_MIN_CYCLES, rw) for rw, n in _runs(s_rows, _F_MOV))
+    mm /= mach.pe_ghz
     total += _pipelined(loads, mm, m.n_up * n_it) + stall + combine + writes
     gh = _h_group(plan.s, inter, m.x_bytes)
     evict_act, evict_dve, _, _ = _stage_cost(m.evict, n_rs, min(k, plan.kc), shared=n_rs)
@@ -444,6 +480,42 @@ def _chain(m: _FfnModel, mach: _Machine, s_rows: int, inter: int, k: int, plan: 
         block_mm = n_it * n_rs * _cycles(kw) / mach.pe_ghz
         total += n_blocks * (_pipelined(block_loads, block_mm, n_it) + stall + evict)
     return total
+
+
+def _fill(m: _FfnModel, mach: _Machine, s_rows: int, k: int) -> float:
+    """Time before a super-block's first matmul: x's loads (the previous super-block's output writes held
+    the queues until they were done) with one fixed cost, then the PE's transposes into x^T."""
+    n_rs = _cdiv(s_rows, _P)
+    loads = _dma_time(mach, s_rows * k * m.x_bytes, n_rs * _cdiv(k, _x_staged(m, k))) + mach.dma_fixed_ns
+    return loads + n_rs * _cdiv(k, _P) * _P / mach.pe_ghz
+
+
+def _filled(m: _FfnModel, mach: _Machine, s_rows: int, inter: int, k: int, plan: _Plan) -> float:
+    """Time of one super-block of a plan with the SBUF accumulator: its fill (`_fill`); its chunks, each
+    row slice's up-projection, last combine and down-projection with its evictions in series
+    (`slice_period`), or their loads pipelined with their matmuls, or the busiest other engine (one fixed
+    cost and a cold PE before the first matmul); then, without SPLIT, the epilogue of its row tiles
+    (`drain`), the last chunk's matmuls after the first row tile's beside it."""
+    pe, act, dve, hbm, transfers = _super_block(m, s_rows, inter, plan.ci, k, 0, plan.g, plan.s)
+    n_rs, n_k = _cdiv(s_rows, _P), _cdiv(k, _P)
+    x_cycles = sum(n_t * n_k * max(_MIN_CYCLES, rows_t) for rows_t, n_t in _runs(s_rows, _P))  # in the fill
+    loads = _dma_time(mach, hbm - s_rows * k * m.x_bytes, transfers - n_rs * _cdiv(k, _x_staged(m, k)))
+    combine = (m.mid_act / mach.act_ghz + m.mid_dve / mach.dve_ghz) * max(_MIN_CYCLES, min(s_rows, _F_MOV))
+    serial = last = 0.0
+    for chunk, n_chunks in _runs(inter, plan.ci):
+        last = 0.0
+        for rw, n_rw in _runs(s_rows, _F_MOV):
+            tiles, width = _cdiv(rw, _P), max(_MIN_CYCLES, rw)
+            up = m.n_up * _cdiv(chunk, _P) * n_k * width / mach.pe_ghz
+            down = _cdiv(chunk, _P) * tiles * _cycles(k) / mach.pe_ghz
+            evict = tiles * _cycles(k) / mach.dve_ghz
+            last += n_rw * (up + down)
+            serial += n_chunks * n_rw * _slice_period(up, combine, down, evict, tiles * _cdiv(k, _F_MOV), m.n_up)
+    steps = m.n_up * _cdiv(inter, _P)  # one projection's weights of one I-tile per step
+    streamed = _pipelined(loads, (pe - x_cycles) / mach.pe_ghz, steps)
+    chunks = max(streamed, serial, act / mach.act_ghz, dve / mach.dve_ghz)
+    tail = 0.0 if plan.split else _drain(m.epi, mach, n_rs, k, last * (n_rs - 1) / n_rs)
+    return _fill(m, mach, s_rows, k) + chunks + mach.dma_fixed_ns + mach.pe_ramp_ns + tail
 
 
 def _plannable(usable: int) -> int:

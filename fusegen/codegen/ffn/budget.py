@@ -28,6 +28,7 @@ from fusegen.codegen.budget_base import (
     runs,
     stage_cost,
 )
+from fusegen.codegen.ffn.serial import drain, exchange, pipelined, slice_period
 from fusegen.perf.dmarule import DMA_ROW_BYTES
 
 #: SBUF bytes per partition every plan leaves unallocated (issue 15: ">= 8 KiB of SBUF headroom kept in
@@ -274,17 +275,13 @@ def cost(m: FfnModel, mach: Machine, rows: int, k: int, i: int, lnc: int, plan: 
         transfers += tiles * (1 + cdiv(k, F_MOV))
         dve += tiles * k_cycles
     dma = dma_time(mach, hbm, transfers)
-    chain = 0.0
-    for s_rows, n_sb in runs(comp_rows, plan.s) if plan.kc else ():
-        chain += n_sb * _chain(m, mach, s_rows, inter, k, plan)
+    chain = dma_time(mach, m.col_vectors * P * cdiv(i, P) * 4, m.col_vectors)  # [I] columns, loaded first
+    for s_rows, n_sb in runs(comp_rows, plan.s):
+        serial = _chain if plan.kc else _filled
+        chain += n_sb * serial(m, mach, s_rows, inter, k, plan)
+    if plan.split:  # SPLIT: the exchange, then every owned row tile's epilogue, after the last chunk
+        chain += (exchange(mach, own, k) if lnc > 1 else 0.0) + drain(m.epi, mach, tiles, k)
     return Cost(pe / mach.pe_ghz, act / mach.act_ghz, dve / mach.dve_ghz, dma, hbm, chain)
-
-
-
-def _pipelined(load: float, compute: float, units: int) -> float:
-    """Time of `units` equal steps whose loads (`load` ns in all) feed their compute (`compute` ns): the
-    slower side, plus the faster side's first step, which nothing overlaps."""
-    return max(load, compute) + min(load, compute) / max(1, units)
 
 
 def _chain(m: FfnModel, mach: Machine, s_rows: int, inter: int, k: int, plan: Plan) -> float:
@@ -299,8 +296,7 @@ def _chain(m: FfnModel, mach: Machine, s_rows: int, inter: int, k: int, plan: Pl
     idles through that load; its fixed cost alone is most of the dI/dt window, `pe_ramp_ns`), then its
     evictions."""
     n_k, n_rs, n_it = cdiv(k, P), cdiv(s_rows, P), cdiv(inter, P)
-    total = dma_time(mach, s_rows * k * m.x_bytes, n_rs * cdiv(k, x_staged(m, k))) + mach.dma_fixed_ns
-    total += n_rs * n_k * P / mach.pe_ghz  # x^T: the PE transposes before the first matmul
+    total = _fill(m, mach, s_rows, k)
     stall = mach.dma_fixed_ns + mach.pe_ramp_ns  # the first load's fixed cost, then a cold PE
     width = max(MIN_CYCLES, min(s_rows, F_MOV))
     combine = m.mid_act * width / mach.act_ghz + m.mid_dve * width / mach.dve_ghz  # the last I-tile's
@@ -310,16 +306,53 @@ def _chain(m: FfnModel, mach: Machine, s_rows: int, inter: int, k: int, plan: Pl
         weights = dma_time(mach, units * n_k * P * P * m.up_bytes, units * cdiv(n_k, group(k, plan.g)))
         writes = dma_time(mach, chunk * s_rows * m.x_bytes, cdiv(chunk, P) * cdiv(s_rows, F_MOV))
         loads += n_chunks * (weights + writes)
-        mm += sum(n * n_chunks * units * n_k * max(MIN_CYCLES, rw) for rw, n in runs(s_rows, F_MOV)) / mach.pe_ghz
-    total += _pipelined(loads, mm, m.n_up * n_it) + stall + combine + writes
+        mm += sum(n * n_chunks * units * n_k * max(MIN_CYCLES, rw) for rw, n in runs(s_rows, F_MOV))
+    mm /= mach.pe_ghz
+    total += pipelined(loads, mm, m.n_up * n_it) + stall + combine + writes
     gh = h_group(plan.s, inter, m.x_bytes)
     evict_act, evict_dve, _, _ = stage_cost(m.evict, n_rs, min(k, plan.kc), shared=n_rs)
     evict = evict_act / mach.act_ghz + evict_dve / mach.dve_ghz
     for kw, n_blocks in runs(k, plan.kc):
         block_loads = dma_time(mach, inter * (kw * m.down_bytes + s_rows * m.x_bytes), n_it + cdiv(n_it, gh))
         block_mm = n_it * n_rs * cycles(kw) / mach.pe_ghz
-        total += n_blocks * (_pipelined(block_loads, block_mm, n_it) + stall + evict)
+        total += n_blocks * (pipelined(block_loads, block_mm, n_it) + stall + evict)
     return total
+
+
+def _fill(m: FfnModel, mach: Machine, s_rows: int, k: int) -> float:
+    """Time before a super-block's first matmul: x's loads (the previous super-block's output writes held
+    the queues until they were done) with one fixed cost, then the PE's transposes into x^T."""
+    n_rs = cdiv(s_rows, P)
+    loads = dma_time(mach, s_rows * k * m.x_bytes, n_rs * cdiv(k, x_staged(m, k))) + mach.dma_fixed_ns
+    return loads + n_rs * cdiv(k, P) * P / mach.pe_ghz
+
+
+def _filled(m: FfnModel, mach: Machine, s_rows: int, inter: int, k: int, plan: Plan) -> float:
+    """Time of one super-block of a plan with the SBUF accumulator: its fill (`_fill`); its chunks, each
+    row slice's up-projection, last combine and down-projection with its evictions in series
+    (`slice_period`), or their loads pipelined with their matmuls, or the busiest other engine (one fixed
+    cost and a cold PE before the first matmul); then, without SPLIT, the epilogue of its row tiles
+    (`drain`), the last chunk's matmuls after the first row tile's beside it."""
+    pe, act, dve, hbm, transfers = _super_block(m, s_rows, inter, plan.ci, k, 0, plan.g, plan.s)
+    n_rs, n_k = cdiv(s_rows, P), cdiv(k, P)
+    x_cycles = sum(n_t * n_k * max(MIN_CYCLES, rows_t) for rows_t, n_t in runs(s_rows, P))  # in the fill
+    loads = dma_time(mach, hbm - s_rows * k * m.x_bytes, transfers - n_rs * cdiv(k, x_staged(m, k)))
+    combine = (m.mid_act / mach.act_ghz + m.mid_dve / mach.dve_ghz) * max(MIN_CYCLES, min(s_rows, F_MOV))
+    serial = last = 0.0
+    for chunk, n_chunks in runs(inter, plan.ci):
+        last = 0.0
+        for rw, n_rw in runs(s_rows, F_MOV):
+            tiles, width = cdiv(rw, P), max(MIN_CYCLES, rw)
+            up = m.n_up * cdiv(chunk, P) * n_k * width / mach.pe_ghz
+            down = cdiv(chunk, P) * tiles * cycles(k) / mach.pe_ghz
+            evict = tiles * cycles(k) / mach.dve_ghz
+            last += n_rw * (up + down)
+            serial += n_chunks * n_rw * slice_period(up, combine, down, evict, tiles * cdiv(k, F_MOV), m.n_up)
+    steps = m.n_up * cdiv(inter, P)  # one projection's weights of one I-tile per step
+    streamed = pipelined(loads, (pe - x_cycles) / mach.pe_ghz, steps)
+    chunks = max(streamed, serial, act / mach.act_ghz, dve / mach.dve_ghz)
+    tail = 0.0 if plan.split else drain(m.epi, mach, n_rs, k, last * (n_rs - 1) / n_rs)
+    return _fill(m, mach, s_rows, k) + chunks + mach.dma_fixed_ns + mach.pe_ramp_ns + tail
 
 
 def plannable(usable: int) -> int:
