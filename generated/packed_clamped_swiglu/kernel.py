@@ -440,10 +440,10 @@ def _cost(m: _FfnModel, mach: _Machine, rows: int, k: int, i: int, lnc: int, pla
     dma = _dma_time(mach, hbm, transfers)
     chain = _dma_time(mach, m.col_vectors * _P * _cdiv(i, _P) * 4, m.col_vectors)  # [I] columns, loaded first
     for s_rows, n_sb in _runs(comp_rows, plan.s):
-        serial = _chain if plan.kc else _filled
-        chain += n_sb * serial(m, mach, s_rows, inter, k, plan)
-    if plan.split:  # SPLIT: the exchange, then every owned row tile's epilogue, after the last chunk
-        chain += (_exchange(mach, own, k) if lnc > 1 else 0.0) + _drain(m.epi, mach, tiles, k)
+        if plan.kc:
+            chain += n_sb * _chain(m, mach, s_rows, inter, k, plan)
+        else:
+            chain += n_sb * _filled(m, mach, s_rows, inter, k, plan, lnc)
     return _Cost(pe / mach.pe_ghz, act / mach.act_ghz, dve / mach.dve_ghz, dma, hbm, chain)
 
 
@@ -490,12 +490,14 @@ def _fill(m: _FfnModel, mach: _Machine, s_rows: int, k: int) -> float:
     return loads + n_rs * _cdiv(k, _P) * _P / mach.pe_ghz
 
 
-def _filled(m: _FfnModel, mach: _Machine, s_rows: int, inter: int, k: int, plan: _Plan) -> float:
+def _filled(m: _FfnModel, mach: _Machine, s_rows: int, inter: int, k: int, plan: _Plan, lnc: int) -> float:
     """Time of one super-block of a plan with the SBUF accumulator: its fill (`_fill`); its chunks, each
     row slice's up-projection, last combine and down-projection with its evictions in series
     (`slice_period`), or their loads pipelined with their matmuls, or the busiest other engine (one fixed
     cost and a cold PE before the first matmul); then, without SPLIT, the epilogue of its row tiles
-    (`drain`), the last chunk's matmuls after the first row tile's beside it."""
+    (`drain`), the last chunk's matmuls after the first row tile's beside it; with SPLIT, the exchange and
+    the owner's share of its row tiles' epilogue after the core barrier (the next super-block's barrier
+    waits for them)."""
     pe, act, dve, hbm, transfers = _super_block(m, s_rows, inter, plan.ci, k, 0, plan.g, plan.s)
     n_rs, n_k = _cdiv(s_rows, _P), _cdiv(k, _P)
     x_cycles = sum(n_t * n_k * max(_MIN_CYCLES, rows_t) for rows_t, n_t in _runs(s_rows, _P))  # in the fill
@@ -514,7 +516,11 @@ def _filled(m: _FfnModel, mach: _Machine, s_rows: int, inter: int, k: int, plan:
     steps = m.n_up * _cdiv(inter, _P)  # one projection's weights of one I-tile per step
     streamed = _pipelined(loads, (pe - x_cycles) / mach.pe_ghz, steps)
     chunks = max(streamed, serial, act / mach.act_ghz, dve / mach.dve_ghz)
-    tail = 0.0 if plan.split else _drain(m.epi, mach, n_rs, k, last * (n_rs - 1) / n_rs)
+    if plan.split:
+        owned = _cdiv(n_rs, lnc)
+        tail = _exchange(mach, min(s_rows, owned * _P), k) + _drain(m.epi, mach, owned, k)
+    else:
+        tail = _drain(m.epi, mach, n_rs, k, last * (n_rs - 1) / n_rs)
     return _fill(m, mach, s_rows, k) + chunks + mach.dma_fixed_ns + mach.pe_ramp_ns + tail
 
 
