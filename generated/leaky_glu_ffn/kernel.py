@@ -175,13 +175,16 @@ def _slice_period(up: float, combine: float, down: float, evict: float, n_evict:
 
 
 def _drain(epi: _Stage, mach: _Machine, tiles: int, k: int, overlap: float = 0.0) -> float:
-    """The epilogue of `tiles` row tiles after their last matmul, in series: each K-block's output writes
-    wait for its compute and hold back the next block's loads, so per block its loads (one fixed cost, when
-    it reads any), its compute and its writes follow one another; less `overlap` ns of matmuls that run
-    beside it, but never less than one row tile's."""
+    """The epilogue of `tiles` row tiles after their last matmul. Its last pass runs in series: each
+    K-block's output writes wait for its compute and hold back the next block's loads, so per block its
+    loads (one fixed cost, when it reads any), its compute and its writes follow one another. The passes
+    before it write nothing, so their loads stream beside their compute. Less `overlap` ns of matmuls that
+    run beside it, but never less than one row tile's."""
     act, dve, moved, transfers = _stage_cost(epi, tiles, k)
+    compute, dma = act / mach.act_ghz + dve / mach.dve_ghz, _dma_time(mach, moved, transfers)
+    sweeps = max(1, epi.sweeps)
     reads = tiles * _cdiv(k, _F_MOV) * mach.dma_fixed_ns if epi.read_bytes or epi.bcast else 0.0
-    total = act / mach.act_ghz + dve / mach.dve_ghz + _dma_time(mach, moved, transfers) + reads
+    total = (compute + dma) / sweeps + reads + max(compute, dma) * (sweeps - 1) / sweeps
     return max(total / max(1, tiles), total - overlap)
 
 
@@ -495,7 +498,7 @@ def _filled(m: _FfnModel, mach: _Machine, s_rows: int, inter: int, k: int, plan:
     row slice's up-projection, last combine and down-projection with its evictions in series
     (`slice_period`), or their loads pipelined with their matmuls, or the busiest other engine (one fixed
     cost and a cold PE before the first matmul); then, without SPLIT, the epilogue of its row tiles
-    (`drain`), the last chunk's matmuls after the first row tile's beside it; with SPLIT, the exchange and
+    (`drain`), the last chunk's matmuls after its first row tile's beside it; with SPLIT, the exchange and
     the owner's share of its row tiles' epilogue after the core barrier (the next super-block's barrier
     waits for them)."""
     pe, act, dve, hbm, transfers = _super_block(m, s_rows, inter, plan.ci, k, 0, plan.g, plan.s)
@@ -503,15 +506,15 @@ def _filled(m: _FfnModel, mach: _Machine, s_rows: int, inter: int, k: int, plan:
     x_cycles = sum(n_t * n_k * max(_MIN_CYCLES, rows_t) for rows_t, n_t in _runs(s_rows, _P))  # in the fill
     loads = _dma_time(mach, hbm - s_rows * k * m.x_bytes, transfers - n_rs * _cdiv(k, _x_staged(m, k)))
     combine = (m.mid_act / mach.act_ghz + m.mid_dve / mach.dve_ghz) * max(_MIN_CYCLES, min(s_rows, _F_MOV))
-    serial = last = 0.0
-    for chunk, n_chunks in _runs(inter, plan.ci):
-        last = 0.0
+    serial = beside = 0.0
+    for chunk, n_chunks in _runs(inter, plan.ci):  # the last run holds the last chunk
+        beside = 0.0  # its matmuls after the first row tile's down-projection: beside the epilogue
         for rw, n_rw in _runs(s_rows, _F_MOV):
             tiles, width = _cdiv(rw, _P), max(_MIN_CYCLES, rw)
             up = m.n_up * _cdiv(chunk, _P) * n_k * width / mach.pe_ghz
             down = _cdiv(chunk, _P) * tiles * _cycles(k) / mach.pe_ghz
             evict = tiles * _cycles(k) / mach.dve_ghz
-            last += n_rw * (up + down)
+            beside += n_rw * (up + down) - (0.0 if beside else up + down / tiles)
             serial += n_chunks * n_rw * _slice_period(up, combine, down, evict, tiles * _cdiv(k, _F_MOV), m.n_up)
     steps = m.n_up * _cdiv(inter, _P)  # one projection's weights of one I-tile per step
     streamed = _pipelined(loads, (pe - x_cycles) / mach.pe_ghz, steps)
@@ -520,7 +523,7 @@ def _filled(m: _FfnModel, mach: _Machine, s_rows: int, inter: int, k: int, plan:
         owned = _cdiv(n_rs, lnc)
         tail = _exchange(mach, min(s_rows, owned * _P), k) + _drain(m.epi, mach, owned, k)
     else:
-        tail = _drain(m.epi, mach, n_rs, k, last * (n_rs - 1) / n_rs)
+        tail = _drain(m.epi, mach, n_rs, k, beside)
     return _fill(m, mach, s_rows, k) + chunks + mach.dma_fixed_ns + mach.pe_ramp_ns + tail
 
 

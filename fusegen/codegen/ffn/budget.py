@@ -332,7 +332,7 @@ def _filled(m: FfnModel, mach: Machine, s_rows: int, inter: int, k: int, plan: P
     row slice's up-projection, last combine and down-projection with its evictions in series
     (`slice_period`), or their loads pipelined with their matmuls, or the busiest other engine (one fixed
     cost and a cold PE before the first matmul); then, without SPLIT, the epilogue of its row tiles
-    (`drain`), the last chunk's matmuls after the first row tile's beside it; with SPLIT, the exchange and
+    (`drain`), the last chunk's matmuls after its first row tile's beside it; with SPLIT, the exchange and
     the owner's share of its row tiles' epilogue after the core barrier (the next super-block's barrier
     waits for them)."""
     pe, act, dve, hbm, transfers = _super_block(m, s_rows, inter, plan.ci, k, 0, plan.g, plan.s)
@@ -340,15 +340,15 @@ def _filled(m: FfnModel, mach: Machine, s_rows: int, inter: int, k: int, plan: P
     x_cycles = sum(n_t * n_k * max(MIN_CYCLES, rows_t) for rows_t, n_t in runs(s_rows, P))  # in the fill
     loads = dma_time(mach, hbm - s_rows * k * m.x_bytes, transfers - n_rs * cdiv(k, x_staged(m, k)))
     combine = (m.mid_act / mach.act_ghz + m.mid_dve / mach.dve_ghz) * max(MIN_CYCLES, min(s_rows, F_MOV))
-    serial = last = 0.0
-    for chunk, n_chunks in runs(inter, plan.ci):
-        last = 0.0
+    serial = beside = 0.0
+    for chunk, n_chunks in runs(inter, plan.ci):  # the last run holds the last chunk
+        beside = 0.0  # its matmuls after the first row tile's down-projection: beside the epilogue
         for rw, n_rw in runs(s_rows, F_MOV):
             tiles, width = cdiv(rw, P), max(MIN_CYCLES, rw)
             up = m.n_up * cdiv(chunk, P) * n_k * width / mach.pe_ghz
             down = cdiv(chunk, P) * tiles * cycles(k) / mach.pe_ghz
             evict = tiles * cycles(k) / mach.dve_ghz
-            last += n_rw * (up + down)
+            beside += n_rw * (up + down) - (0.0 if beside else up + down / tiles)
             serial += n_chunks * n_rw * slice_period(up, combine, down, evict, tiles * cdiv(k, F_MOV), m.n_up)
     steps = m.n_up * cdiv(inter, P)  # one projection's weights of one I-tile per step
     streamed = pipelined(loads, (pe - x_cycles) / mach.pe_ghz, steps)
@@ -357,7 +357,7 @@ def _filled(m: FfnModel, mach: Machine, s_rows: int, inter: int, k: int, plan: P
         owned = cdiv(n_rs, lnc)
         tail = exchange(mach, min(s_rows, owned * P), k) + drain(m.epi, mach, owned, k)
     else:
-        tail = drain(m.epi, mach, n_rs, k, last * (n_rs - 1) / n_rs)
+        tail = drain(m.epi, mach, n_rs, k, beside)
     return _fill(m, mach, s_rows, k) + chunks + mach.dma_fixed_ns + mach.pe_ramp_ns + tail
 
 

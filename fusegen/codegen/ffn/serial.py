@@ -33,13 +33,16 @@ def slice_period(up: float, combine: float, down: float, evict: float, n_evict: 
 
 
 def drain(epi: Stage, mach: Machine, tiles: int, k: int, overlap: float = 0.0) -> float:
-    """The epilogue of `tiles` row tiles after their last matmul, in series: each K-block's output writes
-    wait for its compute and hold back the next block's loads, so per block its loads (one fixed cost, when
-    it reads any), its compute and its writes follow one another; less `overlap` ns of matmuls that run
-    beside it, but never less than one row tile's."""
+    """The epilogue of `tiles` row tiles after their last matmul. Its last pass runs in series: each
+    K-block's output writes wait for its compute and hold back the next block's loads, so per block its
+    loads (one fixed cost, when it reads any), its compute and its writes follow one another. The passes
+    before it write nothing, so their loads stream beside their compute. Less `overlap` ns of matmuls that
+    run beside it, but never less than one row tile's."""
     act, dve, moved, transfers = stage_cost(epi, tiles, k)
+    compute, dma = act / mach.act_ghz + dve / mach.dve_ghz, dma_time(mach, moved, transfers)
+    sweeps = max(1, epi.sweeps)
     reads = tiles * cdiv(k, F_MOV) * mach.dma_fixed_ns if epi.read_bytes or epi.bcast else 0.0
-    total = act / mach.act_ghz + dve / mach.dve_ghz + dma_time(mach, moved, transfers) + reads
+    total = (compute + dma) / sweeps + reads + max(compute, dma) * (sweeps - 1) / sweeps
     return max(total / max(1, tiles), total - overlap)
 
 
