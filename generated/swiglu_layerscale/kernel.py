@@ -508,14 +508,17 @@ def _filled(m: _FfnModel, mach: _Machine, s_rows: int, inter: int, k: int, plan:
     combine = (m.mid_act / mach.act_ghz + m.mid_dve / mach.dve_ghz) * max(_MIN_CYCLES, min(s_rows, _F_MOV))
     serial = beside = 0.0
     for chunk, n_chunks in _runs(inter, plan.ci):  # the last run holds the last chunk
-        beside = 0.0  # its matmuls after the first row tile's down-projection: beside the epilogue
+        slices = []  # (up, down, row tiles, how many) of each run of row slices
         for rw, n_rw in _runs(s_rows, _F_MOV):
             tiles, width = _cdiv(rw, _P), max(_MIN_CYCLES, rw)
             up = m.n_up * _cdiv(chunk, _P) * n_k * width / mach.pe_ghz
             down = _cdiv(chunk, _P) * tiles * _cycles(k) / mach.pe_ghz
+            slices.append((up, down, tiles, n_rw))
             evict = tiles * _cycles(k) / mach.dve_ghz
-            beside += n_rw * (up + down) - (0.0 if beside else up + down / tiles)
             serial += n_chunks * n_rw * _slice_period(up, combine, down, evict, tiles * _cdiv(k, _F_MOV), m.n_up)
+        # the chunk's matmuls after its first row tile's down-projection: beside that tile's epilogue
+        first_up, first_down, first_tiles, _ = slices[0]
+        beside = sum(n * (up + down) for up, down, _, n in slices) - first_up - first_down / first_tiles
     steps = m.n_up * _cdiv(inter, _P)  # one projection's weights of one I-tile per step
     streamed = _pipelined(loads, (pe - x_cycles) / mach.pe_ghz, steps)
     chunks = max(streamed, serial, act / mach.act_ghz, dve / mach.dve_ghz)

@@ -342,14 +342,17 @@ def _filled(m: FfnModel, mach: Machine, s_rows: int, inter: int, k: int, plan: P
     combine = (m.mid_act / mach.act_ghz + m.mid_dve / mach.dve_ghz) * max(MIN_CYCLES, min(s_rows, F_MOV))
     serial = beside = 0.0
     for chunk, n_chunks in runs(inter, plan.ci):  # the last run holds the last chunk
-        beside = 0.0  # its matmuls after the first row tile's down-projection: beside the epilogue
+        slices = []  # (up, down, row tiles, how many) of each run of row slices
         for rw, n_rw in runs(s_rows, F_MOV):
             tiles, width = cdiv(rw, P), max(MIN_CYCLES, rw)
             up = m.n_up * cdiv(chunk, P) * n_k * width / mach.pe_ghz
             down = cdiv(chunk, P) * tiles * cycles(k) / mach.pe_ghz
+            slices.append((up, down, tiles, n_rw))
             evict = tiles * cycles(k) / mach.dve_ghz
-            beside += n_rw * (up + down) - (0.0 if beside else up + down / tiles)
             serial += n_chunks * n_rw * slice_period(up, combine, down, evict, tiles * cdiv(k, F_MOV), m.n_up)
+        # the chunk's matmuls after its first row tile's down-projection: beside that tile's epilogue
+        first_up, first_down, first_tiles, _ = slices[0]
+        beside = sum(n * (up + down) for up, down, _, n in slices) - first_up - first_down / first_tiles
     steps = m.n_up * cdiv(inter, P)  # one projection's weights of one I-tile per step
     streamed = pipelined(loads, (pe - x_cycles) / mach.pe_ghz, steps)
     chunks = max(streamed, serial, act / mach.act_ghz, dve / mach.dve_ghz)
