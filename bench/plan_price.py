@@ -2,9 +2,10 @@
 
 For each (example, K, I, R, LNC, plan) the generated kernel runs on fusegen.sim with that plan forced, and
 fusegen.perf schedules its trace (the model bench/ffn_perf.py uses); beside it, the planner's closed-form
-`cost` of the plan, and the ratio; "engines" is that closed form without the column-blocked chain
-(`budget._chain`), the model before issue 15's fix. Plans: the one the planner picks and the best of the
-other structure (column-blocked KC > 0 against the SBUF accumulator KC = 0). trn2.
+`cost` of the plan, and the ratio; "engines" is that closed form without what the kernel's program order
+puts in series (`Cost.chain`: the fill, the chunks' and column blocks' chains, the drain): the busiest
+engine alone, as the model priced every plan before issue 15's fix. Plans: the one the planner picks and
+the best of the other structure (column-blocked KC > 0 against the SBUF accumulator KC = 0). trn2.
 Run: .venv/bin/python bench/plan_price.py [--shapes NAME,...]   (seconds for the small shapes, minutes for
 the Llama and DeepSeek ones)
 """
@@ -93,7 +94,7 @@ def main(argv: list[str]) -> int:
             sched = traced(module, example, r, k, i, lnc, plan)
             label = ("pick " if n == 0 else "     ") + " ".join(str(v) for v in plan)
             busy = [sched.engine_busy_ns(e) * lnc / 1000 for e in ("tensor", "scalar", "vector", "dma")]
-            engines = max(c.pe, c.act, c.dve, c.dma)  # the closed form without the chain: issue 15's model
+            engines = max(c.pe, c.act, c.dve, c.dma)  # the closed form without the chain: the busiest engine
             times = f"{engines / 1000:>11.1f}{c.total / 1000:>10.1f}{sched.time_ns / 1000:>10.1f}"
             print(f"{name:<16}{label:<26}{times}"
                   f"{sched.time_ns / c.total:>12.2f}x   closed PE/ACT/DVE/DMA "

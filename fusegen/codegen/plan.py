@@ -158,8 +158,8 @@ def _tile_plan(
     cores = lnc if not p.split else 1  # with the I split, each weight byte is read by one core
     streamed = weights * fb.cdiv(comp_rows, p.s) * cores
     engines = {"PE": c.pe, "ACT": c.act, "DVE": c.dve, "DMA": c.dma}
-    if c.chain:  # column blocks: loads and matmuls in series (ffn_budget._chain)
-        engines["loads and matmuls in series"] = c.chain
+    if c.chain:  # what the kernel's program order puts in series (ffn_budget: fill, chunks, drain)
+        engines["program order"] = c.chain
     bound = max(engines, key=lambda e: engines[e])
     summary = (
         ("work split", "over I: each core all rows, its share of I" if p.split else "over rows"),

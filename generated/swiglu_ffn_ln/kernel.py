@@ -154,6 +154,49 @@ def _dma_time(mach: _Machine, hbm: int, transfers: int) -> float:
     )
 
 
+#: PSUM banks a core has (the target's 8, 2 KiB per partition each: nki.md §5)
+_PSUM_BANKS = 8
+
+
+def _pipelined(load: float, compute: float, units: int) -> float:
+    """Time of `units` equal steps whose loads (`load` ns in all) feed their compute (`compute` ns): the
+    slower side, plus the faster side's first step, which nothing overlaps."""
+    return max(load, compute) + min(load, compute) / max(1, units)
+
+
+def _slice_period(up: float, combine: float, down: float, evict: float, n_evict: int, n_up: int) -> float:
+    """Time of one chunk's row slice with the SBUF accumulator, its matmuls `up` then `down` on the PE:
+    the down-projection waits for the last I-tile's `combine`, and each of its `n_evict` PSUM tiles takes
+    a bank freed by an eviction into the accumulator (`evict` ns in all, Vector engine). The next slice's
+    up-projection tiles need `n_up` banks, so the PE starts it once all but PSUM_BANKS - n_up evictions
+    are done: where the evictions are the slower side, they bound the slice."""
+    waited = evict * max(0, n_evict - (_PSUM_BANKS - n_up)) / max(1, n_evict)
+    return up + combine + max(down, waited)
+
+
+def _drain(epi: _Stage, mach: _Machine, tiles: int, k: int, overlap: float = 0.0) -> float:
+    """The epilogue of `tiles` row tiles after their last matmul. Its last pass runs in series: each
+    K-block's output writes wait for its compute and hold back the next block's loads, so per block its
+    loads (one fixed cost, when it reads any), its compute and its writes follow one another. The passes
+    before it write nothing, so their loads stream beside their compute. Less `overlap` ns of matmuls that
+    run beside it, but never less than one row tile's."""
+    act, dve, moved, transfers = _stage_cost(epi, tiles, k)
+    compute, dma = act / mach.act_ghz + dve / mach.dve_ghz, _dma_time(mach, moved, transfers)
+    sweeps = max(1, epi.sweeps)
+    reads = tiles * _cdiv(k, _F_MOV) * mach.dma_fixed_ns if epi.read_bytes or epi.bcast else 0.0
+    total = (compute + dma) / sweeps + reads + max(compute, dma) * (sweeps - 1) / sweeps
+    return max(total / max(1, tiles), total - overlap)
+
+
+def _exchange(mach: _Machine, own: int, k: int) -> float:
+    """The SPLIT plans' partial-sum exchange after the last chunk, in series: the other core's rows out,
+    the core barrier, this core's rows in, each direction with one fixed cost (the adds ride the epilogue)."""
+    tiles = _cdiv(own, _P)
+    out = _dma_time(mach, own * k * 4, tiles)
+    back = _dma_time(mach, own * k * 4, tiles * _cdiv(k, _F_MOV))
+    return out + back + 2 * mach.dma_fixed_ns
+
+
 #: SBUF bytes per partition every plan leaves unallocated (issue 15: ">= 8 KiB of SBUF headroom kept in
 #: every plan"): the usable budget is NKIPY's figure for what a kernel may allocate, and a plan that fills
 #: it to the byte leaves the compiler no room for its own spills and alignment padding, nor the budget
@@ -398,48 +441,93 @@ def _cost(m: _FfnModel, mach: _Machine, rows: int, k: int, i: int, lnc: int, pla
         transfers += tiles * (1 + _cdiv(k, _F_MOV))
         dve += tiles * k_cycles
     dma = _dma_time(mach, hbm, transfers)
-    chain = 0.0
-    for s_rows, n_sb in _runs(comp_rows, plan.s) if plan.kc else ():
-        chain += n_sb * _chain(m, mach, s_rows, inter, k, plan)
+    chain = _dma_time(mach, m.col_vectors * _P * _cdiv(i, _P) * 4, m.col_vectors)  # [I] columns, loaded first
+    for s_rows, n_sb in _runs(comp_rows, plan.s):
+        if plan.kc:
+            chain += n_sb * _chain(m, mach, s_rows, inter, k, plan)
+        else:
+            chain += n_sb * _filled(m, mach, s_rows, inter, k, plan, lnc)
     return _Cost(pe / mach.pe_ghz, act / mach.act_ghz, dve / mach.dve_ghz, dma, hbm, chain)
-
-
-
-def _pipelined(load: float, compute: float, units: int) -> float:
-    """Time of `units` equal steps whose loads (`load` ns in all) feed their compute (`compute` ns): the
-    slower side, plus the faster side's first step, which nothing overlaps."""
-    return max(load, compute) + min(load, compute) / max(1, units)
 
 
 def _chain(m: _FfnModel, mach: _Machine, s_rows: int, inter: int, k: int, plan: _Plan) -> float:
     """Time of one column-blocked super-block when its DMAs run in program order (cost model II: a DMA
-    holds the queues from when its data is ready, and the transfers after it wait for the queues): each
-    chunk's h^T writes wait for its last combine, so the next chunk's weight loads start only after them,
-    and each column block's eviction writes hold back the next block's loads. Per chunk: its weight loads
-    pipelined with its matmuls (a load fixed cost before the first matmul), the last I-tile's combine,
-    the h^T writes; per column block the same with its weight tiles and h^T reads, then its evictions.
-    The PE idles through each chunk's and block's first load (its fixed cost alone is most of the dI/dt
-    window), so each starts its matmuls on a fresh ramp (`pe_ramp_ns`)."""
+    holds the queues from when its data is ready, and the transfers after it wait for the queues). x's
+    loads and transposes come first. Each chunk's h^T writes issue behind all of the next chunk's
+    loads, so they are ready when the queues reach them: the chunks' weight loads and h^T writes
+    pipeline with their matmuls over the whole super-block (a load fixed cost and a cold PE before the
+    first matmul), and only the last combine and its h^T writes are in series before the column blocks
+    read h^T back. Each column block's eviction writes still hold back the next block's loads: per block,
+    its weight tiles and h^T reads pipelined with its matmuls, one fixed cost and a fresh PE ramp (the PE
+    idles through that load; its fixed cost alone is most of the dI/dt window, `pe_ramp_ns`), then its
+    evictions."""
     n_k, n_rs, n_it = _cdiv(k, _P), _cdiv(s_rows, _P), _cdiv(inter, _P)
-    total = _dma_time(mach, s_rows * k * m.x_bytes, n_rs * _cdiv(k, _x_staged(m, k))) + mach.dma_fixed_ns
-    total += n_rs * n_k * _P / mach.pe_ghz  # x^T: the PE transposes before the first matmul
+    total = _fill(m, mach, s_rows, k)
     stall = mach.dma_fixed_ns + mach.pe_ramp_ns  # the first load's fixed cost, then a cold PE
     width = max(_MIN_CYCLES, min(s_rows, _F_MOV))
     combine = m.mid_act * width / mach.act_ghz + m.mid_dve * width / mach.dve_ghz  # the last I-tile's
-    for chunk, n_chunks in _runs(inter, plan.ci):
+    loads = mm = writes = 0.0
+    for chunk, n_chunks in _runs(inter, plan.ci):  # the last run holds the last chunk
         units = m.n_up * _cdiv(chunk, _P)  # one projection's weights of one I-tile per step
         weights = _dma_time(mach, units * n_k * _P * _P * m.up_bytes, units * _cdiv(n_k, _group(k, plan.g)))
-        mm = sum(n * units * n_k * max(_MIN_CYCLES, rw) for rw, n in _runs(s_rows, _F_MOV)) / mach.pe_ghz
         writes = _dma_time(mach, chunk * s_rows * m.x_bytes, _cdiv(chunk, _P) * _cdiv(s_rows, _F_MOV))
-        total += n_chunks * (_pipelined(weights, mm, units) + stall + combine + writes)
+        loads += n_chunks * (weights + writes)
+        mm += sum(n * n_chunks * units * n_k * max(_MIN_CYCLES, rw) for rw, n in _runs(s_rows, _F_MOV))
+    mm /= mach.pe_ghz
+    total += _pipelined(loads, mm, m.n_up * n_it) + stall + combine + writes
     gh = _h_group(plan.s, inter, m.x_bytes)
     evict_act, evict_dve, _, _ = _stage_cost(m.evict, n_rs, min(k, plan.kc), shared=n_rs)
     evict = evict_act / mach.act_ghz + evict_dve / mach.dve_ghz
     for kw, n_blocks in _runs(k, plan.kc):
-        loads = _dma_time(mach, inter * (kw * m.down_bytes + s_rows * m.x_bytes), n_it + _cdiv(n_it, gh))
-        mm = n_it * n_rs * _cycles(kw) / mach.pe_ghz
-        total += n_blocks * (_pipelined(loads, mm, n_it) + stall + evict)
+        block_loads = _dma_time(mach, inter * (kw * m.down_bytes + s_rows * m.x_bytes), n_it + _cdiv(n_it, gh))
+        block_mm = n_it * n_rs * _cycles(kw) / mach.pe_ghz
+        total += n_blocks * (_pipelined(block_loads, block_mm, n_it) + stall + evict)
     return total
+
+
+def _fill(m: _FfnModel, mach: _Machine, s_rows: int, k: int) -> float:
+    """Time before a super-block's first matmul: x's loads (the previous super-block's output writes held
+    the queues until they were done) with one fixed cost, then the PE's transposes into x^T."""
+    n_rs = _cdiv(s_rows, _P)
+    loads = _dma_time(mach, s_rows * k * m.x_bytes, n_rs * _cdiv(k, _x_staged(m, k))) + mach.dma_fixed_ns
+    return loads + n_rs * _cdiv(k, _P) * _P / mach.pe_ghz
+
+
+def _filled(m: _FfnModel, mach: _Machine, s_rows: int, inter: int, k: int, plan: _Plan, lnc: int) -> float:
+    """Time of one super-block of a plan with the SBUF accumulator: its fill (`_fill`); its chunks, each
+    row slice's up-projection, last combine and down-projection with its evictions in series
+    (`slice_period`), or their loads pipelined with their matmuls, or the busiest other engine (one fixed
+    cost and a cold PE before the first matmul); then, without SPLIT, the epilogue of its row tiles
+    (`drain`), the last chunk's matmuls after its first row tile's beside it; with SPLIT, the exchange and
+    the owner's share of its row tiles' epilogue after the core barrier (the next super-block's barrier
+    waits for them)."""
+    pe, act, dve, hbm, transfers = _super_block(m, s_rows, inter, plan.ci, k, 0, plan.g, plan.s)
+    n_rs, n_k = _cdiv(s_rows, _P), _cdiv(k, _P)
+    x_cycles = sum(n_t * n_k * max(_MIN_CYCLES, rows_t) for rows_t, n_t in _runs(s_rows, _P))  # in the fill
+    loads = _dma_time(mach, hbm - s_rows * k * m.x_bytes, transfers - n_rs * _cdiv(k, _x_staged(m, k)))
+    combine = (m.mid_act / mach.act_ghz + m.mid_dve / mach.dve_ghz) * max(_MIN_CYCLES, min(s_rows, _F_MOV))
+    serial = beside = 0.0
+    for chunk, n_chunks in _runs(inter, plan.ci):  # the last run holds the last chunk
+        slices = []  # (up, down, row tiles, how many) of each run of row slices
+        for rw, n_rw in _runs(s_rows, _F_MOV):
+            tiles, width = _cdiv(rw, _P), max(_MIN_CYCLES, rw)
+            up = m.n_up * _cdiv(chunk, _P) * n_k * width / mach.pe_ghz
+            down = _cdiv(chunk, _P) * tiles * _cycles(k) / mach.pe_ghz
+            slices.append((up, down, tiles, n_rw))
+            evict = tiles * _cycles(k) / mach.dve_ghz
+            serial += n_chunks * n_rw * _slice_period(up, combine, down, evict, tiles * _cdiv(k, _F_MOV), m.n_up)
+        # the chunk's matmuls after its first row tile's down-projection: beside that tile's epilogue
+        first_up, first_down, first_tiles, _ = slices[0]
+        beside = sum(n * (up + down) for up, down, _, n in slices) - first_up - first_down / first_tiles
+    steps = m.n_up * _cdiv(inter, _P)  # one projection's weights of one I-tile per step
+    streamed = _pipelined(loads, (pe - x_cycles) / mach.pe_ghz, steps)
+    chunks = max(streamed, serial, act / mach.act_ghz, dve / mach.dve_ghz)
+    if plan.split:
+        owned = _cdiv(n_rs, lnc)
+        tail = _exchange(mach, min(s_rows, owned * _P), k) + _drain(m.epi, mach, owned, k)
+    else:
+        tail = _drain(m.epi, mach, n_rs, k, beside)
+    return _fill(m, mach, s_rows, k) + chunks + mach.dma_fixed_ns + mach.pe_ramp_ns + tail
 
 
 def _plannable(usable: int) -> int:
@@ -609,6 +697,7 @@ def swiglu_ffn_ln_kernel(x_hbm, w1t_hbm, b1_hbm, wgt_hbm, bg_hbm, w2t_hbm, b2_hb
             t = nl.ndarray((_P, K), dtype=nl.float32, buffer=nl.sbuf)
             acc.append(t)
         n_c = _cdiv(i_end - i_begin, CI)
+        h_out = []  # KC: a chunk's h^T writes wait for its combine, so they issue behind the next chunk's loads
         for c in range(n_c):
             i0 = i_begin + c * CI
             ci = min(CI, i_end - i0)
@@ -668,10 +757,12 @@ def swiglu_ffn_ln_kernel(x_hbm, w1t_hbm, b1_hbm, wgt_hbm, bg_hbm, w2t_hbm, b2_hb
                     m1 = nl.ndarray((_P, _F_MOV), dtype=nl.bfloat16, buffer=nl.sbuf)
                     nisa.scalar_tensor_tensor(dst=m1[0:ph, 0:rw], data=pj1[0:ph, 0:rw], op0=nl.add, operand0=bg_hbm_col[0:ph, hg:hg + 1], op1=nl.multiply, operand1=m0[0:ph, 0:rw])
                     g.append(m1)
-                for hl in range(n_hc if KC else 0):  # to the h^T scratch: the down-projection runs after the chunks
-                    ph = min(_P, i_end - i0 - hl * _P)
-                    h0 = (i0 // _P + hl) * s_rows + q0
-                    nisa.dma_copy(dst=h_hbm[pid, 0:ph, h0:h0 + rw], src=g[hl][0:ph, 0:rw])
+                if KC and q0 == 0:  # the previous chunk's h^T writes, queued behind all of this chunk's loads
+                    for ph_h, h0, rw_h, h_src in h_out:
+                        nisa.dma_copy(dst=h_hbm[pid, 0:ph_h, h0:h0 + rw_h], src=h_src[0:ph_h, 0:rw_h])
+                    h_out = []
+                for hl in range(n_hc if KC else 0):  # for the h^T scratch: the down-projection runs after the chunks
+                    h_out.append((min(_P, i_end - i0 - hl * _P), (i0 // _P + hl) * s_rows + q0, rw, g[hl]))
                 # the other core's row tiles first (SPLIT): their partial sums leave while this core's are computed
                 rqs = [rq for rq in range(0, 0 if KC else rw, _P) if not owned[(q0 + rq) // _P]]
                 rqs += [rq for rq in range(0, 0 if KC else rw, _P) if owned[(q0 + rq) // _P]]
@@ -733,6 +824,9 @@ def swiglu_ffn_ln_kernel(x_hbm, w1t_hbm, b1_hbm, wgt_hbm, bg_hbm, w2t_hbm, b2_hb
                             nisa.dma_copy(dst=x_new_hbm[r0:r0 + pr, k0:k0 + nb], src=acc[rs][0:pr, k0:k0 + nb])
                             nisa.dma_copy(dst=z_hbm[r0:r0 + pr, k0:k0 + nb], src=e8[0:pr, 0:nb])
 
+        for ph_h, h0, rw_h, h_src in h_out:
+            nisa.dma_copy(dst=h_hbm[pid, 0:ph_h, h0:h0 + rw_h], src=h_src[0:ph_h, 0:rw_h])
+        h_out = []
         for kc0 in range(0, K if KC else 0, KC or 1):  # column blocks: all of I accumulates in PSUM
             kw = min(KC, K - kc0)
             n_kp = _cdiv(kw, _F_MOV)

@@ -129,31 +129,44 @@ _FP8_IR, _ = load_spec(str(ROOT / "examples" / "swiglu_fp8.spec"))
 FP8_MODEL = lower_ffn(_FP8_IR, match_ffn(_FP8_IR)).model
 
 
-def test_column_blocked_plan_is_priced_with_its_serialised_loads_at_llama_widths() -> None:
-    """Issue 15: at Llama-3-8B widths (K=4096, I=14336), R=256, LNC 2, the trace model (bench/plan_price.py)
-    runs the column-blocked S=128 CI=128 KC=2048 plan in 1,197.6 us and the planner's pick without column
-    blocks in 637.1 us; the closed form once priced both at 575 us and picked the column blocks."""
+def test_column_blocked_plan_keeps_its_loads_ahead_of_its_writes_at_llama_widths() -> None:
+    """Issue 15: at Llama-3-8B widths (K=4096, I=14336), R=256, LNC 2, the column-blocked S=128 CI=128
+    KC=2048 plan ran 1,197.6 us in the trace model (bench/plan_price.py) while each chunk's h^T writes held
+    the DMA queues ahead of the next chunk's loads; with the writes issued behind those loads it runs
+    693.9 us, and the planner's pick without column blocks 637.1 us. The closed form prices the blocked
+    plan within 10% of that and still above the pick (the engines-only model once priced both at 575 us)."""
     mach = machine(get_target("trn2"))
     pick = fb.choose(FP8_MODEL, mach, 256, 4096, 14336, 2)
     blocked = fb.cost(FP8_MODEL, mach, 256, 4096, 14336, 2, fb.Plan(128, 128, 0, 2048)).total
     assert pick.kc == 0
-    assert blocked >= 1.5 * fb.cost(FP8_MODEL, mach, 256, 4096, 14336, 2, pick).total
+    assert 0.9 * 693_900 <= blocked <= 1.1 * 693_900
+    assert blocked > fb.cost(FP8_MODEL, mach, 256, 4096, 14336, 2, pick).total
 
 
-def test_column_blocked_closed_form_follows_the_trace_model(monkeypatch: pytest.MonkeyPatch) -> None:
-    """A column-blocked plan's closed-form time is within 25% of the trace model's (the generated kernel on
-    the interpreter, scheduled by fusegen.perf) at a cheap shape. The chain it sums is the trace's critical
-    path with each chunk's loads and matmuls pipelined as equal steps and the dependent-instruction
-    hand-offs left out: bench/plan_price.py puts it at 0.92x-1.15x of the trace over seven shapes; 1.14x
-    here, where the engines-only model of issue 15 gave 1.88x."""
+#: (S, CI, SPLIT, KC, G): a column-blocked plan, and plans with the SBUF accumulator over rows and over I
+CHEAP_PLANS = [(256, 256, 0, 1024, 0), (256, 256, 0, 0, 0), (128, 128, 1, 0, 0)]
+
+
+@pytest.mark.parametrize("plan_tiles", CHEAP_PLANS, ids=["blocked", "accumulator", "split"])
+def test_closed_form_follows_the_trace_model(
+    monkeypatch: pytest.MonkeyPatch, plan_tiles: tuple[int, int, int, int, int]
+) -> None:
+    """A plan's closed-form time is within 20% of the trace model's (the generated kernel on the
+    interpreter, scheduled by fusegen.perf) at a cheap shape, where the fill (x's loads and transposes)
+    and the drain (the epilogue, and the exchange of a SPLIT plan) are a large share. The engines-only
+    model priced these 1.2x-2.1x under the trace; bench/plan_price.py puts the closed form at 0.92x-1.12x
+    over its shapes."""
     dims = {"R": 256, "K": 1024, "I": 256}
     directory = ROOT / "generated" / "swiglu_fp8"
     generated_test = testing.load_generated(directory / "test_swiglu_fp8.py")
     args = testing.make_inputs(generated_test.INPUTS, generated_test.input_shapes(dims))
     module = load_module(directory / "kernel.py", target="trn2")
-    plan = module._Plan(256, 256, 0, 1024, 0)
+    plan = module._Plan(*plan_tiles)
+    lnc = 2 if plan.split else 1
     monkeypatch.setattr(module, "_choose", lambda *_: plan)
-    module.swiglu_fp8(*args, lnc=1, target="trn2")
+    module.swiglu_fp8(*args, lnc=lnc, target="trn2")
     traced = schedule(module.swiglu_fp8_kernel.last_run.trace, get_target("trn2")).time_ns
-    closed = module._cost(module._MODEL, module._MACHINES["trn2"], 256, 1024, 256, 1, plan).total
-    assert 0.8 * closed <= traced <= 1.25 * closed
+    c = module._cost(module._MODEL, module._MACHINES["trn2"], 256, 1024, 256, lnc, plan)
+    closed, engines = c.total, max(c.pe, c.act, c.dve, c.dma)
+    assert 0.8 * closed <= traced <= 1.2 * closed
+    assert traced > 1.15 * engines  # what the fill and drain add is real

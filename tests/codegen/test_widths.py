@@ -34,31 +34,19 @@ def test_every_ffn_example_plans_at_every_width(model: str, k: int, i: int) -> N
 
 
 #: every FFN example at every width with K >= 4096: the modelled time stays within 85% of the PE
-#: roofline at R=2048 on trn2 (the column-blocked down-projection is what gets K=16384, the
-#: single-projection MLPs and DeepSeek-V3's expert there under cost model I; bench/widths.py prints the
-#: table). Under cost model II the weight K-tiles (CI * 2 = 256-512 B per partition row at these widths)
-#: are held to 10-21% of the DMA peak by the documented packet rate, so no width meets it yet; strict,
-#: so the test fails once a kernel change meets it (docs/performance.md, "Cost model II").
-#: the MoE expert's small I: the LayerNorm-affine epilogue is bound by the Vector engine's evictions into
-#: the SBUF accumulator (CI=128 at K=7168) or, column-blocked, by its scratch and [K] broadcast traffic
-#: (docs/performance.md, "Cost model II", after the grouped weight DMAs)
+#: roofline at R=2048 on trn2 (bench/widths.py prints the table). The column-blocked kernel issues each
+#: chunk's h^T writes behind the next chunk's loads, so its chunks pipeline again (docs/performance.md,
+#: "Column-blocked plans: the planner's price").
+#: the MoE expert's small I (K=7168, I=2048): 62-74% since the closed form prices what the kernel's order
+#: puts in series. Its column-blocked plans have 16 I-tiles per column block, so each block's eviction,
+#: fixed cost and PE ramp are a large share, and the blocks' [128, KC] weight tiles and x's 512-column
+#: loads are held by the DMA packet rule; with the SBUF accumulator the down-projection waits on the
+#: Vector engine's evictions (PSUM banks) and the epilogue drains after the last chunk
 _EXPERT_BOUND = pytest.mark.xfail(
-    strict=True, raises=AssertionError, reason="epilogue-bound at I=2048 (issue 14)"
+    strict=True, raises=AssertionError, reason="16 I-tiles per column block; accumulator evictions (issue 15)"
 )
-#: the widest: 85% rested on column-blocked plans the closed form priced without their serialised loads;
-#: the trace model runs them at ~65-80% of the PE roofline (bench/plan_price.py; docs/performance.md,
-#: "Column-blocked plans: the planner's price"), so the planner now picks slower-modelled plans there
-_SERIAL_CHAIN = pytest.mark.xfail(
-    strict=True, raises=AssertionError, reason="column-blocked loads run in series (issue 15)"
-)
-_MARKS = {"DeepSeek-V3 expert": [_EXPERT_BOUND]} | {
-    w: [_SERIAL_CHAIN] for w in ("DeepSeek-V3 dense", "Llama-3-70B", "Qwen2.5-72B", "Llama-3.1-405B")
-}
-WIDE = [
-    pytest.param(*w, id=w[0], marks=_MARKS.get(w[0], []))
-    for w in WIDTHS
-    if w[1] >= 4096
-]
+_MARKS = {"DeepSeek-V3 expert": [_EXPERT_BOUND]}
+WIDE = [pytest.param(*w, id=w[0], marks=_MARKS.get(w[0], [])) for w in WIDTHS if w[1] >= 4096]
 
 
 @pytest.mark.parametrize(("model", "k", "i"), WIDE)

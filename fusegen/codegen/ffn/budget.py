@@ -28,6 +28,7 @@ from fusegen.codegen.budget_base import (
     runs,
     stage_cost,
 )
+from fusegen.codegen.ffn.serial import drain, exchange, pipelined, slice_period
 from fusegen.perf.dmarule import DMA_ROW_BYTES
 
 #: SBUF bytes per partition every plan leaves unallocated (issue 15: ">= 8 KiB of SBUF headroom kept in
@@ -274,48 +275,93 @@ def cost(m: FfnModel, mach: Machine, rows: int, k: int, i: int, lnc: int, plan: 
         transfers += tiles * (1 + cdiv(k, F_MOV))
         dve += tiles * k_cycles
     dma = dma_time(mach, hbm, transfers)
-    chain = 0.0
-    for s_rows, n_sb in runs(comp_rows, plan.s) if plan.kc else ():
-        chain += n_sb * _chain(m, mach, s_rows, inter, k, plan)
+    chain = dma_time(mach, m.col_vectors * P * cdiv(i, P) * 4, m.col_vectors)  # [I] columns, loaded first
+    for s_rows, n_sb in runs(comp_rows, plan.s):
+        if plan.kc:
+            chain += n_sb * _chain(m, mach, s_rows, inter, k, plan)
+        else:
+            chain += n_sb * _filled(m, mach, s_rows, inter, k, plan, lnc)
     return Cost(pe / mach.pe_ghz, act / mach.act_ghz, dve / mach.dve_ghz, dma, hbm, chain)
-
-
-
-def _pipelined(load: float, compute: float, units: int) -> float:
-    """Time of `units` equal steps whose loads (`load` ns in all) feed their compute (`compute` ns): the
-    slower side, plus the faster side's first step, which nothing overlaps."""
-    return max(load, compute) + min(load, compute) / max(1, units)
 
 
 def _chain(m: FfnModel, mach: Machine, s_rows: int, inter: int, k: int, plan: Plan) -> float:
     """Time of one column-blocked super-block when its DMAs run in program order (cost model II: a DMA
-    holds the queues from when its data is ready, and the transfers after it wait for the queues): each
-    chunk's h^T writes wait for its last combine, so the next chunk's weight loads start only after them,
-    and each column block's eviction writes hold back the next block's loads. Per chunk: its weight loads
-    pipelined with its matmuls (a load fixed cost before the first matmul), the last I-tile's combine,
-    the h^T writes; per column block the same with its weight tiles and h^T reads, then its evictions.
-    The PE idles through each chunk's and block's first load (its fixed cost alone is most of the dI/dt
-    window), so each starts its matmuls on a fresh ramp (`pe_ramp_ns`)."""
+    holds the queues from when its data is ready, and the transfers after it wait for the queues). x's
+    loads and transposes come first. Each chunk's h^T writes issue behind all of the next chunk's
+    loads, so they are ready when the queues reach them: the chunks' weight loads and h^T writes
+    pipeline with their matmuls over the whole super-block (a load fixed cost and a cold PE before the
+    first matmul), and only the last combine and its h^T writes are in series before the column blocks
+    read h^T back. Each column block's eviction writes still hold back the next block's loads: per block,
+    its weight tiles and h^T reads pipelined with its matmuls, one fixed cost and a fresh PE ramp (the PE
+    idles through that load; its fixed cost alone is most of the dI/dt window, `pe_ramp_ns`), then its
+    evictions."""
     n_k, n_rs, n_it = cdiv(k, P), cdiv(s_rows, P), cdiv(inter, P)
-    total = dma_time(mach, s_rows * k * m.x_bytes, n_rs * cdiv(k, x_staged(m, k))) + mach.dma_fixed_ns
-    total += n_rs * n_k * P / mach.pe_ghz  # x^T: the PE transposes before the first matmul
+    total = _fill(m, mach, s_rows, k)
     stall = mach.dma_fixed_ns + mach.pe_ramp_ns  # the first load's fixed cost, then a cold PE
     width = max(MIN_CYCLES, min(s_rows, F_MOV))
     combine = m.mid_act * width / mach.act_ghz + m.mid_dve * width / mach.dve_ghz  # the last I-tile's
-    for chunk, n_chunks in runs(inter, plan.ci):
+    loads = mm = writes = 0.0
+    for chunk, n_chunks in runs(inter, plan.ci):  # the last run holds the last chunk
         units = m.n_up * cdiv(chunk, P)  # one projection's weights of one I-tile per step
         weights = dma_time(mach, units * n_k * P * P * m.up_bytes, units * cdiv(n_k, group(k, plan.g)))
-        mm = sum(n * units * n_k * max(MIN_CYCLES, rw) for rw, n in runs(s_rows, F_MOV)) / mach.pe_ghz
         writes = dma_time(mach, chunk * s_rows * m.x_bytes, cdiv(chunk, P) * cdiv(s_rows, F_MOV))
-        total += n_chunks * (_pipelined(weights, mm, units) + stall + combine + writes)
+        loads += n_chunks * (weights + writes)
+        mm += sum(n * n_chunks * units * n_k * max(MIN_CYCLES, rw) for rw, n in runs(s_rows, F_MOV))
+    mm /= mach.pe_ghz
+    total += pipelined(loads, mm, m.n_up * n_it) + stall + combine + writes
     gh = h_group(plan.s, inter, m.x_bytes)
     evict_act, evict_dve, _, _ = stage_cost(m.evict, n_rs, min(k, plan.kc), shared=n_rs)
     evict = evict_act / mach.act_ghz + evict_dve / mach.dve_ghz
     for kw, n_blocks in runs(k, plan.kc):
-        loads = dma_time(mach, inter * (kw * m.down_bytes + s_rows * m.x_bytes), n_it + cdiv(n_it, gh))
-        mm = n_it * n_rs * cycles(kw) / mach.pe_ghz
-        total += n_blocks * (_pipelined(loads, mm, n_it) + stall + evict)
+        block_loads = dma_time(mach, inter * (kw * m.down_bytes + s_rows * m.x_bytes), n_it + cdiv(n_it, gh))
+        block_mm = n_it * n_rs * cycles(kw) / mach.pe_ghz
+        total += n_blocks * (pipelined(block_loads, block_mm, n_it) + stall + evict)
     return total
+
+
+def _fill(m: FfnModel, mach: Machine, s_rows: int, k: int) -> float:
+    """Time before a super-block's first matmul: x's loads (the previous super-block's output writes held
+    the queues until they were done) with one fixed cost, then the PE's transposes into x^T."""
+    n_rs = cdiv(s_rows, P)
+    loads = dma_time(mach, s_rows * k * m.x_bytes, n_rs * cdiv(k, x_staged(m, k))) + mach.dma_fixed_ns
+    return loads + n_rs * cdiv(k, P) * P / mach.pe_ghz
+
+
+def _filled(m: FfnModel, mach: Machine, s_rows: int, inter: int, k: int, plan: Plan, lnc: int) -> float:
+    """Time of one super-block of a plan with the SBUF accumulator: its fill (`_fill`); its chunks, each
+    row slice's up-projection, last combine and down-projection with its evictions in series
+    (`slice_period`), or their loads pipelined with their matmuls, or the busiest other engine (one fixed
+    cost and a cold PE before the first matmul); then, without SPLIT, the epilogue of its row tiles
+    (`drain`), the last chunk's matmuls after its first row tile's beside it; with SPLIT, the exchange and
+    the owner's share of its row tiles' epilogue after the core barrier (the next super-block's barrier
+    waits for them)."""
+    pe, act, dve, hbm, transfers = _super_block(m, s_rows, inter, plan.ci, k, 0, plan.g, plan.s)
+    n_rs, n_k = cdiv(s_rows, P), cdiv(k, P)
+    x_cycles = sum(n_t * n_k * max(MIN_CYCLES, rows_t) for rows_t, n_t in runs(s_rows, P))  # in the fill
+    loads = dma_time(mach, hbm - s_rows * k * m.x_bytes, transfers - n_rs * cdiv(k, x_staged(m, k)))
+    combine = (m.mid_act / mach.act_ghz + m.mid_dve / mach.dve_ghz) * max(MIN_CYCLES, min(s_rows, F_MOV))
+    serial = beside = 0.0
+    for chunk, n_chunks in runs(inter, plan.ci):  # the last run holds the last chunk
+        slices = []  # (up, down, row tiles, how many) of each run of row slices
+        for rw, n_rw in runs(s_rows, F_MOV):
+            tiles, width = cdiv(rw, P), max(MIN_CYCLES, rw)
+            up = m.n_up * cdiv(chunk, P) * n_k * width / mach.pe_ghz
+            down = cdiv(chunk, P) * tiles * cycles(k) / mach.pe_ghz
+            slices.append((up, down, tiles, n_rw))
+            evict = tiles * cycles(k) / mach.dve_ghz
+            serial += n_chunks * n_rw * slice_period(up, combine, down, evict, tiles * cdiv(k, F_MOV), m.n_up)
+        # the chunk's matmuls after its first row tile's down-projection: beside that tile's epilogue
+        first_up, first_down, first_tiles, _ = slices[0]
+        beside = sum(n * (up + down) for up, down, _, n in slices) - first_up - first_down / first_tiles
+    steps = m.n_up * cdiv(inter, P)  # one projection's weights of one I-tile per step
+    streamed = pipelined(loads, (pe - x_cycles) / mach.pe_ghz, steps)
+    chunks = max(streamed, serial, act / mach.act_ghz, dve / mach.dve_ghz)
+    if plan.split:
+        owned = cdiv(n_rs, lnc)
+        tail = exchange(mach, min(s_rows, owned * P), k) + drain(m.epi, mach, owned, k)
+    else:
+        tail = drain(m.epi, mach, n_rs, k, beside)
+    return _fill(m, mach, s_rows, k) + chunks + mach.dma_fixed_ns + mach.pe_ramp_ns + tail
 
 
 def plannable(usable: int) -> int:
