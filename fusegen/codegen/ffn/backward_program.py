@@ -16,95 +16,16 @@ through backward_reference.py.
 from __future__ import annotations
 
 from collections import defaultdict
-from dataclasses import dataclass
 
 from fusegen.codegen.family import ELEMENTWISE, Mismatch
-from fusegen.codegen.ffn import backward_rows  # imports this module back: only its functions use it
+from fusegen.codegen.ffn import backward_rows
+from fusegen.codegen.ffn.backward_parts import FAMILY, SCALARS, Call, Elementwise, Leaf, Program, Write, var
 from fusegen.codegen.ffn.backward_slices import Concat, column_start, concats, dim_lines
 from fusegen.codegen.rowreduce.lower import output_value
 from fusegen.codegen.select import Layout, SelectError, Selector
 from fusegen.codegen.select_tables import NL_DTYPE
 from fusegen.codegen.stage import Operand, StageBuilder, StageError, dim_source
 from fusegen.dsl.ir import Dim, KernelIR, Node
-
-FAMILY = "ffn backward"
-SCALARS = ("const", "param", "dim")
-
-
-@dataclass(frozen=True)
-class Leaf:
-    """An HBM value an elementwise kernel reads: token-major [R, N], or an [N] vector broadcast over rows."""
-
-    name: str  # the host's variable and the kernel's argument (`<name>_hbm`)
-    dtype: str
-    vector: bool
-    column: str = ""  # a column slice's first column in `name` ("" for 0; source over the kernel's dims)
-    tile: str = ""  # a column slice's SBUF tile (a whole value's is `<name>_t`)
-
-    @property
-    def nl_dtype(self) -> str:
-        """Its dtype in the kernel's source."""
-        return NL_DTYPE[self.dtype]
-
-
-@dataclass(frozen=True)
-class Elementwise:
-    """One elementwise kernel: its leaves, the lines of one tile, and the values it writes."""
-
-    kernel: str
-    leaves: tuple[Leaf, ...]
-    params: tuple[str, ...]
-    lines: tuple[str, ...]
-    writes: tuple[tuple[str, str, str], ...]  # (result buffer, tile access, its first column or "")
-    buffers: tuple[tuple[str, str, str], ...]  # (result name, nl dtype, columns: "N" or a concat's width)
-    width: str  # the source of (R, N)
-    # a row kernel's (backward_rows.py): its reduction passes, launch-wide lines, the last pass's loads
-    # (None: all leaves) and its token sums (result name, the core's [1, N] accumulator)
-    passes: tuple[backward_rows.RowPass, ...] = ()
-    setup: tuple[str, ...] = ()
-    final_leaves: tuple[Leaf, ...] | None = None
-    sums: tuple[tuple[str, str], ...] = ()
-
-    @property
-    def sources(self) -> tuple[str, ...]:
-        """The kernel's HBM arguments: its leaves' values, once each."""
-        return tuple(dict.fromkeys(lf.name for lf in self.leaves))
-
-    @property
-    def results(self) -> tuple[str, ...]:
-        """What the kernel returns: the written buffers, then the token sums' per-core partials."""
-        return (*(b[0] for b in self.buffers), *(s[0] for s in self.sums))
-
-
-@dataclass(frozen=True)
-class Write:
-    """A value an elementwise kernel writes: node `value` into node `buffer`'s HBM buffer at `column`."""
-
-    value: int
-    buffer: int
-    column: Dim | None  # None: the buffer is the value's own
-
-
-@dataclass(frozen=True)
-class Call:
-    """One host line: results = a GEMM helper's or an elementwise kernel's call."""
-
-    results: str
-    call: str
-
-
-@dataclass(frozen=True)
-class Program:
-    """The FFN backward's host program and the elementwise kernels it launches."""
-
-    calls: tuple[Call, ...]
-    kernels: tuple[Elementwise, ...]
-    returns: tuple[str, ...]
-
-
-def _var(n: Node) -> str:
-    """The host's variable holding node `n`: an input's own name, `_v<id>` for a computed value."""
-    return str(n.name) if n.op == "input" else f"_v{n.id}"
 
 
 def _is_gemm(n: Node) -> bool:
@@ -184,7 +105,7 @@ def build_program(ir: KernelIR, rows: Dim) -> Program:
         raise Mismatch(FAMILY, left[0].span, "a sum over the tokens of a value no kernel computes")
     if any(ir.node(o.node).op == "input" for o in ir.outputs):
         raise Mismatch(FAMILY, ir.outputs[0].span, "a gradient that is an input as given")
-    returns = tuple(_var(ir.node(o.node)) for o in ir.outputs)
+    returns = tuple(var(ir.node(o.node)) for o in ir.outputs)
     bindings = [Call(name, source) for name, source in dim_lines(ir, dims)]
     return Program(tuple(bindings + calls), tuple(kernels), returns)
 
@@ -246,14 +167,14 @@ def _demanded(ir: KernelIR, lone: list[int]) -> set[int]:
 def _operand(ir: KernelIR, nid: int) -> tuple[str, bool]:
     """A GEMM operand's host variable and whether it is transposed."""
     n = ir.node(nid)
-    return (_var(ir.node(n.args[0])), True) if n.op == "transpose" else (_var(n), False)
+    return (var(ir.node(n.args[0])), True) if n.op == "transpose" else (var(n), False)
 
 
 def _gemm_call(ir: KernelIR, n: Node, users: dict[int, list[Node]]) -> Call:
     (a, a_t), (b, b_t) = _operand(ir, n.args[0]), _operand(ir, n.args[1])
     if a_t and not b_t:
         sums = [u for u in users[n.args[1]] if u.op == "sum" and _paired(ir, n, u)]
-        return Call(f"_v{n.id}, {_var(sums[0]) if sums else '_'}", f"_token_gemm({a}, {b}, lnc)")
+        return Call(f"_v{n.id}, {var(sums[0]) if sums else '_'}", f"_token_gemm({a}, {b}, lnc)")
     if a_t:
         raise Mismatch(FAMILY, n.span, "a GEMM with both operands transposed")
     return Call(f"_v{n.id}", f"_row_gemm({a}, {b}, {b_t}, lnc)")
@@ -314,12 +235,12 @@ def _frontier(
             seen.add(a)
             start = column_start(arg, arg.shape[0]) if arg.op == "index" and arg.args[0] in done else None
             if a in done:
-                name = _var(arg)
+                name = var(arg)
                 leaves[a] = Operand("tile", f"{name}_t[0:pr, 0:fw]", dtype=arg.dtype)
                 decls.append(Leaf(name, arg.dtype, len(arg.shape) == 1))
             elif start is not None:
                 leaves[a] = Operand("tile", f"_s{a}_t[0:pr, 0:fw]", dtype=arg.dtype)
-                decls.append(Leaf(_var(ir.node(arg.args[0])), arg.dtype, False, _offset(start), f"_s{a}_t"))
+                decls.append(Leaf(var(ir.node(arg.args[0])), arg.dtype, False, _offset(start), f"_s{a}_t"))
                 dims.update(start.symbols())
             else:
                 todo.append(a)

@@ -18,11 +18,9 @@ rows are per-core partials that the host adds with _add_cores_kernel, as the tok
 
 from __future__ import annotations
 
-from dataclasses import dataclass
-
 from fusegen.codegen.engines import GPSIMD, VECTOR, gpsimd_allows
 from fusegen.codegen.family import Mismatch
-from fusegen.codegen.ffn import backward_program as program  # a cycle: used inside functions only
+from fusegen.codegen.ffn.backward_parts import FAMILY, SCALARS, Elementwise, Leaf, RowPass, Write, var
 from fusegen.codegen.rowreduce.lower import output_value
 from fusegen.codegen.select import Layout, SelectError, Selector
 from fusegen.codegen.select_tables import NL_DTYPE
@@ -30,17 +28,6 @@ from fusegen.codegen.stage import Operand, StageBuilder, StageError
 from fusegen.dsl.ir import Dim, KernelIR, Node
 
 ROW_REDUCTIONS = ("sum", "mean")  # linear: a row's result is the sum of its chunks' results
-
-
-@dataclass(frozen=True)
-class RowPass:
-    """One pass over a row tile's chunks: accumulators zeroed before it, the chunk's loads and lines (ending
-    in the accumulation), the per-row math on the accumulators after it."""
-
-    before: tuple[str, ...]
-    leaves: tuple[program.Leaf, ...]
-    lines: tuple[str, ...]
-    after: tuple[str, ...]
 
 
 def is_row_reduction(ir: KernelIR, n: Node) -> bool:
@@ -57,7 +44,7 @@ def closure(ir: KernelIR, roots: list[int], done: set[int]) -> list[int]:
     todo = list(seen)
     while todo:
         for a in ir.node(todo.pop()).args:
-            if a not in seen and a not in done and ir.node(a).op not in program.SCALARS:
+            if a not in seen and a not in done and ir.node(a).op not in SCALARS:
                 seen.add(a)
                 todo.append(a)
     return sorted(seen)
@@ -89,26 +76,26 @@ class _RowBuilder:
     def __init__(self, ir: KernelIR, done: set[int], shape: tuple[Dim, ...]) -> None:
         self.ir, self.done, self.shape = ir, done, shape
         self.columns: dict[int, Operand] = {}  # [R, 1] values of earlier sections, by node id
-        self.leaves: dict[int, program.Leaf] = {}  # every HBM value the kernel reads: its arguments
+        self.leaves: dict[int, Leaf] = {}  # every HBM value the kernel reads: its arguments
         self.constants: list[str] = []
 
-    def section(self, nodes: list[int], prefix: str) -> tuple[StageBuilder, Selector, list[program.Leaf]]:
+    def section(self, nodes: list[int], prefix: str) -> tuple[StageBuilder, Selector, list[Leaf]]:
         """A builder and selector over this section's HBM leaves (the chunk's tiles) and the columns."""
         loaded: dict[int, Operand] = {}
-        leaves: list[program.Leaf] = []
+        leaves: list[Leaf] = []
         computed = closure(self.ir, nodes, self.done | set(self.columns))
         for a in [*nodes, *(a for nid in computed for a in self.ir.node(nid).args)]:
             arg = self.ir.node(a)
-            if a in self.done and a not in loaded and a not in self.columns and arg.op not in program.SCALARS:
+            if a in self.done and a not in loaded and a not in self.columns and arg.op not in SCALARS:
                 leaves.append(self._leaf(arg))
-                loaded[a] = Operand("tile", f"{program._var(arg)}_t[0:pr, 0:fw]", dtype=arg.dtype)
+                loaded[a] = Operand("tile", f"{var(arg)}_t[0:pr, 0:fw]", dtype=arg.dtype)
         builder = StageBuilder(self.ir, {**loaded, **self.columns}, _kind, lambda n: _free_size(self.ir, n))
         return builder, Selector(Layout(part="pr", free="fw", free_alloc="_F_MOV"), prefix=prefix), leaves
 
-    def _leaf(self, n: Node) -> program.Leaf:
+    def _leaf(self, n: Node) -> Leaf:
         if _kind(n) == "vec" or (len(n.shape) == 2 and n.shape != self.shape):
-            raise Mismatch(program.FAMILY, n.span, "a row kernel reading an HBM value neither [R, N] nor [N]")
-        return self.leaves.setdefault(n.id, program.Leaf(program._var(n), n.dtype, len(n.shape) == 1))
+            raise Mismatch(FAMILY, n.span, "a row kernel reading an HBM value neither [R, N] nor [N]")
+        return self.leaves.setdefault(n.id, Leaf(var(n), n.dtype, len(n.shape) == 1))
 
     def finish(self, sel: Selector) -> tuple[str, ...]:
         """A section's lines, its launch-wide constants kept for the kernel's setup."""
@@ -117,18 +104,18 @@ class _RowBuilder:
 
 
 def row_kernel(ir: KernelIR, nodes: list[int], sums: list[int], done: set[int], kernel: str,
-               into: list[program.Write]) -> program.Elementwise:  # fmt: skip
+               into: list[Write]) -> Elementwise:  # fmt: skip
     """One row kernel writing `nodes` (each into its own buffer, `into`) and the token sums `sums` (of
     [R, N] values) from the values in HBM (`done`); raises Mismatch."""
     roots = [*nodes, *(ir.node(s).args[0] for s in sums)]
     if any(w.column is not None for w in into):
-        raise Mismatch(program.FAMILY, ir.node(roots[0]).span, "a row kernel writing into a concatenation")
+        raise Mismatch(FAMILY, ir.node(roots[0]).span, "a row kernel writing into a concatenation")
     shape = ir.node(roots[0]).shape
     computed = closure(ir, roots, done)
     for nid in computed:
         n = ir.node(nid)
         if _kind(n) == "tile" and len(n.shape) == 2 and n.shape != shape:
-            raise Mismatch(program.FAMILY, n.span, "a row kernel over values of two widths")
+            raise Mismatch(FAMILY, n.span, "a row kernel over values of two widths")
     level: dict[int, int] = {}
     for nid in computed:
         n = ir.node(nid)
@@ -143,12 +130,12 @@ def row_kernel(ir: KernelIR, nodes: list[int], sums: list[int], done: set[int], 
                        for w in into)  # fmt: skip
         accs = [_column_sum(sel, exprs[ir.node(s).args[0]], f"cs{j}") for j, s in enumerate(sums)]
     except (StageError, SelectError) as err:
-        raise Mismatch(program.FAMILY, ir.node(roots[0]).span, f"a row stage the selector cannot take: {err}"
+        raise Mismatch(FAMILY, ir.node(roots[0]).span, f"a row stage the selector cannot take: {err}"
                        ) from None  # fmt: skip
     lines = rows.finish(sel)
     width = next((lf.name for lf in rows.leaves.values() if not lf.vector), "")
     if not width:
-        raise Mismatch(program.FAMILY, ir.node(roots[0]).span, "a row kernel over vectors only")
+        raise Mismatch(FAMILY, ir.node(roots[0]).span, "a row kernel over vectors only")
     setup = [*_dim_bindings(ir, computed, rows.leaves), *rows.constants]
     if sums:
         setup += ["ones = nl.ndarray((_P, 1), dtype=nl.float32, buffer=nl.sbuf)",
@@ -158,7 +145,7 @@ def row_kernel(ir: KernelIR, nodes: list[int], sums: list[int], done: set[int], 
             f"nisa.memset(dst=cs{j}[0:1, 0:N], value=0.0)")]  # fmt: skip
     params = tuple(sorted({f"{n.name}_arg" for n in ir.nodes if n.op == "param"}))
     buffers = tuple((f"_v{w.buffer}", NL_DTYPE[ir.node(w.buffer).dtype], "N") for w in into)
-    return program.Elementwise(
+    return Elementwise(
         kernel, tuple(rows.leaves.values()), params, (*lines, *(ln for acc in accs for ln in acc)), writes,
         buffers, f"{width}_hbm.shape", passes=passes, setup=tuple(setup), final_leaves=tuple(leaves),
         sums=tuple((f"_v{s}", f"cs{j}") for j, s in enumerate(sums)),
@@ -204,7 +191,7 @@ def _column_sum(sel: Selector, expr: object, acc: str) -> tuple[str, ...]:
             f"data2={ps}[0:1, 0:fw], op=nl.add)")  # fmt: skip
 
 
-def _dim_bindings(ir: KernelIR, computed: list[int], leaves: dict[int, program.Leaf]) -> list[str]:
+def _dim_bindings(ir: KernelIR, computed: list[int], leaves: dict[int, Leaf]) -> list[str]:
     """`d_<dim> = <leaf>_hbm.shape[axis]` for each dim the kernel's lines name (a dim's value, a mean's N)."""
     dims: set[str] = set()
     for nid in computed:
@@ -217,6 +204,6 @@ def _dim_bindings(ir: KernelIR, computed: list[int], leaves: dict[int, program.L
         src = next((f"{lf.name}_hbm.shape[{axis}]" for nid, lf in leaves.items()
                     for axis, size in enumerate(ir.node(nid).shape) if size == Dim.sym(d)), None)  # fmt: skip
         if src is None:
-            raise Mismatch(program.FAMILY, ir.node(computed[0]).span, f"dim {d}: no HBM value has it")
+            raise Mismatch(FAMILY, ir.node(computed[0]).span, f"dim {d}: no HBM value has it")
         lines.append(f"d_{d} = {src}")
     return lines
