@@ -132,8 +132,20 @@ def _new_layout(t: NkiTensor) -> Layout:
 class _Group:
     """Pending matmuls into one PSUM view: out (+)= A.T @ B over the K-stacked operands."""
 
-    __slots__ = ("alloc", "beta", "copies", "key", "limit", "out", "places", "reads", "readers", "rows",
-                 "slot", "stacks")  # fmt: skip
+    __slots__ = (
+        "alloc",
+        "beta",
+        "copies",
+        "key",
+        "limit",
+        "out",
+        "places",
+        "readers",
+        "reads",
+        "rows",
+        "slot",
+        "stacks",
+    )  # fmt: skip
 
     def __init__(self, d: NkiTensor, out: torch.Tensor, slot: int, beta: float, places: Places) -> None:
         self.alloc = d.alloc  # keeps the tile (and its pooled storage) alive until the GEMM ran
