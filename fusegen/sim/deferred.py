@@ -182,14 +182,22 @@ class _Group:
         self.readers += (st.alloc, mv.alloc)
         self.reads.update((st.alloc.id, mv.alloc.id))
 
-    def gemm(self) -> None:
-        """Stack the operands, then out (+)= the stacked product (torch releases the GIL inside both)."""
-        if self.copies[0]:
-            torch._foreach_copy_(*self.copies)
-        m, n = self.out.shape
-        a = self.stacks[0].matrix(self.rows, self.places[0], m)
+    def gemm(self) -> Callable[[], None]:
+        """The group's work, to run off the turn: fill the stack blocks, then out (+)= the stacked
+        product. Its views are made here, on the turn: the GEMM thread then only makes the two torch
+        calls, which release the GIL, instead of waiting for the GIL before each small view call too."""
+        copies, out, beta = self.copies, self.out, self.beta
+        m, n = out.shape
+        a = self.stacks[0].matrix(self.rows, self.places[0], m).t()
         b = self.stacks[1].matrix(self.rows, self.places[1], n)
-        self.out.addmm_(a.t(), b, beta=self.beta)
+
+        def run() -> None:
+            """Stack, then multiply-accumulate."""
+            if copies[0]:
+                torch._foreach_copy_(*copies)
+            out.addmm_(a, b, beta=beta)
+
+        return run
 
 
 class MatmulQueue:
@@ -233,10 +241,12 @@ class MatmulQueue:
             return
         done, self.groups = self.groups[:count], self.groups[count:]
 
+        work = [g.gemm() for g in done]
+
         def gemms() -> None:
             """The GEMMs of the flushed groups."""
-            for g in done:
-                g.gemm()
+            for run in work:
+                run()
 
         self.off_turn(gemms)
         for g in done:
