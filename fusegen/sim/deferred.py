@@ -31,6 +31,7 @@ from collections.abc import Callable
 import torch
 
 from .memory import Alloc, MemoryRegion, ViewKey
+from .provenance import Piece, block, extend, piece
 from .tensor import NkiTensor
 
 _ROWS = 2048  # stacked contraction rows per group; a longer accumulation continues in a new group
@@ -136,6 +137,7 @@ class _Group:
         "alloc",
         "beta",
         "copies",
+        "held",
         "key",
         "limit",
         "out",
@@ -143,6 +145,7 @@ class _Group:
         "readers",
         "reads",
         "rows",
+        "runs",
         "slot",
         "stacks",
     )  # fmt: skip
@@ -160,6 +163,10 @@ class _Group:
         self.reads: set[int] = set()  # ids of the operand allocations
         self.limit = min(_ROWS, _STACK // max(width for width, _ in self.places))
         self.stacks = tuple(_stack(slot, side, width) for side, (width, _) in enumerate(places))
+        # per side: its operands as consecutive rows of one caller input, while they are (provenance.py),
+        # else None; and those operands as (row, tile, view), to stack after all if a later one breaks the run
+        self.runs: list[list[Piece] | None] = [[], []]
+        self.held: tuple[list[tuple[int, NkiTensor, ViewKey]], ...] = ([], [])
         for stack, (width, _) in zip(self.stacks, self.places, strict=True):
             stack.reserve(self.limit * width)
 
@@ -175,12 +182,36 @@ class _Group:
 
     def append(self, st: NkiTensor, key_a: ViewKey, mv: NkiTensor, key_b: ViewKey) -> None:
         """Add one matmul's operands below the stacked rows so far."""
-        (width_a, _), (width_b, _) = self.places
-        self.stacks[0].put(self.rows * width_a, st, key_a, self.copies)
-        self.stacks[1].put(self.rows * width_b, mv, key_b, self.copies)
+        self._place(0, st, key_a)
+        self._place(1, mv, key_b)
         self.rows += st.partitions
         self.readers += (st.alloc, mv.alloc)
         self.reads.update((st.alloc.id, mv.alloc.id))
+
+    def _place(self, side: int, t: NkiTensor, key: ViewKey) -> None:
+        """Extend the side's run of input rows with view `key` of t, or plan its stack copy."""
+        run = self.runs[side]
+        width = self.places[side][0]
+        if run is not None:
+            found = piece(t.alloc, key)
+            if found is not None and extend(run, found):
+                self.held[side].append((self.rows, t, key))
+                return
+            self.runs[side] = None
+            for row, earlier, earlier_key in self.held[side]:  # the run is broken: stack it after all
+                self.stacks[side].put(row * width, earlier, earlier_key, self.copies)
+        self.stacks[side].put(self.rows * width, t, key, self.copies)
+
+    def _matrix(self, side: int, cols: int) -> Callable[[], torch.Tensor]:
+        """The side's [rows, cols] operand: a view of an input's fp32 copy, or of the stack."""
+        run = self.runs[side]
+        col = self.places[side][1]
+        if run:
+            source, ((rows, _), strides, offset) = block(run)
+            key = ((rows, cols), strides, offset + col)
+            return lambda: source.view(key)  # converted by the first GEMM that needs it, off the turn
+        stacked = self.stacks[side].matrix(self.rows, self.places[side], cols)
+        return lambda: stacked
 
     def gemm(self) -> Callable[[], None]:
         """The group's work, to run off the turn: fill the stack blocks, then out (+)= the stacked
@@ -188,14 +219,13 @@ class _Group:
         calls, which release the GIL, instead of waiting for the GIL before each small view call too."""
         copies, out, beta = self.copies, self.out, self.beta
         m, n = out.shape
-        a = self.stacks[0].matrix(self.rows, self.places[0], m).t()
-        b = self.stacks[1].matrix(self.rows, self.places[1], n)
+        a, b = self._matrix(0, m), self._matrix(1, n)
 
         def run() -> None:
             """Stack, then multiply-accumulate."""
             if copies[0]:
                 torch._foreach_copy_(*copies)
-            out.addmm_(a, b, beta=beta)
+            out.addmm_(a().t(), b(), beta=beta)
 
         return run
 

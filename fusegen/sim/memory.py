@@ -6,6 +6,7 @@ import enum
 import functools
 import itertools
 import math
+import threading
 from collections.abc import Sequence
 from typing import TYPE_CHECKING
 
@@ -64,6 +65,25 @@ class StoragePool:
         self.free.clear()
 
 
+class InputF32:
+    """The fp32 copy of a caller input's original storage, made once by the first GEMM that needs it
+    (provenance.py)."""
+
+    __slots__ = ("f32", "lock", "storage")
+
+    def __init__(self, storage: torch.Tensor) -> None:
+        self.storage = storage  # the caller's storage (the input's flat span): unchanged during a launch
+        self.lock = threading.Lock()  # instances convert off their turns, so possibly at the same time
+        self.f32: torch.Tensor | None = None
+
+    def view(self, key: ViewKey) -> torch.Tensor:
+        """View `key` (offsets relative to the storage span) of the fp32 copy."""
+        with self.lock:
+            if self.f32 is None:
+                self.f32 = self.storage.float()
+        return torch.as_strided(self.f32, *key)
+
+
 class Span:
     """Interval-liveness record of an on-chip allocation; outlives the allocation (and its storage)."""
 
@@ -105,6 +125,7 @@ class Alloc:
         "dirty",
         "dtype",
         "dtype_name",
+        "f32_input",
         "fviews",
         "id",
         "itemsize",
@@ -116,6 +137,7 @@ class Alloc:
         "name",
         "on_chip",
         "operands",
+        "origin",
         "pending",
         "pool",
         "pstride",
@@ -188,6 +210,9 @@ class Alloc:
         self.operands: dict[tuple[str, tuple[int, ...]], Operand] = {}  # trace operand tuples, shared
         self.version = 0  # write count: tells deferred.py whether stacked operand copies are current
         self.span = Span(self) if self.on_chip else None
+        # DMA provenance (provenance.py): the input view an SBUF tile holds, and an input's fp32 copy
+        self.origin: tuple[int, ViewKey, InputF32, ViewKey] | None = None
+        self.f32_input: InputF32 | None = None
 
     def __del__(self) -> None:
         """The kernel dropped its last view: recycle the storage this allocation owns."""
