@@ -210,10 +210,8 @@ def _to_hbm(launch: Launch, value: Any, name: str, site: tuple[str, int]) -> Any
         value = torch.from_numpy(value)
     if isinstance(value, torch.Tensor):
         if value.device.type != "cpu":
-            raise SimError(
-                f"{site[0]}:{site[1]}: launch: no backend for device {value.device} (argument "
-                f"{name}): fusegen's interpreter runs CPU tensors"
-            )
+            raise SimError(f"{site[0]}:{site[1]}: launch: no backend for device {value.device} (argument "
+                           f"{name}): fusegen's interpreter runs CPU tensors")
         return launch.hbm_input(value, name, site)
     if isinstance(value, tuple | list):
         return tuple(_to_hbm(launch, v, f"{name}[{i}]", site) for i, v in enumerate(value))
