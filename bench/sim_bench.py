@@ -144,9 +144,18 @@ def compare(label: str, case: Case) -> float:
     print(f"  for reference: eager torch fp32 single-threaded {times['torch1'] * 1e3:.0f} ms, "
           f"ratio {times['sim'] / times['torch1']:.2f}x")  # fmt: skip
     cpu_ms = {name: f"{times[f'{name} cpu'] * 1e3:.0f} ms" for name in ("sim", "torch", "torch1")}
+    cpu_ratios = [times["sim cpu"] / times[f"{name} cpu"] for name in ("torch", "torch1")]
     print(f"  CPU time per run (both cores): sim {cpu_ms['sim']}, eager torch fp32 {cpu_ms['torch']} "
-          f"(2 threads), {cpu_ms['torch1']} (1 thread)")  # fmt: skip
+          f"(2 threads), {cpu_ms['torch1']} (1 thread); CPU ratios {cpu_ratios[0]:.2f}x, "
+          f"{cpu_ratios[1]:.2f}x "
+          f"(eager torch's CPU on 1 thread is its work alone: loaded, its 2 threads spin while waiting); "
+          f"load average now {load_average()}")  # fmt: skip
     return ratio
+
+
+def load_average() -> str:
+    """The 1-, 5- and 15-minute load averages."""
+    return ", ".join(f"{v:.1f}" for v in os.getloadavg())
 
 
 def busy() -> bool:
@@ -157,8 +166,8 @@ def busy() -> bool:
 def main() -> None:
     """Print the figures."""
     print(f"per-instruction overhead: {per_instruction_us():.1f} us (tensor_tensor on [128, 4])")
-    load = ", ".join(f"{v:.1f}" for v in os.getloadavg())
-    print(f"best of {REPEATS} interleaved runs each; LNC=2; load average {load} on {os.cpu_count()} cores")
+    cores = os.cpu_count()
+    print(f"best of {REPEATS} interleaved runs each; LNC=2; load average {load_average()} on {cores} cores")
     os.environ["NEURON_LOGICAL_NC_CONFIG"] = "2"
     compare("generated swiglu_ffn_ln R=512 K=1280 I=3416", generated_case(512, 1280, 3416, 2))
     if not SEED.exists():

@@ -12,7 +12,14 @@ summation order.
 Operands that are column ranges of whole partition rows are stacked as those whole rows (copying
 rows is sequential, so fast, where column blocks are strided), and a stacked block is not copied again
 while the buffer still holds it unchanged (same allocation, rows and write version): the seed kernel's
-later matmuls mostly read other columns of rows stacked for an earlier group.
+later matmuls mostly read other columns of rows stacked for an earlier group. Each stacked width has its
+own buffers, so groups of other layouts (e.g. a down-projection between two up-projections) do not evict
+those blocks.
+
+Which blocks a group must copy is decided when its matmuls are queued (on the instance's turn: a slot's
+earlier group has run by then, so its buffer contents are known); the GEMM thread then makes one copy call
+for them all and one GEMM call. All Python work is serialized by the GIL anyway, and the GEMM thread would
+otherwise wait for the GIL after each of many small torch calls.
 """
 
 from __future__ import annotations
@@ -24,6 +31,7 @@ from collections.abc import Callable
 import torch
 
 from .memory import Alloc, MemoryRegion, ViewKey
+from .provenance import Piece, block, extend, piece
 from .tensor import NkiTensor
 
 _ROWS = 2048  # stacked contraction rows per group; a longer accumulation continues in a new group
@@ -34,17 +42,17 @@ _threads = threading.local()  # stacks per thread, kept across launches (no fres
 Tag = tuple[int, int, ViewKey]  # (allocation id, write version, view): identifies an operand's data
 Layout = tuple[ViewKey, int, int]  # (view to stack, stacked width, operand's first column in it)
 Places = tuple[tuple[int, int], tuple[int, int]]  # (stacked width, column) of stationary and moving
-Operands = tuple[NkiTensor, ViewKey, NkiTensor, ViewKey]  # stationary and moving, with the views to stack
 
 
 class _Stack:
     """A flat fp32 buffer of K-stacked operand blocks, remembering which data each block holds."""
 
-    __slots__ = ("flat", "tags")
+    __slots__ = ("flat", "tags", "targets")
 
     def __init__(self) -> None:
         self.flat = torch.empty(0)
         self.tags: dict[int, tuple[Tag, int]] = {}  # start offset -> (tag, length) of blocks in place
+        self.targets: dict[tuple[int, tuple[int, ...]], torch.Tensor] = {}  # (start, shape) -> view of flat
 
     def reserve(self, size: int) -> None:
         """Make room for `size` elements (contents are lost when it grows)."""
@@ -52,16 +60,24 @@ class _Stack:
             with torch.inference_mode(False):  # kept across launches: a normal tensor, writable in any mode
                 self.flat = torch.empty(size)
             self.tags = {}
+            self.targets = {}
 
-    def put(self, start: int, t: NkiTensor, key: ViewKey) -> None:
-        """Store view `key` of t's allocation at flat offset `start` (contiguously), unless in place."""
+    def put(self, start: int, t: NkiTensor, key: ViewKey, copies: _Copies) -> None:
+        """Plan storing view `key` of t's allocation at flat offset `start` (contiguously), unless the
+        buffer will hold it then anyway: appends (target, source) to `copies`, run before the GEMM."""
         alloc = t.alloc
         tag = (alloc.id, alloc.version, key)
-        length = math.prod(key[0])
+        shape = key[0]
+        length = math.prod(shape)
         if self.tags.get(start) == (tag, length):
             return
-        rows = alloc.view(key)
-        self.flat[start : start + length].view(rows.shape).copy_(rows)
+        target = self.targets.get((start, shape))
+        if target is None:
+            if len(self.targets) > 4096:  # a few hundred distinct blocks per kernel: never grows unbounded
+                self.targets = {}
+            target = self.targets[(start, shape)] = self.flat[start : start + length].view(shape)
+        copies[0].append(target)
+        copies[1].append(alloc.view(key))
         end = start + length
         for old in [s for s, (_, n) in self.tags.items() if s < end and start < s + n]:
             del self.tags[old]
@@ -73,13 +89,20 @@ class _Stack:
         return self.flat[: rows * width].view(rows, width)[:, col : col + cols]
 
 
-def _stacks(slot: int) -> tuple[_Stack, _Stack]:
-    """This thread's stacks (stationary, moving) for a slot."""
-    slots: list[tuple[_Stack, _Stack]] = getattr(_threads, "slots", [])
-    _threads.slots = slots
-    while len(slots) <= slot:
-        slots.append((_Stack(), _Stack()))
-    return slots[slot]
+_Copies = tuple[list[torch.Tensor], list[torch.Tensor]]  # copy targets (stack blocks) and their sources
+_KEPT_STACKS = 16  # stacks per thread (slot, side, width) before they start over (each <= 4 MiB)
+
+
+def _stack(slot: int, side: int, width: int) -> _Stack:
+    """This thread's stack for a slot, side (0 stationary, 1 moving) and stacked width."""
+    stacks: dict[tuple[int, int, int], _Stack] = getattr(_threads, "stacks", {})
+    _threads.stacks = stacks
+    stack = stacks.get((slot, side, width))
+    if stack is None:
+        if len(stacks) >= _KEPT_STACKS:
+            stacks.clear()
+        stack = stacks[(slot, side, width)] = _Stack()
+    return stack
 
 
 def _layout(t: NkiTensor) -> Layout:
@@ -113,16 +136,19 @@ class _Group:
     __slots__ = (
         "alloc",
         "beta",
+        "copies",
+        "held",
         "key",
         "limit",
-        "operands",
         "out",
         "places",
+        "readers",
         "reads",
         "rows",
+        "runs",
         "slot",
         "stacks",
-    )
+    )  # fmt: skip
 
     def __init__(self, d: NkiTensor, out: torch.Tensor, slot: int, beta: float, places: Places) -> None:
         self.alloc = d.alloc  # keeps the tile (and its pooled storage) alive until the GEMM ran
@@ -132,10 +158,15 @@ class _Group:
         self.rows = 0
         self.places = places
         self.slot = slot
-        self.operands: list[Operands] = []  # per matmul, stacked when the GEMM runs
+        self.copies: _Copies = ([], [])  # stack blocks to fill before the GEMM, and their sources
+        self.readers: list[Alloc] = []  # operand allocations, per matmul
         self.reads: set[int] = set()  # ids of the operand allocations
         self.limit = min(_ROWS, _STACK // max(width for width, _ in self.places))
-        self.stacks = _stacks(slot)
+        self.stacks = tuple(_stack(slot, side, width) for side, (width, _) in enumerate(places))
+        # per side: its operands as consecutive rows of one caller input, while they are (provenance.py),
+        # else None; and those operands as (row, tile, view), to stack after all if a later one breaks the run
+        self.runs: list[list[Piece] | None] = [[], []]
+        self.held: tuple[list[tuple[int, NkiTensor, ViewKey]], ...] = ([], [])
         for stack, (width, _) in zip(self.stacks, self.places, strict=True):
             stack.reserve(self.limit * width)
 
@@ -149,19 +180,54 @@ class _Group:
             and self.places == places
         )
 
-    def gemm(self) -> None:
-        """Stack the operands, then out (+)= the stacked product (torch releases the GIL inside both)."""
-        (width_a, _), (width_b, _) = self.places
-        stack_a, stack_b = self.stacks
-        row = 0
-        for st, key_a, mv, key_b in self.operands:
-            stack_a.put(row * width_a, st, key_a)
-            stack_b.put(row * width_b, mv, key_b)
-            row += st.partitions
-        m, n = self.out.shape
-        a = self.stacks[0].matrix(self.rows, self.places[0], m)
-        b = self.stacks[1].matrix(self.rows, self.places[1], n)
-        self.out.addmm_(a.t(), b, beta=self.beta)
+    def append(self, st: NkiTensor, key_a: ViewKey, mv: NkiTensor, key_b: ViewKey) -> None:
+        """Add one matmul's operands below the stacked rows so far."""
+        self._place(0, st, key_a)
+        self._place(1, mv, key_b)
+        self.rows += st.partitions
+        self.readers += (st.alloc, mv.alloc)
+        self.reads.update((st.alloc.id, mv.alloc.id))
+
+    def _place(self, side: int, t: NkiTensor, key: ViewKey) -> None:
+        """Extend the side's run of input rows with view `key` of t, or plan its stack copy."""
+        run = self.runs[side]
+        width = self.places[side][0]
+        if run is not None:
+            found = piece(t.alloc, key)
+            if found is not None and extend(run, found):
+                self.held[side].append((self.rows, t, key))
+                return
+            self.runs[side] = None
+            for row, earlier, earlier_key in self.held[side]:  # the run is broken: stack it after all
+                self.stacks[side].put(row * width, earlier, earlier_key, self.copies)
+        self.stacks[side].put(self.rows * width, t, key, self.copies)
+
+    def _matrix(self, side: int, cols: int) -> Callable[[], torch.Tensor]:
+        """The side's [rows, cols] operand: a view of an input's fp32 copy, or of the stack."""
+        run = self.runs[side]
+        col = self.places[side][1]
+        if run:
+            source, ((rows, _), strides, offset) = block(run)
+            key = ((rows, cols), strides, offset + col)
+            return lambda: source.view(key)  # converted by the first GEMM that needs it, off the turn
+        stacked = self.stacks[side].matrix(self.rows, self.places[side], cols)
+        return lambda: stacked
+
+    def gemm(self) -> Callable[[], None]:
+        """The group's work, to run off the turn: fill the stack blocks, then out (+)= the stacked
+        product. Its views are made here, on the turn: the GEMM thread then only makes the two torch
+        calls, which release the GIL, instead of waiting for the GIL before each small view call too."""
+        copies, out, beta = self.copies, self.out, self.beta
+        m, n = out.shape
+        a, b = self._matrix(0, m), self._matrix(1, n)
+
+        def run() -> None:
+            """Stack, then multiply-accumulate."""
+            if copies[0]:
+                torch._foreach_copy_(*copies)
+            out.addmm_(a().t(), b(), beta=beta)
+
+        return run
 
 
 class MatmulQueue:
@@ -184,11 +250,9 @@ class MatmulQueue:
             group = _Group(d, out, slot, beta, places)
             self.groups.append(group)
             d.alloc.pending = True
-        group.operands.append((st, key_a, mv, key_b))
-        group.reads.update((st.alloc.id, mv.alloc.id))
+        group.append(st, key_a, mv, key_b)
         st.alloc.readers += 1
         mv.alloc.readers += 1
-        group.rows += st.partitions
         if not st.alloc.region is mv.alloc.region is MemoryRegion.sbuf:  # a rule broken in warn mode:
             self.flush()  # another core may write HBM operands (after a barrier) before a later flush
 
@@ -207,14 +271,15 @@ class MatmulQueue:
             return
         done, self.groups = self.groups[:count], self.groups[count:]
 
+        work = [g.gemm() for g in done]
+
         def gemms() -> None:
             """The GEMMs of the flushed groups."""
-            for g in done:
-                g.gemm()
+            for run in work:
+                run()
 
         self.off_turn(gemms)
         for g in done:
             g.alloc.pending = any(p.alloc is g.alloc for p in self.groups)
-            for st, _, mv, _ in g.operands:
-                st.alloc.readers -= 1
-                mv.alloc.readers -= 1
+            for operand in g.readers:
+                operand.readers -= 1

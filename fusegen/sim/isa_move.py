@@ -6,6 +6,7 @@ import math
 
 import torch
 
+from . import provenance
 from .conformance import violation
 from .errors import DtypeError, InvalidArgumentError, PartitionError, ShapeMismatchError, UnsupportedError
 from .instr import Instr
@@ -68,6 +69,7 @@ def dma_copy(
     value = ins.read(s, "src")
     # ISA dma_copy: differing dtypes convert through float32 (to integers: RNE, then saturation on write)
     ins.write(d, value if s.dtype == d.dtype else value.float())
+    provenance.record(d, s)
     ins.finish(*_elems(d if d.alloc.on_chip else s))
 
 

@@ -3,8 +3,10 @@
 from __future__ import annotations
 
 import enum
+import functools
 import itertools
 import math
+import threading
 from collections.abc import Sequence
 from typing import TYPE_CHECKING
 
@@ -63,6 +65,25 @@ class StoragePool:
         self.free.clear()
 
 
+class InputF32:
+    """The fp32 copy of a caller input's original storage, made once by the first GEMM that needs it
+    (provenance.py)."""
+
+    __slots__ = ("f32", "lock", "storage")
+
+    def __init__(self, storage: torch.Tensor) -> None:
+        self.storage = storage  # the caller's storage (the input's flat span): unchanged during a launch
+        self.lock = threading.Lock()  # instances convert off their turns, so possibly at the same time
+        self.f32: torch.Tensor | None = None
+
+    def view(self, key: ViewKey) -> torch.Tensor:
+        """View `key` (offsets relative to the storage span) of the fp32 copy."""
+        with self.lock:
+            if self.f32 is None:
+                self.f32 = self.storage.float()
+        return torch.as_strided(self.f32, *key)
+
+
 class Span:
     """Interval-liveness record of an on-chip allocation; outlives the allocation (and its storage)."""
 
@@ -104,6 +125,7 @@ class Alloc:
         "dirty",
         "dtype",
         "dtype_name",
+        "f32_input",
         "fviews",
         "id",
         "itemsize",
@@ -115,6 +137,7 @@ class Alloc:
         "name",
         "on_chip",
         "operands",
+        "origin",
         "pending",
         "pool",
         "pstride",
@@ -151,22 +174,16 @@ class Alloc:
         self.region = region
         self.name = name
         self.site = site
-        self.on_chip = region in ON_CHIP
-        # cached for the per-instruction trace path
-        self.region_name = region.value
-        self.dtype_name = str(dtype).removeprefix("torch.")
-        self.itemsize = dtype.itemsize
-        self.level = 2 * _LEVEL[region]  # index of this memory's read counter in Instr.bytes
-        numel = math.prod(shape)
-        self.pstride = math.prod(shape[1:]) if shape else 1
-        self.bytes_per_partition = self.pstride * dtype.itemsize
+        # cached for the per-instruction trace path (and per shape, dtype and memory: tiles repeat)
+        (numel, self.pstride, self.bytes_per_partition, self.on_chip, self.region_name, self.dtype_name,
+         self.itemsize, self.level, strides) = _layout(shape, dtype, region)  # fmt: skip
         self.source = source  # the caller's torch tensor for kernel inputs (written back if mutated)
         # Storage starts uninitialized (possibly a freed allocation's data); elements read before any
         # write are poisoned (NaN / int max) at that moment, which is indistinguishable from filling at
         # allocation but skips a full pass. The written mask only exists once a partial write happens.
         if source is None:
             self.data, self.views = pool.take(numel, dtype)
-            self.strides = contiguous_strides(shape)
+            self.strides = strides
         else:  # HBM as the caller laid it out: its storage from its offset, addressed with its strides
             self.data, self.views = storage_span(source.detach()), {}
             self.strides = tuple(source.stride())
@@ -193,6 +210,9 @@ class Alloc:
         self.operands: dict[tuple[str, tuple[int, ...]], Operand] = {}  # trace operand tuples, shared
         self.version = 0  # write count: tells deferred.py whether stacked operand copies are current
         self.span = Span(self) if self.on_chip else None
+        # DMA provenance (provenance.py): the input view an SBUF tile holds, and an input's fp32 copy
+        self.origin: tuple[int, ViewKey, InputF32, ViewKey] | None = None
+        self.f32_input: InputF32 | None = None
 
     def __del__(self) -> None:
         """The kernel dropped its last view: recycle the storage this allocation owns."""
@@ -281,8 +301,29 @@ class Alloc:
         return label(self.id, self.name, self.region, self.shape, self.dtype)
 
 
+@functools.lru_cache(maxsize=1024)
+def _layout(
+    shape: tuple[int, ...], dtype: torch.dtype, region: MemoryRegion
+) -> tuple[int, int, int, bool, str, str, int, int, tuple[int, ...]]:
+    """An allocation's derived constants: element count, partition row length, bytes per partition,
+    on chip, memory and dtype names, item size, index of its read counter in Instr.bytes, strides."""
+    pstride = math.prod(shape[1:]) if shape else 1
+    name = str(dtype).removeprefix("torch.")
+    level = 2 * _LEVEL[region]
+    return (math.prod(shape), pstride, pstride * dtype.itemsize, region in ON_CHIP, region.value, name,
+            dtype.itemsize, level, contiguous_strides(shape))  # fmt: skip
+
+
 def contiguous_strides(shape: Sequence[int]) -> tuple[int, ...]:
     """Row-major element strides for a shape."""
+    if type(shape) is tuple:
+        return _contiguous(shape)
+    return _contiguous(tuple(shape))
+
+
+@functools.lru_cache(maxsize=1024)
+def _contiguous(shape: tuple[int, ...]) -> tuple[int, ...]:
+    """Uncached contiguous_strides."""
     strides = []
     step = 1
     for n in reversed(shape):
