@@ -76,7 +76,8 @@ class Plan(NamedTuple):
 
     s: int
     ci: int
-    split: int  # 1: each core computes every row over its share of I; 0: each core its own rows
+    split: int  # 1: each core computes every row over its share of I; 0: each core its own rows; 2: as 1,
+    # with the partial sums exchanged core to core (nisa.sendrecv, LNC 2) instead of through shared HBM
     kc: int = 0
     g: int = 0
 
@@ -88,9 +89,11 @@ def work_per_core(rows: int, i: int, lnc: int, split: int) -> tuple[int, int]:
     return rows_per_core(rows, lnc), i
 
 
-def buffers(m: FfnModel, s: int, ci: int, k: int, i: int, kc: int = 0, g: int = 0) -> list[Buffer]:
-    """The kernel's SBUF buffers for super-block `s` rows, chunk `ci` columns, column block `kc` and `g`
-    K-tiles per up-weight DMA."""
+def buffers(
+    m: FfnModel, s: int, ci: int, k: int, i: int, kc: int = 0, g: int = 0, split: int = 0
+) -> list[Buffer]:
+    """The kernel's SBUF buffers for super-block `s` rows, chunk `ci` columns, column block `kc`, `g`
+    K-tiles per up-weight DMA and work split `split`."""
     n_k, n_h, n_hc = cdiv(k, P), cdiv(i, P), cdiv(ci, P)
     epi = m.epi_cols if kc else m.epi
     common = [
@@ -111,8 +114,13 @@ def buffers(m: FfnModel, s: int, ci: int, k: int, i: int, kc: int = 0, g: int = 
             Buffer("h^T read back (a group of I-tiles)", h_group(s, i, m.x_bytes) * s * m.x_bytes, 2),
             Buffer("PSUM eviction block (its loads and temporaries)", m.evict.block_bytes * min(F_MOV, k), 2),
         ]
+    exchange = [
+        Buffer("partial sums received from the other core", cdiv(s, P) * k * 4, 1),
+        Buffer("partial-sum block sent (zeros in rounds without)", F_MOV * 4, 3),
+    ]
     return [
         *common,
+        *(exchange if split == 2 else []),
         Buffer("fp32 accumulator", cdiv(s, P) * k * 4, 1),
         Buffer("down-projection weight chunk", n_hc * k * m.down_bytes, 2),
         Buffer("[K]-bias piece / partial-sum block", F_MOV * 4, 2),
@@ -166,14 +174,14 @@ def up_weights(m: FfnModel, s: int, ci: int, k: int, g: int = 0) -> Buffer:
     return Buffer("up-projection weight chunk", m.n_up * cdiv(ci, P) * n_g * group(k, g) * P * m.up_bytes, 2)
 
 
-def sbuf_bytes(m: FfnModel, s: int, ci: int, k: int, i: int, kc: int = 0, g: int = 0) -> int:
+def sbuf_bytes(m: FfnModel, s: int, ci: int, k: int, i: int, kc: int = 0, g: int = 0, split: int = 0) -> int:
     """SBUF bytes per partition the kernel needs, copies included."""
-    return sum(b.bytes * b.copies for b in buffers(m, s, ci, k, i, kc, g))
+    return sum(b.bytes * b.copies for b in buffers(m, s, ci, k, i, kc, g, split))
 
 
 def plan_bytes(m: FfnModel, p: Plan, k: int, i: int) -> int:
     """SBUF bytes per partition of plan `p`."""
-    return sbuf_bytes(m, p.s, p.ci, k, i, p.kc, p.g)
+    return sbuf_bytes(m, p.s, p.ci, k, i, p.kc, p.g, p.split)
 
 
 def smallest_need(m: FfnModel, k: int, i: int) -> int:
@@ -269,11 +277,17 @@ def cost(m: FfnModel, mach: Machine, rows: int, k: int, i: int, lnc: int, plan: 
     if not plan.kc:
         hbm += own * k * 4 * m.acc_init
         transfers += tiles * m.acc_init
-    if plan.split and lnc > 1:  # partial down-projections of the other core's rows out, this core's in
+    exchanged = 0
+    if plan.split == 1 and lnc > 1:  # partial down-projections of the other core's rows out, this core's in
         hbm += 2 * own * k * 4
         transfers += tiles * (1 + cdiv(k, F_MOV))
         dve += tiles * k_cycles
-    dma = dma_time(mach, hbm, transfers)
+    elif plan.split == 2 and lnc > 1:  # the other core's rows' partial sums to it, a K-block per exchange (zeros
+        sent = max(own, comp_rows - own)  # in rounds where only it has sums to send): DMA queues, not HBM
+        exchanged = sent * k * 4
+        transfers += cdiv(sent, P) * cdiv(k, F_MOV)
+        dve += tiles * k_cycles  # the received sums added into the owned rows
+    dma = dma_time(mach, hbm + exchanged, transfers)
     chain = 0.0
     for s_rows, n_sb in runs(comp_rows, plan.s) if plan.kc else ():
         chain += n_sb * _chain(m, mach, s_rows, inter, k, plan)
@@ -331,16 +345,18 @@ def candidates(
     (split over rows only), with column blocks."""
     budget = plannable(usable)
     plans = []
-    for split in (0, 1) if lnc > 1 and cdiv(i, P) >= lnc else (0,):
+    for split in splits(i, lnc):
         comp_rows, inter = work_per_core(rows, i, lnc, split)
         s_all = range(P, cdiv(comp_rows, P) * P + 1, P)
         ci_all = range(P, cdiv(inter, P) * P + 1, P)
         for s in s_all if exhaustive else row_tiles(comp_rows):
+            if split == 2 and s > F_MOV:  # the exchange's rounds assume one row slice per super-block
+                continue
             for kc in (0, 0 if split else column_block(s, k)) if s <= ACC_BANKS * P else (0,):
                 if exhaustive:
-                    fits = [ci for ci in ci_all if sbuf_bytes(m, s, ci, k, i, kc) <= budget]
+                    fits = [ci for ci in ci_all if sbuf_bytes(m, s, ci, k, i, kc, 0, split) <= budget]
                 else:
-                    widest = _widest_fit(m, s, ci_all, k, i, budget, kc)
+                    widest = _widest_fit(m, s, ci_all, k, i, budget, kc, split)
                     fits = [ci for ci in ci_all[max(0, widest - 3) : widest + 1]] if widest >= 0 else []
                 plans += [Plan(s, ci, split, kc, g) for ci in fits for g in _groups(m, s, ci, k)]
             if streams_up(s, P):  # a streamed K-tile group may fit where a whole chunk does not
@@ -348,9 +364,17 @@ def candidates(
                     Plan(s, P, split, kc, g)
                     for kc in ((0, 0 if split else column_block(s, k)) if s <= ACC_BANKS * P else (0,))
                     for g in _groups(m, s, P, k)
-                    if sbuf_bytes(m, s, P, k, i, kc, g) <= budget
+                    if sbuf_bytes(m, s, P, k, i, kc, g, split) <= budget
                 ]
     return list(dict.fromkeys(plans))
+
+
+def splits(i: int, lnc: int) -> tuple[int, ...]:
+    """Work splits worth trying: over rows (0); with at least an I-tile per core, over I, the partial sums
+    through shared HBM (1) or, at LNC 2, exchanged core to core (2: sendrecv pairs the two cores of LNC 2)."""
+    if lnc < 2 or cdiv(i, P) < lnc:
+        return (0,)
+    return (0, 1, 2) if lnc == 2 else (0, 1)
 
 
 def _groups(m: FfnModel, s: int, ci: int, k: int) -> list[int]:
@@ -360,12 +384,12 @@ def _groups(m: FfnModel, s: int, ci: int, k: int) -> list[int]:
     return [0] + ([g for g in (knee, 2 * knee) if g < n_k] if streams_up(s, ci) else [])
 
 
-def _widest_fit(m: FfnModel, s: int, ci_all: range, k: int, i: int, budget: int, kc: int) -> int:
+def _widest_fit(m: FfnModel, s: int, ci_all: range, k: int, i: int, budget: int, kc: int, split: int) -> int:
     """Index in `ci_all` of the widest chunk that fits, -1 if none (SBUF grows with CI: bisect)."""
     lo, hi = -1, len(ci_all) - 1
     while lo < hi:
         mid = (lo + hi + 1) // 2
-        if sbuf_bytes(m, s, ci_all[mid], k, i, kc) <= budget:
+        if sbuf_bytes(m, s, ci_all[mid], k, i, kc, 0, split) <= budget:
             lo = mid
         else:
             hi = mid - 1
