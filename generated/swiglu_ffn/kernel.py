@@ -715,9 +715,15 @@ def swiglu_ffn_kernel(x_hbm, w1t_hbm, b1_hbm, wgt_hbm, bg_hbm, w2t_hbm, b2_hbm, 
                     # a round moves one shape both ways: the larger of the tile sent and the tile received
                     k = theirs.index(rs) if x_last and rq >= 0 and not owned[rs] else len(mine)
                     rows = max(pr, min(_P, s_rows - mine[k] * _P)) if k < len(mine) else pr
+                    # an owned tile's sums came while this core sent its own (early: added before the eviction,
+                    # under the matmuls), or in a round of zeros, as the other core computed them (after it)
+                    early = x_last and rq >= 0 and owned[rs] and c > 0 and mine.index(rs) < len(theirs)
                     for ko in range(n_ko if rq >= 0 else 0):
                         k0 = ko * _F_MOV
                         nk = min(_F_MOV, K - k0)
+                        if early:
+                            nisa.tensor_tensor(dst=acc[rs][0:pr, k0:k0 + nk], data1=acc[rs][0:pr, k0:k0 + nk],
+                                               data2=got[rs][ko][0:pr, 0:nk], op=nl.add)
                         ps = nl.ndarray((_P, _F_MOV), dtype=nl.float32, buffer=nl.psum)
                         for hl in range(n_hc):
                             ph = min(_P, i_end - i0 - hl * _P)
@@ -750,7 +756,7 @@ def swiglu_ffn_kernel(x_hbm, w1t_hbm, b1_hbm, wgt_hbm, bg_hbm, w2t_hbm, b2_hbm, 
                                           recv_from_rank=1 - pid, pipe_id=0)
                             if k < len(mine):
                                 got[mine[k]].append(t)
-                        if x_last and owned[rs]:  # the other core's sums of this block came in an earlier round
+                        if x_last and owned[rs] and not early:
                             nisa.tensor_tensor(dst=acc[rs][0:pr, k0:k0 + nk], data1=acc[rs][0:pr, k0:k0 + nk],
                                                data2=got[rs][ko][0:pr, 0:nk], op=nl.add)
                     # after this core's last tile of `theirs`: the rounds where only the other core has sums to
