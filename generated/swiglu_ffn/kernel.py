@@ -406,8 +406,8 @@ def _cost(m: _FfnModel, mach: _Machine, rows: int, k: int, i: int, lnc: int, pla
         hbm += 2 * own * k * 4
         transfers += tiles * (1 + _cdiv(k, _F_MOV))
         dve += tiles * k_cycles
-    elif plan.split == 2 and lnc > 1:  # the other core's rows' partial sums to it, a K-block per exchange (zeros
-        sent = max(own, comp_rows - own)  # in rounds where only it has sums to send): DMA queues, not HBM
+    elif plan.split == 2 and lnc > 1:  # the other core's rows' sums to it, a K-block per exchange (zeros in
+        sent = max(own, comp_rows - own)  # rounds where only it has sums to send): DMA queues, not HBM
         exchanged = sent * k * 4
         transfers += _cdiv(sent, _P) * _cdiv(k, _F_MOV)
         dve += tiles * k_cycles  # the received sums added into the owned rows
@@ -716,7 +716,7 @@ def swiglu_ffn_kernel(x_hbm, w1t_hbm, b1_hbm, wgt_hbm, bg_hbm, w2t_hbm, b2_hbm, 
                     k = theirs.index(rs) if x_last and rq >= 0 and not owned[rs] else len(mine)
                     rows = max(pr, min(_P, s_rows - mine[k] * _P)) if k < len(mine) else pr
                     # an owned tile's sums came while this core sent its own (early: added before the eviction,
-                    # under the matmuls), or in a round of zeros, as the other core computed them (after it)
+                    # under the matmuls), or in a round of zeros, as the other core computed them (after them)
                     early = x_last and rq >= 0 and owned[rs] and c > 0 and mine.index(rs) < len(theirs)
                     for ko in range(n_ko if rq >= 0 else 0):
                         k0 = ko * _F_MOV
@@ -756,9 +756,10 @@ def swiglu_ffn_kernel(x_hbm, w1t_hbm, b1_hbm, wgt_hbm, bg_hbm, w2t_hbm, b2_hbm, 
                                           recv_from_rank=1 - pid, pipe_id=0)
                             if k < len(mine):
                                 got[mine[k]].append(t)
-                        if x_last and owned[rs] and not early:
-                            nisa.tensor_tensor(dst=acc[rs][0:pr, k0:k0 + nk], data1=acc[rs][0:pr, k0:k0 + nk],
-                                               data2=got[rs][ko][0:pr, 0:nk], op=nl.add)
+                    for ko in range(n_ko if x_last and rq >= 0 and owned[rs] and not early else 0):  # late: after
+                        k0, nk = ko * _F_MOV, min(_F_MOV, K - ko * _F_MOV)  # the evictions, on the idle GpSimd
+                        nisa.tensor_tensor(dst=acc[rs][0:pr, k0:k0 + nk], data1=acc[rs][0:pr, k0:k0 + nk],
+                                           data2=got[rs][ko][0:pr, 0:nk], op=nl.add, engine=nisa.engine.gpsimd)
                     # after this core's last tile of `theirs`: the rounds where only the other core has sums to
                     # send; this core sends zeros (the other discards them), so both make the same calls
                     due = x_last and (rq < 0 if not theirs else rs == theirs[-1])

@@ -282,8 +282,8 @@ def cost(m: FfnModel, mach: Machine, rows: int, k: int, i: int, lnc: int, plan: 
         hbm += 2 * own * k * 4
         transfers += tiles * (1 + cdiv(k, F_MOV))
         dve += tiles * k_cycles
-    elif plan.split == 2 and lnc > 1:  # the other core's rows' partial sums to it, a K-block per exchange (zeros
-        sent = max(own, comp_rows - own)  # in rounds where only it has sums to send): DMA queues, not HBM
+    elif plan.split == 2 and lnc > 1:  # the other core's rows' sums to it, a K-block per exchange (zeros in
+        sent = max(own, comp_rows - own)  # rounds where only it has sums to send): DMA queues, not HBM
         exchanged = sent * k * 4
         transfers += cdiv(sent, P) * cdiv(k, F_MOV)
         dve += tiles * k_cycles  # the received sums added into the owned rows
