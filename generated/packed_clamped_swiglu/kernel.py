@@ -715,15 +715,18 @@ def packed_clamped_swiglu_kernel(x_hbm, w12t_hbm, w3t_hbm, limit_arg, S, CI, SPL
                     # a round moves one shape both ways: the larger of the tile sent and the tile received
                     k = theirs.index(rs) if x_last and rq >= 0 and not owned[rs] else len(mine)
                     rows = max(pr, min(_P, s_rows - mine[k] * _P)) if k < len(mine) else pr
-                    # an owned tile's sums came while this core sent its own (early: added before the eviction,
-                    # under the matmuls), or in a round of zeros, as the other core computed them (after them)
+                    # an owned tile's sums came while this core sent its own (early: each block's added before its
+                    # matmuls), or in a round of zeros, as the other core computed them (late: after the evictions)
                     early = x_last and rq >= 0 and owned[rs] and c > 0 and mine.index(rs) < len(theirs)
+                    # the epilogue (one pass, no row statistics) of each block right after its last sums, under
+                    # the next block's matmuls; not where the sums arrive after the evictions (SPLIT=1, late)
+                    per_block = rq >= 0 and c == n_c - 1 and owned[rs] and SPLIT != 1 and (not x_last or early)
                     for ko in range(n_ko if rq >= 0 else 0):
                         k0 = ko * _F_MOV
                         nk = min(_F_MOV, K - k0)
-                        if early:
+                        if early:  # on the idle GpSimd, under this block's matmuls: the Vector engine evicts
                             nisa.tensor_tensor(dst=acc[rs][0:pr, k0:k0 + nk], data1=acc[rs][0:pr, k0:k0 + nk],
-                                               data2=got[rs][ko][0:pr, 0:nk], op=nl.add)
+                                               data2=got[rs][ko][0:pr, 0:nk], op=nl.add, engine=nisa.engine.gpsimd)
                         ps = nl.ndarray((_P, _F_MOV), dtype=nl.float32, buffer=nl.psum)
                         for hl in range(n_hc):
                             ph = min(_P, i_end - i0 - hl * _P)
@@ -754,6 +757,12 @@ def packed_clamped_swiglu_kernel(x_hbm, w12t_hbm, w3t_hbm, limit_arg, S, CI, SPL
                                           recv_from_rank=1 - pid, pipe_id=0)
                             if k < len(mine):
                                 got[mine[k]].append(t)
+                        if per_block:
+                            r0, nb = r_sb + rs * _P, nk
+                            e0 = nl.ndarray((_P, kb), dtype=nl.bfloat16, buffer=nl.sbuf)
+                            nisa.tensor_copy(dst=e0[0:pr, 0:nb], src=acc[rs][0:pr, k0:k0 + nb])
+                            nisa.dma_copy(dst=out_hbm[r0:r0 + pr, k0:k0 + nb], src=e0[0:pr, 0:nb])
+
                     for ko in range(n_ko if x_last and rq >= 0 and owned[rs] and not early else 0):  # late: after
                         k0, nk = ko * _F_MOV, min(_F_MOV, K - ko * _F_MOV)  # the evictions, on the idle GpSimd
                         nisa.tensor_tensor(dst=acc[rs][0:pr, k0:k0 + nk], data1=acc[rs][0:pr, k0:k0 + nk],
@@ -774,7 +783,8 @@ def packed_clamped_swiglu_kernel(x_hbm, w12t_hbm, w3t_hbm, limit_arg, S, CI, SPL
                     if c == n_c - 1 and not owned[rs] and SPLIT == 1:  # done here; out to the owner, under the next matmuls
                         r0 = r_sb + rs * _P
                         nisa.dma_copy(dst=partial[r0:r0 + pr, 0:K], src=acc[rs][0:pr, 0:K])
-                    if c == n_c - 1 and owned[rs] and SPLIT != 1:  # done: the epilogue runs under the next matmuls
+                    if c == n_c - 1 and owned[rs] and SPLIT != 1 and not per_block:  # done: the epilogue runs under
+                        # the next matmuls
                         r0 = r_sb + rs * _P
                         pr = min(_P, s_rows - rs * _P)
                         for k0 in range(0, K, _F_MOV):

@@ -56,6 +56,7 @@ class FfnLowering:
     mid_lines: tuple[str, ...]
     mid_result: str  # tile name holding the combine, the down-projection's stationary operand
     epilogue: BlockedStage
+    epilogue_per_block: bool  # one pass, nothing before its blocks: each block's can follow its last sums
     outputs: tuple[OutputWrite, ...]
     model: FfnModel
     prologue: BlockedStage | None = None
@@ -106,6 +107,7 @@ def lower_ffn(ir: KernelIR, m: FfnMatch) -> FfnLowering:
         mid_lines=tuple(mid.lines),
         mid_result=mid_result,
         epilogue=epilogue,
+        epilogue_per_block=_per_block(epilogue, epi_inputs["vec"]),
         outputs=outputs,
         model=model,
         prologue=prologue,
@@ -121,6 +123,12 @@ def _up_dtype(ir: KernelIR, m: FfnMatch) -> str:
 
 def _count(sel: Selector, kind: str) -> int:
     return sum(1 for _, k, _ in sel.tiles if k == kind)
+
+
+def _per_block(epilogue: BlockedStage, row_columns: tuple[str, ...]) -> bool:
+    """Whether each K-block's epilogue can run as soon as its sums are final: one pass, nothing to do
+    before its blocks (no row statistics) and no [R, 1] columns to load first."""
+    return len(epilogue.passes) == 1 and not epilogue.passes[0].before and not row_columns
 
 
 def _projection(ir: KernelIR, up: Node, psum: str) -> Projection:
