@@ -170,6 +170,7 @@ def targets(results: dict[tuple[str, int, int], tuple[Row, Row]]) -> list[str]:
             out.append(_goal(name, f"{ratio:.2f}x", ratio <= 1.2))
             if ratio > 1.2:
                 out += [split_bound(target, rows, gen.roof, exchange) for exchange in (False, True)]
+                out.append(phases(gen))
             if base.sched is None:
                 name = f"{target} LNC=2 R={rows}: >= 1.5x faster than the seed"
                 out.append(f"  {name:<52}{'n/a':>8}  (the seed {base.note})")
@@ -209,6 +210,17 @@ def split_bound(target: str, rows: int, roof: Roofline, exchange: bool) -> str:
             f"= {bound / 1000:.1f} us = {bound / roof.time_ns:.2f}x")  # fmt: skip
 
 
+def phases(r: Row) -> str:
+    """Where the modelled time goes: before the first matmul, the Tensor engine's span (first to last matmul,
+    any core), and after the last matmul (the last sums, the epilogue, the stores and their latency)."""
+    assert r.sched is not None
+    spans = [s for s in r.sched.spans if s.record.op == "nc_matmul"]
+    first, last = min(s.start_ns for s in spans), max(s.end_ns for s in spans)
+    span, after = (last - first) / 1000, (r.time_ns - last) / 1000
+    return (f"    where it goes: {first / 1000:.1f} us before the first matmul, {span:.1f} us of matmuls, "
+            f"{after:.1f} us after the last")  # fmt: skip
+
+
 def rescheduled(r: Row, target: str) -> Schedule:
     """The row's trace scheduled again (under the model's current assumptions)."""
     assert r.sched is not None
@@ -221,15 +233,18 @@ def sensitivity(results: dict[tuple[str, int, int], tuple[Row, Row]]) -> list[st
     speed-up, efficiency."""
     out = []
     for (target, lnc, rows), pair in sorted(results.items()):
-        if (target, lnc) != ("trn2", 2) or any(r.sched is None for r in pair):
+        if (target, lnc) != ("trn2", 2) or pair[0].sched is None:
             continue
         small = EXCHANGE_SENSITIVITY if rows <= 256 else ()  # the unpublished core-to-core rate
         for name, changes in (*SENSITIVITY, ("model I (neither rule)", MODEL_I), *small):
             with assume(**changes):
-                gen, base = (rescheduled(r, target) for r in pair)
+                gen = rescheduled(pair[0], target)
+                base = rescheduled(pair[1], target) if pair[1].sched else None  # the seed: R % 256 == 0 only
             eff = pair[0].roof.efficiency(gen.time_ns)
-            out.append(f"  R={rows:<5} {name:<28}{gen.time_ns / 1000:>9.1f}{base.time_ns / 1000:>9.1f}"
-                       f"{base.time_ns / gen.time_ns:>7.2f}x{100 * eff:>6.1f}%")  # fmt: skip
+            seed = f"{'n/a':>9}{'':>8}"
+            if base:
+                seed = f"{base.time_ns / 1000:>9.1f}{base.time_ns / gen.time_ns:>7.2f}x"
+            out.append(f"  R={rows:<5} {name:<28}{gen.time_ns / 1000:>9.1f}{seed}{100 * eff:>6.1f}%")
     return out
 
 
