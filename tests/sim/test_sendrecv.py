@@ -205,3 +205,19 @@ def test_gpsimd_dma_limits_bytes_per_partition():
 
     sim.run(kernel, torch.zeros(4, 256), grid=2)  # 1024 B of fp32 per partition: the limit
     assert "gpsimd-dma-size" in expect(sim.InvalidArgumentError, "<-big", kernel, torch.zeros(4, 257))
+
+
+def test_exchange_time_follows_its_assumed_factor():
+    """No core-to-core rate is published: an exchange costs a DMA of its bytes times exchange_factor."""
+    from fusegen.perf.cost import DMA_FIXED_NS, assume, dma_cost, record_cost
+
+    x = torch.randn(128, 512)
+    result = sim.run(_swap_kernel, x, grid=2)
+    (rec, *_) = [r for r in result.trace if r.op == "sendrecv"]
+    trn2 = sim.get_target("trn2")
+    plain = dma_cost(trn2, 64 * 512 * 4, 64)
+    assert record_cost(trn2, rec).busy_ns == pytest.approx(plain.busy_ns)
+    with assume(exchange_factor=1.5):
+        slow = record_cost(trn2, rec)
+    assert slow.busy_ns == pytest.approx(1.5 * plain.busy_ns)
+    assert slow.latency_ns == pytest.approx(slow.busy_ns + DMA_FIXED_NS)
