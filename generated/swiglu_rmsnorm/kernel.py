@@ -561,9 +561,10 @@ def swiglu_rmsnorm_kernel(x_hbm, w1t_hbm, b1_hbm, wgt_hbm, bg_hbm, w2t_hbm, b2_h
 
     SPLIT=0: each core computes the rows it owns. SPLIT=1 (few rows on several cores): each core computes
     every row over its share of I, then the cores exchange partial down-projections through shared HBM
-    behind a core barrier, and each finishes the rows it owns. SPLIT=2 (LNC 2): the same, but each K-block
-    of the last chunk's partial sums goes straight to the other core's SBUF (nisa.sendrecv, both cores in
-    row order: exchanges pair by program order) and is added into the owner's accumulator.
+    behind a core barrier, and each finishes the rows it owns. SPLIT=2 (LNC 2): the same, but in the last
+    chunk each K-block of the other core's rows goes straight to its SBUF as soon as it is evicted
+    (nisa.sendrecv: calls pair by program order, so both cores make the same rounds) and is added into
+    the owner's accumulator.
     KC=0: each chunk's down-projection is added into an [S, K] fp32 accumulator in SBUF. KC>0 (wide K,
     SPLIT=0): the chunks write the combine's h^T to an HBM scratch; then the down-projection runs a
     KC-column block at a time, all of I accumulated in PSUM; each piece leaves PSUM once through the
@@ -634,8 +635,8 @@ def swiglu_rmsnorm_kernel(x_hbm, w1t_hbm, b1_hbm, wgt_hbm, bg_hbm, w2t_hbm, b2_h
                         nisa.activation(dst=xt[kt][0:pk, rs * _P:rs * _P + pr], op=nl.copy, data=xt_ps[0:pk, 0:pr])
                     else:
                         nisa.tensor_copy(dst=xt[kt][0:pk, rs * _P:rs * _P + pr], src=xt_ps[0:pk, 0:pr])
-        theirs = [rs for rs in range(n_rs) if not owned[rs]]  # SPLIT=2: the row tiles whose sums this core sends,
-        mine = [rs for rs in range(n_rs) if owned[rs]]  # and those it receives (round by round)
+        theirs = [rs for rs in range(n_rs) if not owned[rs]]  # SPLIT=2: the row tiles whose sums it sends,
+        mine = [rs for rs in range(n_rs) if owned[rs]]  # and those whose sums it receives, round by round
         got = [[] for rs in range(n_rs)]
         acc = []
         for rs in range(0 if KC else n_rs):
@@ -705,8 +706,6 @@ def swiglu_rmsnorm_kernel(x_hbm, w1t_hbm, b1_hbm, wgt_hbm, bg_hbm, w2t_hbm, b2_h
                     ph = min(_P, i_end - i0 - hl * _P)
                     h0 = (i0 // _P + hl) * s_rows + q0
                     nisa.dma_copy(dst=h_hbm[pid, 0:ph, h0:h0 + rw], src=g[hl][0:ph, 0:rw])
-                # the other core's row tiles first (SPLIT=1): their partial sums leave while this core's are
-                # computed; SPLIT=2 keeps row order on both cores (their exchanges pair by program order)
                 # the other core's row tiles first (SPLIT): their partial sums leave while this core's are computed
                 rqs = [rq for rq in range(0, 0 if KC else rw, _P) if not owned[(q0 + rq) // _P]]
                 rqs += [rq for rq in range(0, 0 if KC else rw, _P) if owned[(q0 + rq) // _P]]
