@@ -21,7 +21,7 @@ import torch
 
 from fusegen import sim
 from fusegen.perf.capture import launches
-from fusegen.perf.cost import DMA_FIXED_NS, MODEL_I, SENSITIVITY, assume
+from fusegen.perf.cost import DMA_FIXED_NS, EXCHANGE_SENSITIVITY, MODEL_I, SENSITIVITY, assume
 from fusegen.perf.roofline import Roofline, hbm_bytes_moved, roofline
 from fusegen.perf.schedule import Schedule, schedule
 
@@ -169,7 +169,8 @@ def targets(results: dict[tuple[str, int, int], tuple[Row, Row]]) -> list[str]:
             name = f"{target} LNC=2 R={rows}: <= 1.2x max(PE, HBM) roofline"
             out.append(_goal(name, f"{ratio:.2f}x", ratio <= 1.2))
             if ratio > 1.2:
-                out.append(split_bound(target, rows, gen.roof))
+                out += [split_bound(target, rows, gen.roof, exchange) for exchange in (False, True)]
+                out.append(phases(gen))
             if base.sched is None:
                 name = f"{target} LNC=2 R={rows}: >= 1.5x faster than the seed"
                 out.append(f"  {name:<52}{'n/a':>8}  (the seed {base.note})")
@@ -185,12 +186,13 @@ def targets(results: dict[tuple[str, int, int], tuple[Row, Row]]) -> list[str]:
     return out
 
 
-def split_bound(target: str, rows: int, roof: Roofline) -> str:
+def split_bound(target: str, rows: int, roof: Roofline, exchange: bool) -> str:
     """A lower bound on any LNC 2 kernel that splits I (each core one half of the weights, then the partial
-    sums exchanged through HBM), at documented rates: the busiest core's matmuls (ceil(n/2) of the n
-    I-tiles, each matmul max(64, N) moving columns per cycle) or its weight bytes at its DMA rate, whichever
-    is longer, plus the DMA fixed latencies no engine work can hide: x in before the first matmul, and after
-    the last one the partial sums out and back in, then the output out."""
+    sums exchanged), at documented rates: the busiest core's matmuls (ceil(n/2) of the n I-tiles, each
+    matmul max(64, N) moving columns per cycle) or its weight bytes at its DMA rate, whichever is longer,
+    plus the DMA fixed latencies no engine work can hide: x in before the first matmul, and after the last
+    one the partial sums out and back in through HBM (or one core-to-core exchange: `exchange`), then the
+    output out."""
     t = sim.get_target(target)
     assert t.tensor_clock_ghz is not None and t.dma_gbps_per_core is not None
     n_tiles = -(-I // 128)
@@ -199,11 +201,24 @@ def split_bound(target: str, rows: int, roof: Roofline) -> str:
     down = -(-rows // 128) * tiles * K  # per row tile and I-tile, K moving columns
     pe_ns = (up + down) / t.tensor_clock_ghz
     dma_ns = 3 * K * 128 * tiles * 2 / t.dma_gbps_per_core  # three bf16 weights, its I-tiles
-    bound = max(pe_ns, dma_ns) + 4 * DMA_FIXED_NS
+    latencies = 3 if exchange else 4
+    bound = max(pe_ns, dma_ns) + latencies * DMA_FIXED_NS
     engine = "PE" if pe_ns >= dma_ns else "DMA queues"
-    return (f"    bound (I split, HBM exchange): {engine} {max(pe_ns, dma_ns) / 1000:.1f} us of its {tiles} "
-            f"of {n_tiles} I-tiles + 4 x {DMA_FIXED_NS / 1000:.1f} us DMA latency in series "
+    how = "core-to-core exchange" if exchange else "HBM exchange"
+    return (f"    bound (I split, {how}): {engine} {max(pe_ns, dma_ns) / 1000:.1f} us of its {tiles} "
+            f"of {n_tiles} I-tiles + {latencies} x {DMA_FIXED_NS / 1000:.1f} us DMA latency in series "
             f"= {bound / 1000:.1f} us = {bound / roof.time_ns:.2f}x")  # fmt: skip
+
+
+def phases(r: Row) -> str:
+    """Where the modelled time goes: before the first matmul, the Tensor engine's span (first to last matmul,
+    any core), and after the last matmul (the last sums, the epilogue, the stores and their latency)."""
+    assert r.sched is not None
+    spans = [s for s in r.sched.spans if s.record.op == "nc_matmul"]
+    first, last = min(s.start_ns for s in spans), max(s.end_ns for s in spans)
+    span, after = (last - first) / 1000, (r.time_ns - last) / 1000
+    return (f"    where it goes: {first / 1000:.1f} us before the first matmul, {span:.1f} us of matmuls, "
+            f"{after:.1f} us after the last")  # fmt: skip
 
 
 def rescheduled(r: Row, target: str) -> Schedule:
@@ -213,18 +228,23 @@ def rescheduled(r: Row, target: str) -> Schedule:
 
 
 def sensitivity(results: dict[tuple[str, int, int], tuple[Row, Row]]) -> list[str]:
-    """trn2 LNC 2: the same traces (same plans) scheduled with each uncertain figure varied, and with the
-    model before issue 15; generated and seed time, speed-up, efficiency."""
+    """trn2 LNC 2: the same traces (same plans) scheduled with each uncertain figure varied (at R <= 256 also
+    the core-to-core exchange's rate, +-50%), and with the model before issue 15; generated and seed time,
+    speed-up, efficiency."""
     out = []
     for (target, lnc, rows), pair in sorted(results.items()):
-        if (target, lnc) != ("trn2", 2) or any(r.sched is None for r in pair):
+        if (target, lnc) != ("trn2", 2) or pair[0].sched is None:
             continue
-        for name, changes in (*SENSITIVITY, ("model I (neither rule)", MODEL_I)):
+        small = EXCHANGE_SENSITIVITY if rows <= 256 else ()  # the unpublished core-to-core rate
+        for name, changes in (*SENSITIVITY, ("model I (neither rule)", MODEL_I), *small):
             with assume(**changes):
-                gen, base = (rescheduled(r, target) for r in pair)
+                gen = rescheduled(pair[0], target)
+                base = rescheduled(pair[1], target) if pair[1].sched else None  # the seed: R % 256 == 0 only
             eff = pair[0].roof.efficiency(gen.time_ns)
-            out.append(f"  R={rows:<5} {name:<28}{gen.time_ns / 1000:>9.1f}{base.time_ns / 1000:>9.1f}"
-                       f"{base.time_ns / gen.time_ns:>7.2f}x{100 * eff:>6.1f}%")  # fmt: skip
+            seed = f"{'n/a':>9}{'':>8}"
+            if base:
+                seed = f"{base.time_ns / 1000:>9.1f}{base.time_ns / gen.time_ns:>7.2f}x"
+            out.append(f"  R={rows:<5} {name:<28}{gen.time_ns / 1000:>9.1f}{seed}{100 * eff:>6.1f}%")
     return out
 
 

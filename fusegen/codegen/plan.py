@@ -162,13 +162,13 @@ def _tile_plan(
         engines["program order"] = c.chain
     bound = max(engines, key=lambda e: engines[e])
     summary = (
-        ("work split", "over I: each core all rows, its share of I" if p.split else "over rows"),
+        ("work split", _SPLITS[p.split]),
         ("rows / intermediate columns per core", f"{comp_rows} / {inter}"),
         ("modelled time (busiest core)", f"{c.total / 1000:.1f} us, bound by {bound}"),
         ("engine busy (us)", ", ".join(f"{e} {v / 1000:.1f}" for e, v in engines.items())),
         ("weight bytes streamed", f"{streamed:,} ({streamed / weights:.0f}x the {weights:,} B of weights)"),
     )
-    planned = fb.buffers(model, p.s, p.ci, k, i, p.kc, p.g)
+    planned = fb.buffers(model, p.s, p.ci, k, i, p.kc, p.g, p.split)
     buffers = tuple(PlannedBuffer(b.name, "sbuf", b.bytes, b.copies) for b in planned)
     psum = PlannedBuffer("matmul accumulators (one bank each)", "psum", 2048, fb.psum_banks(model, p.kc))
     return TilePlan(
@@ -216,16 +216,38 @@ def _reasons(
     reasons.append(_down_projection(model, mach, shape, lnc, p, c))
     wider = p.ci + fb.P
     budget = fb.plannable(mach.sbuf_budget)
-    if wider <= fb.cdiv(i, fb.P) * fb.P and fb.sbuf_bytes(model, p.s, wider, k, i, p.kc) > budget:
-        need = fb.sbuf_bytes(model, p.s, wider, k, i, p.kc)
+    need = fb.sbuf_bytes(model, p.s, wider, k, i, p.kc, 0, p.split)
+    if wider <= fb.cdiv(i, fb.P) * fb.P and need > budget:
         reasons.append(f"CI={p.ci}: CI={wider} would need {need} B > {budget} B of SBUF (the headroom kept)")
     if lnc > 1:
-        other = fb.cost(model, mach, rows, k, i, lnc, fb.Plan(p.s, p.ci, 1 - p.split, 0, p.g))
-        mode = "I split" if p.split else "row split"
-        reasons.append(
-            f"{mode}: the other split models {other.total / 1000:.1f} us against {c.total / 1000:.1f} us"
-        )
+        reasons.append(_split_reason(model, mach, shape, lnc, p, c))
     return tuple(reasons)
+
+
+#: what each work split of an FFN plan (Plan.split) does, as plan.md says it, and its short name
+_SPLITS = {
+    0: "over rows",
+    1: "over I: each core all rows, its share of I; partial sums through shared HBM behind a core barrier",
+    2: "over I: each core all rows, its share of I; partial sums exchanged core to core (sendrecv)",
+}
+_SPLIT_NAMES = {0: "row split", 1: "I split through HBM", 2: "I split with the core-to-core exchange"}
+
+
+def _split_reason(
+    model: fb.FfnModel, mach: fb.Machine, shape: tuple[int, int, int], lnc: int, p: fb.Plan, c: fb.Cost
+) -> str:
+    """Why this work split: each other split's modelled time (the same tiles, the SBUF accumulator)."""
+    rows, k, i = shape
+    others = []
+    for split in fb.splits(i, lnc):
+        if split != p.split:
+            t = fb.cost(model, mach, rows, k, i, lnc, fb.Plan(p.s, p.ci, split, 0, p.g)).total
+            others.append(f"the {_SPLIT_NAMES[split]} {t / 1000:.1f} us")
+    why = ""
+    if p.split == 2:
+        why = ("; the exchange sends each K-block of the last chunk's partial sums SBUF to SBUF while the "
+               "next block's matmuls run: no HBM round trip, no barrier")  # fmt: skip
+    return f"{_SPLIT_NAMES[p.split]}: {c.total / 1000:.1f} us against {', '.join(others)}{why}"
 
 
 def _up_groups(model: fb.FfnModel, mach: fb.Machine, p: fb.Plan, k: int) -> str:

@@ -54,6 +54,11 @@ PE_RAMP_NS = 3000.0
 #: documented, so the cost is off by default (ASSUMED.dge_issue_ns) and shown as a sensitivity.
 HWDGE_ISSUE_NS = 600.0
 HWDGE_INSTANCES = 2
+#: core-to-core exchanges of LNC 2 (nki.isa sendrecv / sendrecv_compute run on DMA engines, SBUF to SBUF).
+#: No rate of their own is published: an exchange is charged as a DMA of its bytes on the sending core's
+#: queues (sendrecv_compute's engine also reads the receiving core's tile: twice the bytes read) at the DMA
+#: rate and fixed cost, times ASSUMED.exchange_factor, which the FFN bench varies +-50%
+EXCHANGE_OPS = frozenset({"sendrecv", "sendrecv_compute"})
 
 
 @dataclass
@@ -64,6 +69,7 @@ class Assumptions:
     pe_throttle: bool = True  # model the Tensor engine's dI/dt ramp on NeuronCore-v3+
     dge_issue_ns: float = 0.0  # issue time of a DMA on one of the core's hardware DGEs (0: not modelled)
     fp8_matmul_factor: float = 1.0  # time of a matmul with an fp8 input, relative to bf16 (FP8_DTYPES)
+    exchange_factor: float = 1.0  # core-to-core exchange time relative to a DMA of its bytes (EXCHANGE_OPS)
 
 
 ASSUMED = Assumptions()
@@ -78,6 +84,11 @@ SENSITIVITY: tuple[tuple[str, dict[str, float | bool]], ...] = (
 FP8_SENSITIVITY: tuple[tuple[str, dict[str, float | bool]], ...] = (
     ("fp8 matmul time x0.5", {"fp8_matmul_factor": 0.5}),
     ("fp8 matmul time x1.5", {"fp8_matmul_factor": 1.5}),
+)
+#: the FFN bench's sensitivity to the unpublished core-to-core rate: exchange time +-50%
+EXCHANGE_SENSITIVITY: tuple[tuple[str, dict[str, float | bool]], ...] = (
+    ("exchange time x0.5", {"exchange_factor": 0.5}),
+    ("exchange time x1.5", {"exchange_factor": 1.5}),
 )
 #: the cost model before issue 15 (no DMA packet rule, no throttling), for before/after comparisons
 MODEL_I: dict[str, float | bool] = {"dma_row_bytes": 0, "pe_throttle": False}
@@ -278,8 +289,12 @@ def record_cost(target: Target, rec: Record) -> Cost:
         return Cost(0.0, 0.0)
     if rec.engine == "dma":
         moved = max(rec.hbm_read + rec.sbuf_read, rec.hbm_write + rec.sbuf_write)
-        return dma_cost(target, moved, rec.partitions, transpose=rec.op == "dma_transpose",
+        cost = dma_cost(target, moved, rec.partitions, transpose=rec.op == "dma_transpose",
                         from_hbm=rec.hbm_read > 0, on_chip=rec.sbuf_read + rec.sbuf_write > 0)  # fmt: skip
+        if rec.op in EXCHANGE_OPS:
+            busy = cost.busy_ns * ASSUMED.exchange_factor
+            return Cost(busy, busy + DMA_FIXED_NS)
+        return cost
     return compute_cost(target, rec.engine, rec.op, record_shape(target, rec))
 
 

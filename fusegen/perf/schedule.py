@@ -12,7 +12,9 @@ program order (per barrier epoch, per core); an instruction starts when its queu
 * PSUM banks: a new PSUM tile takes one of the target's 8 banks whose previous tile is dead (in
   program order), the one that frees up first (the allocator rotates banks rather than reusing the
   lowest, as the interpreter's capacity check does), and waits until that tile's last access is done;
-* barriers: nothing of epoch e+1 starts before every core has finished epoch e (core_barrier).
+* barriers: nothing of epoch e+1 starts before every core has finished epoch e (core_barrier);
+* exchanges (sendrecv, sendrecv_compute): the n-th of each core is a rendezvous: both start together,
+  when both cores' operands and DMA queues are ready, each on its own core's queues.
 
 On NeuronCore-v3+ the Tensor engine runs at its dI/dt utilisation limit: ~50% after an idle window,
 ramping to full over ~3 us (`cost.pe_utilisation_limit`).
@@ -25,11 +27,12 @@ allocations is not modelled (ideal prefetch within the dependencies): see docs/p
 from __future__ import annotations
 
 from collections import defaultdict
-from collections.abc import Iterable
+from collections.abc import Iterable, Iterator
 from dataclasses import dataclass, field
 
 from fusegen.perf.cost import (
     DMA_QUEUES,
+    EXCHANGE_OPS,
     HWDGE_INSTANCES,
     PE_COLD_UTILISATION,
     PE_RAMP_NS,
@@ -120,15 +123,28 @@ class _Scheduler:
 
     def place(self, rec: Record, floor: float) -> Span:
         """Schedule one record no earlier than `floor`."""
+        return self._run(rec, self._earliest(rec, floor))
+
+    def place_together(self, recs: list[Record], floor: float) -> list[Span]:
+        """Schedule an exchange's calls (one per core), all starting when the last of them could."""
+        start = max(self._earliest(rec, floor) for rec in recs)
+        return [self._run(rec, start) for rec in recs]
+
+    def _earliest(self, rec: Record, floor: float) -> float:
+        """When `rec` could start: its dependencies, its DGE issue and its queues."""
         core = self.cores[rec.core]
-        cost = record_cost(self.target, rec)
-        lanes = _lanes(core, rec)
         ready = max(floor, _ready(core, rec))
         issue = dge_issue_ns(self.target) if rec.engine == "dma" else 0.0
         if issue:  # the transfer's descriptors come from the DGE that frees up first
             dge = min(DGE_LANES, key=core.free.__getitem__)
             ready = core.free[dge] = max(ready, core.free[dge]) + issue
-        start = max(ready, max(core.free[lane] for lane in lanes))
+        return max(ready, max(core.free[lane] for lane in _lanes(core, rec)))
+
+    def _run(self, rec: Record, start: float) -> Span:
+        """Occupy `rec`'s lanes from `start` and record when its results are visible."""
+        core = self.cores[rec.core]
+        cost = record_cost(self.target, rec)
+        lanes = _lanes(core, rec)
         busy = _throttled(self.target, core, start, cost.busy_ns) if rec.engine == "tensor" else cost.busy_ns
         end = start + busy
         for lane in lanes:
@@ -220,8 +236,31 @@ def schedule(records: Iterable[Record], target: Target) -> Schedule:
     spans: list[Span] = []
     floor = 0.0
     for epoch in sorted(by_epoch):
-        # stable sort keeps program order within a core; cores interleave only through dependencies
-        for rec in sorted(by_epoch[epoch], key=lambda r: r.core):
-            spans.append(state.place(rec, floor))
+        # cores interleave only through dependencies and exchanges
+        for group in _rendezvous_order(by_epoch[epoch]):
+            if len(group) == 1:
+                spans.append(state.place(group[0], floor))
+            else:
+                spans += state.place_together(group, floor)
         floor = state.end  # core_barrier: every core has finished the epoch
     return Schedule(time_ns=state.end, cores=max(1, len(last_use)), spans=spans, busy_ns=dict(state.busy))
+
+
+def _rendezvous_order(records: list[Record]) -> Iterator[list[Record]]:
+    """Each core's records in program order, cut at its exchanges: every core's n-th stretch alone, then
+    the n-th exchange of every core as one group (unpaired ones alone)."""
+    by_core: dict[int, list[list[Record]]] = defaultdict(lambda: [[]])
+    for rec in sorted(records, key=lambda r: (r.core, r.index)):
+        stretches = by_core[rec.core]
+        stretches[-1].append(rec)
+        if rec.op in EXCHANGE_OPS:
+            stretches.append([])
+    for n in range(max((len(s) for s in by_core.values()), default=0)):
+        pair = []
+        for stretches in by_core.values():
+            stretch = stretches[n] if n < len(stretches) else []
+            last = stretch[-1] if stretch and stretch[-1].op in EXCHANGE_OPS else None
+            yield from ([rec] for rec in stretch if rec is not last)
+            pair += [last] if last is not None else []
+        if pair:
+            yield pair

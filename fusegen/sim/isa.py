@@ -17,6 +17,7 @@ from .isa_compute import (  # noqa: F401 -- the public nisa surface
     tensor_scalar,
     tensor_tensor,
 )
+from .isa_lnc import sendrecv, sendrecv_compute  # noqa: F401
 from .isa_matmul import nc_matmul  # noqa: F401
 from .isa_move import dma_copy, dma_transpose, iota, memset, nc_transpose, tensor_copy  # noqa: F401
 from .memory import MemoryRegion

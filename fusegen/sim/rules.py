@@ -252,6 +252,27 @@ RULE_LIST: tuple[Rule, ...] = (
         "core_barrier needs NeuronCore-v3+ with LNC enabled (a 2-instance launch) and cores=(0, 1)",
         "ISA core_barrier",
     ),
+    Rule(
+        "sendrecv-lnc",
+        InvalidArgumentError,
+        "sendrecv / sendrecv_compute exchange between the two physical cores of an LNC=2 launch on "
+        "NeuronCore-v3+ (a 2-instance launch on trn2/trn3); send_to_rank and recv_from_rank are 0 or 1",
+        "ISA sendrecv, sendrecv_compute; nki.lnc module page",
+    ),
+    Rule(
+        "sendrecv-memory",
+        InvalidArgumentError,
+        "sendrecv: src and dst both in SBUF; sendrecv_compute: both in SBUF or both in private HBM "
+        "(never shared HBM, never mixed)",
+        "ISA sendrecv, sendrecv_compute (Constraints)",
+    ),
+    Rule(
+        "sendrecv-gpsimd-dma-size",
+        InvalidArgumentError,
+        "sendrecv with dma_engine=gpsimd_dma moves at most 1024 B per partition of 32-bit, 512 B of "
+        "16-bit, 256 B of 8-bit data",
+        "ISA sendrecv (dma_engine)",
+    ),
     # ---- language subset -------------------------------------------------------------------------
     Rule(
         "lang-no-generator",

@@ -190,7 +190,7 @@ def engram_gate_noresid_backward_kernel(x_hbm, kv_hbm, w_h_hbm, w_e_hbm, dot_hbm
     d_x_hbm = nl.ndarray((d_T, d_HC, d_H), dtype=nl.float32, buffer=nl.shared_hbm)
     d_kv_hbm = nl.ndarray((d_T, (1 + d_HC), d_H), dtype=nl.float32, buffer=nl.shared_hbm)
     nb = d_H // _P  # 128-column blocks per head: a token sum holds one [_P, 1] column each
-    partial_hbm = nl.ndarray((nl.num_programs(), 1, d_HC, d_H), dtype=nl.float32, buffer=nl.shared_hbm)
+    _partial_hbm = nl.ndarray((nl.num_programs(), 1, d_HC, d_H), dtype=nl.float32, buffer=nl.shared_hbm)
     ones_col = nl.ndarray((_P, 1), dtype=nl.float32, buffer=nl.sbuf)
     nisa.memset(dst=ones_col[0:_P, 0:1], value=1.0)
     tsum0 = nl.ndarray((_P, d_HC * nb), dtype=nl.float32, buffer=nl.psum)
@@ -343,17 +343,17 @@ def engram_gate_noresid_backward_kernel(x_hbm, kv_hbm, w_h_hbm, w_e_hbm, dot_hbm
         nisa.tensor_copy(dst=sums_sb[0:_P, 0 * d_HC * nb:1 * d_HC * nb], src=tsum0[0:_P, 0:d_HC * nb])
     else:  # a core without tokens contributes zeros
         nisa.memset(dst=sums_sb[0:_P, 0:1 * d_HC * nb], value=0.0)
-    nisa.dma_copy(dst=partial_hbm.ap(pattern=[[1, _P], [_P, 1 * d_HC * nb]], offset=nl.program_id(0) * 1 * d_HC * d_H), src=sums_sb[0:_P, 0:1 * d_HC * nb])
-    return d_x_hbm, d_kv_hbm, partial_hbm
+    nisa.dma_copy(dst=_partial_hbm.ap(pattern=[[1, _P], [_P, 1 * d_HC * nb]], offset=nl.program_id(0) * 1 * d_HC * d_H), src=sums_sb[0:_P, 0:1 * d_HC * nb])
+    return d_x_hbm, d_kv_hbm, _partial_hbm
 
 
 @nki.jit
-def engram_gate_noresid_backward_reduce_kernel(partial_hbm, w_h_hbm, w_e_hbm):
+def engram_gate_noresid_backward_reduce_kernel(_partial_hbm, w_h_hbm, w_e_hbm):
     """The cores' token sums added up, then the post-ops that give the [heads, width] outputs.
 
     Every [heads, width] value is viewed as [_P, heads * width / _P]; the logical cores share out those _P rows.
     """
-    n_parts, n_sums, d_G, d_W = partial_hbm.shape
+    n_parts, n_sums, d_G, d_W = _partial_hbm.shape
     fg = d_G * d_W // _P
     d_w_h_hbm = nl.ndarray((d_G, d_W), dtype=nl.float32, buffer=nl.shared_hbm)
     d_w_e_hbm = nl.ndarray((d_G, d_W), dtype=nl.float32, buffer=nl.shared_hbm)
@@ -363,10 +363,10 @@ def engram_gate_noresid_backward_reduce_kernel(partial_hbm, w_h_hbm, w_e_hbm):
     totals = nl.ndarray((_P, n_sums * fg), dtype=nl.float32, buffer=nl.sbuf)  # sum s in columns s * fg:(s + 1) * fg
     for s in range(n_sums):
         total = totals[0:pr, s * fg:s * fg + fg]
-        nisa.dma_copy(dst=total, src=partial_hbm.ap(pattern=[[fg, pr], [1, fg]], offset=s * d_G * d_W + r0 * fg))
+        nisa.dma_copy(dst=total, src=_partial_hbm.ap(pattern=[[fg, pr], [1, fg]], offset=s * d_G * d_W + r0 * fg))
         for c in range(1, n_parts):
             part = nl.ndarray((_P, fg), dtype=nl.float32, buffer=nl.sbuf)
-            nisa.dma_copy(dst=part[0:pr, 0:fg], src=partial_hbm.ap(pattern=[[fg, pr], [1, fg]], offset=(c * n_sums + s) * d_G * d_W + r0 * fg))
+            nisa.dma_copy(dst=part[0:pr, 0:fg], src=_partial_hbm.ap(pattern=[[fg, pr], [1, fg]], offset=(c * n_sums + s) * d_G * d_W + r0 * fg))
             nisa.tensor_tensor(dst=total, data1=total, data2=part[0:pr, 0:fg], op=nl.add)
     w_h_fl = nl.ndarray((_P, fg), dtype=nl.bfloat16, buffer=nl.sbuf)
     nisa.dma_copy(dst=w_h_fl[0:pr, 0:fg], src=w_h_hbm.ap(pattern=[[fg, pr], [1, fg]], offset=r0 * fg))

@@ -243,7 +243,8 @@ class _Plan(NamedTuple):
 
     s: int
     ci: int
-    split: int  # 1: each core computes every row over its share of I; 0: each core its own rows
+    split: int  # 1: each core computes every row over its share of I; 0: each core its own rows; 2: as 1,
+    # with the partial sums exchanged core to core (nisa.sendrecv, LNC 2) instead of through shared HBM
     kc: int = 0
     g: int = 0
 
@@ -255,9 +256,11 @@ def _work_per_core(rows: int, i: int, lnc: int, split: int) -> tuple[int, int]:
     return _rows_per_core(rows, lnc), i
 
 
-def _buffers(m: _FfnModel, s: int, ci: int, k: int, i: int, kc: int = 0, g: int = 0) -> list[_Buffer]:
-    """The kernel's SBUF buffers for super-block `s` rows, chunk `ci` columns, column block `kc` and `g`
-    K-tiles per up-weight DMA."""
+def _buffers(
+    m: _FfnModel, s: int, ci: int, k: int, i: int, kc: int = 0, g: int = 0, split: int = 0
+) -> list[_Buffer]:
+    """The kernel's SBUF buffers for super-block `s` rows, chunk `ci` columns, column block `kc`, `g`
+    K-tiles per up-weight DMA and work split `split`."""
     n_k, n_h, n_hc = _cdiv(k, _P), _cdiv(i, _P), _cdiv(ci, _P)
     epi = m.epi_cols if kc else m.epi
     common = [
@@ -278,8 +281,13 @@ def _buffers(m: _FfnModel, s: int, ci: int, k: int, i: int, kc: int = 0, g: int 
             _Buffer("h^T read back (a group of I-tiles)", _h_group(s, i, m.x_bytes) * s * m.x_bytes, 2),
             _Buffer("PSUM eviction block (its loads and temporaries)", m.evict.block_bytes * min(_F_MOV, k), 2),
         ]
+    _exchange = [
+        _Buffer("partial sums received from the other core", _cdiv(s, _P) * k * 4, 1),
+        _Buffer("partial-sum block sent (zeros in rounds without)", _F_MOV * 4, 3),
+    ]
     return [
         *common,
+        *(_exchange if split == 2 else []),
         _Buffer("fp32 accumulator", _cdiv(s, _P) * k * 4, 1),
         _Buffer("down-projection weight chunk", n_hc * k * m.down_bytes, 2),
         _Buffer("[K]-bias piece / partial-sum block", _F_MOV * 4, 2),
@@ -333,14 +341,14 @@ def _up_weights(m: _FfnModel, s: int, ci: int, k: int, g: int = 0) -> _Buffer:
     return _Buffer("up-projection weight chunk", m.n_up * _cdiv(ci, _P) * n_g * _group(k, g) * _P * m.up_bytes, 2)
 
 
-def _sbuf_bytes(m: _FfnModel, s: int, ci: int, k: int, i: int, kc: int = 0, g: int = 0) -> int:
+def _sbuf_bytes(m: _FfnModel, s: int, ci: int, k: int, i: int, kc: int = 0, g: int = 0, split: int = 0) -> int:
     """SBUF bytes per partition the kernel needs, copies included."""
-    return sum(b.bytes * b.copies for b in _buffers(m, s, ci, k, i, kc, g))
+    return sum(b.bytes * b.copies for b in _buffers(m, s, ci, k, i, kc, g, split))
 
 
 def _plan_bytes(m: _FfnModel, p: _Plan, k: int, i: int) -> int:
     """SBUF bytes per partition of plan `p`."""
-    return _sbuf_bytes(m, p.s, p.ci, k, i, p.kc, p.g)
+    return _sbuf_bytes(m, p.s, p.ci, k, i, p.kc, p.g, p.split)
 
 
 def _smallest_need(m: _FfnModel, k: int, i: int) -> int:
@@ -436,11 +444,17 @@ def _cost(m: _FfnModel, mach: _Machine, rows: int, k: int, i: int, lnc: int, pla
     if not plan.kc:
         hbm += own * k * 4 * m.acc_init
         transfers += tiles * m.acc_init
-    if plan.split and lnc > 1:  # partial down-projections of the other core's rows out, this core's in
+    exchanged = 0
+    if plan.split == 1 and lnc > 1:  # partial down-projections of the other core's rows out, this core's in
         hbm += 2 * own * k * 4
         transfers += tiles * (1 + _cdiv(k, _F_MOV))
         dve += tiles * k_cycles
-    dma = _dma_time(mach, hbm, transfers)
+    elif plan.split == 2 and lnc > 1:  # the other core's rows' sums to it, a K-block per exchange (zeros in
+        sent = max(own, comp_rows - own)  # rounds where only it has sums to send): DMA queues, not HBM
+        exchanged = sent * k * 4
+        transfers += _cdiv(sent, _P) * _cdiv(k, _F_MOV)
+        dve += tiles * k_cycles  # the received sums added into the owned rows
+    dma = _dma_time(mach, hbm + exchanged, transfers)
     chain = _dma_time(mach, m.col_vectors * _P * _cdiv(i, _P) * 4, m.col_vectors)  # [I] columns, loaded first
     for s_rows, n_sb in _runs(comp_rows, plan.s):
         if plan.kc:
@@ -498,9 +512,9 @@ def _filled(m: _FfnModel, mach: _Machine, s_rows: int, inter: int, k: int, plan:
     row slice's up-projection, last combine and down-projection with its evictions in series
     (`slice_period`), or their loads pipelined with their matmuls, or the busiest other engine (one fixed
     cost and a cold PE before the first matmul); then, without SPLIT, the epilogue of its row tiles
-    (`drain`), the last chunk's matmuls after its first row tile's beside it; with SPLIT, the exchange and
-    the owner's share of its row tiles' epilogue after the core barrier (the next super-block's barrier
-    waits for them)."""
+    (`drain`), the last chunk's matmuls after its first row tile's beside it; with SPLIT 1, the exchange
+    and the owner's share of its row tiles' epilogue after the core barrier (the next super-block's barrier
+    waits for them); with SPLIT 2, the last K-block's sendrecv and the owner's epilogue."""
     pe, act, dve, hbm, transfers = _super_block(m, s_rows, inter, plan.ci, k, 0, plan.g, plan.s)
     n_rs, n_k = _cdiv(s_rows, _P), _cdiv(k, _P)
     x_cycles = sum(n_t * n_k * max(_MIN_CYCLES, rows_t) for rows_t, n_t in _runs(s_rows, _P))  # in the fill
@@ -522,7 +536,11 @@ def _filled(m: _FfnModel, mach: _Machine, s_rows: int, inter: int, k: int, plan:
     steps = m.n_up * _cdiv(inter, _P)  # one projection's weights of one I-tile per step
     streamed = _pipelined(loads, (pe - x_cycles) / mach.pe_ghz, steps)
     chunks = max(streamed, serial, act / mach.act_ghz, dve / mach.dve_ghz)
-    if plan.split:
+    if plan.split == 2 and lnc > 1:  # sendrecv: each K-block's sums leave as it is evicted, no barrier;
+        owned = _cdiv(n_rs, lnc)  # only the last block's exchange and the owner's epilogue are after the PE
+        last = _dma_time(mach, min(s_rows, owned * _P) * min(k, _F_MOV) * 4, owned) + mach.dma_fixed_ns
+        tail = last + _drain(m.epi, mach, owned, k)
+    elif plan.split:
         owned = _cdiv(n_rs, lnc)
         tail = _exchange(mach, min(s_rows, owned * _P), k) + _drain(m.epi, mach, owned, k)
     else:
@@ -543,16 +561,18 @@ def _candidates(
     (split over rows only), with column blocks."""
     budget = _plannable(usable)
     plans = []
-    for split in (0, 1) if lnc > 1 and _cdiv(i, _P) >= lnc else (0,):
+    for split in _splits(i, lnc):
         comp_rows, inter = _work_per_core(rows, i, lnc, split)
         s_all = range(_P, _cdiv(comp_rows, _P) * _P + 1, _P)
         ci_all = range(_P, _cdiv(inter, _P) * _P + 1, _P)
         for s in s_all if exhaustive else _row_tiles(comp_rows):
+            if split == 2 and s > _F_MOV:  # the exchange's rounds assume one row slice per super-block
+                continue
             for kc in (0, 0 if split else _column_block(s, k)) if s <= _ACC_BANKS * _P else (0,):
                 if exhaustive:
-                    fits = [ci for ci in ci_all if _sbuf_bytes(m, s, ci, k, i, kc) <= budget]
+                    fits = [ci for ci in ci_all if _sbuf_bytes(m, s, ci, k, i, kc, 0, split) <= budget]
                 else:
-                    widest = _widest_fit(m, s, ci_all, k, i, budget, kc)
+                    widest = _widest_fit(m, s, ci_all, k, i, budget, kc, split)
                     fits = [ci for ci in ci_all[max(0, widest - 3) : widest + 1]] if widest >= 0 else []
                 plans += [_Plan(s, ci, split, kc, g) for ci in fits for g in _groups(m, s, ci, k)]
             if _streams_up(s, _P):  # a streamed K-tile group may fit where a whole chunk does not
@@ -560,9 +580,17 @@ def _candidates(
                     _Plan(s, _P, split, kc, g)
                     for kc in ((0, 0 if split else _column_block(s, k)) if s <= _ACC_BANKS * _P else (0,))
                     for g in _groups(m, s, _P, k)
-                    if _sbuf_bytes(m, s, _P, k, i, kc, g) <= budget
+                    if _sbuf_bytes(m, s, _P, k, i, kc, g, split) <= budget
                 ]
     return list(dict.fromkeys(plans))
+
+
+def _splits(i: int, lnc: int) -> tuple[int, ...]:
+    """Work splits worth trying: over rows (0); with at least an I-tile per core, over I, the partial sums
+    through shared HBM (1) or, at LNC 2, exchanged core to core (2: sendrecv pairs the two cores of LNC 2)."""
+    if lnc < 2 or _cdiv(i, _P) < lnc:
+        return (0,)
+    return (0, 1, 2) if lnc == 2 else (0, 1)
 
 
 def _groups(m: _FfnModel, s: int, ci: int, k: int) -> list[int]:
@@ -572,12 +600,12 @@ def _groups(m: _FfnModel, s: int, ci: int, k: int) -> list[int]:
     return [0] + ([g for g in (knee, 2 * knee) if g < n_k] if _streams_up(s, ci) else [])
 
 
-def _widest_fit(m: _FfnModel, s: int, ci_all: range, k: int, i: int, budget: int, kc: int) -> int:
+def _widest_fit(m: _FfnModel, s: int, ci_all: range, k: int, i: int, budget: int, kc: int, split: int) -> int:
     """Index in `ci_all` of the widest chunk that fits, -1 if none (SBUF grows with CI: bisect)."""
     lo, hi = -1, len(ci_all) - 1
     while lo < hi:
         mid = (lo + hi + 1) // 2
-        if _sbuf_bytes(m, s, ci_all[mid], k, i, kc) <= budget:
+        if _sbuf_bytes(m, s, ci_all[mid], k, i, kc, 0, split) <= budget:
             lo = mid
         else:
             hi = mid - 1
@@ -625,7 +653,10 @@ def swiglu_gemma_norm_kernel(x_hbm, w1t_hbm, wgt_hbm, w2t_hbm, a_hbm, gamma_hbm,
 
     SPLIT=0: each core computes the rows it owns. SPLIT=1 (few rows on several cores): each core computes
     every row over its share of I, then the cores exchange partial down-projections through shared HBM
-    behind a core barrier, and each finishes the rows it owns.
+    behind a core barrier, and each finishes the rows it owns. SPLIT=2 (LNC 2): the same, but in the last
+    chunk each K-block of the other core's rows goes straight to its SBUF as soon as it is evicted
+    (nisa.sendrecv: calls pair by program order, so both cores make the same rounds) and is added into
+    the owner's accumulator.
     KC=0: each chunk's down-projection is added into an [S, K] fp32 accumulator in SBUF. KC>0 (wide K,
     SPLIT=0): the chunks write the combine's h^T to an HBM scratch; then the down-projection runs a
     KC-column block at a time, all of I accumulated in PSUM; each piece leaves PSUM once through the
@@ -646,22 +677,26 @@ def swiglu_gemma_norm_kernel(x_hbm, w1t_hbm, wgt_hbm, w2t_hbm, a_hbm, gamma_hbm,
     x_new_hbm = nl.ndarray((R, K), dtype=nl.float32, buffer=nl.shared_hbm)
     z_hbm = nl.ndarray((R, K), dtype=nl.bfloat16, buffer=nl.shared_hbm)
     pid, cores = nl.program_id(0), nl.num_programs()
+    if SPLIT == 2:  # what this core sends in exchange rounds where it has no sums to send
+        blank = nl.ndarray((_P, _F_MOV), dtype=nl.float32, buffer=nl.sbuf)
+        nisa.memset(dst=blank, value=0.0)
     own_begin = min(R, pid * _rows_per_core(R, cores))
     own_end = min(R, own_begin + _rows_per_core(R, cores))
     if SPLIT:
         i_share = min(I, _cdiv(_cdiv(I, _P), cores) * _P)
         i_begin, i_end = min(I, pid * i_share), min(I, (pid + 1) * i_share)
         r_begin, r_end = 0, R
+    if SPLIT == 1:
         partial = nl.ndarray((R, K), dtype=nl.float32, buffer=nl.shared_hbm)
-    else:
+    if not SPLIT:
         i_begin, i_end = 0, I
         r_begin, r_end = own_begin, own_end
     if KC:  # each core writes and reads back only the rows it owns
         # per core, each partition's I-tiles of a super-block contiguous ([p, it * s_rows + r]), so one read
         # moves gh I-tiles' rows: as many as reach the DMA packet rule's knee (ffn_budget.h_group)
-        h_hbm = nl.ndarray((cores, _P, _cdiv(I, _P) * S), dtype=nl.bfloat16, buffer=nl.shared_hbm)
+        _h_hbm = nl.ndarray((cores, _P, _cdiv(I, _P) * S), dtype=nl.bfloat16, buffer=nl.shared_hbm)
         gh = _h_group(S, I, 2)
-        acc_hbm = nl.ndarray((R, K), dtype=nl.float32, buffer=nl.shared_hbm)
+        _acc_hbm = nl.ndarray((R, K), dtype=nl.float32, buffer=nl.shared_hbm)
     for r_sb in range(r_begin, r_end, S):
         s_rows = min(S, r_end - r_sb)
         n_rs = _cdiv(s_rows, _P)
@@ -688,6 +723,9 @@ def swiglu_gemma_norm_kernel(x_hbm, w1t_hbm, wgt_hbm, w2t_hbm, a_hbm, gamma_hbm,
                         nisa.activation(dst=xt[kt][0:pk, rs * _P:rs * _P + pr], op=nl.copy, data=xt_ps[0:pk, 0:pr])
                     else:
                         nisa.tensor_copy(dst=xt[kt][0:pk, rs * _P:rs * _P + pr], src=xt_ps[0:pk, 0:pr])
+        theirs = [rs for rs in range(n_rs) if not owned[rs]]  # SPLIT=2: the row tiles whose sums it sends,
+        mine = [rs for rs in range(n_rs) if owned[rs]]  # and those whose sums it receives, round by round
+        got = [[] for rs in range(n_rs)]
         acc = []
         for rs in range(0 if KC else n_rs):
             t = nl.ndarray((_P, K), dtype=nl.float32, buffer=nl.sbuf)
@@ -758,35 +796,82 @@ def swiglu_gemma_norm_kernel(x_hbm, w1t_hbm, wgt_hbm, w2t_hbm, a_hbm, gamma_hbm,
                     g.append(m1)
                 if KC and q0 == 0:  # the previous chunk's h^T writes, queued behind all of this chunk's loads
                     for ph_h, h0, rw_h, h_src in h_out:
-                        nisa.dma_copy(dst=h_hbm[pid, 0:ph_h, h0:h0 + rw_h], src=h_src[0:ph_h, 0:rw_h])
+                        nisa.dma_copy(dst=_h_hbm[pid, 0:ph_h, h0:h0 + rw_h], src=h_src[0:ph_h, 0:rw_h])
                     h_out = []
                 for hl in range(n_hc if KC else 0):  # for the h^T scratch: the down-projection runs after the chunks
                     h_out.append((min(_P, i_end - i0 - hl * _P), (i0 // _P + hl) * s_rows + q0, rw, g[hl]))
                 # the other core's row tiles first (SPLIT): their partial sums leave while this core's are computed
                 rqs = [rq for rq in range(0, 0 if KC else rw, _P) if not owned[(q0 + rq) // _P]]
                 rqs += [rq for rq in range(0, 0 if KC else rw, _P) if owned[(q0 + rq) // _P]]
-                for rq in rqs:
+                x_last = c == n_c - 1 and SPLIT == 2
+                for rq in [-1, *rqs]:  # -1: the exchange rounds due before any tile (no tile of `theirs`)
                     rs = (q0 + rq) // _P
                     pr = min(_P, rw - rq)
-                    for ko in range(n_ko):
+                    # a round moves one shape both ways: the larger of the tile sent and the tile received
+                    k = theirs.index(rs) if x_last and rq >= 0 and not owned[rs] else len(mine)
+                    rows = max(pr, min(_P, s_rows - mine[k] * _P)) if k < len(mine) else pr
+                    # an owned tile's sums came while this core sent its own (early: each block's added before its
+                    # matmuls), or in a round of zeros, as the other core computed them (late: after the evictions)
+                    early = x_last and rq >= 0 and owned[rs] and c > 0 and mine.index(rs) < len(theirs)
+                    per_block = False  # the epilogue's row statistics need every block first
+                    for ko in range(n_ko if rq >= 0 else 0):
                         k0 = ko * _F_MOV
                         nk = min(_F_MOV, K - k0)
+                        if early:  # on the idle GpSimd, under this block's matmuls: the Vector engine evicts
+                            nisa.tensor_tensor(dst=acc[rs][0:pr, k0:k0 + nk], data1=acc[rs][0:pr, k0:k0 + nk],
+                                               data2=got[rs][ko][0:pr, 0:nk], op=nl.add, engine=nisa.engine.gpsimd)
                         ps = nl.ndarray((_P, _F_MOV), dtype=nl.float32, buffer=nl.psum)
                         for hl in range(n_hc):
                             ph = min(_P, i_end - i0 - hl * _P)
                             nisa.nc_matmul(dst=ps[0:pr, 0:nk], stationary=g[hl][0:ph, rq:rq + pr],
                                            moving=wd[hl][0:ph, k0:k0 + nk], accumulate=(hl > 0))
-                        if c == 0 and owned[rs]:
+                        if x_last and not owned[rs] and c > 0:  # into a block of its own, which the exchange reads
+                            sent = nl.ndarray((_P, _F_MOV), dtype=nl.float32, buffer=nl.sbuf)
+                            if pr < rows:  # rows this tile lacks, sent as zeros
+                                nisa.memset(dst=sent[0:rows, 0:nk], value=0.0)
+                            nisa.tensor_tensor(dst=sent[0:pr, 0:nk], data1=acc[rs][0:pr, k0:k0 + nk],
+                                               data2=ps[0:pr, 0:nk], op=nl.add)
+                        elif c == 0 and owned[rs]:
                             nisa.tensor_tensor(dst=acc[rs][0:pr, k0:k0 + nk], data1=acc[rs][0:pr, k0:k0 + nk], data2=ps[0:pr, 0:nk], op=nl.add)
                         elif c == 0:
                             nisa.tensor_copy(dst=acc[rs][0:pr, k0:k0 + nk], src=ps[0:pr, 0:nk])
                         else:
                             nisa.tensor_tensor(dst=acc[rs][0:pr, k0:k0 + nk], data1=acc[rs][0:pr, k0:k0 + nk],
                                                data2=ps[0:pr, 0:nk], op=nl.add)
-                    if c == n_c - 1 and not owned[rs]:  # SPLIT: done here; out to the owner, under the next matmuls
+                        if x_last and not owned[rs]:  # round theirs.index(rs): the block to its owner, SBUF to SBUF
+                            if c == 0:  # one chunk: evicted into the accumulator, copied out on the idle Scalar engine
+                                sent = nl.ndarray((_P, _F_MOV), dtype=nl.float32, buffer=nl.sbuf)
+                                if pr < rows:
+                                    nisa.memset(dst=sent[0:rows, 0:nk], value=0.0)
+                                nisa.tensor_copy(dst=sent[0:pr, 0:nk], src=acc[rs][0:pr, k0:k0 + nk],
+                                                 engine=nisa.engine.scalar)
+                            t = nl.ndarray((_P, _F_MOV), dtype=nl.float32, buffer=nl.sbuf)
+                            nisa.sendrecv(src=sent[0:rows, 0:nk], dst=t[0:rows, 0:nk], send_to_rank=1 - pid,
+                                          recv_from_rank=1 - pid, pipe_id=0)
+                            if k < len(mine):
+                                got[mine[k]].append(t)
+                    for ko in range(n_ko if x_last and rq >= 0 and owned[rs] and not early else 0):  # late: after
+                        k0, nk = ko * _F_MOV, min(_F_MOV, K - ko * _F_MOV)  # the evictions, on the idle GpSimd
+                        nisa.tensor_tensor(dst=acc[rs][0:pr, k0:k0 + nk], data1=acc[rs][0:pr, k0:k0 + nk],
+                                           data2=got[rs][ko][0:pr, 0:nk], op=nl.add, engine=nisa.engine.gpsimd)
+                    # after this core's last tile of `theirs`: the rounds where only the other core has sums to
+                    # send; this core sends zeros (the other discards them), so both make the same calls
+                    due = x_last and (rq < 0 if not theirs else rs == theirs[-1])
+                    for j in range(len(theirs), len(mine) if due else 0):
+                        pj = min(_P, s_rows - mine[j] * _P)
+                        for k0 in range(0, K, _F_MOV):
+                            nk = min(_F_MOV, K - k0)
+                            t = nl.ndarray((_P, _F_MOV), dtype=nl.float32, buffer=nl.sbuf)
+                            nisa.sendrecv(src=blank[0:pj, 0:nk], dst=t[0:pj, 0:nk], send_to_rank=1 - pid,
+                                          recv_from_rank=1 - pid, pipe_id=0)
+                            got[mine[j]].append(t)
+                    if rq < 0:
+                        continue
+                    if c == n_c - 1 and not owned[rs] and SPLIT == 1:  # done here; out to the owner, under the next matmuls
                         r0 = r_sb + rs * _P
                         nisa.dma_copy(dst=partial[r0:r0 + pr, 0:K], src=acc[rs][0:pr, 0:K])
-                    if c == n_c - 1 and owned[rs] and not SPLIT:  # done: the epilogue runs under the next matmuls
+                    if c == n_c - 1 and owned[rs] and SPLIT != 1 and not per_block:  # done: the epilogue runs under
+                        # the next matmuls
                         r0 = r_sb + rs * _P
                         pr = min(_P, s_rows - rs * _P)
                         es1_0 = nl.ndarray((_P, 1), dtype=nl.float32, buffer=nl.sbuf)
@@ -813,7 +898,7 @@ def swiglu_gemma_norm_kernel(x_hbm, w1t_hbm, wgt_hbm, w2t_hbm, a_hbm, gamma_hbm,
                             nisa.dma_copy(dst=z_hbm[r0:r0 + pr, k0:k0 + nb], src=e5[0:pr, 0:nb])
 
         for ph_h, h0, rw_h, h_src in h_out:
-            nisa.dma_copy(dst=h_hbm[pid, 0:ph_h, h0:h0 + rw_h], src=h_src[0:ph_h, 0:rw_h])
+            nisa.dma_copy(dst=_h_hbm[pid, 0:ph_h, h0:h0 + rw_h], src=h_src[0:ph_h, 0:rw_h])
         h_out = []
         for kc0 in range(0, K if KC else 0, KC or 1):  # column blocks: all of I accumulates in PSUM
             kw = min(KC, K - kc0)
@@ -827,10 +912,10 @@ def swiglu_gemma_norm_kernel(x_hbm, w1t_hbm, wgt_hbm, w2t_hbm, a_hbm, gamma_hbm,
                 full = min(n, I // _P - ig)
                 h_t = nl.ndarray((_P, gh * S), dtype=nl.bfloat16, buffer=nl.sbuf)
                 if full > 0:
-                    nisa.dma_copy(dst=h_t[0:_P, 0:full * s_rows], src=h_hbm[pid, 0:_P, ig * s_rows:(ig + full) * s_rows])
+                    nisa.dma_copy(dst=h_t[0:_P, 0:full * s_rows], src=_h_hbm[pid, 0:_P, ig * s_rows:(ig + full) * s_rows])
                 if full < n:
                     nisa.dma_copy(dst=h_t[0:I - (ig + full) * _P, full * s_rows:n * s_rows],
-                                  src=h_hbm[pid, 0:I - (ig + full) * _P, (ig + full) * s_rows:(ig + n) * s_rows])
+                                  src=_h_hbm[pid, 0:I - (ig + full) * _P, (ig + full) * s_rows:(ig + n) * s_rows])
                 for it in range(ig, ig + n):
                     ph, hs = min(_P, I - it * _P), (it - ig) * s_rows
                     wd_t = nl.ndarray((_P, KC), dtype=nl.bfloat16, buffer=nl.sbuf)
@@ -849,8 +934,8 @@ def swiglu_gemma_norm_kernel(x_hbm, w1t_hbm, wgt_hbm, w2t_hbm, a_hbm, gamma_hbm,
                     nisa.dma_copy(dst=a_hbm_tile[0:pr, 0:nb], src=a_hbm[r0:r0 + pr, k0:k0 + nb])
                     v0 = nl.ndarray((_P, kb), dtype=nl.float32, buffer=nl.sbuf)
                     nisa.tensor_tensor(dst=v0[0:pr, 0:nb], data1=acc_ps[rs * n_kp + kp][0:pr, 0:nb], data2=a_hbm_tile[0:pr, 0:nb], op=nl.add)
-                    nisa.dma_copy(dst=acc_hbm[r0:r0 + pr, k0:k0 + nb], src=v0[0:pr, 0:nb])
-        if SPLIT:  # the other core's rows went out with the last chunk; after the barrier, this core's come in
+                    nisa.dma_copy(dst=_acc_hbm[r0:r0 + pr, k0:k0 + nb], src=v0[0:pr, 0:nb])
+        if SPLIT == 1:  # the other core's rows went out with the last chunk; after the barrier, this core's come in
             nisa.core_barrier(data=partial, cores=tuple(range(cores)))
             for rs in range(n_rs):
                 r0, pr = r_sb + rs * _P, min(_P, s_rows - rs * _P)
@@ -860,9 +945,9 @@ def swiglu_gemma_norm_kernel(x_hbm, w1t_hbm, wgt_hbm, w2t_hbm, a_hbm, gamma_hbm,
                         t = nl.ndarray((_P, _F_MOV), dtype=nl.float32, buffer=nl.sbuf)
                         nisa.dma_copy(dst=t[0:pr, 0:nb], src=partial[r0:r0 + pr, k0:k0 + nb])
                         nisa.tensor_tensor(dst=acc[rs][0:pr, k0:k0 + nb], data1=acc[rs][0:pr, k0:k0 + nb], data2=t[0:pr, 0:nb], op=nl.add)
-        # the epilogue of each owned row tile after the exchange (SPLIT) or the column blocks (KC), in passes
+        # the epilogue of each owned row tile after the exchange (SPLIT=1) or the column blocks (KC), in passes
         # over K-blocks; otherwise it ran in the last chunk
-        for rs in range(n_rs if SPLIT else 0):
+        for rs in range(n_rs if SPLIT == 1 else 0):
             if owned[rs]:
                 r0 = r_sb + rs * _P
                 pr = min(_P, s_rows - rs * _P)
@@ -897,7 +982,7 @@ def swiglu_gemma_norm_kernel(x_hbm, w1t_hbm, wgt_hbm, w2t_hbm, a_hbm, gamma_hbm,
             for k0 in range(0, K, _F_MOV):
                 nb = min(_F_MOV, K - k0)
                 acc_blk = nl.ndarray((_P, kb), dtype=nl.float32, buffer=nl.sbuf)
-                nisa.dma_copy(dst=acc_blk[0:pr, 0:nb], src=acc_hbm[r0:r0 + pr, k0:k0 + nb])
+                nisa.dma_copy(dst=acc_blk[0:pr, 0:nb], src=_acc_hbm[r0:r0 + pr, k0:k0 + nb])
                 u0 = nl.ndarray((_P, kb), dtype=nl.float32, buffer=nl.sbuf)
                 u1 = nl.ndarray((_P, 1), dtype=nl.float32, buffer=nl.sbuf)
                 nisa.activation_reduce(dst=u0[0:pr, 0:nb], op=nl.square, data=acc_blk[0:pr, 0:nb], reduce_op=nl.add, reduce_res=u1[0:pr, 0:1])
@@ -909,7 +994,7 @@ def swiglu_gemma_norm_kernel(x_hbm, w1t_hbm, wgt_hbm, w2t_hbm, a_hbm, gamma_hbm,
             for k0 in range(0, K, _F_MOV):
                 nb = min(_F_MOV, K - k0)
                 acc_blk = nl.ndarray((_P, kb), dtype=nl.float32, buffer=nl.sbuf)
-                nisa.dma_copy(dst=acc_blk[0:pr, 0:nb], src=acc_hbm[r0:r0 + pr, k0:k0 + nb])
+                nisa.dma_copy(dst=acc_blk[0:pr, 0:nb], src=_acc_hbm[r0:r0 + pr, k0:k0 + nb])
                 gamma_hbm_row = nl.ndarray((_P, kb), dtype=nl.float32, buffer=nl.sbuf)
                 nisa.dma_copy(dst=gamma_hbm_row[0:pr, 0:nb], src=gamma_hbm.ap(pattern=[[0, pr], [1, nb]], offset=k0))
                 u4 = nl.ndarray((_P, kb), dtype=nl.float32, buffer=nl.sbuf)

@@ -143,6 +143,22 @@ def barrier_without_lnc(x):
     nisa.core_barrier(data=x, cores=(0, 1))  # <-core-barrier-lnc
 
 
+def sendrecv_on_one_core():
+    t = _tile((128, 8))
+    nisa.sendrecv(src=t, dst=_dst((128, 8)), send_to_rank=0, recv_from_rank=0, pipe_id=0)  # <-sendrecv-lnc
+
+
+def sendrecv_compute_from_hbm(x):
+    nisa.sendrecv_compute(src=x, dst=_dst((2, 2)), send_to_rank=1, recv_from_rank=1,  # <-sendrecv-memory
+                          reduce_op=nl.add)
+
+
+def gpsimd_dma_too_big():
+    t = _tile((128, 512), BF16)
+    nisa.sendrecv(src=t, dst=_dst((128, 512), BF16), send_to_rank=1, recv_from_rank=1,  # <-sendrecv-gpsimd
+                  pipe_id=0, dma_engine=nisa.dma_engine.gpsimd_dma)
+
+
 def nested_generator():
     def steps():
         nisa.memset(dst=_dst((128, 8)), value=0.0)
@@ -231,6 +247,9 @@ CASES = {
     "dma-transpose-2byte": (transpose(F32), "<-dma-transpose", "trn2", ()),
     "dma-transpose-hwdge-shape": (transpose(dge=nisa.dge_mode.hwdge), "<-dma-transpose", "trn2", ()),
     "core-barrier-lnc": (barrier_without_lnc, "<-core-barrier-lnc", "trn2", (torch.zeros(2, 2),)),
+    "sendrecv-lnc": (sendrecv_on_one_core, "<-sendrecv-lnc", "trn2", ()),
+    "sendrecv-memory": (sendrecv_compute_from_hbm, "<-sendrecv-memory", "trn2", (torch.zeros(2, 2),)),
+    "sendrecv-gpsimd-dma-size": (gpsimd_dma_too_big, "<-sendrecv-gpsimd", "trn2", ()),
     "compute-on-chip": (activation_reads_hbm, "<-compute-on-chip", "trn2", (torch.ones(2, 2),)),
     "tensor-engine-memories": (matmul_into_sbuf, "<-tensor-engine-memories", "trn2", ()),
     "psum-one-input": (both_inputs_in_psum, "<-psum-one-input", "trn2", ()),

@@ -77,7 +77,8 @@ class Plan(NamedTuple):
 
     s: int
     ci: int
-    split: int  # 1: each core computes every row over its share of I; 0: each core its own rows
+    split: int  # 1: each core computes every row over its share of I; 0: each core its own rows; 2: as 1,
+    # with the partial sums exchanged core to core (nisa.sendrecv, LNC 2) instead of through shared HBM
     kc: int = 0
     g: int = 0
 
@@ -89,9 +90,11 @@ def work_per_core(rows: int, i: int, lnc: int, split: int) -> tuple[int, int]:
     return rows_per_core(rows, lnc), i
 
 
-def buffers(m: FfnModel, s: int, ci: int, k: int, i: int, kc: int = 0, g: int = 0) -> list[Buffer]:
-    """The kernel's SBUF buffers for super-block `s` rows, chunk `ci` columns, column block `kc` and `g`
-    K-tiles per up-weight DMA."""
+def buffers(
+    m: FfnModel, s: int, ci: int, k: int, i: int, kc: int = 0, g: int = 0, split: int = 0
+) -> list[Buffer]:
+    """The kernel's SBUF buffers for super-block `s` rows, chunk `ci` columns, column block `kc`, `g`
+    K-tiles per up-weight DMA and work split `split`."""
     n_k, n_h, n_hc = cdiv(k, P), cdiv(i, P), cdiv(ci, P)
     epi = m.epi_cols if kc else m.epi
     common = [
@@ -112,8 +115,13 @@ def buffers(m: FfnModel, s: int, ci: int, k: int, i: int, kc: int = 0, g: int = 
             Buffer("h^T read back (a group of I-tiles)", h_group(s, i, m.x_bytes) * s * m.x_bytes, 2),
             Buffer("PSUM eviction block (its loads and temporaries)", m.evict.block_bytes * min(F_MOV, k), 2),
         ]
+    exchange = [
+        Buffer("partial sums received from the other core", cdiv(s, P) * k * 4, 1),
+        Buffer("partial-sum block sent (zeros in rounds without)", F_MOV * 4, 3),
+    ]
     return [
         *common,
+        *(exchange if split == 2 else []),
         Buffer("fp32 accumulator", cdiv(s, P) * k * 4, 1),
         Buffer("down-projection weight chunk", n_hc * k * m.down_bytes, 2),
         Buffer("[K]-bias piece / partial-sum block", F_MOV * 4, 2),
@@ -167,14 +175,14 @@ def up_weights(m: FfnModel, s: int, ci: int, k: int, g: int = 0) -> Buffer:
     return Buffer("up-projection weight chunk", m.n_up * cdiv(ci, P) * n_g * group(k, g) * P * m.up_bytes, 2)
 
 
-def sbuf_bytes(m: FfnModel, s: int, ci: int, k: int, i: int, kc: int = 0, g: int = 0) -> int:
+def sbuf_bytes(m: FfnModel, s: int, ci: int, k: int, i: int, kc: int = 0, g: int = 0, split: int = 0) -> int:
     """SBUF bytes per partition the kernel needs, copies included."""
-    return sum(b.bytes * b.copies for b in buffers(m, s, ci, k, i, kc, g))
+    return sum(b.bytes * b.copies for b in buffers(m, s, ci, k, i, kc, g, split))
 
 
 def plan_bytes(m: FfnModel, p: Plan, k: int, i: int) -> int:
     """SBUF bytes per partition of plan `p`."""
-    return sbuf_bytes(m, p.s, p.ci, k, i, p.kc, p.g)
+    return sbuf_bytes(m, p.s, p.ci, k, i, p.kc, p.g, p.split)
 
 
 def smallest_need(m: FfnModel, k: int, i: int) -> int:
@@ -270,11 +278,17 @@ def cost(m: FfnModel, mach: Machine, rows: int, k: int, i: int, lnc: int, plan: 
     if not plan.kc:
         hbm += own * k * 4 * m.acc_init
         transfers += tiles * m.acc_init
-    if plan.split and lnc > 1:  # partial down-projections of the other core's rows out, this core's in
+    exchanged = 0
+    if plan.split == 1 and lnc > 1:  # partial down-projections of the other core's rows out, this core's in
         hbm += 2 * own * k * 4
         transfers += tiles * (1 + cdiv(k, F_MOV))
         dve += tiles * k_cycles
-    dma = dma_time(mach, hbm, transfers)
+    elif plan.split == 2 and lnc > 1:  # the other core's rows' sums to it, a K-block per exchange (zeros in
+        sent = max(own, comp_rows - own)  # rounds where only it has sums to send): DMA queues, not HBM
+        exchanged = sent * k * 4
+        transfers += cdiv(sent, P) * cdiv(k, F_MOV)
+        dve += tiles * k_cycles  # the received sums added into the owned rows
+    dma = dma_time(mach, hbm + exchanged, transfers)
     chain = dma_time(mach, m.col_vectors * P * cdiv(i, P) * 4, m.col_vectors)  # [I] columns, loaded first
     for s_rows, n_sb in runs(comp_rows, plan.s):
         if plan.kc:
@@ -332,9 +346,9 @@ def _filled(m: FfnModel, mach: Machine, s_rows: int, inter: int, k: int, plan: P
     row slice's up-projection, last combine and down-projection with its evictions in series
     (`slice_period`), or their loads pipelined with their matmuls, or the busiest other engine (one fixed
     cost and a cold PE before the first matmul); then, without SPLIT, the epilogue of its row tiles
-    (`drain`), the last chunk's matmuls after its first row tile's beside it; with SPLIT, the exchange and
-    the owner's share of its row tiles' epilogue after the core barrier (the next super-block's barrier
-    waits for them)."""
+    (`drain`), the last chunk's matmuls after its first row tile's beside it; with SPLIT 1, the exchange
+    and the owner's share of its row tiles' epilogue after the core barrier (the next super-block's barrier
+    waits for them); with SPLIT 2, the last K-block's sendrecv and the owner's epilogue."""
     pe, act, dve, hbm, transfers = _super_block(m, s_rows, inter, plan.ci, k, 0, plan.g, plan.s)
     n_rs, n_k = cdiv(s_rows, P), cdiv(k, P)
     x_cycles = sum(n_t * n_k * max(MIN_CYCLES, rows_t) for rows_t, n_t in runs(s_rows, P))  # in the fill
@@ -356,7 +370,11 @@ def _filled(m: FfnModel, mach: Machine, s_rows: int, inter: int, k: int, plan: P
     steps = m.n_up * cdiv(inter, P)  # one projection's weights of one I-tile per step
     streamed = pipelined(loads, (pe - x_cycles) / mach.pe_ghz, steps)
     chunks = max(streamed, serial, act / mach.act_ghz, dve / mach.dve_ghz)
-    if plan.split:
+    if plan.split == 2 and lnc > 1:  # sendrecv: each K-block's sums leave as it is evicted, no barrier;
+        owned = cdiv(n_rs, lnc)  # only the last block's exchange and the owner's epilogue are after the PE
+        last = dma_time(mach, min(s_rows, owned * P) * min(k, F_MOV) * 4, owned) + mach.dma_fixed_ns
+        tail = last + drain(m.epi, mach, owned, k)
+    elif plan.split:
         owned = cdiv(n_rs, lnc)
         tail = exchange(mach, min(s_rows, owned * P), k) + drain(m.epi, mach, owned, k)
     else:
@@ -377,16 +395,18 @@ def candidates(
     (split over rows only), with column blocks."""
     budget = plannable(usable)
     plans = []
-    for split in (0, 1) if lnc > 1 and cdiv(i, P) >= lnc else (0,):
+    for split in splits(i, lnc):
         comp_rows, inter = work_per_core(rows, i, lnc, split)
         s_all = range(P, cdiv(comp_rows, P) * P + 1, P)
         ci_all = range(P, cdiv(inter, P) * P + 1, P)
         for s in s_all if exhaustive else row_tiles(comp_rows):
+            if split == 2 and s > F_MOV:  # the exchange's rounds assume one row slice per super-block
+                continue
             for kc in (0, 0 if split else column_block(s, k)) if s <= ACC_BANKS * P else (0,):
                 if exhaustive:
-                    fits = [ci for ci in ci_all if sbuf_bytes(m, s, ci, k, i, kc) <= budget]
+                    fits = [ci for ci in ci_all if sbuf_bytes(m, s, ci, k, i, kc, 0, split) <= budget]
                 else:
-                    widest = _widest_fit(m, s, ci_all, k, i, budget, kc)
+                    widest = _widest_fit(m, s, ci_all, k, i, budget, kc, split)
                     fits = [ci for ci in ci_all[max(0, widest - 3) : widest + 1]] if widest >= 0 else []
                 plans += [Plan(s, ci, split, kc, g) for ci in fits for g in _groups(m, s, ci, k)]
             if streams_up(s, P):  # a streamed K-tile group may fit where a whole chunk does not
@@ -394,9 +414,17 @@ def candidates(
                     Plan(s, P, split, kc, g)
                     for kc in ((0, 0 if split else column_block(s, k)) if s <= ACC_BANKS * P else (0,))
                     for g in _groups(m, s, P, k)
-                    if sbuf_bytes(m, s, P, k, i, kc, g) <= budget
+                    if sbuf_bytes(m, s, P, k, i, kc, g, split) <= budget
                 ]
     return list(dict.fromkeys(plans))
+
+
+def splits(i: int, lnc: int) -> tuple[int, ...]:
+    """Work splits worth trying: over rows (0); with at least an I-tile per core, over I, the partial sums
+    through shared HBM (1) or, at LNC 2, exchanged core to core (2: sendrecv pairs the two cores of LNC 2)."""
+    if lnc < 2 or cdiv(i, P) < lnc:
+        return (0,)
+    return (0, 1, 2) if lnc == 2 else (0, 1)
 
 
 def _groups(m: FfnModel, s: int, ci: int, k: int) -> list[int]:
@@ -406,12 +434,12 @@ def _groups(m: FfnModel, s: int, ci: int, k: int) -> list[int]:
     return [0] + ([g for g in (knee, 2 * knee) if g < n_k] if streams_up(s, ci) else [])
 
 
-def _widest_fit(m: FfnModel, s: int, ci_all: range, k: int, i: int, budget: int, kc: int) -> int:
+def _widest_fit(m: FfnModel, s: int, ci_all: range, k: int, i: int, budget: int, kc: int, split: int) -> int:
     """Index in `ci_all` of the widest chunk that fits, -1 if none (SBUF grows with CI: bisect)."""
     lo, hi = -1, len(ci_all) - 1
     while lo < hi:
         mid = (lo + hi + 1) // 2
-        if sbuf_bytes(m, s, ci_all[mid], k, i, kc) <= budget:
+        if sbuf_bytes(m, s, ci_all[mid], k, i, kc, 0, split) <= budget:
             lo = mid
         else:
             hi = mid - 1

@@ -56,6 +56,7 @@ class FfnLowering:
     mid_lines: tuple[str, ...]
     mid_result: str  # tile name holding the combine, the down-projection's stationary operand
     epilogue: BlockedStage
+    epilogue_per_block: bool  # one pass, nothing before its blocks: each block's can follow its last sums
     outputs: tuple[OutputWrite, ...]
     model: FfnModel
     prologue: BlockedStage | None = None
@@ -106,6 +107,7 @@ def lower_ffn(ir: KernelIR, m: FfnMatch) -> FfnLowering:
         mid_lines=tuple(mid.lines),
         mid_result=mid_result,
         epilogue=epilogue,
+        epilogue_per_block=_per_block(epilogue, epi_inputs["vec"]),
         outputs=outputs,
         model=model,
         prologue=prologue,
@@ -121,6 +123,12 @@ def _up_dtype(ir: KernelIR, m: FfnMatch) -> str:
 
 def _count(sel: Selector, kind: str) -> int:
     return sum(1 for _, k, _ in sel.tiles if k == kind)
+
+
+def _per_block(epilogue: BlockedStage, row_columns: tuple[str, ...]) -> bool:
+    """Whether each K-block's epilogue can run as soon as its sums are final: one pass, nothing to do
+    before its blocks (no row statistics) and no [R, 1] columns to load first."""
+    return len(epilogue.passes) == 1 and not epilogue.passes[0].before and not row_columns
 
 
 def _projection(ir: KernelIR, up: Node, psum: str) -> Projection:
@@ -212,7 +220,7 @@ def _lower_eviction(
 ) -> tuple[BlockedStage, int | None]:
     """Column-blocked plans: each [P, F_MOV] piece of the down-projection leaves PSUM once, so the
     elementwise spine above it (e.g. `+ b2 + a`, LayerScale's `a + ls * y`) is computed on the way out
-    and that value written to `acc_hbm`; returns the eviction and the IR node `acc_hbm` then holds.
+    and that value written to `_acc_hbm`; returns the eviction and the IR node `_acc_hbm` then holds.
     An epilogue without row statistics or [R, 1] inputs runs whole in the eviction, which writes the
     outputs (node None: no scratch, no epilogue after it)."""
     leaves, loads = row_leaves(ir, m.epi_nodes, inputs, skip=None)
@@ -230,7 +238,7 @@ def _lower_eviction(
         value = sel.value(top)
         if value.memory == "psum":  # a bare copy out of PSUM: on the Scalar engine, idle in this loop
             value = sel.convert(value, "f32")
-        return [f"nisa.dma_copy(dst=acc_hbm[r0:r0 + pr, k0:k0 + nb], src={value.code})"]
+        return [f"nisa.dma_copy(dst=_acc_hbm[r0:r0 + pr, k0:k0 + nb], src={value.code})"]
 
     stage = emit_blocked(block_selector("v"), [top], loads, finish, writes=1)
     assert len(stage.passes) == 1 and not stage.passes[0].before, "an eviction needs no statistics"
@@ -246,12 +254,12 @@ def _lower_epilogue(
     from_hbm: bool = False,
 ) -> tuple[BlockedStage, tuple[OutputWrite, ...]]:
     """The epilogue over an SBUF accumulator, or (`from_hbm`, column-blocked plans) over the bare
-    down-projection's blocks loaded from the fp32 scratch `acc_hbm`, every other input a block load."""
+    down-projection's blocks loaded from the fp32 scratch `_acc_hbm`, every other input a block load."""
     leaves, loads = row_leaves(ir, m.epi_nodes, inputs, acc_init)
     acc = "acc[rs][0:pr, k0:k0 + nb]"  # the accumulator's block
     if from_hbm:
         acc = ""
-        loads["acc_blk"] = BlockLoad("acc_blk", "acc_hbm[r0:r0 + pr, k0:k0 + nb]", 4, broadcast=False)
+        loads["acc_blk"] = BlockLoad("acc_blk", "_acc_hbm[r0:r0 + pr, k0:k0 + nb]", 4, broadcast=False)
     leaves[acc_node] = Operand("tile", "acc_blk[0:pr, 0:nb]" if from_hbm else acc)
     builder = row_builder(ir, m.hidden, leaves)
     exprs = [builder.expr(out.node) for out in ir.outputs]  # all first: users counts must be complete
