@@ -9,6 +9,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from fusegen.codegen.ffn import budget as fb
+from fusegen.codegen.ffn import sbuf as fs
 from fusegen.perf.cost import ASSUMED, DMA_FIXED_NS, DMA_QUEUES, PE_COLD_UTILISATION, PE_RAMP_NS
 from fusegen.perf.roofline import hbm_bytes_per_ns
 from fusegen.sim.targets import Target
@@ -97,14 +98,14 @@ def machine(target: Target) -> fb.Machine:
 
 
 def plan_ffn(
-    model: fb.FfnModel, target: Target, lnc: int, dims: dict[str, int], roles: tuple[str, str, str]
+    model: fs.FfnModel, target: Target, lnc: int, dims: dict[str, int], roles: tuple[str, str, str]
 ) -> TilePlan:
     """Plan an FFN kernel; `roles` names the (rows, hidden, inter) dims."""
     return candidates(model, target, lnc, dims, roles, count=1)[0]
 
 
 def candidates(
-    model: fb.FfnModel,
+    model: fs.FfnModel,
     target: Target,
     lnc: int,
     dims: dict[str, int],
@@ -115,45 +116,45 @@ def candidates(
     rows, k, i = (dims[r] for r in roles)
     mach = machine(target)
     check_lnc(target, lnc)
-    banks = fb.psum_banks(model)
+    banks = fs.psum_banks(model)
     if banks > target.psum_banks:
         raise PlanError(f"the kernel needs {banks} PSUM banks; {target.name} has {target.psum_banks}")
     plans = fb.candidates(model, rows, k, i, lnc, mach.sbuf_budget)
     if not plans:
-        need = fb.smallest_need(model, k, i)
+        need = fs.smallest_need(model, k, i)
         raise PlanError(
             f"no tile plan fits on {target.name}: the smallest (S=128, CI=128) needs {need} "
             f"B/partition of SBUF for K={k}, I={i}; the budget is {fb.plannable(mach.sbuf_budget)} B "
-            f"with {fb.SBUF_HEADROOM} B kept free ({_widest_k(model, i, fb.plannable(mach.sbuf_budget))})"
+            f"with {fs.SBUF_HEADROOM} B kept free ({_widest_k(model, i, fb.plannable(mach.sbuf_budget))})"
         )
     ranked = sorted(plans, key=lambda p: fb.rank_key(model, mach, rows, k, i, lnc, p))[:count]
     best = fb.cost(model, mach, rows, k, i, lnc, ranked[0])
     return [_tile_plan(model, target, mach, lnc, dims, (rows, k, i), p, best) for p in ranked]
 
 
-def _widest_k(model: fb.FfnModel, i: int, budget: int) -> str:
+def _widest_k(model: fs.FfnModel, i: int, budget: int) -> str:
     """The limit in words: the widest K (a multiple of 128) whose smallest plan fits at this I."""
     k = fb.P
-    if fb.smallest_need(model, k, i) > budget:
+    if fs.smallest_need(model, k, i) > budget:
         return f"no K fits at I={i}"
-    while fb.smallest_need(model, k + fb.P, i) <= budget:
+    while fs.smallest_need(model, k + fb.P, i) <= budget:
         k += fb.P
     return f"this kernel fits K <= {k} at I={i} here"
 
 
 def _tile_plan(
-    model: fb.FfnModel,
+    model: fs.FfnModel,
     target: Target,
     mach: fb.Machine,
     lnc: int,
     dims: dict[str, int],
     shape: tuple[int, int, int],
-    p: fb.Plan,
+    p: fs.Plan,
     best: fb.Cost,
 ) -> TilePlan:
     rows, k, i = shape
     c = fb.cost(model, mach, rows, k, i, lnc, p)
-    comp_rows, inter = fb.work_per_core(rows, i, lnc, p.split)
+    comp_rows, inter = fs.work_per_core(rows, i, lnc, p.split)
     weights = (model.n_up * model.up_bytes + model.down_bytes) * k * i
     cores = lnc if not p.split else 1  # with the I split, each weight byte is read by one core
     streamed = weights * fb.cdiv(comp_rows, p.s) * cores
@@ -168,9 +169,9 @@ def _tile_plan(
         ("engine busy (us)", ", ".join(f"{e} {v / 1000:.1f}" for e, v in engines.items())),
         ("weight bytes streamed", f"{streamed:,} ({streamed / weights:.0f}x the {weights:,} B of weights)"),
     )
-    planned = fb.buffers(model, p.s, p.ci, k, i, p.kc, p.g, p.split)
+    planned = fs.buffers(model, p.s, p.ci, k, i, p.kc, p.g, p.split)
     buffers = tuple(PlannedBuffer(b.name, "sbuf", b.bytes, b.copies) for b in planned)
-    psum = PlannedBuffer("matmul accumulators (one bank each)", "psum", 2048, fb.psum_banks(model, p.kc))
+    psum = PlannedBuffer("matmul accumulators (one bank each)", "psum", 2048, fs.psum_banks(model, p.kc))
     return TilePlan(
         family="ffn",
         target=target.name,
@@ -178,9 +179,9 @@ def _tile_plan(
         dims=tuple(sorted(dims.items())),
         tiles=(("S", p.s), ("CI", p.ci), ("split_i", p.split), ("KC", p.kc), ("G", p.g)),
         buffers=(*buffers, psum),
-        sbuf_bytes=fb.plan_bytes(model, p, k, i),
+        sbuf_bytes=fs.plan_bytes(model, p, k, i),
         sbuf_budget=mach.sbuf_budget,
-        psum_banks=fb.psum_banks(model, p.kc),
+        psum_banks=fs.psum_banks(model, p.kc),
         psum_budget=target.psum_banks,
         hbm_bytes=(("weights streamed", streamed), ("weights", weights), ("all", c.hbm_bytes)),
         summary=summary,
@@ -190,18 +191,18 @@ def _tile_plan(
 
 
 def _reasons(
-    model: fb.FfnModel,
+    model: fs.FfnModel,
     mach: fb.Machine,
     shape: tuple[int, int, int],
     lnc: int,
-    p: fb.Plan,
+    p: fs.Plan,
     c: fb.Cost,
     best: fb.Cost,
 ) -> tuple[str, ...]:
     rows, k, i = shape
     if c.total > best.total:
         return (f"{c.total / best.total:.2f}x the best plan's modelled time",)
-    comp_rows, _ = fb.work_per_core(rows, i, lnc, p.split)
+    comp_rows, _ = fs.work_per_core(rows, i, lnc, p.split)
     n_sb = fb.cdiv(comp_rows, p.s)
     reasons = [
         f"S={p.s}: {comp_rows} rows per core in {n_sb} super-block(s); each one streams the weights once"
@@ -216,7 +217,7 @@ def _reasons(
     reasons.append(_down_projection(model, mach, shape, lnc, p, c))
     wider = p.ci + fb.P
     budget = fb.plannable(mach.sbuf_budget)
-    need = fb.sbuf_bytes(model, p.s, wider, k, i, p.kc, 0, p.split)
+    need = fs.sbuf_bytes(model, p.s, wider, k, i, p.kc, 0, p.split)
     if wider <= fb.cdiv(i, fb.P) * fb.P and need > budget:
         reasons.append(f"CI={p.ci}: CI={wider} would need {need} B > {budget} B of SBUF (the headroom kept)")
     if lnc > 1:
@@ -234,14 +235,14 @@ _SPLIT_NAMES = {0: "row split", 1: "I split through HBM", 2: "I split with the c
 
 
 def _split_reason(
-    model: fb.FfnModel, mach: fb.Machine, shape: tuple[int, int, int], lnc: int, p: fb.Plan, c: fb.Cost
+    model: fs.FfnModel, mach: fb.Machine, shape: tuple[int, int, int], lnc: int, p: fs.Plan, c: fb.Cost
 ) -> str:
     """Why this work split: each other split's modelled time (the same tiles, the SBUF accumulator)."""
     rows, k, i = shape
     others = []
     for split in fb.splits(i, lnc):
         if split != p.split:
-            t = fb.cost(model, mach, rows, k, i, lnc, fb.Plan(p.s, p.ci, split, 0, p.g)).total
+            t = fb.cost(model, mach, rows, k, i, lnc, fs.Plan(p.s, p.ci, split, 0, p.g)).total
             others.append(f"the {_SPLIT_NAMES[split]} {t / 1000:.1f} us")
     why = ""
     if p.split == 2:
@@ -250,32 +251,32 @@ def _split_reason(
     return f"{_SPLIT_NAMES[p.split]}: {c.total / 1000:.1f} us against {', '.join(others)}{why}"
 
 
-def _up_groups(model: fb.FfnModel, mach: fb.Machine, p: fb.Plan, k: int) -> str:
+def _up_groups(model: fs.FfnModel, mach: fb.Machine, p: fs.Plan, k: int) -> str:
     """How the up weights move: G K-tiles of one I-tile per DMA, from the host's layout."""
-    g = fb.group(k, p.g)
+    g = fs.group(k, p.g)
     moved = g * fb.P * model.up_bytes
     how = ("streamed, one group per projection in SBUF at a time (one row slice, one intermediate tile)"
-           if fb.streams_up(p.s, p.ci) else "the whole chunk held")  # fmt: skip
+           if fs.streams_up(p.s, p.ci) else "the whole chunk held")  # fmt: skip
     return (f"up weights: {g} of {fb.cdiv(k, fb.P)} K-tiles of one I-tile per DMA ({moved} B contiguous per "
             f"partition row from the host layout; the packet rule's knee is {mach.dma_row_bytes} B), {how}")
 
 
 def _down_projection(
-    model: fb.FfnModel, mach: fb.Machine, shape: tuple[int, int, int], lnc: int, p: fb.Plan, c: fb.Cost
+    model: fs.FfnModel, mach: fb.Machine, shape: tuple[int, int, int], lnc: int, p: fs.Plan, c: fb.Cost
 ) -> str:
     """Why this down-projection structure: the other one's modelled time, or the SBUF it would need."""
     rows, k, i = shape
-    other = fb.Plan(p.s, p.ci, p.split, 0 if p.kc else fb.column_block(p.s, k), p.g)
+    other = fs.Plan(p.s, p.ci, p.split, 0 if p.kc else fs.column_block(p.s, k), p.g)
     if p.kc:
         what = (f"column blocks of KC={p.kc}: h^T goes to an HBM scratch, each block of the down-projection "
-                f"accumulates all of I in {fb.ACC_BANKS} PSUM banks and is evicted once")  # fmt: skip
+                f"accumulates all of I in {fs.ACC_BANKS} PSUM banks and is evicted once")  # fmt: skip
         alt = "the SBUF accumulator"
     else:
         what = "an SBUF accumulator of S x K fp32, each chunk's down-projection evicted into it"
         alt = "column blocks"
-    if not p.kc and (p.split or p.s > fb.ACC_BANKS * fb.P):
-        return f"{what} (column blocks need S <= {fb.ACC_BANKS * fb.P} and a split over rows)"
-    need = fb.plan_bytes(model, other, k, i)
+    if not p.kc and (p.split or p.s > fs.ACC_BANKS * fb.P):
+        return f"{what} (column blocks need S <= {fs.ACC_BANKS * fb.P} and a split over rows)"
+    need = fs.plan_bytes(model, other, k, i)
     if need > fb.plannable(mach.sbuf_budget):
         return f"{what}; {alt} would need {need} B > {fb.plannable(mach.sbuf_budget)} B of SBUF here"
     t = fb.cost(model, mach, rows, k, i, lnc, other).total

@@ -154,49 +154,6 @@ def _dma_time(mach: _Machine, hbm: int, transfers: int) -> float:
     )
 
 
-#: PSUM banks a core has (the target's 8, 2 KiB per partition each: nki.md §5)
-_PSUM_BANKS = 8
-
-
-def _pipelined(load: float, compute: float, units: int) -> float:
-    """Time of `units` equal steps whose loads (`load` ns in all) feed their compute (`compute` ns): the
-    slower side, plus the faster side's first step, which nothing overlaps."""
-    return max(load, compute) + min(load, compute) / max(1, units)
-
-
-def _slice_period(up: float, combine: float, down: float, evict: float, n_evict: int, n_up: int) -> float:
-    """Time of one chunk's row slice with the SBUF accumulator, its matmuls `up` then `down` on the PE:
-    the down-projection waits for the last I-tile's `combine`, and each of its `n_evict` PSUM tiles takes
-    a bank freed by an eviction into the accumulator (`evict` ns in all, Vector engine). The next slice's
-    up-projection tiles need `n_up` banks, so the PE starts it once all but PSUM_BANKS - n_up evictions
-    are done: where the evictions are the slower side, they bound the slice."""
-    waited = evict * max(0, n_evict - (_PSUM_BANKS - n_up)) / max(1, n_evict)
-    return up + combine + max(down, waited)
-
-
-def _drain(epi: _Stage, mach: _Machine, tiles: int, k: int, overlap: float = 0.0) -> float:
-    """The epilogue of `tiles` row tiles after their last matmul. Its last pass runs in series: each
-    K-block's output writes wait for its compute and hold back the next block's loads, so per block its
-    loads (one fixed cost, when it reads any), its compute and its writes follow one another. The passes
-    before it write nothing, so their loads stream beside their compute. Less `overlap` ns of matmuls that
-    run beside it, but never less than one row tile's."""
-    act, dve, moved, transfers = _stage_cost(epi, tiles, k)
-    compute, dma = act / mach.act_ghz + dve / mach.dve_ghz, _dma_time(mach, moved, transfers)
-    sweeps = max(1, epi.sweeps)
-    reads = tiles * _cdiv(k, _F_MOV) * mach.dma_fixed_ns if epi.read_bytes or epi.bcast else 0.0
-    total = (compute + dma) / sweeps + reads + max(compute, dma) * (sweeps - 1) / sweeps
-    return max(total / max(1, tiles), total - overlap)
-
-
-def _exchange(mach: _Machine, own: int, k: int) -> float:
-    """The SPLIT plans' partial-sum exchange after the last chunk, in series: the other core's rows out,
-    the core barrier, this core's rows in, each direction with one fixed cost (the adds ride the epilogue)."""
-    tiles = _cdiv(own, _P)
-    out = _dma_time(mach, own * k * 4, tiles)
-    back = _dma_time(mach, own * k * 4, tiles * _cdiv(k, _F_MOV))
-    return out + back + 2 * mach.dma_fixed_ns
-
-
 #: SBUF bytes per partition every plan leaves unallocated (issue 15: ">= 8 KiB of SBUF headroom kept in
 #: every plan"): the usable budget is NKIPY's figure for what a kernel may allocate, and a plan that fills
 #: it to the byte leaves the compiler no room for its own spills and alignment padding, nor the budget
@@ -368,6 +325,49 @@ def _psum_banks(m: _FfnModel, kc: int = 0) -> int:
     """PSUM banks in flight: each projection tile and the down-projection tile, double-buffered; with
     column blocks, the down-projection's ACC_BANKS double-buffered (the up-projections' are free by then)."""
     return 2 * _ACC_BANKS if kc else 2 * (m.n_up + 1)
+
+
+#: PSUM banks a core has (the target's 8, 2 KiB per partition each: nki.md §5)
+_PSUM_BANKS = 8
+
+
+def _pipelined(load: float, compute: float, units: int) -> float:
+    """Time of `units` equal steps whose loads (`load` ns in all) feed their compute (`compute` ns): the
+    slower side, plus the faster side's first step, which nothing overlaps."""
+    return max(load, compute) + min(load, compute) / max(1, units)
+
+
+def _slice_period(up: float, combine: float, down: float, evict: float, n_evict: int, n_up: int) -> float:
+    """Time of one chunk's row slice with the SBUF accumulator, its matmuls `up` then `down` on the PE:
+    the down-projection waits for the last I-tile's `combine`, and each of its `n_evict` PSUM tiles takes
+    a bank freed by an eviction into the accumulator (`evict` ns in all, Vector engine). The next slice's
+    up-projection tiles need `n_up` banks, so the PE starts it once all but PSUM_BANKS - n_up evictions
+    are done: where the evictions are the slower side, they bound the slice."""
+    waited = evict * max(0, n_evict - (_PSUM_BANKS - n_up)) / max(1, n_evict)
+    return up + combine + max(down, waited)
+
+
+def _drain(epi: _Stage, mach: _Machine, tiles: int, k: int, overlap: float = 0.0) -> float:
+    """The epilogue of `tiles` row tiles after their last matmul. Its last pass runs in series: each
+    K-block's output writes wait for its compute and hold back the next block's loads, so per block its
+    loads (one fixed cost, when it reads any), its compute and its writes follow one another. The passes
+    before it write nothing, so their loads stream beside their compute. Less `overlap` ns of matmuls that
+    run beside it, but never less than one row tile's."""
+    act, dve, moved, transfers = _stage_cost(epi, tiles, k)
+    compute, dma = act / mach.act_ghz + dve / mach.dve_ghz, _dma_time(mach, moved, transfers)
+    sweeps = max(1, epi.sweeps)
+    reads = tiles * _cdiv(k, _F_MOV) * mach.dma_fixed_ns if epi.read_bytes or epi.bcast else 0.0
+    total = (compute + dma) / sweeps + reads + max(compute, dma) * (sweeps - 1) / sweeps
+    return max(total / max(1, tiles), total - overlap)
+
+
+def _exchange(mach: _Machine, own: int, k: int) -> float:
+    """The SPLIT plans' partial-sum exchange after the last chunk, in series: the other core's rows out,
+    the core barrier, this core's rows in, each direction with one fixed cost (the adds ride the epilogue)."""
+    tiles = _cdiv(own, _P)
+    out = _dma_time(mach, own * k * 4, tiles)
+    back = _dma_time(mach, own * k * 4, tiles * _cdiv(k, _F_MOV))
+    return out + back + 2 * mach.dma_fixed_ns
 
 
 def _super_block(
@@ -671,7 +671,7 @@ def swiglu_fp8_kernel(x_hbm, w1t_hbm, s1_hbm, b1_hbm, wgt_hbm, sg_hbm, bg_hbm, w
     n_k = _cdiv(K, _P)
     n_ko = _cdiv(K, _F_MOV)
     kb = min(_F_MOV, K)  # width of the K-blocks the prologue and epilogue stage in SBUF
-    stream_up = _streams_up(S, CI)  # up weights a K-tile group at a time, as ffn_budget.up_weights counts them
+    stream_up = _streams_up(S, CI)  # up weights a K-tile group at a time, as ffn/sbuf.py's up_weights counts them
     gk = _group(K, G)
     n_g = _cdiv(n_k, gk)
     out_hbm = nl.ndarray((R, K), dtype=nl.bfloat16, buffer=nl.shared_hbm)
@@ -700,7 +700,7 @@ def swiglu_fp8_kernel(x_hbm, w1t_hbm, s1_hbm, b1_hbm, wgt_hbm, sg_hbm, bg_hbm, w
         r_begin, r_end = own_begin, own_end
     if KC:  # each core writes and reads back only the rows it owns
         # per core, each partition's I-tiles of a super-block contiguous ([p, it * s_rows + r]), so one read
-        # moves gh I-tiles' rows: as many as reach the DMA packet rule's knee (ffn_budget.h_group)
+        # moves gh I-tiles' rows: as many as reach the DMA packet rule's knee (ffn/sbuf.py's h_group)
         _h_hbm = nl.ndarray((cores, _P, _cdiv(I, _P) * S), dtype=nl.bfloat16, buffer=nl.shared_hbm)
         gh = _h_group(S, I, 2)
     for r_sb in range(r_begin, r_end, S):

@@ -5,9 +5,10 @@ from __future__ import annotations
 from dataclasses import dataclass, replace
 
 from fusegen.codegen.blocks import BlockedStage, BlockLoad, block_reduction, emit_blocked, spine, walk
+from fusegen.codegen.budget_base import NO_STAGE
 from fusegen.codegen.family import kernel_arg
-from fusegen.codegen.ffn.budget import NO_STAGE, FfnModel
 from fusegen.codegen.ffn.match import FfnMatch
+from fusegen.codegen.ffn.sbuf import FfnModel
 from fusegen.codegen.matmul_match import weight_columns
 from fusegen.codegen.rowstage import (
     OutputWrite,

@@ -1,0 +1,193 @@
+"""SBUF of a generated FFN kernel: its model of the spec, a plan's tiles and core split, the buffers a
+plan allocates and their bytes per partition.
+
+Standard library only: `fusegen build` copies this module's code into every generated FFN kernel with
+budget.py, which prices and chooses plans over these buffers.
+"""
+
+from __future__ import annotations
+
+from typing import NamedTuple
+
+from fusegen.codegen.budget_base import (
+    F_MOV,
+    NO_STAGE,
+    Buffer,
+    P,
+    Stage,
+    cdiv,
+    rows_per_core,
+)
+from fusegen.perf.dmarule import DMA_ROW_BYTES
+
+#: SBUF bytes per partition every plan leaves unallocated (issue 15: ">= 8 KiB of SBUF headroom kept in
+#: every plan"): the usable budget is NKIPY's figure for what a kernel may allocate, and a plan that fills
+#: it to the byte leaves the compiler no room for its own spills and alignment padding, nor the budget
+#: model any margin (docs/performance.md, "FFN at published model widths")
+SBUF_HEADROOM = 8192
+#: PSUM banks one K-column block of the column-blocked down-projection accumulates in: half of the 8, so
+#: the next block's matmuls start while the last block is evicted
+ACC_BANKS = 4
+
+
+class FfnModel(NamedTuple):
+    """What a generated FFN kernel holds in SBUF and computes, counted by its lowering."""
+
+    n_up: int  # up projections: 1 plain MLP, 2 gated
+    x_bytes: int  # bytes per element of x and of the combine's output h (the down-projection's stationary)
+    mid_tiles: int  # f32 [P, F_MOV] temporaries of the combine, per intermediate tile
+    col_vectors: int  # [I] inputs held as [P, n_h] f32 columns
+    out_bytes: int  # bytes per row element written, over all outputs
+    mid_act: int  # Scalar-engine passes of the combine, per intermediate tile
+    mid_dve: int  # Vector-engine passes of the combine
+    acc_init: int  # 1: an [R, K] residual is DMA'd into the accumulator before the first chunk
+    fold_bias: int  # 1: a [K] bias is added while evicting the first chunk, one [P, F_MOV] piece a time
+    epi: Stage  # the epilogue, per owned row tile
+    pro: Stage  # the prologue, per computed row tile (NO_STAGE without one)
+    epi_cols: Stage = NO_STAGE  # the epilogue of the column-blocked kernel: accumulator blocks read from HBM
+    evict: Stage = NO_STAGE  # its eviction of each down-projection piece (the spine computed), per row tile
+    up_bytes: int = 2  # bytes per element of the up-projection weights (1: fp8)
+    down_bytes: int = 2  # bytes per element of the down-projection weight (1: fp8)
+
+
+class Plan(NamedTuple):
+    """Tiles and core split: S rows per super-block, CI intermediate columns per chunk, split over I, and
+    KC output columns per block of the column-blocked down-projection (0: an SBUF accumulator instead).
+
+    KC > 0: the combine's result h^T goes to an HBM scratch, then the down-projection runs one KC-wide
+    column block at a time, accumulating all of I in PSUM (ACC_BANKS banks); each piece leaves PSUM once
+    through the epilogue's elementwise part, to an fp32 HBM scratch the epilogue's statistics passes read
+    (without statistics, to the outputs); nothing of width K stays in SBUF but x^T.
+
+    G: K-tiles per up-projection weight DMA (0: all of K). The host lays each up weight out once as
+    [I-tiles, P, K-tiles * P] (the kernel file's `_up_layout`), so one DMA of G K-tiles of one I-tile moves
+    G * P contiguous elements per partition row; a streamed plan (`up_weights`) holds one such group.
+    """
+
+    s: int
+    ci: int
+    split: int  # 1: each core computes every row over its share of I; 0: each core its own rows; 2: as 1,
+    # with the partial sums exchanged core to core (nisa.sendrecv, LNC 2) instead of through shared HBM
+    kc: int = 0
+    g: int = 0
+
+
+def work_per_core(rows: int, i: int, lnc: int, split: int) -> tuple[int, int]:
+    """(rows computed, intermediate columns) of the busiest core."""
+    if split:
+        return rows, min(i, cdiv(cdiv(i, P), lnc) * P)
+    return rows_per_core(rows, lnc), i
+
+
+def buffers(
+    m: FfnModel, s: int, ci: int, k: int, i: int, kc: int = 0, g: int = 0, split: int = 0
+) -> list[Buffer]:
+    """The kernel's SBUF buffers for super-block `s` rows, chunk `ci` columns, column block `kc`, `g`
+    K-tiles per up-weight DMA and work split `split`."""
+    n_k, n_h, n_hc = cdiv(k, P), cdiv(i, P), cdiv(ci, P)
+    epi = m.epi_cols if kc else m.epi
+    common = [
+        Buffer("x^T, K on partitions", n_k * s * m.x_bytes, 1),
+        Buffer("x row block, staged for the PE transpose", x_staged(m, k) * m.x_bytes, 2),
+        up_weights(m, s, ci, k, g),
+        Buffer("combine output (down-proj stationary)", n_hc * F_MOV * m.x_bytes, 1),
+        Buffer("combine temporaries", m.mid_tiles * F_MOV * 4, 2),
+        Buffer("prologue block (one K-block's loads and temporaries)", m.pro.block_bytes * min(F_MOV, k), 2),
+        Buffer("epilogue block (one K-block's loads and temporaries)", epi.block_bytes * min(F_MOV, k), 2),
+        Buffer("row statistics columns", (epi.cols + m.pro.cols) * 4, 2),
+        Buffer("[I] columns", m.col_vectors * n_h * 4, 1),
+    ]
+    if kc:
+        return [
+            *common,
+            Buffer("down-projection weight tile (one I-tile, one column block)", kc * m.down_bytes, 2),
+            Buffer("h^T read back (a group of I-tiles)", h_group(s, i, m.x_bytes) * s * m.x_bytes, 2),
+            Buffer("PSUM eviction block (its loads and temporaries)", m.evict.block_bytes * min(F_MOV, k), 2),
+        ]
+    exchange = [
+        Buffer("partial sums received from the other core", cdiv(s, P) * k * 4, 1),
+        Buffer("partial-sum block sent (zeros in rounds without)", F_MOV * 4, 3),
+    ]
+    return [
+        *common,
+        *(exchange if split == 2 else []),
+        Buffer("fp32 accumulator", cdiv(s, P) * k * 4, 1),
+        Buffer("down-projection weight chunk", n_hc * k * m.down_bytes, 2),
+        Buffer("[K]-bias piece / partial-sum block", F_MOV * 4, 2),
+    ]
+
+
+def x_block(k: int, x_bytes: int) -> int:
+    """Columns of x per DMA staged for the PE transpose: a whole row when it fits in the fewest F_MOV blocks
+    that reach DMA_ROW_BYTES per partition row (K <= 1536 in bf16: there x's loads are a large share of a
+    super-block's start and SBUF has room), else one F_MOV block (wide K: SBUF is tight and x's loads are
+    a small share of the weights')."""
+    return k if k <= cdiv(DMA_ROW_BYTES, F_MOV * x_bytes) * F_MOV else min(F_MOV, k)
+
+
+def x_staged(m: FfnModel, k: int) -> int:
+    """Columns of the staged x block: `x_block`, or a prologue's F_MOV-wide blocks."""
+    return min(F_MOV, k) if m.pro.sweeps else x_block(k, m.x_bytes)
+
+
+def column_block(s: int, k: int) -> int:
+    """KC of the column-blocked down-projection at super-block `s`: as many F_MOV-wide pieces per row tile
+    as ACC_BANKS allows (at most K's); 0 when a super-block has more row tiles than ACC_BANKS."""
+    return min(cdiv(k, F_MOV), ACC_BANKS // cdiv(s, P)) * F_MOV
+
+
+def streams_up(s: int, ci: int) -> bool:
+    """Up weights streamed in groups of K-tiles: one row slice (S <= F_MOV) and one intermediate tile
+    (CI <= P), so each K-tile has a single matmul and its group is loaded just before the first of them."""
+    return s <= F_MOV and ci <= P
+
+
+def group(k: int, g: int) -> int:
+    """K-tiles per up-weight DMA: `g`, or all of K's when 0 (or more)."""
+    n_k = cdiv(k, P)
+    return min(g, n_k) if g else n_k
+
+
+def h_group(s: int, i: int, x_bytes: int) -> int:
+    """I-tiles of h^T per read of the column-blocked down-projection at super-block `s`: the fewest whose
+    rows reach DMA_ROW_BYTES per partition (the scratch holds each partition's I-tiles contiguous)."""
+    return min(cdiv(i, P), cdiv(DMA_ROW_BYTES, s * x_bytes))
+
+
+def up_weights(m: FfnModel, s: int, ci: int, k: int, g: int = 0) -> Buffer:
+    """The up-projection weights in SBUF: a whole chunk loaded up front (each I-tile in groups of G
+    K-tiles, padded to whole tiles by `up_layout`), or, streamed, one group of G K-tiles per projection."""
+    if streams_up(s, ci):
+        streamed = m.n_up * group(k, g) * P * m.up_bytes
+        return Buffer("up-projection weight K-tile group (streamed)", streamed, 2)
+    n_g = cdiv(cdiv(k, P), group(k, g))
+    return Buffer("up-projection weight chunk", m.n_up * cdiv(ci, P) * n_g * group(k, g) * P * m.up_bytes, 2)
+
+
+def sbuf_bytes(m: FfnModel, s: int, ci: int, k: int, i: int, kc: int = 0, g: int = 0, split: int = 0) -> int:
+    """SBUF bytes per partition the kernel needs, copies included."""
+    return sum(b.bytes * b.copies for b in buffers(m, s, ci, k, i, kc, g, split))
+
+
+def plan_bytes(m: FfnModel, p: Plan, k: int, i: int) -> int:
+    """SBUF bytes per partition of plan `p`."""
+    return sbuf_bytes(m, p.s, p.ci, k, i, p.kc, p.g, p.split)
+
+
+def smallest_need(m: FfnModel, k: int, i: int) -> int:
+    """SBUF bytes of the smallest plan (S=128, CI=128, the smallest K-tile group), the better of the two
+    down-projections."""
+    g = min_group(m)
+    return min(sbuf_bytes(m, P, P, k, i, 0, g), sbuf_bytes(m, P, P, k, i, column_block(P, k), g))
+
+
+def min_group(m: FfnModel) -> int:
+    """The fewest K-tiles per up-weight DMA that move DMA_ROW_BYTES per partition row (the packet rule's
+    knee: fewer K-tiles pay per packet, more only take SBUF)."""
+    return cdiv(DMA_ROW_BYTES, P * m.up_bytes)
+
+
+def psum_banks(m: FfnModel, kc: int = 0) -> int:
+    """PSUM banks in flight: each projection tile and the down-projection tile, double-buffered; with
+    column blocks, the down-projection's ACC_BANKS double-buffered (the up-projections' are free by then)."""
+    return 2 * ACC_BANKS if kc else 2 * (m.n_up + 1)
