@@ -241,7 +241,7 @@ def _split_reason(
     rows, k, i = shape
     others = []
     for split in fb.splits(i, lnc):
-        if split != p.split:
+        if split != p.split and not (split == 2 and p.s > fb.F_MOV):  # split 2: one row slice per super-block
             t = fb.cost(model, mach, rows, k, i, lnc, fs.Plan(p.s, p.ci, split, 0, p.g)).total
             others.append(f"the {_SPLIT_NAMES[split]} {t / 1000:.1f} us")
     why = ""

@@ -3,8 +3,9 @@
 Each call sends this core's `src` to core `send_to_rank` and receives core `recv_from_rank`'s `src` into
 `dst` (sendrecv_compute: `dst = reduce_op(src, peer's src)`, computed in fp32 by the DMA engine and rounded
 to dst's dtype). Calls pair positionally: the n-th exchange of one core meets the n-th of the other [ISA
-sendrecv]. The interpreter makes the pairing a rendezvous on the launch's core barrier (so a peer that
-waits at a `core_barrier`, or has finished, is reported instead of hanging), and then checks that the two
+sendrecv]. The interpreter makes the pairing a rendezvous on the launch's core barrier, counted with the
+core_barriers (so a peer that waits at a `core_barrier` where this core exchanges, before or after, or
+has finished, is reported instead of hanging or pairing the wrong calls), and then checks that the two
 calls agree: the same instruction and reduce_op, ranks that point at each other, and the peer's src of
 dst's shape and dtype. The exchange orders nothing else: shared-HBM accesses around it stay in one race
 epoch (only `core_barrier` starts a new one), as nothing documents it as a barrier for other data.
@@ -146,18 +147,8 @@ def _exchange(
                                        f"{launch.grid}-instance launch on {launch.target.name}")  # fmt: skip
     if any(not isinstance(r, int) or not 0 <= r < launch.grid for r in ranks):
         raise ins.fail(InvalidArgumentError, f"ranks {ranks} are not cores of this {launch.grid}-core launch")
-    box = _mailbox(ins)
     post = _Post(ins.op, ins.read(s, "src").clone(), send_to, reduce.name if reduce else "", ins.site)
-    with box.lock:
-        n = box.count.get(ctx.core, 0)
-        box.count[ctx.core] = n + 1
-        box.posts[ctx.core, n] = post
-    try:
-        launch.barrier.wait(ctx.core, ins)  # both calls posted once every core is past it
-    except BarrierError as exc:
-        raise ins.fail(BarrierError, f"exchange #{n} of core {ctx.core} has no partner: {exc}") from None
-    with box.lock:
-        peer = box.posts.pop((recv_from, n), None)
+    n, peer = _rendezvous(ins, post, recv_from)
     _check_pair(ins, n, post, peer, recv_from, d)
     assert peer is not None
     value = peer.value
@@ -169,11 +160,39 @@ def _exchange(
     ins.finish(d.partitions, d.free_size)
 
 
+def _rendezvous(ins: Instr, post: _Post, peer_core: int) -> tuple[int, _Post | None]:
+    """Post this core's n-th rendezvous (an exchange or a core_barrier: both meet on the launch's barrier),
+    wait for every core, and collect `peer_core`'s n-th post."""
+    ctx = ins.ctx
+    box = _mailbox(ins)
+    with box.lock:
+        n = box.count.get(ctx.core, 0)
+        box.count[ctx.core] = n + 1
+        box.posts[ctx.core, n] = post
+    try:
+        ctx.launch.barrier.wait(ctx.core, ins)  # both posted once every core is past it
+    except BarrierError as exc:
+        raise ins.fail(BarrierError, f"{post.op} #{n} of core {ctx.core} has no partner: {exc}") from None
+    with box.lock:
+        return n, box.posts.pop((peer_core, n), None)
+
+
+def barrier(ins: Instr) -> None:
+    """core_barrier's rendezvous at LNC 2: the other core's matching one must be a core_barrier too (an
+    exchange it meets instead would deadlock or pair the wrong calls on hardware)."""
+    other = 1 - ins.ctx.core
+    n, peer = _rendezvous(ins, _Post("core_barrier", torch.empty(0), other, "", ins.site), other)
+    if peer is not None and peer.op != "core_barrier":
+        raise ins.fail(BarrierError, f"core_barrier #{n} of core {ins.ctx.core} meets core {other}'s "
+                                     f"{peer.op} at {peer.site[0]}:{peer.site[1]}")  # fmt: skip
+
+
 def _check_pair(ins: Instr, n: int, mine: _Post, peer: _Post | None, recv_from: int, d: NkiTensor) -> None:
     """The peer's n-th exchange must be the same instruction, aimed at this core, of dst's shape and dtype."""
     core = ins.ctx.core
-    if peer is None:
-        detail = f"core {recv_from} reached a core_barrier (or a different number of exchanges) instead"
+    if peer is None or peer.op == "core_barrier":
+        detail = (f"core {recv_from} reached a core_barrier at {peer.site[0]}:{peer.site[1]} instead" if peer
+                  else f"core {recv_from} made a different number of exchanges and barriers")  # fmt: skip
         raise ins.fail(BarrierError, f"exchange #{n} of core {core} has no partner: {detail}")
     where = f"core {recv_from}'s exchange #{n} at {peer.site[0]}:{peer.site[1]}"
     if peer.send_to != core:

@@ -40,8 +40,8 @@ def record(d: NkiTensor, s: NkiTensor) -> None:
 def piece(alloc: Alloc, key: ViewKey) -> Piece | None:
     """The input view that view `key` (2-D, stride 1 along rows) of an SBUF tile holds, if known."""
     origin = alloc.origin
-    if origin is None or origin[0] != alloc.version:
-        return None
+    if origin is None or origin[0] != alloc.version or len(key[0]) != 2 or len(key[1]) != 2:
+        return None  # unknown, stale, or a view that is not 2-D (a [P, a, b] tile's whole view)
     _, (dshape, dstrides, doffset), source, (_, sstrides, soffset) = origin
     (rows, cols), (pstride, step), offset = key
     if step != 1 or (rows > 1 and pstride != dstrides[0]) or offset < doffset:

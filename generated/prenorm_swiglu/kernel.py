@@ -239,7 +239,7 @@ def _buffers(
             _Buffer("PSUM eviction block (its loads and temporaries)", m.evict.block_bytes * min(_F_MOV, k), 2),
         ]
     _exchange = [
-        _Buffer("partial sums received from the other core", _cdiv(s, _P) * k * 4, 1),
+        _Buffer("partial sums received from the other core", _cdiv(s, _P) * _cdiv(k, _F_MOV) * _F_MOV * 4, 1),
         _Buffer("partial-sum block sent (zeros in rounds without)", _F_MOV * 4, 3),
     ]
     return [
@@ -450,10 +450,12 @@ def _cost(m: _FfnModel, mach: _Machine, rows: int, k: int, i: int, lnc: int, pla
         transfers += tiles * (1 + _cdiv(k, _F_MOV))
         dve += tiles * k_cycles
     elif plan.split == 2 and lnc > 1:  # the other core's rows' sums to it, a K-block per exchange (zeros in
-        sent = max(own, comp_rows - own)  # rounds where only it has sums to send): DMA queues, not HBM
-        exchanged = sent * k * 4
-        transfers += _cdiv(sent, _P) * _cdiv(k, _F_MOV)
-        dve += tiles * k_cycles  # the received sums added into the owned rows
+        rounds = _exchange_rounds(rows, plan.s, own)  # rounds where only it has sums to send): DMA queues
+        exchanged = rounds * min(_P, rows) * k * 4
+        transfers += rounds * _cdiv(k, _F_MOV)
+        # the received sums added into the owned rows: the kernel adds them on GpSimd, which the closed
+        # form has no column for; charged to DVE, the engine GpSimd shares its SBUF port with
+        dve += tiles * k_cycles
     dma = _dma_time(mach, hbm + exchanged, transfers)
     chain = _dma_time(mach, m.col_vectors * _P * _cdiv(i, _P) * 4, m.col_vectors)  # [I] columns, loaded first
     for s_rows, n_sb in _runs(comp_rows, plan.s):
@@ -462,6 +464,17 @@ def _cost(m: _FfnModel, mach: _Machine, rows: int, k: int, i: int, lnc: int, pla
         else:
             chain += n_sb * _filled(m, mach, s_rows, inter, k, plan, lnc)
     return _Cost(pe / mach.pe_ghz, act / mach.act_ghz, dve / mach.dve_ghz, dma, hbm, chain)
+
+
+def _exchange_rounds(rows: int, s: int, own: int) -> int:
+    """Row-tile rounds of the split-2 exchange: per super-block, as many as the core with more of its row
+    tiles has (the other sends zeros in the rest); core 0 owns rows [0, own), core 1 the others."""
+    tiles = sum(n_sb * _cdiv(s_rows, _P) for s_rows, n_sb in _runs(rows, s))
+    r0 = own // s * s  # the super-block holding the first row core 1 owns
+    if own >= rows or own == r0:
+        return tiles
+    mine = _cdiv(own - r0, _P)
+    return tiles - min(mine, _cdiv(min(rows, r0 + s) - r0, _P) - mine)
 
 
 def _chain(m: _FfnModel, mach: _Machine, s_rows: int, inter: int, k: int, plan: _Plan) -> float:

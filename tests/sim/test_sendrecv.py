@@ -123,6 +123,25 @@ def test_a_peer_at_a_core_barrier_is_a_mismatch():
     assert "core_barrier" in msg
 
 
+def test_an_exchange_and_a_barrier_in_swapped_order_are_a_mismatch():
+    """Core 0 exchanges then waits at the barrier, core 1 the other way round: the barrier must not release
+    the exchange (on hardware the calls deadlock or pair wrongly), whichever core reports it."""
+
+    def kernel(x):
+        t, d = _load(x, 4), _load(x, 4)
+        if nl.program_id(0) == 0:
+            nisa.sendrecv(src=t, dst=d, send_to_rank=1, recv_from_rank=1, pipe_id=0)  # <-swapped
+            nisa.core_barrier(data=x, cores=(0, 1))
+        else:
+            nisa.core_barrier(data=x, cores=(0, 1))  # <-swapped
+            nisa.sendrecv(src=t, dst=d, send_to_rank=0, recv_from_rank=0, pipe_id=0)
+
+    for _ in range(5):  # the cores' interleaving varies from run to run
+        with pytest.raises(sim.BarrierError) as info:
+            sim.run(kernel, torch.zeros(4, 4), grid=2)
+        assert "core_barrier" in str(info.value) and "#0" in str(info.value)
+
+
 def test_a_peer_with_another_shape_is_a_mismatch():
     def kernel(x):
         pid = nl.program_id(0)

@@ -8,8 +8,10 @@ chunk, the values the level-p reductions read (from the leaves in HBM and the ea
 and folds each chunk's partial result into a [128, 1] accumulator (sum and mean are linear: the chunks'
 partial means add up to the mean); after the chunk loop, the per-row math on the accumulators (rstd, the
 scaled sums) gives the columns the next passes read. The last pass computes the values the kernel
-writes. Only chunks and columns live in SBUF, so any row width fits; each pass re-reads its leaves from
-HBM, the streamed-rows trade the rowreduce family makes for wide rows.
+writes. Of the row tiles only chunks and columns live in SBUF (each pass re-reads its leaves from HBM,
+the streamed-rows trade the rowreduce family makes for wide rows); a token sum's [1, N] fp32 row is the
+one SBUF use that grows with N (4 N bytes of one partition: 64 KiB at N = 16384), and nothing budgets it
+yet.
 
 A token sum without a GEMM (Σ_tokens of an [R, N] value) rides on the last pass: each chunk's column sums
 are a ones-column matmul on the PE ([1, 512] in PSUM), added into a [1, N] fp32 row per core; the cores'

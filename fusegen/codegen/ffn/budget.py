@@ -122,10 +122,12 @@ def cost(m: FfnModel, mach: Machine, rows: int, k: int, i: int, lnc: int, plan: 
         transfers += tiles * (1 + cdiv(k, F_MOV))
         dve += tiles * k_cycles
     elif plan.split == 2 and lnc > 1:  # the other core's rows' sums to it, a K-block per exchange (zeros in
-        sent = max(own, comp_rows - own)  # rounds where only it has sums to send): DMA queues, not HBM
-        exchanged = sent * k * 4
-        transfers += cdiv(sent, P) * cdiv(k, F_MOV)
-        dve += tiles * k_cycles  # the received sums added into the owned rows
+        rounds = exchange_rounds(rows, plan.s, own)  # rounds where only it has sums to send): DMA queues
+        exchanged = rounds * min(P, rows) * k * 4
+        transfers += rounds * cdiv(k, F_MOV)
+        # the received sums added into the owned rows: the kernel adds them on GpSimd, which the closed
+        # form has no column for; charged to DVE, the engine GpSimd shares its SBUF port with
+        dve += tiles * k_cycles
     dma = dma_time(mach, hbm + exchanged, transfers)
     chain = dma_time(mach, m.col_vectors * P * cdiv(i, P) * 4, m.col_vectors)  # [I] columns, loaded first
     for s_rows, n_sb in runs(comp_rows, plan.s):
@@ -134,6 +136,17 @@ def cost(m: FfnModel, mach: Machine, rows: int, k: int, i: int, lnc: int, plan: 
         else:
             chain += n_sb * _filled(m, mach, s_rows, inter, k, plan, lnc)
     return Cost(pe / mach.pe_ghz, act / mach.act_ghz, dve / mach.dve_ghz, dma, hbm, chain)
+
+
+def exchange_rounds(rows: int, s: int, own: int) -> int:
+    """Row-tile rounds of the split-2 exchange: per super-block, as many as the core with more of its row
+    tiles has (the other sends zeros in the rest); core 0 owns rows [0, own), core 1 the others."""
+    tiles = sum(n_sb * cdiv(s_rows, P) for s_rows, n_sb in runs(rows, s))
+    r0 = own // s * s  # the super-block holding the first row core 1 owns
+    if own >= rows or own == r0:
+        return tiles
+    mine = cdiv(own - r0, P)
+    return tiles - min(mine, cdiv(min(rows, r0 + s) - r0, P) - mine)
 
 
 def _chain(m: FfnModel, mach: Machine, s_rows: int, inter: int, k: int, plan: Plan) -> float:

@@ -105,7 +105,7 @@ def buffers(
             Buffer("PSUM eviction block (its loads and temporaries)", m.evict.block_bytes * min(F_MOV, k), 2),
         ]
     exchange = [
-        Buffer("partial sums received from the other core", cdiv(s, P) * k * 4, 1),
+        Buffer("partial sums received from the other core", cdiv(s, P) * cdiv(k, F_MOV) * F_MOV * 4, 1),
         Buffer("partial-sum block sent (zeros in rounds without)", F_MOV * 4, 3),
     ]
     return [
