@@ -146,3 +146,26 @@ def test_both_cores_read_one_input(direct_reads):
 
     torch.testing.assert_close(kernel[2](w, x), w.float().t() @ x.float(), rtol=1e-5, atol=1e-4)
     assert direct_reads.count((384, 128)) == 2
+
+
+def test_a_three_d_operand_filled_by_dmas_multiplies_as_its_elements() -> None:
+    """A [128, 2, 64] tile filled by two DMAs of an input, used whole as the moving operand: provenance
+    knows only 2-D views, so the GEMM reads the tile itself (a 3-D view once crashed the lookup)."""
+
+    @nki.jit
+    def kernel(w_hbm, x_hbm):
+        w = nl.ndarray((128, 128), dtype=w_hbm.dtype, buffer=nl.sbuf)
+        nisa.dma_copy(dst=w, src=w_hbm[0:128, 0:128])
+        x = nl.ndarray((128, 2, 64), dtype=x_hbm.dtype, buffer=nl.sbuf)
+        nisa.dma_copy(dst=x[0:128, 0, 0:64], src=x_hbm[0:128, 0:64])
+        nisa.dma_copy(dst=x[0:128, 1, 0:64], src=x_hbm[0:128, 64:128])
+        ps = nl.ndarray((128, 128), dtype=nl.float32, buffer=nl.psum)
+        nisa.nc_matmul(dst=ps, stationary=w, moving=x, accumulate=False)
+        sb = nl.ndarray((128, 128), dtype=nl.float32, buffer=nl.sbuf)
+        nisa.tensor_copy(dst=sb, src=ps)
+        return _out(sb)
+
+    torch.manual_seed(1)
+    w, x = torch.randn(128, 128).bfloat16(), torch.randn(128, 128).bfloat16()
+    got = kernel(w, x).reshape(128, 128)
+    torch.testing.assert_close(got, w.float().t() @ x.float())  # fp32 tolerances: summation order
