@@ -67,27 +67,14 @@ def build_program(ir: KernelIR, rows: Dim) -> Program:
     kernels: list[Elementwise] = []
     dims: set[str] = set()
     for wave in range(max(level.values(), default=0) + 1):
-        groups: dict[tuple[object, ...], list[int]] = defaultdict(list)
-        for nid in sorted(demanded):
-            if level[nid] == wave and nid not in done:
-                groups[ir.node(nid).shape].append(nid)
-        sums: dict[tuple[object, ...], list[int]] = defaultdict(list)  # lone token sums, by value shape
-        for s in lone:
-            if level[ir.node(s).args[0]] == wave:
-                sums[ir.node(ir.node(s).args[0]).shape].append(s)
+        groups, sums = _wave_groups(ir, level, wave, demanded - done, lone)
         for shape in dict.fromkeys([*groups, *sums]):
-            nodes, name = groups[shape], f"_ew{len(kernels)}_kernel"
-            into = _into(ir, cats, nodes, direct)
-            if sums[shape] or backward_rows.needs_rows(ir, nodes, done):
-                kernel = backward_rows.row_kernel(ir, nodes, sums[shape], done, name, into)
-            else:
-                kernel = _elementwise(ir, nodes, done, name, into)
+            nodes = groups[shape]
+            kernel, launch = _launch(ir, nodes, sums[shape], done, f"_ew{len(kernels)}_kernel",
+                                     _into(ir, cats, nodes, direct))  # fmt: skip
             kernels.append(kernel)
-            params = [p.removesuffix("_arg") for p in kernel.params]  # the host's own names for them
-            dims.update(p.removeprefix("d_") for p in params if p.startswith("d_"))
-            args = ", ".join([*kernel.sources, *params])
-            calls.append(Call(", ".join(kernel.results), f"{kernel.kernel}[lnc]({args})"))
-            calls += [Call(s, f"_add_cores_kernel[lnc]({s})[0]") for s, _ in kernel.sums]
+            calls += launch
+            dims.update(p.removeprefix("d_") for p in kernel.params if p.startswith("d_"))
             done.update(nodes, sums[shape])
             done.update(c.node for c in cats.values() if c.parts[0][0] in nodes)
         for n in ir.nodes:
@@ -95,7 +82,45 @@ def build_program(ir: KernelIR, rows: Dim) -> Program:
                 calls.append(_gemm_call(ir, n, users))
                 done.add(n.id)
                 done.update(u.id for u in users[n.args[1]] if u.op == "sum" and _paired(ir, n, u))
-    unwritten = [c for c in cats if c in wanted and c not in done]  # e.g. a part that is an input
+    _check_written(ir, [c for c in cats if c in wanted], done)
+    returns = tuple(var(ir.node(o.node)) for o in ir.outputs)
+    bindings = [Call(name, source) for name, source in dim_lines(ir, dims)]
+    return Program(tuple(bindings + calls), tuple(kernels), returns)
+
+
+def _wave_groups(
+    ir: KernelIR, level: dict[int, int], wave: int, pending: set[int], lone: list[int]
+) -> tuple[dict[tuple[object, ...], list[int]], dict[tuple[object, ...], list[int]]]:
+    """The wave's unwritten elementwise values and its lone token sums, each by value shape: one kernel
+    per shape computes both."""
+    groups: dict[tuple[object, ...], list[int]] = defaultdict(list)
+    for nid in sorted(pending):
+        if level[nid] == wave:
+            groups[ir.node(nid).shape].append(nid)
+    sums: dict[tuple[object, ...], list[int]] = defaultdict(list)
+    for s in lone:
+        if level[ir.node(s).args[0]] == wave:
+            sums[ir.node(ir.node(s).args[0]).shape].append(s)
+    return groups, sums
+
+
+def _launch(ir: KernelIR, nodes: list[int], sums: list[int], done: set[int], name: str, into: list[Write]
+            ) -> tuple[Elementwise, list[Call]]:  # fmt: skip
+    """One stage's kernel (a row kernel where it reduces rows or sums over the tokens) and the host lines
+    that launch it and add its token sums' per-core partials."""
+    if sums or backward_rows.needs_rows(ir, nodes, done):
+        kernel = backward_rows.row_kernel(ir, nodes, sums, done, name, into)
+    else:
+        kernel = _elementwise(ir, nodes, done, name, into)
+    params = [p.removesuffix("_arg") for p in kernel.params]  # the host's own names for them
+    args = ", ".join([*kernel.sources, *params])
+    calls = [Call(", ".join(kernel.results), f"{kernel.kernel}[lnc]({args})")]
+    return kernel, calls + [Call(s, f"_add_cores_kernel[lnc]({s})[0]") for s, _ in kernel.sums]
+
+
+def _check_written(ir: KernelIR, cats: list[int], done: set[int]) -> None:
+    """Mismatch unless the program wrote every concatenation and token sum and no gradient is an input."""
+    unwritten = [c for c in cats if c not in done]  # e.g. a part that is an input
     if unwritten:
         raise Mismatch(
             FAMILY, ir.node(unwritten[0]).span, "a concatenation of values no elementwise stage computes"
@@ -105,9 +130,6 @@ def build_program(ir: KernelIR, rows: Dim) -> Program:
         raise Mismatch(FAMILY, left[0].span, "a sum over the tokens of a value no kernel computes")
     if any(ir.node(o.node).op == "input" for o in ir.outputs):
         raise Mismatch(FAMILY, ir.outputs[0].span, "a gradient that is an input as given")
-    returns = tuple(var(ir.node(o.node)) for o in ir.outputs)
-    bindings = [Call(name, source) for name, source in dim_lines(ir, dims)]
-    return Program(tuple(bindings + calls), tuple(kernels), returns)
 
 
 def _into(ir: KernelIR, cats: dict[int, Concat], nodes: list[int], direct: set[int]) -> list[Write]:
