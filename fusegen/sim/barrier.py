@@ -12,6 +12,16 @@ from .errors import BarrierError, Located
 T = TypeVar("T")
 
 
+class Mailbox:
+    """Per launch: each core's rendezvous so far (exchanges and core_barriers, isa_lnc.py) and the posts
+    their receivers have not collected yet."""
+
+    def __init__(self) -> None:
+        self.lock = threading.Lock()
+        self.count: dict[int, int] = {}
+        self.posts: dict[tuple[int, int], object] = {}
+
+
 class CoreBarrier:
     """A reusable barrier that fails (instead of hanging) when an instance errors or exits early.
 
@@ -30,6 +40,7 @@ class CoreBarrier:
         self.generation = 0
         self.broken: str | None = None
         self.finished: list[int] = []
+        self.mailbox = Mailbox()  # what the cores bring to each rendezvous on this barrier
 
     def off_turn(self, fn: Callable[[], T]) -> T:
         """Run `fn` (a long torch op that releases the GIL) while another instance takes the turn."""

@@ -13,7 +13,6 @@ epoch (only `core_barrier` starts a new one), as nothing documents it as a barri
 
 from __future__ import annotations
 
-import threading
 from dataclasses import dataclass
 
 import torch
@@ -41,29 +40,6 @@ class _Post:
     send_to: int
     reduce: str
     site: tuple[str, int]
-
-
-class _Mailbox:
-    """Per launch: each core's exchanges so far and the posts not yet collected by their receiver."""
-
-    def __init__(self) -> None:
-        self.lock = threading.Lock()
-        self.count: dict[int, int] = {}
-        self.posts: dict[tuple[int, int], _Post] = {}
-
-
-_MAILBOX_LOCK = threading.Lock()
-
-
-def _mailbox(ins: Instr) -> _Mailbox:
-    """The launch's mailbox (created by whichever core exchanges first)."""
-    launch = ins.ctx.launch
-    with _MAILBOX_LOCK:
-        box = getattr(launch, "_fusegen_mailbox", None)
-        if box is None:
-            box = _Mailbox()
-            launch._fusegen_mailbox = box  # type: ignore[attr-defined]
-        return box
 
 
 def sendrecv(
@@ -164,7 +140,7 @@ def _rendezvous(ins: Instr, post: _Post, peer_core: int) -> tuple[int, _Post | N
     """Post this core's n-th rendezvous (an exchange or a core_barrier: both meet on the launch's barrier),
     wait for every core, and collect `peer_core`'s n-th post."""
     ctx = ins.ctx
-    box = _mailbox(ins)
+    box = ctx.launch.barrier.mailbox
     with box.lock:
         n = box.count.get(ctx.core, 0)
         box.count[ctx.core] = n + 1
@@ -174,7 +150,9 @@ def _rendezvous(ins: Instr, post: _Post, peer_core: int) -> tuple[int, _Post | N
     except BarrierError as exc:
         raise ins.fail(BarrierError, f"{post.op} #{n} of core {ctx.core} has no partner: {exc}") from None
     with box.lock:
-        return n, box.posts.pop((peer_core, n), None)
+        peer = box.posts.pop((peer_core, n), None)
+    assert peer is None or isinstance(peer, _Post)
+    return n, peer
 
 
 def barrier(ins: Instr) -> None:
