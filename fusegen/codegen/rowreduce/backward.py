@@ -20,13 +20,12 @@ from dataclasses import dataclass
 from fusegen.codegen.family import kernel_arg
 from fusegen.codegen.rowreduce import budget as rb
 from fusegen.codegen.rowreduce.budget import RowModel
+from fusegen.codegen.rowreduce.loads import Load, column_leaves
 from fusegen.codegen.rowreduce.lower import (
-    Load,
     RowPasses,
     acc,
     balanced,
     chunk_leaves,
-    column_leaves,
     lower_columns,
     lower_passes,
     output_value,

@@ -21,25 +21,17 @@ from fusegen.codegen import select_pe
 from fusegen.codegen.engines import GPSIMD, VECTOR, gpsimd_allows
 from fusegen.codegen.family import kernel_arg
 from fusegen.codegen.rowreduce.budget import RowModel
-from fusegen.codegen.rowreduce.match import ColumnLoad, RowLoad, RowReduceMatch
+from fusegen.codegen.rowreduce.loads import Load, column_leaves, column_load, leaf_name, load_row
+from fusegen.codegen.rowreduce.match import RowLoad, RowReduceMatch
 from fusegen.codegen.select import Layout, Selector
 from fusegen.codegen.select_tables import NL_DTYPE, EngineLoad
 from fusegen.codegen.stage import Expr, Operand, StageBuilder, dim_source
-from fusegen.dsl.ir import DTYPE_BYTES, Dim, KernelIR, Node, OutputDecl
+from fusegen.dsl.ir import DTYPE_BYTES, KernelIR, Node, OutputDecl
 
 _T = TypeVar("_T")
 ONE_COLUMN = "0:1"
 CHUNK = "c0:c0 + hw"  # the current chunk's columns of a full-width tile (and of an HBM row)
 LOCAL = "0:hw"  # the current chunk in a tile that holds only that chunk (streamed rows)
-
-
-@dataclass(frozen=True)
-class Load:
-    """One DMA into a fresh SBUF tile: tile name, nl dtype, source access."""
-
-    tile: str
-    nl_dtype: str
-    source: str
 
 
 @dataclass(frozen=True)
@@ -168,7 +160,7 @@ def lower_passes(ir: KernelIR, m: RowReduceMatch, load: EngineLoad | None = None
         prepare=_prepare_body(prep_loads, prep.lines, resident, width),
         shared_loads=tuple(ld for ld, spec in zip(row_loads, m.loads, strict=True) if not spec.per_head),
         head_loads=tuple(ld for ld, spec in zip(row_loads, m.loads, strict=True) if spec.per_head),
-        column_loads=tuple(_column_load(ir, c, dim_source(m.heads)) for c in m.column_loads),
+        column_loads=tuple(column_load(ir, c, dim_source(m.heads)) for c in m.column_loads),
         levels=levels, resident=resident, chunk_bytes=chunk_bytes, column_tiles=column_tiles, hoisted=hoisted,
         constants=constants,
     )  # fmt: skip
@@ -210,49 +202,6 @@ def _row(load: Load) -> str:
 
 def _short(nl_dtype: str) -> str:
     return nl_dtype.removeprefix("nl.")
-
-
-def _leaf_name(node: Node) -> str:
-    """A tile name for a loaded value: `<spec name>_ld`, else `_<node id>_ld` (spec names never start `_`)."""
-    return f"{node.name or f'_{node.id}'}_ld"
-
-
-def load_row(ir: KernelIR, ld: RowLoad, columns: str) -> Load:
-    """The DMA of a row input's `columns` (e.g. `0:d_H`, or a chunk's) for token tile t0 and head h."""
-    node = ir.node(ld.node)
-    head = dim_source(ld.head_start) + (" + h" if ld.per_head else "")
-    head = "h" if head == "0 + h" else head
-    source = f"{kernel_arg(ld.input)}[t0:t0 + pt, {head}, {_shifted(columns, ld.column_start)}]"
-    return Load(_leaf_name(node), NL_DTYPE[node.dtype], source)
-
-
-def _shifted(columns: str, start: Dim) -> str:
-    """`lo:hi` moved right by a column slice's `start` (`d_D + c0:d_D + c0 + hw`)."""
-    if start == Dim.const(0):
-        return columns
-    lo, hi = columns.split(":")
-    offset = dim_source(start)
-    return f"{offset if lo == '0' else f'{offset} + {lo}'}:{offset} + {hi}"
-
-
-def _column_load(ir: KernelIR, col: ColumnLoad, heads: str) -> Load:
-    source = f"{kernel_arg(col.input)}[t0:t0 + pt, 0:{heads}]"
-    return Load(_column_tile(col), NL_DTYPE[_column_dtype(ir, col)], source)
-
-
-def _column_tile(col: ColumnLoad) -> str:
-    return f"{col.input}_cl"
-
-
-def column_leaves(ir: KernelIR, m: RowReduceMatch) -> dict[int, Operand]:
-    """Head h's column of every staged [T, G] input, in the dtype it was staged in (an operand that must
-    be fp32, e.g. of tensor_scalar, is converted by the selector)."""
-    return {c.node: Operand("vec", f"{_column_tile(c)}[0:pt, h:h + 1]", dtype=_column_dtype(ir, c))
-            for c in m.column_loads}  # fmt: skip
-
-
-def _column_dtype(ir: KernelIR, col: ColumnLoad) -> str:
-    return ir.node(ir.node(col.node).args[0]).dtype
 
 
 def row_kind(m: RowReduceMatch) -> Callable[[Node], str]:
@@ -377,7 +326,7 @@ def acc(node_id: int, ir: KernelIR | None = None) -> Operand:
 
 
 def _row_leaves(ir: KernelIR, loads: dict[int, RowLoad], free: str) -> dict[int, Operand]:
-    return {nid: Operand("tile", f"{_leaf_name(ir.node(nid))}[0:pt, {free}]", dtype=ir.node(nid).dtype)
+    return {nid: Operand("tile", f"{leaf_name(ir.node(nid))}[0:pt, {free}]", dtype=ir.node(nid).dtype)
             for nid in loads}  # fmt: skip
 
 

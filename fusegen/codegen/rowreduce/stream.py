@@ -12,17 +12,15 @@ import dataclasses
 
 from fusegen.codegen.engines import GPSIMD
 from fusegen.codegen.family import kernel_arg
+from fusegen.codegen.rowreduce.loads import Load, column_leaves, load_row
 from fusegen.codegen.rowreduce.lower import (
     CHUNK,
     LOCAL,
-    Load,
     RowReduceLowering,
     acc,
     balanced,
     chunk_leaves,
-    column_leaves,
     frontier,
-    load_row,
     lower_column,
     lower_levels,
     output_value,
