@@ -121,7 +121,7 @@ def _accumulate(ins: Instr, d: NkiTensor, st: NkiTensor, mv: NkiTensor, accumula
         else:
             out.copy_(fresh)
     if d.key not in alloc.mm_full:
-        d.materialize(alloc.matmul_flags()).fill_(True)
+        alloc.mm_pending.append(d.key)  # set in the flags when they are next read (Alloc.matmul_flags)
         alloc.mm_any = True
         alloc.mm_full.add(d.key)
     ins.mark_written(d)
