@@ -27,6 +27,10 @@ class MemoryRegion(enum.Enum):
     private_hbm = "private_hbm"
     shared_hbm = "shared_hbm"
 
+    # Members are singletons compared by identity: hash them by identity too (C-level), not by Enum's
+    # Python-level hash of the name; regions key the per-layout caches looked up at every instruction
+    __hash__ = object.__hash__
+
 
 ON_CHIP = (MemoryRegion.sbuf, MemoryRegion.psum)
 _LEVEL = {MemoryRegion.private_hbm: 0, MemoryRegion.shared_hbm: 0, MemoryRegion.sbuf: 1, MemoryRegion.psum: 2}
