@@ -124,9 +124,9 @@ def ndarray(
 ) -> NkiTensor:
     """Allocate uninitialized storage (NaN / int sentinel filled)."""
     ctx = current()
-    key = (shape, dtype, buffer, ctx.target.name) if address is None else None
+    key: tuple[object, ...] | None = (shape, dtype, buffer, ctx.target.name) if address is None else None
     try:
-        checked = _CHECKED.get(key)
+        checked = None if key is None else _CHECKED.get(key)
     except TypeError:  # unhashable parts (a list shape): checked, and converted or rejected, below
         key = checked = None
     if checked is None:
