@@ -186,7 +186,7 @@ class Alloc:
         self.source = source  # the caller's torch tensor for kernel inputs (written back if mutated)
         # Storage starts uninitialized (possibly a freed allocation's data); elements read before any
         # write are poisoned (NaN / int max) at that moment, which is indistinguishable from filling at
-        # allocation but skips a full pass. The written mask only exists once a partial write happens.
+        # allocation but skips a full pass. The written mask only exists once a check needs one.
         if source is None:
             self.data, self.views = pool.take(numel, dtype)
             self.strides = strides
