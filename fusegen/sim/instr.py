@@ -154,12 +154,12 @@ class Instr:
         if t.numel == alloc.numel and t.key == (alloc.shape, contiguous_strides(alloc.shape), 0):
             alloc.all_written = True
             alloc.written = None
+            alloc.written_pending.clear()
             return
-        mask = alloc.written_mask()
-        t.materialize(mask).fill_(True)
         alloc.known_written.add(t.key)
+        alloc.written_pending.append(t.key)  # set in the mask when a check needs it (Alloc.written_mask)
         if t.numel >= alloc.numel:
-            alloc.all_written = bool(mask.all())
+            alloc.all_written = bool(alloc.written_mask().all())
 
     def account(self, t: NkiTensor, role: str, write: int) -> None:
         """Bytes per memory level, liveness bounds and the operand list."""
@@ -261,7 +261,7 @@ def unwritten_count(t: NkiTensor) -> int:
     alloc = t.alloc
     if alloc.all_written:
         return 0
-    if alloc.written is None:
+    if not alloc.has_writes():
         return t.numel
-    mask = t.materialize(alloc.written)
+    mask = t.materialize(alloc.written_mask())
     return 0 if bool(mask.all()) else int((~mask).sum())

@@ -42,6 +42,8 @@ def _reduce_registers(
     ins: Instr, values: torch.Tensor, reduce_op: object, cmd: object, reduce_res: object
 ) -> None:
     """Apply `cmd` to the engine's 128 fp32 accumulation registers; read them out into reduce_res."""
+    if cmd is reduce_cmd.idle and reduce_res is None:  # the common case: no register work
+        return
     regs = ins.ctx.reduce_regs(ins.engine)
     parts = values.shape[0]
     if cmd is reduce_cmd.load_reduce:

@@ -108,7 +108,7 @@ def _accumulate(ins: Instr, d: NkiTensor, st: NkiTensor, mv: NkiTensor, accumula
             f"matmul has written since they were last overwritten ({alloc.label()})",
         )
     out = d.materialize()
-    if state != "mixed" and out.dim() == 2 and mv.free_size >= _DEFER_MIN_N:  # the common case
+    if state != "mixed" and len(d.shape) == 2 and mv.free_size >= _DEFER_MIN_N:  # the common case
         ins.ctx.matmuls.add(d, out, st, mv, 1.0 if state == "set" else 0.0)
     else:
         if alloc.pending or alloc.readers:  # the paths below use and change the tile's current contents
@@ -121,7 +121,7 @@ def _accumulate(ins: Instr, d: NkiTensor, st: NkiTensor, mv: NkiTensor, accumula
         else:
             out.copy_(fresh)
     if d.key not in alloc.mm_full:
-        d.materialize(alloc.matmul_flags()).fill_(True)
+        alloc.mm_pending.append(d.key)  # set in the flags when they are next read (Alloc.matmul_flags)
         alloc.mm_any = True
         alloc.mm_full.add(d.key)
     ins.mark_written(d)

@@ -124,20 +124,45 @@ def ndarray(
 ) -> NkiTensor:
     """Allocate uninitialized storage (NaN / int sentinel filled)."""
     ctx = current()
+    key: tuple[object, ...] | None = (shape, dtype, buffer, ctx.target.name) if address is None else None
+    try:
+        checked = None if key is None else _CHECKED.get(key)
+    except TypeError:  # unhashable parts (a list shape): checked, and converted or rejected, below
+        key = checked = None
+    if checked is None:
+        checked = _checked_request(shape, dtype, buffer, address)
+        if key is not None:
+            if len(_CHECKED) > 4096:  # kernels allocate a few dozen distinct tiles: never grows unbounded
+                _CHECKED.clear()
+            _CHECKED[key] = checked
+    dims, dt, region = checked
+    site = user_site()
+    if region is MemoryRegion.shared_hbm:
+        return NkiTensor.whole(ctx.launch.shared_alloc(ctx, dims, dt, name, site))
+    alloc = Alloc(dims, dt, region, name, site, ctx.launch.pool)
+    if alloc.span is not None:
+        ctx.spans.append(alloc.span)
+    return NkiTensor.whole(alloc)
+
+
+#: ndarray requests (shape, dtype, buffer, target name) whose checks passed, and what they resolve to: the
+#: checks read nothing else, so an equal request passes again (no address: those are checked every time)
+_CHECKED: dict[tuple[object, ...], tuple[tuple[int, ...], torch.dtype, MemoryRegion]] = {}
+
+
+def _checked_request(
+    shape: object, dtype: Any, buffer: Any, address: Any
+) -> tuple[tuple[int, ...], torch.dtype, MemoryRegion]:
+    """Validate an ndarray request (shape, dtype, memory; an on-chip tile's partitions, size and PSUM
+    address on the active target); returns the shape as ints, the torch dtype and the memory."""
     if not isinstance(shape, (tuple, list)):
         raise fault(InvalidArgumentError, "ndarray", f"shape must be a tuple of ints, got {shape!r}")
     dims = tuple(int(n) for n in shape)
     dt = to_torch(dtype)
     region = _region(buffer)
-    site = user_site()
-    if region is MemoryRegion.shared_hbm:
-        return NkiTensor.whole(ctx.launch.shared_alloc(ctx, dims, dt, name, site))
     if region in (MemoryRegion.sbuf, MemoryRegion.psum):
         _check_on_chip(dims, dt, region, address)
-    alloc = Alloc(dims, dt, region, name, site, ctx.launch.pool)
-    if alloc.span is not None:
-        ctx.spans.append(alloc.span)
-    return NkiTensor.whole(alloc)
+    return dims, dt, region
 
 
 def full(

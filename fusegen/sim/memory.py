@@ -27,6 +27,10 @@ class MemoryRegion(enum.Enum):
     private_hbm = "private_hbm"
     shared_hbm = "shared_hbm"
 
+    # Members are singletons compared by identity: hash them by identity too (C-level), not by Enum's
+    # Python-level hash of the name; regions key the per-layout caches looked up at every instruction
+    __hash__ = object.__hash__
+
 
 ON_CHIP = (MemoryRegion.sbuf, MemoryRegion.psum)
 _LEVEL = {MemoryRegion.private_hbm: 0, MemoryRegion.shared_hbm: 0, MemoryRegion.sbuf: 1, MemoryRegion.psum: 2}
@@ -134,6 +138,7 @@ class Alloc:
         "mm",
         "mm_any",
         "mm_full",
+        "mm_pending",
         "name",
         "on_chip",
         "operands",
@@ -155,6 +160,7 @@ class Alloc:
         "version",
         "views",
         "written",
+        "written_pending",
     )
 
     def __init__(
@@ -180,7 +186,7 @@ class Alloc:
         self.source = source  # the caller's torch tensor for kernel inputs (written back if mutated)
         # Storage starts uninitialized (possibly a freed allocation's data); elements read before any
         # write are poisoned (NaN / int max) at that moment, which is indistinguishable from filling at
-        # allocation but skips a full pass. The written mask only exists once a partial write happens.
+        # allocation but skips a full pass. The written mask only exists once a check needs one.
         if source is None:
             self.data, self.views = pool.take(numel, dtype)
             self.strides = strides
@@ -190,10 +196,14 @@ class Alloc:
         self.base = self.data.storage_offset()  # as_strided offsets count from the storage's start
         self.borrowed = source is not None  # shares the caller's memory until the first write (copy on write)
         self.written: torch.Tensor | None = None
+        # Views marked written but not yet set in the mask: a mask (and its fill) is made only when a
+        # check needs one (most partial writes are later read through the same or a covered view)
+        self.written_pending: list[ViewKey] = []
         self.all_written = source is not None or numel == 0
         # PSUM only: "holds matmul data" flag per element (nki.md §4), created by the first matmul
         self.mm: torch.Tensor | None = None
         self.mm_any = False
+        self.mm_pending: list[ViewKey] = []  # views flagged but not yet set in mm (as written_pending)
         # Mask reductions cost ~40 us, so remember views already known to be fully written / fully
         # matmul-flagged (the same view is typically written, then read or accumulated many times).
         self.known_written: set[ViewKey] = set()
@@ -264,23 +274,32 @@ class Alloc:
             v = self.fviews[key] = torch.as_strided(shadow, *key)
         return v
 
+    def has_writes(self) -> bool:
+        """True when some view was marked written (the written mask, possibly still to be made, is not all
+        False)."""
+        return self.written is not None or bool(self.written_pending)
+
     def written_mask(self) -> torch.Tensor:
-        """Per-element written flags (created on first partial write)."""
+        """Per-element written flags, with every view marked written so far set."""
         if self.written is None:
             self.written = self.pool.take(self.numel, torch.bool)[0].zero_()
+        if self.written_pending:
+            _apply(self.written, self.written_pending, True)
         return self.written
 
     def matmul_flags(self) -> torch.Tensor:
-        """Per-element 'holds matmul data' flags of a PSUM tile."""
+        """Per-element 'holds matmul data' flags of a PSUM tile, with every view flagged so far set."""
         if self.mm is None:
             self.mm = self.pool.take(self.numel, torch.bool)[0].zero_()
+        if self.mm_pending:
+            _apply(self.mm, self.mm_pending, True)
         return self.mm
 
     def poison_unwritten(self, key: ViewKey) -> None:
         """Give the view's never-written elements the documented fill value (NaN for floats)."""
         index = torch.as_strided(torch.arange(self.numel), *key).reshape(-1)  # views may overlap (stride 0)
-        if self.written is not None:
-            index = index[~self.written[index]]
+        if self.has_writes():
+            index = index[~self.written_mask()[index]]
         self.data[index] = dtypes.fill_value(self.dtype)
         self.shadow_ok = False
         self.version += 1
@@ -299,6 +318,13 @@ class Alloc:
     def label(self) -> str:
         """Short human-readable identity for messages."""
         return label(self.id, self.name, self.region, self.shape, self.dtype)
+
+
+def _apply(mask: torch.Tensor, pending: list[ViewKey], value: bool) -> None:
+    """Set the views `pending` of a flat mask to `value`, and forget them."""
+    for shape, strides, offset in pending:
+        torch.as_strided(mask, shape, strides, offset).fill_(value)
+    pending.clear()
 
 
 @functools.lru_cache(maxsize=1024)

@@ -89,7 +89,8 @@ def scalar_or_column(
         )
     if integer:
         return int_rows(ins, t, role)
-    return ins.read_f32(t, role).reshape(partitions, 1)
+    column = ins.read_f32(t, role)
+    return column if len(t.shape) == 2 else column.reshape(partitions, 1)  # a [P, 1] view is one already
 
 
 def apply(op: Op, a: torch.Tensor | float, b: torch.Tensor | float, reverse: bool = False) -> torch.Tensor:

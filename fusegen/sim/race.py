@@ -6,7 +6,10 @@ independent of thread interleaving. Arrays are created once a tensor is first wr
 kind, when first needed); reads before that are only logged (read-only inputs cost a list append).
 Each array has a hull (its latest epoch and the element range touched in it): a view outside another
 core's hull of this epoch cannot conflict with it, so the scan is skipped (disjoint row blocks per core).
-Arrays are kept for later launches (a fresh one costs a page fault per 4 KiB), refilled with 'never'.
+Arrays are kept for later launches (a fresh one costs a page fault per 4 KiB). Codes count epochs from
+the tracker's base (above every epoch a released array holds), so a reused array needs no refill with
+'never': its old codes all lie below the new tracker's epochs (an array released by a tracker created
+later, possible with launches on several threads, is refilled).
 """
 
 from __future__ import annotations
@@ -16,8 +19,10 @@ import threading
 import torch
 
 _KEEP_BYTES = 128 << 20  # code arrays kept for later launches (a fresh 14 MB array costs its page faults)
-_spare: dict[int, list[torch.Tensor]] = {}  # numel -> released code arrays
-_spare_lock = threading.Lock()
+_spare: dict[int, list[tuple[torch.Tensor, int]]] = {}  # numel -> (released code array, its top epoch)
+_spare_lock = threading.Lock()  # guards _spare and _next_base
+_next_base = 0  # above every epoch (base + epoch) a released array holds: a new tracker's base
+_MAX_BASE = 1 << 30  # codes are int64 ((base + epoch) << 32 | instr): start over well below overflow
 Conflict = tuple[int, int, str]  # (other core, its instruction index, 'read' | 'write')
 _View = tuple[tuple[int, ...], tuple[int, ...], int]
 _Hull = tuple[int, int, int]  # (epoch, first element index, last element index)
@@ -28,6 +33,9 @@ class RaceTracker:
     """Per-allocation access history of each core for the current barrier epoch."""
 
     def __init__(self, numel: int, cores: int) -> None:
+        with _spare_lock:
+            self.base = _next_base  # epochs in codes count from here (module docstring)
+        self.top = self.base - 1  # the highest base + epoch among this tracker's codes
         self.numel = numel
         self.cores = cores
         self.lock = threading.Lock()
@@ -71,20 +79,27 @@ class RaceTracker:
         if array is None:
             with _spare_lock:
                 spare = _spare.get(self.numel)
-                array = spare.pop() if spare else None
+                array, top = spare.pop() if spare else (None, 0)
             if array is None:
                 with torch.inference_mode(False):  # kept across launches: writable in any mode
-                    array = torch.empty(self.numel, dtype=torch.int64)
-            array = arrays[core] = array.fill_(-1)
+                    array = torch.empty(self.numel, dtype=torch.int64).fill_(-1)
+            elif top >= self.base:  # codes of a tracker created after this one: they could look current
+                array.fill_(-1)
+            arrays[core] = array
         return array
 
     def release(self) -> None:
         """The launch is over: keep the code arrays for later launches (up to _KEEP_BYTES in all)."""
+        global _next_base
         with _spare_lock:
-            kept = sum(a.numel() * 8 for arrays in _spare.values() for a in arrays)
+            _next_base = max(_next_base, self.top + 1)
+            if _next_base >= _MAX_BASE:  # start the bases over: every kept array needs its refill
+                _next_base = 0
+                _spare.clear()
+            kept = sum(a.numel() * 8 for arrays in _spare.values() for a, _ in arrays)
             for array in [*self.reads, *self.writes]:
                 if array is not None and kept + self.numel * 8 <= _KEEP_BYTES:
-                    _spare.setdefault(self.numel, []).append(array)
+                    _spare.setdefault(self.numel, []).append((array, self.top if _next_base else _MAX_BASE))
                     kept += self.numel * 8
         self.reads = [None] * self.cores
         self.writes = [None] * self.cores
@@ -108,7 +123,8 @@ class RaceTracker:
         instr: int,
     ) -> None:
         """Store the access's code in the core's array of its kind, and widen its hull."""
-        _mark(self._array(arrays, core), view, epoch, instr)
+        _mark(self._array(arrays, core), view, self.base + epoch, instr)
+        self.top = max(self.top, self.base + epoch)
         last, lo, hi = hulls[core]
         first, final = _extent(view)
         if epoch > last:
@@ -116,12 +132,17 @@ class RaceTracker:
         elif epoch == last:
             hulls[core] = (epoch, min(lo, first), max(hi, final))
 
-    @staticmethod
     def _find(
-        arrays: list[torch.Tensor | None], hulls: list[_Hull], core: int, epoch: int, view: _View, kind: str
+        self,
+        arrays: list[torch.Tensor | None],
+        hulls: list[_Hull],
+        core: int,
+        epoch: int,
+        view: _View,
+        kind: str,
     ) -> Conflict | None:
         """First element another core touched (per `arrays`) in this epoch."""
-        floor = epoch << 32
+        floor = (self.base + epoch) << 32
         first, final = _extent(view)
         for other, array in enumerate(arrays):
             last, lo, hi = hulls[other]

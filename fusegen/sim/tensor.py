@@ -101,6 +101,17 @@ class NkiTensor:
     # ---- indexing --------------------------------------------------------------------------------
     def __getitem__(self, key: Any) -> NkiTensor:
         """Index with ints and slices; dim 0 of on-chip tensors keeps size 1 under an int."""
+        if type(key) is tuple and len(key) == 2 and len(self.shape) == 2:  # tiles: most indexing, kept cheap
+            k0, k1 = key
+            if type(k0) is slice and type(k1) is slice and k0.step is None and k1.step is None:
+                a, b, c, d = k0.start, k0.stop, k1.start, k1.stop
+                n0, n1 = self.shape
+                if (
+                    type(a) is int and type(b) is int and type(c) is int and type(d) is int
+                    and 0 <= a <= b <= n0 and 0 <= c <= d <= n1
+                ):  # fmt: skip
+                    s0, s1 = self.strides
+                    return NkiTensor(self.alloc, (b - a, d - c), self.strides, self.offset + a * s0 + c * s1)
         keys = key if isinstance(key, tuple) else (key,)
         if len(keys) == len(self.shape):
             view = _plain_slices(self, keys)  # the common case, kept cheap
@@ -211,17 +222,6 @@ class NkiTensor:
 
 def _plain_slices(t: NkiTensor, keys: tuple[Any, ...]) -> NkiTensor | None:
     """Fast path of __getitem__ for in-range unit-step int-bounded slices of every dim; None otherwise."""
-    if len(keys) == 2:  # tiles: most indexing in a kernel (unrolled: measurably cheaper)
-        k0, k1 = keys
-        if type(k0) is slice and type(k1) is slice and k0.step is None and k1.step is None:
-            a, b, c, d = k0.start, k0.stop, k1.start, k1.stop
-            n0, n1 = t.shape
-            if (
-                type(a) is int and type(b) is int and type(c) is int and type(d) is int
-                and 0 <= a <= b <= n0 and 0 <= c <= d <= n1
-            ):  # fmt: skip
-                s0, s1 = t.strides
-                return NkiTensor(t.alloc, (b - a, d - c), t.strides, t.offset + a * s0 + c * s1)
     shape = []
     offset = t.offset
     for k, n, s in zip(keys, t.shape, t.strides, strict=True):

@@ -32,3 +32,12 @@ def test_later_epochs_and_later_launches_see_no_stale_codes() -> None:
     again = RaceTracker(4 * 8, cores=2)  # the next launch reuses the released arrays
     assert again.on_write(1, 0, 3, rows(0, 4)) is None
     assert again.on_read(0, 0, 4, rows(3, 1)) == (1, 3, "write")
+
+
+def test_an_array_released_by_a_later_tracker_is_refilled() -> None:
+    early = RaceTracker(5 * 8, cores=2)  # created before the other tracker's launch ends (threads)
+    later = RaceTracker(5 * 8, cores=2)
+    assert later.on_write(0, 0, 1, rows(0, 5)) is None
+    later.release()  # its codes (epoch 0, instruction 1) stay in the kept array
+    assert early.on_write(1, 0, 3, rows(4, 1)) is None  # core 1 takes that array
+    assert early.on_read(0, 0, 4, rows(0, 5)) == (1, 3, "write")  # row 4 only: no stale code of rows 0-3
