@@ -702,7 +702,10 @@ def swiglu_fp8_quant_kernel(x_hbm, w1t_hbm, s1_hbm, wgt_hbm, sg_hbm, w2t_hbm, s2
     own_end = min(R, own_begin + _rows_per_core(R, cores))
     if SPLIT:
         i_share = min(I, _cdiv(_cdiv(I, _P), cores) * _P)
-        i_begin, i_end = min(I, pid * i_share), min(I, (pid + 1) * i_share)
+        # the last core takes the first share of I: the last share is the smaller one, and core 0 owns the
+        # first rows (all of them when there are few), so it also adds, finishes and writes the most
+        part = cores - 1 - pid
+        i_begin, i_end = min(I, part * i_share), min(I, (part + 1) * i_share)
         r_begin, r_end = 0, R
     if SPLIT == 1:
         partial = nl.ndarray((R, K), dtype=nl.float32, buffer=nl.shared_hbm)
@@ -838,12 +841,13 @@ def swiglu_fp8_quant_kernel(x_hbm, w1t_hbm, s1_hbm, wgt_hbm, sg_hbm, w2t_hbm, s2
                     # an owned tile's sums came while this core sent its own (early: each block's added before its
                     # matmuls), or in a round of zeros, as the other core computed them (late: after the evictions)
                     early = x_last and rq >= 0 and owned[rs] and c > 0 and mine.index(rs) < len(theirs)
+                    late = x_last and rq >= 0 and owned[rs] and not early
                     per_block = False  # the epilogue's row statistics need every block first
                     # the first chunk's down weights land behind all its up weights, so there each is used as it
                     # lands: I-tile outer, the row tile's K-blocks (_ACC_BANKS at most) accumulating in PSUM at once;
                     # later chunks' loads run ahead of the matmuls, which go K-block by K-block
                     sums = []
-                    for ko in range(n_ko if rq >= 0 and n_ko <= _ACC_BANKS and not (c == n_c - 1 and owned[rs]) else 0):
+                    for ko in range(n_ko if rq >= 0 and n_ko <= _ACC_BANKS and (late or not (c == n_c - 1 and owned[rs])) else 0):
                         t = nl.ndarray((_P, _F_MOV), dtype=nl.float32, buffer=nl.psum)
                         sums.append(t)
                     for hl in range(n_hc if sums else 0):
@@ -892,8 +896,8 @@ def swiglu_fp8_quant_kernel(x_hbm, w1t_hbm, s1_hbm, wgt_hbm, sg_hbm, w2t_hbm, s2
                                           recv_from_rank=1 - pid, pipe_id=0)
                             if k < len(mine):
                                 got[mine[k]].append(t)
-                    for ko in range(n_ko if x_last and rq >= 0 and owned[rs] and not early else 0):  # late: after
-                        k0, nk = ko * _F_MOV, min(_F_MOV, K - ko * _F_MOV)  # the evictions, on the idle GpSimd
+                    for ko in range(n_ko if late else 0):  # late: after the evictions, on the idle GpSimd
+                        k0, nk = ko * _F_MOV, min(_F_MOV, K - ko * _F_MOV)
                         nisa.tensor_tensor(dst=acc[rs][0:pr, k0:k0 + nk], data1=acc[rs][0:pr, k0:k0 + nk],
                                            data2=got[rs][ko][0:pr, 0:nk], op=nl.add, engine=nisa.engine.gpsimd)
                     # after this core's last tile of `theirs`: the rounds where only the other core has sums to
