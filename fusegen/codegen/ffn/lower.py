@@ -58,7 +58,7 @@ class FfnLowering:
     mid_result: str  # tile name holding the combine, the down-projection's stationary operand
     epilogue: BlockedStage
     epilogue_per_block: bool  # one pass, nothing before its blocks: each block's can follow its last sums
-    epilogue_block: BlockedStage | None  # that pass over a block tile `blk` instead of the accumulator's block
+    epilogue_block: BlockedStage | None  # that pass over a block tile `blk`, not the accumulator's block
     outputs: tuple[OutputWrite, ...]
     model: FfnModel
     prologue: BlockedStage | None = None
@@ -95,6 +95,7 @@ def lower_ffn(ir: KernelIR, m: FfnMatch) -> FfnLowering:
     )
     down_weight = ir.node(m.down.args[1])
     per_block = _per_block(epilogue, epi_inputs["vec"])
+    over_block = _lower_epilogue(ir, m, epi_inputs, acc_node, acc_init, block=True)[0]
     return FfnLowering(
         x=kernel_arg(str(m.source.name)),
         x_nl_dtype=NL_DTYPE[m.x.dtype],
@@ -111,7 +112,7 @@ def lower_ffn(ir: KernelIR, m: FfnMatch) -> FfnLowering:
         mid_result=mid_result,
         epilogue=epilogue,
         epilogue_per_block=per_block,
-        epilogue_block=_lower_epilogue(ir, m, epi_inputs, acc_node, acc_init, block=True)[0] if per_block else None,
+        epilogue_block=over_block if per_block else None,
         outputs=outputs,
         model=model,
         prologue=prologue,
