@@ -134,7 +134,6 @@ def test_core_to_core_exchange_matches_formula(r: int, k: int, i: int, s: int, c
     assert written == r * k * (4 + 2)
 
 
-
 @pytest.mark.parametrize(
     ("r", "k", "i", "s", "ci"),
     [
@@ -157,6 +156,7 @@ def test_core_to_core_exchange_one_pass_epilogue_matches_formula(
     _close(out, swiglu(x, w1t, b1, wgt, bg, w2t, b2).bfloat16(), rtol=2e-2)
     adds = [sum(rec.engine == "gpsimd" for rec in result.trace if rec.core == c) for c in (0, 1)]
     assert adds[0] == 2 and adds[1] == (0 if r <= 128 else 2)  # one per received K-block of an owned tile
+
 
 def _weight_bytes_read(result, args: tuple[int, ...]) -> int:  # type: ignore[no-untyped-def]
     """HBM bytes DMA'd from kernel arguments `args`; arguments are allocated first, in order."""
