@@ -457,7 +457,8 @@ def _cost(m: _FfnModel, mach: _Machine, rows: int, k: int, i: int, lnc: int, pla
         # form has no column for; charged to DVE, the engine GpSimd shares its SBUF port with
         dve += tiles * k_cycles
     dma = _dma_time(mach, hbm + exchanged, transfers)
-    chain = _dma_time(mach, m.col_vectors * _P * _cdiv(i, _P) * 4, m.col_vectors)  # [I] columns, loaded first
+    # the [I] columns: on the queues ahead of every weight DMA but the first I-tile's
+    chain = _dma_time(mach, m.col_vectors * _P * _cdiv(i, _P) * 4, m.col_vectors)
     for s_rows, n_sb in _runs(comp_rows, plan.s):
         if plan.kc:
             chain += n_sb * _chain(m, mach, s_rows, inter, k, plan)
@@ -689,13 +690,10 @@ def swiglu_fp8_kernel(x_hbm, w1t_hbm, s1_hbm, b1_hbm, wgt_hbm, sg_hbm, bg_hbm, w
     n_g = _cdiv(n_k, gk)
     out_hbm = nl.ndarray((R, K), dtype=nl.bfloat16, buffer=nl.shared_hbm)
     s1_hbm_col = nl.ndarray((_P, _cdiv(I, _P)), dtype=nl.float32, buffer=nl.sbuf)
-    nisa.dma_copy(dst=s1_hbm_col, src=s1_hbm)
     b1_hbm_col = nl.ndarray((_P, _cdiv(I, _P)), dtype=nl.float32, buffer=nl.sbuf)
-    nisa.dma_copy(dst=b1_hbm_col, src=b1_hbm)
     sg_hbm_col = nl.ndarray((_P, _cdiv(I, _P)), dtype=nl.float32, buffer=nl.sbuf)
-    nisa.dma_copy(dst=sg_hbm_col, src=sg_hbm)
     bg_hbm_col = nl.ndarray((_P, _cdiv(I, _P)), dtype=nl.float32, buffer=nl.sbuf)
-    nisa.dma_copy(dst=bg_hbm_col, src=bg_hbm)
+    cols_due = True  # the [I] columns load behind the first I-tile's up weights: only its combine reads them
     pid, cores = nl.program_id(0), nl.num_programs()
     if SPLIT == 2:  # what this core sends in exchange rounds where it has no sums to send
         blank = nl.ndarray((_P, _F_MOV), dtype=nl.float32, buffer=nl.sbuf)
@@ -704,7 +702,10 @@ def swiglu_fp8_kernel(x_hbm, w1t_hbm, s1_hbm, b1_hbm, wgt_hbm, sg_hbm, bg_hbm, w
     own_end = min(R, own_begin + _rows_per_core(R, cores))
     if SPLIT:
         i_share = min(I, _cdiv(_cdiv(I, _P), cores) * _P)
-        i_begin, i_end = min(I, pid * i_share), min(I, (pid + 1) * i_share)
+        # the last core takes the first share of I: the last share is the smaller one, and core 0 owns the
+        # first rows (all of them when there are few), so it also adds, finishes and writes the most
+        part = cores - 1 - pid
+        i_begin, i_end = min(I, part * i_share), min(I, (part + 1) * i_share)
         r_begin, r_end = 0, R
     if SPLIT == 1:
         partial = nl.ndarray((R, K), dtype=nl.float32, buffer=nl.shared_hbm)
@@ -771,6 +772,20 @@ def swiglu_fp8_kernel(x_hbm, w1t_hbm, s1_hbm, b1_hbm, wgt_hbm, sg_hbm, bg_hbm, w
                     t = nl.ndarray((_P, gk * _P), dtype=nl.float8_e4m3fn, buffer=nl.sbuf)
                     nisa.dma_copy(dst=t[0:_P, 0:gw], src=wgt_hbm[i0 // _P + hl, 0:_P, kt * _P:kt * _P + gw])
                     pj1_w.append(t)
+                if cols_due:
+                    cols_due = False
+                    nisa.dma_copy(dst=s1_hbm_col, src=s1_hbm)
+                    nisa.dma_copy(dst=b1_hbm_col, src=b1_hbm)
+                    nisa.dma_copy(dst=sg_hbm_col, src=sg_hbm)
+                    nisa.dma_copy(dst=bg_hbm_col, src=bg_hbm)
+
+            if cols_due:
+                cols_due = False
+                nisa.dma_copy(dst=s1_hbm_col, src=s1_hbm)
+                nisa.dma_copy(dst=b1_hbm_col, src=b1_hbm)
+                nisa.dma_copy(dst=sg_hbm_col, src=sg_hbm)
+                nisa.dma_copy(dst=bg_hbm_col, src=bg_hbm)
+
             wd = []
             for hl in range(0 if KC else n_hc):
                 ph = min(_P, i_end - i0 - hl * _P)
@@ -831,17 +846,35 @@ def swiglu_fp8_kernel(x_hbm, w1t_hbm, s1_hbm, b1_hbm, wgt_hbm, sg_hbm, bg_hbm, w
                     # an owned tile's sums came while this core sent its own (early: each block's added before its
                     # matmuls), or in a round of zeros, as the other core computed them (late: after the evictions)
                     early = x_last and rq >= 0 and owned[rs] and c > 0 and mine.index(rs) < len(theirs)
+                    late = x_last and rq >= 0 and owned[rs] and not early
                     # the epilogue (one pass, no row statistics) of each block right after its last sums, under
-                    # the next block's matmuls; not where the other core's sums come after the evictions
-                    per_block = rq >= 0 and c == n_c - 1 and owned[rs] and SPLIT != 1 and (not x_last or early)
+                    # the next block's matmuls, or (late) right after the other core's sums are added
+                    per_block = rq >= 0 and c == n_c - 1 and owned[rs] and SPLIT != 1
+                    # the first chunk's down weights land behind all its up weights, so there each is used as it
+                    # lands: I-tile outer, the row tile's K-blocks (_ACC_BANKS at most) accumulating in PSUM at once;
+                    # later chunks' loads run ahead of the matmuls, which go K-block by K-block
+                    sums = []
+                    for ko in range(n_ko if rq >= 0 and n_ko <= _ACC_BANKS and (late or not (c == n_c - 1 and owned[rs])) else 0):
+                        t = nl.ndarray((_P, _F_MOV), dtype=nl.float32, buffer=nl.psum)
+                        sums.append(t)
+                    for hl in range(n_hc if sums else 0):
+                        ph = min(_P, i_end - i0 - hl * _P)
+                        for ko in range(n_ko):
+                            k0, nk = ko * _F_MOV, min(_F_MOV, K - ko * _F_MOV)
+                            nisa.nc_matmul(dst=sums[ko][0:pr, 0:nk], stationary=g[hl][0:ph, rq:rq + pr],
+                                           moving=wd[hl][0:ph, k0:k0 + nk], accumulate=(hl > 0))
+                    if early:  # the final sums go to the accumulator of this round's tile of `theirs`, dead since its
+                        # sums left: the GpSimd adds then only read the earlier chunks' sums (`prev`), so they never
+                        # wait for the Vector engine's evictions and epilogue of the blocks before
+                        prev, acc[rs] = acc[rs], acc[theirs[mine.index(rs)]]
                     for ko in range(n_ko if rq >= 0 else 0):
                         k0 = ko * _F_MOV
                         nk = min(_F_MOV, K - k0)
                         if early:  # on the idle GpSimd, under this block's matmuls: the Vector engine evicts
-                            nisa.tensor_tensor(dst=acc[rs][0:pr, k0:k0 + nk], data1=acc[rs][0:pr, k0:k0 + nk],
-                                               data2=got[rs][ko][0:pr, 0:nk], op=nl.add, engine=nisa.engine.gpsimd)
-                        ps = nl.ndarray((_P, _F_MOV), dtype=nl.float32, buffer=nl.psum)
-                        for hl in range(n_hc):
+                            nisa.tensor_tensor(dst=got[rs][ko][0:pr, 0:nk], data1=got[rs][ko][0:pr, 0:nk],
+                                               data2=prev[0:pr, k0:k0 + nk], op=nl.add, engine=nisa.engine.gpsimd)
+                        ps = sums[ko] if sums else nl.ndarray((_P, _F_MOV), dtype=nl.float32, buffer=nl.psum)
+                        for hl in range(0 if sums else n_hc):
                             ph = min(_P, i_end - i0 - hl * _P)
                             nisa.nc_matmul(dst=ps[0:pr, 0:nk], stationary=g[hl][0:ph, rq:rq + pr],
                                            moving=wd[hl][0:ph, k0:k0 + nk], accumulate=(hl > 0))
@@ -855,9 +888,9 @@ def swiglu_fp8_kernel(x_hbm, w1t_hbm, s1_hbm, b1_hbm, wgt_hbm, sg_hbm, bg_hbm, w
                             nisa.tensor_copy(dst=acc[rs][0:pr, k0:k0 + nk], src=ps[0:pr, 0:nk])
                         elif c == 0:
                             nisa.tensor_copy(dst=acc[rs][0:pr, k0:k0 + nk], src=ps[0:pr, 0:nk])
-                        else:
-                            nisa.tensor_tensor(dst=acc[rs][0:pr, k0:k0 + nk], data1=acc[rs][0:pr, k0:k0 + nk],
-                                               data2=ps[0:pr, 0:nk], op=nl.add)
+                        else:  # early: the earlier chunks' and the other core's sums are in `got`
+                            held = got[rs][ko][0:pr, 0:nk] if early else acc[rs][0:pr, k0:k0 + nk]
+                            nisa.tensor_tensor(dst=acc[rs][0:pr, k0:k0 + nk], data1=held, data2=ps[0:pr, 0:nk], op=nl.add)
                         if x_last and not owned[rs]:  # round theirs.index(rs): the block to its owner, SBUF to SBUF
                             if c == 0:  # one chunk: evicted into the accumulator, copied out on the idle Scalar engine
                                 sent = nl.ndarray((_P, _F_MOV), dtype=nl.float32, buffer=nl.sbuf)
@@ -870,7 +903,7 @@ def swiglu_fp8_kernel(x_hbm, w1t_hbm, s1_hbm, b1_hbm, wgt_hbm, sg_hbm, bg_hbm, w
                                           recv_from_rank=1 - pid, pipe_id=0)
                             if k < len(mine):
                                 got[mine[k]].append(t)
-                        if per_block:
+                        if per_block and not late:
                             r0, nb = r_sb + rs * _P, nk
                             b2_hbm_row = nl.ndarray((_P, kb), dtype=nl.float32, buffer=nl.sbuf)
                             nisa.dma_copy(dst=b2_hbm_row[0:pr, 0:nb], src=b2_hbm.ap(pattern=[[0, pr], [1, nb]], offset=k0))
@@ -882,10 +915,24 @@ def swiglu_fp8_kernel(x_hbm, w1t_hbm, s1_hbm, b1_hbm, wgt_hbm, sg_hbm, bg_hbm, w
                             nisa.tensor_tensor(dst=e1[0:pr, 0:nb], data1=e0[0:pr, 0:nb], data2=b2_hbm_row[0:pr, 0:nb], op=nl.add)
                             nisa.dma_copy(dst=out_hbm[r0:r0 + pr, k0:k0 + nb], src=e1[0:pr, 0:nb])
 
-                    for ko in range(n_ko if x_last and rq >= 0 and owned[rs] and not early else 0):  # late: after
-                        k0, nk = ko * _F_MOV, min(_F_MOV, K - ko * _F_MOV)  # the evictions, on the idle GpSimd
-                        nisa.tensor_tensor(dst=acc[rs][0:pr, k0:k0 + nk], data1=acc[rs][0:pr, k0:k0 + nk],
-                                           data2=got[rs][ko][0:pr, 0:nk], op=nl.add, engine=nisa.engine.gpsimd)
+                    for ko in range(n_ko if late else 0):  # late: after the evictions, on the idle GpSimd
+                        k0, nk = ko * _F_MOV, min(_F_MOV, K - ko * _F_MOV)
+                        # into the received block, which the block's epilogue then reads: the adds never wait for
+                        # the epilogue of the blocks before, as they would writing the accumulator it reads
+                        blk = got[rs][ko]
+                        nisa.tensor_tensor(dst=blk[0:pr, 0:nk], data1=blk[0:pr, 0:nk],
+                                           data2=acc[rs][0:pr, k0:k0 + nk], op=nl.add, engine=nisa.engine.gpsimd)
+                        r0, nb = r_sb + rs * _P, nk
+                        b2_hbm_row = nl.ndarray((_P, kb), dtype=nl.float32, buffer=nl.sbuf)
+                        nisa.dma_copy(dst=b2_hbm_row[0:pr, 0:nb], src=b2_hbm.ap(pattern=[[0, pr], [1, nb]], offset=k0))
+                        s2_hbm_row = nl.ndarray((_P, kb), dtype=nl.float32, buffer=nl.sbuf)
+                        nisa.dma_copy(dst=s2_hbm_row[0:pr, 0:nb], src=s2_hbm.ap(pattern=[[0, pr], [1, nb]], offset=k0))
+                        e0 = nl.ndarray((_P, kb), dtype=nl.float32, buffer=nl.sbuf)
+                        nisa.tensor_tensor(dst=e0[0:pr, 0:nb], data1=blk[0:pr, 0:nb], data2=s2_hbm_row[0:pr, 0:nb], op=nl.multiply)
+                        e1 = nl.ndarray((_P, kb), dtype=nl.bfloat16, buffer=nl.sbuf)
+                        nisa.tensor_tensor(dst=e1[0:pr, 0:nb], data1=e0[0:pr, 0:nb], data2=b2_hbm_row[0:pr, 0:nb], op=nl.add)
+                        nisa.dma_copy(dst=out_hbm[r0:r0 + pr, k0:k0 + nb], src=e1[0:pr, 0:nb])
+
                     # after this core's last tile of `theirs`: the rounds where only the other core has sums to
                     # send; this core sends zeros (the other discards them), so both make the same calls
                     due = x_last and (rq < 0 if not theirs else rs == theirs[-1])

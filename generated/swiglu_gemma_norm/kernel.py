@@ -457,7 +457,8 @@ def _cost(m: _FfnModel, mach: _Machine, rows: int, k: int, i: int, lnc: int, pla
         # form has no column for; charged to DVE, the engine GpSimd shares its SBUF port with
         dve += tiles * k_cycles
     dma = _dma_time(mach, hbm + exchanged, transfers)
-    chain = _dma_time(mach, m.col_vectors * _P * _cdiv(i, _P) * 4, m.col_vectors)  # [I] columns, loaded first
+    # the [I] columns: on the queues ahead of every weight DMA but the first I-tile's
+    chain = _dma_time(mach, m.col_vectors * _P * _cdiv(i, _P) * 4, m.col_vectors)
     for s_rows, n_sb in _runs(comp_rows, plan.s):
         if plan.kc:
             chain += n_sb * _chain(m, mach, s_rows, inter, k, plan)
@@ -697,7 +698,10 @@ def swiglu_gemma_norm_kernel(x_hbm, w1t_hbm, wgt_hbm, w2t_hbm, a_hbm, gamma_hbm,
     own_end = min(R, own_begin + _rows_per_core(R, cores))
     if SPLIT:
         i_share = min(I, _cdiv(_cdiv(I, _P), cores) * _P)
-        i_begin, i_end = min(I, pid * i_share), min(I, (pid + 1) * i_share)
+        # the last core takes the first share of I: the last share is the smaller one, and core 0 owns the
+        # first rows (all of them when there are few), so it also adds, finishes and writes the most
+        part = cores - 1 - pid
+        i_begin, i_end = min(I, part * i_share), min(I, (part + 1) * i_share)
         r_begin, r_end = 0, R
     if SPLIT == 1:
         partial = nl.ndarray((R, K), dtype=nl.float32, buffer=nl.shared_hbm)
@@ -768,6 +772,8 @@ def swiglu_gemma_norm_kernel(x_hbm, w1t_hbm, wgt_hbm, w2t_hbm, a_hbm, gamma_hbm,
                     t = nl.ndarray((_P, gk * _P), dtype=nl.bfloat16, buffer=nl.sbuf)
                     nisa.dma_copy(dst=t[0:_P, 0:gw], src=wgt_hbm[i0 // _P + hl, 0:_P, kt * _P:kt * _P + gw])
                     pj1_w.append(t)
+                
+            
             wd = []
             for hl in range(0 if KC else n_hc):
                 ph = min(_P, i_end - i0 - hl * _P)
@@ -826,15 +832,33 @@ def swiglu_gemma_norm_kernel(x_hbm, w1t_hbm, wgt_hbm, w2t_hbm, a_hbm, gamma_hbm,
                     # an owned tile's sums came while this core sent its own (early: each block's added before its
                     # matmuls), or in a round of zeros, as the other core computed them (late: after the evictions)
                     early = x_last and rq >= 0 and owned[rs] and c > 0 and mine.index(rs) < len(theirs)
+                    late = x_last and rq >= 0 and owned[rs] and not early
                     per_block = False  # the epilogue's row statistics need every block first
+                    # the first chunk's down weights land behind all its up weights, so there each is used as it
+                    # lands: I-tile outer, the row tile's K-blocks (_ACC_BANKS at most) accumulating in PSUM at once;
+                    # later chunks' loads run ahead of the matmuls, which go K-block by K-block
+                    sums = []
+                    for ko in range(n_ko if rq >= 0 and n_ko <= _ACC_BANKS and (late or not (c == n_c - 1 and owned[rs])) else 0):
+                        t = nl.ndarray((_P, _F_MOV), dtype=nl.float32, buffer=nl.psum)
+                        sums.append(t)
+                    for hl in range(n_hc if sums else 0):
+                        ph = min(_P, i_end - i0 - hl * _P)
+                        for ko in range(n_ko):
+                            k0, nk = ko * _F_MOV, min(_F_MOV, K - ko * _F_MOV)
+                            nisa.nc_matmul(dst=sums[ko][0:pr, 0:nk], stationary=g[hl][0:ph, rq:rq + pr],
+                                           moving=wd[hl][0:ph, k0:k0 + nk], accumulate=(hl > 0))
+                    if early:  # the final sums go to the accumulator of this round's tile of `theirs`, dead since its
+                        # sums left: the GpSimd adds then only read the earlier chunks' sums (`prev`), so they never
+                        # wait for the Vector engine's evictions and epilogue of the blocks before
+                        prev, acc[rs] = acc[rs], acc[theirs[mine.index(rs)]]
                     for ko in range(n_ko if rq >= 0 else 0):
                         k0 = ko * _F_MOV
                         nk = min(_F_MOV, K - k0)
                         if early:  # on the idle GpSimd, under this block's matmuls: the Vector engine evicts
-                            nisa.tensor_tensor(dst=acc[rs][0:pr, k0:k0 + nk], data1=acc[rs][0:pr, k0:k0 + nk],
-                                               data2=got[rs][ko][0:pr, 0:nk], op=nl.add, engine=nisa.engine.gpsimd)
-                        ps = nl.ndarray((_P, _F_MOV), dtype=nl.float32, buffer=nl.psum)
-                        for hl in range(n_hc):
+                            nisa.tensor_tensor(dst=got[rs][ko][0:pr, 0:nk], data1=got[rs][ko][0:pr, 0:nk],
+                                               data2=prev[0:pr, k0:k0 + nk], op=nl.add, engine=nisa.engine.gpsimd)
+                        ps = sums[ko] if sums else nl.ndarray((_P, _F_MOV), dtype=nl.float32, buffer=nl.psum)
+                        for hl in range(0 if sums else n_hc):
                             ph = min(_P, i_end - i0 - hl * _P)
                             nisa.nc_matmul(dst=ps[0:pr, 0:nk], stationary=g[hl][0:ph, rq:rq + pr],
                                            moving=wd[hl][0:ph, k0:k0 + nk], accumulate=(hl > 0))
@@ -848,9 +872,9 @@ def swiglu_gemma_norm_kernel(x_hbm, w1t_hbm, wgt_hbm, w2t_hbm, a_hbm, gamma_hbm,
                             nisa.tensor_tensor(dst=acc[rs][0:pr, k0:k0 + nk], data1=acc[rs][0:pr, k0:k0 + nk], data2=ps[0:pr, 0:nk], op=nl.add)
                         elif c == 0:
                             nisa.tensor_copy(dst=acc[rs][0:pr, k0:k0 + nk], src=ps[0:pr, 0:nk])
-                        else:
-                            nisa.tensor_tensor(dst=acc[rs][0:pr, k0:k0 + nk], data1=acc[rs][0:pr, k0:k0 + nk],
-                                               data2=ps[0:pr, 0:nk], op=nl.add)
+                        else:  # early: the earlier chunks' and the other core's sums are in `got`
+                            held = got[rs][ko][0:pr, 0:nk] if early else acc[rs][0:pr, k0:k0 + nk]
+                            nisa.tensor_tensor(dst=acc[rs][0:pr, k0:k0 + nk], data1=held, data2=ps[0:pr, 0:nk], op=nl.add)
                         if x_last and not owned[rs]:  # round theirs.index(rs): the block to its owner, SBUF to SBUF
                             if c == 0:  # one chunk: evicted into the accumulator, copied out on the idle Scalar engine
                                 sent = nl.ndarray((_P, _F_MOV), dtype=nl.float32, buffer=nl.sbuf)
@@ -863,8 +887,8 @@ def swiglu_gemma_norm_kernel(x_hbm, w1t_hbm, wgt_hbm, w2t_hbm, a_hbm, gamma_hbm,
                                           recv_from_rank=1 - pid, pipe_id=0)
                             if k < len(mine):
                                 got[mine[k]].append(t)
-                    for ko in range(n_ko if x_last and rq >= 0 and owned[rs] and not early else 0):  # late: after
-                        k0, nk = ko * _F_MOV, min(_F_MOV, K - ko * _F_MOV)  # the evictions, on the idle GpSimd
+                    for ko in range(n_ko if late else 0):  # late: after the evictions, on the idle GpSimd
+                        k0, nk = ko * _F_MOV, min(_F_MOV, K - ko * _F_MOV)
                         nisa.tensor_tensor(dst=acc[rs][0:pr, k0:k0 + nk], data1=acc[rs][0:pr, k0:k0 + nk],
                                            data2=got[rs][ko][0:pr, 0:nk], op=nl.add, engine=nisa.engine.gpsimd)
                     # after this core's last tile of `theirs`: the rounds where only the other core has sums to

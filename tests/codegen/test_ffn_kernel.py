@@ -134,6 +134,30 @@ def test_core_to_core_exchange_matches_formula(r: int, k: int, i: int, s: int, c
     assert written == r * k * (4 + 2)
 
 
+@pytest.mark.parametrize(
+    ("r", "k", "i", "s", "ci"),
+    [
+        (7, 640, 300, 128, 128),  # core 0 owns the one tile: the other core's sums added late, by block
+        (200, 640, 1000, 256, 256),  # each core owns a tile; two chunks: added early, the sent tile's acc
+    ],
+)
+def test_core_to_core_exchange_one_pass_epilogue_matches_formula(
+    r: int, k: int, i: int, s: int, ci: int
+) -> None:
+    """SPLIT=2 with a one-pass epilogue (the [K] bias folded in, then the cast): each K-block (two here)
+    finishes as its sums and the other core's are in, whether those came before or after its matmuls."""
+    module = load_module(GENERATED / "swiglu_ffn" / "kernel.py", target="trn2")
+    x, w1t, b1, wgt, bg, w2t, b2, _ = _inputs(r, k, i, seed=7 * r + i)
+    cols, up = module._columns, (lambda w: module._up_layout(w, (0,), i))
+    result = run(
+        module.swiglu_ffn_kernel, x, up(w1t), cols(b1), up(wgt), cols(bg), w2t, b2, s, ci, 2, 0, 0, grid=2
+    )
+    out = result.outputs
+    _close(out, swiglu(x, w1t, b1, wgt, bg, w2t, b2).bfloat16(), rtol=2e-2)
+    adds = [sum(rec.engine == "gpsimd" for rec in result.trace if rec.core == c) for c in (0, 1)]
+    assert adds[0] == 2 and adds[1] == (0 if r <= 128 else 2)  # one per received K-block of an owned tile
+
+
 def _weight_bytes_read(result, args: tuple[int, ...]) -> int:  # type: ignore[no-untyped-def]
     """HBM bytes DMA'd from kernel arguments `args`; arguments are allocated first, in order."""
     reads = [

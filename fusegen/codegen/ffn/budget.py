@@ -129,7 +129,8 @@ def cost(m: FfnModel, mach: Machine, rows: int, k: int, i: int, lnc: int, plan: 
         # form has no column for; charged to DVE, the engine GpSimd shares its SBUF port with
         dve += tiles * k_cycles
     dma = dma_time(mach, hbm + exchanged, transfers)
-    chain = dma_time(mach, m.col_vectors * P * cdiv(i, P) * 4, m.col_vectors)  # [I] columns, loaded first
+    # the [I] columns: on the queues ahead of every weight DMA but the first I-tile's
+    chain = dma_time(mach, m.col_vectors * P * cdiv(i, P) * 4, m.col_vectors)
     for s_rows, n_sb in runs(comp_rows, plan.s):
         if plan.kc:
             chain += n_sb * _chain(m, mach, s_rows, inter, k, plan)

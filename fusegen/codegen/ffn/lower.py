@@ -58,6 +58,7 @@ class FfnLowering:
     mid_result: str  # tile name holding the combine, the down-projection's stationary operand
     epilogue: BlockedStage
     epilogue_per_block: bool  # one pass, nothing before its blocks: each block's can follow its last sums
+    epilogue_block: BlockedStage | None  # that pass over a block tile `blk`, not the accumulator's block
     outputs: tuple[OutputWrite, ...]
     model: FfnModel
     prologue: BlockedStage | None = None
@@ -93,6 +94,8 @@ def lower_ffn(ir: KernelIR, m: FfnMatch) -> FfnLowering:
         down_bytes=DTYPE_BYTES[ir.node(m.down.args[1]).dtype],
     )
     down_weight = ir.node(m.down.args[1])
+    per_block = _per_block(epilogue, epi_inputs["vec"])
+    over_block = _lower_epilogue(ir, m, epi_inputs, acc_node, acc_init, block=True)[0]
     return FfnLowering(
         x=kernel_arg(str(m.source.name)),
         x_nl_dtype=NL_DTYPE[m.x.dtype],
@@ -108,7 +111,8 @@ def lower_ffn(ir: KernelIR, m: FfnMatch) -> FfnLowering:
         mid_lines=tuple(mid.lines),
         mid_result=mid_result,
         epilogue=epilogue,
-        epilogue_per_block=_per_block(epilogue, epi_inputs["vec"]),
+        epilogue_per_block=per_block,
+        epilogue_block=over_block if per_block else None,
         outputs=outputs,
         model=model,
         prologue=prologue,
@@ -253,11 +257,13 @@ def _lower_epilogue(
     acc_node: int,
     acc_init: str | None,
     from_hbm: bool = False,
+    block: bool = False,
 ) -> tuple[BlockedStage, tuple[OutputWrite, ...]]:
-    """The epilogue over an SBUF accumulator, or (`from_hbm`, column-blocked plans) over the bare
-    down-projection's blocks loaded from the fp32 scratch `_acc_hbm`, every other input a block load."""
+    """The epilogue over an SBUF accumulator (`block`: over the sums of one of its K-blocks in a tile
+    `blk` of their own), or (`from_hbm`, column-blocked plans) over the bare down-projection's blocks
+    loaded from the fp32 scratch `_acc_hbm`, every other input a block load."""
     leaves, loads = row_leaves(ir, m.epi_nodes, inputs, acc_init)
-    acc = "acc[rs][0:pr, k0:k0 + nb]"  # the accumulator's block
+    acc = "blk[0:pr, 0:nb]" if block else "acc[rs][0:pr, k0:k0 + nb]"  # the accumulator's block
     if from_hbm:
         acc = ""
         loads["acc_blk"] = BlockLoad("acc_blk", "_acc_hbm[r0:r0 + pr, k0:k0 + nb]", 4, broadcast=False)
