@@ -50,10 +50,13 @@ class CoreBarrier:
         try:
             return fn()
         finally:
-            while idle is not None and not self.turn.acquire(blocking=False):
-                idle = idle if idle() else None
-            if idle is None:
-                self.turn.acquire()
+            taken = False
+            try:
+                while idle is not None and not (taken := self.turn.acquire(blocking=False)):
+                    idle = idle if idle() else None
+            finally:  # the turn is taken back even if `idle` fails
+                if not taken:
+                    self.turn.acquire()
 
     def wait(self, core: int, ins: Located) -> None:
         """Block until all parties arrive."""
