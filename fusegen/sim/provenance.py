@@ -17,6 +17,9 @@ instead of stacking (converting) them per instance:
 
 from __future__ import annotations
 
+import threading
+import weakref
+from collections import deque
 from typing import Protocol, cast
 
 import torch
@@ -27,14 +30,63 @@ from .tensor import NkiTensor
 Tiling = tuple[int, int, int]  # (row stride, band height, tile width) of a band re-laid as stacked tiles
 
 
+class _Pool:
+    """fp32 buffers of inputs' copies, reused across launches: converting into fresh memory costs several
+    times the conversion itself (page faults; measured 3-10x on a loaded machine)."""
+
+    _KEPT = 1 << 24  # elements kept at most (64 MiB); the oldest go first
+
+    def __init__(self) -> None:
+        self.lock = threading.Lock()
+        self.free: deque[torch.Tensor] = deque()
+        self.kept = 0
+
+    def take(self, numel: int) -> torch.Tensor:
+        """A flat fp32 buffer of `numel` elements (contents undefined)."""
+        with self.lock:
+            for i, buffer in enumerate(self.free):
+                if buffer.numel() == numel:
+                    del self.free[i]  # by position: tensors compare elementwise
+                    self.kept -= numel
+                    return buffer
+        with torch.inference_mode(False):  # kept across launches: a normal tensor, writable in any mode
+            return torch.empty(numel)
+
+    def give(self, buffers: list[torch.Tensor]) -> None:
+        """Keep the buffers of a dead input's copies (nothing else views them: the GEMMs have run)."""
+        with self.lock:
+            for buffer in buffers:
+                self.free.append(buffer)
+                self.kept += buffer.numel()
+            while self.kept > self._KEPT:
+                self.kept -= self.free.popleft().numel()
+
+
+_POOL = _Pool()
+
+
 class InputCopies(InputF32):
     """An input's fp32 copy, plus its row bands re-laid as stacked column tiles (made on first use)."""
 
-    __slots__ = ("bands",)
+    __slots__ = ("__weakref__", "bands", "buffers")
 
     def __init__(self, storage: torch.Tensor) -> None:
         super().__init__(storage)
         self.bands: dict[tuple[Tiling, int], torch.Tensor] = {}
+        self.buffers: list[torch.Tensor] = []  # pooled memory of the copies, returned when this dies
+        weakref.finalize(self, _POOL.give, self.buffers)
+
+    def _pooled(self, numel: int) -> torch.Tensor:
+        """A buffer for a copy (under self.lock)."""
+        buffer = _POOL.take(numel)
+        self.buffers.append(buffer)
+        return buffer
+
+    def convert(self) -> None:
+        """Make the whole input's fp32 copy (InputF32.view then finds it), in pooled memory."""
+        with self.lock:
+            if self.f32 is None:
+                self.f32 = self._pooled(self.storage.numel()).copy_(self.storage)
 
     def band(self, tiling: Tiling, index: int) -> torch.Tensor:
         """Band `index` (rows [index * height, (index + 1) * height) of the storage as [*, stride]) in
@@ -45,7 +97,9 @@ class InputCopies(InputF32):
                 stride, height, width = tiling
                 rows = self.storage[index * height * stride : (index + 1) * height * stride]
                 tiles = rows.view(height, stride // width, width).permute(1, 0, 2)
-                laid = self.bands[(tiling, index)] = torch.empty(tiles.shape).copy_(tiles).view(-1)
+                laid = self._pooled(rows.numel())
+                laid.view(tiles.shape).copy_(tiles)
+                self.bands[(tiling, index)] = laid
         return laid
 
 
@@ -55,6 +109,20 @@ class Source(Protocol):
     def view(self, key: ViewKey) -> torch.Tensor:
         """View `key` of the data (converted on first use, off the turn)."""
         ...
+
+
+class Rows:
+    """An input's fp32 copy, viewed by a GEMM (made on first use, in pooled memory)."""
+
+    __slots__ = ("copies",)
+
+    def __init__(self, copies: InputCopies) -> None:
+        self.copies = copies
+
+    def view(self, key: ViewKey) -> torch.Tensor:
+        """View `key` of the input's fp32 copy."""
+        self.copies.convert()
+        return self.copies.view(key)
 
 
 class Band:
@@ -153,7 +221,7 @@ def block(run: list[Piece]) -> tuple[Source, ViewKey]:
     source, ((height, cols), strides, offset) = run[0]
     rows = sum(p[1][0][0] for p in run)
     if len(run) == 1 or run[1][1][2] == offset + height * strides[0]:
-        return source, ((rows, cols), strides, offset)
+        return Rows(source), ((rows, cols), strides, offset)
     step, stride = run[1][1][2] - offset, strides[0]
     row, col = divmod(offset, stride)
     band = Band(source, (stride, height, step), row // height)
