@@ -42,13 +42,21 @@ class CoreBarrier:
         self.finished: list[int] = []
         self.mailbox = Mailbox()  # what the cores bring to each rendezvous on this barrier
 
-    def off_turn(self, fn: Callable[[], T]) -> T:
-        """Run `fn` (a long torch op that releases the GIL) while another instance takes the turn."""
+    def off_turn(self, fn: Callable[[], T], idle: Callable[[], bool] | None = None) -> T:
+        """Run `fn` (a long torch op that releases the GIL) while another instance takes the turn; then,
+        while the turn is still taken, call `idle` (more such work of this instance) until it returns
+        False, instead of leaving this core idle."""
         self.turn.release()
         try:
             return fn()
         finally:
-            self.turn.acquire()
+            taken = False
+            try:
+                while idle is not None and not (taken := self.turn.acquire(blocking=False)):
+                    idle = idle if idle() else None
+            finally:  # the turn is taken back even if `idle` fails
+                if not taken:
+                    self.turn.acquire()
 
     def wait(self, core: int, ins: Located) -> None:
         """Block until all parties arrive."""

@@ -12,14 +12,18 @@ summation order.
 Operands that are column ranges of whole partition rows are stacked as those whole rows (copying
 rows is sequential, so fast, where column blocks are strided), and a stacked block is not copied again
 while the buffer still holds it unchanged (same allocation, rows and write version): the seed kernel's
-later matmuls mostly read other columns of rows stacked for an earlier group. Each stacked width has its
-own buffers, so groups of other layouts (e.g. a down-projection between two up-projections) do not evict
-those blocks.
+later matmuls mostly read other columns of rows stacked for an earlier group. A thread's groups share
+its stacks, a few per side and stacked width ("ways"): a group takes the one that holds its first block
+already, so interleaved accumulations over other operands (a gate's and an up-projection's weights; a
+contraction split over two groups) do not evict each other's blocks. That is safe because a thread runs
+its groups in issue order, each copying its blocks just before its GEMM. Operands that DMAs brought from
+a caller input are not stacked at all but read from fp32 data shared by the instances (provenance.py).
 
-Which blocks a group must copy is decided when its matmuls are queued (on the instance's turn: a slot's
-earlier group has run by then, so its buffer contents are known); the GEMM thread then makes one copy call
-for them all and one GEMM call. All Python work is serialized by the GIL anyway, and the GEMM thread would
-otherwise wait for the GIL after each of many small torch calls.
+Which blocks a group must copy is decided when its matmuls are queued (on the instance's turn); the
+GEMM thread then makes one copy call for them all and one GEMM call. All Python work is serialized by
+the GIL anyway, and the GEMM thread would otherwise wait for the GIL after each of many small torch
+calls. When its GEMMs are done but another instance still holds the turn, a thread runs its next
+pending groups that no later matmul can join, rather than idle until the turn is free.
 """
 
 from __future__ import annotations
@@ -27,6 +31,7 @@ from __future__ import annotations
 import math
 import threading
 from collections.abc import Callable
+from typing import Protocol
 
 import torch
 
@@ -37,7 +42,7 @@ from .tensor import NkiTensor
 _ROWS = 2048  # stacked contraction rows per group; a longer accumulation continues in a new group
 _STACK = 1 << 20  # elements per stack (4 MiB): wide row-stacked operands allow fewer rows
 _WIDE = 2048  # operand tiles up to this many elements per partition are stacked as whole rows
-_SLOTS = 4  # pending groups per instance, each with its own pair of stacks
+_PENDING = 4  # pending groups per instance
 _threads = threading.local()  # stacks per thread, kept across launches (no fresh pages per launch)
 Tag = tuple[int, int, ViewKey]  # (allocation id, write version, view): identifies an operand's data
 Layout = tuple[ViewKey, int, int]  # (view to stack, stacked width, operand's first column in it)
@@ -47,9 +52,10 @@ Places = tuple[tuple[int, int], tuple[int, int]]  # (stacked width, column) of s
 class _Stack:
     """A flat fp32 buffer of K-stacked operand blocks, remembering which data each block holds."""
 
-    __slots__ = ("flat", "tags", "targets")
+    __slots__ = ("flat", "tags", "targets", "used")
 
     def __init__(self) -> None:
+        self.used = 0  # when a group last took it (a count per thread)
         self.flat = torch.empty(0)
         self.tags: dict[int, tuple[Tag, int]] = {}  # start offset -> (tag, length) of blocks in place
         self.targets: dict[tuple[int, tuple[int, ...]], torch.Tensor] = {}  # (start, shape) -> view of flat
@@ -90,18 +96,30 @@ class _Stack:
 
 
 _Copies = tuple[list[torch.Tensor], list[torch.Tensor]]  # copy targets (stack blocks) and their sources
-_KEPT_STACKS = 16  # stacks per thread (slot, side, width) before they start over (each <= 4 MiB)
+_KEPT_STACKS = 16  # stacks per thread (side, width, way) before they start over (each <= 4 MiB)
+_WAYS = 4  # stacks per side and width: interleaved accumulations of other operands keep their blocks
 
 
-def _stack(slot: int, side: int, width: int) -> _Stack:
-    """This thread's stack for a slot, side (0 stationary, 1 moving) and stacked width."""
+def _stack(side: int, width: int, first: Tag) -> _Stack:
+    """This thread's stack for a group's side (0 stationary, 1 moving) and stacked width whose first
+    block is `first`: of up to _WAYS such stacks, the one holding that block at its start, else the
+    least recently used. Groups of a thread share them: they run in issue order, each copying its blocks
+    just before its GEMM, so a block planned for one group stays in place until it has run."""
     stacks: dict[tuple[int, int, int], _Stack] = getattr(_threads, "stacks", {})
     _threads.stacks = stacks
-    stack = stacks.get((slot, side, width))
+    live = {way: s for way in range(_WAYS) if (s := stacks.get((side, width, way))) is not None}
+    held = (first, math.prod(first[2][0]))
+    way = next((way for way, s in live.items() if s.tags.get(0) == held), None)
+    if way is None:
+        free = [way for way in range(_WAYS) if way not in live]
+        way = free[0] if free else min(live, key=lambda way: live[way].used)
+    stack = live.get(way)
     if stack is None:
         if len(stacks) >= _KEPT_STACKS:
-            stacks.clear()
-        stack = stacks[(slot, side, width)] = _Stack()
+            stacks.clear()  # pending groups keep the stacks they planned on
+        stack = stacks[(side, width, way)] = _Stack()
+        stack.reserve(min(_ROWS, _STACK // width) * width)  # a group's most: never grows under pending ones
+    _threads.uses = stack.used = getattr(_threads, "uses", 0) + 1
     return stack
 
 
@@ -146,29 +164,25 @@ class _Group:
         "reads",
         "rows",
         "runs",
-        "slot",
         "stacks",
     )  # fmt: skip
 
-    def __init__(self, d: NkiTensor, out: torch.Tensor, slot: int, beta: float, places: Places) -> None:
+    def __init__(self, d: NkiTensor, out: torch.Tensor, beta: float, places: Places) -> None:
         self.alloc = d.alloc  # keeps the tile (and its pooled storage) alive until the GEMM ran
         self.key = d.key
         self.out = out
         self.beta = beta
         self.rows = 0
         self.places = places
-        self.slot = slot
         self.copies: _Copies = ([], [])  # stack blocks to fill before the GEMM, and their sources
         self.readers: list[Alloc] = []  # operand allocations, per matmul
         self.reads: set[int] = set()  # ids of the operand allocations
         self.limit = min(_ROWS, _STACK // max(width for width, _ in self.places))
-        self.stacks = tuple(_stack(slot, side, width) for side, (width, _) in enumerate(places))
+        self.stacks: list[_Stack | None] = [None, None]  # per side, taken when it first stacks a block
         # per side: its operands as consecutive rows of one caller input, while they are (provenance.py),
         # else None; and those operands as (row, tile, view), to stack after all if a later one breaks the run
         self.runs: list[list[Piece] | None] = [[], []]
         self.held: tuple[list[tuple[int, NkiTensor, ViewKey]], ...] = ([], [])
-        for stack, (width, _) in zip(self.stacks, self.places, strict=True):
-            stack.reserve(self.limit * width)
 
     def fits(self, d: NkiTensor, k: int, beta: float, places: Places) -> bool:
         """Can a matmul into `d` join this group (same view, accumulating, operands placed alike)?"""
@@ -193,24 +207,31 @@ class _Group:
         run = self.runs[side]
         width = self.places[side][0]
         if run is not None:
-            found = piece(t.alloc, key)
+            found = piece(t.alloc, t.key)  # the operand's own view: a DMA may have filled only that part
             if found is not None and extend(run, found):
                 self.held[side].append((self.rows, t, key))
                 return
             self.runs[side] = None
             for row, earlier, earlier_key in self.held[side]:  # the run is broken: stack it after all
-                self.stacks[side].put(row * width, earlier, earlier_key, self.copies)
-        self.stacks[side].put(self.rows * width, t, key, self.copies)
+                self._put(side, row * width, earlier, earlier_key)
+        self._put(side, self.rows * width, t, key)
+
+    def _put(self, side: int, start: int, t: NkiTensor, key: ViewKey) -> None:
+        """Plan stacking view `key` of t at `start` of the side's stack (taken by its first block)."""
+        stack = self.stacks[side]
+        if stack is None:
+            stack = self.stacks[side] = _stack(side, self.places[side][0], (t.alloc.id, t.alloc.version, key))
+        stack.put(start, t, key, self.copies)
 
     def _matrix(self, side: int, cols: int) -> Callable[[], torch.Tensor]:
         """The side's [rows, cols] operand: a view of an input's fp32 copy, or of the stack."""
         run = self.runs[side]
-        col = self.places[side][1]
         if run:
-            source, ((rows, _), strides, offset) = block(run)
-            key = ((rows, cols), strides, offset + col)
+            source, key = block(run)  # [rows, cols]: the pieces are the operands' own views
             return lambda: source.view(key)  # converted by the first GEMM that needs it, off the turn
-        stacked = self.stacks[side].matrix(self.rows, self.places[side], cols)
+        stack = self.stacks[side]
+        assert stack is not None  # a side that is no run has stacked its blocks
+        stacked = stack.matrix(self.rows, self.places[side], cols)
         return lambda: stacked
 
     def gemm(self) -> Callable[[], None]:
@@ -230,10 +251,16 @@ class _Group:
         return run
 
 
+class OffTurn(Protocol):
+    """CoreBarrier.off_turn: run `fn` off the turn, then `idle` until the turn is free (or it is False)."""
+
+    def __call__(self, fn: Callable[[], None], idle: Callable[[], bool] | None = None) -> None: ...
+
+
 class MatmulQueue:
     """One instance's pending accumulation groups, computed in order by flush()."""
 
-    def __init__(self, off_turn: Callable[[Callable[[], None]], None]) -> None:
+    def __init__(self, off_turn: OffTurn) -> None:
         self.groups: list[_Group] = []
         self.off_turn = off_turn
 
@@ -243,11 +270,9 @@ class MatmulQueue:
         places = ((width_a, col_a), (width_b, col_b))
         group = self.groups[-1] if self.groups else None
         if group is None or not group.fits(d, st.partitions, beta, places):
-            if len(self.groups) == _SLOTS:
+            if len(self.groups) == _PENDING:
                 self.flush()
-            used = {g.slot for g in self.groups}  # pending groups own their stacks (flushes may be partial)
-            slot = next(i for i in range(_SLOTS) if i not in used)
-            group = _Group(d, out, slot, beta, places)
+            group = _Group(d, out, beta, places)
             self.groups.append(group)
             d.alloc.pending = True
         group.append(st, key_a, mv, key_b)
@@ -278,7 +303,22 @@ class MatmulQueue:
             for run in work:
                 run()
 
-        self.off_turn(gemms)
+        self.off_turn(gemms, self._early)
+        self._done(done)
+
+    def _early(self) -> bool:
+        """While the turn is taken: run the oldest pending group that no later matmul can join (not the
+        last), instead of idling; False if there is none. Off the turn, but the queue and the tiles it
+        touches belong to this instance, whose own Python waits in flush() meanwhile."""
+        if len(self.groups) < 2:
+            return False
+        group = self.groups.pop(0)
+        group.gemm()()
+        self._done([group])
+        return True
+
+    def _done(self, done: list[_Group]) -> None:
+        """Bookkeeping after the GEMMs of `done` ran: their PSUM tiles and operands are free again."""
         for g in done:
             g.alloc.pending = any(p.alloc is g.alloc for p in self.groups)
             for operand in g.readers:

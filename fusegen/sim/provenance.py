@@ -6,16 +6,139 @@ written records on the destination tile which input view it now holds (valid whi
 version is unchanged). Kernel inputs are borrowed: the caller's storage is never written during a launch
 (the first write copies it, and write-back waits for the end), so the data behind a recorded view stays
 what the DMA read even if the kernel writes the input later. The deferred matmul groups (deferred.py)
-map a run of operand tiles whose views are consecutive row blocks of one input onto a single strided
-view of that input's fp32 copy, converted once per launch for all instances, instead of stacking them.
+map a run of operand tiles onto one view of fp32 data converted once per launch for all instances,
+instead of stacking (converting) them per instance:
+
+* consecutive row blocks of one input: a strided view of the input's fp32 copy;
+* column tiles side by side in one band of rows (a host layout such as `[I/128, 128, K]`, whose
+  partition rows hold the K-tiles of one I-tile next to each other, read one K-tile per matmul): that
+  band re-laid in fp32 with its column tiles stacked one above the other, so the run is a 2-D view of it.
 """
 
 from __future__ import annotations
 
+import threading
+import weakref
+from collections import deque
+from typing import Protocol, cast
+
+import torch
+
 from .memory import Alloc, InputF32, MemoryRegion, ViewKey
 from .tensor import NkiTensor
 
-Piece = tuple[InputF32, ViewKey]  # an input's fp32 copy, and a 2-D view of it: [rows, cols], stride 1
+Tiling = tuple[int, int, int]  # (row stride, band height, tile width) of a band re-laid as stacked tiles
+
+
+class _Pool:
+    """fp32 buffers of inputs' copies, reused across launches: converting into fresh memory costs several
+    times the conversion itself (page faults; measured 3-10x on a loaded machine)."""
+
+    _KEPT = 1 << 24  # elements kept at most (64 MiB); the oldest go first
+
+    def __init__(self) -> None:
+        self.lock = threading.Lock()
+        self.free: deque[torch.Tensor] = deque()
+        self.kept = 0
+
+    def take(self, numel: int) -> torch.Tensor:
+        """A flat fp32 buffer of `numel` elements (contents undefined)."""
+        with self.lock:
+            for i, buffer in enumerate(self.free):
+                if buffer.numel() == numel:
+                    del self.free[i]  # by position: tensors compare elementwise
+                    self.kept -= numel
+                    return buffer
+        with torch.inference_mode(False):  # kept across launches: a normal tensor, writable in any mode
+            return torch.empty(numel)
+
+    def give(self, buffers: list[torch.Tensor]) -> None:
+        """Keep the buffers of a dead input's copies (nothing else views them: the GEMMs have run)."""
+        with self.lock:
+            for buffer in buffers:
+                self.free.append(buffer)
+                self.kept += buffer.numel()
+            while self.kept > self._KEPT:
+                self.kept -= self.free.popleft().numel()
+
+
+_POOL = _Pool()
+
+
+class InputCopies(InputF32):
+    """An input's fp32 copy, plus its row bands re-laid as stacked column tiles (made on first use)."""
+
+    __slots__ = ("__weakref__", "bands", "buffers")
+
+    def __init__(self, storage: torch.Tensor) -> None:
+        super().__init__(storage)
+        self.bands: dict[tuple[Tiling, int], torch.Tensor] = {}
+        self.buffers: list[torch.Tensor] = []  # pooled memory of the copies, returned when this dies
+        weakref.finalize(self, _POOL.give, self.buffers)
+
+    def _pooled(self, numel: int) -> torch.Tensor:
+        """A buffer for a copy (under self.lock)."""
+        buffer = _POOL.take(numel)
+        self.buffers.append(buffer)
+        return buffer
+
+    def convert(self) -> None:
+        """Make the whole input's fp32 copy (InputF32.view then finds it), in pooled memory."""
+        with self.lock:
+            if self.f32 is None:
+                self.f32 = self._pooled(self.storage.numel()).copy_(self.storage)
+
+    def band(self, tiling: Tiling, index: int) -> torch.Tensor:
+        """Band `index` (rows [index * height, (index + 1) * height) of the storage as [*, stride]) in
+        fp32, laid out [tile, row, column]: each instance converts only the bands its GEMMs read."""
+        with self.lock:  # instances run their GEMMs off their turns, so possibly at the same time
+            laid = self.bands.get((tiling, index))
+            if laid is None:
+                stride, height, width = tiling
+                rows = self.storage[index * height * stride : (index + 1) * height * stride]
+                tiles = rows.view(height, stride // width, width).permute(1, 0, 2)
+                laid = self._pooled(rows.numel())
+                laid.view(tiles.shape).copy_(tiles)
+                self.bands[(tiling, index)] = laid
+        return laid
+
+
+class Source(Protocol):
+    """fp32 data a GEMM operand can be viewed from."""
+
+    def view(self, key: ViewKey) -> torch.Tensor:
+        """View `key` of the data (converted on first use, off the turn)."""
+        ...
+
+
+class Rows:
+    """An input's fp32 copy, viewed by a GEMM (made on first use, in pooled memory)."""
+
+    __slots__ = ("copies",)
+
+    def __init__(self, copies: InputCopies) -> None:
+        self.copies = copies
+
+    def view(self, key: ViewKey) -> torch.Tensor:
+        """View `key` of the input's fp32 copy."""
+        self.copies.convert()
+        return self.copies.view(key)
+
+
+class Band:
+    """One re-laid band of an input (InputCopies.band), viewed by a GEMM."""
+
+    __slots__ = ("copies", "index", "tiling")
+
+    def __init__(self, copies: InputCopies, tiling: Tiling, index: int) -> None:
+        self.copies, self.tiling, self.index = copies, tiling, index
+
+    def view(self, key: ViewKey) -> torch.Tensor:
+        """View `key` of the re-laid band."""
+        return torch.as_strided(self.copies.band(self.tiling, self.index), *key)
+
+
+Piece = tuple[InputCopies, ViewKey]  # an input's fp32 copies, and a 2-D view of it: [rows, cols], stride 1
 
 
 def record(d: NkiTensor, s: NkiTensor) -> None:
@@ -33,7 +156,7 @@ def record(d: NkiTensor, s: NkiTensor) -> None:
         and s.strides[1] == 1
     ):
         if src.f32_input is None:  # on the turn: one per input, shared by all instances
-            src.f32_input = InputF32(src.data)
+            src.f32_input = InputCopies(src.data)
         d.alloc.origin = (d.alloc.version, d.key, src.f32_input, s.key)  # offsets count from data's start
 
 
@@ -49,24 +172,57 @@ def piece(alloc: Alloc, key: ViewKey) -> Piece | None:
     row, col = divmod(offset - doffset, dstrides[0]) if dshape[0] > 1 else (0, offset - doffset)
     if row + rows > dshape[0] or col + cols > dshape[1]:
         return None
-    return source, ((rows, cols), (sstrides[0], 1), soffset + row * sstrides[0] + col)
+    copies = cast(InputCopies, source)  # origins are made by record() only
+    return copies, ((rows, cols), (sstrides[0], 1), soffset + row * sstrides[0] + col)
 
 
 def extend(run: list[Piece], nxt: Piece) -> bool:
-    """Append `nxt` to a run of pieces if it continues them as the next rows of one strided block."""
+    """Append `nxt` to a run of pieces if it continues them as the next rows of one strided block, or
+    as the next column tile of one band (same step each time; all tiles full height but the last)."""
     if not run:
         run.append(nxt)
         return True
-    source, ((rows, cols), strides, offset) = run[-1]
+    first, (source, ((rows, cols), strides, offset)) = run[0][1], run[-1]
     (_, ncols), nstrides, noffset = nxt[1]
-    if nxt[0] is source and ncols == cols and nstrides == strides and noffset == offset + rows * strides[0]:
+    if nxt[0] is not source or ncols != cols or nstrides != strides:
+        return False
+    rows_step = len(run) == 1 or run[1][1][2] == first[2] + first[0][0] * strides[0]
+    if rows_step and noffset == offset + rows * strides[0]:
+        run.append(nxt)
+        return True
+    step = noffset - offset if len(run) == 1 else run[1][1][2] - first[2]
+    if (
+        (len(run) == 1 or not rows_step)
+        and noffset - offset == step
+        and rows == first[0][0] >= nxt[1][0][0]
+        and noffset // strides[0] == first[2] // strides[0]  # in the first tile's band of rows
+        and _tiles(source, first, step)
+    ):
         run.append(nxt)
         return True
     return False
 
 
-def block(run: list[Piece]) -> Piece:
-    """The run of pieces as one [rows, cols] view."""
-    source, ((_, cols), strides, offset) = run[0]
+def _tiles(source: InputCopies, first: ViewKey, step: int) -> bool:
+    """Can runs of tiles `step` apart from `first` on be read from a re-laid band of the input?"""
+    (height, cols), (stride, _), offset = first
+    row = offset // stride
+    return (
+        0 < step
+        and stride % step == 0
+        and offset % step + cols <= step
+        and row % height == 0
+        and (row + height) * stride <= source.storage.numel()
+    )
+
+
+def block(run: list[Piece]) -> tuple[Source, ViewKey]:
+    """The run of pieces as one [rows, cols] view: of the input's fp32 copy, or of a re-laid band."""
+    source, ((height, cols), strides, offset) = run[0]
     rows = sum(p[1][0][0] for p in run)
-    return source, ((rows, cols), strides, offset)
+    if len(run) == 1 or run[1][1][2] == offset + height * strides[0]:
+        return Rows(source), ((rows, cols), strides, offset)
+    step, stride = run[1][1][2] - offset, strides[0]
+    row, col = divmod(offset, stride)
+    band = Band(source, (stride, height, step), row // height)
+    return band, ((rows, cols), (step, 1), (col // step) * height * step + col % step)

@@ -214,3 +214,32 @@ def test_groups_pending_after_a_partial_flush_keep_their_operands():
 
     for i, out in enumerate(kernel(a, b)):
         _close(out, a[i].float().t() @ b[i].float())
+
+
+def test_pending_groups_sharing_a_stack_each_read_their_own_blocks():
+    """Three accumulations pending at once, each over a shared first block and its own second one:
+    they take the same stack (it holds their first block), each planning its second block at the same
+    place; run in issue order, each GEMM still reads its own (operands scaled in SBUF, so stacked)."""
+    torch.manual_seed(3)
+    w, x = torch.randn(4, 128, 64).bfloat16(), torch.randn(2, 128, 96).bfloat16()
+
+    @nki.jit
+    def kernel(w_hbm, x_hbm):
+        def scaled(t, i):  # a copy times 2 (exact): not the input's bytes any more
+            sb = nl.ndarray((128, t.shape[2]), dtype=t.dtype, buffer=nl.sbuf)
+            nisa.dma_copy(dst=sb, src=t[i, 0:128, 0 : t.shape[2]])
+            nisa.tensor_scalar(dst=sb, data=sb, op0=nl.multiply, operand0=2.0)
+            return sb
+
+        ws, xs = [scaled(w_hbm, i) for i in range(4)], [scaled(x_hbm, i) for i in range(2)]
+        outs = []
+        for j in range(3):
+            ps = nl.ndarray((64, 96), dtype=nl.float32, buffer=nl.psum)
+            nisa.nc_matmul(dst=ps, stationary=ws[0], moving=xs[0], accumulate=False)
+            nisa.nc_matmul(dst=ps, stationary=ws[1 + j], moving=xs[1], accumulate=True)
+            outs.append(ps)
+        return tuple(_evict(ps) for ps in outs)
+
+    wf, xf = 2 * w.float(), 2 * x.float()
+    for j, out in enumerate(kernel(w, x)):
+        _close(out, wf[0].t() @ xf[0] + wf[1 + j].t() @ xf[1])
