@@ -182,6 +182,7 @@ class _FfnModel(NamedTuple):
     evict: _Stage = _NO_STAGE  # its eviction of each down-projection piece (the spine computed), per row tile
     up_bytes: int = 2  # bytes per element of the up-projection weights (1: fp8)
     down_bytes: int = 2  # bytes per element of the down-projection weight (1: fp8)
+    halves: int = 0  # 1: the epilogue runs a block at a time (no row statistics), so K can split (k_halves)
 
 
 class _Plan(NamedTuple):
@@ -249,6 +250,24 @@ def _buffers(
         _Buffer("down-projection weight chunk", n_hc * k * m.down_bytes, 2),
         _Buffer("[K]-bias piece / partial-sum block", _F_MOV * 4, 2),
     ]
+
+
+def _k_halves(m: _FfnModel, rows: int, k: int, lnc: int, split: int) -> bool:
+    """SPLIT 2 over one row tile (every row on core 0): each core finishes half of K's columns instead, so
+    both send real sums and the epilogue and stores split between them. Needs a block-wise epilogue, an
+    even K (the exchange's shapes match) and each half's blocks in PSUM at once (ACC_BANKS)."""
+    return bool(m.halves) and split == 2 and lnc == 2 and rows <= _P and k % 2 == 0 and k <= _ACC_BANKS * _F_MOV
+
+
+def _k_spans(k: int, first: int, width: int) -> list[tuple[int, int, int, int]]:
+    """K's blocks of at most F_MOV columns, (k0, nk, s0, sw) each, in the order a core computes them: with
+    K halves (`width` < k) the other core's half first, then its own [first, first + width); each half a
+    span [s0, s0 + sw) that leaves in one exchange and takes its [K] bias in one load. Without, each block
+    is its own span."""
+    if width == k:
+        return [(k0, min(_F_MOV, k - k0), k0, min(_F_MOV, k - k0)) for k0 in range(0, k, _F_MOV)]
+    halves = (width if first == 0 else 0, first)
+    return [(k0, min(_F_MOV, s0 + width - k0), s0, width) for s0 in halves for k0 in range(s0, s0 + width, _F_MOV)]
 
 
 def _x_block(k: int, x_bytes: int) -> int:
@@ -347,16 +366,18 @@ def _slice_period(up: float, combine: float, down: float, evict: float, n_evict:
     return up + combine + max(down, waited)
 
 
-def _drain(epi: _Stage, mach: _Machine, tiles: int, k: int, overlap: float = 0.0) -> float:
+def _drain(epi: _Stage, mach: _Machine, tiles: int, k: int, overlap: float = 0.0, width: int = _F_MOV) -> float:
     """The epilogue of `tiles` row tiles after their last matmul. Its last pass runs in series: each
     K-block's output writes wait for its compute and hold back the next block's loads, so per block its
     loads (one fixed cost, when it reads any), its compute and its writes follow one another. The passes
     before it write nothing, so their loads stream beside their compute. Less `overlap` ns of matmuls that
-    run beside it, but never less than one row tile's."""
+    run beside it, but never less than one row tile's. Its blocks are `width` columns wide (K halves: one
+    block of half of K)."""
     act, dve, moved, transfers = _stage_cost(epi, tiles, k)
+    transfers = transfers * _cdiv(k, width) // _cdiv(k, _F_MOV)
     compute, dma = act / mach.act_ghz + dve / mach.dve_ghz, _dma_time(mach, moved, transfers)
     sweeps = max(1, epi.sweeps)
-    reads = tiles * _cdiv(k, _F_MOV) * mach.dma_fixed_ns if epi.read_bytes or epi.bcast else 0.0
+    reads = tiles * _cdiv(k, width) * mach.dma_fixed_ns if epi.read_bytes or epi.bcast else 0.0
     total = (compute + dma) / sweeps + reads + max(compute, dma) * (sweeps - 1) / sweeps
     return max(total / max(1, tiles), total - overlap)
 
@@ -449,6 +470,12 @@ def _cost(m: _FfnModel, mach: _Machine, rows: int, k: int, i: int, lnc: int, pla
         hbm += 2 * own * k * 4
         transfers += tiles * (1 + _cdiv(k, _F_MOV))
         dve += tiles * k_cycles
+    elif _k_halves(m, rows, k, lnc, plan.split):  # K halves: one exchange of the other half's sums; this core
+        # (the larger share of I) finishes and stores half of K, and core 0 folds in the whole bias
+        exchanged = rows * (k // 2) * 4
+        hbm -= e_bytes // 2 + m.fold_bias * _P * k * 4
+        transfers += 1 - e_transfers // 2 - m.fold_bias * _cdiv(k, _F_MOV)
+        dve += _cycles(k // 2)
     elif plan.split == 2 and lnc > 1:  # the other core's rows' sums to it, a K-block per exchange (zeros in
         rounds = _exchange_rounds(rows, plan.s, own)  # rounds where only it has sums to send): DMA queues
         exchanged = rounds * min(_P, rows) * k * 4
@@ -550,7 +577,9 @@ def _filled(m: _FfnModel, mach: _Machine, s_rows: int, inter: int, k: int, plan:
     steps = m.n_up * _cdiv(inter, _P)  # one projection's weights of one I-tile per step
     streamed = _pipelined(loads, (pe - x_cycles) / mach.pe_ghz, steps)
     chunks = max(streamed, serial, act / mach.act_ghz, dve / mach.dve_ghz)
-    if plan.split == 2 and lnc > 1:  # sendrecv: each K-block's sums leave as it is evicted, no barrier;
+    if _k_halves(m, s_rows, k, lnc, plan.split):  # the other half's exchange, then this core's half finished
+        tail = _dma_time(mach, s_rows * k // 2 * 4, 1) + mach.dma_fixed_ns + _drain(m.epi, mach, 1, k // 2, width=k // 2)
+    elif plan.split == 2 and lnc > 1:  # sendrecv: each K-block's sums leave as it is evicted, no barrier;
         owned = _cdiv(n_rs, lnc)  # only the last block's exchange and the owner's epilogue are after the PE
         last = _dma_time(mach, min(s_rows, owned * _P) * min(k, _F_MOV) * 4, owned) + mach.dma_fixed_ns
         tail = last + _drain(m.epi, mach, owned, k)
@@ -650,7 +679,7 @@ def _choose(m: _FfnModel, mach: _Machine, rows: int, k: int, i: int, lnc: int) -
         )
     return min(plans, key=lambda p: _rank_key(m, mach, rows, k, i, lnc, p))
 
-_MODEL = _FfnModel(n_up=2, x_bytes=2, mid_tiles=2, col_vectors=0, out_bytes=6, mid_act=1, mid_dve=2, acc_init=1, fold_bias=0, epi=_Stage(block_bytes=10, cols=4, sweeps=2, act=1, dve=3, col_ops=1, read_bytes=0, bcast=1, loads=3), pro=_Stage(block_bytes=0, cols=0, sweeps=0, act=0, dve=0, col_ops=0, read_bytes=0, bcast=0, loads=0), epi_cols=_Stage(block_bytes=14, cols=4, sweeps=2, act=1, dve=3, col_ops=1, read_bytes=8, bcast=1, loads=5), evict=_Stage(block_bytes=8, cols=0, sweeps=1, act=0, dve=2, col_ops=0, read_bytes=4, bcast=0, loads=2), up_bytes=2, down_bytes=2)
+_MODEL = _FfnModel(n_up=2, x_bytes=2, mid_tiles=2, col_vectors=0, out_bytes=6, mid_act=1, mid_dve=2, acc_init=1, fold_bias=0, epi=_Stage(block_bytes=10, cols=4, sweeps=2, act=1, dve=3, col_ops=1, read_bytes=0, bcast=1, loads=3), pro=_Stage(block_bytes=0, cols=0, sweeps=0, act=0, dve=0, col_ops=0, read_bytes=0, bcast=0, loads=0), epi_cols=_Stage(block_bytes=14, cols=4, sweeps=2, act=1, dve=3, col_ops=1, read_bytes=8, bcast=1, loads=5), evict=_Stage(block_bytes=8, cols=0, sweeps=1, act=0, dve=2, col_ops=0, read_bytes=4, bcast=0, loads=2), up_bytes=2, down_bytes=2, halves=0)
 #: the figures the planner's time model needs, per target (from fusegen/sim/targets.py).
 _MACHINES = {
     "trn1": _Machine(pe_ghz=2.8, act_ghz=1.4, dve_ghz=1.12, dma_gbps=272.0, dma_fixed_ns=1300.0, dma_queues=16, dma_row_bytes=2450, sbuf_budget=180224, max_lnc=1, pe_ramp_ns=0.0),
@@ -683,7 +712,6 @@ def swiglu_gemma_norm_kernel(x_hbm, w1t_hbm, wgt_hbm, w2t_hbm, a_hbm, gamma_hbm,
     d_K = x_hbm.shape[1]
     d_R = x_hbm.shape[0]
     n_k = _cdiv(K, _P)
-    n_ko = _cdiv(K, _F_MOV)
     kb = min(_F_MOV, K)  # width of the K-blocks the prologue and epilogue stage in SBUF
     stream_up = _streams_up(S, CI)  # up weights a K-tile group at a time, as ffn/sbuf.py's up_weights counts them
     gk = _group(K, G)
@@ -696,6 +724,13 @@ def swiglu_gemma_norm_kernel(x_hbm, w1t_hbm, wgt_hbm, w2t_hbm, a_hbm, gamma_hbm,
         nisa.memset(dst=blank, value=0.0)
     own_begin = min(R, pid * _rows_per_core(R, cores))
     own_end = min(R, own_begin + _rows_per_core(R, cores))
+    # SPLIT=2 over one row tile: each core finishes half of K (`_k_halves`), the other core's half sent first
+    halves = _k_halves(_MODEL, R, K, cores, SPLIT)
+    kh = K // 2 if halves else K
+    k_own = pid * kh if halves else 0  # this core finishes columns [k_own, k_own + kh) of its row tiles
+    kbs = _k_spans(K, k_own, kh)  # (k0, nk, s0, sw): K's blocks, each in a span that leaves in one exchange
+    own_spans = [(s0, sw) for k0, _, s0, sw in kbs if k0 == s0 and k_own <= k0 < k_own + kh]
+    kb = max(kb, kh) if halves else kb  # the epilogue then runs over a whole half
     if SPLIT:
         i_share = min(I, _cdiv(_cdiv(I, _P), cores) * _P)
         # the last core takes the first share of I: the last share is the smaller one, and core 0 owns the
@@ -717,7 +752,7 @@ def swiglu_gemma_norm_kernel(x_hbm, w1t_hbm, wgt_hbm, w2t_hbm, a_hbm, gamma_hbm,
     for r_sb in range(r_begin, r_end, S):
         s_rows = min(S, r_end - r_sb)
         n_rs = _cdiv(s_rows, _P)
-        owned = [own_begin <= r_sb + rs * _P < own_end for rs in range(n_rs)]
+        owned = [halves or own_begin <= r_sb + rs * _P < own_end for rs in range(n_rs)]
         # x^T for the super-block: K on partitions, rows on the free axis; one row tile at a time, its rows
         # (through the prologue, if any) transposed on the PE: a DMA transpose needs 16-row 2-byte pieces
         xt = []
@@ -740,7 +775,7 @@ def swiglu_gemma_norm_kernel(x_hbm, w1t_hbm, wgt_hbm, w2t_hbm, a_hbm, gamma_hbm,
                         nisa.activation(dst=xt[kt][0:pk, rs * _P:rs * _P + pr], op=nl.copy, data=xt_ps[0:pk, 0:pr])
                     else:
                         nisa.tensor_copy(dst=xt[kt][0:pk, rs * _P:rs * _P + pr], src=xt_ps[0:pk, 0:pr])
-        theirs = [rs for rs in range(n_rs) if not owned[rs]]  # SPLIT=2: the row tiles whose sums it sends,
+        theirs = [rs for rs in range(n_rs) if not owned[rs] or halves]  # SPLIT=2: the row tiles whose sums it sends,
         mine = [rs for rs in range(n_rs) if owned[rs]]  # and those whose sums it receives, round by round
         got = [[] for rs in range(n_rs)]
         acc = []
@@ -761,19 +796,18 @@ def swiglu_gemma_norm_kernel(x_hbm, w1t_hbm, wgt_hbm, w2t_hbm, a_hbm, gamma_hbm,
             # queue behind the whole chunk of the other projection)
             pj0_w = []
             pj1_w = []
-            for hl in range(0 if stream_up else n_hc):
-                for kt in range(0, n_k, gk):
+            for hl in range(1 if stream_up else n_hc):  # streamed up weights (stream_up): the [I] columns only
+                for kt in range(0, 0 if stream_up else n_k, gk):
                     gw = min(n_k, kt + gk) * _P - kt * _P
                     t = nl.ndarray((_P, gk * _P), dtype=nl.bfloat16, buffer=nl.sbuf)
                     nisa.dma_copy(dst=t[0:_P, 0:gw], src=w1t_hbm[i0 // _P + hl, 0:_P, kt * _P:kt * _P + gw])
                     pj0_w.append(t)
-                for kt in range(0, n_k, gk):
+                for kt in range(0, 0 if stream_up else n_k, gk):
                     gw = min(n_k, kt + gk) * _P - kt * _P
                     t = nl.ndarray((_P, gk * _P), dtype=nl.bfloat16, buffer=nl.sbuf)
                     nisa.dma_copy(dst=t[0:_P, 0:gw], src=wgt_hbm[i0 // _P + hl, 0:_P, kt * _P:kt * _P + gw])
                     pj1_w.append(t)
                 
-            
             wd = []
             for hl in range(0 if KC else n_hc):
                 ph = min(_P, i_end - i0 - hl * _P)
@@ -827,33 +861,31 @@ def swiglu_gemma_norm_kernel(x_hbm, w1t_hbm, wgt_hbm, w2t_hbm, a_hbm, gamma_hbm,
                     rs = (q0 + rq) // _P
                     pr = min(_P, rw - rq)
                     # a round moves one shape both ways: the larger of the tile sent and the tile received
-                    k = theirs.index(rs) if x_last and rq >= 0 and not owned[rs] else len(mine)
+                    k = theirs.index(rs) if x_last and rq >= 0 and rs in theirs else len(mine)
                     rows = max(pr, min(_P, s_rows - mine[k] * _P)) if k < len(mine) else pr
                     # an owned tile's sums came while this core sent its own (early: each block's added before its
                     # matmuls), or in a round of zeros, as the other core computed them (late: after the evictions)
-                    early = x_last and rq >= 0 and owned[rs] and c > 0 and mine.index(rs) < len(theirs)
+                    early = x_last and rq >= 0 and owned[rs] and c > 0 and mine.index(rs) < len(theirs) and not halves
                     late = x_last and rq >= 0 and owned[rs] and not early
                     per_block = False  # the epilogue's row statistics need every block first
                     # the first chunk's down weights land behind all its up weights, so there each is used as it
                     # lands: I-tile outer, the row tile's K-blocks (_ACC_BANKS at most) accumulating in PSUM at once;
                     # later chunks' loads run ahead of the matmuls, which go K-block by K-block
                     sums = []
-                    for ko in range(n_ko if rq >= 0 and n_ko <= _ACC_BANKS and (late or not (c == n_c - 1 and owned[rs])) else 0):
+                    for ko in range(len(kbs) if rq >= 0 and len(kbs) <= _ACC_BANKS and (late or not (c == n_c - 1 and owned[rs])) else 0):
                         t = nl.ndarray((_P, _F_MOV), dtype=nl.float32, buffer=nl.psum)
                         sums.append(t)
                     for hl in range(n_hc if sums else 0):
                         ph = min(_P, i_end - i0 - hl * _P)
-                        for ko in range(n_ko):
-                            k0, nk = ko * _F_MOV, min(_F_MOV, K - ko * _F_MOV)
+                        for ko, (k0, nk, _, _) in enumerate(kbs):
                             nisa.nc_matmul(dst=sums[ko][0:pr, 0:nk], stationary=g[hl][0:ph, rq:rq + pr],
                                            moving=wd[hl][0:ph, k0:k0 + nk], accumulate=(hl > 0))
                     if early:  # the final sums go to the accumulator of this round's tile of `theirs`, dead since its
                         # sums left: the GpSimd adds then only read the earlier chunks' sums (`prev`), so they never
                         # wait for the Vector engine's evictions and epilogue of the blocks before
                         prev, acc[rs] = acc[rs], acc[theirs[mine.index(rs)]]
-                    for ko in range(n_ko if rq >= 0 else 0):
-                        k0 = ko * _F_MOV
-                        nk = min(_F_MOV, K - k0)
+                    for ko, (k0, nk, s0, sw) in enumerate(kbs if rq >= 0 else []):
+                        fin = owned[rs] and k_own <= k0 < k_own + kh  # this core finishes the block
                         if early:  # on the idle GpSimd, under this block's matmuls: the Vector engine evicts
                             nisa.tensor_tensor(dst=got[rs][ko][0:pr, 0:nk], data1=got[rs][ko][0:pr, 0:nk],
                                                data2=prev[0:pr, k0:k0 + nk], op=nl.add, engine=nisa.engine.gpsimd)
@@ -862,33 +894,32 @@ def swiglu_gemma_norm_kernel(x_hbm, w1t_hbm, wgt_hbm, w2t_hbm, a_hbm, gamma_hbm,
                             ph = min(_P, i_end - i0 - hl * _P)
                             nisa.nc_matmul(dst=ps[0:pr, 0:nk], stationary=g[hl][0:ph, rq:rq + pr],
                                            moving=wd[hl][0:ph, k0:k0 + nk], accumulate=(hl > 0))
-                        if x_last and not owned[rs] and c > 0:  # into a block of its own, which the exchange reads
-                            sent = nl.ndarray((_P, _F_MOV), dtype=nl.float32, buffer=nl.sbuf)
+                        if x_last and not fin and k0 == s0:  # its span's sums into a tile of their own, which the exchange reads
+                            sent = nl.ndarray((_P, sw), dtype=nl.float32, buffer=nl.sbuf)
                             if pr < rows:  # rows this tile lacks, sent as zeros
-                                nisa.memset(dst=sent[0:rows, 0:nk], value=0.0)
-                            nisa.tensor_tensor(dst=sent[0:pr, 0:nk], data1=acc[rs][0:pr, k0:k0 + nk],
+                                nisa.memset(dst=sent[0:rows, 0:sw], value=0.0)
+                        if x_last and not fin and c > 0:
+                            nisa.tensor_tensor(dst=sent[0:pr, k0 - s0:k0 - s0 + nk], data1=acc[rs][0:pr, k0:k0 + nk],
                                                data2=ps[0:pr, 0:nk], op=nl.add)
-                        elif c == 0 and owned[rs]:
+                        elif c == 0 and (pid == 0 if halves else fin):  # K halves: core 0, the lighter share of
+                            # I, folds the [K] bias into both halves (the sums it sends too)
                             nisa.tensor_tensor(dst=acc[rs][0:pr, k0:k0 + nk], data1=acc[rs][0:pr, k0:k0 + nk], data2=ps[0:pr, 0:nk], op=nl.add)
                         elif c == 0:
                             nisa.tensor_copy(dst=acc[rs][0:pr, k0:k0 + nk], src=ps[0:pr, 0:nk])
                         else:  # early: the earlier chunks' and the other core's sums are in `got`
                             held = got[rs][ko][0:pr, 0:nk] if early else acc[rs][0:pr, k0:k0 + nk]
                             nisa.tensor_tensor(dst=acc[rs][0:pr, k0:k0 + nk], data1=held, data2=ps[0:pr, 0:nk], op=nl.add)
-                        if x_last and not owned[rs]:  # round theirs.index(rs): the block to its owner, SBUF to SBUF
-                            if c == 0:  # one chunk: evicted into the accumulator, copied out on the idle Scalar engine
-                                sent = nl.ndarray((_P, _F_MOV), dtype=nl.float32, buffer=nl.sbuf)
-                                if pr < rows:
-                                    nisa.memset(dst=sent[0:rows, 0:nk], value=0.0)
-                                nisa.tensor_copy(dst=sent[0:pr, 0:nk], src=acc[rs][0:pr, k0:k0 + nk],
-                                                 engine=nisa.engine.scalar)
-                            t = nl.ndarray((_P, _F_MOV), dtype=nl.float32, buffer=nl.sbuf)
-                            nisa.sendrecv(src=sent[0:rows, 0:nk], dst=t[0:rows, 0:nk], send_to_rank=1 - pid,
+                        if x_last and not fin and c == 0:  # one chunk: evicted into the accumulator, copied out on
+                            # the idle Scalar engine
+                            nisa.tensor_copy(dst=sent[0:pr, k0 - s0:k0 - s0 + nk], src=acc[rs][0:pr, k0:k0 + nk],
+                                             engine=nisa.engine.scalar)
+                        if x_last and not fin and k0 + nk == s0 + sw:  # round k: the span to its owner, SBUF to SBUF
+                            t = nl.ndarray((_P, sw), dtype=nl.float32, buffer=nl.sbuf)
+                            nisa.sendrecv(src=sent[0:rows, 0:sw], dst=t[0:rows, 0:sw], send_to_rank=1 - pid,
                                           recv_from_rank=1 - pid, pipe_id=0)
                             if k < len(mine):
                                 got[mine[k]].append(t)
-                    for ko in range(n_ko if late else 0):  # late: after the evictions, on the idle GpSimd
-                        k0, nk = ko * _F_MOV, min(_F_MOV, K - ko * _F_MOV)
+                    for ko, (k0, nk) in enumerate(own_spans if late else []):  # late: after the evictions, on the idle GpSimd
                         nisa.tensor_tensor(dst=acc[rs][0:pr, k0:k0 + nk], data1=acc[rs][0:pr, k0:k0 + nk],
                                            data2=got[rs][ko][0:pr, 0:nk], op=nl.add, engine=nisa.engine.gpsimd)
                     # after this core's last tile of `theirs`: the rounds where only the other core has sums to

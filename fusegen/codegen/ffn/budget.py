@@ -31,6 +31,7 @@ from fusegen.codegen.ffn.sbuf import (
     column_block,
     group,
     h_group,
+    k_halves,
     min_group,
     plan_bytes,
     sbuf_bytes,
@@ -121,6 +122,12 @@ def cost(m: FfnModel, mach: Machine, rows: int, k: int, i: int, lnc: int, plan: 
         hbm += 2 * own * k * 4
         transfers += tiles * (1 + cdiv(k, F_MOV))
         dve += tiles * k_cycles
+    elif k_halves(m, rows, k, lnc, plan.split):  # K halves: one exchange of the other half's sums; this core
+        # (the larger share of I) finishes and stores half of K, and core 0 folds in the whole bias
+        exchanged = rows * (k // 2) * 4
+        hbm -= e_bytes // 2 + m.fold_bias * P * k * 4
+        transfers += 1 - e_transfers // 2 - m.fold_bias * cdiv(k, F_MOV)
+        dve += cycles(k // 2)
     elif plan.split == 2 and lnc > 1:  # the other core's rows' sums to it, a K-block per exchange (zeros in
         rounds = exchange_rounds(rows, plan.s, own)  # rounds where only it has sums to send): DMA queues
         exchanged = rounds * min(P, rows) * k * 4
@@ -222,7 +229,9 @@ def _filled(m: FfnModel, mach: Machine, s_rows: int, inter: int, k: int, plan: P
     steps = m.n_up * cdiv(inter, P)  # one projection's weights of one I-tile per step
     streamed = pipelined(loads, (pe - x_cycles) / mach.pe_ghz, steps)
     chunks = max(streamed, serial, act / mach.act_ghz, dve / mach.dve_ghz)
-    if plan.split == 2 and lnc > 1:  # sendrecv: each K-block's sums leave as it is evicted, no barrier;
+    if k_halves(m, s_rows, k, lnc, plan.split):  # the other half's exchange, then this core's half finished
+        tail = dma_time(mach, s_rows * k // 2 * 4, 1) + mach.dma_fixed_ns + drain(m.epi, mach, 1, k // 2, width=k // 2)
+    elif plan.split == 2 and lnc > 1:  # sendrecv: each K-block's sums leave as it is evicted, no barrier;
         owned = cdiv(n_rs, lnc)  # only the last block's exchange and the owner's epilogue are after the PE
         last = dma_time(mach, min(s_rows, owned * P) * min(k, F_MOV) * 4, owned) + mach.dma_fixed_ns
         tail = last + drain(m.epi, mach, owned, k)

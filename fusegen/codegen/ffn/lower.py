@@ -92,6 +92,9 @@ def lower_ffn(ir: KernelIR, m: FfnMatch) -> FfnLowering:
         evict=evict.model,
         up_bytes=DTYPE_BYTES[_up_dtype(ir, m)],
         down_bytes=DTYPE_BYTES[ir.node(m.down.args[1]).dtype],
+        # K halves need each block's epilogue alone, and no residual the accumulator starts from (it would
+        # reach the owner twice: in its own accumulator and in the other core's sums)
+        halves=int(_per_block(epilogue, epi_inputs["vec"]) and acc_init is None),
     )
     down_weight = ir.node(m.down.args[1])
     per_block = _per_block(epilogue, epi_inputs["vec"])
@@ -204,10 +207,11 @@ def _accumulator(
             return (
                 None,
                 (
-                    "bias = nl.ndarray((_P, _F_MOV), dtype=nl.float32, buffer=nl.sbuf)",
-                    f"nisa.dma_copy(dst=bias[0:pr, 0:nk], src={name}.ap(pattern=[[0, pr], [1, nk]], "
-                    "offset=k0))",
-                    f"nisa.tensor_tensor(dst={acc}, data1={ps}, data2=bias[0:pr, 0:nk], op=nl.add)",
+                    "if k0 == s0:  # the bias of the block's span, in one load",
+                    "    bias = nl.ndarray((_P, sw), dtype=nl.float32, buffer=nl.sbuf)",
+                    f"    nisa.dma_copy(dst=bias[0:pr, 0:sw], src={name}.ap(pattern=[[0, pr], [1, sw]], "
+                    "offset=s0))",
+                    f"nisa.tensor_tensor(dst={acc}, data1={ps}, data2=bias[0:pr, k0 - s0:k0 - s0 + nk], op=nl.add)",
                 ),
                 users[0].id,
             )

@@ -48,6 +48,7 @@ class FfnModel(NamedTuple):
     evict: Stage = NO_STAGE  # its eviction of each down-projection piece (the spine computed), per row tile
     up_bytes: int = 2  # bytes per element of the up-projection weights (1: fp8)
     down_bytes: int = 2  # bytes per element of the down-projection weight (1: fp8)
+    halves: int = 0  # 1: the epilogue runs a block at a time (no row statistics), so K can split (k_halves)
 
 
 class Plan(NamedTuple):
@@ -115,6 +116,24 @@ def buffers(
         Buffer("down-projection weight chunk", n_hc * k * m.down_bytes, 2),
         Buffer("[K]-bias piece / partial-sum block", F_MOV * 4, 2),
     ]
+
+
+def k_halves(m: FfnModel, rows: int, k: int, lnc: int, split: int) -> bool:
+    """SPLIT 2 over one row tile (every row on core 0): each core finishes half of K's columns instead, so
+    both send real sums and the epilogue and stores split between them. Needs a block-wise epilogue, an
+    even K (the exchange's shapes match) and each half's blocks in PSUM at once (ACC_BANKS)."""
+    return bool(m.halves) and split == 2 and lnc == 2 and rows <= P and k % 2 == 0 and k <= ACC_BANKS * F_MOV
+
+
+def k_spans(k: int, first: int, width: int) -> list[tuple[int, int, int, int]]:
+    """K's blocks of at most F_MOV columns, (k0, nk, s0, sw) each, in the order a core computes them: with
+    K halves (`width` < k) the other core's half first, then its own [first, first + width); each half a
+    span [s0, s0 + sw) that leaves in one exchange and takes its [K] bias in one load. Without, each block
+    is its own span."""
+    if width == k:
+        return [(k0, min(F_MOV, k - k0), k0, min(F_MOV, k - k0)) for k0 in range(0, k, F_MOV)]
+    halves = (width if first == 0 else 0, first)
+    return [(k0, min(F_MOV, s0 + width - k0), s0, width) for s0 in halves for k0 in range(s0, s0 + width, F_MOV)]
 
 
 def x_block(k: int, x_bytes: int) -> int:

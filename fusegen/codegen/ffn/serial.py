@@ -32,16 +32,18 @@ def slice_period(up: float, combine: float, down: float, evict: float, n_evict: 
     return up + combine + max(down, waited)
 
 
-def drain(epi: Stage, mach: Machine, tiles: int, k: int, overlap: float = 0.0) -> float:
+def drain(epi: Stage, mach: Machine, tiles: int, k: int, overlap: float = 0.0, width: int = F_MOV) -> float:
     """The epilogue of `tiles` row tiles after their last matmul. Its last pass runs in series: each
     K-block's output writes wait for its compute and hold back the next block's loads, so per block its
     loads (one fixed cost, when it reads any), its compute and its writes follow one another. The passes
     before it write nothing, so their loads stream beside their compute. Less `overlap` ns of matmuls that
-    run beside it, but never less than one row tile's."""
+    run beside it, but never less than one row tile's. Its blocks are `width` columns wide (K halves: one
+    block of half of K)."""
     act, dve, moved, transfers = stage_cost(epi, tiles, k)
+    transfers = transfers * cdiv(k, width) // cdiv(k, F_MOV)
     compute, dma = act / mach.act_ghz + dve / mach.dve_ghz, dma_time(mach, moved, transfers)
     sweeps = max(1, epi.sweeps)
-    reads = tiles * cdiv(k, F_MOV) * mach.dma_fixed_ns if epi.read_bytes or epi.bcast else 0.0
+    reads = tiles * cdiv(k, width) * mach.dma_fixed_ns if epi.read_bytes or epi.bcast else 0.0
     total = (compute + dma) / sweeps + reads + max(compute, dma) * (sweeps - 1) / sweeps
     return max(total / max(1, tiles), total - overlap)
 
