@@ -267,7 +267,9 @@ def _k_spans(k: int, first: int, width: int) -> list[tuple[int, int, int, int]]:
     if width == k:
         return [(k0, min(_F_MOV, k - k0), k0, min(_F_MOV, k - k0)) for k0 in range(0, k, _F_MOV)]
     halves = (width if first == 0 else 0, first)
-    return [(k0, min(_F_MOV, s0 + width - k0), s0, width) for s0 in halves for k0 in range(s0, s0 + width, _F_MOV)]
+    return [
+        (k0, min(_F_MOV, s0 + width - k0), s0, width) for s0 in halves for k0 in range(s0, s0 + width, _F_MOV)
+    ]
 
 
 def _x_block(k: int, x_bytes: int) -> int:
@@ -578,7 +580,11 @@ def _filled(m: _FfnModel, mach: _Machine, s_rows: int, inter: int, k: int, plan:
     streamed = _pipelined(loads, (pe - x_cycles) / mach.pe_ghz, steps)
     chunks = max(streamed, serial, act / mach.act_ghz, dve / mach.dve_ghz)
     if _k_halves(m, s_rows, k, lnc, plan.split):  # the other half's exchange, then this core's half finished
-        tail = _dma_time(mach, s_rows * k // 2 * 4, 1) + mach.dma_fixed_ns + _drain(m.epi, mach, 1, k // 2, width=k // 2)
+        tail = (
+            _dma_time(mach, s_rows * k // 2 * 4, 1)
+            + mach.dma_fixed_ns
+            + _drain(m.epi, mach, 1, k // 2, width=k // 2)
+        )
     elif plan.split == 2 and lnc > 1:  # sendrecv: each K-block's sums leave as it is evicted, no barrier;
         owned = _cdiv(n_rs, lnc)  # only the last block's exchange and the owner's epilogue are after the PE
         last = _dma_time(mach, min(s_rows, owned * _P) * min(k, _F_MOV) * 4, owned) + mach.dma_fixed_ns

@@ -88,8 +88,22 @@ def test_i_split_across_cores_matches_formula(r: int, k: int, i: int, s: int, ci
     x, w1t, b1, wgt, bg, w2t, b2, a = _inputs(r, k, i, seed=11 * r + i)
     cols, up = module._columns, (lambda w: module._up_layout(w, (0,), i))
     result = run(
-        module.swiglu_ffn_ln_kernel, x, up(w1t), cols(b1), up(wgt), cols(bg), w2t, b2, a, 1e-6,
-        s, ci, 1, 0, 0, grid=2,
+        module.swiglu_ffn_ln_kernel,
+        x,
+        up(w1t),
+        cols(b1),
+        up(wgt),
+        cols(bg),
+        w2t,
+        b2,
+        a,
+        1e-6,
+        s,
+        ci,
+        1,
+        0,
+        0,
+        grid=2,
     )
     x_new, z = result.outputs
     want_x = swiglu(x, w1t, b1, wgt, bg, w2t, b2) + a
@@ -155,7 +169,87 @@ def test_core_to_core_exchange_one_pass_epilogue_matches_formula(
     out = result.outputs
     _close(out, swiglu(x, w1t, b1, wgt, bg, w2t, b2).bfloat16(), rtol=2e-2)
     adds = [sum(rec.engine == "gpsimd" for rec in result.trace if rec.core == c) for c in (0, 1)]
-    assert adds[0] == 2 and adds[1] == (0 if r <= 128 else 2)  # one per received K-block of an owned tile
+    # one per received K-block of an owned tile; over one row tile, one per core: its half of K
+    assert adds == ([1, 1] if r <= 128 else [2, 2])
+
+
+def _sends(result, core: int) -> list[tuple[int, ...]]:  # type: ignore[no-untyped-def]
+    """Shapes of the tiles `core` sends by sendrecv."""
+    return [
+        op[3]
+        for rec in result.trace
+        if rec.core == core and rec.op == "sendrecv"
+        for op in rec.operands
+        if op[0] == "r"
+    ]
+
+
+@pytest.mark.parametrize(
+    ("r", "k", "i", "ci"),
+    [
+        (1, 384, 300, 128),
+        (7, 640, 300, 384),
+        (100, 1280, 640, 128),
+        (128, 1024, 1000, 256),
+        (128, 256, 130, 128),  # one chunk per core (the second core's I share: two columns)
+    ],
+)
+def test_one_row_tile_splits_k_between_the_cores(r: int, k: int, i: int, ci: int) -> None:
+    """SPLIT=2 over one row tile (R <= 128, all rows core 0's): each core finishes half of K instead, so
+    each sends the other its half's sums once, folds its half's epilogue, and stores only that half; core 0
+    (the smaller share of I) folds the [K] bias into both halves, core 1 loads none."""
+    module = load_module(GENERATED / "swiglu_ffn" / "kernel.py", target="trn2")
+    x, w1t, b1, wgt, bg, w2t, b2, _ = _inputs(r, k, i, seed=3 * r + k + i)
+    cols, up = module._columns, (lambda w: module._up_layout(w, (0,), i))
+    result = run(
+        module.swiglu_ffn_kernel, x, up(w1t), cols(b1), up(wgt), cols(bg), w2t, b2, 128, ci, 2, 0, 0, grid=2
+    )
+    _close(result.outputs, swiglu(x, w1t, b1, wgt, bg, w2t, b2).bfloat16(), rtol=2e-2)
+    for core in (0, 1):
+        assert [shape[-1] for shape in _sends(result, core)] == [k // 2]
+        assert sum(rec.hbm_write for rec in result.trace if rec.core == core) == r * k // 2 * 2
+    bias = [
+        rec for rec in result.trace for op in rec.operands if op[0] == "r" and op[1] == _arg_id(result, 6)
+    ]
+    assert {rec.core for rec in bias} == {0}
+
+
+@pytest.mark.parametrize(("r", "i"), [(1, 300), (100, 640), (128, 384)])
+def test_one_row_tile_splits_k_without_a_bias(r: int, i: int) -> None:
+    """The same split for an FFN without biases (llama_swiglu): nothing folded at the first chunk."""
+    module = load_module(GENERATED / "llama_swiglu" / "kernel.py", target="trn2")
+    gen = torch.Generator().manual_seed(r + i)
+    x, wg, wu = (torch.randn(*s, generator=gen).bfloat16() for s in ((r, 512), (512, i), (512, i)))
+    wd = (torch.randn(i, 512, generator=gen) * i**-0.5).bfloat16()
+    up = lambda w: module._up_layout(w, (0,), i)  # noqa: E731
+    result = run(module.llama_swiglu_kernel, x, up(wg), up(wu), wd, 128, 128, 2, 0, 0, grid=2)
+    h = (F.silu(x.float() @ wg.float()) * (x.float() @ wu.float())).bfloat16()
+    _close(result.outputs, (h.float() @ wd.float()).bfloat16(), rtol=2e-2)
+    assert [len(_sends(result, core)) for core in (0, 1)] == [1, 1]
+
+
+@pytest.mark.parametrize("r", [1, 100, 128, 129])
+def test_row_statistics_keep_whole_rows_on_their_owner(r: int) -> None:
+    """A LayerNorm epilogue needs every column of a row: over one row tile K is not split (core 0
+    finishes it all), and at 129 rows each core owns a tile; either way the sums match."""
+    module = load_module(GENERATED / "swiglu_ffn_ln" / "kernel.py", target="trn2")
+    x, w1t, b1, wgt, bg, w2t, b2, a = _inputs(r, 384, 300, seed=r)
+    cols, up = module._columns, (lambda w: module._up_layout(w, (0,), 300))
+    result = run(
+        module.swiglu_ffn_ln_kernel, x, up(w1t), cols(b1), up(wgt), cols(bg), w2t, b2, a, 1e-6,
+        256, 128, 2, 0, 0, grid=2,
+    )  # fmt: skip
+    x_new, z = result.outputs
+    want_x = swiglu(x, w1t, b1, wgt, bg, w2t, b2) + a
+    _close(x_new, want_x, rtol=1e-3)
+    _close(z, F.layer_norm(want_x, (384,), eps=1e-6).bfloat16(), rtol=2e-2)
+    writes = [sum(rec.hbm_write for rec in result.trace if rec.core == c) for c in (0, 1)]
+    assert writes == ([r * 384 * 6, 0] if r <= 128 else [128 * 384 * 6, (r - 128) * 384 * 6])
+
+
+def _arg_id(result, n: int) -> int:  # type: ignore[no-untyped-def]
+    """The allocation of kernel argument `n` (arguments are allocated first, in order)."""
+    return sorted({op[1] for rec in result.trace for op in rec.operands if op[2] == "shared_hbm"})[n]
 
 
 def _weight_bytes_read(result, args: tuple[int, ...]) -> int:  # type: ignore[no-untyped-def]

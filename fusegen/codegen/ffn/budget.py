@@ -230,7 +230,11 @@ def _filled(m: FfnModel, mach: Machine, s_rows: int, inter: int, k: int, plan: P
     streamed = pipelined(loads, (pe - x_cycles) / mach.pe_ghz, steps)
     chunks = max(streamed, serial, act / mach.act_ghz, dve / mach.dve_ghz)
     if k_halves(m, s_rows, k, lnc, plan.split):  # the other half's exchange, then this core's half finished
-        tail = dma_time(mach, s_rows * k // 2 * 4, 1) + mach.dma_fixed_ns + drain(m.epi, mach, 1, k // 2, width=k // 2)
+        tail = (
+            dma_time(mach, s_rows * k // 2 * 4, 1)
+            + mach.dma_fixed_ns
+            + drain(m.epi, mach, 1, k // 2, width=k // 2)
+        )
     elif plan.split == 2 and lnc > 1:  # sendrecv: each K-block's sums leave as it is evicted, no barrier;
         owned = cdiv(n_rs, lnc)  # only the last block's exchange and the owner's epilogue are after the PE
         last = dma_time(mach, min(s_rows, owned * P) * min(k, F_MOV) * 4, owned) + mach.dma_fixed_ns

@@ -211,7 +211,8 @@ def _accumulator(
                     "    bias = nl.ndarray((_P, sw), dtype=nl.float32, buffer=nl.sbuf)",
                     f"    nisa.dma_copy(dst=bias[0:pr, 0:sw], src={name}.ap(pattern=[[0, pr], [1, sw]], "
                     "offset=s0))",
-                    f"nisa.tensor_tensor(dst={acc}, data1={ps}, data2=bias[0:pr, k0 - s0:k0 - s0 + nk], op=nl.add)",
+                    f"nisa.tensor_tensor(dst={acc}, data1={ps}, data2=bias[0:pr, k0 - s0:k0 - s0 + nk], "
+                    "op=nl.add)",
                 ),
                 users[0].id,
             )

@@ -133,7 +133,9 @@ def k_spans(k: int, first: int, width: int) -> list[tuple[int, int, int, int]]:
     if width == k:
         return [(k0, min(F_MOV, k - k0), k0, min(F_MOV, k - k0)) for k0 in range(0, k, F_MOV)]
     halves = (width if first == 0 else 0, first)
-    return [(k0, min(F_MOV, s0 + width - k0), s0, width) for s0 in halves for k0 in range(s0, s0 + width, F_MOV)]
+    return [
+        (k0, min(F_MOV, s0 + width - k0), s0, width) for s0 in halves for k0 in range(s0, s0 + width, F_MOV)
+    ]
 
 
 def x_block(k: int, x_bytes: int) -> int:
