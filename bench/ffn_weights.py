@@ -59,7 +59,7 @@ def run_generated(args: list[torch.Tensor]) -> tuple[sim.RunResult, tuple[int, i
     plan = module._choose(module._MODEL, module._MACHINES["trn2"], R, K, I, LNC)
     x, w1t, b1, wgt, bg, w2t, b2 = args
     tiles = (plan.s, plan.ci, plan.split, plan.kc)
-    packed = (x, w1t, module._columns(b1), wgt, module._columns(bg), w2t, b2, *tiles)
+    packed = (x, w1t, module._columns(b1, bg), wgt, w2t, b2, *tiles)
     return sim.run(module.swiglu_ffn_kernel, *packed, grid=LNC), (plan.s, plan.ci)
 
 

@@ -487,7 +487,7 @@ def _cost(m: _FfnModel, mach: _Machine, rows: int, k: int, i: int, lnc: int, pla
         dve += tiles * k_cycles
     dma = _dma_time(mach, hbm + exchanged, transfers)
     # the [I] columns: on the queues ahead of every weight DMA but the first I-tile's
-    chain = _dma_time(mach, m.col_vectors * _P * _cdiv(i, _P) * 4, m.col_vectors)
+    chain = _dma_time(mach, m.col_vectors * _P * _cdiv(i, _P) * 4, min(1, m.col_vectors))  # one packed input
     for s_rows, n_sb in _runs(comp_rows, plan.s):
         if plan.kc:
             chain += n_sb * _chain(m, mach, s_rows, inter, k, plan)
@@ -1364,10 +1364,12 @@ _SIGNATURE = _Signature(
 )
 
 
-def _columns(v: torch.Tensor) -> torch.Tensor:
-    """[I] -> [128, ceil(I/128)] f32 with column t holding v[t*128:(t+1)*128], zero-padded."""
-    padded = torch.zeros(_cdiv(v.numel(), _P) * _P, dtype=torch.float32)
-    padded[: v.numel()] = v.reshape(-1).float()
+def _columns(*vs: torch.Tensor) -> torch.Tensor:
+    """n [I] vectors -> [128, n * ceil(I/128)] f32, one DMA: column j * ceil(I/128) + t holds
+    vs[j][t*128:(t+1)*128], zero-padded."""
+    padded = torch.zeros(len(vs), _cdiv(vs[0].numel(), _P) * _P, dtype=torch.float32)
+    for j, v in enumerate(vs):
+        padded[j, : v.numel()] = v.reshape(-1).float()
     return padded.reshape(-1, _P).t().contiguous()
 
 

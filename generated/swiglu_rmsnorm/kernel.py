@@ -487,7 +487,7 @@ def _cost(m: _FfnModel, mach: _Machine, rows: int, k: int, i: int, lnc: int, pla
         dve += tiles * k_cycles
     dma = _dma_time(mach, hbm + exchanged, transfers)
     # the [I] columns: on the queues ahead of every weight DMA but the first I-tile's
-    chain = _dma_time(mach, m.col_vectors * _P * _cdiv(i, _P) * 4, m.col_vectors)
+    chain = _dma_time(mach, m.col_vectors * _P * _cdiv(i, _P) * 4, min(1, m.col_vectors))  # one packed input
     for s_rows, n_sb in _runs(comp_rows, plan.s):
         if plan.kc:
             chain += n_sb * _chain(m, mach, s_rows, inter, k, plan)
@@ -694,7 +694,7 @@ _MACHINES = {
 
 
 @nki.jit
-def swiglu_rmsnorm_kernel(x_hbm, w1t_hbm, b1_hbm, wgt_hbm, bg_hbm, w2t_hbm, b2_hbm, a_hbm, gamma_hbm, eps_arg, S, CI, SPLIT, KC, G):
+def swiglu_rmsnorm_kernel(x_hbm, w1t_hbm, i_cols_hbm, wgt_hbm, w2t_hbm, b2_hbm, a_hbm, gamma_hbm, eps_arg, S, CI, SPLIT, KC, G):
     """Rows in super-blocks of S, weights streamed in chunks of CI columns, the chunk loop outermost.
 
     Up weights come laid out by `_up_layout` ([I-tiles, P, K-tiles * P]: each partition's K-tiles of one
@@ -714,7 +714,7 @@ def swiglu_rmsnorm_kernel(x_hbm, w1t_hbm, b1_hbm, wgt_hbm, bg_hbm, w2t_hbm, b2_h
     """
     R, K = x_hbm.shape
     I = w2t_hbm.shape[0]
-    d_I = b1_hbm.shape[0]
+    d_I = w2t_hbm.shape[0]
     d_K = x_hbm.shape[1]
     d_R = x_hbm.shape[0]
     n_k = _cdiv(K, _P)
@@ -724,8 +724,7 @@ def swiglu_rmsnorm_kernel(x_hbm, w1t_hbm, b1_hbm, wgt_hbm, bg_hbm, w2t_hbm, b2_h
     n_g = _cdiv(n_k, gk)
     x_new_hbm = nl.ndarray((R, K), dtype=nl.float32, buffer=nl.shared_hbm)
     z_hbm = nl.ndarray((R, K), dtype=nl.bfloat16, buffer=nl.shared_hbm)
-    b1_hbm_col = nl.ndarray((_P, _cdiv(I, _P)), dtype=nl.float32, buffer=nl.sbuf)
-    bg_hbm_col = nl.ndarray((_P, _cdiv(I, _P)), dtype=nl.float32, buffer=nl.sbuf)
+    i_cols = nl.ndarray((_P, 2 * _cdiv(I, _P)), dtype=nl.float32, buffer=nl.sbuf)
     cols_due = True  # the [I] columns load behind the first I-tile's up weights: only its combine reads them
     pid, cores = nl.program_id(0), nl.num_programs()
     if SPLIT == 2:  # what this core sends in exchange rounds where it has no sums to send
@@ -815,9 +814,7 @@ def swiglu_rmsnorm_kernel(x_hbm, w1t_hbm, b1_hbm, wgt_hbm, bg_hbm, w2t_hbm, b2_h
                     pj1_w.append(t)
                 if cols_due:
                     cols_due = False
-                    nisa.dma_copy(dst=b1_hbm_col, src=b1_hbm)
-                    nisa.dma_copy(dst=bg_hbm_col, src=bg_hbm)
-
+                    nisa.dma_copy(dst=i_cols, src=i_cols_hbm)
             wd = []
             for hl in range(0 if KC else n_hc):
                 ph = min(_P, i_end - i0 - hl * _P)
@@ -853,9 +850,9 @@ def swiglu_rmsnorm_kernel(x_hbm, w1t_hbm, b1_hbm, wgt_hbm, bg_hbm, w2t_hbm, b2_h
                         nisa.nc_matmul(dst=pj1[0:ph, 0:rw], stationary=pj1_w[hl * n_g + kt // gk][0:pk, wt:wt + ph],
                                        moving=xt[kt][0:pk, q0:q0 + rw], accumulate=(kt > 0))
                     m0 = nl.ndarray((_P, _F_MOV), dtype=nl.float32, buffer=nl.sbuf)
-                    nisa.activation(dst=m0[0:ph, 0:rw], op=nl.silu, data=pj0[0:ph, 0:rw], bias=b1_hbm_col[0:ph, hg:hg + 1])
+                    nisa.activation(dst=m0[0:ph, 0:rw], op=nl.silu, data=pj0[0:ph, 0:rw], bias=i_cols[0:ph, hg:hg + 1])
                     m1 = nl.ndarray((_P, _F_MOV), dtype=nl.bfloat16, buffer=nl.sbuf)
-                    nisa.scalar_tensor_tensor(dst=m1[0:ph, 0:rw], data=pj1[0:ph, 0:rw], op0=nl.add, operand0=bg_hbm_col[0:ph, hg:hg + 1], op1=nl.multiply, operand1=m0[0:ph, 0:rw])
+                    nisa.scalar_tensor_tensor(dst=m1[0:ph, 0:rw], data=pj1[0:ph, 0:rw], op0=nl.add, operand0=i_cols[0:ph, hg + 1 * _cdiv(I, _P):hg + 1 * _cdiv(I, _P) + 1], op1=nl.multiply, operand1=m0[0:ph, 0:rw])
                     g.append(m1)
                 if KC and q0 == 0:  # the previous chunk's h^T writes, queued behind all of this chunk's loads
                     for ph_h, h0, rw_h, h_src in h_out:
@@ -1379,10 +1376,12 @@ _SIGNATURE = _Signature(
 )
 
 
-def _columns(v: torch.Tensor) -> torch.Tensor:
-    """[I] -> [128, ceil(I/128)] f32 with column t holding v[t*128:(t+1)*128], zero-padded."""
-    padded = torch.zeros(_cdiv(v.numel(), _P) * _P, dtype=torch.float32)
-    padded[: v.numel()] = v.reshape(-1).float()
+def _columns(*vs: torch.Tensor) -> torch.Tensor:
+    """n [I] vectors -> [128, n * ceil(I/128)] f32, one DMA: column j * ceil(I/128) + t holds
+    vs[j][t*128:(t+1)*128], zero-padded."""
+    padded = torch.zeros(len(vs), _cdiv(vs[0].numel(), _P) * _P, dtype=torch.float32)
+    for j, v in enumerate(vs):
+        padded[j, : v.numel()] = v.reshape(-1).float()
     return padded.reshape(-1, _P).t().contiguous()
 
 
@@ -1432,7 +1431,7 @@ def swiglu_rmsnorm(x: torch.Tensor, w1t: torch.Tensor, b1: torch.Tensor, wgt: to
     _rows, _hidden = x.shape
     _inter = w2t.shape[0]
     _plan = _choose(_MODEL, _MACHINES[target], _rows, _hidden, _inter, lnc)
-    return swiglu_rmsnorm_kernel[lnc](x, _up_layout(_given_w1t, (0,), _inter), _columns(b1), _up_layout(_given_wgt, (0,), _inter), _columns(bg), w2t, b2, a, gamma, eps, _plan.s, _plan.ci, _plan.split, _plan.kc, _plan.g)
+    return swiglu_rmsnorm_kernel[lnc](x, _up_layout(_given_w1t, (0,), _inter), _columns(b1, bg), _up_layout(_given_wgt, (0,), _inter), w2t, b2, a, gamma, eps, _plan.s, _plan.ci, _plan.split, _plan.kc, _plan.g)
 
 
 try:  # the NKI op on Neuron hosts (ops.py owns `fusegen::<name>`); the file imports without torch_neuronx

@@ -124,7 +124,7 @@ def test_column_blocks_with_ragged_blocks_tiles_and_rows(spec: str) -> None:
     if spec == "swiglu_rmsnorm":
         a, gamma = _randn(gen, r, k), _randn(gen, k)
         kernel = module.swiglu_rmsnorm_kernel
-        x_new, z = kernel[2](x, up(w1t), cols(b1), up(wgt), cols(bg), w2t, b2, a, gamma, 1e-6, *plan)
+        x_new, z = kernel[2](x, up(w1t), cols(b1, bg), up(wgt), w2t, b2, a, gamma, 1e-6, *plan)
         want = _swiglu(x, w1t, b1, wgt, bg, w2t, b2) + a
         _close(x_new, want, rtol=1e-3)
         _close(z, (want * want.pow(2).mean(dim=1, keepdim=True).add(1e-6).rsqrt() * gamma).bfloat16(), 2e-2)

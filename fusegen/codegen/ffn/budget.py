@@ -137,7 +137,7 @@ def cost(m: FfnModel, mach: Machine, rows: int, k: int, i: int, lnc: int, plan: 
         dve += tiles * k_cycles
     dma = dma_time(mach, hbm + exchanged, transfers)
     # the [I] columns: on the queues ahead of every weight DMA but the first I-tile's
-    chain = dma_time(mach, m.col_vectors * P * cdiv(i, P) * 4, m.col_vectors)
+    chain = dma_time(mach, m.col_vectors * P * cdiv(i, P) * 4, min(1, m.col_vectors))  # one packed input
     for s_rows, n_sb in runs(comp_rows, plan.s):
         if plan.kc:
             chain += n_sb * _chain(m, mach, s_rows, inter, k, plan)

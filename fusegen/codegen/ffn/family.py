@@ -11,7 +11,7 @@ from fusegen.codegen.ffn.backward import backward_plan
 from fusegen.codegen.ffn.backward_render import backward_kernel_source
 from fusegen.codegen.ffn.lower import FfnLowering, lower_ffn
 from fusegen.codegen.ffn.match import FfnMatch, match_ffn
-from fusegen.codegen.files.host import host_params, kernel_render_args, run_doc
+from fusegen.codegen.files.host import host_params, kernel_args, kernel_render_args, run_doc
 from fusegen.codegen.files.reference import dim_bindings
 from fusegen.codegen.files.render import render
 from fusegen.codegen.files.signature import door_lines
@@ -77,10 +77,13 @@ class FfnFamily:
         low = lower_ffn(ir, m)
         return render(
             TEMPLATE,
-            **kernel_render_args(ir, TEMPLATE, "an FFN-family", low.model, ffn_budget, target, lnc),
+            **{
+                **kernel_render_args(ir, TEMPLATE, "an FFN-family", low.model, ffn_budget, target, lnc),
+                "kernel_args": _kernel_args(ir, low),
+            },
             low=low,
             host=_host(ir, m, low),
-            dim_bindings=[f"d_{d} = {src}" for d, src in dim_bindings(ir, kernel_arg, _up_weights(ir, low))],
+            dim_bindings=[f"d_{d} = {s}" for d, s in dim_bindings(ir, kernel_arg, _host_laid_out(ir, low))],
         )
 
     def backward(self, ir: KernelIR, target: str, lnc: int) -> KernelBackward | None:
@@ -103,7 +106,9 @@ FFN = FfnFamily()
 
 def _host(ir: KernelIR, m: FfnMatch, low: FfnLowering) -> HostSignature:
     params, returns = host_params(ir)
-    launch = [_launch_arg(i.name, low) for i in ir.inputs] + [p.name for p in ir.params]
+    cols = [i.name for i in ir.inputs if kernel_arg(i.name) in low.col_vectors]
+    launch = [_launch_arg(i.name, low, cols) for i in ir.inputs if i.name not in cols[1:]]
+    launch += [p.name for p in ir.params]
     firsts = [pj.first_column for pj in low.projections if pj.first_column]
     return HostSignature(
         params=params,
@@ -123,10 +128,25 @@ def _up_weights(ir: KernelIR, low: FfnLowering) -> frozenset[str]:
     return frozenset(i.name for i in ir.inputs if kernel_arg(i.name) in {pj.weight for pj in low.projections})
 
 
-def _launch_arg(tensor: str, low: FfnLowering) -> str:
-    """What the host passes the kernel for input `tensor`: [I] vectors as columns, up weights laid out
-    (each projection's columns, stacked in order), anything else as given."""
-    if kernel_arg(tensor) in low.col_vectors:
-        return f"_columns({tensor})"
+def _kernel_args(ir: KernelIR, low: FfnLowering) -> list[str]:
+    """The kernel's arguments: the inputs', the [I] vectors packed into one (`i_cols_hbm`, where the first
+    was), then the params'."""
+    first = next((kernel_arg(i.name) for i in ir.inputs if kernel_arg(i.name) in low.col_vectors), None)
+    args = [a for a in kernel_args(ir) if a not in low.col_vectors or a == first]
+    return [kernel_arg("i_cols") if a == first else a for a in args]
+
+
+def _host_laid_out(ir: KernelIR, low: FfnLowering) -> frozenset[str]:
+    """The inputs the kernel takes in another layout: the up weights and the [I] vectors."""
+    cols = {i.name for i in ir.inputs if kernel_arg(i.name) in low.col_vectors}
+    return _up_weights(ir, low) | cols
+
+
+def _launch_arg(tensor: str, low: FfnLowering, cols: list[str]) -> str:
+    """What the host passes the kernel for input `tensor`: the [I] vectors `cols` packed into columns (in
+    the first one's place), up weights laid out (each projection's columns, stacked in order), anything else
+    as given."""
+    if tensor in cols:
+        return f"_columns({', '.join(cols)})"
     firsts = [pj.first_column or "0" for pj in low.projections if pj.weight == kernel_arg(tensor)]
     return f"_up_layout(_given_{tensor}, ({', '.join(firsts)},), _inter)" if firsts else tensor

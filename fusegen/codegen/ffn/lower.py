@@ -50,7 +50,7 @@ class FfnLowering:
     x_transpose: tuple[str, ...]  # x's staged K-block `x_blk` into x^T (the path without a prologue)
     down_weight: str
     projections: tuple[Projection, ...]
-    col_vectors: tuple[str, ...]  # [I] inputs, host-packed to [P, n_h] columns
+    col_vectors: tuple[str, ...]  # [I] inputs, host-packed side by side into one [P, n * n_h] input
     row_columns: tuple[str, ...]  # [R, 1] inputs of the epilogue, loaded once per row tile
     acc_init_dma: str | None  # [R, K] input the accumulator starts from
     first_chunk: tuple[str, ...]  # code folding the first chunk's down-projection into the accumulator
@@ -163,11 +163,13 @@ def _lower_combine(
     leaves: dict[int, Operand] = {}
     for up, pj in zip(m.ups, projections, strict=True):
         leaves[up.id] = Operand("tile", f"{pj.psum}[0:ph, 0:rw]", memory="psum")
-    cols = tuple(n.name for n in stage_inputs(ir, m.mid_nodes) if n.name)
+    cols = tuple(kernel_arg(n.name) for n in stage_inputs(ir, m.mid_nodes) if n.name)
     for nid in m.mid_nodes:
         node = ir.node(nid)
-        if node.op == "input":
-            leaves[nid] = Operand("vec", f"{kernel_arg(str(node.name))}_col[0:ph, hg:hg + 1]")
+        if node.op == "input":  # vector j: the packed input's columns from j * n_h, in SBUF as `i_cols`
+            j = cols.index(kernel_arg(str(node.name)))
+            col = f"hg + {j} * _cdiv(I, _P)" if j else "hg"
+            leaves[nid] = Operand("vec", f"i_cols[0:ph, {col}:{col} + 1]")
 
     def kind_of(node: Node) -> str:
         return "scalar" if node.shape == () else ("tile" if node.shape == (m.rows, m.inter) else "vec")
@@ -178,7 +180,7 @@ def _lower_combine(
     result = sel.value(builder.expr(m.combine.id), dtype=weight_dtype)
     if result.memory != "sbuf" or result.dtype != weight_dtype:
         result = sel.copy(result, "tile", weight_dtype)
-    return sel, result.code.split("[")[0], tuple(kernel_arg(c) for c in cols)
+    return sel, result.code.split("[")[0], cols
 
 
 def _accumulator(
