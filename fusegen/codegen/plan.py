@@ -245,7 +245,10 @@ def _split_reason(
             t = fb.cost(model, mach, rows, k, i, lnc, fs.Plan(p.s, p.ci, split, 0, p.g)).total
             others.append(f"the {_SPLIT_NAMES[split]} {t / 1000:.1f} us")
     why = ""
-    if p.split == 2:
+    if p.split == 2 and fs.k_halves(model, rows, k, lnc, p.split):
+        why = ("; one row tile, so each core finishes half of K: the other half's partial sums leave SBUF to "
+               "SBUF in one exchange each way, no HBM round trip, no barrier")  # fmt: skip
+    elif p.split == 2:
         why = ("; the exchange sends each K-block of the last chunk's partial sums SBUF to SBUF while the "
                "next block's matmuls run: no HBM round trip, no barrier")  # fmt: skip
     return f"{_SPLIT_NAMES[p.split]}: {c.total / 1000:.1f} us against {', '.join(others)}{why}"
