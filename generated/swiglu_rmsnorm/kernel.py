@@ -488,14 +488,27 @@ def _cost(m: _FfnModel, mach: _Machine, rows: int, k: int, i: int, lnc: int, pla
         # form has no column for; charged to DVE, the engine GpSimd shares its SBUF port with
         dve += tiles * k_cycles
     dma = _dma_time(mach, hbm + exchanged, transfers)
-    # the [I] columns: on the queues ahead of every weight DMA but the first I-tile's
-    chain = _dma_time(mach, m.col_vectors * _P * _cdiv(i, _P) * 4, m.col_vectors)
+    chain = _col_loads(m, mach, min(plan.s, comp_rows), k, i, inter, plan)
     for s_rows, n_sb in _runs(comp_rows, plan.s):
         if plan.kc:
             chain += n_sb * _chain(m, mach, s_rows, inter, k, plan)
         else:
             chain += n_sb * _filled(m, mach, s_rows, inter, k, plan, lnc, _solo(plan, own, i))
     return _Cost(pe / mach.pe_ghz, act / mach.act_ghz, dve / mach.dve_ghz, dma, hbm, chain)
+
+
+def _col_loads(m: _FfnModel, mach: _Machine, s_rows: int, k: int, i: int, inter: int, plan: _Plan) -> float:
+    """What the [I] columns' loads put in series: they queue behind the up weights of the first I-tiles
+    whose PSUM tiles the banks hold, ahead of the next ones' weights, so they delay the PE by what the
+    up-projections of those first I-tiles do not cover beyond their own weights' loads."""
+    cols = _dma_time(mach, m.col_vectors * _P * _cdiv(i, _P) * 4, m.col_vectors)
+    if not cols:
+        return 0.0
+    n_k = _cdiv(k, _P)
+    ahead = min(_cdiv(min(plan.ci, inter), _P), _PSUM_BANKS // m.n_up)
+    up = m.n_up * n_k * max(_MIN_CYCLES, min(s_rows, _F_MOV)) / mach.pe_ghz
+    weights = _dma_time(mach, m.n_up * n_k * _P * _P * m.up_bytes, m.n_up * _cdiv(n_k, _group(k, plan.g)))
+    return max(0.0, cols - ahead * max(0.0, up - weights))
 
 
 def _solo(plan: _Plan, own: int, i: int) -> tuple[int, int]:
@@ -714,7 +727,8 @@ def swiglu_rmsnorm_kernel(x_hbm, w1t_hbm, b1_hbm, wgt_hbm, bg_hbm, w2t_hbm, b2_h
     behind a core barrier, and each finishes the rows it owns. SPLIT=2 (LNC 2): the same, but in the last
     chunk each K-block of the other core's rows goes straight to its SBUF as soon as it is evicted
     (nisa.sendrecv: calls pair by program order, so both cores make the same rounds) and is added into
-    the owner's accumulator.
+    the owner's accumulator. SPLIT=3: as 2 with an odd number of I-tiles: each core an even share, and the
+    odd (last) one for the rows it owns only, in its last chunk; those sums are not exchanged.
     KC=0: each chunk's down-projection is added into an [S, K] fp32 accumulator in SBUF. KC>0 (wide K,
     SPLIT=0): the chunks write the combine's h^T to an HBM scratch; then the down-projection runs a
     KC-column block at a time, all of I accumulated in PSUM; each piece leaves PSUM once through the
@@ -736,7 +750,7 @@ def swiglu_rmsnorm_kernel(x_hbm, w1t_hbm, b1_hbm, wgt_hbm, bg_hbm, w2t_hbm, b2_h
     z_hbm = nl.ndarray((R, K), dtype=nl.bfloat16, buffer=nl.shared_hbm)
     b1_hbm_col = nl.ndarray((_P, _cdiv(I, _P)), dtype=nl.float32, buffer=nl.sbuf)
     bg_hbm_col = nl.ndarray((_P, _cdiv(I, _P)), dtype=nl.float32, buffer=nl.sbuf)
-    cols_due = True  # the [I] columns load behind the first I-tile's up weights: only its combine reads them
+    cols_due = True  # the [I] columns load once, behind the first I-tiles' up weights (`load_cols`)
     pid, cores = nl.program_id(0), nl.num_programs()
     if SPLIT >= 2:  # what this core sends in exchange rounds where it has no sums to send
         blank = nl.ndarray((_P, _F_MOV), dtype=nl.float32, buffer=nl.sbuf)
@@ -822,7 +836,7 @@ def swiglu_rmsnorm_kernel(x_hbm, w1t_hbm, b1_hbm, wgt_hbm, bg_hbm, w2t_hbm, b2_h
                         t = nl.ndarray((_P, gk * _P), dtype=nl.bfloat16, buffer=nl.sbuf)
                         nisa.dma_copy(dst=t[0:_P, 0:gw], src=wgt_hbm[its[hl], 0:_P, kt * _P:kt * _P + gw])
                         pj1_w.append(t)
-                    if cols_due and hl + 1 == min(hi, 4):
+                    if cols_due and hl + 1 == min(hi, _PSUM_BANKS // 2):
                         cols_due = False
                         nisa.dma_copy(dst=b1_hbm_col, src=b1_hbm)
                         nisa.dma_copy(dst=bg_hbm_col, src=bg_hbm)

@@ -40,7 +40,7 @@ from fusegen.codegen.ffn.sbuf import (
     work_per_core,
     x_staged,
 )
-from fusegen.codegen.ffn.serial import drain, exchange, pipelined, slice_period
+from fusegen.codegen.ffn.serial import PSUM_BANKS, drain, exchange, pipelined, slice_period
 
 
 def _super_block(
@@ -145,14 +145,27 @@ def cost(m: FfnModel, mach: Machine, rows: int, k: int, i: int, lnc: int, plan: 
         # form has no column for; charged to DVE, the engine GpSimd shares its SBUF port with
         dve += tiles * k_cycles
     dma = dma_time(mach, hbm + exchanged, transfers)
-    # the [I] columns: on the queues ahead of every weight DMA but the first I-tile's
-    chain = dma_time(mach, m.col_vectors * P * cdiv(i, P) * 4, m.col_vectors)
+    chain = _col_loads(m, mach, min(plan.s, comp_rows), k, i, inter, plan)
     for s_rows, n_sb in runs(comp_rows, plan.s):
         if plan.kc:
             chain += n_sb * _chain(m, mach, s_rows, inter, k, plan)
         else:
             chain += n_sb * _filled(m, mach, s_rows, inter, k, plan, lnc, _solo(plan, own, i))
     return Cost(pe / mach.pe_ghz, act / mach.act_ghz, dve / mach.dve_ghz, dma, hbm, chain)
+
+
+def _col_loads(m: FfnModel, mach: Machine, s_rows: int, k: int, i: int, inter: int, plan: Plan) -> float:
+    """What the [I] columns' loads put in series: they queue behind the up weights of the first I-tiles
+    whose PSUM tiles the banks hold, ahead of the next ones' weights, so they delay the PE by what the
+    up-projections of those first I-tiles do not cover beyond their own weights' loads."""
+    cols = dma_time(mach, m.col_vectors * P * cdiv(i, P) * 4, m.col_vectors)
+    if not cols:
+        return 0.0
+    n_k = cdiv(k, P)
+    ahead = min(cdiv(min(plan.ci, inter), P), PSUM_BANKS // m.n_up)
+    up = m.n_up * n_k * max(MIN_CYCLES, min(s_rows, F_MOV)) / mach.pe_ghz
+    weights = dma_time(mach, m.n_up * n_k * P * P * m.up_bytes, m.n_up * cdiv(n_k, group(k, plan.g)))
+    return max(0.0, cols - ahead * max(0.0, up - weights))
 
 
 def _solo(plan: Plan, own: int, i: int) -> tuple[int, int]:
