@@ -4,12 +4,14 @@ and PSUM matmul flags that are set only when a check reads them (docs/sim.md, Pe
 
 from __future__ import annotations
 
+import dataclasses
 import warnings
 
 import pytest
 import torch
 
 import fusegen.sim as sim
+from fusegen.sim.targets import TARGETS
 
 from .conftest import assert_located
 
@@ -37,6 +39,27 @@ def test_remembered_ndarray_request_is_checked_again_on_another_target():
     sim.run(big_tile, F32, target="trn2")
     sim.run(big_tile, F32, target="trn2")  # remembered: passes again
     assert "trn1" in expect(sim.CapacityError, "<-big", lambda: big_tile(F32), target="trn1")
+
+
+def test_remembered_ndarray_request_is_checked_again_on_a_same_named_target_with_other_limits(monkeypatch):
+    sim.run(big_tile, F32, target="trn2")  # remembered for trn2's limits
+    small = dataclasses.replace(TARGETS["trn2"], sbuf_usable_bytes=180_224)  # a "trn2" with trn1's budget
+    monkeypatch.setitem(TARGETS, "trn2", small)
+    assert "180224" in expect(sim.CapacityError, "<-big", lambda: big_tile(F32), target="trn2")
+
+
+def test_remembered_matmul_layout_is_checked_again_on_a_same_named_target_with_other_limits(monkeypatch):
+    def kernel():
+        ps = nl.ndarray((64, 64), dtype=F32, buffer=nl.psum)
+        st = nl.ndarray((32, 64), dtype=F32, buffer=nl.sbuf)
+        nisa.memset(dst=st, value=1.0)
+        mv = nl.ndarray((32, 64), dtype=F32, buffer=nl.sbuf)
+        nisa.memset(dst=mv, value=1.0)
+        nisa.nc_matmul(dst=ps, stationary=st, moving=mv)  # <-limits
+
+    sim.run(kernel, target="trn2")  # remembered for trn2's limits
+    monkeypatch.setitem(TARGETS, "trn2", dataclasses.replace(TARGETS["trn2"], matmul_n_max=32))
+    assert "moving free size 64 > 32" in expect(sim.MatmulShapeError, "<-limits", kernel, target="trn2")
 
 
 def test_remembered_ndarray_request_is_checked_again_for_another_dtype():
