@@ -303,8 +303,10 @@ class MatmulQueue:
             for run in work:
                 run()
 
-        self.off_turn(gemms, self._early)
-        self._done(done)
+        try:
+            self.off_turn(gemms, self._early)
+        finally:  # a failed GEMM still leaves its tiles' flags consistent with the queue
+            self._done(done)
 
     def _early(self) -> bool:
         """While the turn is taken: run the oldest pending group that no later matmul can join (not the
@@ -313,8 +315,10 @@ class MatmulQueue:
         if len(self.groups) < 2:
             return False
         group = self.groups.pop(0)
-        group.gemm()()
-        self._done([group])
+        try:
+            group.gemm()()
+        finally:  # even if it failed: its tile is no longer pending, its operands no longer read by it
+            self._done([group])
         return True
 
     def _done(self, done: list[_Group]) -> None:
