@@ -33,7 +33,10 @@ from .targets import Target, get_target
 from .tensor import NkiTensor
 from .trace import Trace
 
-_SWITCH_INTERVAL_S = 0.001  # GIL switch interval during a launch (Python's default: 0.005)
+# GIL switch interval during a launch (Python's default: 0.005): how long the thread running GEMMs off the
+# turn waits at most for the GIL (held by the other instance's Python) after each torch call; 0.2 ms
+# blocked the instance threads about half as long as 1 ms (docs/performance.md, fifth pass)
+_SWITCH_INTERVAL_S = 0.0002
 
 
 @dataclass
