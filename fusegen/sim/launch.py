@@ -137,8 +137,8 @@ class Launch:
         }
         outputs = _outputs(results[0], site, self.strict)
         self._write_back(args, kwargs)
-        records = [r for ctx in self.contexts for r in ctx.records]
-        return RunResult(outputs, Trace(records), stats)
+        rows = [r for ctx in self.contexts for r in ctx.records]
+        return RunResult(outputs, Trace(rows=rows), stats)
 
     def close(self) -> None:
         """Free pooled storage and break the launch <-> context cycle (no cyclic GC pass needed)."""
