@@ -25,15 +25,18 @@ from fusegen.perf.schedule import Schedule, schedule
 ROOT = Path(__file__).resolve().parents[1]
 TARGET = "trn2"
 #: name: (example, K, I, R, LNC); EXTRA: plans traced besides (S, CI, SPLIT, KC, G)
-#: swiglu_ffn's plan at llama-256 (issue 15); the old model's column-blocked picks at cross and llama-2048
+#: swiglu_ffn's plan at llama-256 (issue 15); split 2 beside split 3 at seed-256; the old model's
+#: column-blocked picks at cross and llama-2048
 EXTRA = {
     "llama-256": [(256, 256, 1, 0, 0)],
+    "seed-256": [(256, 896, 2, 0, 0)],
     "cross": [(256, 128, 0, 1024, 0)],
     "llama-2048": [(512, 128, 0, 512, 0)],
 }
 SHAPES = {
     "small": ("swiglu_fp8", 1536, 1024, 128, 2),
     "cross": ("swiglu_fp8", 1024, 256, 256, 1),
+    "seed-256": ("swiglu_ffn", 1280, 3416, 256, 2),
     "seed-2048": ("swiglu_ffn", 1280, 3416, 2048, 2),
     "llama-64": ("swiglu_fp8", 4096, 14336, 64, 2),
     "llama-256": ("swiglu_fp8", 4096, 14336, 256, 2),

@@ -230,8 +230,15 @@ _SPLITS = {
     0: "over rows",
     1: "over I: each core all rows, its share of I; partial sums through shared HBM behind a core barrier",
     2: "over I: each core all rows, its share of I; partial sums exchanged core to core (sendrecv)",
+    3: "over I: each core all rows, an even share of I, and the odd I-tile for its own rows; partial sums "
+    "exchanged core to core (sendrecv)",
 }
-_SPLIT_NAMES = {0: "row split", 1: "I split through HBM", 2: "I split with the core-to-core exchange"}
+_SPLIT_NAMES = {
+    0: "row split",
+    1: "I split through HBM",
+    2: "I split with the core-to-core exchange",
+    3: "I split with the exchange, the odd I-tile per owner",
+}
 
 
 def _split_reason(
@@ -241,11 +248,12 @@ def _split_reason(
     rows, k, i = shape
     others = []
     for split in fb.splits(i, lnc):
-        if split != p.split and not (split == 2 and p.s > fb.F_MOV):  # split 2: one row slice per super-block
+        # splits 2 and 3: one row slice per super-block; 3: one super-block
+        if split != p.split and not (split >= 2 and p.s > fb.F_MOV) and not (split == 3 and p.s < rows):
             t = fb.cost(model, mach, rows, k, i, lnc, fs.Plan(p.s, p.ci, split, 0, p.g)).total
             others.append(f"the {_SPLIT_NAMES[split]} {t / 1000:.1f} us")
     why = ""
-    if p.split == 2:
+    if p.split >= 2:
         why = ("; the exchange sends each K-block of the last chunk's partial sums SBUF to SBUF while the "
                "next block's matmuls run: no HBM round trip, no barrier")  # fmt: skip
     return f"{_SPLIT_NAMES[p.split]}: {c.total / 1000:.1f} us against {', '.join(others)}{why}"

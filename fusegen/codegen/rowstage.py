@@ -129,9 +129,10 @@ def transpose_block(tile: str, nl_dtype: str, alternate: bool = False) -> tuple[
 
 
 def output_writes(
-    outputs: Sequence[OutputDecl], exprs: list[Expr], writes: list[OutputWrite]
+    outputs: Sequence[OutputDecl], exprs: list[Expr], writes: list[OutputWrite], act_casts: bool = False
 ) -> Callable[[Selector], list[str]]:
-    """The last pass's finish: each output's value in its dtype (collected in `writes`), DMA'd out."""
+    """The last pass's finish: each output's value in its dtype (collected in `writes`), DMA'd out;
+    `act_casts`: a value computed in another dtype is cast on the Scalar engine (`Selector.convert`)."""
 
     def finish(sel: Selector) -> list[str]:
         for out, expr in zip(outputs, exprs, strict=True):
@@ -141,7 +142,7 @@ def output_writes(
                 continue
             # an output nothing else reads is written in its own dtype by the instruction computing it
             value = sel.value(expr, out.dtype if expr.users == 0 else "f32")
-            if value.memory == "psum":  # the bare down-projection: out of PSUM on the Scalar engine
+            if value.memory == "psum" or (act_casts and value.dtype != out.dtype):  # on the Scalar engine
                 value = sel.convert(value, out.dtype)
             elif value.dtype != out.dtype:
                 value = sel.copy(value, "tile", out.dtype)

@@ -201,13 +201,16 @@ class _Plan(NamedTuple):
     s: int
     ci: int
     split: int  # 1: each core computes every row over its share of I; 0: each core its own rows; 2: as 1,
-    # with the partial sums exchanged core to core (nisa.sendrecv, LNC 2) instead of through shared HBM
+    # with the partial sums exchanged core to core (nisa.sendrecv, LNC 2) instead of through shared HBM;
+    # 3: as 2 with an odd number of I-tiles, each core an even share, the last I-tile for its own rows only
     kc: int = 0
     g: int = 0
 
 
 def _work_per_core(rows: int, i: int, lnc: int, split: int) -> tuple[int, int]:
     """(rows computed, intermediate columns) of the busiest core."""
+    if split == 3:  # the odd I-tile besides (`solo_tile`)
+        return rows, _cdiv(i, _P) // lnc * _P
     if split:
         return rows, min(i, _cdiv(_cdiv(i, _P), lnc) * _P)
     return _rows_per_core(rows, lnc), i
@@ -218,7 +221,7 @@ def _buffers(
 ) -> list[_Buffer]:
     """The kernel's SBUF buffers for super-block `s` rows, chunk `ci` columns, column block `kc`, `g`
     K-tiles per up-weight DMA and work split `split`."""
-    n_k, n_h, n_hc = _cdiv(k, _P), _cdiv(i, _P), _cdiv(ci, _P)
+    n_k, n_h, n_hc = _cdiv(k, _P), _cdiv(i, _P), _chunk_tiles(ci, i, split)
     epi = m.epi_cols if kc else m.epi
     common = [
         _Buffer("x^T, K on partitions", n_k * s * m.x_bytes, 1),
@@ -244,11 +247,24 @@ def _buffers(
     ]
     return [
         *common,
-        *(_exchange if split == 2 else []),
+        *(_exchange if split >= 2 else []),
         _Buffer("fp32 accumulator", _cdiv(s, _P) * k * 4, 1),
         _Buffer("down-projection weight chunk", n_hc * k * m.down_bytes, 2),
         _Buffer("[K]-bias piece / partial-sum block", _F_MOV * 4, 2),
     ]
+
+
+def _chunk_tiles(ci: int, i: int, split: int) -> int:
+    """I-tiles of the widest chunk: CI's, or (split 3, LNC 2) the last chunk's with the odd I-tile."""
+    if split != 3:
+        return _cdiv(ci, _P)
+    share = _cdiv(i, _P) // 2 * _P
+    return max(_cdiv(ci, _P), _cdiv(share - (_cdiv(share, ci) - 1) * ci, _P) + 1)
+
+
+def _solo_tile(i: int) -> int:
+    """Columns of split 3's odd I-tile (the last: the ragged one, if any)."""
+    return i - (_cdiv(i, _P) - 1) * _P
 
 
 def _x_block(k: int, x_bytes: int) -> int:
@@ -371,9 +387,18 @@ def _exchange(mach: _Machine, own: int, k: int) -> float:
 
 
 def _super_block(
-    m: _FfnModel, s_rows: int, inter: int, ci: int, k: int, kc: int = 0, g: int = 0, s: int = 0
+    m: _FfnModel,
+    s_rows: int,
+    inter: int,
+    ci: int,
+    k: int,
+    kc: int = 0,
+    g: int = 0,
+    s: int = 0,
+    solo: tuple[int, int] = (0, 0),
 ) -> tuple[float, float, float, int, int]:
-    """(PE, ACT, DVE cycles, DMA bytes, transfers) of one super-block of `s_rows` rows, `inter` columns."""
+    """(PE, ACT, DVE cycles, DMA bytes, transfers) of one super-block of `s_rows` rows, `inter` columns, and
+    split 3's odd I-tile (`solo`: the rows this core owns, the tile's columns) over those rows only."""
     n_k = _cdiv(k, _P)
     k_cycles = _cycles(k)  # one row tile's K, 512 wide
     act, dve, hbm, transfers = _stage_cost(m.pro, _cdiv(s_rows, _P), k)
@@ -403,6 +428,12 @@ def _super_block(
                 continue
             pe += times * (m.n_up * n_k * width + _cdiv(rw, _P) * k_cycles)
             dve += n_chunks * n_rw * _cdiv(rw, _P) * k_cycles  # PSUM evictions into the accumulator
+    if solo[0]:  # its weights, its up-projection over the owned rows, their down-projection (no own eviction)
+        width = max(_MIN_CYCLES, solo[0])
+        pe += m.n_up * n_k * width + _cdiv(solo[0], _P) * k_cycles
+        act, dve = act + m.mid_act * width, dve + m.mid_dve * width
+        hbm += m.n_up * _P * n_k * _P * m.up_bytes + k * solo[1] * m.down_bytes
+        transfers += m.n_up * _cdiv(n_k, _group(k, g)) + 1
     if kc:
         parts = _column_blocks(m, s_rows, inter, k, kc, _h_group(s, inter, m.x_bytes))
         pe, act, dve = pe + parts[0], act + parts[1], dve + parts[2]
@@ -435,7 +466,7 @@ def _cost(m: _FfnModel, mach: _Machine, rows: int, k: int, i: int, lnc: int, pla
     pe = act = dve = 0.0
     hbm = transfers = 0
     for s_rows, n_sb in _runs(comp_rows, plan.s):
-        parts = _super_block(m, s_rows, inter, plan.ci, k, plan.kc, plan.g, plan.s)
+        parts = _super_block(m, s_rows, inter, plan.ci, k, plan.kc, plan.g, plan.s, _solo(plan, own, i))
         pe, act, dve = pe + n_sb * parts[0], act + n_sb * parts[1], dve + n_sb * parts[2]
         hbm, transfers = hbm + n_sb * parts[3], transfers + n_sb * parts[4]
     tiles = _cdiv(own, _P)
@@ -449,7 +480,7 @@ def _cost(m: _FfnModel, mach: _Machine, rows: int, k: int, i: int, lnc: int, pla
         hbm += 2 * own * k * 4
         transfers += tiles * (1 + _cdiv(k, _F_MOV))
         dve += tiles * k_cycles
-    elif plan.split == 2 and lnc > 1:  # the other core's rows' sums to it, a K-block per exchange (zeros in
+    elif plan.split >= 2 and lnc > 1:  # the other core's rows' sums to it, a K-block per exchange (zeros in
         rounds = _exchange_rounds(rows, plan.s, own)  # rounds where only it has sums to send): DMA queues
         exchanged = rounds * min(_P, rows) * k * 4
         transfers += rounds * _cdiv(k, _F_MOV)
@@ -457,14 +488,32 @@ def _cost(m: _FfnModel, mach: _Machine, rows: int, k: int, i: int, lnc: int, pla
         # form has no column for; charged to DVE, the engine GpSimd shares its SBUF port with
         dve += tiles * k_cycles
     dma = _dma_time(mach, hbm + exchanged, transfers)
-    # the [I] columns: on the queues ahead of every weight DMA but the first I-tile's
-    chain = _dma_time(mach, m.col_vectors * _P * _cdiv(i, _P) * 4, m.col_vectors)
+    chain = _col_loads(m, mach, min(plan.s, comp_rows), k, i, inter, plan)
     for s_rows, n_sb in _runs(comp_rows, plan.s):
         if plan.kc:
             chain += n_sb * _chain(m, mach, s_rows, inter, k, plan)
         else:
-            chain += n_sb * _filled(m, mach, s_rows, inter, k, plan, lnc)
+            chain += n_sb * _filled(m, mach, s_rows, inter, k, plan, lnc, _solo(plan, own, i))
     return _Cost(pe / mach.pe_ghz, act / mach.act_ghz, dve / mach.dve_ghz, dma, hbm, chain)
+
+
+def _col_loads(m: _FfnModel, mach: _Machine, s_rows: int, k: int, i: int, inter: int, plan: _Plan) -> float:
+    """What the [I] columns' loads put in series: they queue behind the up weights of the first I-tiles
+    whose PSUM tiles the banks hold, ahead of the next ones' weights, so they delay the PE by what the
+    up-projections of those first I-tiles do not cover beyond their own weights' loads."""
+    cols = _dma_time(mach, m.col_vectors * _P * _cdiv(i, _P) * 4, m.col_vectors)
+    if not cols:
+        return 0.0
+    n_k = _cdiv(k, _P)
+    ahead = min(_cdiv(min(plan.ci, inter), _P), _PSUM_BANKS // m.n_up)
+    up = m.n_up * n_k * max(_MIN_CYCLES, min(s_rows, _F_MOV)) / mach.pe_ghz
+    weights = _dma_time(mach, m.n_up * n_k * _P * _P * m.up_bytes, m.n_up * _cdiv(n_k, _group(k, plan.g)))
+    return max(0.0, cols - ahead * max(0.0, up - weights))
+
+
+def _solo(plan: _Plan, own: int, i: int) -> tuple[int, int]:
+    """Split 3's odd I-tile on the core owning `own` rows of the one super-block: (rows, columns)."""
+    return (own, _solo_tile(i)) if plan.split == 3 else (0, 0)
 
 
 def _exchange_rounds(rows: int, s: int, own: int) -> int:
@@ -521,15 +570,18 @@ def _fill(m: _FfnModel, mach: _Machine, s_rows: int, k: int) -> float:
     return loads + n_rs * _cdiv(k, _P) * _P / mach.pe_ghz
 
 
-def _filled(m: _FfnModel, mach: _Machine, s_rows: int, inter: int, k: int, plan: _Plan, lnc: int) -> float:
+def _filled(
+    m: _FfnModel, mach: _Machine, s_rows: int, inter: int, k: int, plan: _Plan, lnc: int, solo: tuple[int, int]
+) -> float:
     """Time of one super-block of a plan with the SBUF accumulator: its fill (`_fill`); its chunks, each
     row slice's up-projection, last combine and down-projection with its evictions in series
     (`slice_period`), or their loads pipelined with their matmuls, or the busiest other engine (one fixed
     cost and a cold PE before the first matmul); then, without SPLIT, the epilogue of its row tiles
     (`drain`), the last chunk's matmuls after its first row tile's beside it; with SPLIT 1, the exchange
     and the owner's share of its row tiles' epilogue after the core barrier (the next super-block's barrier
-    waits for them); with SPLIT 2, the last K-block's sendrecv and the owner's epilogue."""
-    pe, act, dve, hbm, transfers = _super_block(m, s_rows, inter, plan.ci, k, 0, plan.g, plan.s)
+    waits for them); with SPLIT 2, the last K-block's sendrecv and the owner's epilogue. `solo`: split 3's
+    odd I-tile (`_super_block`), in the last chunk."""
+    pe, act, dve, hbm, transfers = _super_block(m, s_rows, inter, plan.ci, k, 0, plan.g, plan.s, solo)
     n_rs, n_k = _cdiv(s_rows, _P), _cdiv(k, _P)
     x_cycles = sum(n_t * n_k * max(_MIN_CYCLES, rows_t) for rows_t, n_t in _runs(s_rows, _P))  # in the fill
     loads = _dma_time(mach, hbm - s_rows * k * m.x_bytes, transfers - n_rs * _cdiv(k, _x_staged(m, k)))
@@ -547,10 +599,12 @@ def _filled(m: _FfnModel, mach: _Machine, s_rows: int, inter: int, k: int, plan:
         # the chunk's matmuls after its first row tile's down-projection: beside that tile's epilogue
         first_up, first_down, first_tiles, _ = slices[0]
         beside = sum(n * (up + down) for up, down, _, n in slices) - first_up - first_down / first_tiles
-    steps = m.n_up * _cdiv(inter, _P)  # one projection's weights of one I-tile per step
+    if solo[0]:  # the odd I-tile's matmuls join the last chunk's (one row slice: S <= F_MOV)
+        serial += (m.n_up * n_k * max(_MIN_CYCLES, solo[0]) + _cdiv(solo[0], _P) * _cycles(k)) / mach.pe_ghz
+    steps = m.n_up * (_cdiv(inter, _P) + bool(solo[0]))  # one projection's weights of one I-tile per step
     streamed = _pipelined(loads, (pe - x_cycles) / mach.pe_ghz, steps)
     chunks = max(streamed, serial, act / mach.act_ghz, dve / mach.dve_ghz)
-    if plan.split == 2 and lnc > 1:  # sendrecv: each K-block's sums leave as it is evicted, no barrier;
+    if plan.split >= 2 and lnc > 1:  # sendrecv: each K-block's sums leave as it is evicted, no barrier;
         owned = _cdiv(n_rs, lnc)  # only the last block's exchange and the owner's epilogue are after the PE
         last = _dma_time(mach, min(s_rows, owned * _P) * min(k, _F_MOV) * 4, owned) + mach.dma_fixed_ns
         tail = last + _drain(m.epi, mach, owned, k)
@@ -580,8 +634,10 @@ def _candidates(
         s_all = range(_P, _cdiv(comp_rows, _P) * _P + 1, _P)
         ci_all = range(_P, _cdiv(inter, _P) * _P + 1, _P)
         for s in s_all if exhaustive else _row_tiles(comp_rows):
-            if split == 2 and s > _F_MOV:  # the exchange's rounds assume one row slice per super-block
+            if split >= 2 and s > _F_MOV:  # the exchange's rounds assume one row slice per super-block
                 continue
+            if split == 3 and (s < comp_rows or rows <= _rows_per_core(rows, lnc)):  # the odd I-tile: for the
+                continue  # rows each core owns of the one super-block (none on core 1: split 2's shares)
             for kc in (0, 0 if split else _column_block(s, k)) if s <= _ACC_BANKS * _P else (0,):
                 if exhaustive:
                     fits = [ci for ci in ci_all if _sbuf_bytes(m, s, ci, k, i, kc, 0, split) <= budget]
@@ -601,10 +657,11 @@ def _candidates(
 
 def _splits(i: int, lnc: int) -> tuple[int, ...]:
     """Work splits worth trying: over rows (0); with at least an I-tile per core, over I, the partial sums
-    through shared HBM (1) or, at LNC 2, exchanged core to core (2: sendrecv pairs the two cores of LNC 2)."""
+    through shared HBM (1) or, at LNC 2, exchanged core to core (2: sendrecv pairs the two cores of LNC 2;
+    3: an odd number of I-tiles, the odd one computed by each core for its own rows, not exchanged)."""
     if lnc < 2 or _cdiv(i, _P) < lnc:
         return (0,)
-    return (0, 1, 2) if lnc == 2 else (0, 1)
+    return ((0, 1, 2, 3) if _cdiv(i, _P) % 2 else (0, 1, 2)) if lnc == 2 else (0, 1)
 
 
 def _groups(m: _FfnModel, s: int, ci: int, k: int) -> list[int]:
@@ -670,7 +727,8 @@ def swiglu_rmsnorm_kernel(x_hbm, w1t_hbm, b1_hbm, wgt_hbm, bg_hbm, w2t_hbm, b2_h
     behind a core barrier, and each finishes the rows it owns. SPLIT=2 (LNC 2): the same, but in the last
     chunk each K-block of the other core's rows goes straight to its SBUF as soon as it is evicted
     (nisa.sendrecv: calls pair by program order, so both cores make the same rounds) and is added into
-    the owner's accumulator.
+    the owner's accumulator. SPLIT=3: as 2 with an odd number of I-tiles: each core an even share, and the
+    odd (last) one for the rows it owns only, in its last chunk; those sums are not exchanged.
     KC=0: each chunk's down-projection is added into an [S, K] fp32 accumulator in SBUF. KC>0 (wide K,
     SPLIT=0): the chunks write the combine's h^T to an HBM scratch; then the down-projection runs a
     KC-column block at a time, all of I accumulated in PSUM; each piece leaves PSUM once through the
@@ -692,15 +750,16 @@ def swiglu_rmsnorm_kernel(x_hbm, w1t_hbm, b1_hbm, wgt_hbm, bg_hbm, w2t_hbm, b2_h
     z_hbm = nl.ndarray((R, K), dtype=nl.bfloat16, buffer=nl.shared_hbm)
     b1_hbm_col = nl.ndarray((_P, _cdiv(I, _P)), dtype=nl.float32, buffer=nl.sbuf)
     bg_hbm_col = nl.ndarray((_P, _cdiv(I, _P)), dtype=nl.float32, buffer=nl.sbuf)
-    cols_due = True  # the [I] columns load behind the first I-tile's up weights: only its combine reads them
+    cols_due = True  # the [I] columns load once, behind the first I-tiles' up weights (`load_cols`)
     pid, cores = nl.program_id(0), nl.num_programs()
-    if SPLIT == 2:  # what this core sends in exchange rounds where it has no sums to send
+    if SPLIT >= 2:  # what this core sends in exchange rounds where it has no sums to send
         blank = nl.ndarray((_P, _F_MOV), dtype=nl.float32, buffer=nl.sbuf)
         nisa.memset(dst=blank, value=0.0)
     own_begin = min(R, pid * _rows_per_core(R, cores))
     own_end = min(R, own_begin + _rows_per_core(R, cores))
     if SPLIT:
-        i_share = min(I, _cdiv(_cdiv(I, _P), cores) * _P)
+        # SPLIT=3: each core an even share of the I-tiles; the odd last one each computes for its own rows
+        i_share = min(I, (_cdiv(I, _P) // cores if SPLIT == 3 else _cdiv(_cdiv(I, _P), cores)) * _P)
         # the last core takes the first share of I: the last share is the smaller one, and core 0 owns the
         # first rows (all of them when there are few), so it also adds, finishes and writes the most
         part = cores - 1 - pid
@@ -755,71 +814,80 @@ def swiglu_rmsnorm_kernel(x_hbm, w1t_hbm, b1_hbm, wgt_hbm, bg_hbm, w2t_hbm, b2_h
         for c in range(n_c):
             i0 = i_begin + c * CI
             ci = min(CI, i_end - i0)
-            n_hc = _cdiv(ci, _P)
+            # the odd I-tile (SPLIT=3, an odd count: else as SPLIT=2) joins the last chunk of a core owning rows
+            solo = SPLIT == 3 and _cdiv(I, _P) % 2 == 1 and c == n_c - 1 and any(owned)
+            its = [i0 // _P + hl for hl in range(_cdiv(ci, _P))] + [_cdiv(I, _P) - 1] * solo  # its I-tiles
+            n_hc = len(its)
             # I-tile hl's K-tile group kt // gk at [hl * n_g + kt // gk]; loaded I-tile by I-tile, every
             # projection's in turn, in the order the matmuls read them (the first I-tile's gate does not
             # queue behind the whole chunk of the other projection)
             pj0_w = []
             pj1_w = []
-            for hl in range(0 if stream_up else n_hc):
-                for kt in range(0, n_k, gk):
-                    gw = min(n_k, kt + gk) * _P - kt * _P
-                    t = nl.ndarray((_P, gk * _P), dtype=nl.bfloat16, buffer=nl.sbuf)
-                    nisa.dma_copy(dst=t[0:_P, 0:gw], src=w1t_hbm[i0 // _P + hl, 0:_P, kt * _P:kt * _P + gw])
-                    pj0_w.append(t)
-                for kt in range(0, n_k, gk):
-                    gw = min(n_k, kt + gk) * _P - kt * _P
-                    t = nl.ndarray((_P, gk * _P), dtype=nl.bfloat16, buffer=nl.sbuf)
-                    nisa.dma_copy(dst=t[0:_P, 0:gw], src=wgt_hbm[i0 // _P + hl, 0:_P, kt * _P:kt * _P + gw])
-                    pj1_w.append(t)
+            wd = []
+            for lo, hi in ((0, n_hc - solo), (n_hc - solo, n_hc)):  # the solo I-tile's last: it runs last
+                for hl in range(lo, lo if stream_up else hi):
+                    for kt in range(0, n_k, gk):
+                        gw = min(n_k, kt + gk) * _P - kt * _P
+                        t = nl.ndarray((_P, gk * _P), dtype=nl.bfloat16, buffer=nl.sbuf)
+                        nisa.dma_copy(dst=t[0:_P, 0:gw], src=w1t_hbm[its[hl], 0:_P, kt * _P:kt * _P + gw])
+                        pj0_w.append(t)
+                    for kt in range(0, n_k, gk):
+                        gw = min(n_k, kt + gk) * _P - kt * _P
+                        t = nl.ndarray((_P, gk * _P), dtype=nl.bfloat16, buffer=nl.sbuf)
+                        nisa.dma_copy(dst=t[0:_P, 0:gw], src=wgt_hbm[its[hl], 0:_P, kt * _P:kt * _P + gw])
+                        pj1_w.append(t)
+                    if cols_due and hl + 1 == min(hi, _PSUM_BANKS // 2):
+                        cols_due = False
+                        nisa.dma_copy(dst=b1_hbm_col, src=b1_hbm)
+                        nisa.dma_copy(dst=bg_hbm_col, src=bg_hbm)
+
                 if cols_due:
                     cols_due = False
                     nisa.dma_copy(dst=b1_hbm_col, src=b1_hbm)
                     nisa.dma_copy(dst=bg_hbm_col, src=bg_hbm)
 
-            if cols_due:
-                cols_due = False
-                nisa.dma_copy(dst=b1_hbm_col, src=b1_hbm)
-                nisa.dma_copy(dst=bg_hbm_col, src=bg_hbm)
-
-            wd = []
-            for hl in range(0 if KC else n_hc):
-                ph = min(_P, i_end - i0 - hl * _P)
-                t = nl.ndarray((_P, K), dtype=nl.bfloat16, buffer=nl.sbuf)
-                nisa.dma_copy(dst=t[0:ph, 0:K], src=w2t_hbm[i0 + hl * _P:i0 + hl * _P + ph, 0:K])
-                wd.append(t)
+                for hl in range(lo, lo if KC else hi):
+                    i1 = its[hl] * _P
+                    ph = min(_P, I - i1)
+                    t = nl.ndarray((_P, K), dtype=nl.bfloat16, buffer=nl.sbuf)
+                    nisa.dma_copy(dst=t[0:ph, 0:K], src=w2t_hbm[i1:i1 + ph, 0:K])
+                    wd.append(t)
             for q0 in range(0, s_rows, _F_MOV):
                 rw = min(_F_MOV, s_rows - q0)
-                g = []
-                for hl in range(n_hc):
-                    hg = i0 // _P + hl
-                    ph = min(_P, i_end - hg * _P)
+                g, ga = [], []  # the combine of each I-tile, and the first of the slice's rows it holds
+                for hl in range(n_hc - solo):  # the solo I-tile: after the sums this core sends
+                    hg = its[hl]
+                    ph = min(_P, I - hg * _P)
+                    # the solo I-tile: only the rows this core owns, [ca, ca + cw) of the slice
+                    ca = min(rw, max(0, own_begin - r_sb - q0)) if solo and hl == n_hc - 1 else 0
+                    cw = min(rw, max(0, own_end - r_sb - q0)) - ca if solo and hl == n_hc - 1 else rw
+                    ga.append(ca)
                     pj0 = nl.ndarray((_P, _F_MOV), dtype=nl.float32, buffer=nl.psum)
                     for kt in range(n_k):
                         pk = min(_P, K - kt * _P)
                         if stream_up and kt % gk == 0:  # one row slice, one I-tile: each K-tile's only matmul
                             gw = min(n_k, kt + gk) * _P - kt * _P
                             t = nl.ndarray((_P, gk * _P), dtype=nl.bfloat16, buffer=nl.sbuf)
-                            nisa.dma_copy(dst=t[0:_P, 0:gw], src=w1t_hbm[i0 // _P, 0:_P, kt * _P:kt * _P + gw])
+                            nisa.dma_copy(dst=t[0:_P, 0:gw], src=w1t_hbm[its[hl], 0:_P, kt * _P:kt * _P + gw])
                             pj0_w.append(t)
                         wt = (kt % gk) * _P
-                        nisa.nc_matmul(dst=pj0[0:ph, 0:rw], stationary=pj0_w[hl * n_g + kt // gk][0:pk, wt:wt + ph],
-                                       moving=xt[kt][0:pk, q0:q0 + rw], accumulate=(kt > 0))
+                        nisa.nc_matmul(dst=pj0[0:ph, 0:cw], stationary=pj0_w[hl * n_g + kt // gk][0:pk, wt:wt + ph],
+                                       moving=xt[kt][0:pk, q0 + ca:q0 + ca + cw], accumulate=(kt > 0))
                     pj1 = nl.ndarray((_P, _F_MOV), dtype=nl.float32, buffer=nl.psum)
                     for kt in range(n_k):
                         pk = min(_P, K - kt * _P)
                         if stream_up and kt % gk == 0:  # one row slice, one I-tile: each K-tile's only matmul
                             gw = min(n_k, kt + gk) * _P - kt * _P
                             t = nl.ndarray((_P, gk * _P), dtype=nl.bfloat16, buffer=nl.sbuf)
-                            nisa.dma_copy(dst=t[0:_P, 0:gw], src=wgt_hbm[i0 // _P, 0:_P, kt * _P:kt * _P + gw])
+                            nisa.dma_copy(dst=t[0:_P, 0:gw], src=wgt_hbm[its[hl], 0:_P, kt * _P:kt * _P + gw])
                             pj1_w.append(t)
                         wt = (kt % gk) * _P
-                        nisa.nc_matmul(dst=pj1[0:ph, 0:rw], stationary=pj1_w[hl * n_g + kt // gk][0:pk, wt:wt + ph],
-                                       moving=xt[kt][0:pk, q0:q0 + rw], accumulate=(kt > 0))
+                        nisa.nc_matmul(dst=pj1[0:ph, 0:cw], stationary=pj1_w[hl * n_g + kt // gk][0:pk, wt:wt + ph],
+                                       moving=xt[kt][0:pk, q0 + ca:q0 + ca + cw], accumulate=(kt > 0))
                     m0 = nl.ndarray((_P, _F_MOV), dtype=nl.float32, buffer=nl.sbuf)
-                    nisa.activation(dst=m0[0:ph, 0:rw], op=nl.silu, data=pj0[0:ph, 0:rw], bias=b1_hbm_col[0:ph, hg:hg + 1])
+                    nisa.activation(dst=m0[0:ph, 0:cw], op=nl.silu, data=pj0[0:ph, 0:cw], bias=b1_hbm_col[0:ph, hg:hg + 1])
                     m1 = nl.ndarray((_P, _F_MOV), dtype=nl.bfloat16, buffer=nl.sbuf)
-                    nisa.scalar_tensor_tensor(dst=m1[0:ph, 0:rw], data=pj1[0:ph, 0:rw], op0=nl.add, operand0=bg_hbm_col[0:ph, hg:hg + 1], op1=nl.multiply, operand1=m0[0:ph, 0:rw])
+                    nisa.scalar_tensor_tensor(dst=m1[0:ph, 0:cw], data=pj1[0:ph, 0:cw], op0=nl.add, operand0=bg_hbm_col[0:ph, hg:hg + 1], op1=nl.multiply, operand1=m0[0:ph, 0:cw])
                     g.append(m1)
                 if KC and q0 == 0:  # the previous chunk's h^T writes, queued behind all of this chunk's loads
                     for ph_h, h0, rw_h, h_src in h_out:
@@ -830,10 +898,45 @@ def swiglu_rmsnorm_kernel(x_hbm, w1t_hbm, b1_hbm, wgt_hbm, bg_hbm, w2t_hbm, b2_h
                 # the other core's row tiles first (SPLIT): their partial sums leave while this core's are computed
                 rqs = [rq for rq in range(0, 0 if KC else rw, _P) if not owned[(q0 + rq) // _P]]
                 rqs += [rq for rq in range(0, 0 if KC else rw, _P) if owned[(q0 + rq) // _P]]
-                x_last = c == n_c - 1 and SPLIT == 2
+                x_last = c == n_c - 1 and SPLIT >= 2
                 for rq in [-1, *rqs]:  # -1: the exchange rounds due before any tile (no tile of `theirs`)
                     rs = (q0 + rq) // _P
                     pr = min(_P, rw - rq)
+                    nh = n_hc - (solo and not owned[rs])  # the solo I-tile's sums are the owner's only
+                    for hl in range(len(g), nh if rq >= 0 else 0):  # so it runs while they cross
+                        hg = its[hl]
+                        ph = min(_P, I - hg * _P)
+                        # the solo I-tile: only the rows this core owns, [ca, ca + cw) of the slice
+                        ca = min(rw, max(0, own_begin - r_sb - q0)) if solo and hl == n_hc - 1 else 0
+                        cw = min(rw, max(0, own_end - r_sb - q0)) - ca if solo and hl == n_hc - 1 else rw
+                        ga.append(ca)
+                        pj0 = nl.ndarray((_P, _F_MOV), dtype=nl.float32, buffer=nl.psum)
+                        for kt in range(n_k):
+                            pk = min(_P, K - kt * _P)
+                            if stream_up and kt % gk == 0:  # one row slice, one I-tile: each K-tile's only matmul
+                                gw = min(n_k, kt + gk) * _P - kt * _P
+                                t = nl.ndarray((_P, gk * _P), dtype=nl.bfloat16, buffer=nl.sbuf)
+                                nisa.dma_copy(dst=t[0:_P, 0:gw], src=w1t_hbm[its[hl], 0:_P, kt * _P:kt * _P + gw])
+                                pj0_w.append(t)
+                            wt = (kt % gk) * _P
+                            nisa.nc_matmul(dst=pj0[0:ph, 0:cw], stationary=pj0_w[hl * n_g + kt // gk][0:pk, wt:wt + ph],
+                                           moving=xt[kt][0:pk, q0 + ca:q0 + ca + cw], accumulate=(kt > 0))
+                        pj1 = nl.ndarray((_P, _F_MOV), dtype=nl.float32, buffer=nl.psum)
+                        for kt in range(n_k):
+                            pk = min(_P, K - kt * _P)
+                            if stream_up and kt % gk == 0:  # one row slice, one I-tile: each K-tile's only matmul
+                                gw = min(n_k, kt + gk) * _P - kt * _P
+                                t = nl.ndarray((_P, gk * _P), dtype=nl.bfloat16, buffer=nl.sbuf)
+                                nisa.dma_copy(dst=t[0:_P, 0:gw], src=wgt_hbm[its[hl], 0:_P, kt * _P:kt * _P + gw])
+                                pj1_w.append(t)
+                            wt = (kt % gk) * _P
+                            nisa.nc_matmul(dst=pj1[0:ph, 0:cw], stationary=pj1_w[hl * n_g + kt // gk][0:pk, wt:wt + ph],
+                                           moving=xt[kt][0:pk, q0 + ca:q0 + ca + cw], accumulate=(kt > 0))
+                        m0 = nl.ndarray((_P, _F_MOV), dtype=nl.float32, buffer=nl.sbuf)
+                        nisa.activation(dst=m0[0:ph, 0:cw], op=nl.silu, data=pj0[0:ph, 0:cw], bias=b1_hbm_col[0:ph, hg:hg + 1])
+                        m1 = nl.ndarray((_P, _F_MOV), dtype=nl.bfloat16, buffer=nl.sbuf)
+                        nisa.scalar_tensor_tensor(dst=m1[0:ph, 0:cw], data=pj1[0:ph, 0:cw], op0=nl.add, operand0=bg_hbm_col[0:ph, hg:hg + 1], op1=nl.multiply, operand1=m0[0:ph, 0:cw])
+                        g.append(m1)
                     # a round moves one shape both ways: the larger of the tile sent and the tile received
                     k = theirs.index(rs) if x_last and rq >= 0 and not owned[rs] else len(mine)
                     rows = max(pr, min(_P, s_rows - mine[k] * _P)) if k < len(mine) else pr
@@ -849,11 +952,11 @@ def swiglu_rmsnorm_kernel(x_hbm, w1t_hbm, b1_hbm, wgt_hbm, bg_hbm, w2t_hbm, b2_h
                     for ko in range(n_ko if rq >= 0 and n_ko <= _ACC_BANKS and (late or not (c == n_c - 1 and owned[rs])) else 0):
                         t = nl.ndarray((_P, _F_MOV), dtype=nl.float32, buffer=nl.psum)
                         sums.append(t)
-                    for hl in range(n_hc if sums else 0):
-                        ph = min(_P, i_end - i0 - hl * _P)
+                    for hl in range(nh if sums else 0):
+                        ph = min(_P, I - its[hl] * _P)
                         for ko in range(n_ko):
                             k0, nk = ko * _F_MOV, min(_F_MOV, K - ko * _F_MOV)
-                            nisa.nc_matmul(dst=sums[ko][0:pr, 0:nk], stationary=g[hl][0:ph, rq:rq + pr],
+                            nisa.nc_matmul(dst=sums[ko][0:pr, 0:nk], stationary=g[hl][0:ph, rq - ga[hl]:rq - ga[hl] + pr],
                                            moving=wd[hl][0:ph, k0:k0 + nk], accumulate=(hl > 0))
                     if early:  # the final sums go to the accumulator of this round's tile of `theirs`, dead since its
                         # sums left: the GpSimd adds then only read the earlier chunks' sums (`prev`), so they never
@@ -866,9 +969,9 @@ def swiglu_rmsnorm_kernel(x_hbm, w1t_hbm, b1_hbm, wgt_hbm, bg_hbm, w2t_hbm, b2_h
                             nisa.tensor_tensor(dst=got[rs][ko][0:pr, 0:nk], data1=got[rs][ko][0:pr, 0:nk],
                                                data2=prev[0:pr, k0:k0 + nk], op=nl.add, engine=nisa.engine.gpsimd)
                         ps = sums[ko] if sums else nl.ndarray((_P, _F_MOV), dtype=nl.float32, buffer=nl.psum)
-                        for hl in range(0 if sums else n_hc):
-                            ph = min(_P, i_end - i0 - hl * _P)
-                            nisa.nc_matmul(dst=ps[0:pr, 0:nk], stationary=g[hl][0:ph, rq:rq + pr],
+                        for hl in range(0 if sums else nh):
+                            ph = min(_P, I - its[hl] * _P)
+                            nisa.nc_matmul(dst=ps[0:pr, 0:nk], stationary=g[hl][0:ph, rq - ga[hl]:rq - ga[hl] + pr],
                                            moving=wd[hl][0:ph, k0:k0 + nk], accumulate=(hl > 0))
                         if x_last and not owned[rs] and c > 0:  # into a block of its own, which the exchange reads
                             sent = nl.ndarray((_P, _F_MOV), dtype=nl.float32, buffer=nl.sbuf)
@@ -884,7 +987,10 @@ def swiglu_rmsnorm_kernel(x_hbm, w1t_hbm, b1_hbm, wgt_hbm, bg_hbm, w2t_hbm, b2_h
                             nisa.tensor_copy(dst=acc[rs][0:pr, k0:k0 + nk], src=ps[0:pr, 0:nk])
                         else:  # early: the earlier chunks' and the other core's sums are in `got`
                             held = got[rs][ko][0:pr, 0:nk] if early else acc[rs][0:pr, k0:k0 + nk]
-                            nisa.tensor_tensor(dst=acc[rs][0:pr, k0:k0 + nk], data1=held, data2=ps[0:pr, 0:nk], op=nl.add)
+                            # per block, early sums finish in the received block the block's epilogue then reads:
+                            # into the accumulator, each block's would wait for the epilogue reading the one before
+                            done = held if early and per_block else acc[rs][0:pr, k0:k0 + nk]
+                            nisa.tensor_tensor(dst=done, data1=held, data2=ps[0:pr, 0:nk], op=nl.add)
                         if x_last and not owned[rs]:  # round theirs.index(rs): the block to its owner, SBUF to SBUF
                             if c == 0:  # one chunk: evicted into the accumulator, copied out on the idle Scalar engine
                                 sent = nl.ndarray((_P, _F_MOV), dtype=nl.float32, buffer=nl.sbuf)

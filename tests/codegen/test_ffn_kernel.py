@@ -158,6 +158,48 @@ def test_core_to_core_exchange_one_pass_epilogue_matches_formula(
     assert adds[0] == 2 and adds[1] == (0 if r <= 128 else 2)  # one per received K-block of an owned tile
 
 
+SOLO = [  # (r, k, i, s, ci): I-tiles odd (3 with a ragged 44-wide last, 5 whole) and even (8: as SPLIT=2)
+    (1, 256, 300, 128, 128),  # core 1 owns no rows: core 0 alone computes the odd tile
+    (7, 640, 300, 128, 128),
+    (100, 256, 640, 128, 256),
+    (128, 640, 300, 128, 128),
+    (129, 256, 300, 256, 128),  # core 1 owns one row: the odd tile over one column
+    (200, 640, 1000, 256, 256),  # 8 I-tiles: nothing odd
+    (256, 640, 300, 256, 128),  # the planner's case at R = 256: each core one owned tile, two K-blocks
+    (256, 256, 640, 256, 128),  # two chunks per core, the odd tile joins the last
+    (384, 256, 300, 384, 128),  # core 0 owns two row tiles, core 1 one
+    (300, 256, 640, 128, 384),  # three super-blocks: the odd tile's rows differ per super-block
+]
+
+
+@pytest.mark.parametrize(("r", "k", "i", "s", "ci"), SOLO)
+@pytest.mark.parametrize("spec", ["swiglu_ffn", "swiglu_ffn_ln"])
+def test_odd_i_tile_per_owner_matches_formula(spec: str, r: int, k: int, i: int, s: int, ci: int) -> None:
+    """SPLIT=3: each core an even share of the I-tiles, exchanged as SPLIT=2; the odd (last) I-tile computed
+    by each core for the rows it owns only, its sums never exchanged; with row statistics (LayerNorm) and
+    with a one-pass epilogue."""
+    module = load_module(GENERATED / spec / "kernel.py", target="trn2")
+    x, w1t, b1, wgt, bg, w2t, b2, a = _inputs(r, k, i, seed=17 * r + i)
+    cols, up = module._columns, (lambda w: module._up_layout(w, (0,), i))
+    args = [x, up(w1t), cols(b1), up(wgt), cols(bg), w2t, b2]
+    ln = spec == "swiglu_ffn_ln"
+    result = run(getattr(module, f"{spec}_kernel"), *args, *((a, 1e-6) if ln else ()), s, ci, 3, 0, 0, grid=2)
+    want = swiglu(x, w1t, b1, wgt, bg, w2t, b2)
+    if ln:
+        x_new, z = result.outputs
+        _close(x_new, want + a, rtol=1e-3)
+        _close(z, F.layer_norm(want + a, (k,), eps=1e-6).bfloat16(), rtol=2e-2)
+    else:
+        _close(result.outputs, want.bfloat16(), rtol=2e-2)
+    assert "core_barrier" not in result.trace.op_counts()
+    # the down weight crosses HBM once per super-block; the odd tile's, once per core owning rows there
+    n_t, own, extra = -(-i // 128), min(r, -(-r // 256) * 128), 0
+    for r0 in range(0, r, s) if n_t % 2 else ():
+        extra += (r0 < own) + (min(r, r0 + s) > own) - 1
+    solo = k * (i - (n_t - 1) * 128) * extra
+    assert _weight_bytes_read(result, args=(5,)) == (k * i * -(-r // s) + solo) * 2
+
+
 def _weight_bytes_read(result, args: tuple[int, ...]) -> int:  # type: ignore[no-untyped-def]
     """HBM bytes DMA'd from kernel arguments `args`; arguments are allocated first, in order."""
     reads = [

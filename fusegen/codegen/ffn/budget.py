@@ -35,17 +35,27 @@ from fusegen.codegen.ffn.sbuf import (
     plan_bytes,
     sbuf_bytes,
     smallest_need,
+    solo_tile,
     streams_up,
     work_per_core,
     x_staged,
 )
-from fusegen.codegen.ffn.serial import drain, exchange, pipelined, slice_period
+from fusegen.codegen.ffn.serial import PSUM_BANKS, drain, exchange, pipelined, slice_period
 
 
 def _super_block(
-    m: FfnModel, s_rows: int, inter: int, ci: int, k: int, kc: int = 0, g: int = 0, s: int = 0
+    m: FfnModel,
+    s_rows: int,
+    inter: int,
+    ci: int,
+    k: int,
+    kc: int = 0,
+    g: int = 0,
+    s: int = 0,
+    solo: tuple[int, int] = (0, 0),
 ) -> tuple[float, float, float, int, int]:
-    """(PE, ACT, DVE cycles, DMA bytes, transfers) of one super-block of `s_rows` rows, `inter` columns."""
+    """(PE, ACT, DVE cycles, DMA bytes, transfers) of one super-block of `s_rows` rows, `inter` columns, and
+    split 3's odd I-tile (`solo`: the rows this core owns, the tile's columns) over those rows only."""
     n_k = cdiv(k, P)
     k_cycles = cycles(k)  # one row tile's K, 512 wide
     act, dve, hbm, transfers = stage_cost(m.pro, cdiv(s_rows, P), k)
@@ -75,6 +85,12 @@ def _super_block(
                 continue
             pe += times * (m.n_up * n_k * width + cdiv(rw, P) * k_cycles)
             dve += n_chunks * n_rw * cdiv(rw, P) * k_cycles  # PSUM evictions into the accumulator
+    if solo[0]:  # its weights, its up-projection over the owned rows, their down-projection (no own eviction)
+        width = max(MIN_CYCLES, solo[0])
+        pe += m.n_up * n_k * width + cdiv(solo[0], P) * k_cycles
+        act, dve = act + m.mid_act * width, dve + m.mid_dve * width
+        hbm += m.n_up * P * n_k * P * m.up_bytes + k * solo[1] * m.down_bytes
+        transfers += m.n_up * cdiv(n_k, group(k, g)) + 1
     if kc:
         parts = _column_blocks(m, s_rows, inter, k, kc, h_group(s, inter, m.x_bytes))
         pe, act, dve = pe + parts[0], act + parts[1], dve + parts[2]
@@ -107,7 +123,7 @@ def cost(m: FfnModel, mach: Machine, rows: int, k: int, i: int, lnc: int, plan: 
     pe = act = dve = 0.0
     hbm = transfers = 0
     for s_rows, n_sb in runs(comp_rows, plan.s):
-        parts = _super_block(m, s_rows, inter, plan.ci, k, plan.kc, plan.g, plan.s)
+        parts = _super_block(m, s_rows, inter, plan.ci, k, plan.kc, plan.g, plan.s, _solo(plan, own, i))
         pe, act, dve = pe + n_sb * parts[0], act + n_sb * parts[1], dve + n_sb * parts[2]
         hbm, transfers = hbm + n_sb * parts[3], transfers + n_sb * parts[4]
     tiles = cdiv(own, P)
@@ -121,7 +137,7 @@ def cost(m: FfnModel, mach: Machine, rows: int, k: int, i: int, lnc: int, plan: 
         hbm += 2 * own * k * 4
         transfers += tiles * (1 + cdiv(k, F_MOV))
         dve += tiles * k_cycles
-    elif plan.split == 2 and lnc > 1:  # the other core's rows' sums to it, a K-block per exchange (zeros in
+    elif plan.split >= 2 and lnc > 1:  # the other core's rows' sums to it, a K-block per exchange (zeros in
         rounds = exchange_rounds(rows, plan.s, own)  # rounds where only it has sums to send): DMA queues
         exchanged = rounds * min(P, rows) * k * 4
         transfers += rounds * cdiv(k, F_MOV)
@@ -129,14 +145,32 @@ def cost(m: FfnModel, mach: Machine, rows: int, k: int, i: int, lnc: int, plan: 
         # form has no column for; charged to DVE, the engine GpSimd shares its SBUF port with
         dve += tiles * k_cycles
     dma = dma_time(mach, hbm + exchanged, transfers)
-    # the [I] columns: on the queues ahead of every weight DMA but the first I-tile's
-    chain = dma_time(mach, m.col_vectors * P * cdiv(i, P) * 4, m.col_vectors)
+    chain = _col_loads(m, mach, min(plan.s, comp_rows), k, i, inter, plan)
     for s_rows, n_sb in runs(comp_rows, plan.s):
         if plan.kc:
             chain += n_sb * _chain(m, mach, s_rows, inter, k, plan)
         else:
-            chain += n_sb * _filled(m, mach, s_rows, inter, k, plan, lnc)
+            chain += n_sb * _filled(m, mach, s_rows, inter, k, plan, lnc, _solo(plan, own, i))
     return Cost(pe / mach.pe_ghz, act / mach.act_ghz, dve / mach.dve_ghz, dma, hbm, chain)
+
+
+def _col_loads(m: FfnModel, mach: Machine, s_rows: int, k: int, i: int, inter: int, plan: Plan) -> float:
+    """What the [I] columns' loads put in series: they queue behind the up weights of the first I-tiles
+    whose PSUM tiles the banks hold, ahead of the next ones' weights, so they delay the PE by what the
+    up-projections of those first I-tiles do not cover beyond their own weights' loads."""
+    cols = dma_time(mach, m.col_vectors * P * cdiv(i, P) * 4, m.col_vectors)
+    if not cols:
+        return 0.0
+    n_k = cdiv(k, P)
+    ahead = min(cdiv(min(plan.ci, inter), P), PSUM_BANKS // m.n_up)
+    up = m.n_up * n_k * max(MIN_CYCLES, min(s_rows, F_MOV)) / mach.pe_ghz
+    weights = dma_time(mach, m.n_up * n_k * P * P * m.up_bytes, m.n_up * cdiv(n_k, group(k, plan.g)))
+    return max(0.0, cols - ahead * max(0.0, up - weights))
+
+
+def _solo(plan: Plan, own: int, i: int) -> tuple[int, int]:
+    """Split 3's odd I-tile on the core owning `own` rows of the one super-block: (rows, columns)."""
+    return (own, solo_tile(i)) if plan.split == 3 else (0, 0)
 
 
 def exchange_rounds(rows: int, s: int, own: int) -> int:
@@ -193,15 +227,18 @@ def _fill(m: FfnModel, mach: Machine, s_rows: int, k: int) -> float:
     return loads + n_rs * cdiv(k, P) * P / mach.pe_ghz
 
 
-def _filled(m: FfnModel, mach: Machine, s_rows: int, inter: int, k: int, plan: Plan, lnc: int) -> float:
+def _filled(
+    m: FfnModel, mach: Machine, s_rows: int, inter: int, k: int, plan: Plan, lnc: int, solo: tuple[int, int]
+) -> float:
     """Time of one super-block of a plan with the SBUF accumulator: its fill (`_fill`); its chunks, each
     row slice's up-projection, last combine and down-projection with its evictions in series
     (`slice_period`), or their loads pipelined with their matmuls, or the busiest other engine (one fixed
     cost and a cold PE before the first matmul); then, without SPLIT, the epilogue of its row tiles
     (`drain`), the last chunk's matmuls after its first row tile's beside it; with SPLIT 1, the exchange
     and the owner's share of its row tiles' epilogue after the core barrier (the next super-block's barrier
-    waits for them); with SPLIT 2, the last K-block's sendrecv and the owner's epilogue."""
-    pe, act, dve, hbm, transfers = _super_block(m, s_rows, inter, plan.ci, k, 0, plan.g, plan.s)
+    waits for them); with SPLIT 2, the last K-block's sendrecv and the owner's epilogue. `solo`: split 3's
+    odd I-tile (`_super_block`), in the last chunk."""
+    pe, act, dve, hbm, transfers = _super_block(m, s_rows, inter, plan.ci, k, 0, plan.g, plan.s, solo)
     n_rs, n_k = cdiv(s_rows, P), cdiv(k, P)
     x_cycles = sum(n_t * n_k * max(MIN_CYCLES, rows_t) for rows_t, n_t in runs(s_rows, P))  # in the fill
     loads = dma_time(mach, hbm - s_rows * k * m.x_bytes, transfers - n_rs * cdiv(k, x_staged(m, k)))
@@ -219,10 +256,12 @@ def _filled(m: FfnModel, mach: Machine, s_rows: int, inter: int, k: int, plan: P
         # the chunk's matmuls after its first row tile's down-projection: beside that tile's epilogue
         first_up, first_down, first_tiles, _ = slices[0]
         beside = sum(n * (up + down) for up, down, _, n in slices) - first_up - first_down / first_tiles
-    steps = m.n_up * cdiv(inter, P)  # one projection's weights of one I-tile per step
+    if solo[0]:  # the odd I-tile's matmuls join the last chunk's (one row slice: S <= F_MOV)
+        serial += (m.n_up * n_k * max(MIN_CYCLES, solo[0]) + cdiv(solo[0], P) * cycles(k)) / mach.pe_ghz
+    steps = m.n_up * (cdiv(inter, P) + bool(solo[0]))  # one projection's weights of one I-tile per step
     streamed = pipelined(loads, (pe - x_cycles) / mach.pe_ghz, steps)
     chunks = max(streamed, serial, act / mach.act_ghz, dve / mach.dve_ghz)
-    if plan.split == 2 and lnc > 1:  # sendrecv: each K-block's sums leave as it is evicted, no barrier;
+    if plan.split >= 2 and lnc > 1:  # sendrecv: each K-block's sums leave as it is evicted, no barrier;
         owned = cdiv(n_rs, lnc)  # only the last block's exchange and the owner's epilogue are after the PE
         last = dma_time(mach, min(s_rows, owned * P) * min(k, F_MOV) * 4, owned) + mach.dma_fixed_ns
         tail = last + drain(m.epi, mach, owned, k)
@@ -252,8 +291,10 @@ def candidates(
         s_all = range(P, cdiv(comp_rows, P) * P + 1, P)
         ci_all = range(P, cdiv(inter, P) * P + 1, P)
         for s in s_all if exhaustive else row_tiles(comp_rows):
-            if split == 2 and s > F_MOV:  # the exchange's rounds assume one row slice per super-block
+            if split >= 2 and s > F_MOV:  # the exchange's rounds assume one row slice per super-block
                 continue
+            if split == 3 and (s < comp_rows or rows <= rows_per_core(rows, lnc)):  # the odd I-tile: for the
+                continue  # rows each core owns of the one super-block (none on core 1: split 2's shares)
             for kc in (0, 0 if split else column_block(s, k)) if s <= ACC_BANKS * P else (0,):
                 if exhaustive:
                     fits = [ci for ci in ci_all if sbuf_bytes(m, s, ci, k, i, kc, 0, split) <= budget]
@@ -273,10 +314,11 @@ def candidates(
 
 def splits(i: int, lnc: int) -> tuple[int, ...]:
     """Work splits worth trying: over rows (0); with at least an I-tile per core, over I, the partial sums
-    through shared HBM (1) or, at LNC 2, exchanged core to core (2: sendrecv pairs the two cores of LNC 2)."""
+    through shared HBM (1) or, at LNC 2, exchanged core to core (2: sendrecv pairs the two cores of LNC 2;
+    3: an odd number of I-tiles, the odd one computed by each core for its own rows, not exchanged)."""
     if lnc < 2 or cdiv(i, P) < lnc:
         return (0,)
-    return (0, 1, 2) if lnc == 2 else (0, 1)
+    return ((0, 1, 2, 3) if cdiv(i, P) % 2 else (0, 1, 2)) if lnc == 2 else (0, 1)
 
 
 def _groups(m: FfnModel, s: int, ci: int, k: int) -> list[int]:

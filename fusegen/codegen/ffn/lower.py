@@ -159,7 +159,7 @@ def _lower_combine(
 ) -> tuple[Selector, str, tuple[str, ...]]:
     leaves: dict[int, Operand] = {}
     for up, pj in zip(m.ups, projections, strict=True):
-        leaves[up.id] = Operand("tile", f"{pj.psum}[0:ph, 0:rw]", memory="psum")
+        leaves[up.id] = Operand("tile", f"{pj.psum}[0:ph, 0:cw]", memory="psum")
     cols = tuple(n.name for n in stage_inputs(ir, m.mid_nodes) if n.name)
     for nid in m.mid_nodes:
         node = ir.node(nid)
@@ -170,7 +170,7 @@ def _lower_combine(
         return "scalar" if node.shape == () else ("tile" if node.shape == (m.rows, m.inter) else "vec")
 
     builder = StageBuilder(ir, leaves, kind_of, free_size=lambda n: m.rows)
-    sel = Selector(Layout(part="ph", free="rw", free_alloc="_F_MOV"), prefix="m")
+    sel = Selector(Layout(part="ph", free="cw", free_alloc="_F_MOV"), prefix="m")
     weight_dtype = m.combine.dtype  # the down-projection's stationary: x's dtype (the matcher checked)
     result = sel.value(builder.expr(m.combine.id), dtype=weight_dtype)
     if result.memory != "sbuf" or result.dtype != weight_dtype:
@@ -273,7 +273,8 @@ def _lower_epilogue(
     # the accumulator returned as it is is read by its output's write: never computed over in place
     builder.exprs[acc_node].users += sum(out.node == acc_node for out in ir.outputs)
     writes: list[OutputWrite] = []
-    finish = output_writes(ir.outputs, exprs, writes)
+    # the Vector engine evicts the down-projection's sums: the epilogue's final casts go to the Scalar engine
+    finish = output_writes(ir.outputs, exprs, writes, act_casts=True)
     sel = block_selector("u" if from_hbm else "e")  # names distinct from the other epilogue's
     stage = emit_blocked(sel, exprs, loads, finish, writes=_row_outputs(ir), accumulator=acc)
     return _with_column_writes(stage, writes), tuple(writes)

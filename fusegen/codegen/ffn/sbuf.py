@@ -67,13 +67,16 @@ class Plan(NamedTuple):
     s: int
     ci: int
     split: int  # 1: each core computes every row over its share of I; 0: each core its own rows; 2: as 1,
-    # with the partial sums exchanged core to core (nisa.sendrecv, LNC 2) instead of through shared HBM
+    # with the partial sums exchanged core to core (nisa.sendrecv, LNC 2) instead of through shared HBM;
+    # 3: as 2 with an odd number of I-tiles, each core an even share, the last I-tile for its own rows only
     kc: int = 0
     g: int = 0
 
 
 def work_per_core(rows: int, i: int, lnc: int, split: int) -> tuple[int, int]:
     """(rows computed, intermediate columns) of the busiest core."""
+    if split == 3:  # the odd I-tile besides (`solo_tile`)
+        return rows, cdiv(i, P) // lnc * P
     if split:
         return rows, min(i, cdiv(cdiv(i, P), lnc) * P)
     return rows_per_core(rows, lnc), i
@@ -84,7 +87,7 @@ def buffers(
 ) -> list[Buffer]:
     """The kernel's SBUF buffers for super-block `s` rows, chunk `ci` columns, column block `kc`, `g`
     K-tiles per up-weight DMA and work split `split`."""
-    n_k, n_h, n_hc = cdiv(k, P), cdiv(i, P), cdiv(ci, P)
+    n_k, n_h, n_hc = cdiv(k, P), cdiv(i, P), chunk_tiles(ci, i, split)
     epi = m.epi_cols if kc else m.epi
     common = [
         Buffer("x^T, K on partitions", n_k * s * m.x_bytes, 1),
@@ -110,11 +113,24 @@ def buffers(
     ]
     return [
         *common,
-        *(exchange if split == 2 else []),
+        *(exchange if split >= 2 else []),
         Buffer("fp32 accumulator", cdiv(s, P) * k * 4, 1),
         Buffer("down-projection weight chunk", n_hc * k * m.down_bytes, 2),
         Buffer("[K]-bias piece / partial-sum block", F_MOV * 4, 2),
     ]
+
+
+def chunk_tiles(ci: int, i: int, split: int) -> int:
+    """I-tiles of the widest chunk: CI's, or (split 3, LNC 2) the last chunk's with the odd I-tile."""
+    if split != 3:
+        return cdiv(ci, P)
+    share = cdiv(i, P) // 2 * P
+    return max(cdiv(ci, P), cdiv(share - (cdiv(share, ci) - 1) * ci, P) + 1)
+
+
+def solo_tile(i: int) -> int:
+    """Columns of split 3's odd I-tile (the last: the ragged one, if any)."""
+    return i - (cdiv(i, P) - 1) * P
 
 
 def x_block(k: int, x_bytes: int) -> int:
