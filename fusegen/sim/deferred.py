@@ -97,6 +97,8 @@ class _Stack:
         key = (rows, *layout, cols, transposed)
         view = self.matrices.get(key)
         if view is None:
+            if len(self.matrices) > 256:  # kernels use a few group shapes: never grows unbounded
+                self.matrices = {}
             width, col = layout
             view = self.flat[: rows * width].view(rows, width)[:, col : col + cols]
             view = self.matrices[key] = view.t() if transposed else view
