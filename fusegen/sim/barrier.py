@@ -43,20 +43,20 @@ class CoreBarrier:
         self.mailbox = Mailbox()  # what the cores bring to each rendezvous on this barrier
 
     def off_turn(self, fn: Callable[[], T], idle: Callable[[], bool] | None = None) -> T:
-        """Run `fn` (a long torch op that releases the GIL) while another instance takes the turn; then,
-        while the turn is still taken, call `idle` (more such work of this instance) until it returns
-        False, instead of leaving this core idle."""
+        """Run `fn` (a long torch op that releases the GIL) while another instance takes the turn; then, if
+        it succeeded and the turn is still taken, call `idle` (more such work of this instance) until it
+        returns False, instead of leaving this core idle. Errors propagate with the turn taken back."""
         self.turn.release()
+        taken = False
         try:
-            return fn()
-        finally:
-            taken = False
-            try:
-                while idle is not None and not (taken := self.turn.acquire(blocking=False)):
-                    idle = idle if idle() else None
-            finally:  # the turn is taken back even if `idle` fails
-                if not taken:
-                    self.turn.acquire()
+            result = fn()
+            # idle work only after success: none after a failure, whose error stays the one raised
+            while idle is not None and not (taken := self.turn.acquire(blocking=False)):
+                idle = idle if idle() else None
+            return result
+        finally:  # the turn is taken back whatever failed
+            if not taken:
+                self.turn.acquire()
 
     def wait(self, core: int, ins: Located) -> None:
         """Block until all parties arrive."""

@@ -14,7 +14,7 @@ from .targets import TARGETS, Target
 if TYPE_CHECKING:
     from .barrier import CoreBarrier
     from .memory import Alloc, Span, StoragePool
-    from .trace import Record
+    from .trace import Row
 
 _tls = threading.local()
 # Target used outside a launch (e.g. nl.tile_size read at import time); set by installed().
@@ -50,7 +50,7 @@ class Context:
         self.target: Target = launch.target
         self.strict: bool = launch.strict
         self.rules_error: bool = launch.rules_error  # rules.py violations raise (else warn)
-        self.records: list[Record] = []
+        self.records: list[Row] = []  # trace records, as rows (trace.py)
         self.sites: list[tuple[str, int]] = []  # source line of every started instruction
         self.ops: list[str] = []  # and its op name
         self.epoch = 0

@@ -52,13 +52,14 @@ Places = tuple[tuple[int, int], tuple[int, int]]  # (stacked width, column) of s
 class _Stack:
     """A flat fp32 buffer of K-stacked operand blocks, remembering which data each block holds."""
 
-    __slots__ = ("flat", "tags", "targets", "used")
+    __slots__ = ("flat", "matrices", "tags", "targets", "used")
 
     def __init__(self) -> None:
         self.used = 0  # when a group last took it (a count per thread)
         self.flat = torch.empty(0)
         self.tags: dict[int, tuple[Tag, int]] = {}  # start offset -> (tag, length) of blocks in place
         self.targets: dict[tuple[int, tuple[int, ...]], torch.Tensor] = {}  # (start, shape) -> view of flat
+        self.matrices: dict[tuple[int, int, int, int, bool], torch.Tensor] = {}  # GEMM operand views of flat
 
     def reserve(self, size: int) -> None:
         """Make room for `size` elements (contents are lost when it grows)."""
@@ -67,6 +68,7 @@ class _Stack:
                 self.flat = torch.empty(size)
             self.tags = {}
             self.targets = {}
+            self.matrices = {}
 
     def put(self, start: int, t: NkiTensor, key: ViewKey, copies: _Copies) -> None:
         """Plan storing view `key` of t's allocation at flat offset `start` (contiguously), unless the
@@ -89,10 +91,18 @@ class _Stack:
             del self.tags[old]
         self.tags[start] = (tag, length)
 
-    def matrix(self, rows: int, layout: tuple[int, int], cols: int) -> torch.Tensor:
-        """The stacked operand: [rows, cols] at column `col` of a [rows, width] stack."""
-        width, col = layout
-        return self.flat[: rows * width].view(rows, width)[:, col : col + cols]
+    def matrix(self, rows: int, layout: tuple[int, int], cols: int, transposed: bool) -> torch.Tensor:
+        """The stacked operand: [rows, cols] at column `col` of a [rows, width] stack (or its transpose),
+        cached (groups of a kernel repeat a few shapes, and each torch view call costs microseconds)."""
+        key = (rows, *layout, cols, transposed)
+        view = self.matrices.get(key)
+        if view is None:
+            if len(self.matrices) > 256:  # kernels use a few group shapes: never grows unbounded
+                self.matrices = {}
+            width, col = layout
+            view = self.flat[: rows * width].view(rows, width)[:, col : col + cols]
+            view = self.matrices[key] = view.t() if transposed else view
+        return view
 
 
 _Copies = tuple[list[torch.Tensor], list[torch.Tensor]]  # copy targets (stack blocks) and their sources
@@ -223,21 +233,26 @@ class _Group:
             stack = self.stacks[side] = _stack(side, self.places[side][0], (t.alloc.id, t.alloc.version, key))
         stack.put(start, t, key, self.copies)
 
-    def _matrix(self, side: int, cols: int) -> Callable[[], torch.Tensor]:
-        """The side's [rows, cols] operand: a view of an input's fp32 copy, or of the stack."""
+    def _matrix(self, side: int, cols: int) -> torch.Tensor | Callable[[], torch.Tensor]:
+        """The side's [rows, cols] operand (the stationary side transposed, as the GEMM reads it): a view
+        of an input's fp32 copy, or of the stack; or, for a copy not made yet, a function making it."""
         run = self.runs[side]
         if run:
             source, key = block(run)  # [rows, cols]: the pieces are the operands' own views
-            return lambda: source.view(key)  # converted by the first GEMM that needs it, off the turn
+            view = source.made(key)
+            if view is not None:  # converted by an earlier GEMM: viewed here, on the turn
+                return view.t() if side == 0 else view
+            # converted by the first GEMM that needs it, off the turn
+            return (lambda: source.view(key).t()) if side == 0 else (lambda: source.view(key))
         stack = self.stacks[side]
         assert stack is not None  # a side that is no run has stacked its blocks
-        stacked = stack.matrix(self.rows, self.places[side], cols)
-        return lambda: stacked
+        return stack.matrix(self.rows, self.places[side], cols, side == 0)
 
     def gemm(self) -> Callable[[], None]:
         """The group's work, to run off the turn: fill the stack blocks, then out (+)= the stacked
-        product. Its views are made here, on the turn: the GEMM thread then only makes the two torch
-        calls, which release the GIL, instead of waiting for the GIL before each small view call too."""
+        product. Its views are made here, on the turn where they can be: the GEMM thread then only makes
+        the copy and GEMM calls, which release the GIL, instead of waiting for the GIL (held by the other
+        instance's Python) again after each small view call too."""
         copies, out, beta = self.copies, self.out, self.beta
         m, n = out.shape
         a, b = self._matrix(0, m), self._matrix(1, n)
@@ -246,9 +261,14 @@ class _Group:
             """Stack, then multiply-accumulate."""
             if copies[0]:
                 torch._foreach_copy_(*copies)
-            out.addmm_(a().t(), b(), beta=beta)
+            out.addmm_(_made(a), _made(b), beta=beta)
 
         return run
+
+
+def _made(operand: torch.Tensor | Callable[[], torch.Tensor]) -> torch.Tensor:
+    """A GEMM operand view made on the turn, or made now (converting its data first)."""
+    return operand if isinstance(operand, torch.Tensor) else operand()
 
 
 class OffTurn(Protocol):
@@ -303,8 +323,10 @@ class MatmulQueue:
             for run in work:
                 run()
 
-        self.off_turn(gemms, self._early)
-        self._done(done)
+        try:
+            self.off_turn(gemms, self._early)
+        finally:  # a failed GEMM still leaves its tiles' flags consistent with the queue
+            self._done(done)
 
     def _early(self) -> bool:
         """While the turn is taken: run the oldest pending group that no later matmul can join (not the
@@ -313,8 +335,10 @@ class MatmulQueue:
         if len(self.groups) < 2:
             return False
         group = self.groups.pop(0)
-        group.gemm()()
-        self._done([group])
+        try:
+            group.gemm()()
+        finally:  # even if it failed: its tile is no longer pending, its operands no longer read by it
+            self._done([group])
         return True
 
     def _done(self, done: list[_Group]) -> None:

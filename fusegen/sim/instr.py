@@ -21,7 +21,6 @@ from .errors import (
 from .memory import MemoryRegion
 from .rules import FREE_SIZE_ENGINES, FREE_SIZE_MAX, START_PARTITIONS
 from .tensor import NkiTensor, contiguous_strides
-from .trace import Record
 
 _SMALLEST_FREE_MAX = min(FREE_SIZE_MAX.values())
 OFF_TURN_COPY = 1 << 17  # elements (>= ~100 us of copy, well above the cost of a turn hand-over): stores
@@ -29,7 +28,7 @@ OFF_TURN_COPY = 1 << 17  # elements (>= ~100 us of copy, well above the cost of 
 
 
 class Instr:
-    """One executing instruction: collects operands and bytes, then appends its Record."""
+    """One executing instruction: collects operands and bytes, then appends its trace record."""
 
     __slots__ = ("bytes", "ctx", "engine", "index", "op", "operands", "site")
 
@@ -226,10 +225,10 @@ class Instr:
         )
 
     def finish(self, partitions: int, elems: int, psum_bank: int | None = None) -> None:
-        """Append this instruction's trace record."""
+        """Append this instruction's trace record (as a Row: trace.py)."""
         b = self.bytes
         self.ctx.records.append(
-            Record(
+            (
                 self.index,
                 self.ctx.core,
                 self.engine,

@@ -26,7 +26,7 @@ def _checked_bank(ins: Instr, d: NkiTensor, st: NkiTensor, mv: NkiTensor) -> int
     if not ins.ctx.rules_error:  # warn mode: every call warns (once per rule and line) and runs on
         return _check_operands(ins, d, st, mv)
     da, sa, ma = d.alloc, st.alloc, mv.alloc
-    key = (ins.ctx.target.name, da.region, da.dtype, da.pstride, d.key, sa.region, sa.dtype, sa.pstride,
+    key = (ins.ctx.target, da.region, da.dtype, da.pstride, d.key, sa.region, sa.dtype, sa.pstride,
            st.key, ma.region, ma.dtype, ma.pstride, mv.key)  # fmt: skip
     bank = _PASSED.get(key)
     if bank is None:

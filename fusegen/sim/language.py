@@ -124,7 +124,7 @@ def ndarray(
 ) -> NkiTensor:
     """Allocate uninitialized storage (NaN / int sentinel filled)."""
     ctx = current()
-    key: tuple[object, ...] | None = (shape, dtype, buffer, ctx.target.name) if address is None else None
+    key: tuple[object, ...] | None = (shape, dtype, buffer, ctx.target) if address is None else None
     try:
         checked = None if key is None else _CHECKED.get(key)
     except TypeError:  # unhashable parts (a list shape): checked, and converted or rejected, below
@@ -145,7 +145,7 @@ def ndarray(
     return NkiTensor.whole(alloc)
 
 
-#: ndarray requests (shape, dtype, buffer, target name) whose checks passed, and what they resolve to: the
+#: ndarray requests (shape, dtype, buffer, target) whose checks passed, and what they resolve to: the
 #: checks read nothing else, so an equal request passes again (no address: those are checked every time)
 _CHECKED: dict[tuple[object, ...], tuple[tuple[int, ...], torch.dtype, MemoryRegion]] = {}
 

@@ -33,7 +33,10 @@ from .targets import Target, get_target
 from .tensor import NkiTensor
 from .trace import Trace
 
-_SWITCH_INTERVAL_S = 0.001  # GIL switch interval during a launch (Python's default: 0.005)
+# GIL switch interval during a launch (Python's default: 0.005): how long the thread running GEMMs off the
+# turn waits at most for the GIL (held by the other instance's Python) after each torch call; 0.2 ms
+# blocked the instance threads about half as long as 1 ms (docs/performance.md, fifth pass)
+_SWITCH_INTERVAL_S = 0.0002
 
 
 @dataclass
@@ -134,8 +137,8 @@ class Launch:
         }
         outputs = _outputs(results[0], site, self.strict)
         self._write_back(args, kwargs)
-        records = [r for ctx in self.contexts for r in ctx.records]
-        return RunResult(outputs, Trace(records), stats)
+        rows = [r for ctx in self.contexts for r in ctx.records]
+        return RunResult(outputs, Trace(rows=rows), stats)
 
     def close(self) -> None:
         """Free pooled storage and break the launch <-> context cycle (no cyclic GC pass needed)."""

@@ -87,6 +87,12 @@ class InputF32:
                 self.f32 = self.storage.float()
         return torch.as_strided(self.f32, *key)
 
+    def made(self, key: ViewKey) -> torch.Tensor | None:
+        """View `key` of the fp32 copy if it is made (set only once complete), else None: takes no lock,
+        so the instance holding the turn never waits while another converts."""
+        f32 = self.f32
+        return None if f32 is None else torch.as_strided(f32, *key)
+
 
 class Span:
     """Interval-liveness record of an on-chip allocation; outlives the allocation (and its storage)."""

@@ -110,6 +110,11 @@ class Source(Protocol):
         """View `key` of the data (converted on first use, off the turn)."""
         ...
 
+    def made(self, key: ViewKey) -> torch.Tensor | None:
+        """View `key` of the data if it is converted already, else None (takes no lock: the turn holder
+        must not wait while another instance converts)."""
+        ...
+
 
 class Rows:
     """An input's fp32 copy, viewed by a GEMM (made on first use, in pooled memory)."""
@@ -124,6 +129,10 @@ class Rows:
         self.copies.convert()
         return self.copies.view(key)
 
+    def made(self, key: ViewKey) -> torch.Tensor | None:
+        """View `key` of the input's fp32 copy if it is made, else None."""
+        return self.copies.made(key)
+
 
 class Band:
     """One re-laid band of an input (InputCopies.band), viewed by a GEMM."""
@@ -136,6 +145,11 @@ class Band:
     def view(self, key: ViewKey) -> torch.Tensor:
         """View `key` of the re-laid band."""
         return torch.as_strided(self.copies.band(self.tiling, self.index), *key)
+
+    def made(self, key: ViewKey) -> torch.Tensor | None:
+        """View `key` of the band if it is made (entered only once complete), else None."""
+        laid = self.copies.bands.get((self.tiling, self.index))
+        return None if laid is None else torch.as_strided(laid, *key)
 
 
 Piece = tuple[InputCopies, ViewKey]  # an input's fp32 copies, and a 2-D view of it: [rows, cols], stride 1
@@ -196,7 +210,7 @@ def extend(run: list[Piece], nxt: Piece) -> bool:
         and noffset - offset == step
         and rows == first[0][0] >= nxt[1][0][0]
         and noffset // strides[0] == first[2] // strides[0]  # in the first tile's band of rows
-        and _tiles(source, first, step)
+        and (len(run) > 1 or _tiles(source, first, step))  # checked for this first tile and step already
     ):
         run.append(nxt)
         return True

@@ -6,7 +6,7 @@ Every value carries its source tag from the NKI notes in shared/reference/nki.md
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, fields
 
 
 @dataclass(frozen=True)
@@ -32,6 +32,14 @@ class Target:
     hbm_gbps_per_chip: float | None
     dma_gbps_per_core: float | None
     cores_per_chip: int  # physical NeuronCores sharing the chip's HBM bandwidth
+
+    def __hash__(self) -> int:
+        """Hash of every field, computed once: targets key caches looked up at every instruction (two
+        targets of one name but other limits are different keys)."""
+        cached = self.__dict__.get("_hash")
+        if cached is None:
+            cached = self.__dict__["_hash"] = hash(tuple(getattr(self, f.name) for f in fields(self)))
+        return int(cached)
 
     @property
     def max_lnc(self) -> int:

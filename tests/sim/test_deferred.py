@@ -3,11 +3,16 @@
 from __future__ import annotations
 
 import re
+import threading
+import time
+from types import SimpleNamespace
 
 import pytest
 import torch
 
 import fusegen.sim as sim
+from fusegen.sim.barrier import CoreBarrier
+from fusegen.sim.deferred import MatmulQueue
 
 with sim.installed():
     import nki
@@ -243,3 +248,89 @@ def test_pending_groups_sharing_a_stack_each_read_their_own_blocks():
     wf, xf = 2 * w.float(), 2 * x.float()
     for j, out in enumerate(kernel(w, x)):
         _close(out, wf[0].t() @ xf[0] + wf[1 + j].t() @ xf[1])
+
+
+class _Group:
+    """Stands in for deferred._Group: a pending GEMM into `alloc` reading `operand`, failing if told to."""
+
+    def __init__(self, alloc, operand, fail=False):
+        self.alloc, self.reads, self.readers, self.fail = alloc, {operand.id}, [operand], fail
+
+    def gemm(self):
+        def run():
+            if self.fail:
+                raise RuntimeError(f"GEMM into tile {self.alloc.id} failed")
+
+        return run
+
+
+def _queue(fails, off_turn):
+    """A MatmulQueue of one pending group per entry of `fails`, each into its own tile, all reading one
+    operand; returns the queue, the tiles and the operand."""
+    operand = SimpleNamespace(id=99, readers=len(fails))
+    tiles = [SimpleNamespace(id=i, pending=True, readers=0) for i in range(len(fails))]
+    queue = MatmulQueue(off_turn)
+    queue.groups = [_Group(t, operand, fail) for t, fail in zip(tiles, fails, strict=True)]
+    return queue, tiles, operand
+
+
+def test_an_early_gemm_that_raises_leaves_the_queue_consistent():
+    queue, tiles, operand = _queue([True, False, False], off_turn=None)
+    with pytest.raises(RuntimeError, match="tile 0 failed"):
+        queue._early()  # what an instance runs while the other holds the turn
+    assert not tiles[0].pending and operand.readers == 2  # the failed group is gone, not half-gone
+    assert [g.alloc for g in queue.groups] == tiles[1:]
+    queue.off_turn = lambda fn, idle=None: fn()
+    queue.flush()  # the rest still run; no error about a pending tile without a group
+    assert not any(t.pending for t in tiles) and operand.readers == 0
+
+
+def test_a_flushed_gemm_that_raises_is_the_error_and_no_more_gemms_run():
+    barrier = CoreBarrier(2)
+    barrier.turn.acquire()  # held by this instance, as during a launch
+    queue, tiles, operand = _queue([True, False, False], barrier.off_turn)
+    with pytest.raises(RuntimeError, match="tile 0 failed"):
+        queue.flush(tiles[0])
+    assert barrier.turn.locked()  # the turn was taken back
+    assert not tiles[0].pending and tiles[1].pending and tiles[2].pending and operand.readers == 2
+
+
+def _other_instance(barrier):
+    """A thread that takes the turn as soon as it is free and holds it 0.1 s; returns it and an event set
+    once it holds the turn."""
+    grabbed = threading.Event()
+
+    def hold():
+        with barrier.turn:
+            grabbed.set()
+            time.sleep(0.1)
+
+    thread = threading.Thread(target=hold)
+    thread.start()
+    return thread, grabbed
+
+
+def test_off_turn_runs_idle_work_only_after_success_and_keeps_the_first_error():
+    barrier = CoreBarrier(2)
+    barrier.turn.acquire()  # held by this instance, as during a launch
+    ran = []
+
+    def idle():
+        ran.append(1)
+        raise AssertionError("idle work")
+
+    other, grabbed = _other_instance(barrier)
+
+    def fail():
+        grabbed.wait()  # the other instance holds the turn when this fails
+        raise ValueError("the GEMM's error")
+
+    with pytest.raises(ValueError, match="the GEMM's error"):
+        barrier.off_turn(fail, idle)
+    other.join()
+    assert not ran and barrier.turn.locked()
+    other, grabbed = _other_instance(barrier)
+    with pytest.raises(AssertionError, match="idle work"):  # after a success, idle work runs
+        barrier.off_turn(grabbed.wait, idle)
+    other.join()
+    assert ran == [1] and barrier.turn.locked()

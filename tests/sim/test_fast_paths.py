@@ -4,12 +4,15 @@ and PSUM matmul flags that are set only when a check reads them (docs/sim.md, Pe
 
 from __future__ import annotations
 
+import dataclasses
 import warnings
 
 import pytest
 import torch
 
 import fusegen.sim as sim
+from fusegen.sim.targets import TARGETS
+from fusegen.sim.trace import Record
 
 from .conftest import assert_located
 
@@ -37,6 +40,27 @@ def test_remembered_ndarray_request_is_checked_again_on_another_target():
     sim.run(big_tile, F32, target="trn2")
     sim.run(big_tile, F32, target="trn2")  # remembered: passes again
     assert "trn1" in expect(sim.CapacityError, "<-big", lambda: big_tile(F32), target="trn1")
+
+
+def test_remembered_ndarray_request_is_checked_again_on_a_same_named_target_with_other_limits(monkeypatch):
+    sim.run(big_tile, F32, target="trn2")  # remembered for trn2's limits
+    small = dataclasses.replace(TARGETS["trn2"], sbuf_usable_bytes=180_224)  # a "trn2" with trn1's budget
+    monkeypatch.setitem(TARGETS, "trn2", small)
+    assert "180224" in expect(sim.CapacityError, "<-big", lambda: big_tile(F32), target="trn2")
+
+
+def test_remembered_matmul_layout_is_checked_again_on_a_same_named_target_with_other_limits(monkeypatch):
+    def kernel():
+        ps = nl.ndarray((64, 64), dtype=F32, buffer=nl.psum)
+        st = nl.ndarray((32, 64), dtype=F32, buffer=nl.sbuf)
+        nisa.memset(dst=st, value=1.0)
+        mv = nl.ndarray((32, 64), dtype=F32, buffer=nl.sbuf)
+        nisa.memset(dst=mv, value=1.0)
+        nisa.nc_matmul(dst=ps, stationary=st, moving=mv)  # <-limits
+
+    sim.run(kernel, target="trn2")  # remembered for trn2's limits
+    monkeypatch.setitem(TARGETS, "trn2", dataclasses.replace(TARGETS["trn2"], matmul_n_max=32))
+    assert "moving free size 64 > 32" in expect(sim.MatmulShapeError, "<-limits", kernel, target="trn2")
 
 
 def test_remembered_ndarray_request_is_checked_again_for_another_dtype():
@@ -142,3 +166,28 @@ def test_matmul_flags_of_separate_views_allow_accumulating_over_both(first_cols)
 def test_non_matmul_write_clears_flags_it_covers_only():
     msg = expect(sim.AccumulateError, "<-flags", accumulate_onto, 16, 8)
     assert "onto 512 PSUM elements" in msg  # the memset's [64, 8] columns, not the rest
+
+
+def test_trace_rows_become_the_records_with_absolute_psum_banks():
+    """Instructions append plain rows; the launch's Trace builds Records from them when first read, with
+    each matmul's PSUM bank counted from the start of PSUM (its tile's banks are assigned at the end)."""
+
+    def kernel():
+        first = nl.ndarray((128, 1024), dtype=F32, buffer=nl.psum)  # two banks
+        second = nl.ndarray((128, 512), dtype=F32, buffer=nl.psum)
+        st = nl.ndarray((128, 128), dtype=F32, buffer=nl.sbuf)
+        nisa.memset(dst=st, value=1.0)
+        mv = nl.ndarray((128, 512), dtype=F32, buffer=nl.sbuf)
+        nisa.memset(dst=mv, value=1.0)
+        nisa.nc_matmul(dst=first[0:128, 512:1024], stationary=st, moving=mv)
+        nisa.nc_matmul(dst=second, stationary=st, moving=mv)
+        sb = nl.ndarray((128, 512), dtype=F32, buffer=nl.sbuf)
+        nisa.tensor_copy(dst=sb, src=first[0:128, 512:1024])  # first stays live: second gets other banks
+
+    trace = sim.run(kernel).trace
+    assert len(trace) == 5 and trace._records is None  # counted from the rows: no Records built yet
+    records = trace.records
+    assert all(isinstance(r, Record) for r in records) and trace.records is records  # built once
+    banks = [r.psum_bank for r in records if r.op == "nc_matmul"]
+    assert banks == [1, 2]  # bank 1 of the first tile's two; the second tile's first bank after them
+    assert Record(**records[2].to_dict()) == records[2]

@@ -21,13 +21,20 @@ with sim.installed():
 def direct_reads(monkeypatch: pytest.MonkeyPatch) -> list[tuple[int, ...]]:
     """Shapes of the operand blocks GEMMs read from inputs' fp32 copies."""
     seen: list[tuple[int, ...]] = []
-    original = provenance.InputF32.view
+    original, made = provenance.InputF32.view, provenance.InputF32.made
 
     def view(self: provenance.InputF32, key: tuple) -> torch.Tensor:
         seen.append(key[0])
         return original(self, key)
 
+    def made_view(self: provenance.InputF32, key: tuple) -> torch.Tensor | None:
+        found = made(self, key)  # viewed on the turn once the copy exists; else view() is called later
+        if found is not None:
+            seen.append(key[0])
+        return found
+
     monkeypatch.setattr(provenance.InputF32, "view", view)
+    monkeypatch.setattr(provenance.InputF32, "made", made_view)
     return seen
 
 
