@@ -255,6 +255,10 @@ def _buffers(
     ]
 
 
+#: pairs of I-tiles whose down weights load a K half at a time (`paired_tiles`)
+_DOWN_PAIRS = 3
+
+
 def _k_halves(m: _FfnModel, rows: int, k: int, lnc: int, split: int) -> bool:
     """SPLIT 2 over one row tile (every row on core 0): each core finishes half of K's columns instead, so
     both send real sums and the epilogue and stores split between them. Needs a block-wise epilogue, an
@@ -273,6 +277,36 @@ def _k_spans(k: int, first: int, width: int) -> list[tuple[int, int, int, int]]:
     return [
         (k0, min(_F_MOV, s0 + width - k0), s0, width) for s0 in halves for k0 in range(s0, s0 + width, _F_MOV)
     ]
+
+
+def _paired_tiles(its: list[int], i: int, pairs: int = _DOWN_PAIRS) -> list[int]:
+    """Positions in a chunk's I-tiles `its` whose down weights load a K half at a time (K halves, the last
+    chunk): the last `pairs` pairs of whole I-tiles (a ragged one loads whole, before them). Two I-tiles per
+    DMA keep each partition row of a half at 2 * K/2 elements, as one whole I-tile's (the DMA packet rule)."""
+    whole = [hl for hl, it in enumerate(its) if (it + 1) * _P <= i]
+    return whole[len(whole) - min(pairs, len(whole) // 2) * 2 :]
+
+
+def _down_order(n: int, blocks: list[tuple[int, int, int, int]], paired: list[int]) -> list[tuple[int, int]]:
+    """(I-tile, K-block) of each down-projection matmul in order: I-tile outer; the `paired` I-tiles (loaded a
+    K half at a time, `k_spans`' first span first) last, pair by pair, in `evict_order`: the first span's
+    sums do not wait for the second's weights, and the last pair's narrow block is evicted while the PE
+    computes its wide one."""
+    paired = [hl for hl in paired if hl < n]
+    head = [(hl, ko) for hl in range(n) if hl not in paired for ko in range(len(blocks))]
+    order = _evict_order(blocks, True)
+    spans = [[ko for ko in order if (blocks[ko][2] == blocks[0][2]) == first] for first in (True, False)]
+    pairs = [paired[j : j + 2] for j in range(0, len(paired), 2)]
+    tail = [(hl, ko) for span in spans for pair in pairs for ko in span for hl in pair]
+    return head + tail
+
+
+def _evict_order(blocks: list[tuple[int, int, int, int]], paired: bool) -> list[int]:
+    """K-blocks in the order their sums leave PSUM: `blocks`' order; with `paired` down weights (`down_order`)
+    the second span's narrowest block first."""
+    rest = [ko for ko, b in enumerate(blocks) if b[2] != blocks[0][2]]
+    first = [ko for ko in range(len(blocks)) if ko not in rest]
+    return first + (sorted(rest, key=lambda ko: blocks[ko][1]) if paired else rest)
 
 
 def _chunk_tiles(ci: int, i: int, split: int) -> int:
@@ -860,7 +894,9 @@ def gelu_mlp_kernel(x_hbm, w1t_hbm, i_cols_hbm, w2t_hbm, b2_hbm, S, CI, SPLIT, K
             # projection's in turn, in the order the matmuls read them (the first I-tile's gate does not
             # queue behind the whole chunk of the other projection)
             pj0_w = []
-            wd = []
+            # K halves, last chunk: the last whole I-tiles' down weights (`_paired_tiles`) a half of K at a time, two
+            # I-tiles per DMA, the sent half first: its sums leave while this core's own half's weights land
+            wd, paired = {}, _paired_tiles(its, I) if halves and c == n_c - 1 else []
             for lo, hi in ((0, n_hc - solo), (n_hc - solo, n_hc)):  # the solo I-tile's last: it runs last
                 for hl in range(lo, hi):  # streamed up weights (stream_up): the [I] columns only
                     for kt in range(0, 0 if stream_up else n_k, gk):
@@ -871,12 +907,20 @@ def gelu_mlp_kernel(x_hbm, w1t_hbm, i_cols_hbm, w2t_hbm, b2_hbm, S, CI, SPLIT, K
                     if cols_due and hl + 1 == min(hi, _PSUM_BANKS // 1):
                         cols_due = False
                         nisa.dma_copy(dst=i_cols, src=i_cols_hbm)
-                for hl in range(lo, lo if KC else hi):
+                for hl in [hl for hl in range(lo, lo if KC else hi) if hl not in paired]:
                     i1 = its[hl] * _P
                     ph = min(_P, I - i1)
                     t = nl.ndarray((_P, K), dtype=nl.bfloat16, buffer=nl.sbuf)
                     nisa.dma_copy(dst=t[0:ph, 0:K], src=w2t_hbm[i1:i1 + ph, 0:K])
-                    wd.append(t)
+                    wd[hl] = [t[0:_P, k0:k0 + nk] for k0, nk, _, _ in kbs]  # its K-blocks' columns
+                for s0 in (kbs[0][2], k_own) if paired and lo == 0 else ():
+                    for j in range(0, len(paired), 2):  # [p, h * kh + c]: row p, column s0 + c of I-tile paired[j + h]
+                        t = nl.ndarray((_P, 2 * kh), dtype=nl.bfloat16, buffer=nl.sbuf)
+                        nisa.dma_copy(dst=t.ap(pattern=[[2 * kh, _P], [kh, 2], [1, kh]], offset=0),
+                                      src=w2t_hbm.ap(pattern=[[K, _P], [_P * K, 2], [1, kh]], offset=its[paired[j]] * _P * K + s0))
+                        for h in range(2):
+                            wd.setdefault(paired[j + h], [])
+                            wd[paired[j + h]] += [t[0:_P, h * kh + k0 - s0:h * kh + k0 - s0 + nk] for k0, nk, b0, _ in kbs if b0 == s0]
             for q0 in range(0, s_rows, _F_MOV):
                 rw = min(_F_MOV, s_rows - q0)
                 g, ga = [], []  # the combine of each I-tile, and the first of the slice's rows it holds
@@ -953,16 +997,16 @@ def gelu_mlp_kernel(x_hbm, w1t_hbm, i_cols_hbm, w2t_hbm, b2_hbm, S, CI, SPLIT, K
                     for ko in range(len(kbs) if rq >= 0 and len(kbs) <= _ACC_BANKS and (late or not (c == n_c - 1 and owned[rs])) else 0):
                         t = nl.ndarray((_P, _F_MOV), dtype=nl.float32, buffer=nl.psum)
                         sums.append(t)
-                    for hl in range(nh if sums else 0):
-                        ph = min(_P, I - its[hl] * _P)
-                        for ko, (k0, nk, _, _) in enumerate(kbs):
-                            nisa.nc_matmul(dst=sums[ko][0:pr, 0:nk], stationary=g[hl][0:ph, rq - ga[hl]:rq - ga[hl] + pr],
-                                           moving=wd[hl][0:ph, k0:k0 + nk], accumulate=(hl > 0))
+                    for hl, ko in _down_order(nh if sums else 0, kbs, paired):
+                        ph, nk = min(_P, I - its[hl] * _P), kbs[ko][1]
+                        nisa.nc_matmul(dst=sums[ko][0:pr, 0:nk], stationary=g[hl][0:ph, rq - ga[hl]:rq - ga[hl] + pr],
+                                       moving=wd[hl][ko][0:ph, 0:nk], accumulate=(hl > 0))
                     if early:  # the final sums go to the accumulator of this round's tile of `theirs`, dead since its
                         # sums left: the GpSimd adds then only read the earlier chunks' sums (`prev`), so they never
                         # wait for the Vector engine's evictions and epilogue of the blocks before
                         prev, acc[rs] = acc[rs], acc[theirs[mine.index(rs)]]
-                    for ko, (k0, nk, s0, sw) in enumerate(kbs if rq >= 0 else []):
+                    for ko in _evict_order(kbs, bool(paired) and c > 0) if rq >= 0 else []:  # c = 0: [K] bias loads at k0 == s0
+                        k0, nk, s0, sw = kbs[ko]
                         fin = owned[rs] and k_own <= k0 < k_own + kh  # this core finishes the block
                         if early:  # on the idle GpSimd, under this block's matmuls: the Vector engine evicts
                             nisa.tensor_tensor(dst=got[rs][ko][0:pr, 0:nk], data1=got[rs][ko][0:pr, 0:nk],
@@ -971,7 +1015,7 @@ def gelu_mlp_kernel(x_hbm, w1t_hbm, i_cols_hbm, w2t_hbm, b2_hbm, S, CI, SPLIT, K
                         for hl in range(0 if sums else nh):
                             ph = min(_P, I - its[hl] * _P)
                             nisa.nc_matmul(dst=ps[0:pr, 0:nk], stationary=g[hl][0:ph, rq - ga[hl]:rq - ga[hl] + pr],
-                                           moving=wd[hl][0:ph, k0:k0 + nk], accumulate=(hl > 0))
+                                           moving=wd[hl][ko][0:ph, 0:nk], accumulate=(hl > 0))
                         if x_last and not fin and k0 == s0:  # its span's sums into a tile of their own, which the exchange reads
                             sent = nl.ndarray((_P, sw), dtype=nl.float32, buffer=nl.sbuf)
                             if pr < rows:  # rows this tile lacks, sent as zeros
@@ -1020,11 +1064,9 @@ def gelu_mlp_kernel(x_hbm, w1t_hbm, i_cols_hbm, w2t_hbm, b2_hbm, S, CI, SPLIT, K
                         # into the received block, which the block's epilogue then reads: the adds never wait for
                         # the epilogue of the blocks before, as they would writing the accumulator it reads
                         blk = got[rs][ko]
-                        nisa.tensor_tensor(dst=blk[0:pr, 0:nk], data1=blk[0:pr, 0:nk],
-                                           data2=acc[rs][0:pr, k0:k0 + nk], op=nl.add, engine=nisa.engine.gpsimd)
                         r0, nb = r_sb + rs * _P, nk
                         e0 = nl.ndarray((_P, kb), dtype=nl.bfloat16, buffer=nl.sbuf)
-                        nisa.activation(dst=e0[0:pr, 0:nb], op=nl.copy, data=blk[0:pr, 0:nb])
+                        nisa.tensor_tensor(dst=e0[0:pr, 0:nb], data1=blk[0:pr, 0:nb], data2=acc[rs][0:pr, k0:k0 + nb], op=nl.add, engine=nisa.engine.gpsimd)
                         nisa.dma_copy(dst=out_hbm[r0:r0 + pr, k0:k0 + nb], src=e0[0:pr, 0:nb])
 
                     # after this core's last tile of `theirs`: the rounds where only the other core has sums to

@@ -191,6 +191,8 @@ def _sends(result, core: int) -> list[tuple[int, ...]]:  # type: ignore[no-untyp
         (100, 1280, 640, 128),
         (128, 1024, 1000, 256),
         (128, 256, 130, 128),  # one chunk per core (the second core's I share: two columns)
+        (128, 1280, 1536, 768),  # one chunk per core, three pairs of down weights loaded by K half
+        (64, 640, 2000, 512),  # two chunks; core 0's last: one pair, its ragged I-tile loaded whole first
     ],
 )
 def test_one_row_tile_splits_k_between_the_cores(r: int, k: int, i: int, ci: int) -> None:
@@ -211,6 +213,30 @@ def test_one_row_tile_splits_k_between_the_cores(r: int, k: int, i: int, ci: int
         rec for rec in result.trace for op in rec.operands if op[0] == "r" and op[1] == _arg_id(result, 5)
     ]
     assert {rec.core for rec in bias} == {0}
+
+
+@pytest.mark.parametrize(("k", "i", "ci", "pairs"), [(640, 2000, 512, (1, 2)), (1280, 1536, 768, (3, 3))])
+def test_last_down_weights_load_by_k_half(k: int, i: int, ci: int, pairs: tuple[int, int]) -> None:
+    """K halves, last chunk: the last pairs of whole I-tiles' down weights load a K half at a time, two
+    I-tiles per DMA ([128, 2, K/2]), the half this core sends first; the other down weights load whole."""
+    module = load_module(GENERATED / "swiglu_ffn" / "kernel.py", target="trn2")
+    x, w1t, b1, wgt, bg, w2t, b2, _ = _inputs(128, k, i, seed=k + i)
+    cols, up = module._columns, (lambda w: module._up_layout(w, (0,), i))
+    result = run(
+        module.swiglu_ffn_kernel, x, up(w1t), cols(b1, bg), up(wgt), w2t, b2, 128, ci, 2, 0, 0, grid=2
+    )
+    _close(result.outputs, swiglu(x, w1t, b1, wgt, bg, w2t, b2).bfloat16(), rtol=2e-2)
+    down = _arg_id(result, 4)
+    for core in (0, 1):
+        loads = [
+            op[3] for rec in result.trace if rec.core == core for op in rec.operands if op[:2] == ("r", down)
+        ]
+        n = -(-i // 128)
+        share = -(-n // 2) if core else n - -(-n // 2)  # core 1 takes the first (larger) share of I
+        whole = [shape for shape in loads if shape != (128, 2, k // 2)]
+        assert len(loads) - len(whole) == 2 * pairs[core]
+        assert all(len(shape) == 2 and shape[1] == k for shape in whole)
+        assert len(whole) + 2 * pairs[core] == share  # each pair load holds a K half of two I-tiles
 
 
 @pytest.mark.parametrize(("r", "i"), [(1, 300), (100, 640), (128, 384)])

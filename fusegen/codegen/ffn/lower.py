@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import re
 from dataclasses import dataclass, replace
 
 from fusegen.codegen.blocks import BlockedStage, BlockLoad, block_reduction, emit_blocked, spine, walk
@@ -59,6 +60,7 @@ class FfnLowering:
     epilogue: BlockedStage
     epilogue_per_block: bool  # one pass, nothing before its blocks: each block's can follow its last sums
     epilogue_block: BlockedStage | None  # that pass over a block tile `blk`, not the accumulator's block
+    late_add: BlockedStage | None  # that pass, the received sums' add fused into its one cast (`_late_add`)
     outputs: tuple[OutputWrite, ...]
     model: FfnModel
     prologue: BlockedStage | None = None
@@ -116,6 +118,7 @@ def lower_ffn(ir: KernelIR, m: FfnMatch) -> FfnLowering:
         epilogue=epilogue,
         epilogue_per_block=per_block,
         epilogue_block=over_block if per_block else None,
+        late_add=_late_add(over_block) if per_block else None,
         outputs=outputs,
         model=model,
         prologue=prologue,
@@ -285,6 +288,24 @@ def _lower_epilogue(
     sel = block_selector("u" if from_hbm else "e")  # names distinct from the other epilogue's
     stage = emit_blocked(sel, exprs, loads, finish, writes=_row_outputs(ir), accumulator=acc)
     return _with_column_writes(stage, writes), tuple(writes)
+
+
+_BARE_CAST = re.compile(r"nisa\.activation\(dst=(\w+)\[0:pr, 0:nb\], op=nl\.copy, data=blk\[0:pr, 0:nb\]\)")
+
+
+def _late_add(stage: BlockedStage) -> BlockedStage | None:
+    """The block epilogue whose one instruction, a cast of the block, becomes the add of the received sums
+    `blk` and this core's `acc` block into the cast's destination: one instruction less follows the
+    exchange. None for any other epilogue."""
+    (only, *more), lines = stage.passes, stage.passes[0].lines
+    work = [line for line in lines if line.startswith("nisa.") and not line.startswith("nisa.dma_copy")]
+    cast = _BARE_CAST.fullmatch(work[0]) if len(work) == 1 and not more and not only.loads else None
+    if cast is None:
+        return None
+    fused = (f"nisa.tensor_tensor(dst={cast[1]}[0:pr, 0:nb], data1=blk[0:pr, 0:nb], "
+             "data2=acc[rs][0:pr, k0:k0 + nb], op=nl.add, engine=nisa.engine.gpsimd)",)  # fmt: skip
+    at = lines.index(work[0])
+    return replace(stage, passes=(replace(only, lines=(*lines[:at], *fused, *lines[at + 1 :])),))
 
 
 def _row_outputs(ir: KernelIR) -> int:

@@ -121,6 +121,10 @@ def buffers(
     ]
 
 
+#: pairs of I-tiles whose down weights load a K half at a time (`paired_tiles`)
+DOWN_PAIRS = 3
+
+
 def k_halves(m: FfnModel, rows: int, k: int, lnc: int, split: int) -> bool:
     """SPLIT 2 over one row tile (every row on core 0): each core finishes half of K's columns instead, so
     both send real sums and the epilogue and stores split between them. Needs a block-wise epilogue, an
@@ -139,6 +143,36 @@ def k_spans(k: int, first: int, width: int) -> list[tuple[int, int, int, int]]:
     return [
         (k0, min(F_MOV, s0 + width - k0), s0, width) for s0 in halves for k0 in range(s0, s0 + width, F_MOV)
     ]
+
+
+def paired_tiles(its: list[int], i: int, pairs: int = DOWN_PAIRS) -> list[int]:
+    """Positions in a chunk's I-tiles `its` whose down weights load a K half at a time (K halves, the last
+    chunk): the last `pairs` pairs of whole I-tiles (a ragged one loads whole, before them). Two I-tiles per
+    DMA keep each partition row of a half at 2 * K/2 elements, as one whole I-tile's (the DMA packet rule)."""
+    whole = [hl for hl, it in enumerate(its) if (it + 1) * P <= i]
+    return whole[len(whole) - min(pairs, len(whole) // 2) * 2 :]
+
+
+def down_order(n: int, blocks: list[tuple[int, int, int, int]], paired: list[int]) -> list[tuple[int, int]]:
+    """(I-tile, K-block) of each down-projection matmul in order: I-tile outer; the `paired` I-tiles (loaded a
+    K half at a time, `k_spans`' first span first) last, pair by pair, in `evict_order`: the first span's
+    sums do not wait for the second's weights, and the last pair's narrow block is evicted while the PE
+    computes its wide one."""
+    paired = [hl for hl in paired if hl < n]
+    head = [(hl, ko) for hl in range(n) if hl not in paired for ko in range(len(blocks))]
+    order = evict_order(blocks, True)
+    spans = [[ko for ko in order if (blocks[ko][2] == blocks[0][2]) == first] for first in (True, False)]
+    pairs = [paired[j : j + 2] for j in range(0, len(paired), 2)]
+    tail = [(hl, ko) for span in spans for pair in pairs for ko in span for hl in pair]
+    return head + tail
+
+
+def evict_order(blocks: list[tuple[int, int, int, int]], paired: bool) -> list[int]:
+    """K-blocks in the order their sums leave PSUM: `blocks`' order; with `paired` down weights (`down_order`)
+    the second span's narrowest block first."""
+    rest = [ko for ko, b in enumerate(blocks) if b[2] != blocks[0][2]]
+    first = [ko for ko in range(len(blocks)) if ko not in rest]
+    return first + (sorted(rest, key=lambda ko: blocks[ko][1]) if paired else rest)
 
 
 def chunk_tiles(ci: int, i: int, split: int) -> int:
