@@ -287,18 +287,26 @@ def _paired_tiles(its: list[int], i: int, pairs: int = _DOWN_PAIRS) -> list[int]
     return whole[len(whole) - min(pairs, len(whole) // 2) * 2 :]
 
 
-def _down_order(n: int, blocks: list[tuple[int, int, int, int]], paired: list[int]) -> list[tuple[int, int]]:
-    """(I-tile, K-block) of each down-projection matmul in order: I-tile outer; the `paired` I-tiles (loaded a
-    K half at a time, `k_spans`' first span first) last, pair by pair, in `evict_order`: the first span's
-    sums do not wait for the second's weights, and the last pair's narrow block is evicted while the PE
-    computes its wide one."""
+def _down_order(
+    n: int, blocks: list[tuple[int, int, int, int]], paired: list[int]
+) -> list[tuple[int, int, bool]]:
+    """(I-tile, K-block, accumulate) of each down-projection matmul in order: I-tile outer; the `paired`
+    I-tiles (loaded a K half at a time, `k_spans`' first span first) last, pair by pair, in `evict_order`: the
+    first span's sums do not wait for the second's weights, and the last pair's narrow block is evicted
+    while the PE computes its wide one. `accumulate` is False for a block's first matmul, which need not be
+    I-tile 0's (a ragged I-tile goes before the pairs)."""
     paired = [hl for hl in paired if hl < n]
     head = [(hl, ko) for hl in range(n) if hl not in paired for ko in range(len(blocks))]
     order = _evict_order(blocks, True)
     spans = [[ko for ko in order if (blocks[ko][2] == blocks[0][2]) == first] for first in (True, False)]
     pairs = [paired[j : j + 2] for j in range(0, len(paired), 2)]
     tail = [(hl, ko) for span in spans for pair in pairs for ko in span for hl in pair]
-    return head + tail
+    started: set[int] = set()
+    steps = []
+    for hl, ko in head + tail:
+        steps.append((hl, ko, ko in started))
+        started.add(ko)
+    return steps
 
 
 def _evict_order(blocks: list[tuple[int, int, int, int]], paired: bool) -> list[int]:
@@ -1029,10 +1037,10 @@ def swiglu_layernorm_affine_kernel(x_hbm, w1t_hbm, i_cols_hbm, wgt_hbm, w2t_hbm,
                     for ko in range(len(kbs) if rq >= 0 and len(kbs) <= _ACC_BANKS and (late or not (c == n_c - 1 and owned[rs])) else 0):
                         t = nl.ndarray((_P, _F_MOV), dtype=nl.float32, buffer=nl.psum)
                         sums.append(t)
-                    for hl, ko in _down_order(nh if sums else 0, kbs, paired):
+                    for hl, ko, more in _down_order(nh if sums else 0, kbs, paired):
                         ph, nk = min(_P, I - its[hl] * _P), kbs[ko][1]
                         nisa.nc_matmul(dst=sums[ko][0:pr, 0:nk], stationary=g[hl][0:ph, rq - ga[hl]:rq - ga[hl] + pr],
-                                       moving=wd[hl][ko][0:ph, 0:nk], accumulate=(hl > 0))
+                                       moving=wd[hl][ko][0:ph, 0:nk], accumulate=more)
                     if early:  # the final sums go to the accumulator of this round's tile of `theirs`, dead since its
                         # sums left: the GpSimd adds then only read the earlier chunks' sums (`prev`), so they never
                         # wait for the Vector engine's evictions and epilogue of the blocks before

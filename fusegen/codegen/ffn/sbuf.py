@@ -153,18 +153,26 @@ def paired_tiles(its: list[int], i: int, pairs: int = DOWN_PAIRS) -> list[int]:
     return whole[len(whole) - min(pairs, len(whole) // 2) * 2 :]
 
 
-def down_order(n: int, blocks: list[tuple[int, int, int, int]], paired: list[int]) -> list[tuple[int, int]]:
-    """(I-tile, K-block) of each down-projection matmul in order: I-tile outer; the `paired` I-tiles (loaded a
-    K half at a time, `k_spans`' first span first) last, pair by pair, in `evict_order`: the first span's
-    sums do not wait for the second's weights, and the last pair's narrow block is evicted while the PE
-    computes its wide one."""
+def down_order(
+    n: int, blocks: list[tuple[int, int, int, int]], paired: list[int]
+) -> list[tuple[int, int, bool]]:
+    """(I-tile, K-block, accumulate) of each down-projection matmul in order: I-tile outer; the `paired`
+    I-tiles (loaded a K half at a time, `k_spans`' first span first) last, pair by pair, in `evict_order`: the
+    first span's sums do not wait for the second's weights, and the last pair's narrow block is evicted
+    while the PE computes its wide one. `accumulate` is False for a block's first matmul, which need not be
+    I-tile 0's (a ragged I-tile goes before the pairs)."""
     paired = [hl for hl in paired if hl < n]
     head = [(hl, ko) for hl in range(n) if hl not in paired for ko in range(len(blocks))]
     order = evict_order(blocks, True)
     spans = [[ko for ko in order if (blocks[ko][2] == blocks[0][2]) == first] for first in (True, False)]
     pairs = [paired[j : j + 2] for j in range(0, len(paired), 2)]
     tail = [(hl, ko) for span in spans for pair in pairs for ko in span for hl in pair]
-    return head + tail
+    started: set[int] = set()
+    steps = []
+    for hl, ko in head + tail:
+        steps.append((hl, ko, ko in started))
+        started.add(ko)
+    return steps
 
 
 def evict_order(blocks: list[tuple[int, int, int, int]], paired: bool) -> list[int]:
