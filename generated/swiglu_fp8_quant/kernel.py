@@ -675,12 +675,12 @@ def _filled(
     steps = m.n_up * (_cdiv(inter, _P) + bool(solo[0]))  # one projection's weights of one I-tile per step
     streamed = _pipelined(loads, (pe - x_cycles) / mach.pe_ghz, steps)
     chunks = max(streamed, serial, act / mach.act_ghz, dve / mach.dve_ghz)
-    if _k_halves(m, s_rows, k, lnc, plan.split):  # the other half's exchange, then this core's half finished
-        tail = (
-            _dma_time(mach, s_rows * k // 2 * 4, 1)
-            + mach.dma_fixed_ns
-            + _drain(m.epi, mach, 1, k // 2, width=k // 2)
-        )
+    if _k_halves(m, s_rows, k, lnc, plan.split):  # the other half's exchange, then this core's half finished;
+        # the exchange leaves before the last chunk's paired I-tiles' own-half matmuls (`down_order`): they
+        # hide part of it
+        paired = min(_DOWN_PAIRS, chunk // _P // 2) * 2 * _cycles(k // 2) / mach.pe_ghz
+        sent = _dma_time(mach, s_rows * k // 2 * 4, 1) + mach.dma_fixed_ns
+        tail = max(0.0, sent - paired) + _drain(m.epi, mach, 1, k // 2, width=k // 2)
     elif plan.split >= 2 and lnc > 1:  # sendrecv: each K-block's sums leave as it is evicted, no barrier;
         owned = _cdiv(n_rs, lnc)  # only the last block's exchange and the owner's epilogue are after the PE
         last = _dma_time(mach, min(s_rows, owned * _P) * min(k, _F_MOV) * 4, owned) + mach.dma_fixed_ns

@@ -25,6 +25,7 @@ from fusegen.codegen.budget_base import (
 )
 from fusegen.codegen.ffn.sbuf import (
     ACC_BANKS,
+    DOWN_PAIRS,
     SBUF_HEADROOM,
     FfnModel,
     Plan,
@@ -268,12 +269,12 @@ def _filled(
     steps = m.n_up * (cdiv(inter, P) + bool(solo[0]))  # one projection's weights of one I-tile per step
     streamed = pipelined(loads, (pe - x_cycles) / mach.pe_ghz, steps)
     chunks = max(streamed, serial, act / mach.act_ghz, dve / mach.dve_ghz)
-    if k_halves(m, s_rows, k, lnc, plan.split):  # the other half's exchange, then this core's half finished
-        tail = (
-            dma_time(mach, s_rows * k // 2 * 4, 1)
-            + mach.dma_fixed_ns
-            + drain(m.epi, mach, 1, k // 2, width=k // 2)
-        )
+    if k_halves(m, s_rows, k, lnc, plan.split):  # the other half's exchange, then this core's half finished;
+        # the exchange leaves before the last chunk's paired I-tiles' own-half matmuls (`down_order`): they
+        # hide part of it
+        paired = min(DOWN_PAIRS, chunk // P // 2) * 2 * cycles(k // 2) / mach.pe_ghz
+        sent = dma_time(mach, s_rows * k // 2 * 4, 1) + mach.dma_fixed_ns
+        tail = max(0.0, sent - paired) + drain(m.epi, mach, 1, k // 2, width=k // 2)
     elif plan.split >= 2 and lnc > 1:  # sendrecv: each K-block's sums leave as it is evicted, no barrier;
         owned = cdiv(n_rs, lnc)  # only the last block's exchange and the owner's epilogue are after the PE
         last = dma_time(mach, min(s_rows, owned * P) * min(k, F_MOV) * 4, owned) + mach.dma_fixed_ns
