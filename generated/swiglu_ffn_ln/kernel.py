@@ -793,7 +793,7 @@ _MACHINES = {
 
 
 @nki.jit
-def swiglu_ffn_ln_kernel(x_hbm, w1t_hbm, i_cols_hbm, wgt_hbm, w2t_hbm, b2_hbm, a_hbm, eps_arg, S, CI, SPLIT, KC, G):
+def swiglu_ffn_ln_kernel(x_hbm, w1t_hbm, _i_cols_hbm, wgt_hbm, w2t_hbm, b2_hbm, a_hbm, eps_arg, S, CI, SPLIT, KC, G):
     """Rows in super-blocks of S, weights streamed in chunks of CI columns, the chunk loop outermost.
 
     Up weights come laid out by `_up_layout` ([I-tiles, P, K-tiles * P]: each partition's K-tiles of one
@@ -922,7 +922,7 @@ def swiglu_ffn_ln_kernel(x_hbm, w1t_hbm, i_cols_hbm, wgt_hbm, w2t_hbm, b2_hbm, a
                         pj1_w.append(t)
                     if cols_due and hl + 1 == min(hi, _PSUM_BANKS // 2):
                         cols_due = False
-                        nisa.dma_copy(dst=i_cols, src=i_cols_hbm)
+                        nisa.dma_copy(dst=i_cols, src=_i_cols_hbm)
                 for hl in [hl for hl in range(lo, lo if KC else hi) if hl not in paired]:
                     i1 = its[hl] * _P
                     ph = min(_P, I - i1)

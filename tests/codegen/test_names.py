@@ -203,3 +203,16 @@ def test_row_specs_of_adversarial_names_build_run_and_train(chunk: int, tmp_path
 @pytest.mark.parametrize("chunk", range(len(chunks("ffn"))))
 def test_ffn_specs_of_adversarial_names_build_and_run(chunk: int, tmp_path: Path) -> None:
     run_generated_tests(build(ffn_spec(Names(chunks("ffn")[chunk])), tmp_path))
+
+
+def test_an_ffn_input_named_like_the_packed_columns_builds_and_runs(tmp_path: Path) -> None:
+    """The host packs the [I] vectors into one kernel argument: an input spelled like it (`i_cols`, whose
+    argument is `i_cols_hbm`) once gave the kernel two parameters of one name."""
+    spec = (ROOT / "examples" / "swiglu_ffn.spec").read_text().replace("w2t", "i_cols")
+    lines = [line for line in spec.splitlines() if not line.startswith("check")] + ["check R=7 K=256 I=384"]
+    folder = build("\n".join(lines).replace("kernel swiglu_ffn", "kernel packed_names_ffn") + "\n", tmp_path)
+    tree = ast.parse((folder / "kernel.py").read_text())
+    kernel = next(n for n in tree.body if isinstance(n, ast.FunctionDef) and n.name.endswith("_kernel"))
+    params = [a.arg for a in kernel.args.args]
+    assert "i_cols_hbm" in params and len(params) == len(set(params))
+    run_generated_tests(folder)

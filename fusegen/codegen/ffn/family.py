@@ -106,7 +106,7 @@ FFN = FfnFamily()
 
 def _host(ir: KernelIR, m: FfnMatch, low: FfnLowering) -> HostSignature:
     params, returns = host_params(ir)
-    cols = [i.name for i in ir.inputs if kernel_arg(i.name) in low.col_vectors]
+    cols = _col_inputs(ir, low)
     launch = [_launch_arg(i.name, low, cols) for i in ir.inputs if i.name not in cols[1:]]
     launch += [p.name for p in ir.params]
     firsts = [pj.first_column for pj in low.projections if pj.first_column]
@@ -128,18 +128,21 @@ def _up_weights(ir: KernelIR, low: FfnLowering) -> frozenset[str]:
     return frozenset(i.name for i in ir.inputs if kernel_arg(i.name) in {pj.weight for pj in low.projections})
 
 
+def _col_inputs(ir: KernelIR, low: FfnLowering) -> list[str]:
+    """The spec's [I] vector inputs, which the host packs into one (`_columns`), in input order."""
+    return [i.name for i in ir.inputs if kernel_arg(i.name) in low.col_vectors]
+
+
 def _kernel_args(ir: KernelIR, low: FfnLowering) -> list[str]:
-    """The kernel's arguments: the inputs', the [I] vectors packed into one (`i_cols_hbm`, where the first
-    was), then the params'."""
-    first = next((kernel_arg(i.name) for i in ir.inputs if kernel_arg(i.name) in low.col_vectors), None)
-    args = [a for a in kernel_args(ir) if a not in low.col_vectors or a == first]
-    return [kernel_arg("i_cols") if a == first else a for a in args]
+    """The kernel's arguments: the inputs', the [I] vectors packed into one (`_i_cols_hbm`, where the first
+    was: spelled with `_`, so no spec input's argument can meet it), then the params'."""
+    cols = [kernel_arg(name) for name in _col_inputs(ir, low)]
+    return ["_i_cols_hbm" if a in cols[:1] else a for a in kernel_args(ir) if a not in cols[1:]]
 
 
 def _host_laid_out(ir: KernelIR, low: FfnLowering) -> frozenset[str]:
     """The inputs the kernel takes in another layout: the up weights and the [I] vectors."""
-    cols = {i.name for i in ir.inputs if kernel_arg(i.name) in low.col_vectors}
-    return _up_weights(ir, low) | cols
+    return _up_weights(ir, low) | frozenset(_col_inputs(ir, low))
 
 
 def _launch_arg(tensor: str, low: FfnLowering, cols: list[str]) -> str:
