@@ -233,12 +233,14 @@ class _Group:
             stack = self.stacks[side] = _stack(side, self.places[side][0], (t.alloc.id, t.alloc.version, key))
         stack.put(start, t, key, self.copies)
 
-    def _matrix(self, side: int, cols: int) -> torch.Tensor | Callable[[], torch.Tensor]:
+    def _matrix(self, side: int, cols: int, keep: list[object]) -> torch.Tensor | Callable[[], torch.Tensor]:
         """The side's [rows, cols] operand (the stationary side transposed, as the GEMM reads it): a view
-        of an input's fp32 copy, or of the stack; or, for a copy not made yet, a function making it."""
+        of an input's fp32 copy (the copy appended to `keep`), or of the stack; or, for a copy not made
+        yet, a function making it."""
         run = self.runs[side]
         if run:
             source, key = block(run)  # [rows, cols]: the pieces are the operands' own views
+            keep.append(source)  # alive until the GEMM ran: its buffer returns to a pool when freed
             view = source.made(key)
             if view is not None:  # converted by an earlier GEMM: viewed here, on the turn
                 return view.t() if side == 0 else view
@@ -255,13 +257,15 @@ class _Group:
         instance's Python) again after each small view call too."""
         copies, out, beta = self.copies, self.out, self.beta
         m, n = out.shape
-        a, b = self._matrix(0, m), self._matrix(1, n)
+        sources: list[object] = []  # the input copies the views read, held by the closure until it has run
+        a, b = self._matrix(0, m, sources), self._matrix(1, n, sources)
 
         def run() -> None:
             """Stack, then multiply-accumulate."""
             if copies[0]:
                 torch._foreach_copy_(*copies)
             out.addmm_(_made(a), _made(b), beta=beta)
+            sources.clear()
 
         return run
 

@@ -13,7 +13,7 @@ from typing import Any
 from .context import Context
 from .errors import CapacityError
 from .memory import MemoryRegion, Span
-from .trace import PSUM_BANK
+from .trace import OPERANDS, PSUM_BANK
 
 
 def _peak(spans: list[Span], size: dict[int, int]) -> tuple[int, int]:
@@ -105,6 +105,6 @@ def _resolve_bank_numbers(ctx: Context, base: dict[int, int]) -> None:
     for i, row in enumerate(records):
         if row[PSUM_BANK] is None:
             continue
-        dst = next((op[1] for op in row[4] if op[0] == "w" and op[2] == "psum"), None)  # row[4]: operands
+        dst = next((op[1] for op in row[OPERANDS] if op[0] == "w" and op[2] == "psum"), None)
         if dst is not None and base.get(dst, 0):
             records[i] = (*row[:PSUM_BANK], row[PSUM_BANK] + base[dst], *row[PSUM_BANK + 1 :])

@@ -45,26 +45,27 @@ class Record:
 #: A record's fields in Record's order, as instructions append them during a launch: a tuple is built in C,
 #: a Record's generated __init__ costs ~2 us per instruction on the instances' serialised turn
 Row = tuple[Any, ...]
-PSUM_BANK = 13  # index of psum_bank in a Row
+PSUM_BANK = tuple(Record.__dataclass_fields__).index("psum_bank")  # its index in a Row
+OPERANDS = tuple(Record.__dataclass_fields__).index("operands")
 
 
 class Trace:
     """All records of one launch, ordered by (core, index); made from rows, as Records on first use."""
 
-    def __init__(self, records: list[Record] | None = None, rows: list[Row] | None = None) -> None:
-        self._records = records
-        self._rows = [] if records is None and rows is None else rows
+    def __init__(self, rows: list[Row]) -> None:
+        self._rows: list[Any] = rows  # Rows, then (`_built`) the Records made from them
+        self._built = False
 
     @property
     def records(self) -> list[Record]:
-        """The Records (built from the rows once)."""
-        if self._records is None:
-            self._records = [Record(*row) for row in self._rows or ()]
-            self._rows = None
-        return self._records
+        """The Records (built from the rows once, in place)."""
+        if not self._built:
+            self._rows = [Record(*row) for row in self._rows]
+            self._built = True
+        return self._rows
 
     def __len__(self) -> int:
-        return len(self._records if self._records is not None else self._rows or ())
+        return len(self._rows)
 
     def __iter__(self) -> Iterator[Record]:
         return iter(self.records)

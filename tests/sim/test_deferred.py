@@ -285,7 +285,7 @@ def test_an_early_gemm_that_raises_leaves_the_queue_consistent():
     assert not any(t.pending for t in tiles) and operand.readers == 0
 
 
-def test_a_flushed_gemm_that_raises_is_the_error_and_no_more_gemms_run():
+def test_a_flushed_gemm_that_raises_is_the_error_and_the_later_groups_stay_queued():
     barrier = CoreBarrier(2)
     barrier.turn.acquire()  # held by this instance, as during a launch
     queue, tiles, operand = _queue([True, False, False], barrier.off_turn)
