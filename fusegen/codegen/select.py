@@ -293,6 +293,9 @@ class Selector:
         a, b = e.args
         if e.op not in ALU:
             raise SelectError(f"`{e.op}` needs a scalar operand")
+        formed = select_pe.row_plus_scaled_row(self, e, dtype)
+        if formed is not None:
+            return formed
         fused = alu.stt(self, e, a, b, dtype) or alu.stt(self, e, b, a, dtype, reverse=True)
         if fused is not None:
             return fused

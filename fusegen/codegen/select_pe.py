@@ -10,7 +10,11 @@ an accumulating second matmul adds another row with the fp32 rounding of a Vecto
   result overwrites the staged row, so a following two-tile step reads PSUM too);
 - `((x ± b) * s) op u` (a scalar_tensor_tensor, 2N) whose `x ± b` the Scalar engine computes anyway (an
   affine activation, e.g. layernorm's centring): `* s` folds into that activation (scale s, bias ±b*s),
-  which writes PSUM, and `op u` reads it there (N). No Tensor-engine work; no extra Scalar pass.
+  which writes PSUM, and `op u` reads it there (N). No Tensor-engine work; no extra Scalar pass;
+- `x + g * v` of two bf16 row loads and a column g (a scalar_tensor_tensor, 2N): formed in PSUM per
+  512-column chunk by three matmuls, I·x + diag(g_hi)·v + diag(g_lo)·v (g_hi = bf16(g), g_lo = g - g_hi
+  rounded to bf16: g to ~2^-17), and evicted by one copy (N). The diagonals are per-row work (Scalar
+  activations scaling the identity), so they run with the per-row math, ahead of the epilogue.
 A stage stages one tile, and only when its allocation fits the PSUM banks (tested when NKI traces the
 kernel: `HB` or the width is known then); a wider one takes the SBUF form in the `else` branch.
 """
@@ -19,6 +23,7 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING
 
+from fusegen.codegen.select_tables import NL_DTYPE
 from fusegen.codegen.stage import Expr, Operand
 
 if TYPE_CHECKING:
@@ -105,6 +110,75 @@ def scaled_affine_then_row(sel: Selector, e: Expr, inner: Expr, t: Expr, s: Expr
     sel._emit("tensor_tensor", (first, second), dst=out.code, data1=first.code, data2=second.code,
               op=f"nl.{_NL[e.op]}")  # fmt: skip
     return out
+
+
+def row_plus_scaled_row(sel: Selector, e: Expr, dtype: str) -> Operand | None:
+    """`x + g * v` (x, v bf16 row loads of one dtype, g a column) formed in PSUM by the Tensor engine;
+    None when `e` is not of that form or the stage takes no PE help."""
+    if not sel.pe_staging or e.op != "add" or e.kind != "tile":
+        return None
+    for row, product in (e.args, e.args[::-1]):
+        parts = _column_times_row(product)
+        x = sel.value(row) if parts is not None and row.op == "leaf" else None
+        if parts is None or x is None or not _row_load(x):
+            continue
+        g, v = sel.value(parts[0]), sel.value(parts[1])
+        if _row_load(v) and v.dtype == x.dtype:
+            return _formed_in_psum(sel, x, _fp32_column(sel, g), v, dtype)
+    return None
+
+
+def _column_times_row(e: Expr) -> tuple[Expr, Expr] | None:
+    """(column, row load) of `column * row`, else None."""
+    if e.op != "mul" or e.kind != "tile" or len(e.args) != 2:
+        return None
+    a, b = e.args
+    column, row = (a, b) if a.kind == "vec" else (b, a)
+    return (column, row) if column.kind == "vec" and row.op == "leaf" else None
+
+
+def _fp32_column(sel: Selector, g: Operand) -> Operand:
+    """An activation's scale is fp32 ([ISA] activation)."""
+    return g if g.dtype == "f32" else sel.copy(g, "vec", "f32")
+
+
+def _formed_in_psum(sel: Selector, x: Operand, g: Operand, v: Operand, dtype: str) -> Operand:
+    """out = I·x + diag(g_hi)·v + diag(g_lo)·v, chunk by chunk in one PSUM bank, evicted into `dtype`."""
+    _identity(sel, x.dtype)
+    part = sel.layout.part
+    # the per-row parts, all on the Scalar engine (no hand-off between engines): g_hi = bf16(g) as the
+    # identity scaled by g; g_lo = g - g_hi (exact: Sterbenz), rounded to bf16 by its own diagonal
+    hi = sel._alloc("vec", x.dtype)
+    sel._emit("activation", (g,), dst=hi.code, op="nl.copy", data=g.code)
+    lo = sel._alloc("vec", "f32")
+    sel._emit("activation", (hi, g), dst=lo.code, op="nl.copy", data=hi.code, bias=g.code, scale="-1.0")
+    diagonals = [_diagonal(sel, column, x.dtype) for column in (g, lo)]
+    dst = sel._alloc("tile", dtype)
+    acc = f"{dst.code.split('[')[0]}_acc"
+    sel.raw(f"for q0 in range(0, {sel.layout.free}, _F_MOV):", "tile", "pe")
+    sel.raw(f"    qw = min(_F_MOV, {sel.layout.free} - q0)", "tile", "pe")
+    sel.raw(f"    {acc} = nl.ndarray((_P, _F_MOV), dtype=nl.float32, buffer=nl.psum)", "tile", "pe")
+    terms = [(f"{IDENTITY}[0:{part}, 0:{part}]", x)] + [(d, v) for d in diagonals]
+    for i, (stationary, row) in enumerate(terms):
+        sel.raw(f"    nisa.nc_matmul(dst={acc}[0:{part}, 0:qw], stationary={stationary}, "
+                f"moving={_sub(row.code)}, accumulate={i > 0})", "tile", "pe")  # fmt: skip
+    # the eviction on the Vector engine: the Scalar engine carries the per-row chain, whose hand-offs a
+    # Scalar eviction would wait behind (measured: docs/performance.md)
+    sel.raw(f"    nisa.tensor_copy(dst={_sub(dst.code)}, src={acc}[0:{part}, 0:qw])", "tile", "dve")
+    if sel.load is not None:
+        sel.load.add("dve", 1)
+    return dst
+
+
+def _diagonal(sel: Selector, column: Operand, dtype: str) -> str:
+    """diag(column) as a [_P, _P] stationary in `dtype`: the identity scaled per row (one Scalar pass)."""
+    name = f"{sel.prefix}{len(sel.tiles)}"
+    sel.tiles.append((name, "diag", dtype))
+    part = sel.layout.part
+    sel.raw(f"{name} = nl.ndarray((_P, _P), dtype={NL_DTYPE[dtype]}, buffer=nl.sbuf)", "vec", "")
+    sel.raw(f"nisa.activation(dst={name}[0:{part}, 0:{part}], op=nl.copy, data={IDENTITY}[0:{part}, 0:{part}], "
+            f"scale={column.code})", "vec", "act")  # fmt: skip
+    return f"{name}[0:{part}, 0:{part}]"
 
 
 _NL = {"add": "add", "sub": "subtract", "mul": "multiply", "maximum": "maximum", "minimum": "minimum"}

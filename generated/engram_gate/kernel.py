@@ -147,7 +147,7 @@ def _choose_rows(m: _RowModel, width: int, heads: int, budget: int) -> tuple[int
         f"(the prepared weights stay width-long); the budget is {budget} B"
     )
 
-_MODEL = _RowModel(resident_per_head=4, prep_scratch=0, row_inputs=6, epilogue=2, chunk=20, columns=124, row_copies=2, stream_epilogue=2, launch_tiles=768)
+_MODEL = _RowModel(resident_per_head=4, prep_scratch=0, row_inputs=6, epilogue=2, chunk=20, columns=644, row_copies=2, stream_epilogue=2, launch_tiles=768)
 
 
 def _prepare_weights(h, w_h_hbm, w_e_hbm):
@@ -261,16 +261,30 @@ def _head_passes(t0, pt, h, HB, d_H, dot_sv, ec0, ec1, ec2, ec3, gate_sv, kv_hbm
     nisa.tensor_tensor(dst=e12[0:pt, 0:1], data1=e7[0:pt, 0:1], data2=e11[0:pt, 0:1], op=nl.multiply, engine=nisa.engine.gpsimd)
     e13 = nl.ndarray((_P, 1), dtype=nl.float32, buffer=nl.sbuf)
     nisa.activation(dst=e13[0:pt, 0:1], op=nl.sigmoid, data=e12[0:pt, 0:1])
-    return (t0, pt, h, acc19, dot_sv, e1, e13, e4, gate_sv, rstd_k_sv, rstd_x_sv, v_ld, x_ld)
+    e14 = nl.ndarray((_P, 1), dtype=nl.bfloat16, buffer=nl.sbuf)
+    nisa.activation(dst=e14[0:pt, 0:1], op=nl.copy, data=e13[0:pt, 0:1])
+    e15 = nl.ndarray((_P, 1), dtype=nl.float32, buffer=nl.sbuf)
+    nisa.activation(dst=e15[0:pt, 0:1], op=nl.copy, data=e14[0:pt, 0:1], bias=e13[0:pt, 0:1], scale=-1.0)
+    e16 = nl.ndarray((_P, _P), dtype=nl.bfloat16, buffer=nl.sbuf)
+    nisa.activation(dst=e16[0:pt, 0:pt], op=nl.copy, data=pe_identity[0:pt, 0:pt], scale=e13[0:pt, 0:1])
+    e17 = nl.ndarray((_P, _P), dtype=nl.bfloat16, buffer=nl.sbuf)
+    nisa.activation(dst=e17[0:pt, 0:pt], op=nl.copy, data=pe_identity[0:pt, 0:pt], scale=e15[0:pt, 0:1])
+    return (t0, pt, h, acc19, dot_sv, e1, e13, e16, e17, e4, gate_sv, rstd_k_sv, rstd_x_sv, v_ld, x_ld)
 
 
-def _head_epilogue(head, d_H, d_HC, dot_hbm, gate_hbm, out_hbm, rstd_k_hbm, rstd_x_hbm, save):
+def _head_epilogue(head, d_H, d_HC, dot_hbm, gate_hbm, out_hbm, pe_identity, rstd_k_hbm, rstd_x_hbm, save):
     """Head state `head` from head_passes: the full-width combine and staged columns; returns its output DMAs."""
-    t0, pt, h, acc19, dot_sv, e1, e13, e4, gate_sv, rstd_k_sv, rstd_x_sv, v_ld, x_ld = head
+    t0, pt, h, acc19, dot_sv, e1, e13, e16, e17, e4, gate_sv, rstd_k_sv, rstd_x_sv, v_ld, x_ld = head
     stores = []
-    e14 = nl.ndarray((_P, d_H), dtype=nl.bfloat16, buffer=nl.sbuf)
-    nisa.scalar_tensor_tensor(dst=e14[0:pt, 0:d_H], data=v_ld[0:pt, 0:d_H], op0=nl.multiply, operand0=e13[0:pt, 0:1], op1=nl.add, operand1=x_ld[0:pt, 0:d_H])
-    stores.append((out_hbm[t0:t0 + pt, h, 0:d_H], e14[0:pt, 0:d_H]))
+    e18 = nl.ndarray((_P, d_H), dtype=nl.bfloat16, buffer=nl.sbuf)
+    for q0 in range(0, d_H, _F_MOV):
+        qw = min(_F_MOV, d_H - q0)
+        e18_acc = nl.ndarray((_P, _F_MOV), dtype=nl.float32, buffer=nl.psum)
+        nisa.nc_matmul(dst=e18_acc[0:pt, 0:qw], stationary=pe_identity[0:pt, 0:pt], moving=x_ld[0:pt, q0:q0 + qw], accumulate=False)
+        nisa.nc_matmul(dst=e18_acc[0:pt, 0:qw], stationary=e16[0:pt, 0:pt], moving=v_ld[0:pt, q0:q0 + qw], accumulate=True)
+        nisa.nc_matmul(dst=e18_acc[0:pt, 0:qw], stationary=e17[0:pt, 0:pt], moving=v_ld[0:pt, q0:q0 + qw], accumulate=True)
+        nisa.tensor_copy(dst=e18[0:pt, q0:q0 + qw], src=e18_acc[0:pt, 0:qw])
+    stores.append((out_hbm[t0:t0 + pt, h, 0:d_H], e18[0:pt, 0:d_H]))
     if save:
         nisa.tensor_copy(dst=dot_sv[0:pt, h:h + 1], src=acc19[0:pt, 0:1], engine=nisa.engine.gpsimd)
         nisa.tensor_copy(dst=gate_sv[0:pt, h:h + 1], src=e13[0:pt, 0:1], engine=nisa.engine.gpsimd)
@@ -465,12 +479,12 @@ def engram_gate_kernel(x_hbm, kv_hbm, w_h_hbm, w_e_hbm, eps_arg, clamp_arg, HB, 
                     nisa.dma_copy(dst=dst, src=src)
                 queued, stores = (stores, []) if overlap else ([], [])
                 for prev in pending:
-                    stores.extend(_head_epilogue(prev, d_H, d_HC, dot_hbm, gate_hbm, out_hbm, rstd_k_hbm, rstd_x_hbm, save))
+                    stores.extend(_head_epilogue(prev, d_H, d_HC, dot_hbm, gate_hbm, out_hbm, pe_identity, rstd_k_hbm, rstd_x_hbm, save))
                 pending = [head] if overlap else []
                 if not overlap:
-                    stores.extend(_head_epilogue(head, d_H, d_HC, dot_hbm, gate_hbm, out_hbm, rstd_k_hbm, rstd_x_hbm, save))
+                    stores.extend(_head_epilogue(head, d_H, d_HC, dot_hbm, gate_hbm, out_hbm, pe_identity, rstd_k_hbm, rstd_x_hbm, save))
         for prev in pending:
-            stores.extend(_head_epilogue(prev, d_H, d_HC, dot_hbm, gate_hbm, out_hbm, rstd_k_hbm, rstd_x_hbm, save))
+            stores.extend(_head_epilogue(prev, d_H, d_HC, dot_hbm, gate_hbm, out_hbm, pe_identity, rstd_k_hbm, rstd_x_hbm, save))
         for dst, src in queued + stores:
             nisa.dma_copy(dst=dst, src=src)
     if save:

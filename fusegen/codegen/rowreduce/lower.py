@@ -20,7 +20,7 @@ from typing import TypeVar
 from fusegen.codegen import select_pe
 from fusegen.codegen.engines import GPSIMD, VECTOR, gpsimd_allows
 from fusegen.codegen.family import kernel_arg
-from fusegen.codegen.rowreduce.budget import RowModel
+from fusegen.codegen.rowreduce.budget import P, RowModel
 from fusegen.codegen.rowreduce.loads import Load, column_leaves, column_load, leaf_name, load_row
 from fusegen.codegen.rowreduce.match import RowLoad, RowReduceMatch
 from fusegen.codegen.select import Layout, Selector
@@ -132,7 +132,8 @@ def _lower_rowreduce(ir: KernelIR, m: RowReduceMatch, load: EngineLoad) -> RowRe
         epilogue=sum(DTYPE_BYTES[dt] for _, kind, dt in epi.tiles if kind == "tile"),
         chunk=passes.chunk_bytes,
         columns=4 * (sum(1 for _, k, _ in epi.tiles if k == "vec") + len(passes.levels) * 8 + len(col_outs)
-                     + len(columns) // 2),
+                     + len(columns) // 2)
+                + sum(P * DTYPE_BYTES[dt] for _, k, dt in epi.tiles if k == "diag"),  # [_P, _P] diagonals
         row_copies=2,  # head_passes of the next head runs before this head's full-width epilogue
         launch_tiles=select_pe.IDENTITY_BYTES if len(columns) < len(constants) else 0,
     )  # fmt: skip
