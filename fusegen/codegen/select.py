@@ -73,6 +73,7 @@ class Selector:
     tiles: list[tuple[str, str, str]] = field(default_factory=list)  # (name, kind, dtype) allocated
     calls: list[tuple[str, str]] = field(default_factory=list)  # (call, destination kind) emitted
     _kinds: dict[str, str] = field(default_factory=dict)  # tile name -> kind
+    writers: dict[str, str] = field(default_factory=dict)  # tile name -> engine of its last writer
     _memo: dict[tuple[int, str], Operand] = field(default_factory=dict)
     constant_columns: dict[str, Operand] = field(default_factory=dict)  # by value source (select_columns)
     _memo_neg: dict[tuple[int, str], Expr] = field(default_factory=dict)
@@ -123,6 +124,8 @@ class Selector:
         self.lines.append(f"nisa.{call}({args})")
         self.line_kinds.append(kind)
         self.line_engines.append("gpsimd" if kwargs.get("engine") == GPSIMD else CALL_COST[call][0])
+        for written in (kwargs["dst"], kwargs.get("reduce_res", "")):
+            self.writers[written.split("[")[0]] = self.line_engines[-1]
         self.calls.append((call, kind))
         full_width = kind == "tile" or any(r.kind == "tile" for r in reads)  # e.g. a reduction into a column
         if self.load is not None and full_width and "engine" not in kwargs:
@@ -300,6 +303,9 @@ class Selector:
         if fused is not None:
             return fused
         x, y = self._not_both_psum(self.value(a), self.value(b))
+        on_scalar = columns.on_scalar(self, x, ALU[e.op], y) or columns.on_scalar(self, y, ALU[e.op], x)
+        if on_scalar is not None:
+            return on_scalar if on_scalar.dtype == dtype else self.copy(on_scalar, "vec", dtype)
         on_pe = select_pe.tensor_tensor(self, x, y, e.op, e.kind, dtype)
         if on_pe is not None:
             return on_pe

@@ -6,6 +6,10 @@ full-width work fills. `tensor_scalar` may not run on GpSimd (its docstring allo
 chain of adds and products becomes GpSimd `tensor_tensor` steps against columns, a constant operand
 memset once per launch into a column (`Selector.constants`), and `max(x, c)` becomes `relu(x - c) + c`
 (the relu on the Scalar engine, whose bias takes a column; the maximum itself is Vector-only).
+A step whose input the Scalar engine wrote (an rsqrt, a sigmoid, a reducing activation) stays there
+instead when the kernel's full-width work leaves the Scalar engine the less busy one (`EngineLoad`): `x * s` and `x + b` are one identity activation (scale s, bias b), the same fp32 rounding as the
+GpSimd step, without the cross-engine hand-off (the producer's latency, each way) that a chain alternating
+between the two engines pays per step.
 """
 
 from __future__ import annotations
@@ -42,6 +46,10 @@ def chain(sel: Selector, data: Operand, ops: list[str], operands: list[Operand],
             value = _maximum(sel, value, operand.code)
             continue
         operand = sel._fp32(operand)
+        on_scalar = on_scalar_engine(sel, value, op, operand)
+        if on_scalar is not None:
+            value = on_scalar
+            continue
         if operand.kind == "scalar":
             operand = constant(sel, operand.code)
         dst = sel._alloc("vec", "f32")
@@ -50,6 +58,31 @@ def chain(sel: Selector, data: Operand, ops: list[str], operands: list[Operand],
         )
         value = dst
     return value if value.dtype == dtype else sel.copy(value, "vec", dtype)
+
+
+def on_scalar(sel: Selector, data: Operand, op: str, operand: Operand) -> Operand | None:
+    """`data op operand` on columns as an identity activation when the Scalar engine wrote `data` (row
+    stages only, where [P, 1] work is kept off the Vector queue); None otherwise."""
+    if sel.load is None or not sel.column_engine or data.kind != "vec" or data.memory == "psum":
+        return None
+    if operand.kind not in ("vec", "scalar") or sel.writers.get(data.code.split("[")[0]) != "act":
+        return None
+    return on_scalar_engine(sel, data, op, sel._fp32(operand))
+
+
+def on_scalar_engine(sel: Selector, data: Operand, op: str, operand: Operand) -> Operand | None:
+    """`data * operand` (scale) or `data + operand` (bias, a column) on the Scalar engine when `data` was
+    written there; None otherwise."""
+    if sel.load is None or not sel.column_engine or sel.writers.get(data.code.split("[")[0]) != "act":
+        return None
+    if not sel.load.scalar_lighter() or op not in ("nl.multiply", "nl.add") or operand.memory == "psum":
+        return None
+    if op == "nl.add" and operand.kind == "scalar":
+        operand = constant(sel, operand.code)
+    dst = sel._alloc("vec", "f32")
+    role = "scale" if op == "nl.multiply" else "bias"
+    sel._emit("activation", (data, operand), dst=dst.code, op="nl.copy", data=data.code, **{role: operand.code})
+    return dst
 
 
 def _maximum(sel: Selector, x: Operand, bound: str) -> Operand:

@@ -82,6 +82,13 @@ class EngineLoad:
         if engine in self.busy:
             self.busy[engine] += passes / CLOCK_GHZ[engine]
 
+    def scalar_lighter(self) -> bool:
+        """Whether the planned full-width work leaves the Scalar engine the less busy of the two (per-row
+        steps may then join it; on the busier engine each would lengthen the kernel's bound)."""
+        if self.planned is None:
+            return False
+        return self.planned["act"] + self.moved["act"] < self.planned["dve"] - self.moved["dve"]
+
     def prefers_scalar(self, vector_passes: float) -> bool:
         """Whether moving a step of `vector_passes` Vector passes to one Scalar pass lowers the larger of
         the two totals (and if so, count the move)."""

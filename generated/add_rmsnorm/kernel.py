@@ -147,7 +147,7 @@ def _choose_rows(m: _RowModel, width: int, heads: int, budget: int) -> tuple[int
         f"(the prepared weights stay width-long); the budget is {budget} B"
     )
 
-_MODEL = _RowModel(resident_per_head=4, prep_scratch=0, row_inputs=4, epilogue=8, chunk=8, columns=48, row_copies=2, stream_epilogue=8, launch_tiles=768)
+_MODEL = _RowModel(resident_per_head=4, prep_scratch=0, row_inputs=4, epilogue=8, chunk=8, columns=44, row_copies=2, stream_epilogue=8, launch_tiles=768)
 
 
 def _prepare_weights(h, w_hbm):
@@ -178,7 +178,7 @@ def _fused_weight_kernel(w_hbm):
     return _prep0
 
 
-def _head_passes(t0, pt, h, HB, d_H, pe_identity, prepared, r0_c0, r_ld, x_ld):
+def _head_passes(t0, pt, h, HB, d_H, pe_identity, prepared, r_ld, x_ld):
     """Token tile t0, head h: loads, reduction passes, per-row math; returns what head_epilogue reads."""
     # reduction pass 1: partial results per chunk, folded into [_P, 1] accumulators
     for c in range(_cdiv(d_H, HB)):
@@ -196,7 +196,7 @@ def _head_passes(t0, pt, h, HB, d_H, pe_identity, prepared, r0_c0, r_ld, x_ld):
         r0_2 = nl.ndarray((_P, 1), dtype=nl.float32, buffer=nl.sbuf)
         nisa.activation_reduce(dst=r0_1[0:pt, 0:hw], op=nl.square, data=r0_0[0:pt, 0:hw], reduce_op=nl.add, reduce_res=r0_2[0:pt, 0:1])
         r0_3 = nl.ndarray((_P, 1), dtype=nl.float32, buffer=nl.sbuf)
-        nisa.tensor_tensor(dst=r0_3[0:pt, 0:1], data1=r0_2[0:pt, 0:1], data2=r0_c0[0:pt, 0:1], op=nl.multiply, engine=nisa.engine.gpsimd)
+        nisa.activation(dst=r0_3[0:pt, 0:1], op=nl.copy, data=r0_2[0:pt, 0:1], scale=(1.0 / float(d_H)))
         if c == 0:
             acc7 = r0_3
         else:
@@ -230,7 +230,7 @@ def _head_epilogue(head, d_H, ec0, h_hbm, pe_identity, y_hbm):
     return stores
 
 
-def _stream_passes(t0, pt, h, HB, d_H, prepared, r_hbm, scc0, sr0_c0, x_hbm):
+def _stream_passes(t0, pt, h, HB, d_H, prepared, r_hbm, scc0, x_hbm):
     """head_passes for rows too wide for SBUF: each pass reads its chunks of the row inputs from HBM."""
     # reduction pass 1: partial results per chunk, folded into [_P, 1] accumulators
     for c in range(_cdiv(d_H, HB)):
@@ -246,7 +246,7 @@ def _stream_passes(t0, pt, h, HB, d_H, prepared, r_hbm, scc0, sr0_c0, x_hbm):
         sr0_2 = nl.ndarray((_P, 1), dtype=nl.float32, buffer=nl.sbuf)
         nisa.activation_reduce(dst=sr0_1[0:pt, 0:hw], op=nl.square, data=sr0_0[0:pt, 0:hw], reduce_op=nl.add, reduce_res=sr0_2[0:pt, 0:1])
         sr0_3 = nl.ndarray((_P, 1), dtype=nl.float32, buffer=nl.sbuf)
-        nisa.tensor_tensor(dst=sr0_3[0:pt, 0:1], data1=sr0_2[0:pt, 0:1], data2=sr0_c0[0:pt, 0:1], op=nl.multiply, engine=nisa.engine.gpsimd)
+        nisa.activation(dst=sr0_3[0:pt, 0:1], op=nl.copy, data=sr0_2[0:pt, 0:1], scale=(1.0 / float(d_H)))
         if c == 0:
             acc7 = sr0_3
         else:
@@ -305,12 +305,8 @@ def add_rmsnorm_kernel(x_hbm, r_hbm, w_hbm, eps_arg, HB, resident, overlap, stre
     nisa.iota(dst=pe_offsets[0:_P, 0:_P], pattern=[[-1, _P]], offset=0, channel_multiplier=1)
     pe_identity = nl.ndarray((_P, _P), dtype=nl.bfloat16, buffer=nl.sbuf)
     nisa.tensor_scalar(dst=pe_identity[0:_P, 0:_P], data=pe_offsets[0:_P, 0:_P], op0=nl.equal, operand0=0.0)
-    r0_c0 = nl.ndarray((_P, 1), dtype=nl.float32, buffer=nl.sbuf)
-    nisa.memset(dst=r0_c0[0:_P, 0:1], value=(1.0 / float(d_H)), engine=nisa.engine.gpsimd)
     ec0 = nl.ndarray((_P, 1), dtype=nl.float32, buffer=nl.sbuf)
     nisa.memset(dst=ec0[0:_P, 0:1], value=eps_arg, engine=nisa.engine.gpsimd)
-    sr0_c0 = nl.ndarray((_P, 1), dtype=nl.float32, buffer=nl.sbuf)
-    nisa.memset(dst=sr0_c0[0:_P, 0:1], value=(1.0 / float(d_H)), engine=nisa.engine.gpsimd)
     scc0 = nl.ndarray((_P, 1), dtype=nl.float32, buffer=nl.sbuf)
     nisa.memset(dst=scc0[0:_P, 0:1], value=eps_arg, engine=nisa.engine.gpsimd)
     # output DMAs of the last epilogue, and of the one before (the DMA queues are in order: overlapped, a head's
@@ -328,7 +324,7 @@ def add_rmsnorm_kernel(x_hbm, r_hbm, w_hbm, eps_arg, HB, resident, overlap, stre
             pt = min(_P, t_end - t0)
             for h in range(1):
                 prepared = held[h] if resident else _prepare_weights(h, w_hbm)
-                head = _stream_passes(t0, pt, h, HB, d_H, prepared, r_hbm, scc0, sr0_c0, x_hbm)
+                head = _stream_passes(t0, pt, h, HB, d_H, prepared, r_hbm, scc0, x_hbm)
                 for dst, src in _stream_epilogue(head, HB, d_H, h_hbm, r_hbm, x_hbm, y_hbm):
                     nisa.dma_copy(dst=dst, src=src)
     else:
@@ -340,7 +336,7 @@ def add_rmsnorm_kernel(x_hbm, r_hbm, w_hbm, eps_arg, HB, resident, overlap, stre
             nisa.dma_copy(dst=r_ld[0:pt, 0:d_H], src=r_hbm[t0:t0 + pt, 0, 0:d_H])
             for h in range(1):
                 prepared = held[h] if resident else _prepare_weights(h, w_hbm)
-                head = _head_passes(t0, pt, h, HB, d_H, pe_identity, prepared, r0_c0, r_ld, x_ld)  # ahead of the previous head's epilogue and stores
+                head = _head_passes(t0, pt, h, HB, d_H, pe_identity, prepared, r_ld, x_ld)  # ahead of the previous head's epilogue and stores
                 for dst, src in queued if overlap else stores:
                     nisa.dma_copy(dst=dst, src=src)
                 queued, stores = (stores, []) if overlap else ([], [])

@@ -147,7 +147,7 @@ def _choose_rows(m: _RowModel, width: int, heads: int, budget: int) -> tuple[int
         f"(the prepared weights stay width-long); the budget is {budget} B"
     )
 
-_MODEL = _RowModel(resident_per_head=4, prep_scratch=0, row_inputs=6, epilogue=2, chunk=20, columns=644, row_copies=2, stream_epilogue=2, launch_tiles=768)
+_MODEL = _RowModel(resident_per_head=4, prep_scratch=0, row_inputs=6, epilogue=2, chunk=20, columns=636, row_copies=2, stream_epilogue=2, launch_tiles=768)
 
 
 def _prepare_weights(h, w_h_hbm, w_e_hbm):
@@ -187,7 +187,7 @@ def _fused_weight_kernel(w_h_hbm, w_e_hbm):
     return _prep0
 
 
-def _head_passes(t0, pt, h, HB, d_H, dot_sv, ec0, ec1, ec2, ec3, gate_sv, kv_hbm, pe_identity, prepared, r0_c0, rstd_k_sv, rstd_x_sv, v_ld, x_hbm):
+def _head_passes(t0, pt, h, HB, d_H, dot_sv, ec0, ec1, ec2, gate_sv, kv_hbm, pe_identity, prepared, rstd_k_sv, rstd_x_sv, v_ld, x_hbm):
     """Token tile t0, head h: loads, reduction passes, per-row math; returns what head_epilogue reads."""
     x_ld = nl.ndarray((_P, d_H), dtype=nl.bfloat16, buffer=nl.sbuf)
     nisa.dma_copy(dst=x_ld[0:pt, 0:d_H], src=x_hbm[t0:t0 + pt, h, 0:d_H])
@@ -201,12 +201,12 @@ def _head_passes(t0, pt, h, HB, d_H, dot_sv, ec0, ec1, ec2, ec3, gate_sv, kv_hbm
         r0_1 = nl.ndarray((_P, 1), dtype=nl.float32, buffer=nl.sbuf)
         nisa.activation_reduce(dst=r0_0[0:pt, 0:hw], op=nl.square, data=x_ld[0:pt, c0:c0 + hw], reduce_op=nl.add, reduce_res=r0_1[0:pt, 0:1])
         r0_2 = nl.ndarray((_P, 1), dtype=nl.float32, buffer=nl.sbuf)
-        nisa.tensor_tensor(dst=r0_2[0:pt, 0:1], data1=r0_1[0:pt, 0:1], data2=r0_c0[0:pt, 0:1], op=nl.multiply, engine=nisa.engine.gpsimd)
+        nisa.activation(dst=r0_2[0:pt, 0:1], op=nl.copy, data=r0_1[0:pt, 0:1], scale=(1.0 / float(d_H)))
         r0_3 = nl.ndarray((_P, HB), dtype=nl.float32, buffer=nl.sbuf)
         r0_4 = nl.ndarray((_P, 1), dtype=nl.float32, buffer=nl.sbuf)
         nisa.activation_reduce(dst=r0_3[0:pt, 0:hw], op=nl.square, data=k_ld[0:pt, c0:c0 + hw], reduce_op=nl.add, reduce_res=r0_4[0:pt, 0:1])
         r0_5 = nl.ndarray((_P, 1), dtype=nl.float32, buffer=nl.sbuf)
-        nisa.tensor_tensor(dst=r0_5[0:pt, 0:1], data1=r0_4[0:pt, 0:1], data2=r0_c0[0:pt, 0:1], op=nl.multiply, engine=nisa.engine.gpsimd)
+        nisa.activation(dst=r0_5[0:pt, 0:1], op=nl.copy, data=r0_4[0:pt, 0:1], scale=(1.0 / float(d_H)))
         r0_6 = nl.ndarray((_P, HB), dtype=nl.float32, buffer=nl.psum if HB <= nl.tile_size.psum_bank_fmax * nl.tile_size.psum_num_banks else nl.sbuf)
         if HB <= nl.tile_size.psum_bank_fmax * nl.tile_size.psum_num_banks:
             for q0 in range(0, hw, _F_MOV):
@@ -238,27 +238,27 @@ def _head_passes(t0, pt, h, HB, d_H, dot_sv, ec0, ec1, ec2, ec3, gate_sv, kv_hbm
     e1 = nl.ndarray((_P, 1), dtype=nl.float32, buffer=nl.sbuf)
     nisa.activation(dst=e1[0:pt, 0:1], op=nl.rsqrt, data=e0[0:pt, 0:1])
     e2 = nl.ndarray((_P, 1), dtype=nl.float32, buffer=nl.sbuf)
-    nisa.tensor_tensor(dst=e2[0:pt, 0:1], data1=acc19[0:pt, 0:1], data2=e1[0:pt, 0:1], op=nl.multiply, engine=nisa.engine.gpsimd)
+    nisa.activation(dst=e2[0:pt, 0:1], op=nl.copy, data=e1[0:pt, 0:1], scale=acc19[0:pt, 0:1])
     e3 = nl.ndarray((_P, 1), dtype=nl.float32, buffer=nl.sbuf)
     nisa.tensor_tensor(dst=e3[0:pt, 0:1], data1=acc13[0:pt, 0:1], data2=ec0[0:pt, 0:1], op=nl.add, engine=nisa.engine.gpsimd)
     e4 = nl.ndarray((_P, 1), dtype=nl.float32, buffer=nl.sbuf)
     nisa.activation(dst=e4[0:pt, 0:1], op=nl.rsqrt, data=e3[0:pt, 0:1])
     e5 = nl.ndarray((_P, 1), dtype=nl.float32, buffer=nl.sbuf)
-    nisa.tensor_tensor(dst=e5[0:pt, 0:1], data1=e2[0:pt, 0:1], data2=e4[0:pt, 0:1], op=nl.multiply, engine=nisa.engine.gpsimd)
+    nisa.activation(dst=e5[0:pt, 0:1], op=nl.copy, data=e2[0:pt, 0:1], scale=e4[0:pt, 0:1])
     e6 = nl.ndarray((_P, 1), dtype=nl.float32, buffer=nl.sbuf)
-    nisa.tensor_tensor(dst=e6[0:pt, 0:1], data1=e5[0:pt, 0:1], data2=ec1[0:pt, 0:1], op=nl.multiply, engine=nisa.engine.gpsimd)
+    nisa.activation(dst=e6[0:pt, 0:1], op=nl.copy, data=e5[0:pt, 0:1], scale=(float(d_H) ** -0.5))
     e7 = nl.ndarray((_P, 1), dtype=nl.float32, buffer=nl.sbuf)
     nisa.activation(dst=e7[0:pt, 0:1], op=nl.sign, data=e6[0:pt, 0:1])
     e8 = nl.ndarray((_P, 1), dtype=nl.float32, buffer=nl.sbuf)
     nisa.activation(dst=e8[0:pt, 0:1], op=nl.abs, data=e6[0:pt, 0:1])
     e9 = nl.ndarray((_P, 1), dtype=nl.float32, buffer=nl.sbuf)
-    nisa.activation(dst=e9[0:pt, 0:1], op=nl.relu, data=e8[0:pt, 0:1], bias=ec2[0:pt, 0:1])
+    nisa.activation(dst=e9[0:pt, 0:1], op=nl.relu, data=e8[0:pt, 0:1], bias=ec1[0:pt, 0:1])
     e10 = nl.ndarray((_P, 1), dtype=nl.float32, buffer=nl.sbuf)
-    nisa.tensor_tensor(dst=e10[0:pt, 0:1], data1=e9[0:pt, 0:1], data2=ec3[0:pt, 0:1], op=nl.add, engine=nisa.engine.gpsimd)
+    nisa.tensor_tensor(dst=e10[0:pt, 0:1], data1=e9[0:pt, 0:1], data2=ec2[0:pt, 0:1], op=nl.add, engine=nisa.engine.gpsimd)
     e11 = nl.ndarray((_P, 1), dtype=nl.float32, buffer=nl.sbuf)
     nisa.activation(dst=e11[0:pt, 0:1], op=nl.sqrt, data=e10[0:pt, 0:1])
     e12 = nl.ndarray((_P, 1), dtype=nl.float32, buffer=nl.sbuf)
-    nisa.tensor_tensor(dst=e12[0:pt, 0:1], data1=e7[0:pt, 0:1], data2=e11[0:pt, 0:1], op=nl.multiply, engine=nisa.engine.gpsimd)
+    nisa.activation(dst=e12[0:pt, 0:1], op=nl.copy, data=e7[0:pt, 0:1], scale=e11[0:pt, 0:1])
     e13 = nl.ndarray((_P, 1), dtype=nl.float32, buffer=nl.sbuf)
     nisa.activation(dst=e13[0:pt, 0:1], op=nl.sigmoid, data=e12[0:pt, 0:1])
     e14 = nl.ndarray((_P, 1), dtype=nl.bfloat16, buffer=nl.sbuf)
@@ -299,7 +299,7 @@ def _head_epilogue(head, d_H, d_HC, dot_hbm, gate_hbm, out_hbm, pe_identity, rst
     return stores
 
 
-def _stream_passes(t0, pt, h, HB, d_H, dot_sv, gate_sv, kv_hbm, prepared, rstd_k_sv, rstd_x_sv, scc0, scc1, scc2, scc3, sr0_c0, x_hbm):
+def _stream_passes(t0, pt, h, HB, d_H, dot_sv, gate_sv, kv_hbm, prepared, rstd_k_sv, rstd_x_sv, scc0, scc1, scc2, scc3, x_hbm):
     """head_passes for rows too wide for SBUF: each pass reads its chunks of the row inputs from HBM."""
     # reduction pass 1: partial results per chunk, folded into [_P, 1] accumulators
     for c in range(_cdiv(d_H, HB)):
@@ -313,12 +313,12 @@ def _stream_passes(t0, pt, h, HB, d_H, dot_sv, gate_sv, kv_hbm, prepared, rstd_k
         sr0_1 = nl.ndarray((_P, 1), dtype=nl.float32, buffer=nl.sbuf)
         nisa.activation_reduce(dst=sr0_0[0:pt, 0:hw], op=nl.square, data=x_ld[0:pt, 0:hw], reduce_op=nl.add, reduce_res=sr0_1[0:pt, 0:1])
         sr0_2 = nl.ndarray((_P, 1), dtype=nl.float32, buffer=nl.sbuf)
-        nisa.tensor_tensor(dst=sr0_2[0:pt, 0:1], data1=sr0_1[0:pt, 0:1], data2=sr0_c0[0:pt, 0:1], op=nl.multiply, engine=nisa.engine.gpsimd)
+        nisa.activation(dst=sr0_2[0:pt, 0:1], op=nl.copy, data=sr0_1[0:pt, 0:1], scale=(1.0 / float(d_H)))
         sr0_3 = nl.ndarray((_P, HB), dtype=nl.float32, buffer=nl.sbuf)
         sr0_4 = nl.ndarray((_P, 1), dtype=nl.float32, buffer=nl.sbuf)
         nisa.activation_reduce(dst=sr0_3[0:pt, 0:hw], op=nl.square, data=k_ld[0:pt, 0:hw], reduce_op=nl.add, reduce_res=sr0_4[0:pt, 0:1])
         sr0_5 = nl.ndarray((_P, 1), dtype=nl.float32, buffer=nl.sbuf)
-        nisa.tensor_tensor(dst=sr0_5[0:pt, 0:1], data1=sr0_4[0:pt, 0:1], data2=sr0_c0[0:pt, 0:1], op=nl.multiply, engine=nisa.engine.gpsimd)
+        nisa.activation(dst=sr0_5[0:pt, 0:1], op=nl.copy, data=sr0_4[0:pt, 0:1], scale=(1.0 / float(d_H)))
         sr0_6 = nl.ndarray((_P, HB), dtype=nl.float32, buffer=nl.sbuf)
         nisa.tensor_tensor(dst=sr0_6[0:pt, 0:hw], data1=x_ld[0:pt, 0:hw], data2=k_ld[0:pt, 0:hw], op=nl.multiply)
         sr0_7 = nl.ndarray((_P, HB), dtype=nl.float32, buffer=nl.sbuf)
@@ -417,8 +417,6 @@ def engram_gate_kernel(x_hbm, kv_hbm, w_h_hbm, w_e_hbm, eps_arg, clamp_arg, HB, 
     rstd_x_hbm = nl.ndarray((d_T, d_HC), dtype=nl.float32, buffer=nl.shared_hbm) if save else None
     rstd_k_hbm = nl.ndarray((d_T, d_HC), dtype=nl.float32, buffer=nl.shared_hbm) if save else None
     held = [_prepare_weights(h, w_h_hbm, w_e_hbm) for h in range(d_HC)] if resident else []
-    r0_c0 = nl.ndarray((_P, 1), dtype=nl.float32, buffer=nl.sbuf)
-    nisa.memset(dst=r0_c0[0:_P, 0:1], value=(1.0 / float(d_H)), engine=nisa.engine.gpsimd)
     pe_offsets = nl.ndarray((_P, _P), dtype=nl.int32, buffer=nl.sbuf)
     nisa.iota(dst=pe_offsets[0:_P, 0:_P], pattern=[[-1, _P]], offset=0, channel_multiplier=1)
     pe_identity = nl.ndarray((_P, _P), dtype=nl.bfloat16, buffer=nl.sbuf)
@@ -426,13 +424,9 @@ def engram_gate_kernel(x_hbm, kv_hbm, w_h_hbm, w_e_hbm, eps_arg, clamp_arg, HB, 
     ec0 = nl.ndarray((_P, 1), dtype=nl.float32, buffer=nl.sbuf)
     nisa.memset(dst=ec0[0:_P, 0:1], value=eps_arg, engine=nisa.engine.gpsimd)
     ec1 = nl.ndarray((_P, 1), dtype=nl.float32, buffer=nl.sbuf)
-    nisa.memset(dst=ec1[0:_P, 0:1], value=(float(d_H) ** -0.5), engine=nisa.engine.gpsimd)
+    nisa.memset(dst=ec1[0:_P, 0:1], value=(-clamp_arg), engine=nisa.engine.gpsimd)
     ec2 = nl.ndarray((_P, 1), dtype=nl.float32, buffer=nl.sbuf)
-    nisa.memset(dst=ec2[0:_P, 0:1], value=(-clamp_arg), engine=nisa.engine.gpsimd)
-    ec3 = nl.ndarray((_P, 1), dtype=nl.float32, buffer=nl.sbuf)
-    nisa.memset(dst=ec3[0:_P, 0:1], value=clamp_arg, engine=nisa.engine.gpsimd)
-    sr0_c0 = nl.ndarray((_P, 1), dtype=nl.float32, buffer=nl.sbuf)
-    nisa.memset(dst=sr0_c0[0:_P, 0:1], value=(1.0 / float(d_H)), engine=nisa.engine.gpsimd)
+    nisa.memset(dst=ec2[0:_P, 0:1], value=clamp_arg, engine=nisa.engine.gpsimd)
     scc0 = nl.ndarray((_P, 1), dtype=nl.float32, buffer=nl.sbuf)
     nisa.memset(dst=scc0[0:_P, 0:1], value=eps_arg, engine=nisa.engine.gpsimd)
     scc1 = nl.ndarray((_P, 1), dtype=nl.float32, buffer=nl.sbuf)
@@ -460,7 +454,7 @@ def engram_gate_kernel(x_hbm, kv_hbm, w_h_hbm, w_e_hbm, eps_arg, clamp_arg, HB, 
             rstd_k_sv = nl.ndarray((_P, d_HC), dtype=nl.float32, buffer=nl.sbuf)
             for h in range(d_HC):
                 prepared = held[h] if resident else _prepare_weights(h, w_h_hbm, w_e_hbm)
-                head = _stream_passes(t0, pt, h, HB, d_H, dot_sv, gate_sv, kv_hbm, prepared, rstd_k_sv, rstd_x_sv, scc0, scc1, scc2, scc3, sr0_c0, x_hbm)
+                head = _stream_passes(t0, pt, h, HB, d_H, dot_sv, gate_sv, kv_hbm, prepared, rstd_k_sv, rstd_x_sv, scc0, scc1, scc2, scc3, x_hbm)
                 for dst, src in _stream_epilogue(head, HB, d_H, d_HC, dot_hbm, gate_hbm, kv_hbm, out_hbm, rstd_k_hbm, rstd_x_hbm, save, x_hbm):
                     nisa.dma_copy(dst=dst, src=src)
     else:
@@ -474,7 +468,7 @@ def engram_gate_kernel(x_hbm, kv_hbm, w_h_hbm, w_e_hbm, eps_arg, clamp_arg, HB, 
             rstd_k_sv = nl.ndarray((_P, d_HC), dtype=nl.float32, buffer=nl.sbuf)
             for h in range(d_HC):
                 prepared = held[h] if resident else _prepare_weights(h, w_h_hbm, w_e_hbm)
-                head = _head_passes(t0, pt, h, HB, d_H, dot_sv, ec0, ec1, ec2, ec3, gate_sv, kv_hbm, pe_identity, prepared, r0_c0, rstd_k_sv, rstd_x_sv, v_ld, x_hbm)  # ahead of the previous head's epilogue and stores
+                head = _head_passes(t0, pt, h, HB, d_H, dot_sv, ec0, ec1, ec2, gate_sv, kv_hbm, pe_identity, prepared, rstd_k_sv, rstd_x_sv, v_ld, x_hbm)  # ahead of the previous head's epilogue and stores
                 for dst, src in queued if overlap else stores:
                     nisa.dma_copy(dst=dst, src=src)
                 queued, stores = (stores, []) if overlap else ([], [])

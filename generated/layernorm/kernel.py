@@ -249,7 +249,7 @@ def _head_epilogue(head, d_H, mu_hbm, rstd_hbm, save, y_hbm):
     return stores
 
 
-def _stream_passes(t0, pt, h, HB, d_H, mu_sv, prepared, rstd_sv, scc0, sr0_c0, sr1_c0, sr1_c1, x_hbm):
+def _stream_passes(t0, pt, h, HB, d_H, mu_sv, prepared, rstd_sv, scc0, sr1_c0, x_hbm):
     """head_passes for rows too wide for SBUF: each pass reads its chunks of the row inputs from HBM."""
     # reduction pass 1: partial results per chunk, folded into [_P, 1] accumulators
     for c in range(_cdiv(d_H, HB)):
@@ -261,7 +261,7 @@ def _stream_passes(t0, pt, h, HB, d_H, mu_sv, prepared, rstd_sv, scc0, sr0_c0, s
         sr0_1 = nl.ndarray((_P, 1), dtype=nl.float32, buffer=nl.sbuf)
         nisa.activation_reduce(dst=sr0_0[0:pt, 0:hw], op=nl.copy, data=x_ld[0:pt, 0:hw], reduce_op=nl.add, reduce_res=sr0_1[0:pt, 0:1])
         sr0_2 = nl.ndarray((_P, 1), dtype=nl.float32, buffer=nl.sbuf)
-        nisa.tensor_tensor(dst=sr0_2[0:pt, 0:1], data1=sr0_1[0:pt, 0:1], data2=sr0_c0[0:pt, 0:1], op=nl.multiply, engine=nisa.engine.gpsimd)
+        nisa.activation(dst=sr0_2[0:pt, 0:1], op=nl.copy, data=sr0_1[0:pt, 0:1], scale=(1.0 / float(d_H)))
         if c == 0:
             acc4 = sr0_2
         else:
@@ -278,7 +278,7 @@ def _stream_passes(t0, pt, h, HB, d_H, mu_sv, prepared, rstd_sv, scc0, sr0_c0, s
         sr1_2 = nl.ndarray((_P, 1), dtype=nl.float32, buffer=nl.sbuf)
         nisa.activation_reduce(dst=sr1_1[0:pt, 0:hw], op=nl.square, data=x_ld[0:pt, 0:hw], reduce_op=nl.add, reduce_res=sr1_2[0:pt, 0:1], bias=sr1_0[0:pt, 0:1])
         sr1_3 = nl.ndarray((_P, 1), dtype=nl.float32, buffer=nl.sbuf)
-        nisa.tensor_tensor(dst=sr1_3[0:pt, 0:1], data1=sr1_2[0:pt, 0:1], data2=sr1_c1[0:pt, 0:1], op=nl.multiply, engine=nisa.engine.gpsimd)
+        nisa.activation(dst=sr1_3[0:pt, 0:1], op=nl.copy, data=sr1_2[0:pt, 0:1], scale=(1.0 / float(d_H)))
         if c == 0:
             acc7 = sr1_3
         else:
@@ -351,12 +351,8 @@ def layernorm_kernel(x_hbm, w_hbm, b_hbm, eps_arg, HB, resident, overlap, stream
     nisa.memset(dst=ec0[0:_P, 0:1], value=-1.0, engine=nisa.engine.gpsimd)
     ec1 = nl.ndarray((_P, 1), dtype=nl.float32, buffer=nl.sbuf)
     nisa.memset(dst=ec1[0:_P, 0:1], value=eps_arg, engine=nisa.engine.gpsimd)
-    sr0_c0 = nl.ndarray((_P, 1), dtype=nl.float32, buffer=nl.sbuf)
-    nisa.memset(dst=sr0_c0[0:_P, 0:1], value=(1.0 / float(d_H)), engine=nisa.engine.gpsimd)
     sr1_c0 = nl.ndarray((_P, 1), dtype=nl.float32, buffer=nl.sbuf)
     nisa.memset(dst=sr1_c0[0:_P, 0:1], value=-1.0, engine=nisa.engine.gpsimd)
-    sr1_c1 = nl.ndarray((_P, 1), dtype=nl.float32, buffer=nl.sbuf)
-    nisa.memset(dst=sr1_c1[0:_P, 0:1], value=(1.0 / float(d_H)), engine=nisa.engine.gpsimd)
     scc0 = nl.ndarray((_P, 1), dtype=nl.float32, buffer=nl.sbuf)
     nisa.memset(dst=scc0[0:_P, 0:1], value=eps_arg, engine=nisa.engine.gpsimd)
     sec0 = nl.ndarray((_P, 1), dtype=nl.float32, buffer=nl.sbuf)
@@ -378,7 +374,7 @@ def layernorm_kernel(x_hbm, w_hbm, b_hbm, eps_arg, HB, resident, overlap, stream
             rstd_sv = nl.ndarray((_P, 1), dtype=nl.float32, buffer=nl.sbuf)
             for h in range(1):
                 prepared = held[h] if resident else _prepare_weights(h, w_hbm, b_hbm)
-                head = _stream_passes(t0, pt, h, HB, d_H, mu_sv, prepared, rstd_sv, scc0, sr0_c0, sr1_c0, sr1_c1, x_hbm)
+                head = _stream_passes(t0, pt, h, HB, d_H, mu_sv, prepared, rstd_sv, scc0, sr1_c0, x_hbm)
                 for dst, src in _stream_epilogue(head, HB, d_H, mu_hbm, rstd_hbm, save, sec0, x_hbm, y_hbm):
                     nisa.dma_copy(dst=dst, src=src)
     else:

@@ -147,7 +147,7 @@ def _choose_rows(m: _RowModel, width: int, heads: int, budget: int) -> tuple[int
         f"(the prepared weights stay width-long); the budget is {budget} B"
     )
 
-_MODEL = _RowModel(resident_per_head=4, prep_scratch=0, row_inputs=2, epilogue=2, chunk=4, columns=48, row_copies=2, stream_epilogue=2, launch_tiles=0)
+_MODEL = _RowModel(resident_per_head=4, prep_scratch=0, row_inputs=2, epilogue=2, chunk=4, columns=44, row_copies=2, stream_epilogue=2, launch_tiles=0)
 
 
 def _prepare_weights(h, w_hbm):
@@ -177,7 +177,7 @@ def _fused_weight_kernel(w_hbm):
     return _prep0
 
 
-def _head_passes(t0, pt, h, HB, d_D, ec0, prepared, q_hbm, r0_c0):
+def _head_passes(t0, pt, h, HB, d_D, ec0, prepared, q_hbm):
     """Token tile t0, head h: loads, reduction passes, per-row math; returns what head_epilogue reads."""
     q_ld = nl.ndarray((_P, d_D), dtype=nl.bfloat16, buffer=nl.sbuf)
     nisa.dma_copy(dst=q_ld[0:pt, 0:d_D], src=q_hbm[t0:t0 + pt, h, 0:d_D])
@@ -189,7 +189,7 @@ def _head_passes(t0, pt, h, HB, d_D, ec0, prepared, q_hbm, r0_c0):
         r0_1 = nl.ndarray((_P, 1), dtype=nl.float32, buffer=nl.sbuf)
         nisa.activation_reduce(dst=r0_0[0:pt, 0:hw], op=nl.square, data=q_ld[0:pt, c0:c0 + hw], reduce_op=nl.add, reduce_res=r0_1[0:pt, 0:1])
         r0_2 = nl.ndarray((_P, 1), dtype=nl.float32, buffer=nl.sbuf)
-        nisa.tensor_tensor(dst=r0_2[0:pt, 0:1], data1=r0_1[0:pt, 0:1], data2=r0_c0[0:pt, 0:1], op=nl.multiply, engine=nisa.engine.gpsimd)
+        nisa.activation(dst=r0_2[0:pt, 0:1], op=nl.copy, data=r0_1[0:pt, 0:1], scale=(1.0 / float(d_D)))
         if c == 0:
             acc4 = r0_2
         else:
@@ -212,7 +212,7 @@ def _head_epilogue(head, d_D, y_hbm):
     return stores
 
 
-def _stream_passes(t0, pt, h, HB, d_D, prepared, q_hbm, scc0, sr0_c0):
+def _stream_passes(t0, pt, h, HB, d_D, prepared, q_hbm, scc0):
     """head_passes for rows too wide for SBUF: each pass reads its chunks of the row inputs from HBM."""
     # reduction pass 1: partial results per chunk, folded into [_P, 1] accumulators
     for c in range(_cdiv(d_D, HB)):
@@ -224,7 +224,7 @@ def _stream_passes(t0, pt, h, HB, d_D, prepared, q_hbm, scc0, sr0_c0):
         sr0_1 = nl.ndarray((_P, 1), dtype=nl.float32, buffer=nl.sbuf)
         nisa.activation_reduce(dst=sr0_0[0:pt, 0:hw], op=nl.square, data=q_ld[0:pt, 0:hw], reduce_op=nl.add, reduce_res=sr0_1[0:pt, 0:1])
         sr0_2 = nl.ndarray((_P, 1), dtype=nl.float32, buffer=nl.sbuf)
-        nisa.tensor_tensor(dst=sr0_2[0:pt, 0:1], data1=sr0_1[0:pt, 0:1], data2=sr0_c0[0:pt, 0:1], op=nl.multiply, engine=nisa.engine.gpsimd)
+        nisa.activation(dst=sr0_2[0:pt, 0:1], op=nl.copy, data=sr0_1[0:pt, 0:1], scale=(1.0 / float(d_D)))
         if c == 0:
             acc4 = sr0_2
         else:
@@ -267,12 +267,8 @@ def qk_norm_kernel(q_hbm, w_hbm, eps_arg, HB, resident, overlap, streamed, save)
     d_T = q_hbm.shape[0]
     y_hbm = nl.ndarray((d_T, d_NH, d_D), dtype=nl.bfloat16, buffer=nl.shared_hbm)
     held = [_prepare_weights(h, w_hbm) for h in range(d_NH)] if resident else []
-    r0_c0 = nl.ndarray((_P, 1), dtype=nl.float32, buffer=nl.sbuf)
-    nisa.memset(dst=r0_c0[0:_P, 0:1], value=(1.0 / float(d_D)), engine=nisa.engine.gpsimd)
     ec0 = nl.ndarray((_P, 1), dtype=nl.float32, buffer=nl.sbuf)
     nisa.memset(dst=ec0[0:_P, 0:1], value=eps_arg, engine=nisa.engine.gpsimd)
-    sr0_c0 = nl.ndarray((_P, 1), dtype=nl.float32, buffer=nl.sbuf)
-    nisa.memset(dst=sr0_c0[0:_P, 0:1], value=(1.0 / float(d_D)), engine=nisa.engine.gpsimd)
     scc0 = nl.ndarray((_P, 1), dtype=nl.float32, buffer=nl.sbuf)
     nisa.memset(dst=scc0[0:_P, 0:1], value=eps_arg, engine=nisa.engine.gpsimd)
     # output DMAs of the last epilogue, and of the one before (the DMA queues are in order: overlapped, a head's
@@ -290,7 +286,7 @@ def qk_norm_kernel(q_hbm, w_hbm, eps_arg, HB, resident, overlap, streamed, save)
             pt = min(_P, t_end - t0)
             for h in range(d_NH):
                 prepared = held[h] if resident else _prepare_weights(h, w_hbm)
-                head = _stream_passes(t0, pt, h, HB, d_D, prepared, q_hbm, scc0, sr0_c0)
+                head = _stream_passes(t0, pt, h, HB, d_D, prepared, q_hbm, scc0)
                 for dst, src in _stream_epilogue(head, HB, d_D, q_hbm, y_hbm):
                     nisa.dma_copy(dst=dst, src=src)
     else:
@@ -298,7 +294,7 @@ def qk_norm_kernel(q_hbm, w_hbm, eps_arg, HB, resident, overlap, streamed, save)
             pt = min(_P, t_end - t0)
             for h in range(d_NH):
                 prepared = held[h] if resident else _prepare_weights(h, w_hbm)
-                head = _head_passes(t0, pt, h, HB, d_D, ec0, prepared, q_hbm, r0_c0)  # ahead of the previous head's epilogue and stores
+                head = _head_passes(t0, pt, h, HB, d_D, ec0, prepared, q_hbm)  # ahead of the previous head's epilogue and stores
                 for dst, src in queued if overlap else stores:
                     nisa.dma_copy(dst=dst, src=src)
                 queued, stores = (stores, []) if overlap else ([], [])

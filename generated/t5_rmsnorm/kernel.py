@@ -147,7 +147,7 @@ def _choose_rows(m: _RowModel, width: int, heads: int, budget: int) -> tuple[int
         f"(the prepared weights stay width-long); the budget is {budget} B"
     )
 
-_MODEL = _RowModel(resident_per_head=4, prep_scratch=0, row_inputs=2, epilogue=8, chunk=4, columns=52, row_copies=2, stream_epilogue=4, launch_tiles=768)
+_MODEL = _RowModel(resident_per_head=4, prep_scratch=0, row_inputs=2, epilogue=8, chunk=4, columns=48, row_copies=2, stream_epilogue=4, launch_tiles=768)
 
 
 def _prepare_weights(h, w_hbm):
@@ -178,7 +178,7 @@ def _fused_weight_kernel(w_hbm):
     return _prep0
 
 
-def _head_passes(t0, pt, h, HB, d_H, ec0, prepared, r0_c0, rstd_sv, x_ld):
+def _head_passes(t0, pt, h, HB, d_H, ec0, prepared, rstd_sv, x_ld):
     """Token tile t0, head h: loads, reduction passes, per-row math; returns what head_epilogue reads."""
     # reduction pass 1: partial results per chunk, folded into [_P, 1] accumulators
     for c in range(_cdiv(d_H, HB)):
@@ -188,7 +188,7 @@ def _head_passes(t0, pt, h, HB, d_H, ec0, prepared, r0_c0, rstd_sv, x_ld):
         r0_1 = nl.ndarray((_P, 1), dtype=nl.float32, buffer=nl.sbuf)
         nisa.activation_reduce(dst=r0_0[0:pt, 0:hw], op=nl.square, data=x_ld[0:pt, c0:c0 + hw], reduce_op=nl.add, reduce_res=r0_1[0:pt, 0:1])
         r0_2 = nl.ndarray((_P, 1), dtype=nl.float32, buffer=nl.sbuf)
-        nisa.tensor_tensor(dst=r0_2[0:pt, 0:1], data1=r0_1[0:pt, 0:1], data2=r0_c0[0:pt, 0:1], op=nl.multiply, engine=nisa.engine.gpsimd)
+        nisa.activation(dst=r0_2[0:pt, 0:1], op=nl.copy, data=r0_1[0:pt, 0:1], scale=(1.0 / float(d_H)))
         if c == 0:
             acc4 = r0_2
         else:
@@ -225,7 +225,7 @@ def _head_epilogue(head, d_H, pe_identity, rstd_hbm, save, y_hbm):
     return stores
 
 
-def _stream_passes(t0, pt, h, HB, d_H, prepared, rstd_sv, scc0, sr0_c0, x_hbm):
+def _stream_passes(t0, pt, h, HB, d_H, prepared, rstd_sv, scc0, x_hbm):
     """head_passes for rows too wide for SBUF: each pass reads its chunks of the row inputs from HBM."""
     # reduction pass 1: partial results per chunk, folded into [_P, 1] accumulators
     for c in range(_cdiv(d_H, HB)):
@@ -237,7 +237,7 @@ def _stream_passes(t0, pt, h, HB, d_H, prepared, rstd_sv, scc0, sr0_c0, x_hbm):
         sr0_1 = nl.ndarray((_P, 1), dtype=nl.float32, buffer=nl.sbuf)
         nisa.activation_reduce(dst=sr0_0[0:pt, 0:hw], op=nl.square, data=x_ld[0:pt, 0:hw], reduce_op=nl.add, reduce_res=sr0_1[0:pt, 0:1])
         sr0_2 = nl.ndarray((_P, 1), dtype=nl.float32, buffer=nl.sbuf)
-        nisa.tensor_tensor(dst=sr0_2[0:pt, 0:1], data1=sr0_1[0:pt, 0:1], data2=sr0_c0[0:pt, 0:1], op=nl.multiply, engine=nisa.engine.gpsimd)
+        nisa.activation(dst=sr0_2[0:pt, 0:1], op=nl.copy, data=sr0_1[0:pt, 0:1], scale=(1.0 / float(d_H)))
         if c == 0:
             acc4 = sr0_2
         else:
@@ -291,16 +291,12 @@ def t5_rmsnorm_kernel(x_hbm, w_hbm, eps_arg, HB, resident, overlap, streamed, sa
     y_hbm = y_hbm_flat.reshape((d_T, 1, d_H))
     rstd_hbm = rstd_hbm_flat.reshape((d_T, 1)) if save else None
     held = [_prepare_weights(h, w_hbm) for h in range(1)] if resident else []
-    r0_c0 = nl.ndarray((_P, 1), dtype=nl.float32, buffer=nl.sbuf)
-    nisa.memset(dst=r0_c0[0:_P, 0:1], value=(1.0 / float(d_H)), engine=nisa.engine.gpsimd)
     ec0 = nl.ndarray((_P, 1), dtype=nl.float32, buffer=nl.sbuf)
     nisa.memset(dst=ec0[0:_P, 0:1], value=eps_arg, engine=nisa.engine.gpsimd)
     pe_offsets = nl.ndarray((_P, _P), dtype=nl.int32, buffer=nl.sbuf)
     nisa.iota(dst=pe_offsets[0:_P, 0:_P], pattern=[[-1, _P]], offset=0, channel_multiplier=1)
     pe_identity = nl.ndarray((_P, _P), dtype=nl.bfloat16, buffer=nl.sbuf)
     nisa.tensor_scalar(dst=pe_identity[0:_P, 0:_P], data=pe_offsets[0:_P, 0:_P], op0=nl.equal, operand0=0.0)
-    sr0_c0 = nl.ndarray((_P, 1), dtype=nl.float32, buffer=nl.sbuf)
-    nisa.memset(dst=sr0_c0[0:_P, 0:1], value=(1.0 / float(d_H)), engine=nisa.engine.gpsimd)
     scc0 = nl.ndarray((_P, 1), dtype=nl.float32, buffer=nl.sbuf)
     nisa.memset(dst=scc0[0:_P, 0:1], value=eps_arg, engine=nisa.engine.gpsimd)
     # output DMAs of the last epilogue, and of the one before (the DMA queues are in order: overlapped, a head's
@@ -319,7 +315,7 @@ def t5_rmsnorm_kernel(x_hbm, w_hbm, eps_arg, HB, resident, overlap, streamed, sa
             rstd_sv = nl.ndarray((_P, 1), dtype=nl.float32, buffer=nl.sbuf)
             for h in range(1):
                 prepared = held[h] if resident else _prepare_weights(h, w_hbm)
-                head = _stream_passes(t0, pt, h, HB, d_H, prepared, rstd_sv, scc0, sr0_c0, x_hbm)
+                head = _stream_passes(t0, pt, h, HB, d_H, prepared, rstd_sv, scc0, x_hbm)
                 for dst, src in _stream_epilogue(head, HB, d_H, rstd_hbm, save, x_hbm, y_hbm):
                     nisa.dma_copy(dst=dst, src=src)
     else:
@@ -330,7 +326,7 @@ def t5_rmsnorm_kernel(x_hbm, w_hbm, eps_arg, HB, resident, overlap, streamed, sa
             rstd_sv = nl.ndarray((_P, 1), dtype=nl.float32, buffer=nl.sbuf)
             for h in range(1):
                 prepared = held[h] if resident else _prepare_weights(h, w_hbm)
-                head = _head_passes(t0, pt, h, HB, d_H, ec0, prepared, r0_c0, rstd_sv, x_ld)  # ahead of the previous head's epilogue and stores
+                head = _head_passes(t0, pt, h, HB, d_H, ec0, prepared, rstd_sv, x_ld)  # ahead of the previous head's epilogue and stores
                 for dst, src in queued if overlap else stores:
                     nisa.dma_copy(dst=dst, src=src)
                 queued, stores = (stores, []) if overlap else ([], [])
