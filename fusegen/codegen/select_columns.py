@@ -7,8 +7,9 @@ chain of adds and products becomes GpSimd `tensor_tensor` steps against columns,
 memset once per launch into a column (`Selector.constants`), and `max(x, c)` becomes `relu(x - c) + c`
 (the relu on the Scalar engine, whose bias takes a column; the maximum itself is Vector-only).
 A step whose input the Scalar engine wrote (an rsqrt, a sigmoid, a reducing activation) stays there
-instead when the kernel's full-width work leaves the Scalar engine the less busy one (`EngineLoad`): `x * s` and `x + b` are one identity activation (scale s, bias b), the same fp32 rounding as the
-GpSimd step, without the cross-engine hand-off (the producer's latency, each way) that a chain alternating
+instead when the kernel's full-width work leaves the Scalar engine the less busy one (`EngineLoad`):
+`x * s` and `x + b` are one identity activation (scale s, bias b), the same fp32 rounding as the GpSimd
+step, without the cross-engine hand-off (the producer's latency, each way) that a chain alternating
 between the two engines pays per step.
 """
 
@@ -81,7 +82,8 @@ def on_scalar_engine(sel: Selector, data: Operand, op: str, operand: Operand) ->
         operand = constant(sel, operand.code)
     dst = sel._alloc("vec", "f32")
     role = "scale" if op == "nl.multiply" else "bias"
-    sel._emit("activation", (data, operand), dst=dst.code, op="nl.copy", data=data.code, **{role: operand.code})
+    sel._emit("activation", (data, operand), dst=dst.code, op="nl.copy", data=data.code,
+              **{role: operand.code})  # fmt: skip
     return dst
 
 

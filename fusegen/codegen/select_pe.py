@@ -176,8 +176,8 @@ def _diagonal(sel: Selector, column: Operand, dtype: str) -> str:
     sel.tiles.append((name, "diag", dtype))
     part = sel.layout.part
     sel.raw(f"{name} = nl.ndarray((_P, _P), dtype={NL_DTYPE[dtype]}, buffer=nl.sbuf)", "vec", "")
-    sel.raw(f"nisa.activation(dst={name}[0:{part}, 0:{part}], op=nl.copy, data={IDENTITY}[0:{part}, 0:{part}], "
-            f"scale={column.code})", "vec", "act")  # fmt: skip
+    sel.raw(f"nisa.activation(dst={name}[0:{part}, 0:{part}], op=nl.copy, "
+            f"data={IDENTITY}[0:{part}, 0:{part}], scale={column.code})", "vec", "act")  # fmt: skip
     return f"{name}[0:{part}, 0:{part}]"
 
 
