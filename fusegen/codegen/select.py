@@ -66,6 +66,7 @@ class Selector:
     load: EngineLoad | None = None  # shared by a kernel's stages: balance affine steps Scalar/Vector
     pe_staging: bool = False  # two-tile work may go through PSUM on the Tensor engine (select_pe.py)
     pe_staged: bool = False  # this stage has used its one PSUM-staged tile
+    evict_on_scalar: bool = False  # PSUM operands are copied to SBUF by the Scalar engine, not the Vector
     lines: list[str] = field(default_factory=list)
     line_kinds: list[str] = field(default_factory=list)  # kind of the tile each line allocates or writes
     line_engines: list[str] = field(default_factory=list)  # "act" | "dve" | "gpsimd"; "" for allocations
@@ -314,9 +315,10 @@ class Selector:
         return dst
 
     def _not_both_psum(self, x: Operand, y: Operand) -> tuple[Operand, Operand]:
-        """Two-tensor instructions may not read PSUM twice: evict one operand to SBUF first."""
+        """Two-tensor instructions may not read PSUM twice: evict one operand to SBUF first (on the
+        Scalar engine when `evict_on_scalar`)."""
         if x.memory == "psum" and y.memory == "psum":
-            y = self.copy(y, y.kind, "f32")
+            y = self.convert(y, "f32") if self.evict_on_scalar else self.copy(y, y.kind, "f32")
         return x, y
 
 

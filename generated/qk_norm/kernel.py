@@ -162,7 +162,7 @@ def _prepare_weights(h, w_hbm):
         nisa.dma_copy(dst=w_row[0:1, 0:qw], src=w_hbm.ap(pattern=[[d_D, 1], [1, qw]], offset=0 + q0))
         w_bc = nl.ndarray((_P, _F_MOV), dtype=nl.float32, buffer=nl.psum)
         nisa.nc_matmul(dst=w_bc[0:_P, 0:qw], stationary=ones_bfloat16[0:1, 0:_P], moving=w_row[0:1, 0:qw], accumulate=False)
-        nisa.tensor_copy(dst=prep0[0:_P, q0:q0 + qw], src=w_bc[0:_P, 0:qw])
+        nisa.activation(dst=prep0[0:_P, q0:q0 + qw], op=nl.copy, data=w_bc[0:_P, 0:qw])
     return (prep0,)
 
 

@@ -151,14 +151,16 @@ def lower_passes(ir: KernelIR, m: RowReduceMatch, load: EngineLoad | None = None
     """The prep, the loads and the reduction passes of `m` (full-width steps balanced by `load`; two-tile
     steps through PSUM with `pe_staging`, which the forward kernel uses)."""
     width = dim_source(m.width)
-    prep, prep_loads, resident = _lower_prep(ir, m, width)
+    # the prep's copies on the Scalar engine when the kernel's full-width work leaves it the less busy one
+    on_scalar = load is not None and load.scalar_lighter()
+    prep, prep_loads, resident = _lower_prep(ir, m, width, on_scalar)
     levels, chunk_bytes, column_tiles, hoisted, constants = lower_levels(
         ir, m, resident, load=load, pe_staging=pe_staging
     )
     row_loads = [load_row(ir, ld, f"0:{width}") for ld in m.loads]
     return RowPasses(
         rows=dim_source(m.rows), heads=dim_source(m.heads), width=width,
-        prepare=_prepare_body(prep_loads, prep.lines, resident, width),
+        prepare=_prepare_body(prep_loads, prep.lines, resident, width, on_scalar),
         shared_loads=tuple(ld for ld, spec in zip(row_loads, m.loads, strict=True) if not spec.per_head),
         head_loads=tuple(ld for ld, spec in zip(row_loads, m.loads, strict=True) if spec.per_head),
         column_loads=tuple(column_load(ir, c, dim_source(m.heads)) for c in m.column_loads),
@@ -167,8 +169,8 @@ def lower_passes(ir: KernelIR, m: RowReduceMatch, load: EngineLoad | None = None
     )  # fmt: skip
 
 
-def _prepare_body(loads: tuple[Load, ...], lines: list[str], resident: dict[int, str], width: str
-                  ) -> tuple[str, ...]:  # fmt: skip
+def _prepare_body(loads: tuple[Load, ...], lines: list[str], resident: dict[int, str], width: str,
+                  on_scalar: bool = False) -> tuple[str, ...]:  # fmt: skip
     """Head h's prepared weights: per 512-column PSUM chunk, each weight row's chunk DMA'd into one
     partition and broadcast to all partitions by a ones-matmul (1.0 * w is exact in PSUM; a stride-0 DMA
     would read the row from HBM once per partition), the prep lines, each root copied into an fp32 tile.
@@ -191,7 +193,8 @@ def _prepare_body(loads: tuple[Load, ...], lines: list[str], resident: dict[int,
                      f"moving={_row(ld)}[0:1, 0:qw], accumulate=False)")  # fmt: skip
     chunk += lines
     copies = zip(roots, resident.values(), strict=True)
-    chunk += [f"nisa.tensor_copy(dst={r}[0:_P, q0:q0 + qw], src={code})" for r, code in copies]
+    copy = "nisa.activation(dst={}, op=nl.copy, data={})" if on_scalar else "nisa.tensor_copy(dst={}, src={})"
+    chunk += [copy.format(f"{r}[0:_P, q0:q0 + qw]", code) for r, code in copies]
     body += ["    " + line for line in chunk]
     body.append(f"return ({', '.join(roots)},)")
     return tuple(body)
@@ -217,9 +220,10 @@ def row_kind(m: RowReduceMatch) -> Callable[[Node], str]:
 
 
 def _lower_prep(
-    ir: KernelIR, m: RowReduceMatch, width: str
+    ir: KernelIR, m: RowReduceMatch, width: str, on_scalar: bool = False
 ) -> tuple[Selector, tuple[Load, ...], dict[int, str]]:
-    """Weight rows and the prep nodes over one 512-column chunk; root id -> the access holding it."""
+    """Weight rows and the prep nodes over one 512-column chunk; root id -> the access holding it (PSUM
+    operands evicted by the Scalar engine when `on_scalar`)."""
     leaves, loads = {}, []
     for w in m.weights:
         tile = f"{w.name}_bc"  # the row broadcast over partitions, in PSUM
@@ -228,7 +232,7 @@ def _lower_prep(
         loads.append(Load(tile, NL_DTYPE[w.dtype], source))
         leaves[w.id] = Operand("tile", f"{tile}[0:_P, 0:qw]", memory="psum")
     builder = StageBuilder(ir, leaves, row_kind(m), free_size=lambda n: m.width)
-    sel = Selector(Layout(part="_P", free="qw", free_alloc="_F_MOV"), prefix="w")
+    sel = Selector(Layout(part="_P", free="qw", free_alloc="_F_MOV"), prefix="w", evict_on_scalar=on_scalar)
     resident = {root: sel.value(builder.expr(root)).code for root in m.prep_roots}
     return sel, tuple(loads), resident
 
