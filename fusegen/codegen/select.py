@@ -67,6 +67,7 @@ class Selector:
     pe_staging: bool = False  # two-tile work may go through PSUM on the Tensor engine (select_pe.py)
     pe_staged: bool = False  # this stage has used its one PSUM-staged tile
     evict_on_scalar: bool = False  # PSUM operands are copied to SBUF by the Scalar engine, not the Vector
+    psum_banks: int = 0  # banks of the PSUM accumulators this stage's PE-formed values rotate through
     lines: list[str] = field(default_factory=list)
     line_kinds: list[str] = field(default_factory=list)  # kind of the tile each line allocates or writes
     line_engines: list[str] = field(default_factory=list)  # "act" | "dve" | "gpsimd"; "" for allocations
@@ -243,6 +244,8 @@ class Selector:
         """View `e` as `t * scale + bias` for the Scalar engine (bias a [P,1] column)."""
         t, s, b, negate = self._affine_split(e)
         bias = None if b is None else self.value(self._negated(b) if negate else b)
+        if bias is not None and bias.kind == "scalar":
+            bias = columns.constant(self, bias.code)
         scale = None if s is None else self._fp32(self.value(s))
         return self.value(t), scale, bias
 
@@ -254,6 +257,12 @@ class Selector:
             t, b = alu.split_tile(e)
             if t is not None and b is not None and b.kind == "vec" and (e.op == "add" or e.args[0] is t):
                 e, bias, negate = t, b, e.op == "sub"
+        elif e.kind == "vec" and e.op == "add" and self.load is not None and self.column_engine:
+            # a row stage's per-row `act(c + b)` (rstd = rsqrt(mean + eps)): the add rides in the
+            # activation's bias, a scalar b memset once into a column, instead of a step of its own
+            t, b = alu.split_tile(e)
+            if t is not None and b is not None and b.kind in ("vec", "scalar"):
+                return t, None, b, False
         scale = None
         if e.op == "mul" and e.kind == "tile":
             t, s = alu.split_tile(e)

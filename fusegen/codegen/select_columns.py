@@ -92,8 +92,11 @@ def _maximum(sel: Selector, x: Operand, bound: str) -> Operand:
     shifted = sel._alloc("vec", "f32")
     below = constant(sel, f"(-{bound})")
     sel._emit("activation", (x,), dst=shifted.code, op="nl.relu", data=x.code, bias=below.code)
-    dst = sel._alloc("vec", "f32")
     offset = constant(sel, bound)
+    on_scalar = on_scalar_engine(sel, shifted, "nl.add", offset)
+    if on_scalar is not None:
+        return on_scalar
+    dst = sel._alloc("vec", "f32")
     sel._emit("tensor_tensor", (shifted, offset), dst=dst.code, data1=shifted.code, data2=offset.code,
               op="nl.add")  # fmt: skip
     return dst

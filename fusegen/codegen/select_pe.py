@@ -12,8 +12,8 @@ an accumulating second matmul adds another row with the fp32 rounding of a Vecto
   affine activation, e.g. layernorm's centring): `* s` folds into that activation (scale s, bias ±b*s),
   which writes PSUM, and `op u` reads it there (N). No Tensor-engine work; no extra Scalar pass;
 - `x + g * v` of two bf16 row loads and a column g (a scalar_tensor_tensor, 2N): formed in PSUM per
-  512-column chunk by three matmuls, I·x + diag(g_hi)·v + diag(g_lo)·v (g_hi = bf16(g), g_lo = g - g_hi
-  rounded to bf16: g to ~2^-17), and evicted by one copy (N). The diagonals are per-row work (Scalar
+  512-column chunk by four matmuls, I·x + Σ diag(g_i)·v over g's three bf16 parts (g_1 = bf16(g), each
+  next the rounded residual: g to 2^-24), and evicted by one copy (N). The diagonals are per-row work (Scalar
   activations scaling the identity), so they run with the per-row math, ahead of the epilogue.
 A stage stages one tile, and only when its allocation fits the PSUM banks (tested when NKI traces the
 kernel: `HB` or the width is known then); a wider one takes the SBUF form in the `else` branch.
@@ -33,6 +33,12 @@ HALF = ("bf16", "f16")
 #: fp32 columns of all PSUM banks, as NKI names them (nl.tile_size, shared/reference/nki.md §3)
 PSUM_COLUMNS = "nl.tile_size.psum_bank_fmax * nl.tile_size.psum_num_banks"
 IDENTITY = "pe_identity"  # the launch-wide [_P, _P] identity in the rows' dtype
+#: bf16 parts of the column in a PE-formed `x + g*v`: three carry g's 24 bits (two carry 16, and round
+#: 0.07% of the outputs to the other bf16 neighbour, past TileKernels' bar: docs/performance.md)
+G_PARTS = 3
+#: PSUM banks of a chunk-by-chunk accumulation: two, so a chunk's matmuls need not wait for the previous
+#: chunk's eviction
+ACC_BANKS = 2
 #: SBUF bytes per partition of the identity (2-byte) and the int32 offsets it is built from
 IDENTITY_BYTES = 128 * 2 + 128 * 4
 
@@ -143,18 +149,14 @@ def _fp32_column(sel: Selector, g: Operand) -> Operand:
 
 
 def _formed_in_psum(sel: Selector, x: Operand, g: Operand, v: Operand, dtype: str) -> Operand:
-    """out = I·x + diag(g_hi)·v + diag(g_lo)·v, chunk by chunk in one PSUM bank, evicted into `dtype`."""
+    """out = I·x + Σ diag(g_i)·v over the bf16 parts g_i of g, chunk by chunk in one PSUM bank, evicted
+    into `dtype`."""
     _identity(sel, x.dtype)
     part = sel.layout.part
-    # the per-row parts, all on the Scalar engine (no hand-off between engines): g_hi = bf16(g) as the
-    # identity scaled by g; g_lo = g - g_hi (exact: Sterbenz), rounded to bf16 by its own diagonal
-    hi = sel._alloc("vec", x.dtype)
-    sel._emit("activation", (g,), dst=hi.code, op="nl.copy", data=g.code)
-    lo = sel._alloc("vec", "f32")
-    sel._emit("activation", (hi, g), dst=lo.code, op="nl.copy", data=hi.code, bias=g.code, scale="-1.0")
-    diagonals = [_diagonal(sel, column, x.dtype) for column in (g, lo)]
+    diagonals = [_diagonal(sel, column, x.dtype) for column in _parts(sel, g, x.dtype)]
     dst = sel._alloc("tile", dtype)
     acc = f"{dst.code.split('[')[0]}_acc"
+    sel.psum_banks += ACC_BANKS
     sel.raw(f"for q0 in range(0, {sel.layout.free}, _F_MOV):", "tile", "pe")
     sel.raw(f"    qw = min(_F_MOV, {sel.layout.free} - q0)", "tile", "pe")
     sel.raw(f"    {acc} = nl.ndarray((_P, _F_MOV), dtype=nl.float32, buffer=nl.psum)", "tile", "pe")
@@ -162,12 +164,28 @@ def _formed_in_psum(sel: Selector, x: Operand, g: Operand, v: Operand, dtype: st
     for i, (stationary, row) in enumerate(terms):
         sel.raw(f"    nisa.nc_matmul(dst={acc}[0:{part}, 0:qw], stationary={stationary}, "
                 f"moving={_sub(row.code)}, accumulate={i > 0})", "tile", "pe")  # fmt: skip
-    # the eviction on the Vector engine: the Scalar engine carries the per-row chain, whose hand-offs a
-    # Scalar eviction would wait behind (measured: docs/performance.md)
+    # the eviction on the Vector engine: a share of them on the Scalar engine was slower in every split
+    # measured (engram_gate, docs/performance.md): its queue also holds the passes' reductions and the
+    # per-row chain the eviction would wait behind
     sel.raw(f"    nisa.tensor_copy(dst={_sub(dst.code)}, src={acc}[0:{part}, 0:qw])", "tile", "dve")
     if sel.load is not None:
         sel.load.add("dve", 1)
     return dst
+
+
+def _parts(sel: Selector, g: Operand, dtype: str) -> list[Operand]:
+    """fp32 columns whose `dtype` roundings sum to g within 2^-24 relative: g, then the residuals
+    r_{i+1} = r_i - bf16(r_i) (exact, Sterbenz), each rounded by its diagonal. All on the Scalar engine,
+    which wrote g (no hand-off between engines)."""
+    parts = [g]
+    for _ in range(G_PARTS - 1):
+        rounded = sel._alloc("vec", dtype)
+        sel._emit("activation", (parts[-1],), dst=rounded.code, op="nl.copy", data=parts[-1].code)
+        residual = sel._alloc("vec", "f32")
+        sel._emit("activation", (rounded, parts[-1]), dst=residual.code, op="nl.copy", data=rounded.code,
+                  bias=parts[-1].code, scale="-1.0")  # fmt: skip
+        parts.append(residual)
+    return parts
 
 
 def _diagonal(sel: Selector, column: Operand, dtype: str) -> str:

@@ -36,6 +36,7 @@ class _RowModel(NamedTuple):
     row_copies: int = 1  # row inputs in flight: 2 when the next head's loads overlap this head's epilogue
     stream_epilogue: int = 0  # temporaries of the chunked epilogue of a streamed plan, per chunk column
     launch_tiles: int = 0  # bytes of launch-wide tiles independent of width and heads (the PE identity)
+    diagonals: int = 0  # bytes of [P, P] PE stationaries per head, built with the per-row math (whole rows)
 
 
 class _Buffer(NamedTuple):
@@ -90,7 +91,7 @@ def _buffers(m: _RowModel, width: int, heads: int, hb: int, resident: bool = Tru
         # overlapped: a head's output tiles wait for their stores until the next-but-one head's loads queue
         _Buffer("epilogue tiles", m.epilogue * width, 2 if overlap else 1),
         _Buffer("reduction chunk temporaries", m.chunk * hb, 1),
-        _Buffer("per-row columns and output staging", m.columns * heads, 1),
+        _Buffer("per-row columns and output staging", (m.columns + m.diagonals) * heads, 1),
     ]
 
 
@@ -147,7 +148,7 @@ def _choose_rows(m: _RowModel, width: int, heads: int, budget: int) -> tuple[int
         f"(the prepared weights stay width-long); the budget is {budget} B"
     )
 
-_MODEL = _RowModel(resident_per_head=4, prep_scratch=0, row_inputs=8, epilogue=4, chunk=36, columns=168, row_copies=1, stream_epilogue=0, launch_tiles=0)
+_MODEL = _RowModel(resident_per_head=4, prep_scratch=0, row_inputs=8, epilogue=4, chunk=36, columns=168, row_copies=1, stream_epilogue=0, launch_tiles=0, diagonals=0)
 
 
 def _prepare_weights(h, w_h_hbm, w_e_hbm):
@@ -171,7 +172,7 @@ def _prepare_weights(h, w_h_hbm, w_e_hbm):
         nisa.activation(dst=w0[0:_P, 0:qw], op=nl.copy, data=w_e_bc[0:_P, 0:qw])
         w1 = nl.ndarray((_P, _F_MOV), dtype=nl.float32, buffer=nl.sbuf)
         nisa.tensor_tensor(dst=w1[0:_P, 0:qw], data1=w_h_bc[0:_P, 0:qw], data2=w0[0:_P, 0:qw], op=nl.multiply)
-        nisa.activation(dst=prep0[0:_P, q0:q0 + qw], op=nl.copy, data=w1[0:_P, 0:qw])
+        nisa.tensor_copy(dst=prep0[0:_P, q0:q0 + qw], src=w1[0:_P, 0:qw])
     return (prep0,)
 
 

@@ -36,6 +36,7 @@ class _RowModel(NamedTuple):
     row_copies: int = 1  # row inputs in flight: 2 when the next head's loads overlap this head's epilogue
     stream_epilogue: int = 0  # temporaries of the chunked epilogue of a streamed plan, per chunk column
     launch_tiles: int = 0  # bytes of launch-wide tiles independent of width and heads (the PE identity)
+    diagonals: int = 0  # bytes of [P, P] PE stationaries per head, built with the per-row math (whole rows)
 
 
 class _Buffer(NamedTuple):
@@ -90,7 +91,7 @@ def _buffers(m: _RowModel, width: int, heads: int, hb: int, resident: bool = Tru
         # overlapped: a head's output tiles wait for their stores until the next-but-one head's loads queue
         _Buffer("epilogue tiles", m.epilogue * width, 2 if overlap else 1),
         _Buffer("reduction chunk temporaries", m.chunk * hb, 1),
-        _Buffer("per-row columns and output staging", m.columns * heads, 1),
+        _Buffer("per-row columns and output staging", (m.columns + m.diagonals) * heads, 1),
     ]
 
 
@@ -147,7 +148,7 @@ def _choose_rows(m: _RowModel, width: int, heads: int, budget: int) -> tuple[int
         f"(the prepared weights stay width-long); the budget is {budget} B"
     )
 
-_MODEL = _RowModel(resident_per_head=4, prep_scratch=0, row_inputs=6, epilogue=2, chunk=20, columns=116, row_copies=2, stream_epilogue=2, launch_tiles=768)
+_MODEL = _RowModel(resident_per_head=4, prep_scratch=0, row_inputs=6, epilogue=2, chunk=20, columns=108, row_copies=2, stream_epilogue=2, launch_tiles=768, diagonals=0)
 
 
 def _prepare_weights(h, w_h_hbm, w_e_hbm):
@@ -171,7 +172,7 @@ def _prepare_weights(h, w_h_hbm, w_e_hbm):
         nisa.activation(dst=w0[0:_P, 0:qw], op=nl.copy, data=w_e_bc[0:_P, 0:qw])
         w1 = nl.ndarray((_P, _F_MOV), dtype=nl.float32, buffer=nl.sbuf)
         nisa.tensor_tensor(dst=w1[0:_P, 0:qw], data1=w_h_bc[0:_P, 0:qw], data2=w0[0:_P, 0:qw], op=nl.multiply)
-        nisa.activation(dst=prep0[0:_P, q0:q0 + qw], op=nl.copy, data=w1[0:_P, 0:qw])
+        nisa.tensor_copy(dst=prep0[0:_P, q0:q0 + qw], src=w1[0:_P, 0:qw])
     return (prep0,)
 
 
@@ -234,48 +235,44 @@ def _head_passes(t0, pt, h, HB, d_H, dot_sv, ec0, ec1, ec2, gate_sv, kv_hbm, pe_
             nisa.tensor_tensor(dst=acc19[0:pt, 0:1], data1=acc19[0:pt, 0:1], data2=r0_9[0:pt, 0:1], op=nl.add, engine=nisa.engine.gpsimd)
     # per-row math on the accumulators, before the previous head's full-width epilogue
     e0 = nl.ndarray((_P, 1), dtype=nl.float32, buffer=nl.sbuf)
-    nisa.tensor_tensor(dst=e0[0:pt, 0:1], data1=acc9[0:pt, 0:1], data2=ec0[0:pt, 0:1], op=nl.add, engine=nisa.engine.gpsimd)
+    nisa.activation(dst=e0[0:pt, 0:1], op=nl.rsqrt, data=acc9[0:pt, 0:1], bias=ec0[0:pt, 0:1])
     e1 = nl.ndarray((_P, 1), dtype=nl.float32, buffer=nl.sbuf)
-    nisa.activation(dst=e1[0:pt, 0:1], op=nl.rsqrt, data=e0[0:pt, 0:1])
+    nisa.activation(dst=e1[0:pt, 0:1], op=nl.copy, data=e0[0:pt, 0:1], scale=acc19[0:pt, 0:1])
     e2 = nl.ndarray((_P, 1), dtype=nl.float32, buffer=nl.sbuf)
-    nisa.activation(dst=e2[0:pt, 0:1], op=nl.copy, data=e1[0:pt, 0:1], scale=acc19[0:pt, 0:1])
+    nisa.activation(dst=e2[0:pt, 0:1], op=nl.rsqrt, data=acc13[0:pt, 0:1], bias=ec0[0:pt, 0:1])
     e3 = nl.ndarray((_P, 1), dtype=nl.float32, buffer=nl.sbuf)
-    nisa.tensor_tensor(dst=e3[0:pt, 0:1], data1=acc13[0:pt, 0:1], data2=ec0[0:pt, 0:1], op=nl.add, engine=nisa.engine.gpsimd)
+    nisa.activation(dst=e3[0:pt, 0:1], op=nl.copy, data=e1[0:pt, 0:1], scale=e2[0:pt, 0:1])
     e4 = nl.ndarray((_P, 1), dtype=nl.float32, buffer=nl.sbuf)
-    nisa.activation(dst=e4[0:pt, 0:1], op=nl.rsqrt, data=e3[0:pt, 0:1])
+    nisa.activation(dst=e4[0:pt, 0:1], op=nl.copy, data=e3[0:pt, 0:1], scale=(float(d_H) ** -0.5))
     e5 = nl.ndarray((_P, 1), dtype=nl.float32, buffer=nl.sbuf)
-    nisa.activation(dst=e5[0:pt, 0:1], op=nl.copy, data=e2[0:pt, 0:1], scale=e4[0:pt, 0:1])
+    nisa.activation(dst=e5[0:pt, 0:1], op=nl.sign, data=e4[0:pt, 0:1])
     e6 = nl.ndarray((_P, 1), dtype=nl.float32, buffer=nl.sbuf)
-    nisa.activation(dst=e6[0:pt, 0:1], op=nl.copy, data=e5[0:pt, 0:1], scale=(float(d_H) ** -0.5))
+    nisa.activation(dst=e6[0:pt, 0:1], op=nl.abs, data=e4[0:pt, 0:1])
     e7 = nl.ndarray((_P, 1), dtype=nl.float32, buffer=nl.sbuf)
-    nisa.activation(dst=e7[0:pt, 0:1], op=nl.sign, data=e6[0:pt, 0:1])
+    nisa.activation(dst=e7[0:pt, 0:1], op=nl.relu, data=e6[0:pt, 0:1], bias=ec1[0:pt, 0:1])
     e8 = nl.ndarray((_P, 1), dtype=nl.float32, buffer=nl.sbuf)
-    nisa.activation(dst=e8[0:pt, 0:1], op=nl.abs, data=e6[0:pt, 0:1])
+    nisa.activation(dst=e8[0:pt, 0:1], op=nl.copy, data=e7[0:pt, 0:1], bias=ec2[0:pt, 0:1])
     e9 = nl.ndarray((_P, 1), dtype=nl.float32, buffer=nl.sbuf)
-    nisa.activation(dst=e9[0:pt, 0:1], op=nl.relu, data=e8[0:pt, 0:1], bias=ec1[0:pt, 0:1])
+    nisa.activation(dst=e9[0:pt, 0:1], op=nl.sqrt, data=e8[0:pt, 0:1])
     e10 = nl.ndarray((_P, 1), dtype=nl.float32, buffer=nl.sbuf)
-    nisa.tensor_tensor(dst=e10[0:pt, 0:1], data1=e9[0:pt, 0:1], data2=ec2[0:pt, 0:1], op=nl.add, engine=nisa.engine.gpsimd)
+    nisa.activation(dst=e10[0:pt, 0:1], op=nl.copy, data=e5[0:pt, 0:1], scale=e9[0:pt, 0:1])
     e11 = nl.ndarray((_P, 1), dtype=nl.float32, buffer=nl.sbuf)
-    nisa.activation(dst=e11[0:pt, 0:1], op=nl.sqrt, data=e10[0:pt, 0:1])
-    e12 = nl.ndarray((_P, 1), dtype=nl.float32, buffer=nl.sbuf)
-    nisa.activation(dst=e12[0:pt, 0:1], op=nl.copy, data=e7[0:pt, 0:1], scale=e11[0:pt, 0:1])
-    e13 = nl.ndarray((_P, 1), dtype=nl.float32, buffer=nl.sbuf)
-    nisa.activation(dst=e13[0:pt, 0:1], op=nl.sigmoid, data=e12[0:pt, 0:1])
-    return (t0, pt, h, acc19, dot_sv, e1, e13, e4, gate_sv, rstd_k_sv, rstd_x_sv, v_ld)
+    nisa.activation(dst=e11[0:pt, 0:1], op=nl.sigmoid, data=e10[0:pt, 0:1])
+    return (t0, pt, h, acc19, dot_sv, e0, e11, e2, gate_sv, rstd_k_sv, rstd_x_sv, v_ld)
 
 
 def _head_epilogue(head, d_H, d_HC, dot_hbm, gate_hbm, out_hbm, rstd_k_hbm, rstd_x_hbm, save):
     """Head state `head` from head_passes: the full-width combine and staged columns; returns its output DMAs."""
-    t0, pt, h, acc19, dot_sv, e1, e13, e4, gate_sv, rstd_k_sv, rstd_x_sv, v_ld = head
+    t0, pt, h, acc19, dot_sv, e0, e11, e2, gate_sv, rstd_k_sv, rstd_x_sv, v_ld = head
     stores = []
-    e14 = nl.ndarray((_P, d_H), dtype=nl.bfloat16, buffer=nl.sbuf)
-    nisa.tensor_scalar(dst=e14[0:pt, 0:d_H], data=v_ld[0:pt, 0:d_H], op0=nl.multiply, operand0=e13[0:pt, 0:1])
-    stores.append((out_hbm[t0:t0 + pt, h, 0:d_H], e14[0:pt, 0:d_H]))
+    e12 = nl.ndarray((_P, d_H), dtype=nl.bfloat16, buffer=nl.sbuf)
+    nisa.tensor_scalar(dst=e12[0:pt, 0:d_H], data=v_ld[0:pt, 0:d_H], op0=nl.multiply, operand0=e11[0:pt, 0:1])
+    stores.append((out_hbm[t0:t0 + pt, h, 0:d_H], e12[0:pt, 0:d_H]))
     if save:
         nisa.tensor_copy(dst=dot_sv[0:pt, h:h + 1], src=acc19[0:pt, 0:1], engine=nisa.engine.gpsimd)
-        nisa.tensor_copy(dst=gate_sv[0:pt, h:h + 1], src=e13[0:pt, 0:1], engine=nisa.engine.gpsimd)
-        nisa.tensor_copy(dst=rstd_x_sv[0:pt, h:h + 1], src=e1[0:pt, 0:1], engine=nisa.engine.gpsimd)
-        nisa.tensor_copy(dst=rstd_k_sv[0:pt, h:h + 1], src=e4[0:pt, 0:1], engine=nisa.engine.gpsimd)
+        nisa.tensor_copy(dst=gate_sv[0:pt, h:h + 1], src=e11[0:pt, 0:1], engine=nisa.engine.gpsimd)
+        nisa.tensor_copy(dst=rstd_x_sv[0:pt, h:h + 1], src=e0[0:pt, 0:1], engine=nisa.engine.gpsimd)
+        nisa.tensor_copy(dst=rstd_k_sv[0:pt, h:h + 1], src=e2[0:pt, 0:1], engine=nisa.engine.gpsimd)
     if h == d_HC - 1:
         if save:
             stores.append((dot_hbm[t0:t0 + pt, 0:d_HC], dot_sv[0:pt, 0:d_HC]))

@@ -36,6 +36,7 @@ class _RowModel(NamedTuple):
     row_copies: int = 1  # row inputs in flight: 2 when the next head's loads overlap this head's epilogue
     stream_epilogue: int = 0  # temporaries of the chunked epilogue of a streamed plan, per chunk column
     launch_tiles: int = 0  # bytes of launch-wide tiles independent of width and heads (the PE identity)
+    diagonals: int = 0  # bytes of [P, P] PE stationaries per head, built with the per-row math (whole rows)
 
 
 class _Buffer(NamedTuple):
@@ -90,7 +91,7 @@ def _buffers(m: _RowModel, width: int, heads: int, hb: int, resident: bool = Tru
         # overlapped: a head's output tiles wait for their stores until the next-but-one head's loads queue
         _Buffer("epilogue tiles", m.epilogue * width, 2 if overlap else 1),
         _Buffer("reduction chunk temporaries", m.chunk * hb, 1),
-        _Buffer("per-row columns and output staging", m.columns * heads, 1),
+        _Buffer("per-row columns and output staging", (m.columns + m.diagonals) * heads, 1),
     ]
 
 
@@ -147,7 +148,7 @@ def _choose_rows(m: _RowModel, width: int, heads: int, budget: int) -> tuple[int
         f"(the prepared weights stay width-long); the budget is {budget} B"
     )
 
-_MODEL = _RowModel(resident_per_head=8, prep_scratch=0, row_inputs=2, epilogue=6, chunk=4, columns=108, row_copies=2, stream_epilogue=10, launch_tiles=0)
+_MODEL = _RowModel(resident_per_head=8, prep_scratch=0, row_inputs=2, epilogue=6, chunk=4, columns=104, row_copies=2, stream_epilogue=10, launch_tiles=0, diagonals=0)
 
 
 def _prepare_weights(h, w_hbm, b_hbm):
@@ -221,27 +222,25 @@ def _head_passes(t0, pt, h, HB, d_H, ec0, ec1, mu_sv, prepared, r0_c0, r1_c0, r1
     e0 = nl.ndarray((_P, 1), dtype=nl.float32, buffer=nl.sbuf)
     nisa.tensor_tensor(dst=e0[0:pt, 0:1], data1=acc4[0:pt, 0:1], data2=ec0[0:pt, 0:1], op=nl.multiply, engine=nisa.engine.gpsimd)
     e1 = nl.ndarray((_P, 1), dtype=nl.float32, buffer=nl.sbuf)
-    nisa.tensor_tensor(dst=e1[0:pt, 0:1], data1=acc7[0:pt, 0:1], data2=ec1[0:pt, 0:1], op=nl.add, engine=nisa.engine.gpsimd)
+    nisa.activation(dst=e1[0:pt, 0:1], op=nl.rsqrt, data=acc7[0:pt, 0:1], bias=ec1[0:pt, 0:1])
     e2 = nl.ndarray((_P, 1), dtype=nl.float32, buffer=nl.sbuf)
-    nisa.activation(dst=e2[0:pt, 0:1], op=nl.rsqrt, data=e1[0:pt, 0:1])
-    e3 = nl.ndarray((_P, 1), dtype=nl.float32, buffer=nl.sbuf)
-    nisa.tensor_tensor(dst=e3[0:pt, 0:1], data1=e0[0:pt, 0:1], data2=e2[0:pt, 0:1], op=nl.multiply, engine=nisa.engine.gpsimd)
-    return (t0, pt, h, acc4, e2, e3, mu_sv, prepared, rstd_sv, x_ld)
+    nisa.tensor_tensor(dst=e2[0:pt, 0:1], data1=e0[0:pt, 0:1], data2=e1[0:pt, 0:1], op=nl.multiply, engine=nisa.engine.gpsimd)
+    return (t0, pt, h, acc4, e1, e2, mu_sv, prepared, rstd_sv, x_ld)
 
 
 def _head_epilogue(head, d_H, mu_hbm, rstd_hbm, save, y_hbm):
     """Head state `head` from head_passes: the full-width combine and staged columns; returns its output DMAs."""
-    t0, pt, h, acc4, e2, e3, mu_sv, prepared, rstd_sv, x_ld = head
+    t0, pt, h, acc4, e1, e2, mu_sv, prepared, rstd_sv, x_ld = head
     stores = []
-    e4 = nl.ndarray((_P, d_H), dtype=nl.float32, buffer=nl.psum if d_H <= nl.tile_size.psum_bank_fmax * nl.tile_size.psum_num_banks else nl.sbuf)
-    nisa.activation(dst=e4[0:pt, 0:d_H], op=nl.copy, data=x_ld[0:pt, 0:d_H], bias=e3[0:pt, 0:1], scale=e2[0:pt, 0:1])
-    nisa.tensor_tensor(dst=e4[0:pt, 0:d_H], data1=e4[0:pt, 0:d_H], data2=prepared[0][0:pt, 0:d_H], op=nl.multiply)
-    e5 = nl.ndarray((_P, d_H), dtype=nl.bfloat16, buffer=nl.sbuf)
-    nisa.tensor_tensor(dst=e5[0:pt, 0:d_H], data1=e4[0:pt, 0:d_H], data2=prepared[1][0:pt, 0:d_H], op=nl.add)
-    stores.append((y_hbm[t0:t0 + pt, h, 0:d_H], e5[0:pt, 0:d_H]))
+    e3 = nl.ndarray((_P, d_H), dtype=nl.float32, buffer=nl.psum if d_H <= nl.tile_size.psum_bank_fmax * nl.tile_size.psum_num_banks else nl.sbuf)
+    nisa.activation(dst=e3[0:pt, 0:d_H], op=nl.copy, data=x_ld[0:pt, 0:d_H], bias=e2[0:pt, 0:1], scale=e1[0:pt, 0:1])
+    nisa.tensor_tensor(dst=e3[0:pt, 0:d_H], data1=e3[0:pt, 0:d_H], data2=prepared[0][0:pt, 0:d_H], op=nl.multiply)
+    e4 = nl.ndarray((_P, d_H), dtype=nl.bfloat16, buffer=nl.sbuf)
+    nisa.tensor_tensor(dst=e4[0:pt, 0:d_H], data1=e3[0:pt, 0:d_H], data2=prepared[1][0:pt, 0:d_H], op=nl.add)
+    stores.append((y_hbm[t0:t0 + pt, h, 0:d_H], e4[0:pt, 0:d_H]))
     if save:
         nisa.tensor_copy(dst=mu_sv[0:pt, h:h + 1], src=acc4[0:pt, 0:1], engine=nisa.engine.gpsimd)
-        nisa.tensor_copy(dst=rstd_sv[0:pt, h:h + 1], src=e2[0:pt, 0:1], engine=nisa.engine.gpsimd)
+        nisa.tensor_copy(dst=rstd_sv[0:pt, h:h + 1], src=e1[0:pt, 0:1], engine=nisa.engine.gpsimd)
     if h == 1 - 1:
         if save:
             stores.append((mu_hbm[t0:t0 + pt, 0:1], mu_sv[0:pt, 0:1]))

@@ -36,6 +36,7 @@ class _RowModel(NamedTuple):
     row_copies: int = 1  # row inputs in flight: 2 when the next head's loads overlap this head's epilogue
     stream_epilogue: int = 0  # temporaries of the chunked epilogue of a streamed plan, per chunk column
     launch_tiles: int = 0  # bytes of launch-wide tiles independent of width and heads (the PE identity)
+    diagonals: int = 0  # bytes of [P, P] PE stationaries per head, built with the per-row math (whole rows)
 
 
 class _Buffer(NamedTuple):
@@ -90,7 +91,7 @@ def _buffers(m: _RowModel, width: int, heads: int, hb: int, resident: bool = Tru
         # overlapped: a head's output tiles wait for their stores until the next-but-one head's loads queue
         _Buffer("epilogue tiles", m.epilogue * width, 2 if overlap else 1),
         _Buffer("reduction chunk temporaries", m.chunk * hb, 1),
-        _Buffer("per-row columns and output staging", m.columns * heads, 1),
+        _Buffer("per-row columns and output staging", (m.columns + m.diagonals) * heads, 1),
     ]
 
 
@@ -147,7 +148,7 @@ def _choose_rows(m: _RowModel, width: int, heads: int, budget: int) -> tuple[int
         f"(the prepared weights stay width-long); the budget is {budget} B"
     )
 
-_MODEL = _RowModel(resident_per_head=4, prep_scratch=0, row_inputs=2, epilogue=2, chunk=4, columns=44, row_copies=2, stream_epilogue=2, launch_tiles=0)
+_MODEL = _RowModel(resident_per_head=4, prep_scratch=0, row_inputs=2, epilogue=2, chunk=4, columns=40, row_copies=2, stream_epilogue=2, launch_tiles=0, diagonals=0)
 
 
 def _prepare_weights(h, w_hbm):
@@ -196,19 +197,17 @@ def _head_passes(t0, pt, h, HB, d_D, ec0, prepared, q_hbm):
             nisa.tensor_tensor(dst=acc4[0:pt, 0:1], data1=acc4[0:pt, 0:1], data2=r0_2[0:pt, 0:1], op=nl.add, engine=nisa.engine.gpsimd)
     # per-row math on the accumulators, before the previous head's full-width epilogue
     e0 = nl.ndarray((_P, 1), dtype=nl.float32, buffer=nl.sbuf)
-    nisa.tensor_tensor(dst=e0[0:pt, 0:1], data1=acc4[0:pt, 0:1], data2=ec0[0:pt, 0:1], op=nl.add, engine=nisa.engine.gpsimd)
-    e1 = nl.ndarray((_P, 1), dtype=nl.float32, buffer=nl.sbuf)
-    nisa.activation(dst=e1[0:pt, 0:1], op=nl.rsqrt, data=e0[0:pt, 0:1])
-    return (t0, pt, h, e1, prepared, q_ld)
+    nisa.activation(dst=e0[0:pt, 0:1], op=nl.rsqrt, data=acc4[0:pt, 0:1], bias=ec0[0:pt, 0:1])
+    return (t0, pt, h, e0, prepared, q_ld)
 
 
 def _head_epilogue(head, d_D, y_hbm):
     """Head state `head` from head_passes: the full-width combine and staged columns; returns its output DMAs."""
-    t0, pt, h, e1, prepared, q_ld = head
+    t0, pt, h, e0, prepared, q_ld = head
     stores = []
-    e2 = nl.ndarray((_P, d_D), dtype=nl.bfloat16, buffer=nl.sbuf)
-    nisa.scalar_tensor_tensor(dst=e2[0:pt, 0:d_D], data=q_ld[0:pt, 0:d_D], op0=nl.multiply, operand0=e1[0:pt, 0:1], op1=nl.multiply, operand1=prepared[0][0:pt, 0:d_D])
-    stores.append((y_hbm[t0:t0 + pt, h, 0:d_D], e2[0:pt, 0:d_D]))
+    e1 = nl.ndarray((_P, d_D), dtype=nl.bfloat16, buffer=nl.sbuf)
+    nisa.scalar_tensor_tensor(dst=e1[0:pt, 0:d_D], data=q_ld[0:pt, 0:d_D], op0=nl.multiply, operand0=e0[0:pt, 0:1], op1=nl.multiply, operand1=prepared[0][0:pt, 0:d_D])
+    stores.append((y_hbm[t0:t0 + pt, h, 0:d_D], e1[0:pt, 0:d_D]))
     return stores
 
 

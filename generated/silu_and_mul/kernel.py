@@ -36,6 +36,7 @@ class _RowModel(NamedTuple):
     row_copies: int = 1  # row inputs in flight: 2 when the next head's loads overlap this head's epilogue
     stream_epilogue: int = 0  # temporaries of the chunked epilogue of a streamed plan, per chunk column
     launch_tiles: int = 0  # bytes of launch-wide tiles independent of width and heads (the PE identity)
+    diagonals: int = 0  # bytes of [P, P] PE stationaries per head, built with the per-row math (whole rows)
 
 
 class _Buffer(NamedTuple):
@@ -90,7 +91,7 @@ def _buffers(m: _RowModel, width: int, heads: int, hb: int, resident: bool = Tru
         # overlapped: a head's output tiles wait for their stores until the next-but-one head's loads queue
         _Buffer("epilogue tiles", m.epilogue * width, 2 if overlap else 1),
         _Buffer("reduction chunk temporaries", m.chunk * hb, 1),
-        _Buffer("per-row columns and output staging", m.columns * heads, 1),
+        _Buffer("per-row columns and output staging", (m.columns + m.diagonals) * heads, 1),
     ]
 
 
@@ -147,7 +148,7 @@ def _choose_rows(m: _RowModel, width: int, heads: int, budget: int) -> tuple[int
         f"(the prepared weights stay width-long); the budget is {budget} B"
     )
 
-_MODEL = _RowModel(resident_per_head=0, prep_scratch=0, row_inputs=4, epilogue=10, chunk=0, columns=0, row_copies=2, stream_epilogue=6, launch_tiles=768)
+_MODEL = _RowModel(resident_per_head=0, prep_scratch=0, row_inputs=4, epilogue=10, chunk=0, columns=0, row_copies=2, stream_epilogue=6, launch_tiles=768, diagonals=0)
 
 
 def _head_passes(t0, pt, h, _1_ld, _3_ld):

@@ -36,6 +36,7 @@ class _RowModel(NamedTuple):
     row_copies: int = 1  # row inputs in flight: 2 when the next head's loads overlap this head's epilogue
     stream_epilogue: int = 0  # temporaries of the chunked epilogue of a streamed plan, per chunk column
     launch_tiles: int = 0  # bytes of launch-wide tiles independent of width and heads (the PE identity)
+    diagonals: int = 0  # bytes of [P, P] PE stationaries per head, built with the per-row math (whole rows)
 
 
 class _Buffer(NamedTuple):
@@ -90,7 +91,7 @@ def _buffers(m: _RowModel, width: int, heads: int, hb: int, resident: bool = Tru
         # overlapped: a head's output tiles wait for their stores until the next-but-one head's loads queue
         _Buffer("epilogue tiles", m.epilogue * width, 2 if overlap else 1),
         _Buffer("reduction chunk temporaries", m.chunk * hb, 1),
-        _Buffer("per-row columns and output staging", m.columns * heads, 1),
+        _Buffer("per-row columns and output staging", (m.columns + m.diagonals) * heads, 1),
     ]
 
 
@@ -147,7 +148,7 @@ def _choose_rows(m: _RowModel, width: int, heads: int, budget: int) -> tuple[int
         f"(the prepared weights stay width-long); the budget is {budget} B"
     )
 
-_MODEL = _RowModel(resident_per_head=4, prep_scratch=0, row_inputs=2, epilogue=8, chunk=4, columns=48, row_copies=2, stream_epilogue=4, launch_tiles=768)
+_MODEL = _RowModel(resident_per_head=4, prep_scratch=0, row_inputs=2, epilogue=8, chunk=4, columns=44, row_copies=2, stream_epilogue=4, launch_tiles=768, diagonals=0)
 
 
 def _prepare_weights(h, w_hbm):
@@ -195,30 +196,28 @@ def _head_passes(t0, pt, h, HB, d_H, ec0, prepared, rstd_sv, x_ld):
             nisa.tensor_tensor(dst=acc4[0:pt, 0:1], data1=acc4[0:pt, 0:1], data2=r0_2[0:pt, 0:1], op=nl.add, engine=nisa.engine.gpsimd)
     # per-row math on the accumulators, before the previous head's full-width epilogue
     e0 = nl.ndarray((_P, 1), dtype=nl.float32, buffer=nl.sbuf)
-    nisa.tensor_tensor(dst=e0[0:pt, 0:1], data1=acc4[0:pt, 0:1], data2=ec0[0:pt, 0:1], op=nl.add, engine=nisa.engine.gpsimd)
-    e1 = nl.ndarray((_P, 1), dtype=nl.float32, buffer=nl.sbuf)
-    nisa.activation(dst=e1[0:pt, 0:1], op=nl.rsqrt, data=e0[0:pt, 0:1])
-    return (t0, pt, h, e1, prepared, rstd_sv, x_ld)
+    nisa.activation(dst=e0[0:pt, 0:1], op=nl.rsqrt, data=acc4[0:pt, 0:1], bias=ec0[0:pt, 0:1])
+    return (t0, pt, h, e0, prepared, rstd_sv, x_ld)
 
 
 def _head_epilogue(head, d_H, pe_identity, rstd_hbm, save, y_hbm):
     """Head state `head` from head_passes: the full-width combine and staged columns; returns its output DMAs."""
-    t0, pt, h, e1, prepared, rstd_sv, x_ld = head
+    t0, pt, h, e0, prepared, rstd_sv, x_ld = head
     stores = []
-    e2 = nl.ndarray((_P, d_H), dtype=nl.bfloat16, buffer=nl.sbuf)
-    nisa.tensor_scalar(dst=e2[0:pt, 0:d_H], data=x_ld[0:pt, 0:d_H], op0=nl.multiply, operand0=e1[0:pt, 0:1])
-    e3 = nl.ndarray((_P, d_H), dtype=nl.float32, buffer=nl.psum if d_H <= nl.tile_size.psum_bank_fmax * nl.tile_size.psum_num_banks else nl.sbuf)
+    e1 = nl.ndarray((_P, d_H), dtype=nl.bfloat16, buffer=nl.sbuf)
+    nisa.tensor_scalar(dst=e1[0:pt, 0:d_H], data=x_ld[0:pt, 0:d_H], op0=nl.multiply, operand0=e0[0:pt, 0:1])
+    e2 = nl.ndarray((_P, d_H), dtype=nl.float32, buffer=nl.psum if d_H <= nl.tile_size.psum_bank_fmax * nl.tile_size.psum_num_banks else nl.sbuf)
     if d_H <= nl.tile_size.psum_bank_fmax * nl.tile_size.psum_num_banks:
         for q0 in range(0, d_H, _F_MOV):
             qw = min(_F_MOV, d_H - q0)
-            nisa.nc_matmul(dst=e3[0:pt, q0:q0 + qw], stationary=pe_identity[0:pt, 0:pt], moving=e2[0:pt, q0:q0 + qw], accumulate=False)
+            nisa.nc_matmul(dst=e2[0:pt, q0:q0 + qw], stationary=pe_identity[0:pt, 0:pt], moving=e1[0:pt, q0:q0 + qw], accumulate=False)
     else:
-        nisa.activation(dst=e3[0:pt, 0:d_H], op=nl.copy, data=e2[0:pt, 0:d_H])
-    e4 = nl.ndarray((_P, d_H), dtype=nl.bfloat16, buffer=nl.sbuf)
-    nisa.tensor_tensor(dst=e4[0:pt, 0:d_H], data1=prepared[0][0:pt, 0:d_H], data2=e3[0:pt, 0:d_H], op=nl.multiply)
-    stores.append((y_hbm[t0:t0 + pt, h, 0:d_H], e4[0:pt, 0:d_H]))
+        nisa.activation(dst=e2[0:pt, 0:d_H], op=nl.copy, data=e1[0:pt, 0:d_H])
+    e3 = nl.ndarray((_P, d_H), dtype=nl.bfloat16, buffer=nl.sbuf)
+    nisa.tensor_tensor(dst=e3[0:pt, 0:d_H], data1=prepared[0][0:pt, 0:d_H], data2=e2[0:pt, 0:d_H], op=nl.multiply)
+    stores.append((y_hbm[t0:t0 + pt, h, 0:d_H], e3[0:pt, 0:d_H]))
     if save:
-        nisa.tensor_copy(dst=rstd_sv[0:pt, h:h + 1], src=e1[0:pt, 0:1], engine=nisa.engine.gpsimd)
+        nisa.tensor_copy(dst=rstd_sv[0:pt, h:h + 1], src=e0[0:pt, 0:1], engine=nisa.engine.gpsimd)
     if h == 1 - 1:
         if save:
             stores.append((rstd_hbm[t0:t0 + pt, 0:1], rstd_sv[0:pt, 0:1]))

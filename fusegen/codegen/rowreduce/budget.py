@@ -24,6 +24,7 @@ class RowModel(NamedTuple):
     row_copies: int = 1  # row inputs in flight: 2 when the next head's loads overlap this head's epilogue
     stream_epilogue: int = 0  # temporaries of the chunked epilogue of a streamed plan, per chunk column
     launch_tiles: int = 0  # bytes of launch-wide tiles independent of width and heads (the PE identity)
+    diagonals: int = 0  # bytes of [P, P] PE stationaries per head, built with the per-row math (whole rows)
 
 
 class Buffer(NamedTuple):
@@ -78,7 +79,7 @@ def buffers(m: RowModel, width: int, heads: int, hb: int, resident: bool = True,
         # overlapped: a head's output tiles wait for their stores until the next-but-one head's loads queue
         Buffer("epilogue tiles", m.epilogue * width, 2 if overlap else 1),
         Buffer("reduction chunk temporaries", m.chunk * hb, 1),
-        Buffer("per-row columns and output staging", m.columns * heads, 1),
+        Buffer("per-row columns and output staging", (m.columns + m.diagonals) * heads, 1),
     ]
 
 

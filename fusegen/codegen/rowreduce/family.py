@@ -217,7 +217,8 @@ def plan_rowreduce(ir: KernelIR, m: RowReduceMatch, low: RowReduceLowering, targ
         family="rowreduce", target=target.name, lnc=lnc, dims=tuple(sorted(dims.items())),
         tiles=(("P", rb.P), ("HB", hb)), buffers=buffers,
         sbuf_bytes=rb.sbuf_bytes(low.model, width, heads, hb, resident, overlap, streamed),
-        sbuf_budget=budget, psum_banks=len(m.weights), psum_budget=target.psum_banks,
+        sbuf_budget=budget, psum_banks=len(m.weights) + (0 if streamed else low.psum_banks),
+        psum_budget=target.psum_banks,
         hbm_bytes=(("per token", per_token), ("minimum per token", minimum), ("weights", weights * builds)),
         summary=summary, reasons=_reasons(low, width, heads, hb, resident, budget, streamed),
     )  # fmt: skip

@@ -103,6 +103,7 @@ class RowReduceLowering:
     constants: tuple[str, ...]  # constant columns of the passes and the epilogue, built once per launch
     streamed: bool = False  # row inputs streamed from HBM per chunk in every pass and in a chunked epilogue
     epi_loads: tuple[Load, ...] = ()  # the row-input chunks the streamed epilogue reads
+    psum_banks: int = 0  # PSUM banks of the epilogue's PE-formed outputs (besides the prep's broadcasts)
 
 
 def lower_rowreduce(ir: KernelIR, m: RowReduceMatch) -> RowReduceLowering:
@@ -132,17 +133,17 @@ def _lower_rowreduce(ir: KernelIR, m: RowReduceMatch, load: EngineLoad) -> RowRe
         epilogue=sum(DTYPE_BYTES[dt] for _, kind, dt in epi.tiles if kind == "tile"),
         chunk=passes.chunk_bytes,
         columns=4 * (sum(1 for _, k, _ in epi.tiles if k == "vec") + len(passes.levels) * 8 + len(col_outs)
-                     + len(columns) // 2)
-                + sum(P * DTYPE_BYTES[dt] for _, k, dt in epi.tiles if k == "diag"),  # [_P, _P] diagonals
+                     + len(columns) // 2),
         row_copies=2,  # head_passes of the next head runs before this head's full-width epilogue
         launch_tiles=select_pe.IDENTITY_BYTES if len(columns) < len(constants) else 0,
+        diagonals=sum(P * DTYPE_BYTES[dt] for _, k, dt in epi.tiles if k == "diag"),
     )  # fmt: skip
     return RowReduceLowering(
         passes=passes, epi_columns=tuple(epi.lines[:n_columns]),
         epi_lines=tuple(epi.lines[n_columns:n_required]), save_lines=tuple(epi.lines[n_required:]),
         tile_outputs=tile_outs, required_columns=tuple(c for c in col_outs if not c.optional),
         optional_columns=tuple(c for c in col_outs if c.optional), model=model,
-        constants=constants,
+        constants=constants, psum_banks=epi.psum_banks,
     )  # fmt: skip
 
 
@@ -160,7 +161,7 @@ def lower_passes(ir: KernelIR, m: RowReduceMatch, load: EngineLoad | None = None
     row_loads = [load_row(ir, ld, f"0:{width}") for ld in m.loads]
     return RowPasses(
         rows=dim_source(m.rows), heads=dim_source(m.heads), width=width,
-        prepare=_prepare_body(prep_loads, prep.lines, resident, width, on_scalar),
+        prepare=_prepare_body(prep_loads, prep.lines, _root_copies(prep, resident, on_scalar), width),
         shared_loads=tuple(ld for ld, spec in zip(row_loads, m.loads, strict=True) if not spec.per_head),
         head_loads=tuple(ld for ld, spec in zip(row_loads, m.loads, strict=True) if spec.per_head),
         column_loads=tuple(column_load(ir, c, dim_source(m.heads)) for c in m.column_loads),
@@ -169,8 +170,23 @@ def lower_passes(ir: KernelIR, m: RowReduceMatch, load: EngineLoad | None = None
     )  # fmt: skip
 
 
-def _prepare_body(loads: tuple[Load, ...], lines: list[str], resident: dict[int, str], width: str,
-                  on_scalar: bool = False) -> tuple[str, ...]:  # fmt: skip
+def _root_copies(prep: Selector, resident: dict[int, str], on_scalar: bool) -> list[tuple[str, str]]:
+    """(prepared root's chunk access, the copy instruction's format) per root: on the engine that computed
+    the root (no hand-off between the engines per chunk), and a root still in PSUM (a broadcast weight) on
+    the Scalar engine when `on_scalar`."""
+    copies = []
+    for code in resident.values():
+        writer = prep.writers.get(code.split("[")[0], "act" if on_scalar else "dve")
+        copies.append((code, _ACT_COPY if writer == "act" else _DVE_COPY))
+    return copies
+
+
+_ACT_COPY = "nisa.activation(dst={dst}, op=nl.copy, data={src})"
+_DVE_COPY = "nisa.tensor_copy(dst={dst}, src={src})"
+
+
+def _prepare_body(loads: tuple[Load, ...], lines: list[str], roots: list[tuple[str, str]], width: str
+                  ) -> tuple[str, ...]:  # fmt: skip
     """Head h's prepared weights: per 512-column PSUM chunk, each weight row's chunk DMA'd into one
     partition and broadcast to all partitions by a ones-matmul (1.0 * w is exact in PSUM; a stride-0 DMA
     would read the row from HBM once per partition), the prep lines, each root copied into an fp32 tile.
@@ -179,8 +195,8 @@ def _prepare_body(loads: tuple[Load, ...], lines: list[str], resident: dict[int,
     dtypes = sorted({ld.nl_dtype for ld in loads})
     body = [f"ones_{_short(dt)} = nl.ndarray((1, _P), dtype={dt}, buffer=nl.sbuf)" for dt in dtypes]
     body += [f"nisa.memset(dst=ones_{_short(dt)}[0:1, 0:_P], value=1.0)" for dt in dtypes]
-    roots = [f"prep{i}" for i in range(len(resident))]
-    body += [f"{r} = nl.ndarray((_P, {width}), dtype=nl.float32, buffer=nl.sbuf)" for r in roots]
+    names = [f"prep{i}" for i in range(len(roots))]
+    body += [f"{r} = nl.ndarray((_P, {width}), dtype=nl.float32, buffer=nl.sbuf)" for r in names]
     body.append(f"for q0 in range(0, {width}, _F_MOV):")
     chunk = [f"qw = min(_F_MOV, {width} - q0)"]
     for ld in loads:
@@ -192,11 +208,10 @@ def _prepare_body(loads: tuple[Load, ...], lines: list[str], resident: dict[int,
         chunk.append(f"nisa.nc_matmul(dst={ld.tile}[0:_P, 0:qw], stationary={ones}, "
                      f"moving={_row(ld)}[0:1, 0:qw], accumulate=False)")  # fmt: skip
     chunk += lines
-    copies = zip(roots, resident.values(), strict=True)
-    copy = "nisa.activation(dst={}, op=nl.copy, data={})" if on_scalar else "nisa.tensor_copy(dst={}, src={})"
-    chunk += [copy.format(f"{r}[0:_P, q0:q0 + qw]", code) for r, code in copies]
+    copies = zip(names, roots, strict=True)
+    chunk += [copy.format(dst=f"{r}[0:_P, q0:q0 + qw]", src=code) for r, (code, copy) in copies]
     body += ["    " + line for line in chunk]
-    body.append(f"return ({', '.join(roots)},)")
+    body.append(f"return ({', '.join(names)},)")
     return tuple(body)
 
 
