@@ -268,6 +268,13 @@ class Selector:
             t, s = alu.split_tile(e)
             if t is not None and s is not None:
                 e, scale = t, s
+        elif e.op == "mul" and e.kind == "vec" and self.load is not None and self.column_engine:
+            # a row stage's per-row `act(c * s)` (sigmoid(sign * sqrt)): the product rides in the
+            # activation's scale (a scalar or an fp32 column) instead of a step of its own
+            t, s = alu.split_tile(e)
+            t, s = (t, s) if t is not None else e.args
+            if s is not None and s.kind in ("vec", "scalar"):
+                e, scale = t, s
         return e, scale, bias, negate
 
     def _negated(self, column: Expr) -> Expr:

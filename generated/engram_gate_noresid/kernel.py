@@ -148,7 +148,7 @@ def _choose_rows(m: _RowModel, width: int, heads: int, budget: int) -> tuple[int
         f"(the prepared weights stay width-long); the budget is {budget} B"
     )
 
-_MODEL = _RowModel(resident_per_head=4, prep_scratch=0, row_inputs=6, epilogue=2, chunk=20, columns=108, row_copies=2, stream_epilogue=2, launch_tiles=768, diagonals=0)
+_MODEL = _RowModel(resident_per_head=4, prep_scratch=0, row_inputs=6, epilogue=2, chunk=20, columns=100, row_copies=2, stream_epilogue=2, launch_tiles=768, diagonals=0)
 
 
 def _prepare_weights(h, w_h_hbm, w_e_hbm):
@@ -243,34 +243,30 @@ def _head_passes(t0, pt, h, HB, d_H, dot_sv, ec0, ec1, ec2, gate_sv, kv_hbm, pe_
     e3 = nl.ndarray((_P, 1), dtype=nl.float32, buffer=nl.sbuf)
     nisa.activation(dst=e3[0:pt, 0:1], op=nl.copy, data=e1[0:pt, 0:1], scale=e2[0:pt, 0:1])
     e4 = nl.ndarray((_P, 1), dtype=nl.float32, buffer=nl.sbuf)
-    nisa.activation(dst=e4[0:pt, 0:1], op=nl.copy, data=e3[0:pt, 0:1], scale=(float(d_H) ** -0.5))
+    nisa.activation(dst=e4[0:pt, 0:1], op=nl.abs, data=e3[0:pt, 0:1], scale=(float(d_H) ** -0.5))
     e5 = nl.ndarray((_P, 1), dtype=nl.float32, buffer=nl.sbuf)
-    nisa.activation(dst=e5[0:pt, 0:1], op=nl.sign, data=e4[0:pt, 0:1])
+    nisa.activation(dst=e5[0:pt, 0:1], op=nl.relu, data=e4[0:pt, 0:1], bias=ec1[0:pt, 0:1])
     e6 = nl.ndarray((_P, 1), dtype=nl.float32, buffer=nl.sbuf)
-    nisa.activation(dst=e6[0:pt, 0:1], op=nl.abs, data=e4[0:pt, 0:1])
+    nisa.activation(dst=e6[0:pt, 0:1], op=nl.copy, data=e5[0:pt, 0:1], bias=ec2[0:pt, 0:1])
     e7 = nl.ndarray((_P, 1), dtype=nl.float32, buffer=nl.sbuf)
-    nisa.activation(dst=e7[0:pt, 0:1], op=nl.relu, data=e6[0:pt, 0:1], bias=ec1[0:pt, 0:1])
+    nisa.activation(dst=e7[0:pt, 0:1], op=nl.sqrt, data=e6[0:pt, 0:1])
     e8 = nl.ndarray((_P, 1), dtype=nl.float32, buffer=nl.sbuf)
-    nisa.activation(dst=e8[0:pt, 0:1], op=nl.copy, data=e7[0:pt, 0:1], bias=ec2[0:pt, 0:1])
+    nisa.activation(dst=e8[0:pt, 0:1], op=nl.sign, data=e3[0:pt, 0:1], scale=(float(d_H) ** -0.5))
     e9 = nl.ndarray((_P, 1), dtype=nl.float32, buffer=nl.sbuf)
-    nisa.activation(dst=e9[0:pt, 0:1], op=nl.sqrt, data=e8[0:pt, 0:1])
-    e10 = nl.ndarray((_P, 1), dtype=nl.float32, buffer=nl.sbuf)
-    nisa.activation(dst=e10[0:pt, 0:1], op=nl.copy, data=e5[0:pt, 0:1], scale=e9[0:pt, 0:1])
-    e11 = nl.ndarray((_P, 1), dtype=nl.float32, buffer=nl.sbuf)
-    nisa.activation(dst=e11[0:pt, 0:1], op=nl.sigmoid, data=e10[0:pt, 0:1])
-    return (t0, pt, h, acc19, dot_sv, e0, e11, e2, gate_sv, rstd_k_sv, rstd_x_sv, v_ld)
+    nisa.activation(dst=e9[0:pt, 0:1], op=nl.sigmoid, data=e8[0:pt, 0:1], scale=e7[0:pt, 0:1])
+    return (t0, pt, h, acc19, dot_sv, e0, e2, e9, gate_sv, rstd_k_sv, rstd_x_sv, v_ld)
 
 
 def _head_epilogue(head, d_H, d_HC, dot_hbm, gate_hbm, out_hbm, rstd_k_hbm, rstd_x_hbm, save):
     """Head state `head` from head_passes: the full-width combine and staged columns; returns its output DMAs."""
-    t0, pt, h, acc19, dot_sv, e0, e11, e2, gate_sv, rstd_k_sv, rstd_x_sv, v_ld = head
+    t0, pt, h, acc19, dot_sv, e0, e2, e9, gate_sv, rstd_k_sv, rstd_x_sv, v_ld = head
     stores = []
-    e12 = nl.ndarray((_P, d_H), dtype=nl.bfloat16, buffer=nl.sbuf)
-    nisa.tensor_scalar(dst=e12[0:pt, 0:d_H], data=v_ld[0:pt, 0:d_H], op0=nl.multiply, operand0=e11[0:pt, 0:1])
-    stores.append((out_hbm[t0:t0 + pt, h, 0:d_H], e12[0:pt, 0:d_H]))
+    e10 = nl.ndarray((_P, d_H), dtype=nl.bfloat16, buffer=nl.sbuf)
+    nisa.tensor_scalar(dst=e10[0:pt, 0:d_H], data=v_ld[0:pt, 0:d_H], op0=nl.multiply, operand0=e9[0:pt, 0:1])
+    stores.append((out_hbm[t0:t0 + pt, h, 0:d_H], e10[0:pt, 0:d_H]))
     if save:
         nisa.tensor_copy(dst=dot_sv[0:pt, h:h + 1], src=acc19[0:pt, 0:1], engine=nisa.engine.gpsimd)
-        nisa.tensor_copy(dst=gate_sv[0:pt, h:h + 1], src=e11[0:pt, 0:1], engine=nisa.engine.gpsimd)
+        nisa.tensor_copy(dst=gate_sv[0:pt, h:h + 1], src=e9[0:pt, 0:1], engine=nisa.engine.gpsimd)
         nisa.tensor_copy(dst=rstd_x_sv[0:pt, h:h + 1], src=e0[0:pt, 0:1], engine=nisa.engine.gpsimd)
         nisa.tensor_copy(dst=rstd_k_sv[0:pt, h:h + 1], src=e2[0:pt, 0:1], engine=nisa.engine.gpsimd)
     if h == d_HC - 1:
