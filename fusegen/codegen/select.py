@@ -8,6 +8,8 @@ that fuses it, which is free: a bias, a scale or a second scalar op costs no ext
 - `t * s ± b` (full width, with a load)  -> nisa.activation(op=nl.copy) when the Scalar engine is the less
                                             loaded of the two (`EngineLoad`); `t - b` is a bias of -b
 - `sum(act(t * s + b))`                  -> nisa.activation_reduce
+- `act(c * s + b)` on a row stage's [P,1] column c -> one activation (the same, for per-row chains)
+- `x + g * v` (bf16 row loads, g a column) -> matmuls into PSUM and one eviction (select_pe.py)
 - `(t op0 s0) op1 s1`                    -> nisa.tensor_scalar (s scalar or [P,1]; select_alu.py)
 - `(t op0 s) op1 u`                      -> nisa.scalar_tensor_tensor (u a tile; select_alu.py)
 - `t op u`                               -> nisa.tensor_tensor
