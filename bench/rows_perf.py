@@ -10,7 +10,9 @@ figures), and with neither the DMA rule nor throttling (the cost model before is
 Each forward kernel's `floor` line is its bound under the documented rates: the full-width passes per token
 tile and head that no documented instruction choice avoids (`FLOORS`), on the Vector and Scalar engines,
 against the HBM roofline, whole (each pass on one engine) and split (a pass's columns shared by both, the
-true bound); where even the split bound is below the goal, the goal is impossible in this model.
+true bound); where even the split bound is below the goal, the goal is impossible in this model. engram_gate's
+floor is also priced instruction by instruction (`INSTRUCTION_FLOORS`): per-instruction overheads, the
+diagonals of its PSUM-formed output and its Scalar-only per-tile activations, for the best known design.
 Run: .venv/bin/python bench/rows_perf.py [--quick]   (--quick: T=512; the full run interprets ~1 GB of
 row data and takes minutes)
 """
@@ -32,7 +34,7 @@ sys.path.insert(0, str(ROOT))
 from fusegen import sim  # noqa: E402
 from fusegen.perf.analysis import Modeled, analyse, model_launches, tensor_bytes  # noqa: E402
 from fusegen.perf.capture import launches  # noqa: E402
-from fusegen.perf.cost import MODEL_I, SENSITIVITY, assume, instruction_ns  # noqa: E402
+from fusegen.perf.cost import DMA_FIXED_NS, MODEL_I, SENSITIVITY, assume, instruction_ns  # noqa: E402
 from fusegen.perf.roofline import Roofline  # noqa: E402
 from fusegen.sim.targets import get_target  # noqa: E402
 
@@ -59,6 +61,35 @@ FLOORS: dict[str, tuple[tuple[str, float | None, float | None], ...]] = {
                   ("z = (x - mean)*rstd", 1, 1)),
     "scaled_softmax": (("max of the bf16 row", 0.5, None), ("exp with its sum; the normalised exp", None, 2)),
 }  # fmt: skip
+
+
+def engram_instructions(width: int, heads: int) -> list[tuple[float, float]]:
+    """engram_gate's work per token tile and head priced instruction by instruction (ns on Vector, Scalar;
+    inf where the engine cannot), for the best known design (bench/engram_hand_kernel.py): the two
+    Vector-only products reading PSUM; the sums of squares as reducing activations (N + 64 cycles); the
+    x*k*W sum and the eviction of the PSUM-formed out on either engine; two diagonal stationaries (g_hi,
+    g_lo) per head, 64 Vector cycles at best in perf mode; sign, relu (the max with clamp) and sigmoid on
+    [P, HC] columns once per tile, Scalar-only activations."""
+    target = get_target(TARGET)
+
+    def vector(op: str, n: int, dtype: str = "bfloat16", **details: bool) -> float:
+        return instruction_ns(target, "vector", op, 128, n, dtype, **details)
+
+    def scalar(n: int, **details: bool) -> float:
+        return instruction_ns(target, "scalar", "activation", 128, n, "bfloat16", **details)
+
+    return [
+        (2 * vector("tensor_tensor", width, psum_input=True), math.inf),
+        (math.inf, 2 * scalar(width, reduce=True)),
+        (math.inf, 3 * scalar(heads) / heads),
+        (vector("tensor_reduce", width, dtype="float32"), scalar(width, reduce=True)),
+        (vector("tensor_copy", width, dtype="float32"), scalar(width)),
+        (2 * vector("tensor_scalar", 128, perf_mode=True), 2 * scalar(128)),
+    ]
+
+
+#: kernels whose floor is also priced instruction by instruction (per token tile and head)
+INSTRUCTION_FLOORS = {"engram_gate": lambda dims: engram_instructions(dims["H"], dims["HC"])}
 #: the model's uncertain figures, each varied alone, then the model before issue 15
 VARIANTS = (*SENSITIVITY, ("model I (neither rule)", MODEL_I))
 
@@ -105,6 +136,21 @@ def floor(spec: str, dims: dict[str, int], roof: Roofline, goal: float) -> None:
     print(f"|   floor | {bound / 1e3:,.1f} us ({engine}; {passes} per tile and head: {vector / 1e3:,.1f} / "
           f"{scalar / 1e3:,.1f} us); split: {split / 1e3:,.1f} us | | <= {roof.time_ns / bound:.1%}, split "
           f"<= {roof.time_ns / split:.1%} | {named} | | {verdict} |")  # fmt: skip
+    if spec in INSTRUCTION_FLOORS:
+        priced = instruction_floor_ns(spec, dims)
+        eff = roof.time_ns / priced
+        verdict = "goal above this bound" if eff < goal else "goal within this bound"
+        where = "docs/performance.md: engram_gate scheduled by hand"
+        print(f"|   instruction floor | {priced / 1e3:,.1f} us (priced per instruction, best known design) | "
+              f"| <= {eff:.2%} | {where} | | {verdict} |")  # fmt: skip
+
+
+def instruction_floor_ns(spec: str, dims: dict[str, int]) -> float:
+    """The split bound of the kernel's instructions priced per token tile and head, times the tiles and
+    heads per core, plus one DMA's fixed latency before the first instruction (nothing to compute yet) and
+    one after the last (the last store)."""
+    units = -(-dims["T"] // 128) // LNC * dims.get("HC", 1)
+    return split_bound(INSTRUCTION_FLOORS[spec](dims)) * units + 2 * DMA_FIXED_NS
 
 
 def _ns(passes: float | None, pass_ns: float) -> float:

@@ -173,25 +173,63 @@ class Launch:
                 a.alloc.source.copy_(a.materialize())  # through the caller's strides and offset
 
 
-@contextlib.contextmanager
-def _quiet_runtime() -> Iterator[None]:
-    """One torch thread per instance, no cyclic GC and a short GIL switch interval during a launch
+class _QuietRuntime:
+    """One torch thread per instance, no cyclic GC and a short GIL switch interval while launches run
     (measured faster; docs/sim.md). The thread stacking operands and running GEMMs off the turn needs the
-    GIL between its torch calls, and would otherwise wait up to the default 5 ms for the turn holder."""
-    torch_threads = torch.get_num_threads()
-    gc_was_enabled = gc.isenabled()
-    switch_interval = sys.getswitchinterval()
-    torch.set_num_threads(1)
-    gc.disable()
-    sys.setswitchinterval(_SWITCH_INTERVAL_S)
-    try:
-        yield
-    finally:
-        sys.setswitchinterval(switch_interval)
-        torch.set_num_threads(torch_threads)
-        if gc_was_enabled:
-            gc.enable()
-            gc.collect(0)  # the launch's young objects: paid here, not by the caller's next statement
+    GIL between its torch calls, and would otherwise wait up to the default 5 ms for the turn holder.
+
+    These settings are process-wide (torch's count also sets the default new threads inherit) and launches
+    may overlap on several threads, so the first launch to start saves them and the last to end restores
+    them: saving per launch could capture another launch's quiet values and restore those for good. Left:
+    a thread whose first torch work ran during another launch inherited that launch's count of 1; launching
+    alone later, it saves and restores 1 (torch has no way to read the process default from a thread)."""
+
+    def __init__(self) -> None:
+        self.lock = threading.Lock()
+        self.active = 0  # launches running
+        self.torch_threads = 1
+        self.gc_was_enabled = False
+        self.switch_interval = 0.0
+
+    @contextlib.contextmanager
+    def __call__(self) -> Iterator[None]:
+        """Quiet while the block runs."""
+        self._enter()
+        try:
+            yield
+        finally:
+            if self._leave():
+                gc.collect(0)  # the launches' young objects: paid here, not by the caller's next statement
+
+    def _enter(self) -> None:
+        """Save the settings if no launch runs; the calling thread (instance 0) runs torch single-threaded."""
+        with self.lock:
+            if not self.active:
+                self.torch_threads = torch.get_num_threads()
+                self.gc_was_enabled = gc.isenabled()
+                self.switch_interval = sys.getswitchinterval()
+                gc.disable()
+                sys.setswitchinterval(_SWITCH_INTERVAL_S)
+            torch.set_num_threads(1)
+            self.active += 1  # last: nothing above left a launch counted that never ran
+
+    def _leave(self) -> bool:
+        """Give the calling thread the saved torch count; restore the rest after the last launch. True if
+        that re-enabled the cyclic GC."""
+        with self.lock:
+            self.active -= 1
+            # the saved count, not the one this thread read on entering: a thread new to torch that enters
+            # during another launch reads that launch's 1
+            torch.set_num_threads(self.torch_threads)
+            if self.active:
+                return False
+            sys.setswitchinterval(self.switch_interval)
+            if self.gc_was_enabled:
+                gc.enable()
+            return self.gc_was_enabled
+
+
+_quiet_runtime = _QuietRuntime()
 
 
 def _torch_modes() -> Callable[[], contextlib.AbstractContextManager[None]]:

@@ -41,6 +41,11 @@ class Target:
             cached = self.__dict__["_hash"] = hash(tuple(getattr(self, f.name) for f in fields(self)))
         return int(cached)
 
+    def __getstate__(self) -> dict[str, object]:
+        """The fields without the cached hash: str hashes differ between processes (PYTHONHASHSEED), so a
+        hash carried into a multiprocessing or pytest-xdist worker would be wrong there."""
+        return {name: value for name, value in self.__dict__.items() if name != "_hash"}
+
     @property
     def max_lnc(self) -> int:
         """The largest LNC degree: LNC=2 pairs NeuronCore-v3+ cores; trn1 has no logical cores."""

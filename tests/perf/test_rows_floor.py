@@ -60,3 +60,13 @@ def test_engram_gate_goal_is_reachable_only_with_split_passes() -> None:
     steps = [(2.0, INF), (2.0, 0.8), (2.0, 0.8), (1.0, 0.8), (1.0, 0.8)]
     whole = min(_engines(steps, pick) for pick in itertools.product([1.0], *[[0.0, 1.0]] * 4))
     assert whole == pytest.approx(3.0) and _rows_perf().split_bound(steps) == pytest.approx(8 / 3)
+
+
+def test_engram_gate_instruction_floor_sits_on_the_goal() -> None:
+    """Priced per instruction (the best known design), engram_gate at the issue's shape needs 5.84 us per
+    token tile and head on both engines: 64 of them per core, plus a DMA's fixed latency at each end, is
+    376.3 us, a hair over the 376.1 us an 80% kernel may take (roofline 300.9 us; docs/performance.md)."""
+    rows_perf = _rows_perf()
+    assert rows_perf.split_bound(rows_perf.engram_instructions(2048, 4)) == pytest.approx(5839.3, abs=0.1)
+    floor_ns = rows_perf.instruction_floor_ns("engram_gate", {"T": 4096, "HC": 4, "H": 2048})
+    assert floor_ns == pytest.approx(376.3e3, abs=50) and 300.9e3 / floor_ns < 0.80
