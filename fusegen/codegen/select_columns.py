@@ -47,9 +47,9 @@ def chain(sel: Selector, data: Operand, ops: list[str], operands: list[Operand],
             value = _maximum(sel, value, operand.code)
             continue
         operand = sel._fp32(operand)
-        on_scalar = on_scalar_engine(sel, value, op, operand)
-        if on_scalar is not None:
-            value = on_scalar
+        folded = on_scalar(sel, value, op, operand)
+        if folded is not None:
+            value = folded
             continue
         if operand.kind == "scalar":
             operand = constant(sel, operand.code)
@@ -62,21 +62,15 @@ def chain(sel: Selector, data: Operand, ops: list[str], operands: list[Operand],
 
 
 def on_scalar(sel: Selector, data: Operand, op: str, operand: Operand) -> Operand | None:
-    """`data op operand` on columns as an identity activation when the Scalar engine wrote `data` (row
-    stages only, where [P, 1] work is kept off the Vector queue); None otherwise."""
+    """`data * operand` (scale) or `data + operand` (bias, a column) on [P, 1] columns as one identity
+    activation, when the Scalar engine wrote `data` and the kernel's full-width work leaves it the less busy
+    engine (row stages only, where [P, 1] work is kept off the Vector queue); None otherwise."""
     if sel.load is None or not sel.column_engine or data.kind != "vec" or data.memory == "psum":
         return None
-    if operand.kind not in ("vec", "scalar") or sel.writers.get(data.code.split("[")[0]) != "act":
+    if sel.writers.get(data.code.split("[")[0]) != "act" or op not in ("nl.multiply", "nl.add"):
         return None
-    return on_scalar_engine(sel, data, op, sel._fp32(operand))
-
-
-def on_scalar_engine(sel: Selector, data: Operand, op: str, operand: Operand) -> Operand | None:
-    """`data * operand` (scale) or `data + operand` (bias, a column) on the Scalar engine when `data` was
-    written there; None otherwise."""
-    if sel.load is None or not sel.column_engine or sel.writers.get(data.code.split("[")[0]) != "act":
-        return None
-    if not sel.load.scalar_lighter() or op not in ("nl.multiply", "nl.add") or operand.memory == "psum":
+    fp32 = operand.kind == "scalar" or (operand.kind == "vec" and operand.dtype == "f32")
+    if not fp32 or operand.memory == "psum" or not sel.load.scalar_lighter():
         return None
     if op == "nl.add" and operand.kind == "scalar":
         operand = constant(sel, operand.code)
@@ -93,9 +87,9 @@ def _maximum(sel: Selector, x: Operand, bound: str) -> Operand:
     below = constant(sel, f"(-{bound})")
     sel._emit("activation", (x,), dst=shifted.code, op="nl.relu", data=x.code, bias=below.code)
     offset = constant(sel, bound)
-    on_scalar = on_scalar_engine(sel, shifted, "nl.add", offset)
-    if on_scalar is not None:
-        return on_scalar
+    folded = on_scalar(sel, shifted, "nl.add", offset)
+    if folded is not None:
+        return folded
     dst = sel._alloc("vec", "f32")
     sel._emit("tensor_tensor", (shifted, offset), dst=dst.code, data1=shifted.code, data2=offset.code,
               op="nl.add")  # fmt: skip
