@@ -1,0 +1,71 @@
+"""`x + g*v` of bf16 rows and a per-row column, formed in PSUM by the Tensor engine (select_pe.py)."""
+
+from __future__ import annotations
+
+import ast
+import functools
+from pathlib import Path
+from types import ModuleType
+
+import torch
+
+from fusegen.codegen.select_pe import ACC_BANKS, G_PARTS
+from fusegen.sim import load_module
+
+REPO = Path(__file__).parents[2]
+
+
+@functools.cache
+def kernel(name: str) -> ModuleType:
+    """The committed generated kernel module, bound to the interpreter."""
+    return load_module(REPO / "generated" / name / "kernel.py")
+
+
+def calls(name: str, function: str) -> list[str]:
+    """The `nisa.<call>` names a generated kernel's module-level function makes, in order."""
+    tree = ast.parse((REPO / "generated" / name / "kernel.py").read_text())
+    body = next(n for n in tree.body if isinstance(n, ast.FunctionDef) and n.name == function)
+    found = [n.func for n in ast.walk(body) if isinstance(n, ast.Call) and isinstance(n.func, ast.Attribute)]
+    return [f.attr for f in found if ast.unparse(f.value) == "nisa"]
+
+
+def test_engram_out_is_formed_in_psum_with_its_diagonals_in_the_per_row_prefix() -> None:
+    epilogue = calls("engram_gate", "_head_epilogue")
+    assert "scalar_tensor_tensor" not in epilogue
+    assert epilogue.count("nc_matmul") == 1 + G_PARTS  # I·x, then one diagonal per part of g
+    passes = calls("engram_gate", "_head_passes")
+    # the diagonals (the identity scaled per row) are built with the per-row math, ahead of the epilogue
+    tree = ast.parse((REPO / "generated" / "engram_gate" / "kernel.py").read_text())
+    body = next(n for n in tree.body if isinstance(n, ast.FunctionDef) and n.name == "_head_passes")
+    scaled = [n for n in ast.walk(body) if isinstance(n, ast.Call) and "data=pe_identity" in ast.unparse(n)]
+    assert len(scaled) == G_PARTS and "activation" in passes
+
+
+def test_without_a_residual_the_rule_does_not_apply() -> None:
+    """engram_gate_noresid's out = g*v has no row to add: it keeps its one-instruction product."""
+    assert "nc_matmul" not in calls("engram_gate_noresid", "_head_epilogue")
+
+
+def test_streamed_plans_keep_the_fused_instruction() -> None:
+    assert "scalar_tensor_tensor" in calls("engram_gate", "_stream_epilogue")
+
+
+def test_out_rounds_the_exact_sum_of_the_kernels_own_gate() -> None:
+    """out = bf16(x + gate*v) from the kernel's saved gate, in float64: the parts of g carry its 24 bits,
+    so only a tie broken the other way by the fp32 accumulation may differ (two parts, 16 bits of g,
+    differed at 8.7e-4 of the outputs here; the former scalar_tensor_tensor at 2.7e-5)."""
+    gen = torch.Generator().manual_seed(3)
+    tokens, heads, width = 256, 2, 1024
+    shapes = ((tokens, heads, width), (tokens, heads + 1, width), (heads, width), (heads, width))
+    x, kv, w_h, w_e = (torch.randn(s, generator=gen).bfloat16() for s in shapes)
+    out, _, gate, _, _ = kernel("engram_gate").engram_gate(x, kv, w_h, w_e, save=True, lnc=1)
+    want = (x.double() + gate.double().unsqueeze(-1) * kv[:, heads:].double()).bfloat16()
+    assert (out != want).double().mean().item() < 1e-4
+
+
+def test_the_plan_counts_the_diagonals_and_the_accumulation_banks() -> None:
+    module = kernel("engram_gate")
+    assert module._MODEL.diagonals == G_PARTS * 128 * 2  # [P, P] bf16 per part, per head
+    plan = (REPO / "generated" / "engram_gate" / "plan.md").read_text()
+    # the prep broadcasts w_h and w_e (a bank each), then the accumulation of out
+    assert f"| PSUM banks | {2 + ACC_BANKS} of 8" in plan
