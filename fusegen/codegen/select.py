@@ -72,6 +72,7 @@ class Selector:
     pe_staged: bool = False  # this stage has used its one PSUM-staged tile
     evict_on_scalar: bool = False  # PSUM operands are copied to SBUF by the Scalar engine, not the Vector
     psum_banks: int = 0  # banks of the PSUM accumulators this stage's PE-formed values rotate through
+    into: dict[int, Operand] = field(default_factory=dict)  # id(expr) -> where its value is to be written
     lines: list[str] = field(default_factory=list)
     line_kinds: list[str] = field(default_factory=list)  # kind of the tile each line allocates or writes
     line_engines: list[str] = field(default_factory=list)  # "act" | "dve" | "gpsimd"; "" for allocations
@@ -117,6 +118,15 @@ class Selector:
         self.line_kinds.append(kind)
         self.line_engines.append("")
         return Operand(kind, f"{name}[0:{self.layout.part}, 0:{free}]", dtype=dtype)
+
+    def _dst(self, e: Expr, dtype: str) -> Operand:
+        """Where `e`'s value goes: the caller's destination for it (`into`, when of `dtype`), else a fresh
+        tile."""
+        dst = self.into.get(id(e))
+        if dst is None or dst.dtype != dtype:
+            return self._alloc(e.kind, dtype)
+        self._kinds[dst.code.split("[")[0]] = e.kind
+        return dst
 
     def _emit(self, call: str, reads: tuple[Operand, ...] = (), **kwargs: str) -> None:
         """One instruction writing `dst` and reading `reads`; `engine=` where the choice is ours."""
@@ -222,7 +232,7 @@ class Selector:
 
     def _activation(self, e: Expr, dtype: str) -> Operand:
         data, scale, bias = self._affine(e.args[0])
-        dst = self._alloc(e.kind, dtype)
+        dst = self._dst(e, dtype)
         kwargs = {"dst": dst.code, "op": ACTIVATIONS[e.op], "data": data.code}
         kwargs.update(_affine_kwargs(scale, bias))
         self._emit("activation", _present(data, scale, bias), **kwargs)
@@ -331,7 +341,7 @@ class Selector:
         on_pe = select_pe.tensor_tensor(self, x, y, e.op, e.kind, dtype)
         if on_pe is not None:
             return on_pe
-        dst = self._alloc(e.kind, dtype)
+        dst = self._dst(e, dtype)
         self._emit("tensor_tensor", (x, y), dst=dst.code, data1=x.code, data2=y.code, op=ALU[e.op])
         return dst
 

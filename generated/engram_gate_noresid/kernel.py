@@ -170,9 +170,7 @@ def _prepare_weights(h, w_h_hbm, w_e_hbm):
         nisa.nc_matmul(dst=w_e_bc[0:_P, 0:qw], stationary=ones_bfloat16[0:1, 0:_P], moving=w_e_row[0:1, 0:qw], accumulate=False)
         w0 = nl.ndarray((_P, _F_MOV), dtype=nl.float32, buffer=nl.sbuf)
         nisa.activation(dst=w0[0:_P, 0:qw], op=nl.copy, data=w_e_bc[0:_P, 0:qw])
-        w1 = nl.ndarray((_P, _F_MOV), dtype=nl.float32, buffer=nl.sbuf)
-        nisa.tensor_tensor(dst=w1[0:_P, 0:qw], data1=w_h_bc[0:_P, 0:qw], data2=w0[0:_P, 0:qw], op=nl.multiply)
-        nisa.tensor_copy(dst=prep0[0:_P, q0:q0 + qw], src=w1[0:_P, 0:qw])
+        nisa.tensor_tensor(dst=prep0[0:_P, q0:q0 + qw], data1=w_h_bc[0:_P, 0:qw], data2=w0[0:_P, 0:qw], op=nl.multiply)
     return (prep0,)
 
 

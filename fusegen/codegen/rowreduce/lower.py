@@ -195,7 +195,7 @@ def _prepare_body(loads: tuple[Load, ...], lines: list[str], roots: list[tuple[s
     dtypes = sorted({ld.nl_dtype for ld in loads})
     body = [f"ones_{_short(dt)} = nl.ndarray((1, _P), dtype={dt}, buffer=nl.sbuf)" for dt in dtypes]
     body += [f"nisa.memset(dst=ones_{_short(dt)}[0:1, 0:_P], value=1.0)" for dt in dtypes]
-    names = [f"prep{i}" for i in range(len(roots))]
+    names = [prep_name(i) for i in range(len(roots))]
     body += [f"{r} = nl.ndarray((_P, {width}), dtype=nl.float32, buffer=nl.sbuf)" for r in names]
     body.append(f"for q0 in range(0, {width}, _F_MOV):")
     chunk = [f"qw = min(_F_MOV, {width} - q0)"]
@@ -209,7 +209,8 @@ def _prepare_body(loads: tuple[Load, ...], lines: list[str], roots: list[tuple[s
                      f"moving={_row(ld)}[0:1, 0:qw], accumulate=False)")  # fmt: skip
     chunk += lines
     copies = zip(names, roots, strict=True)
-    chunk += [copy.format(dst=f"{r}[0:_P, q0:q0 + qw]", src=code) for r, (code, copy) in copies]
+    chunk += [copy.format(dst=f"{r}[0:_P, q0:q0 + qw]", src=code) for r, (code, copy) in copies
+              if code != f"{r}[0:_P, q0:q0 + qw]"]  # a root written in place needs no copy
     body += ["    " + line for line in chunk]
     body.append(f"return ({', '.join(names)},)")
     return tuple(body)
@@ -248,8 +249,17 @@ def _lower_prep(
         leaves[w.id] = Operand("tile", f"{tile}[0:_P, 0:qw]", memory="psum")
     builder = StageBuilder(ir, leaves, row_kind(m), free_size=lambda n: m.width)
     sel = Selector(Layout(part="_P", free="qw", free_alloc="_F_MOV"), prefix="w", evict_on_scalar=on_scalar)
-    resident = {root: sel.value(builder.expr(root)).code for root in m.prep_roots}
+    # each root written straight into its chunk of the prepared tile where its last step can (else copied)
+    exprs = {root: builder.expr(root) for root in m.prep_roots}
+    sel.into = {id(e): Operand("tile", f"{prep_name(i)}[0:_P, q0:q0 + qw]")
+                for i, e in enumerate(exprs.values())}  # fmt: skip
+    resident = {root: sel.value(e).code for root, e in exprs.items()}
     return sel, tuple(loads), resident
+
+
+def prep_name(i: int) -> str:
+    """The i-th prepared weight's width-long tile in `prepare_weights`."""
+    return f"prep{i}"
 
 
 def _resident_leaves(resident: dict[int, str], free: str) -> dict[int, Operand]:
