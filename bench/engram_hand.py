@@ -12,7 +12,9 @@ from __future__ import annotations
 
 import argparse
 import sys
+from collections.abc import Callable
 from pathlib import Path
+from types import ModuleType
 
 import torch
 
@@ -40,10 +42,11 @@ def inputs(t: int) -> tuple[torch.Tensor, ...]:
 
 def formula(x: torch.Tensor, kv: torch.Tensor, w_h: torch.Tensor, w_e: torch.Tensor) -> torch.Tensor:
     """The Engram gate in float64, written from the spec's math (not from generated code)."""
-    xd, k, v = x.double(), kv[:, :HC].double(), kv[:, HC:].double()
+    heads, width = x.shape[1], x.shape[2]
+    xd, k, v = x.double(), kv[:, :heads].double(), kv[:, heads:].double()
     rx = torch.rsqrt((xd * xd).mean(-1, keepdim=True) + EPS)
     rk = torch.rsqrt((k * k).mean(-1, keepdim=True) + EPS)
-    s = (xd * rx * w_h.double() * k * rk * w_e.double()).sum(-1, keepdim=True) / H**0.5
+    s = (xd * rx * w_h.double() * k * rk * w_e.double()).sum(-1, keepdim=True) / width**0.5
     return xd + torch.sigmoid(torch.sign(s) * torch.sqrt(s.abs().clamp_min(CLAMP))) * v
 
 
@@ -53,7 +56,8 @@ def off_by_half_ulp(out: torch.Tensor, want: torch.Tensor) -> float:
     return ((out.double() - want).abs() > 0.5 * ulp * 1.0001).double().mean().item()
 
 
-def run(label: str, call, args: tuple[torch.Tensor, ...], module, want: torch.Tensor) -> None:  # type: ignore[no-untyped-def]
+def run(label: str, call: Callable[[], torch.Tensor], args: tuple[torch.Tensor, ...], module: ModuleType,
+        want: torch.Tensor) -> None:  # fmt: skip
     """Model one kernel's launch; print its time, efficiency, engine busy times and accuracy."""
     with launches(module) as found:
         out = call()

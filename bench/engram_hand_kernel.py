@@ -115,7 +115,8 @@ def _product_chunk(pt, c0, x, k, w, q, ident):
 
 
 def _dot(pt, h, q, stats, vector_cols):
-    """Σ x*k*W into column h: `vector_cols` columns on Vector, the rest on Scalar, added on GpSimd."""
+    """Σ x*k*W into column h: `vector_cols` columns on Vector, the rest on Scalar, added on GpSimd
+    (0 < vector_cols < H)."""
     width = q.shape[1]
     scratch = nl.ndarray((P, width), dtype=nl.bfloat16, buffer=nl.sbuf)
     on_vector, on_scalar = _column(1), _column(1)
@@ -210,14 +211,14 @@ def engram_gate_hand(x_hbm, kv_hbm, w_h_hbm, w_e_hbm, eps, clamp, vector_evictio
     t_begin = min(rows, nl.program_id(0) * share)
     t_end = min(rows, t_begin + share)
     units = [(t0, h) for t0 in range(t_begin, t_end, P) for h in range(heads)]
-    tiles = {}  # t0 -> (v, statistics, x rows kept for the epilogues)
+    tiles = []  # per token tile: (v, statistics, x rows kept for the epilogues, gates), None once stored
     ready = []  # epilogues (t0, h, unit index from which they may run)
     stores, queued = [], []
     ahead = [_load(units[0][0], min(P, t_end - units[0][0]), 0, x_hbm, kv_hbm)] if len(units) > 0 else []
     for n, (t0, h) in enumerate(units):
         pt = min(P, t_end - t0)
         if h == 0:
-            tiles[t0] = (_load_v(t0, pt, kv_hbm), (_column(heads), _column(heads), _column(heads)), [], [])
+            tiles.append((_load_v(t0, pt, kv_hbm), (_column(heads), _column(heads), _column(heads)), [], []))
         x, k = ahead.pop(0)
         if n + 1 < len(units):
             t1, h1 = units[n + 1]
@@ -225,41 +226,48 @@ def engram_gate_hand(x_hbm, kv_hbm, w_h_hbm, w_e_hbm, eps, clamp, vector_evictio
         for dst, src in queued:  # a store waiting for its eviction must not hold a load up in the DMA queues
             nisa.dma_copy(dst=dst, src=src)
         queued, stores = stores, []
-        stats, xs = tiles[t0][1], tiles[t0][2]
-        epilogue = [ready.pop(0)] if len(ready) > 0 and ready[0][2] <= n else []
-        for e0, eh, _ in epilogue:
-            e_pt = min(P, t_end - e0)
-            diags = _diagonals(e_pt, eh, *tiles[e0][3][0], ident)
-            o = nl.ndarray((P, width), dtype=nl.bfloat16, buffer=nl.sbuf)
-        _squares(pt, h, x, k, stats)
+        tile = tiles[(t0 - t_begin) // P]
+        # at most one epilogue per unit, its diagonals and output tile made before the unit's passes
+        epilogue = (
+            [_epilogue(ready.pop(0), tiles, t_begin, t_end, ident)]
+            if len(ready) > 0 and ready[0][2] <= n
+            else []
+        )
+        _squares(pt, h, x, k, tile[1])
         q = nl.ndarray((P, width), dtype=nl.float32, buffer=nl.sbuf)
         for i, c0 in enumerate(range(0, width, CH)):
             _product_chunk(pt, c0, x, k, weights[h], q, ident)
-            for e0, eh, _ in epilogue:
-                _out_chunk(e_pt, i, c0, tiles[e0][2][eh], tiles[e0][0], diags, o, ident, vector_evictions)
-        _dot(pt, h, q, stats, vector_sum_cols)
-        xs.append(x)
-        for e0, eh, _ in epilogue:
+            for e_pt, x_e, v_e, diags, o, _ in epilogue:
+                _out_chunk(e_pt, i, c0, x_e, v_e, diags, o, ident, vector_evictions)
+        _dot(pt, h, q, tile[1], vector_sum_cols)
+        tile[2].append(x)
+        for e_pt, _, _, _, o, (e0, eh, _) in epilogue:
             stores.append((out_hbm[e0 : e0 + e_pt, eh, 0:width], o[0:e_pt, 0:width]))
             if eh == heads - 1:
-                tiles.pop(e0)  # its rows are no longer needed
+                tiles[(e0 - t_begin) // P] = None  # its rows are no longer needed
         if h == 0 and t0 > t_begin:  # the previous tile's statistics are complete: its gates, once
-            _gates_of(t0 - P, tiles, t_end, consts, ready, n + DELAY, heads)
+            _gates_of(t0 - P, tiles, t_begin, t_end, consts, ready, n + DELAY, heads)
     if len(units) > 0:
-        _gates_of(units[-1][0], tiles, t_end, consts, ready, 0, heads)
-    for e0, eh, _ in ready:
-        e_pt = min(P, t_end - e0)
-        diags = _diagonals(e_pt, eh, *tiles[e0][3][0], ident)
-        o = nl.ndarray((P, width), dtype=nl.bfloat16, buffer=nl.sbuf)
+        _gates_of(units[-1][0], tiles, t_begin, t_end, consts, ready, 0, heads)
+    for e_pt, x_e, v_e, diags, o, (e0, eh, _) in [_epilogue(r, tiles, t_begin, t_end, ident) for r in ready]:
         for i, c0 in enumerate(range(0, width, CH)):
-            _out_chunk(e_pt, i, c0, tiles[e0][2][eh], tiles[e0][0], diags, o, ident, vector_evictions)
+            _out_chunk(e_pt, i, c0, x_e, v_e, diags, o, ident, vector_evictions)
         stores.append((out_hbm[e0 : e0 + e_pt, eh, 0:width], o[0:e_pt, 0:width]))
     for dst, src in queued + stores:
         nisa.dma_copy(dst=dst, src=src)
     return out_hbm
 
 
-def _gates_of(t0, tiles, t_end, consts, ready, start, heads):
+def _gates_of(t0, tiles, t_begin, t_end, consts, ready, start, heads):
     """Tile t0's per-row math; its heads' epilogues may run from unit `start` on."""
-    tiles[t0][3].append(_gate(min(P, t_end - t0), tiles[t0][1], consts))
+    tile = tiles[(t0 - t_begin) // P]
+    tile[3].append(_gate(min(P, t_end - t0), tile[1], consts))
     ready.extend((t0, h, start) for h in range(heads))
+
+
+def _epilogue(entry, tiles, t_begin, t_end, ident):
+    """An epilogue's rows, x, v, diagonals and output tile: (pt, x, v, diagonals, out, entry)."""
+    e0, eh, _ = entry
+    pt, (v, _, xs, gates) = min(P, t_end - e0), tiles[(e0 - t_begin) // P]
+    out = nl.ndarray((P, v.shape[1]), dtype=nl.bfloat16, buffer=nl.sbuf)
+    return pt, xs[eh], v, _diagonals(pt, eh, *gates[0], ident), out, entry

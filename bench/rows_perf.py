@@ -72,11 +72,11 @@ def engram_instructions(width: int, heads: int) -> list[tuple[float, float]]:
     [P, HC] columns once per tile, Scalar-only activations."""
     target = get_target(TARGET)
 
-    def vector(op: str, n: int, **details: bool) -> float:
-        return instruction_ns(target, "vector", op, 128, n, **details)
+    def vector(op: str, n: int, dtype: str = "bfloat16", **details: bool) -> float:
+        return instruction_ns(target, "vector", op, 128, n, dtype, **details)
 
     def scalar(n: int, **details: bool) -> float:
-        return instruction_ns(target, "scalar", "activation", 128, n, **details)
+        return instruction_ns(target, "scalar", "activation", 128, n, "bfloat16", **details)
 
     return [
         (2 * vector("tensor_tensor", width, psum_input=True), math.inf),
@@ -137,14 +137,20 @@ def floor(spec: str, dims: dict[str, int], roof: Roofline, goal: float) -> None:
           f"{scalar / 1e3:,.1f} us); split: {split / 1e3:,.1f} us | | <= {roof.time_ns / bound:.1%}, split "
           f"<= {roof.time_ns / split:.1%} | {named} | | {verdict} |")  # fmt: skip
     if spec in INSTRUCTION_FLOORS:
-        # the split bound of the priced instructions, plus one DMA's fixed latency before the first
-        # instruction (nothing to compute yet) and one after the last (the last store)
-        priced = split_bound(INSTRUCTION_FLOORS[spec](dims)) * units + 2 * DMA_FIXED_NS
+        priced = instruction_floor_ns(spec, dims)
         eff = roof.time_ns / priced
         verdict = "goal above this bound" if eff < goal else "goal within this bound"
         where = "docs/performance.md: engram_gate scheduled by hand"
         print(f"|   instruction floor | {priced / 1e3:,.1f} us (priced per instruction, best known design) | "
               f"| <= {eff:.2%} | {where} | | {verdict} |")  # fmt: skip
+
+
+def instruction_floor_ns(spec: str, dims: dict[str, int]) -> float:
+    """The split bound of the kernel's instructions priced per token tile and head, times the tiles and
+    heads per core, plus one DMA's fixed latency before the first instruction (nothing to compute yet) and
+    one after the last (the last store)."""
+    units = -(-dims["T"] // 128) // LNC * dims.get("HC", 1)
+    return split_bound(INSTRUCTION_FLOORS[spec](dims)) * units + 2 * DMA_FIXED_NS
 
 
 def _ns(passes: float | None, pass_ns: float) -> float:

@@ -115,8 +115,10 @@ def cpu_mode() -> str:
 
 def jit_kernels(source: str) -> list[str]:
     """Names of the functions `source` decorates with `@nki.jit` (bare or called)."""
+    from fusegen.sim.subset import parse  # run-time parses take turns across threads (subset.py)
+
     names = []
-    for node in ast.parse(source).body:
+    for node in parse(source).body:
         if isinstance(node, ast.FunctionDef):
             for dec in node.decorator_list:
                 dec = dec.func if isinstance(dec, ast.Call) else dec

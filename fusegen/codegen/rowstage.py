@@ -79,9 +79,10 @@ def row_builder(ir: KernelIR, width: Dim, leaves: dict[int, Operand]) -> StageBu
     return StageBuilder(ir, leaves, kind_of, free_size=lambda n: width)
 
 
-def block_selector(prefix: str) -> BlockSelector:
-    """A BlockSelector over one block of `pr` rows and `nb` columns."""
-    return BlockSelector(Layout(part="pr", free="nb", free_alloc="kb"), prefix=prefix)
+def block_selector(prefix: str, tile_engine: str = "") -> BlockSelector:
+    """A BlockSelector over one block of `pr` rows and `nb` columns (`tile_engine`: as Selector's)."""
+    layout = Layout(part="pr", free="nb", free_alloc="kb")
+    return BlockSelector(layout, prefix=prefix, tile_engine=tile_engine)
 
 
 def lower_prologue(

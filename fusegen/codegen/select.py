@@ -17,8 +17,9 @@ that fuses it, which is free: a bias, a scale or a second scalar op costs no ext
 - `pow(t, p)`, p not an integer            -> nisa.tensor_tensor(op=nl.power) on GpSimd, p memset into a tile
 Engines come from engines.py: `[P, 1]` work goes to GpSimd only where the documented table allows the
 instruction and op there, and never with a PSUM operand (a column chain of scalar steps is rewritten
-for that by select_columns.py); `tensor_scalar` operands and an activation's scale are fp32 (a column
-in another dtype is copied to fp32 first).
+for that by select_columns.py), and full-width work likewise where a stage asks (`tile_engine`: the FFN's
+add of the other core's sums, after the exchange); `tensor_scalar` operands and an activation's scale are
+fp32 (a column in another dtype is copied to fp32 first).
 Each materialised value gets a fresh SBUF tile named after a counter; its dtype is f32 unless the
 consumer (a cast, an output, a matmul operand) asks for its own dtype, which the engines write at no cost.
 A value already held in f32 that a consumer wants in another dtype is rounded by an identity activation
@@ -63,6 +64,7 @@ class Selector:
     layout: Layout
     prefix: str
     column_engine: str = ""  # `engine=` of [P, 1] work where engines.py allows it (off the Vector queue)
+    tile_engine: str = ""  # the same for full-width work (GpSimd where it idles, e.g. after an exchange)
     load: EngineLoad | None = None  # shared by a kernel's stages: balance affine steps Scalar/Vector
     pe_staging: bool = False  # two-tile work may go through PSUM on the Tensor engine (select_pe.py)
     pe_staged: bool = False  # this stage has used its one PSUM-staged tile
@@ -115,10 +117,11 @@ class Selector:
         """One instruction writing `dst` and reading `reads`; `engine=` where the choice is ours."""
         kind = self._kinds[kwargs["dst"].split("[")[0]]
         ops = tuple(kwargs[k] for k in ("op", "op0", "op1") if k in kwargs) or ("",)
+        engine = self.column_engine if kind == "vec" else self.tile_engine
         if call == "tensor_tensor" and ops == ("nl.power",):
             kwargs["engine"] = GPSIMD  # the only engine with power (engines.py); operands are in SBUF
-        elif kind == "vec" and self.column_engine and gpsimd_allows(call, ops, columns.reads_psum(reads)):
-            kwargs["engine"] = self.column_engine
+        elif engine and gpsimd_allows(call, ops, columns.reads_psum(reads)):
+            kwargs["engine"] = engine
         args = ", ".join(f"{k}={v}" for k, v in kwargs.items())
         self.lines.append(f"nisa.{call}({args})")
         self.line_kinds.append(kind)

@@ -180,7 +180,9 @@ class _QuietRuntime:
 
     These settings are process-wide (torch's count also sets the default new threads inherit) and launches
     may overlap on several threads, so the first launch to start saves them and the last to end restores
-    them: saving per launch could capture another launch's quiet values and restore those for good."""
+    them: saving per launch could capture another launch's quiet values and restore those for good. Left:
+    a thread whose first torch work ran during another launch inherited that launch's count of 1; launching
+    alone later, it saves and restores 1 (torch has no way to read the process default from a thread)."""
 
     def __init__(self) -> None:
         self.lock = threading.Lock()
@@ -208,8 +210,8 @@ class _QuietRuntime:
                 self.switch_interval = sys.getswitchinterval()
                 gc.disable()
                 sys.setswitchinterval(_SWITCH_INTERVAL_S)
-            self.active += 1
             torch.set_num_threads(1)
+            self.active += 1  # last: nothing above left a launch counted that never ran
 
     def _leave(self) -> bool:
         """Give the calling thread the saved torch count; restore the rest after the last launch. True if

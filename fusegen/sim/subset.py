@@ -22,8 +22,15 @@ Finding = tuple[str, str, int, str]
 
 # Python 3.11's AST constructor counts its recursion depth in interpreter-wide state, so two threads parsing
 # at once (kernels first launched from a thread pool) can fail with "SystemError: AST constructor recursion
-# depth mismatch" (CPython gh-106905; reproduced here on 3.11.7 with two parsing threads and a finalizer)
+# depth mismatch" (CPython gh-106905; reproduced here on 3.11.7 with two parsing threads and a finalizer).
+# The lock covers fusegen's parses at run time (`parse`); a parse elsewhere in the process is not covered.
 _PARSE_LOCK = threading.Lock()
+
+
+def parse(source: str, filename: str = "<unknown>") -> ast.Module:
+    """ast.parse, one thread at a time (see _PARSE_LOCK)."""
+    with _PARSE_LOCK:
+        return ast.parse(source, filename)
 
 
 @functools.lru_cache(maxsize=64)
@@ -33,8 +40,7 @@ def _module_functions(filename: str) -> dict[int, ast.FunctionDef | ast.AsyncFun
     if not source:
         return {}
     try:
-        with _PARSE_LOCK:
-            tree = ast.parse(source, filename)
+        tree = parse(source, filename)
     except SyntaxError:
         return {}
     found: dict[int, ast.FunctionDef | ast.AsyncFunctionDef] = {}

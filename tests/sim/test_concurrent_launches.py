@@ -105,15 +105,24 @@ def test_overlapping_launches_restore_the_settings_after_the_last_ends(
 
     hooks.update(first=first, second=second)
 
+    counts: list[int] = []  # each launching thread's torch count once its launch returned
+
     def run_first(x: torch.Tensor) -> torch.Tensor:
         try:
             return _launch_as("first", x)
         finally:
+            counts.append(torch.get_num_threads())
             first_out.set()
+
+    def run_second(x: torch.Tensor) -> torch.Tensor:
+        try:
+            return _launch_as("second", x)
+        finally:
+            counts.append(torch.get_num_threads())
 
     x = torch.randn(128, 64)
     with ThreadPoolExecutor(2) as pool:
-        a, b = pool.submit(run_first, x), pool.submit(_launch_as, "second", x)
+        a, b = pool.submit(run_first, x), pool.submit(run_second, x)
         if first_fails:
             with pytest.raises(RuntimeError, match="first launch failed"):
                 a.result(WAIT_S)
@@ -121,7 +130,7 @@ def test_overlapping_launches_restore_the_settings_after_the_last_ends(
             assert torch.equal(a.result(WAIT_S), x * 2)
         assert torch.equal(b.result(WAIT_S), x * 2)
     assert during_second == [(pytest.approx(launch._SWITCH_INTERVAL_S), False)]  # kept in whole µs
-    assert _settings() == before
+    assert _settings() == before and counts == [before[2], before[2]]
     assert launch._quiet_runtime.active == 0
 
 

@@ -2,11 +2,11 @@
 
 from __future__ import annotations
 
-import re
 from dataclasses import dataclass, replace
 
 from fusegen.codegen.blocks import BlockedStage, BlockLoad, block_reduction, emit_blocked, spine, walk
 from fusegen.codegen.budget_base import NO_STAGE
+from fusegen.codegen.engines import GPSIMD
 from fusegen.codegen.family import kernel_arg
 from fusegen.codegen.ffn.match import FfnMatch
 from fusegen.codegen.ffn.sbuf import FfnModel
@@ -24,7 +24,7 @@ from fusegen.codegen.rowstage import (
 )
 from fusegen.codegen.select import Layout, Selector
 from fusegen.codegen.select_tables import NL_DTYPE
-from fusegen.codegen.stage import Operand, StageBuilder, dim_source
+from fusegen.codegen.stage import Expr, Operand, StageBuilder, dim_source
 from fusegen.dsl.ir import DTYPE_BYTES, Dim, KernelIR, Node
 
 
@@ -60,7 +60,7 @@ class FfnLowering:
     epilogue: BlockedStage
     epilogue_per_block: bool  # one pass, nothing before its blocks: each block's can follow its last sums
     epilogue_block: BlockedStage | None  # that pass over a block tile `blk`, not the accumulator's block
-    late_add: BlockedStage | None  # that pass, the received sums' add fused into its one cast (`_late_add`)
+    late_add: BlockedStage | None  # over `blk + acc`, a cast only: the add writes it (`_lower_received`)
     outputs: tuple[OutputWrite, ...]
     model: FfnModel
     prologue: BlockedStage | None = None
@@ -118,7 +118,7 @@ def lower_ffn(ir: KernelIR, m: FfnMatch) -> FfnLowering:
         epilogue=epilogue,
         epilogue_per_block=per_block,
         epilogue_block=over_block if per_block else None,
-        late_add=_late_add(over_block) if per_block else None,
+        late_add=_lower_received(ir, m, epi_inputs, acc_node, acc_init) if per_block else None,
         outputs=outputs,
         model=model,
         prologue=prologue,
@@ -260,6 +260,10 @@ def _lower_eviction(
     return stage, node_of[id(top)]
 
 
+_ACC_BLOCK = "acc[rs][0:pr, k0:k0 + nb]"  # the accumulator's block
+_RECEIVED = "blk[0:pr, 0:nb]"  # a block's sums in a tile of their own (K halves, late: the other core's)
+
+
 def _lower_epilogue(
     ir: KernelIR,
     m: FfnMatch,
@@ -272,16 +276,12 @@ def _lower_epilogue(
     """The epilogue over an SBUF accumulator (`block`: over the sums of one of its K-blocks in a tile
     `blk` of their own), or (`from_hbm`, column-blocked plans) over the bare down-projection's blocks
     loaded from the fp32 scratch `_acc_hbm`, every other input a block load."""
-    leaves, loads = row_leaves(ir, m.epi_nodes, inputs, acc_init)
-    acc = "blk[0:pr, 0:nb]" if block else "acc[rs][0:pr, k0:k0 + nb]"  # the accumulator's block
+    acc = _RECEIVED if block else _ACC_BLOCK
+    leaf = "acc_blk[0:pr, 0:nb]" if from_hbm else acc
+    exprs, loads = _epilogue_exprs(ir, m, inputs, acc_node, acc_init, leaf)
     if from_hbm:
         acc = ""
         loads["acc_blk"] = BlockLoad("acc_blk", "_acc_hbm[r0:r0 + pr, k0:k0 + nb]", 4, broadcast=False)
-    leaves[acc_node] = Operand("tile", "acc_blk[0:pr, 0:nb]" if from_hbm else acc)
-    builder = row_builder(ir, m.hidden, leaves)
-    exprs = [builder.expr(out.node) for out in ir.outputs]  # all first: users counts must be complete
-    # the accumulator returned as it is is read by its output's write: never computed over in place
-    builder.exprs[acc_node].users += sum(out.node == acc_node for out in ir.outputs)
     writes: list[OutputWrite] = []
     # the Vector engine evicts the down-projection's sums: the epilogue's final casts go to the Scalar engine
     finish = output_writes(ir.outputs, exprs, writes, act_casts=True)
@@ -290,22 +290,48 @@ def _lower_epilogue(
     return _with_column_writes(stage, writes), tuple(writes)
 
 
-_BARE_CAST = re.compile(r"nisa\.activation\(dst=(\w+)\[0:pr, 0:nb\], op=nl\.copy, data=blk\[0:pr, 0:nb\]\)")
+def _epilogue_exprs(
+    ir: KernelIR,
+    m: FfnMatch,
+    inputs: dict[str, tuple[str, ...]],
+    acc_node: int,
+    acc_init: str | None,
+    acc: str,
+) -> tuple[list[Expr], dict[str, BlockLoad]]:
+    """The outputs' expressions over `acc`, the tile holding node `acc_node`'s block, and the block loads
+    of the epilogue's other inputs."""
+    leaves, loads = row_leaves(ir, m.epi_nodes, inputs, acc_init)
+    leaves[acc_node] = Operand("tile", acc)
+    builder = row_builder(ir, m.hidden, leaves)
+    exprs = [builder.expr(out.node) for out in ir.outputs]  # all first: users counts must be complete
+    # the accumulator returned as it is is read by its output's write: never computed over in place
+    builder.exprs[acc_node].users += sum(out.node == acc_node for out in ir.outputs)
+    return exprs, loads
 
 
-def _late_add(stage: BlockedStage) -> BlockedStage | None:
-    """The block epilogue whose one instruction, a cast of the block, becomes the add of the received sums
-    `blk` and this core's `acc` block into the cast's destination: one instruction less follows the
-    exchange. None for any other epilogue."""
-    (only, *more), lines = stage.passes, stage.passes[0].lines
-    work = [line for line in lines if line.startswith("nisa.") and not line.startswith("nisa.dma_copy")]
-    cast = _BARE_CAST.fullmatch(work[0]) if len(work) == 1 and not more and not only.loads else None
-    if cast is None:
+def _lower_received(
+    ir: KernelIR, m: FfnMatch, inputs: dict[str, tuple[str, ...]], acc_node: int, acc_init: str | None
+) -> BlockedStage | None:
+    """K halves, late: the block epilogue whose input is `blk + acc`, the other core's sums (received into
+    `blk`) plus this core's accumulator block, when all it does is cast that input to its one output: the
+    add itself writes the cast's destination, on GpSimd (idle after the exchange, while the Vector engine
+    evicts), one instruction after the exchange instead of two. None for any other epilogue: the template
+    adds into `blk`, then runs the block epilogue over it (`epilogue_block`)."""
+    exprs, _ = _epilogue_exprs(ir, m, inputs, acc_node, acc_init, _RECEIVED)
+    out = ir.outputs[0]
+    held = _cast_of(exprs[0], out.dtype) if len(exprs) == 1 else None
+    if held is None or held.leaf is None or held.leaf.code != _RECEIVED:
         return None
-    fused = (f"nisa.tensor_tensor(dst={cast[1]}[0:pr, 0:nb], data1=blk[0:pr, 0:nb], "
-             "data2=acc[rs][0:pr, k0:k0 + nb], op=nl.add, engine=nisa.engine.gpsimd)",)  # fmt: skip
-    at = lines.index(work[0])
-    return replace(stage, passes=(replace(only, lines=(*lines[:at], *fused, *lines[at + 1 :])),))
+    total = Expr("add", (held, Expr("leaf", kind="tile", leaf=Operand("tile", _ACC_BLOCK))), kind="tile")
+    sel = block_selector("e", tile_engine=GPSIMD)
+    return emit_blocked(sel, [total], {}, output_writes([out], [total], []), writes=1)
+
+
+def _cast_of(value: Expr, dtype: str) -> Expr | None:
+    """The leaf `value` only casts to `dtype` (a bare leaf: its output's write casts it); None if `value` is
+    more than that, or `dtype` is f32 (no cast)."""
+    leaf = value.args[0] if value.op == "cast" and value.dtype == dtype else value
+    return leaf if leaf.op == "leaf" and dtype != "f32" else None
 
 
 def _row_outputs(ir: KernelIR) -> int:
