@@ -201,7 +201,7 @@ class _Plan(NamedTuple):
 
     HT (KC > 0): 1 keeps every combine tile of the super-block in SBUF (`held_h`) and the column blocks read
     h^T there: no h^T scratch, its writes and KC-block reads gone, for all of I's tiles held at once; with
-    that room taken, its down weights also move a group of I-tiles per DMA (`down_group`) and x's rows
+    that room taken, its down weights also move a group of I-tiles per DMA (`down_group`) and x's rows in
     blocks that reach the packet knee (`x_block`).
     """
 
