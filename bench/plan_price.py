@@ -25,13 +25,15 @@ from fusegen.perf.schedule import Schedule, schedule
 ROOT = Path(__file__).resolve().parents[1]
 TARGET = "trn2"
 #: name: (example, K, I, R, LNC); EXTRA: plans traced besides (S, CI, SPLIT, KC, G)
-#: swiglu_ffn's plan at llama-256 (issue 15); split 2 beside split 3 at seed-256; the old model's
-#: column-blocked picks at cross and llama-2048
+#: swiglu_ffn's plan and the column blocks with h^T through HBM at llama-256 (issue 15); split 2 beside
+#: split 3 at seed-256; the old model's column-blocked picks at cross and llama-2048; the column-blocked
+#: pick at dsv3-expert-2048 before h^T was held (HT)
 EXTRA = {
-    "llama-256": [(256, 256, 1, 0, 0)],
+    "llama-256": [(256, 256, 1, 0, 0), (128, 128, 0, 2048, 0)],
     "seed-256": [(256, 896, 2, 0, 0)],
     "cross": [(256, 128, 0, 1024, 0)],
     "llama-2048": [(512, 128, 0, 512, 0)],
+    "dsv3-expert-2048": [(256, 128, 0, 1024, 20)],
 }
 SHAPES = {
     "small": ("swiglu_fp8", 1536, 1024, 128, 2),
@@ -42,6 +44,7 @@ SHAPES = {
     "llama-256": ("swiglu_fp8", 4096, 14336, 256, 2),
     "llama-2048": ("swiglu_ffn", 4096, 14336, 2048, 2),
     "dsv3-expert-256": ("swiglu_fp8", 7168, 2048, 256, 2),
+    "dsv3-expert-2048": ("swiglu_ffn", 7168, 2048, 2048, 2),
 }
 
 

@@ -79,6 +79,7 @@ def cell(p: Planned) -> str:
     split = " I-split" if tiles["split_i"] else ""
     blocks = f" KC={tiles['KC']}" if tiles["KC"] else ""
     blocks += f" G={tiles['G']}" if tiles.get("G") else ""
+    blocks += " HT" if tiles.get("HT") else ""
     return (
         f"| S={tiles['S']} CI={tiles['CI']}{split}{blocks} | {p.plan.sbuf_bytes:,} "
         f"| {p.plan.modeled_ns / 1000:,.1f} | {100 * eff:.0f}% ({p.roof.bound}) | {note} |"

@@ -169,7 +169,7 @@ def _tile_plan(
         ("engine busy (us)", ", ".join(f"{e} {v / 1000:.1f}" for e, v in engines.items())),
         ("weight bytes streamed", f"{streamed:,} ({streamed / weights:.0f}x the {weights:,} B of weights)"),
     )
-    planned = fs.buffers(model, p.s, p.ci, k, i, p.kc, p.g, p.split)
+    planned = fs.buffers(model, p.s, p.ci, k, i, p.kc, p.g, p.split, p.ht)
     buffers = tuple(PlannedBuffer(b.name, "sbuf", b.bytes, b.copies) for b in planned)
     psum = PlannedBuffer("matmul accumulators (one bank each)", "psum", 2048, fs.psum_banks(model, p.kc))
     return TilePlan(
@@ -177,7 +177,7 @@ def _tile_plan(
         target=target.name,
         lnc=lnc,
         dims=tuple(sorted(dims.items())),
-        tiles=(("S", p.s), ("CI", p.ci), ("split_i", p.split), ("KC", p.kc), ("G", p.g)),
+        tiles=(("S", p.s), ("CI", p.ci), ("split_i", p.split), ("KC", p.kc), ("G", p.g), ("HT", p.ht)),
         buffers=(*buffers, psum),
         sbuf_bytes=fs.plan_bytes(model, p, k, i),
         sbuf_budget=mach.sbuf_budget,
@@ -279,7 +279,8 @@ def _down_projection(
     rows, k, i = shape
     other = fs.Plan(p.s, p.ci, p.split, 0 if p.kc else fs.column_block(p.s, k), p.g)
     if p.kc:
-        what = (f"column blocks of KC={p.kc}: h^T goes to an HBM scratch, each block of the down-projection "
+        where = "stays in SBUF" if p.ht else "goes to an HBM scratch"
+        what = (f"column blocks of KC={p.kc}: h^T {where}, each block of the down-projection "
                 f"accumulates all of I in {fs.ACC_BANKS} PSUM banks and is evicted once")  # fmt: skip
         alt = "the SBUF accumulator"
     else:

@@ -5,8 +5,10 @@ from __future__ import annotations
 import dataclasses
 import sys
 import tempfile
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
+from types import ModuleType
 from typing import Any
 
 import torch
@@ -24,6 +26,7 @@ from fusegen.dsl.ir import CheckShape, KernelIR
 from fusegen.perf.capture import Launch, launches
 from fusegen.perf.roofline import Roofline, hbm_bytes_moved, matmul_flops, roofline
 from fusegen.perf.schedule import Schedule, schedule
+from fusegen.sim import RunResult
 from fusegen.testing import make_inputs
 
 #: runner-up plans `explain` shows
@@ -112,8 +115,11 @@ def analyse(spec: str, dims: dict[str, int], target: str, lnc: int, alternatives
     modeled = model_launches(found, target, lnc, tensor_bytes(args) + tensor_bytes(outputs))
     family, ir, match = _family(spec)
     plan, plan_note = _plan_at(family, ir, match, dims, target, lnc)
+    host = getattr(kernels, built.name)
+    ffn = family.name == "ffn"
+    replan = _replanned(kernels, lambda: host(*args, lnc=lnc, target=target)) if ffn else None
     alts, alts_note = (
-        _alternatives(family, ir, match, dims, target, lnc, plan, found) if alternatives else ((), "")
+        _alternatives(family, ir, match, dims, target, lnc, plan, found, replan) if alternatives else ((), "")
     )
     return Analysis(built.name, family.name, dims, target, lnc, plan, plan_note, modeled, alts, alts_note)
 
@@ -143,16 +149,17 @@ def _plan_at(family: Family, ir: KernelIR, match: Any, dims: dict[str, int], tar
 
 def _alternatives(
     family: Family, ir: KernelIR, match: Any, dims: dict[str, int], target: str, lnc: int,
-    chosen: TilePlan | None, found: list[Launch],
+    chosen: TilePlan | None, found: list[Launch], replan: Callable[[TilePlan], RunResult] | None = None,
 ) -> tuple[tuple[Alternative, ...], str]:  # fmt: skip
-    """The planner's runner-up plans, each also run on the interpreter when its tiles are the launch's."""
+    """The planner's runner-up plans, each also run on the interpreter when its tiles are the launch's
+    (through the host function, `replan`, where its arguments depend on the plan)."""
     ranked = _candidates(family, ir, match, dims, target, lnc)
     if not ranked or chosen is None:
         return (), f"the {family.name} planner offers no alternative plans (no candidates() for it)"
     runnable = len(found) == 1 and _tile_args(found[0], chosen) is not None
     alts = []
     for plan in ranked[: ALTERNATIVES + 1]:
-        trace_ns = _rerun(found[0], chosen, plan, target) if runnable else None
+        trace_ns = _rerun(found[0], chosen, plan, target, replan) if runnable else None
         alts.append(Alternative(plan, trace_ns))
     note = (
         "" if runnable else "runner-ups were not run: the launch's arguments do not end with the plan's tiles"
@@ -198,7 +205,8 @@ def _tile_args(launch: Launch, plan: TilePlan) -> int | None:
     return start if start >= 0 and tuple(launch.args[start:]) == values else None
 
 
-def _rerun(launch: Launch, chosen: TilePlan, plan: TilePlan, target: str) -> float:
+def _rerun(launch: Launch, chosen: TilePlan, plan: TilePlan, target: str,
+           replan: Callable[[TilePlan], RunResult] | None) -> float:  # fmt: skip
     """Modelled time of the launch re-run with another plan's tiles (the chosen one is not re-run)."""
     tgt = sim.get_target(target)
     if plan.tiles == chosen.tiles:
@@ -207,8 +215,25 @@ def _rerun(launch: Launch, chosen: TilePlan, plan: TilePlan, target: str) -> flo
     assert start is not None
     args = (*launch.args[:start], *(v for _, v in plan.tiles))
     progress(f"running the runner-up {tiles_text(plan)} on the interpreter")
-    result = sim.run(launch.kernel, *args, grid=launch.grid, target=target)
+    result = replan(plan) if replan else sim.run(launch.kernel, *args, grid=launch.grid, target=target)
     return schedule(result.trace, tgt).time_ns
+
+
+def _replanned(kernels: ModuleType, call: Callable[[], object]) -> Callable[[TilePlan], RunResult]:
+    """Runs of the FFN host function (`call`) with its planner's choice replaced by a plan's tiles: the host
+    lays its weights out for the plan (the column blocks' down weights depend on KC)."""
+
+    def run(plan: TilePlan) -> RunResult:
+        chosen = kernels._choose
+        kernels._choose = lambda *_: kernels._Plan(*(v for _, v in plan.tiles))  # type: ignore[attr-defined]
+        try:
+            with launches(kernels) as found:
+                call()
+        finally:
+            kernels._choose = chosen  # type: ignore[attr-defined]
+        return found[0].result
+
+    return run
 
 
 def tiles_text(plan: TilePlan) -> str:

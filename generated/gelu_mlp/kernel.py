@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import os
 import weakref
+from collections.abc import Callable
 from typing import NamedTuple
 
 import nki
@@ -197,6 +198,11 @@ class _Plan(NamedTuple):
     G: K-tiles per up-projection weight DMA (0: all of K). The host lays each up weight out once as
     [I-tiles, P, K-tiles * P] (the kernel file's `_up_layout`), so one DMA of G K-tiles of one I-tile moves
     G * P contiguous elements per partition row; a streamed plan (`up_weights`) holds one such group.
+
+    HT (KC > 0): 1 keeps every combine tile of the super-block in SBUF (`held_h`) and the column blocks read
+    h^T there: no h^T scratch, its writes and KC-block reads gone, for all of I's tiles held at once; with
+    that room taken, its down weights also move a group of I-tiles per DMA (`down_group`) and x's rows in
+    blocks that reach the packet knee (`x_block`).
     """
 
     s: int
@@ -206,6 +212,7 @@ class _Plan(NamedTuple):
     # 3: as 2 with an odd number of I-tiles, each core an even share, the last I-tile for its own rows only
     kc: int = 0
     g: int = 0
+    ht: int = 0
 
 
 def _work_per_core(rows: int, i: int, lnc: int, split: int) -> tuple[int, int]:
@@ -218,17 +225,18 @@ def _work_per_core(rows: int, i: int, lnc: int, split: int) -> tuple[int, int]:
 
 
 def _buffers(
-    m: _FfnModel, s: int, ci: int, k: int, i: int, kc: int = 0, g: int = 0, split: int = 0
+    m: _FfnModel, s: int, ci: int, k: int, i: int, kc: int = 0, g: int = 0, split: int = 0, ht: int = 0
 ) -> list[_Buffer]:
     """The kernel's SBUF buffers for super-block `s` rows, chunk `ci` columns, column block `kc`, `g`
-    K-tiles per up-weight DMA and work split `split`."""
-    n_k, n_h, n_hc = _cdiv(k, _P), _cdiv(i, _P), _chunk_tiles(ci, i, split)
+    K-tiles per up-weight DMA, work split `split` and h^T held (`ht`)."""
+    n_k, n_h, n_hc, x = _cdiv(k, _P), _cdiv(i, _P), _chunk_tiles(ci, i, split), m.x_bytes
     epi = m.epi_cols if kc else m.epi
+    combine = _Buffer("combine output (down-proj stationary)", n_hc * _F_MOV * x, 1)
     common = [
         _Buffer("x^T, K on partitions", n_k * s * m.x_bytes, 1),
-        _Buffer("x row block, staged for the PE transpose", _x_staged(m, k) * m.x_bytes, 2),
+        _Buffer("x row block, staged for the PE transpose", _x_staged(m, k, ht) * m.x_bytes, 2),
         _up_weights(m, s, ci, k, g),
-        _Buffer("combine output (down-proj stationary)", n_hc * _F_MOV * m.x_bytes, 1),
+        _held_h(m, s, i) if kc and ht else combine,
         _Buffer("combine temporaries", m.mid_tiles * _F_MOV * 4, 2),
         _Buffer("prologue block (one K-block's loads and temporaries)", m.pro.block_bytes * min(_F_MOV, k), 2),
         _Buffer("epilogue block (one K-block's loads and temporaries)", epi.block_bytes * min(_F_MOV, k), 2),
@@ -236,10 +244,11 @@ def _buffers(
         _Buffer("[I] columns", m.col_vectors * n_h * 4, 1),
     ]
     if kc:
+        down_tiles = _down_group(kc, i, m.down_bytes, ht) * kc * m.down_bytes
         return [
             *common,
-            _Buffer("down-projection weight tile (one I-tile, one column block)", kc * m.down_bytes, 2),
-            _Buffer("h^T read back (a group of I-tiles)", _h_group(s, i, m.x_bytes) * s * m.x_bytes, 2),
+            _Buffer("down-projection weight tiles (a group of I-tiles, one column block)", down_tiles, 2),
+            _Buffer("h^T read back (a group of I-tiles)", 0 if ht else _h_group(s, i, x) * s * x, 2),
             _Buffer("PSUM eviction block (its loads and temporaries)", m.evict.block_bytes * min(_F_MOV, k), 2),
         ]
     _exchange = [
@@ -330,17 +339,20 @@ def _solo_tile(i: int) -> int:
     return i - (_cdiv(i, _P) - 1) * _P
 
 
-def _x_block(k: int, x_bytes: int) -> int:
+def _x_block(k: int, x_bytes: int, ht: int = 0) -> int:
     """Columns of x per DMA staged for the PE transpose: a whole row when it fits in the fewest F_MOV blocks
     that reach DMA_ROW_BYTES per partition row (K <= 1536 in bf16: there x's loads are a large share of a
     super-block's start and SBUF has room), else one F_MOV block (wide K: SBUF is tight and x's loads are
-    a small share of the weights')."""
-    return k if k <= _cdiv(_DMA_ROW_BYTES, _F_MOV * x_bytes) * _F_MOV else min(_F_MOV, k)
+    a small share of the weights'). HT plans (column blocks with h^T held: nothing of width K in SBUF but
+    x^T) stage those fewest blocks at any K: 1 KiB rows cost 2.4x their bytes in every super-block's fill,
+    which no matmul overlaps (9% of the DeepSeek-V3 expert width's kernel), for 4 KiB more SBUF."""
+    knee = _cdiv(_DMA_ROW_BYTES, _F_MOV * x_bytes) * _F_MOV
+    return min(k, knee) if ht or k <= knee else min(_F_MOV, k)
 
 
-def _x_staged(m: _FfnModel, k: int) -> int:
+def _x_staged(m: _FfnModel, k: int, ht: int = 0) -> int:
     """Columns of the staged x block: `x_block`, or a prologue's F_MOV-wide blocks."""
-    return min(_F_MOV, k) if m.pro.sweeps else _x_block(k, m.x_bytes)
+    return min(_F_MOV, k) if m.pro.sweeps else _x_block(k, m.x_bytes, ht)
 
 
 def _column_block(s: int, k: int) -> int:
@@ -367,6 +379,13 @@ def _h_group(s: int, i: int, x_bytes: int) -> int:
     return min(_cdiv(i, _P), _cdiv(_DMA_ROW_BYTES, s * x_bytes))
 
 
+def _down_group(kc: int, i: int, down_bytes: int, ht: int = 0) -> int:
+    """I-tiles of the down weight per DMA of a column block, from the host's block layout (the kernel file's
+    `_down_blocks`: a block's I-tiles contiguous per partition): one, or with HT (h^T held: SBUF has room)
+    the fewest whose rows reach DMA_ROW_BYTES."""
+    return min(_cdiv(i, _P), _cdiv(_DMA_ROW_BYTES, kc * down_bytes)) if ht else 1
+
+
 def _up_weights(m: _FfnModel, s: int, ci: int, k: int, g: int = 0) -> _Buffer:
     """The up-projection weights in SBUF: a whole chunk loaded up front (each I-tile in groups of G
     K-tiles, padded to whole tiles by `up_layout`), or, streamed, one group of G K-tiles per projection."""
@@ -377,14 +396,23 @@ def _up_weights(m: _FfnModel, s: int, ci: int, k: int, g: int = 0) -> _Buffer:
     return _Buffer("up-projection weight chunk", m.n_up * _cdiv(ci, _P) * n_g * _group(k, g) * _P * m.up_bytes, 2)
 
 
-def _sbuf_bytes(m: _FfnModel, s: int, ci: int, k: int, i: int, kc: int = 0, g: int = 0, split: int = 0) -> int:
+def _held_h(m: _FfnModel, s: int, i: int) -> _Buffer:
+    """A column-blocked super-block's combine tiles held for its column blocks (HT): one [P, F_MOV] tile
+    per I-tile and row slice of `s` rows, all of `i`."""
+    held = _cdiv(i, _P) * _cdiv(s, _F_MOV) * _F_MOV * m.x_bytes
+    return _Buffer("combine output h^T, held for the column blocks", held, 1)
+
+
+def _sbuf_bytes(
+    m: _FfnModel, s: int, ci: int, k: int, i: int, kc: int = 0, g: int = 0, split: int = 0, ht: int = 0
+) -> int:
     """SBUF bytes per partition the kernel needs, copies included."""
-    return sum(b.bytes * b.copies for b in _buffers(m, s, ci, k, i, kc, g, split))
+    return sum(b.bytes * b.copies for b in _buffers(m, s, ci, k, i, kc, g, split, ht))
 
 
 def _plan_bytes(m: _FfnModel, p: _Plan, k: int, i: int) -> int:
     """SBUF bytes per partition of plan `p`."""
-    return _sbuf_bytes(m, p.s, p.ci, k, i, p.kc, p.g, p.split)
+    return _sbuf_bytes(m, p.s, p.ci, k, i, p.kc, p.g, p.split, p.ht)
 
 
 def _smallest_need(m: _FfnModel, k: int, i: int) -> int:
@@ -451,6 +479,77 @@ def _exchange(mach: _Machine, own: int, k: int) -> float:
     return out + back + 2 * mach.dma_fixed_ns
 
 
+def _column_chain(m: _FfnModel, mach: _Machine, s_rows: int, inter: int, k: int, plan: _Plan) -> float:
+    """Time of one column-blocked super-block. x's loads and transposes come first (`super_block_fill`).
+    Each chunk's h^T writes issue behind all of the next chunk's loads, so they are ready when the queues
+    reach them: the chunks' weight loads and h^T writes pipeline with their matmuls (`pipelined`), and the
+    last combine and its h^T writes are in series before the column blocks read h^T back. Each column
+    block is evicted after the next block's loads and matmuls are issued, so its eviction writes queue
+    behind those loads: the blocks' weight tiles, h^T reads and eviction DMAs (all but the last block's)
+    pipeline with their matmuls, the evictions beside them on the Vector engine, after one fixed cost and
+    a fresh PE ramp; the last block's eviction follows the last matmul, then an epilogue with row statistics
+    runs its passes over the fp32 scratch (`drain`): the next super-block's x loads queue behind its
+    writes. With h^T held (HT) nothing is
+    written or read back: the first block's loads queue right behind the last chunk's and its matmuls
+    follow the up-projection's on the PE, each I-tile's h^T long combined, so chunks and blocks are one
+    pipelined stream."""
+    n_k, n_it = _cdiv(k, _P), _cdiv(inter, _P)
+    stall = mach.dma_fixed_ns + mach.pe_ramp_ns  # the first load's fixed cost, then a cold PE
+    width = max(_MIN_CYCLES, min(s_rows, _F_MOV))
+    combine = m.mid_act * width / mach.act_ghz + m.mid_dve * width / mach.dve_ghz  # the last I-tile's
+    loads = mm = writes = 0.0
+    for chunk, n_chunks in _runs(inter, plan.ci):  # the last run holds the last chunk
+        units = m.n_up * _cdiv(chunk, _P)  # one projection's weights of one I-tile per step
+        weights = _dma_time(mach, units * n_k * _P * _P * m.up_bytes, units * _cdiv(n_k, _group(k, plan.g)))
+        h_t = _dma_time(mach, chunk * s_rows * m.x_bytes, _cdiv(chunk, _P) * _cdiv(s_rows, _F_MOV))
+        writes = (1 - plan.ht) * h_t
+        loads += n_chunks * (weights + writes)
+        mm += sum(n * n_chunks * units * n_k * max(_MIN_CYCLES, rw) for rw, n in _runs(s_rows, _F_MOV))
+    mm /= mach.pe_ghz
+    b_loads, b_mm, evicts, evict = _blocks(m, mach, s_rows, inter, k, plan)
+    steps = m.n_up * n_it + n_it * _cdiv(k, plan.kc)
+    if plan.ht:
+        body = max(_pipelined(loads + b_loads, mm + b_mm, steps), evicts)
+    else:
+        chunks = _pipelined(loads, mm, m.n_up * n_it) + stall + combine + writes
+        body = chunks + max(_pipelined(b_loads, b_mm, n_it * _cdiv(k, plan.kc)), evicts)
+    tail = _drain(m.epi_cols, mach, _cdiv(s_rows, _P), k)  # statistics passes over the scratch, after the blocks
+    return _super_block_fill(m, mach, s_rows, k, plan.ht) + body + stall + evict + tail
+
+
+def _blocks(m: _FfnModel, mach: _Machine, s_rows: int, inter: int, k: int, plan: _Plan) -> tuple[float, ...]:
+    """(loads, matmuls, evictions beside them, the last block's eviction) of a super-block's column blocks,
+    ns: per block its weights (a group of I-tiles per DMA, whole padded tiles), its h^T reads (none with
+    HT); the evictions and their DMAs of every block but the last, whose eviction, piece by piece with
+    each piece's writes behind it, follows the last matmul (the next super-block's x loads queue behind
+    those writes)."""
+    n_rs, n_it = _cdiv(s_rows, _P), _cdiv(inter, _P)
+    gh = _h_group(plan.s, inter, m.x_bytes)
+    loads = mm = evicts = evict = 0.0
+    last = _runs(k, plan.kc)[-1]
+    for kw, n_blocks in _runs(k, plan.kc):
+        evict_act, evict_dve, moved, out = _stage_cost(m.evict, n_rs, kw, shared=n_rs)
+        evict = evict_act / mach.act_ghz + evict_dve / mach.dve_ghz
+        h_bytes, h_reads = (0, 0) if plan.ht else (inter * s_rows * m.x_bytes, _cdiv(n_it, gh))
+        weights = n_it * _P * kw * m.down_bytes
+        w_reads = _cdiv(n_it, _down_group(plan.kc, inter, m.down_bytes, plan.ht))
+        loads += n_blocks * _dma_time(mach, weights + h_bytes, w_reads + h_reads)
+        loads += (n_blocks - ((kw, n_blocks) == last)) * _dma_time(mach, moved, out)
+        mm += n_blocks * n_it * n_rs * _cycles(kw) / mach.pe_ghz
+        evicts += n_blocks * evict
+        last_writes = _dma_time(mach, moved, out)
+    pieces = n_rs * _cdiv(last[0], _F_MOV)  # each piece's writes follow its eviction
+    return loads, mm, evicts - evict, _pipelined(last_writes, evict, pieces)
+
+
+def _super_block_fill(m: _FfnModel, mach: _Machine, s_rows: int, k: int, ht: int = 0) -> float:
+    """Time before a super-block's first matmul: x's loads (the previous super-block's output writes held
+    the queues until they were done) with one fixed cost, then the PE's transposes into x^T."""
+    n_rs = _cdiv(s_rows, _P)
+    loads = _dma_time(mach, s_rows * k * m.x_bytes, n_rs * _cdiv(k, _x_staged(m, k, ht))) + mach.dma_fixed_ns
+    return loads + n_rs * _cdiv(k, _P) * _P / mach.pe_ghz
+
+
 def _super_block(
     m: _FfnModel,
     s_rows: int,
@@ -461,16 +560,18 @@ def _super_block(
     g: int = 0,
     s: int = 0,
     solo: tuple[int, int] = (0, 0),
+    ht: int = 0,
 ) -> tuple[float, float, float, int, int]:
     """(PE, ACT, DVE cycles, DMA bytes, transfers) of one super-block of `s_rows` rows, `inter` columns, and
-    split 3's odd I-tile (`solo`: the rows this core owns, the tile's columns) over those rows only."""
+    split 3's odd I-tile (`solo`: the rows this core owns, the tile's columns) over those rows only; `ht`:
+    the column blocks read h^T held in SBUF."""
     n_k = _cdiv(k, _P)
     k_cycles = _cycles(k)  # one row tile's K, 512 wide
     act, dve, hbm, transfers = _stage_cost(m.pro, _cdiv(s_rows, _P), k)
     pe = 0.0
     # x's rows read a staged block per transfer; each K-tile transposed on the PE into PSUM and copied
     # out, even K-tiles on DVE, odd ones on ACT
-    hbm, transfers = hbm + s_rows * k * m.x_bytes, transfers + _cdiv(s_rows, _P) * _cdiv(k, _x_staged(m, k))
+    hbm, transfers = hbm + s_rows * k * m.x_bytes, transfers + _cdiv(s_rows, _P) * _cdiv(k, _x_staged(m, k, ht))
     for rows_t, n_t in _runs(s_rows, _P):
         pe += n_t * n_k * max(_MIN_CYCLES, rows_t)
         dve += n_t * (n_k - n_k // 2) * max(_MIN_CYCLES, rows_t)
@@ -487,9 +588,10 @@ def _super_block(
             width, times = max(_MIN_CYCLES, rw), n_chunks * n_rw * n_hc
             act += times * m.mid_act * width
             dve += times * m.mid_dve * width
-            if kc:  # each combine tile [ph, rw] written to the h^T scratch
+            if kc:  # each combine tile [ph, rw] written to the h^T scratch (unless held)
                 pe += times * m.n_up * n_k * width
-                hbm, transfers = hbm + n_chunks * n_rw * chunk * rw * m.x_bytes, transfers + times
+                hbm += (1 - ht) * n_chunks * n_rw * chunk * rw * m.x_bytes
+                transfers += (1 - ht) * times
                 continue
             pe += times * (m.n_up * n_k * width + _cdiv(rw, _P) * k_cycles)
             dve += n_chunks * n_rw * _cdiv(rw, _P) * k_cycles  # PSUM evictions into the accumulator
@@ -500,27 +602,28 @@ def _super_block(
         hbm += m.n_up * _P * n_k * _P * m.up_bytes + k * solo[1] * m.down_bytes
         transfers += m.n_up * _cdiv(n_k, _group(k, g)) + 1
     if kc:
-        parts = _column_blocks(m, s_rows, inter, k, kc, _h_group(s, inter, m.x_bytes))
+        parts = _column_blocks(m, s_rows, inter, k, kc, _h_group(s, inter, m.x_bytes), ht)
         pe, act, dve = pe + parts[0], act + parts[1], dve + parts[2]
         hbm, transfers = hbm + parts[3], transfers + parts[4]
     return pe, act, dve, hbm, transfers
 
 
 def _column_blocks(
-    m: _FfnModel, s_rows: int, inter: int, k: int, kc: int, gh: int
+    m: _FfnModel, s_rows: int, inter: int, k: int, kc: int, gh: int, ht: int
 ) -> tuple[float, float, float, int, int]:
     """(PE, ACT, DVE cycles, DMA bytes, transfers) of the column-blocked down-projection of one super-block:
-    per KC block, every I-tile's weight tile and h^T in groups of `gh` I-tiles (a ragged last I-tile in a
-    group reads on its own) and its matmuls accumulated in PSUM, then each [P, F_MOV] piece evicted once
-    (the `evict` stage) and written to the fp32 scratch, if an epilogue with row statistics follows (else
-    the eviction wrote the outputs)."""
+    per KC block, its weight tiles in groups of `down_group` I-tiles and h^T in groups of `gh` I-tiles (a
+    ragged last I-tile in a group reads on its own; none with h^T held in SBUF, `ht`) and its matmuls
+    accumulated in PSUM, then each [P, F_MOV] piece evicted once (the `evict` stage) and written to the
+    fp32 scratch, if an epilogue with row statistics follows (else the eviction wrote the outputs)."""
     n_it, n_rs = _cdiv(inter, _P), _cdiv(s_rows, _P)
     act, dve, moved, transfers = _stage_cost(m.evict, n_rs, k, shared=n_rs)
     blocks = _cdiv(k, kc)
     scratch = s_rows * k * 4 if m.epi_cols.sweeps else 0
-    hbm = inter * k * m.down_bytes + blocks * inter * s_rows * m.x_bytes + moved + scratch
-    h_reads = _cdiv(n_it, gh) + int(inter % _P != 0 and (n_it - 1) % gh != 0)
-    return float(n_it * n_rs * _cycles(k)), act, dve, hbm, transfers + blocks * (n_it + h_reads)
+    hbm = n_it * _P * k * m.down_bytes + (1 - ht) * blocks * inter * s_rows * m.x_bytes + moved + scratch
+    h_reads = 0 if ht else _cdiv(n_it, gh) + int(inter % _P != 0 and (n_it - 1) % gh != 0)
+    w_reads = _cdiv(n_it, _down_group(kc, inter, m.down_bytes, ht))  # whole padded I-tiles (block layout)
+    return float(n_it * n_rs * _cycles(k)), act, dve, hbm, transfers + blocks * (w_reads + h_reads)
 
 
 def _cost(m: _FfnModel, mach: _Machine, rows: int, k: int, i: int, lnc: int, plan: _Plan) -> _Cost:
@@ -531,7 +634,8 @@ def _cost(m: _FfnModel, mach: _Machine, rows: int, k: int, i: int, lnc: int, pla
     pe = act = dve = 0.0
     hbm = transfers = 0
     for s_rows, n_sb in _runs(comp_rows, plan.s):
-        parts = _super_block(m, s_rows, inter, plan.ci, k, plan.kc, plan.g, plan.s, _solo(plan, own, i))
+        solo = _solo(plan, own, i)
+        parts = _super_block(m, s_rows, inter, plan.ci, k, plan.kc, plan.g, plan.s, solo, plan.ht)
         pe, act, dve = pe + n_sb * parts[0], act + n_sb * parts[1], dve + n_sb * parts[2]
         hbm, transfers = hbm + n_sb * parts[3], transfers + n_sb * parts[4]
     tiles = _cdiv(own, _P)
@@ -560,9 +664,11 @@ def _cost(m: _FfnModel, mach: _Machine, rows: int, k: int, i: int, lnc: int, pla
         dve += tiles * k_cycles
     dma = _dma_time(mach, hbm + exchanged, transfers)
     chain = _col_loads(m, mach, min(plan.s, comp_rows), k, i, inter, plan)
+    if plan.kc:  # the last column block's writes land a fixed cost after they leave the queues
+        chain += mach.dma_fixed_ns
     for s_rows, n_sb in _runs(comp_rows, plan.s):
         if plan.kc:
-            chain += n_sb * _chain(m, mach, s_rows, inter, k, plan)
+            chain += n_sb * _column_chain(m, mach, s_rows, inter, k, plan)
         else:
             chain += n_sb * _filled(m, mach, s_rows, inter, k, plan, lnc, _solo(plan, own, i))
     return _Cost(pe / mach.pe_ghz, act / mach.act_ghz, dve / mach.dve_ghz, dma, hbm, chain)
@@ -598,54 +704,11 @@ def _exchange_rounds(rows: int, s: int, own: int) -> int:
     return tiles - min(mine, _cdiv(min(rows, r0 + s) - r0, _P) - mine)
 
 
-def _chain(m: _FfnModel, mach: _Machine, s_rows: int, inter: int, k: int, plan: _Plan) -> float:
-    """Time of one column-blocked super-block when its DMAs run in program order (cost model II: a DMA
-    holds the queues from when its data is ready, and the transfers after it wait for the queues). x's
-    loads and transposes come first. Each chunk's h^T writes issue behind all of the next chunk's
-    loads, so they are ready when the queues reach them: the chunks' weight loads and h^T writes
-    pipeline with their matmuls over the whole super-block (a load fixed cost and a cold PE before the
-    first matmul), and only the last combine and its h^T writes are in series before the column blocks
-    read h^T back. Each column block's eviction writes still hold back the next block's loads: per block,
-    its weight tiles and h^T reads pipelined with its matmuls, one fixed cost and a fresh PE ramp (the PE
-    idles through that load; its fixed cost alone is most of the dI/dt window, `pe_ramp_ns`), then its
-    evictions."""
-    n_k, n_rs, n_it = _cdiv(k, _P), _cdiv(s_rows, _P), _cdiv(inter, _P)
-    total = _fill(m, mach, s_rows, k)
-    stall = mach.dma_fixed_ns + mach.pe_ramp_ns  # the first load's fixed cost, then a cold PE
-    width = max(_MIN_CYCLES, min(s_rows, _F_MOV))
-    combine = m.mid_act * width / mach.act_ghz + m.mid_dve * width / mach.dve_ghz  # the last I-tile's
-    loads = mm = writes = 0.0
-    for chunk, n_chunks in _runs(inter, plan.ci):  # the last run holds the last chunk
-        units = m.n_up * _cdiv(chunk, _P)  # one projection's weights of one I-tile per step
-        weights = _dma_time(mach, units * n_k * _P * _P * m.up_bytes, units * _cdiv(n_k, _group(k, plan.g)))
-        writes = _dma_time(mach, chunk * s_rows * m.x_bytes, _cdiv(chunk, _P) * _cdiv(s_rows, _F_MOV))
-        loads += n_chunks * (weights + writes)
-        mm += sum(n * n_chunks * units * n_k * max(_MIN_CYCLES, rw) for rw, n in _runs(s_rows, _F_MOV))
-    mm /= mach.pe_ghz
-    total += _pipelined(loads, mm, m.n_up * n_it) + stall + combine + writes
-    gh = _h_group(plan.s, inter, m.x_bytes)
-    evict_act, evict_dve, _, _ = _stage_cost(m.evict, n_rs, min(k, plan.kc), shared=n_rs)
-    evict = evict_act / mach.act_ghz + evict_dve / mach.dve_ghz
-    for kw, n_blocks in _runs(k, plan.kc):
-        block_loads = _dma_time(mach, inter * (kw * m.down_bytes + s_rows * m.x_bytes), n_it + _cdiv(n_it, gh))
-        block_mm = n_it * n_rs * _cycles(kw) / mach.pe_ghz
-        total += n_blocks * (_pipelined(block_loads, block_mm, n_it) + stall + evict)
-    return total
-
-
-def _fill(m: _FfnModel, mach: _Machine, s_rows: int, k: int) -> float:
-    """Time before a super-block's first matmul: x's loads (the previous super-block's output writes held
-    the queues until they were done) with one fixed cost, then the PE's transposes into x^T."""
-    n_rs = _cdiv(s_rows, _P)
-    loads = _dma_time(mach, s_rows * k * m.x_bytes, n_rs * _cdiv(k, _x_staged(m, k))) + mach.dma_fixed_ns
-    return loads + n_rs * _cdiv(k, _P) * _P / mach.pe_ghz
-
-
 def _filled(
     m: _FfnModel, mach: _Machine, s_rows: int, inter: int, k: int, plan: _Plan, lnc: int, solo: tuple[int, int]
 ) -> float:
-    """Time of one super-block of a plan with the SBUF accumulator: its fill (`_fill`); its chunks, each
-    row slice's up-projection, last combine and down-projection with its evictions in series
+    """Time of one super-block of a plan with the SBUF accumulator: its fill (`super_block_fill`); its
+    chunks, each row slice's up-projection, last combine and down-projection with its evictions in series
     (`slice_period`), or their loads pipelined with their matmuls, or the busiest other engine (one fixed
     cost and a cold PE before the first matmul); then, without SPLIT, the epilogue of its row tiles
     (`drain`), the last chunk's matmuls after its first row tile's beside it; with SPLIT 1, the exchange
@@ -666,7 +729,11 @@ def _filled(
             down = _cdiv(chunk, _P) * tiles * _cycles(k) / mach.pe_ghz
             slices.append((up, down, tiles, n_rw))
             evict = tiles * _cycles(k) / mach.dve_ghz
-            serial += n_chunks * n_rw * _slice_period(up, combine, down, evict, tiles * _cdiv(k, _F_MOV), m.n_up)
+            # the down-projection reads the last I-tile's combine only after the other I-tiles' matmuls of
+            # its first K-block (I-tile inner): those run while the combine finishes
+            ahead = (_cdiv(chunk, _P) - 1) * max(_MIN_CYCLES, min(_F_MOV, k)) / mach.pe_ghz
+            waits = max(0.0, combine - ahead)
+            serial += n_chunks * n_rw * _slice_period(up, waits, down, evict, tiles * _cdiv(k, _F_MOV), m.n_up)
         # the chunk's matmuls after its first row tile's down-projection: beside that tile's epilogue
         first_up, first_down, first_tiles, _ = slices[0]
         beside = sum(n * (up + down) for up, down, _, n in slices) - first_up - first_down / first_tiles
@@ -690,7 +757,7 @@ def _filled(
         tail = _exchange(mach, min(s_rows, owned * _P), k) + _drain(m.epi, mach, owned, k)
     else:
         tail = _drain(m.epi, mach, n_rs, k, beside)
-    return _fill(m, mach, s_rows, k) + chunks + mach.dma_fixed_ns + mach.pe_ramp_ns + tail
+    return _super_block_fill(m, mach, s_rows, k) + chunks + mach.dma_fixed_ns + mach.pe_ramp_ns + tail
 
 
 def _plannable(usable: int) -> int:
@@ -703,7 +770,7 @@ def _candidates(
 ) -> list[_Plan]:
     """Legal plans within `usable` SBUF bytes less the headroom: every (S, CI) multiple of 128 when
     exhaustive, else a pruned set the search keeps; each with the SBUF accumulator and, where S allows
-    (split over rows only), with column blocks."""
+    (split over rows only), with column blocks, their h^T in the HBM scratch or, where it fits, held."""
     budget = _plannable(usable)
     plans = []
     for split in _splits(i, lnc):
@@ -729,7 +796,8 @@ def _candidates(
                     for g in _groups(m, s, _P, k)
                     if _sbuf_bytes(m, s, _P, k, i, kc, g, split) <= budget
                 ]
-    return list(dict.fromkeys(plans))
+    held = [p._replace(ht=1) for p in plans if p.kc and _plan_bytes(m, p._replace(ht=1), k, i) <= budget]
+    return list(dict.fromkeys(plans + held))
 
 
 def _splits(i: int, lnc: int) -> tuple[int, ...]:
@@ -793,7 +861,7 @@ _MACHINES = {
 
 
 @nki.jit
-def gelu_mlp_kernel(x_hbm, w1t_hbm, _i_cols_hbm, w2t_hbm, b2_hbm, S, CI, SPLIT, KC, G):
+def gelu_mlp_kernel(x_hbm, w1t_hbm, _i_cols_hbm, w2t_hbm, b2_hbm, _down_blocks_hbm, S, CI, SPLIT, KC, G, HT):
     """Rows in super-blocks of S, weights streamed in chunks of CI columns, the chunk loop outermost.
 
     Up weights come laid out by `_up_layout` ([I-tiles, P, K-tiles * P]: each partition's K-tiles of one
@@ -810,7 +878,8 @@ def gelu_mlp_kernel(x_hbm, w1t_hbm, _i_cols_hbm, w2t_hbm, b2_hbm, S, CI, SPLIT, 
     SPLIT=0): the chunks write the combine's h^T to an HBM scratch; then the down-projection runs a
     KC-column block at a time, all of I accumulated in PSUM; each piece leaves PSUM once through the
     epilogue's elementwise part, to an fp32 scratch its statistics passes read (or, without statistics,
-    straight to the outputs).
+    straight to the outputs). HT=1 (KC>0): the combine's h^T tiles stay in SBUF for the column blocks, no
+    scratch.
     """
     R, K = x_hbm.shape
     I = w2t_hbm.shape[0]
@@ -856,6 +925,7 @@ def gelu_mlp_kernel(x_hbm, w1t_hbm, _i_cols_hbm, w2t_hbm, b2_hbm, S, CI, SPLIT, 
         # moves gh I-tiles' rows: as many as reach the DMA packet rule's knee (ffn/sbuf.py's h_group)
         _h_hbm = nl.ndarray((cores, _P, _cdiv(I, _P) * S), dtype=nl.bfloat16, buffer=nl.shared_hbm)
         gh = _h_group(S, I, 2)
+        gd = _down_group(KC, I, 2, HT)  # I-tiles per down-weight DMA (`_down_blocks_hbm`)
     for r_sb in range(r_begin, r_end, S):
         s_rows = min(S, r_end - r_sb)
         n_rs = _cdiv(s_rows, _P)
@@ -869,7 +939,7 @@ def gelu_mlp_kernel(x_hbm, w1t_hbm, _i_cols_hbm, w2t_hbm, b2_hbm, S, CI, SPLIT, 
         for rs in range(n_rs):  # one row tile at a time, each K-block transposed on the PE into x^T
             r0 = r_sb + rs * _P
             pr = min(_P, s_rows - rs * _P)
-            xb = _x_block(K, 2)  # x's rows staged in blocks that reach the DMA packet knee
+            xb = _x_block(K, 2, HT)  # x's rows staged in blocks that reach the DMA packet knee
             for k0 in range(0, K, xb):
                 nb = min(xb, K - k0)
                 x_blk = nl.ndarray((_P, xb), dtype=nl.bfloat16, buffer=nl.sbuf)
@@ -891,6 +961,7 @@ def gelu_mlp_kernel(x_hbm, w1t_hbm, _i_cols_hbm, w2t_hbm, b2_hbm, S, CI, SPLIT, 
             acc.append(t)
         n_c = _cdiv(i_end - i_begin, CI)
         h_out = []  # KC: a chunk's h^T writes wait for its combine, so they issue behind the next chunk's loads
+        held = []  # HT: each I-tile's combine tile, the column blocks' stationary
         for c in range(n_c):
             i0 = i_begin + c * CI
             ci = min(CI, i_end - i0)
@@ -958,7 +1029,10 @@ def gelu_mlp_kernel(x_hbm, w1t_hbm, _i_cols_hbm, w2t_hbm, b2_hbm, S, CI, SPLIT, 
                         nisa.dma_copy(dst=_h_hbm[pid, 0:ph_h, h0:h0 + rw_h], src=h_src[0:ph_h, 0:rw_h])
                     h_out = []
                 for hl in range(n_hc if KC else 0):  # for the h^T scratch: the down-projection runs after the chunks
-                    h_out.append((min(_P, i_end - i0 - hl * _P), (i0 // _P + hl) * s_rows + q0, rw, g[hl]))
+                    if HT:  # held in SBUF instead (one row slice: S <= _F_MOV), I-tile by I-tile
+                        held.append(g[hl])
+                    else:
+                        h_out.append((min(_P, i_end - i0 - hl * _P), (i0 // _P + hl) * s_rows + q0, rw, g[hl]))
                 # the other core's row tiles first (SPLIT): their partial sums leave while this core's are computed
                 rqs = [rq for rq in range(0, 0 if KC else rw, _P) if not owned[(q0 + rq) // _P]]
                 rqs += [rq for rq in range(0, 0 if KC else rw, _P) if owned[(q0 + rq) // _P]]
@@ -1106,32 +1180,45 @@ def gelu_mlp_kernel(x_hbm, w1t_hbm, _i_cols_hbm, w2t_hbm, b2_hbm, S, CI, SPLIT, 
         for ph_h, h0, rw_h, h_src in h_out:
             nisa.dma_copy(dst=_h_hbm[pid, 0:ph_h, h0:h0 + rw_h], src=h_src[0:ph_h, 0:rw_h])
         h_out = []
-        for kc0 in range(0, K if KC else 0, KC or 1):  # column blocks: all of I accumulates in PSUM
-            kw = min(KC, K - kc0)
-            n_kp = _cdiv(kw, _F_MOV)
-            acc_ps = []
-            for j in range(n_rs * n_kp):
-                t = nl.ndarray((_P, _F_MOV), dtype=nl.float32, buffer=nl.psum)
-                acc_ps.append(t)
-            for ig in range(0, _cdiv(I, _P), gh):  # h^T in groups of gh I-tiles; a ragged last I-tile alone
+        blk = []  # (kc0, kw, n_kp, acc_ps) of the block whose matmuls were issued last
+        for b in range(_cdiv(K, KC) + 1 if KC else 0):  # column blocks: all of I accumulates in PSUM
+            ev = blk  # block b - 1, evicted after block b's loads and matmuls: its writes queue behind those loads
+            blk = []
+            if b * KC < K:
+                kc0 = b * KC
+                kw = min(KC, K - kc0)
+                n_kp = _cdiv(kw, _F_MOV)
+                acc_ps = []
+                for j in range(n_rs * n_kp):
+                    t = nl.ndarray((_P, _F_MOV), dtype=nl.float32, buffer=nl.psum)
+                    acc_ps.append(t)
+                blk = [kc0, kw, n_kp, acc_ps]
+            for ig in range(0, _cdiv(I, _P) if blk else 0, gh):  # h^T in groups of gh I-tiles; a ragged last I-tile alone
                 n = min(gh, _cdiv(I, _P) - ig)
                 full = min(n, I // _P - ig)
                 h_t = nl.ndarray((_P, gh * S), dtype=nl.bfloat16, buffer=nl.sbuf)
-                if full > 0:
+                if full > 0 and not HT:  # HT: h^T is held in SBUF (`held`)
                     nisa.dma_copy(dst=h_t[0:_P, 0:full * s_rows], src=_h_hbm[pid, 0:_P, ig * s_rows:(ig + full) * s_rows])
-                if full < n:
+                if full < n and not HT:
                     nisa.dma_copy(dst=h_t[0:I - (ig + full) * _P, full * s_rows:n * s_rows],
                                   src=_h_hbm[pid, 0:I - (ig + full) * _P, (ig + full) * s_rows:(ig + n) * s_rows])
                 for it in range(ig, ig + n):
                     ph, hs = min(_P, I - it * _P), (it - ig) * s_rows
-                    wd_t = nl.ndarray((_P, KC), dtype=nl.bfloat16, buffer=nl.sbuf)
-                    nisa.dma_copy(dst=wd_t[0:ph, 0:kw], src=w2t_hbm[it * _P:it * _P + ph, kc0:kc0 + kw])
+                    h_src, hs = (held[it], 0) if HT else (h_t, hs)
+                    if it % gd == 0:  # gd I-tiles' weights per DMA, contiguous in the host's block layout
+                        dn = min(gd, _cdiv(I, _P) - it)
+                        wd_t = nl.ndarray((_P, gd * KC), dtype=nl.bfloat16, buffer=nl.sbuf)
+                        nisa.dma_copy(dst=wd_t[0:_P, 0:dn * kw], src=_down_blocks_hbm[b, 0:_P, it * kw:(it + dn) * kw])
+                    wo = it % gd * kw
                     for rs in range(n_rs):
                         pr = min(_P, s_rows - rs * _P)
                         for kp in range(n_kp):
                             nk = min(_F_MOV, kw - kp * _F_MOV)
-                            nisa.nc_matmul(dst=acc_ps[rs * n_kp + kp][0:pr, 0:nk], stationary=h_t[0:ph, hs + rs * _P:hs + rs * _P + pr],
-                                           moving=wd_t[0:ph, kp * _F_MOV:kp * _F_MOV + nk], accumulate=(it > 0))
+                            nisa.nc_matmul(dst=acc_ps[rs * n_kp + kp][0:pr, 0:nk], stationary=h_src[0:ph, hs + rs * _P:hs + rs * _P + pr],
+                                           moving=wd_t[0:ph, wo + kp * _F_MOV:wo + kp * _F_MOV + nk], accumulate=(it > 0))
+            if not ev:
+                continue
+            kc0, kw, n_kp, acc_ps = ev
             for kp in range(n_kp):  # each piece leaves PSUM once, through the epilogue's elementwise part
                 k0, nb = kc0 + kp * _F_MOV, min(_F_MOV, kw - kp * _F_MOV)
                 pr = _P  # [K] rows broadcast once per piece, for every row tile
@@ -1468,23 +1555,50 @@ def _up_layout(w: torch.Tensor, firsts: tuple[int, ...], inter: int) -> torch.Te
     """Up weight w [K, *] -> [len(firsts) * ceil(I/128), 128, ceil(K/128) * 128]: for each projection's
     columns firsts[j]:firsts[j] + I, out[j * ceil(I/128) + h, p, kt * 128 + c] = w[kt * 128 + p, h * 128 + c]
     zero-padded, so one DMA of an I-tile's K-tiles moves contiguous HBM per partition. Cached per tensor."""
-    owner = w if w._base is None else w._base
-    key = (w.storage_offset(), tuple(w.shape), w.stride(), w.dtype, *firsts, inter)
-    hit = _LAID_OUT.get((id(owner), *key))
-    if hit is not None and hit[0]() is owner and hit[1] == _version(w):
-        return hit[2]
-    n_k, n_h = _cdiv(w.shape[0], _P), _cdiv(inter, _P)
-    parts = []
-    with torch.no_grad():
+
+    def lay_out() -> torch.Tensor:
+        n_k, n_h = _cdiv(w.shape[0], _P), _cdiv(inter, _P)
+        parts = []
         for first in firsts:
             padded = torch.zeros(n_k * _P, n_h * _P, dtype=w.dtype, device=w.device)
             padded[: w.shape[0], :inter] = w[:, first : first + inter]
             parts.append(padded.reshape(n_k, _P, n_h, _P).permute(2, 1, 0, 3).reshape(n_h, _P, n_k * _P))
-        laid_out = torch.cat(parts).contiguous()
+        return torch.cat(parts).contiguous()
+
+    return _cached(w, ("up", *firsts, inter), lay_out)
+
+
+def _down_blocks(w: torch.Tensor, kc: int, inter: int) -> torch.Tensor:
+    """Down weight w [I, K] -> [ceil(K/kc), 128, ceil(I/128) * kc] for the column blocks (w itself when
+    kc = 0): out[b, p, h * kw + c] = w[h * 128 + p, b * kc + c], kw the block's width, zero-padded rows, so
+    one DMA of a block's consecutive I-tiles moves contiguous HBM per partition. Cached per tensor."""
+
+    def lay_out() -> torch.Tensor:
+        n_h, k = _cdiv(inter, _P), w.shape[1]
+        padded = torch.zeros(n_h * _P, k, dtype=w.dtype, device=w.device)
+        padded[:inter] = w[:inter]
+        out = torch.zeros(_cdiv(k, kc), _P, n_h * kc, dtype=w.dtype, device=w.device)
+        for b in range(_cdiv(k, kc)):
+            kw = min(kc, k - b * kc)
+            out[b, :, : n_h * kw] = padded[:, b * kc : b * kc + kw].reshape(n_h, _P, kw).transpose(0, 1).reshape(_P, -1)
+        return out
+
+    return _cached(w, ("down", kc, inter), lay_out) if kc else w
+
+
+def _cached(w: torch.Tensor, what: tuple[object, ...], lay_out: Callable[[], torch.Tensor]) -> torch.Tensor:
+    """w in a kernel layout (`what` names it): laid out once, again only after w changes in place."""
+    owner = w if w._base is None else w._base
+    key = (id(owner), w.storage_offset(), tuple(w.shape), w.stride(), w.dtype, *what)
+    hit = _LAID_OUT.get(key)
+    if hit is not None and hit[0]() is owner and hit[1] == _version(w):
+        return hit[2]
+    with torch.no_grad():
+        laid_out = lay_out()
     for dead in [i for i, entry in _LAID_OUT.items() if entry[0]() is None]:
         del _LAID_OUT[dead]
     if _version(w) >= 0:
-        _LAID_OUT[(id(owner), *key)] = (weakref.ref(owner), _version(w), laid_out)
+        _LAID_OUT[key] = (weakref.ref(owner), _version(w), laid_out)
     return laid_out
 
 
@@ -1496,13 +1610,14 @@ def _version(w: torch.Tensor) -> int:
 def gelu_mlp(x: torch.Tensor, w1t: torch.Tensor, b1: torch.Tensor, w2t: torch.Tensor, b2: torch.Tensor, lnc: int | None = None, target: str = _TARGET) -> torch.Tensor:
     """Run the kernel on `lnc` logical cores (default LNC, capped at the target's) with the best modelled plan for these shapes; returns (out)."""
     _given_w1t = w1t
+    _given_w2t = w2t
     (x, w1t, b1, w2t, b2,), lnc, _empty = _door(_SIGNATURE, (x, w1t, b1, w2t, b2,), (), False, lnc, target, _LNC)
     if _empty is not None:
         return _empty
     _rows, _hidden = x.shape
     _inter = w2t.shape[0]
     _plan = _choose(_MODEL, _MACHINES[target], _rows, _hidden, _inter, lnc)
-    return gelu_mlp_kernel[lnc](x, _up_layout(_given_w1t, (0,), _inter), _columns(b1), w2t, b2, _plan.s, _plan.ci, _plan.split, _plan.kc, _plan.g)
+    return gelu_mlp_kernel[lnc](x, _up_layout(_given_w1t, (0,), _inter), _columns(b1), w2t, b2, _down_blocks(_given_w2t, _plan.kc, _inter), _plan.s, _plan.ci, _plan.split, _plan.kc, _plan.g, _plan.ht)
 
 
 try:  # the NKI op on Neuron hosts (ops.py owns `fusegen::<name>`); the file imports without torch_neuronx

@@ -31,9 +31,11 @@ def test_i_split_across_cores_matches_formula(r: int, k: int, i: int, s: int, ci
         b2,
         a,
         1e-6,
+        w2t,
         s,
         ci,
         1,
+        0,
         0,
         0,
         grid=2,
@@ -65,8 +67,8 @@ def test_core_to_core_exchange_matches_formula(r: int, k: int, i: int, s: int, c
     x, w1t, b1, wgt, bg, w2t, b2, a = inputs(r, k, i, seed=13 * r + i)
     cols, up = module._columns, (lambda w: module._up_layout(w, (0,), i))
     result = run(
-        module.swiglu_ffn_ln_kernel, x, up(w1t), cols(b1, bg), up(wgt), w2t, b2, a, 1e-6,
-        s, ci, 2, 0, 0, grid=2,
+        module.swiglu_ffn_ln_kernel, x, up(w1t), cols(b1, bg), up(wgt), w2t, b2, a, 1e-6, w2t,
+        s, ci, 2, 0, 0, 0, grid=2,
     )  # fmt: skip
     x_new, z = result.outputs
     want_x = swiglu(x, w1t, b1, wgt, bg, w2t, b2) + a
@@ -96,7 +98,8 @@ def test_core_to_core_exchange_one_pass_epilogue_matches_formula(
     module = load_module(GENERATED / "swiglu_ffn" / "kernel.py", target="trn2")
     x, w1t, b1, wgt, bg, w2t, b2, _ = inputs(r, k, i, seed=7 * r + i)
     cols, up = module._columns, (lambda w: module._up_layout(w, (0,), i))
-    result = run(module.swiglu_ffn_kernel, x, up(w1t), cols(b1, bg), up(wgt), w2t, b2, s, ci, 2, 0, 0, grid=2)
+    args = (x, up(w1t), cols(b1, bg), up(wgt), w2t, b2, w2t)
+    result = run(module.swiglu_ffn_kernel, *args, s, ci, 2, 0, 0, 0, grid=2)
     out = result.outputs
     close(out, swiglu(x, w1t, b1, wgt, bg, w2t, b2).bfloat16(), rtol=2e-2)
     adds = [sum(rec.engine == "gpsimd" for rec in result.trace if rec.core == c) for c in (0, 1)]
@@ -135,7 +138,7 @@ def test_one_row_tile_splits_k_between_the_cores(r: int, k: int, i: int, ci: int
     x, w1t, b1, wgt, bg, w2t, b2, _ = inputs(r, k, i, seed=3 * r + k + i)
     cols, up = module._columns, (lambda w: module._up_layout(w, (0,), i))
     result = run(
-        module.swiglu_ffn_kernel, x, up(w1t), cols(b1, bg), up(wgt), w2t, b2, 128, ci, 2, 0, 0, grid=2
+        module.swiglu_ffn_kernel, x, up(w1t), cols(b1, bg), up(wgt), w2t, b2, w2t, 128, ci, 2, 0, 0, 0, grid=2
     )
     close(result.outputs, swiglu(x, w1t, b1, wgt, bg, w2t, b2).bfloat16(), rtol=2e-2)
     for core in (0, 1):
@@ -155,7 +158,7 @@ def test_last_down_weights_load_by_k_half(k: int, i: int, ci: int, pairs: tuple[
     x, w1t, b1, wgt, bg, w2t, b2, _ = inputs(128, k, i, seed=k + i)
     cols, up = module._columns, (lambda w: module._up_layout(w, (0,), i))
     result = run(
-        module.swiglu_ffn_kernel, x, up(w1t), cols(b1, bg), up(wgt), w2t, b2, 128, ci, 2, 0, 0, grid=2
+        module.swiglu_ffn_kernel, x, up(w1t), cols(b1, bg), up(wgt), w2t, b2, w2t, 128, ci, 2, 0, 0, 0, grid=2
     )
     close(result.outputs, swiglu(x, w1t, b1, wgt, bg, w2t, b2).bfloat16(), rtol=2e-2)
     down = _arg_id(result, 4)
@@ -179,7 +182,7 @@ def test_one_row_tile_splits_k_without_a_bias(r: int, i: int) -> None:
     x, wg, wu = (torch.randn(*s, generator=gen).bfloat16() for s in ((r, 512), (512, i), (512, i)))
     wd = (torch.randn(i, 512, generator=gen) * i**-0.5).bfloat16()
     up = lambda w: module._up_layout(w, (0,), i)  # noqa: E731
-    result = run(module.llama_swiglu_kernel, x, up(wg), up(wu), wd, 128, 128, 2, 0, 0, grid=2)
+    result = run(module.llama_swiglu_kernel, x, up(wg), up(wu), wd, wd, 128, 128, 2, 0, 0, 0, grid=2)
     h = (F.silu(x.float() @ wg.float()) * (x.float() @ wu.float())).bfloat16()
     close(result.outputs, (h.float() @ wd.float()).bfloat16(), rtol=2e-2)
     assert [len(_sends(result, core)) for core in (0, 1)] == [1, 1]
@@ -193,8 +196,8 @@ def test_row_statistics_keep_whole_rows_on_their_owner(r: int) -> None:
     x, w1t, b1, wgt, bg, w2t, b2, a = inputs(r, 384, 300, seed=r)
     cols, up = module._columns, (lambda w: module._up_layout(w, (0,), 300))
     result = run(
-        module.swiglu_ffn_ln_kernel, x, up(w1t), cols(b1, bg), up(wgt), w2t, b2, a, 1e-6,
-        256, 128, 2, 0, 0, grid=2,
+        module.swiglu_ffn_ln_kernel, x, up(w1t), cols(b1, bg), up(wgt), w2t, b2, a, 1e-6, w2t,
+        256, 128, 2, 0, 0, 0, grid=2,
     )  # fmt: skip
     x_new, z = result.outputs
     want_x = swiglu(x, w1t, b1, wgt, bg, w2t, b2) + a
@@ -234,7 +237,8 @@ def test_odd_i_tile_per_owner_matches_formula(spec: str, r: int, k: int, i: int,
     cols, up = module._columns, (lambda w: module._up_layout(w, (0,), i))
     args = [x, up(w1t), cols(b1, bg), up(wgt), w2t, b2]
     ln = spec == "swiglu_ffn_ln"
-    result = run(getattr(module, f"{spec}_kernel"), *args, *((a, 1e-6) if ln else ()), s, ci, 3, 0, 0, grid=2)
+    args += [a, 1e-6, w2t] if ln else [w2t]
+    result = run(getattr(module, f"{spec}_kernel"), *args, s, ci, 3, 0, 0, 0, grid=2)
     want = swiglu(x, w1t, b1, wgt, bg, w2t, b2)
     if ln:
         x_new, z = result.outputs

@@ -117,7 +117,7 @@ def test_the_last_chunk_overlaps_the_epilogue_and_the_exchange(split: int) -> No
     x, w1t, b1, wgt, bg, w2t, b2, _ = inputs(r, k, i, seed=5)
     cols, up = module._columns, (lambda w: module._up_layout(w, (0,), i))
     args = (x, up(w1t), cols(b1, bg), up(wgt), w2t, b2)
-    result = run(module.swiglu_ffn_kernel, *args, 256, 128, split, 0, 0, grid=2 if split else 1)
+    result = run(module.swiglu_ffn_kernel, *args, w2t, 256, 128, split, 0, 0, 0, grid=2 if split else 1)
     close(result.outputs, swiglu(x, w1t, b1, wgt, bg, w2t, b2).bfloat16(), rtol=2e-2)
     for core in range(2 if split else 1):
         first_write, last_matmul = _first_hbm_write_and_last_matmul(result, core)
@@ -133,7 +133,7 @@ def test_x_rows_are_read_whole_up_to_the_dma_knee(k: int, transfers: int) -> Non
     x, w1t, b1, wgt, bg, w2t, b2, _ = inputs(r, k, i, seed=k)
     cols, up = module._columns, (lambda w: module._up_layout(w, (0,), i))
     args = (x, up(w1t), cols(b1, bg), up(wgt), w2t, b2)
-    result = run(module.swiglu_ffn_kernel, *args, 256, 128, 0, 0, 0)
+    result = run(module.swiglu_ffn_kernel, *args, w2t, 256, 128, 0, 0, 0, 0)
     close(result.outputs, swiglu(x, w1t, b1, wgt, bg, w2t, b2).bfloat16(), rtol=2e-2)
     x_id = min(op[1] for rec in result.trace for op in rec.operands if op[2] == "shared_hbm")
     reads = [rec for rec in result.trace if rec.engine == "dma" and any(op[1] == x_id for op in rec.operands)]

@@ -52,7 +52,7 @@ def test_the_received_add_writes_the_output(r: int, k: int, i: int, ci: int) -> 
     w2t = (torch.randn(i, k, generator=gen) * i**-0.5).bfloat16()
     cols, up = module._columns, (lambda w: module._up_layout(w, (0,), i))
     result = run(
-        module.swiglu_ffn_kernel, x, up(w1t), cols(b1, bg), up(wgt), w2t, b2, 128, ci, 2, 0, 0, grid=2
+        module.swiglu_ffn_kernel, x, up(w1t), cols(b1, bg), up(wgt), w2t, b2, w2t, 128, ci, 2, 0, 0, 0, grid=2
     )
     h = (torch.nn.functional.silu(x.float() @ w1t.float() + b1) * (x.float() @ wgt.float() + bg)).bfloat16()
     want = (h.float() @ w2t.float() + b2).bfloat16().float()

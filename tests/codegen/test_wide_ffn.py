@@ -109,18 +109,19 @@ def test_column_blocks_where_the_sbuf_accumulator_cannot_fit() -> None:
     _close(z, want.bfloat16(), rtol=1e-2)
 
 
+@pytest.mark.parametrize("ht", [0, 1], ids=["h-scratch", "h-held"])
 @pytest.mark.parametrize("spec", ["swiglu_rmsnorm", "prenorm_swiglu", "relu2_mlp"])
-def test_column_blocks_with_ragged_blocks_tiles_and_rows(spec: str) -> None:
+def test_column_blocks_with_ragged_blocks_tiles_and_rows(spec: str, ht: int) -> None:
     """An explicit column-blocked plan, KC=1024 over K=1536 (a full and a half block), I=300 (a ragged
-    I-tile), 200 rows on 2 cores (a ragged row tile): three ways out of PSUM (the spine `+ b2 + a` ending
-    at an output, a residual `+ x`, a bare cast that writes the output directly); the interpreter's peak
-    SBUF stays within the budget model of that plan."""
+    I-tile), 200 rows on 2 cores (a ragged row tile), h^T through the HBM scratch or held in SBUF (HT):
+    three ways out of PSUM (the spine `+ b2 + a` ending at an output, a residual `+ x`, a bare cast that
+    writes the output directly); the interpreter's peak SBUF stays within the budget model of that plan."""
     r, k, i, s, kc = 200, 1536, 300, 256, 1024
     gen = torch.Generator().manual_seed(kc + i)
     x, w1t, b1, wgt, bg, w2t, b2 = _swiglu_inputs(gen, r, k, i)
     module = load_module(GENERATED / spec / "kernel.py", target="trn2")
     cols, up = module._columns, (lambda w: module._up_layout(w, (0,), i))
-    plan = (s, 128, 0, kc, 0)
+    plan = (module._down_blocks(w2t, kc, i), s, 128, 0, kc, 0, ht)
     if spec == "swiglu_rmsnorm":
         a, gamma = _randn(gen, r, k), _randn(gen, k)
         kernel = module.swiglu_rmsnorm_kernel
@@ -141,7 +142,7 @@ def test_column_blocks_with_ragged_blocks_tiles_and_rows(spec: str) -> None:
         out = kernel[2](x, up(w1t), w2t, *plan)
         h = torch.relu(x.float() @ w1t.float()).square()
         _close(out, (h.bfloat16().float() @ w2t.float()).bfloat16(), rtol=2e-2)
-    model_bytes = module._sbuf_bytes(module._MODEL, s, 128, k, i, kc)
+    model_bytes = module._sbuf_bytes(module._MODEL, s, 128, k, i, kc, 0, 0, ht)
     assert max(core["sbuf_peak_bytes"] for core in kernel.last_run.stats["cores"]) <= model_bytes
 
 

@@ -6,7 +6,7 @@ from pathlib import Path
 
 import pytest
 
-from fusegen.perf.widths import LAUNCHES, ROWS, WIDTHS, ffn_examples, plan_at
+from fusegen.perf.widths import LAUNCHES, ROWS, WIDTHS, Example, ffn_examples, plan_at
 from fusegen.sim.targets import get_target
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -35,24 +35,47 @@ def test_every_ffn_example_plans_at_every_width(model: str, k: int, i: int) -> N
 
 #: every FFN example at every width with K >= 4096: the modelled time stays within 85% of the PE
 #: roofline at R=2048 on trn2 (bench/widths.py prints the table). The column-blocked kernel issues each
-#: chunk's h^T writes behind the next chunk's loads, so its chunks pipeline again (docs/performance.md,
-#: "Column-blocked plans: the planner's price").
-#: the MoE expert's small I (K=7168, I=2048): 62-74% since the closed form prices what the kernel's order
-#: puts in series. Its column-blocked plans have 16 I-tiles per column block, so each block's eviction,
-#: fixed cost and PE ramp are a large share, and the blocks' [128, KC] weight tiles and x's 512-column
-#: loads are held by the DMA packet rule; with the SBUF accumulator the down-projection waits on the
-#: Vector engine's evictions (PSUM banks) and the epilogue drains after the last chunk
-_EXPERT_BOUND = pytest.mark.xfail(
-    strict=True, raises=AssertionError, reason="16 I-tiles per column block; accumulator evictions (issue 15)"
-)
-_MARKS = {"DeepSeek-V3 expert": [_EXPERT_BOUND]}
-WIDE = [pytest.param(*w, id=w[0], marks=_MARKS.get(w[0], [])) for w in WIDTHS if w[1] >= 4096]
+#: chunk's h^T writes behind the next chunk's loads and each column block's eviction behind the next
+#: block's loads, so its chunks and blocks pipeline; at the DeepSeek-V3 expert width (K=7168, I=2048) its
+#: h^T stays in SBUF (HT) and its down weights move a group of I-tiles per DMA (docs/performance.md,
+#: "Column-blocked plans: the planner's price" and "The DeepSeek-V3 expert width").
+WIDE = [pytest.param(*w, id=w[0]) for w in WIDTHS if w[1] >= 4096]
+
+
+def _row_statistics(ex: Example) -> bool:
+    """The column-blocked kernel's epilogue runs passes over its fp32 scratch (row statistics)."""
+    return bool(ex.lowering.model.epi_cols.sweeps)  # type: ignore[attr-defined]
+
+
+def _efficiencies(examples: list[Example], k: int, i: int) -> dict[str, float]:
+    """Each example's worse modelled efficiency of LNC 1 and 2 at R=2048 on trn2 (PE-bound plans)."""
+    worst = {}
+    for ex in examples:
+        for lnc in (1, 2):
+            p = plan_at(ex, 2048, k, i, "trn2", lnc)
+            assert p.plan is not None and p.roof.bound == "PE"
+            worst[ex.name] = min(worst.get(ex.name, 1.0), p.roof.efficiency(p.plan.modeled_ns))
+    return worst
 
 
 @pytest.mark.parametrize(("model", "k", "i"), WIDE)
 def test_ffns_stay_near_the_pe_roofline_at_2048_rows(model: str, k: int, i: int) -> None:
-    for ex in EXAMPLES:
-        for lnc in (1, 2):
-            p = plan_at(ex, 2048, k, i, "trn2", lnc)
-            assert p.plan is not None and p.roof.bound == "PE"
-            assert p.roof.efficiency(p.plan.modeled_ns) >= 0.85, f"{ex.name} {model} LNC={lnc}"
+    plain = [ex for ex in EXAMPLES if not _row_statistics(ex)]
+    assert len(plain) >= 9
+    slow = {name: round(e, 3) for name, e in _efficiencies(plain, k, i).items() if e < 0.85}
+    assert not slow, f"{model}: {slow}"
+
+
+#: the examples whose epilogue has row statistics (LayerNorm, RMSNorm, the fp8 quantiser's amax): with
+#: column blocks their passes over the fp32 scratch run after each super-block's blocks with the PE idle
+#: (the closed form prices that drain since the expert width's change; it was 1.44x under the trace for
+#: swiglu_ffn_ln there): 82-84% at Mixtral-8x22B and DeepSeek-V3 dense, 52-63% at the expert width
+@pytest.mark.xfail(strict=True, raises=AssertionError, reason="statistics passes after the column blocks")
+def test_ffns_with_row_statistics_stay_near_the_pe_roofline_at_2048_rows() -> None:
+    stats = [ex for ex in EXAMPLES if _row_statistics(ex)]
+    assert len(stats) >= 5
+    slow = {}
+    for model, k, i in [w for w in WIDTHS if w[1] >= 4096]:
+        found = _efficiencies(stats, k, i)
+        slow.update({f"{name} {model}": round(e, 3) for name, e in found.items() if e < 0.85})
+    assert not slow, slow

@@ -23,6 +23,7 @@ from fusegen.codegen.budget_base import (
     runs,
     stage_cost,
 )
+from fusegen.codegen.ffn.column_time import column_chain, super_block_fill
 from fusegen.codegen.ffn.sbuf import (
     ACC_BANKS,
     DOWN_PAIRS,
@@ -30,6 +31,7 @@ from fusegen.codegen.ffn.sbuf import (
     FfnModel,
     Plan,
     column_block,
+    down_group,
     group,
     h_group,
     k_halves,
@@ -55,16 +57,18 @@ def _super_block(
     g: int = 0,
     s: int = 0,
     solo: tuple[int, int] = (0, 0),
+    ht: int = 0,
 ) -> tuple[float, float, float, int, int]:
     """(PE, ACT, DVE cycles, DMA bytes, transfers) of one super-block of `s_rows` rows, `inter` columns, and
-    split 3's odd I-tile (`solo`: the rows this core owns, the tile's columns) over those rows only."""
+    split 3's odd I-tile (`solo`: the rows this core owns, the tile's columns) over those rows only; `ht`:
+    the column blocks read h^T held in SBUF."""
     n_k = cdiv(k, P)
     k_cycles = cycles(k)  # one row tile's K, 512 wide
     act, dve, hbm, transfers = stage_cost(m.pro, cdiv(s_rows, P), k)
     pe = 0.0
     # x's rows read a staged block per transfer; each K-tile transposed on the PE into PSUM and copied
     # out, even K-tiles on DVE, odd ones on ACT
-    hbm, transfers = hbm + s_rows * k * m.x_bytes, transfers + cdiv(s_rows, P) * cdiv(k, x_staged(m, k))
+    hbm, transfers = hbm + s_rows * k * m.x_bytes, transfers + cdiv(s_rows, P) * cdiv(k, x_staged(m, k, ht))
     for rows_t, n_t in runs(s_rows, P):
         pe += n_t * n_k * max(MIN_CYCLES, rows_t)
         dve += n_t * (n_k - n_k // 2) * max(MIN_CYCLES, rows_t)
@@ -81,9 +85,10 @@ def _super_block(
             width, times = max(MIN_CYCLES, rw), n_chunks * n_rw * n_hc
             act += times * m.mid_act * width
             dve += times * m.mid_dve * width
-            if kc:  # each combine tile [ph, rw] written to the h^T scratch
+            if kc:  # each combine tile [ph, rw] written to the h^T scratch (unless held)
                 pe += times * m.n_up * n_k * width
-                hbm, transfers = hbm + n_chunks * n_rw * chunk * rw * m.x_bytes, transfers + times
+                hbm += (1 - ht) * n_chunks * n_rw * chunk * rw * m.x_bytes
+                transfers += (1 - ht) * times
                 continue
             pe += times * (m.n_up * n_k * width + cdiv(rw, P) * k_cycles)
             dve += n_chunks * n_rw * cdiv(rw, P) * k_cycles  # PSUM evictions into the accumulator
@@ -94,27 +99,28 @@ def _super_block(
         hbm += m.n_up * P * n_k * P * m.up_bytes + k * solo[1] * m.down_bytes
         transfers += m.n_up * cdiv(n_k, group(k, g)) + 1
     if kc:
-        parts = _column_blocks(m, s_rows, inter, k, kc, h_group(s, inter, m.x_bytes))
+        parts = _column_blocks(m, s_rows, inter, k, kc, h_group(s, inter, m.x_bytes), ht)
         pe, act, dve = pe + parts[0], act + parts[1], dve + parts[2]
         hbm, transfers = hbm + parts[3], transfers + parts[4]
     return pe, act, dve, hbm, transfers
 
 
 def _column_blocks(
-    m: FfnModel, s_rows: int, inter: int, k: int, kc: int, gh: int
+    m: FfnModel, s_rows: int, inter: int, k: int, kc: int, gh: int, ht: int
 ) -> tuple[float, float, float, int, int]:
     """(PE, ACT, DVE cycles, DMA bytes, transfers) of the column-blocked down-projection of one super-block:
-    per KC block, every I-tile's weight tile and h^T in groups of `gh` I-tiles (a ragged last I-tile in a
-    group reads on its own) and its matmuls accumulated in PSUM, then each [P, F_MOV] piece evicted once
-    (the `evict` stage) and written to the fp32 scratch, if an epilogue with row statistics follows (else
-    the eviction wrote the outputs)."""
+    per KC block, its weight tiles in groups of `down_group` I-tiles and h^T in groups of `gh` I-tiles (a
+    ragged last I-tile in a group reads on its own; none with h^T held in SBUF, `ht`) and its matmuls
+    accumulated in PSUM, then each [P, F_MOV] piece evicted once (the `evict` stage) and written to the
+    fp32 scratch, if an epilogue with row statistics follows (else the eviction wrote the outputs)."""
     n_it, n_rs = cdiv(inter, P), cdiv(s_rows, P)
     act, dve, moved, transfers = stage_cost(m.evict, n_rs, k, shared=n_rs)
     blocks = cdiv(k, kc)
     scratch = s_rows * k * 4 if m.epi_cols.sweeps else 0
-    hbm = inter * k * m.down_bytes + blocks * inter * s_rows * m.x_bytes + moved + scratch
-    h_reads = cdiv(n_it, gh) + int(inter % P != 0 and (n_it - 1) % gh != 0)
-    return float(n_it * n_rs * cycles(k)), act, dve, hbm, transfers + blocks * (n_it + h_reads)
+    hbm = n_it * P * k * m.down_bytes + (1 - ht) * blocks * inter * s_rows * m.x_bytes + moved + scratch
+    h_reads = 0 if ht else cdiv(n_it, gh) + int(inter % P != 0 and (n_it - 1) % gh != 0)
+    w_reads = cdiv(n_it, down_group(kc, inter, m.down_bytes, ht))  # whole padded I-tiles (block layout)
+    return float(n_it * n_rs * cycles(k)), act, dve, hbm, transfers + blocks * (w_reads + h_reads)
 
 
 def cost(m: FfnModel, mach: Machine, rows: int, k: int, i: int, lnc: int, plan: Plan) -> Cost:
@@ -125,7 +131,8 @@ def cost(m: FfnModel, mach: Machine, rows: int, k: int, i: int, lnc: int, plan: 
     pe = act = dve = 0.0
     hbm = transfers = 0
     for s_rows, n_sb in runs(comp_rows, plan.s):
-        parts = _super_block(m, s_rows, inter, plan.ci, k, plan.kc, plan.g, plan.s, _solo(plan, own, i))
+        solo = _solo(plan, own, i)
+        parts = _super_block(m, s_rows, inter, plan.ci, k, plan.kc, plan.g, plan.s, solo, plan.ht)
         pe, act, dve = pe + n_sb * parts[0], act + n_sb * parts[1], dve + n_sb * parts[2]
         hbm, transfers = hbm + n_sb * parts[3], transfers + n_sb * parts[4]
     tiles = cdiv(own, P)
@@ -154,9 +161,11 @@ def cost(m: FfnModel, mach: Machine, rows: int, k: int, i: int, lnc: int, plan: 
         dve += tiles * k_cycles
     dma = dma_time(mach, hbm + exchanged, transfers)
     chain = _col_loads(m, mach, min(plan.s, comp_rows), k, i, inter, plan)
+    if plan.kc:  # the last column block's writes land a fixed cost after they leave the queues
+        chain += mach.dma_fixed_ns
     for s_rows, n_sb in runs(comp_rows, plan.s):
         if plan.kc:
-            chain += n_sb * _chain(m, mach, s_rows, inter, k, plan)
+            chain += n_sb * column_chain(m, mach, s_rows, inter, k, plan)
         else:
             chain += n_sb * _filled(m, mach, s_rows, inter, k, plan, lnc, _solo(plan, own, i))
     return Cost(pe / mach.pe_ghz, act / mach.act_ghz, dve / mach.dve_ghz, dma, hbm, chain)
@@ -192,54 +201,11 @@ def exchange_rounds(rows: int, s: int, own: int) -> int:
     return tiles - min(mine, cdiv(min(rows, r0 + s) - r0, P) - mine)
 
 
-def _chain(m: FfnModel, mach: Machine, s_rows: int, inter: int, k: int, plan: Plan) -> float:
-    """Time of one column-blocked super-block when its DMAs run in program order (cost model II: a DMA
-    holds the queues from when its data is ready, and the transfers after it wait for the queues). x's
-    loads and transposes come first. Each chunk's h^T writes issue behind all of the next chunk's
-    loads, so they are ready when the queues reach them: the chunks' weight loads and h^T writes
-    pipeline with their matmuls over the whole super-block (a load fixed cost and a cold PE before the
-    first matmul), and only the last combine and its h^T writes are in series before the column blocks
-    read h^T back. Each column block's eviction writes still hold back the next block's loads: per block,
-    its weight tiles and h^T reads pipelined with its matmuls, one fixed cost and a fresh PE ramp (the PE
-    idles through that load; its fixed cost alone is most of the dI/dt window, `pe_ramp_ns`), then its
-    evictions."""
-    n_k, n_rs, n_it = cdiv(k, P), cdiv(s_rows, P), cdiv(inter, P)
-    total = _fill(m, mach, s_rows, k)
-    stall = mach.dma_fixed_ns + mach.pe_ramp_ns  # the first load's fixed cost, then a cold PE
-    width = max(MIN_CYCLES, min(s_rows, F_MOV))
-    combine = m.mid_act * width / mach.act_ghz + m.mid_dve * width / mach.dve_ghz  # the last I-tile's
-    loads = mm = writes = 0.0
-    for chunk, n_chunks in runs(inter, plan.ci):  # the last run holds the last chunk
-        units = m.n_up * cdiv(chunk, P)  # one projection's weights of one I-tile per step
-        weights = dma_time(mach, units * n_k * P * P * m.up_bytes, units * cdiv(n_k, group(k, plan.g)))
-        writes = dma_time(mach, chunk * s_rows * m.x_bytes, cdiv(chunk, P) * cdiv(s_rows, F_MOV))
-        loads += n_chunks * (weights + writes)
-        mm += sum(n * n_chunks * units * n_k * max(MIN_CYCLES, rw) for rw, n in runs(s_rows, F_MOV))
-    mm /= mach.pe_ghz
-    total += pipelined(loads, mm, m.n_up * n_it) + stall + combine + writes
-    gh = h_group(plan.s, inter, m.x_bytes)
-    evict_act, evict_dve, _, _ = stage_cost(m.evict, n_rs, min(k, plan.kc), shared=n_rs)
-    evict = evict_act / mach.act_ghz + evict_dve / mach.dve_ghz
-    for kw, n_blocks in runs(k, plan.kc):
-        block_loads = dma_time(mach, inter * (kw * m.down_bytes + s_rows * m.x_bytes), n_it + cdiv(n_it, gh))
-        block_mm = n_it * n_rs * cycles(kw) / mach.pe_ghz
-        total += n_blocks * (pipelined(block_loads, block_mm, n_it) + stall + evict)
-    return total
-
-
-def _fill(m: FfnModel, mach: Machine, s_rows: int, k: int) -> float:
-    """Time before a super-block's first matmul: x's loads (the previous super-block's output writes held
-    the queues until they were done) with one fixed cost, then the PE's transposes into x^T."""
-    n_rs = cdiv(s_rows, P)
-    loads = dma_time(mach, s_rows * k * m.x_bytes, n_rs * cdiv(k, x_staged(m, k))) + mach.dma_fixed_ns
-    return loads + n_rs * cdiv(k, P) * P / mach.pe_ghz
-
-
 def _filled(
     m: FfnModel, mach: Machine, s_rows: int, inter: int, k: int, plan: Plan, lnc: int, solo: tuple[int, int]
 ) -> float:
-    """Time of one super-block of a plan with the SBUF accumulator: its fill (`_fill`); its chunks, each
-    row slice's up-projection, last combine and down-projection with its evictions in series
+    """Time of one super-block of a plan with the SBUF accumulator: its fill (`super_block_fill`); its
+    chunks, each row slice's up-projection, last combine and down-projection with its evictions in series
     (`slice_period`), or their loads pipelined with their matmuls, or the busiest other engine (one fixed
     cost and a cold PE before the first matmul); then, without SPLIT, the epilogue of its row tiles
     (`drain`), the last chunk's matmuls after its first row tile's beside it; with SPLIT 1, the exchange
@@ -260,7 +226,11 @@ def _filled(
             down = cdiv(chunk, P) * tiles * cycles(k) / mach.pe_ghz
             slices.append((up, down, tiles, n_rw))
             evict = tiles * cycles(k) / mach.dve_ghz
-            serial += n_chunks * n_rw * slice_period(up, combine, down, evict, tiles * cdiv(k, F_MOV), m.n_up)
+            # the down-projection reads the last I-tile's combine only after the other I-tiles' matmuls of
+            # its first K-block (I-tile inner): those run while the combine finishes
+            ahead = (cdiv(chunk, P) - 1) * max(MIN_CYCLES, min(F_MOV, k)) / mach.pe_ghz
+            waits = max(0.0, combine - ahead)
+            serial += n_chunks * n_rw * slice_period(up, waits, down, evict, tiles * cdiv(k, F_MOV), m.n_up)
         # the chunk's matmuls after its first row tile's down-projection: beside that tile's epilogue
         first_up, first_down, first_tiles, _ = slices[0]
         beside = sum(n * (up + down) for up, down, _, n in slices) - first_up - first_down / first_tiles
@@ -284,7 +254,7 @@ def _filled(
         tail = exchange(mach, min(s_rows, owned * P), k) + drain(m.epi, mach, owned, k)
     else:
         tail = drain(m.epi, mach, n_rs, k, beside)
-    return _fill(m, mach, s_rows, k) + chunks + mach.dma_fixed_ns + mach.pe_ramp_ns + tail
+    return super_block_fill(m, mach, s_rows, k) + chunks + mach.dma_fixed_ns + mach.pe_ramp_ns + tail
 
 
 def plannable(usable: int) -> int:
@@ -297,7 +267,7 @@ def candidates(
 ) -> list[Plan]:
     """Legal plans within `usable` SBUF bytes less the headroom: every (S, CI) multiple of 128 when
     exhaustive, else a pruned set the search keeps; each with the SBUF accumulator and, where S allows
-    (split over rows only), with column blocks."""
+    (split over rows only), with column blocks, their h^T in the HBM scratch or, where it fits, held."""
     budget = plannable(usable)
     plans = []
     for split in splits(i, lnc):
@@ -323,7 +293,8 @@ def candidates(
                     for g in _groups(m, s, P, k)
                     if sbuf_bytes(m, s, P, k, i, kc, g, split) <= budget
                 ]
-    return list(dict.fromkeys(plans))
+    held = [p._replace(ht=1) for p in plans if p.kc and plan_bytes(m, p._replace(ht=1), k, i) <= budget]
+    return list(dict.fromkeys(plans + held))
 
 
 def splits(i: int, lnc: int) -> tuple[int, ...]:

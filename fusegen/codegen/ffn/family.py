@@ -109,16 +109,19 @@ def _host(ir: KernelIR, m: FfnMatch, low: FfnLowering) -> HostSignature:
     cols = _col_inputs(ir, low)
     launch = [_launch_arg(i.name, low, cols) for i in ir.inputs if i.name not in cols[1:]]
     launch += [p.name for p in ir.params]
+    down = str(ir.node(m.down.args[1]).name)
+    launch.append(f"_down_blocks(_given_{down}, _plan.kc, _inter)")  # the column blocks' layout (KC > 0)
     firsts = [pj.first_column for pj in low.projections if pj.first_column]
     return HostSignature(
         params=params,
         returns=returns,
         x=str(m.source.name),
-        down_weight=str(ir.node(m.down.args[1]).name),
+        down_weight=down,
         launch_args=", ".join(launch),
         doc=run_doc(ir),
-        # the caller's up weights, before the door's dense copy: the layout cache keys on their storage
-        door=tuple(f"_given_{t} = {t}" for t in sorted(_up_weights(ir, low))) + door_lines("_SIGNATURE", ir),
+        # the caller's weights, before the door's dense copy: the layout cache keys on their storage
+        door=tuple(f"_given_{t} = {t}" for t in sorted(_up_weights(ir, low) | {down}))
+        + door_lines("_SIGNATURE", ir),
         dims=tuple(f"d_{d} = {src}" for d, src in dim_bindings(ir, str)) if firsts else (),
     )
 
@@ -135,9 +138,11 @@ def _col_inputs(ir: KernelIR, low: FfnLowering) -> list[str]:
 
 def _kernel_args(ir: KernelIR, low: FfnLowering) -> list[str]:
     """The kernel's arguments: the inputs', the [I] vectors packed into one (`_i_cols_hbm`, where the first
-    was: spelled with `_`, so no spec input's argument can meet it), then the params'."""
+    was: spelled with `_`, so no spec input's argument can meet it), the params', then the down weight in
+    the column blocks' layout (`_down_blocks_hbm`)."""
     cols = [kernel_arg(name) for name in _col_inputs(ir, low)]
-    return ["_i_cols_hbm" if a in cols[:1] else a for a in kernel_args(ir) if a not in cols[1:]]
+    args = ["_i_cols_hbm" if a in cols[:1] else a for a in kernel_args(ir) if a not in cols[1:]]
+    return [*args, "_down_blocks_hbm"]  # the down weight in the column blocks' layout (`_down_blocks`)
 
 
 def _host_laid_out(ir: KernelIR, low: FfnLowering) -> frozenset[str]:

@@ -63,6 +63,11 @@ class Plan(NamedTuple):
     G: K-tiles per up-projection weight DMA (0: all of K). The host lays each up weight out once as
     [I-tiles, P, K-tiles * P] (the kernel file's `_up_layout`), so one DMA of G K-tiles of one I-tile moves
     G * P contiguous elements per partition row; a streamed plan (`up_weights`) holds one such group.
+
+    HT (KC > 0): 1 keeps every combine tile of the super-block in SBUF (`held_h`) and the column blocks read
+    h^T there: no h^T scratch, its writes and KC-block reads gone, for all of I's tiles held at once; with
+    that room taken, its down weights also move a group of I-tiles per DMA (`down_group`) and x's rows in
+    blocks that reach the packet knee (`x_block`).
     """
 
     s: int
@@ -72,6 +77,7 @@ class Plan(NamedTuple):
     # 3: as 2 with an odd number of I-tiles, each core an even share, the last I-tile for its own rows only
     kc: int = 0
     g: int = 0
+    ht: int = 0
 
 
 def work_per_core(rows: int, i: int, lnc: int, split: int) -> tuple[int, int]:
@@ -84,17 +90,18 @@ def work_per_core(rows: int, i: int, lnc: int, split: int) -> tuple[int, int]:
 
 
 def buffers(
-    m: FfnModel, s: int, ci: int, k: int, i: int, kc: int = 0, g: int = 0, split: int = 0
+    m: FfnModel, s: int, ci: int, k: int, i: int, kc: int = 0, g: int = 0, split: int = 0, ht: int = 0
 ) -> list[Buffer]:
     """The kernel's SBUF buffers for super-block `s` rows, chunk `ci` columns, column block `kc`, `g`
-    K-tiles per up-weight DMA and work split `split`."""
-    n_k, n_h, n_hc = cdiv(k, P), cdiv(i, P), chunk_tiles(ci, i, split)
+    K-tiles per up-weight DMA, work split `split` and h^T held (`ht`)."""
+    n_k, n_h, n_hc, x = cdiv(k, P), cdiv(i, P), chunk_tiles(ci, i, split), m.x_bytes
     epi = m.epi_cols if kc else m.epi
+    combine = Buffer("combine output (down-proj stationary)", n_hc * F_MOV * x, 1)
     common = [
         Buffer("x^T, K on partitions", n_k * s * m.x_bytes, 1),
-        Buffer("x row block, staged for the PE transpose", x_staged(m, k) * m.x_bytes, 2),
+        Buffer("x row block, staged for the PE transpose", x_staged(m, k, ht) * m.x_bytes, 2),
         up_weights(m, s, ci, k, g),
-        Buffer("combine output (down-proj stationary)", n_hc * F_MOV * m.x_bytes, 1),
+        held_h(m, s, i) if kc and ht else combine,
         Buffer("combine temporaries", m.mid_tiles * F_MOV * 4, 2),
         Buffer("prologue block (one K-block's loads and temporaries)", m.pro.block_bytes * min(F_MOV, k), 2),
         Buffer("epilogue block (one K-block's loads and temporaries)", epi.block_bytes * min(F_MOV, k), 2),
@@ -102,10 +109,11 @@ def buffers(
         Buffer("[I] columns", m.col_vectors * n_h * 4, 1),
     ]
     if kc:
+        down_tiles = down_group(kc, i, m.down_bytes, ht) * kc * m.down_bytes
         return [
             *common,
-            Buffer("down-projection weight tile (one I-tile, one column block)", kc * m.down_bytes, 2),
-            Buffer("h^T read back (a group of I-tiles)", h_group(s, i, m.x_bytes) * s * m.x_bytes, 2),
+            Buffer("down-projection weight tiles (a group of I-tiles, one column block)", down_tiles, 2),
+            Buffer("h^T read back (a group of I-tiles)", 0 if ht else h_group(s, i, x) * s * x, 2),
             Buffer("PSUM eviction block (its loads and temporaries)", m.evict.block_bytes * min(F_MOV, k), 2),
         ]
     exchange = [
@@ -196,17 +204,20 @@ def solo_tile(i: int) -> int:
     return i - (cdiv(i, P) - 1) * P
 
 
-def x_block(k: int, x_bytes: int) -> int:
+def x_block(k: int, x_bytes: int, ht: int = 0) -> int:
     """Columns of x per DMA staged for the PE transpose: a whole row when it fits in the fewest F_MOV blocks
     that reach DMA_ROW_BYTES per partition row (K <= 1536 in bf16: there x's loads are a large share of a
     super-block's start and SBUF has room), else one F_MOV block (wide K: SBUF is tight and x's loads are
-    a small share of the weights')."""
-    return k if k <= cdiv(DMA_ROW_BYTES, F_MOV * x_bytes) * F_MOV else min(F_MOV, k)
+    a small share of the weights'). HT plans (column blocks with h^T held: nothing of width K in SBUF but
+    x^T) stage those fewest blocks at any K: 1 KiB rows cost 2.4x their bytes in every super-block's fill,
+    which no matmul overlaps (9% of the DeepSeek-V3 expert width's kernel), for 4 KiB more SBUF."""
+    knee = cdiv(DMA_ROW_BYTES, F_MOV * x_bytes) * F_MOV
+    return min(k, knee) if ht or k <= knee else min(F_MOV, k)
 
 
-def x_staged(m: FfnModel, k: int) -> int:
+def x_staged(m: FfnModel, k: int, ht: int = 0) -> int:
     """Columns of the staged x block: `x_block`, or a prologue's F_MOV-wide blocks."""
-    return min(F_MOV, k) if m.pro.sweeps else x_block(k, m.x_bytes)
+    return min(F_MOV, k) if m.pro.sweeps else x_block(k, m.x_bytes, ht)
 
 
 def column_block(s: int, k: int) -> int:
@@ -233,6 +244,13 @@ def h_group(s: int, i: int, x_bytes: int) -> int:
     return min(cdiv(i, P), cdiv(DMA_ROW_BYTES, s * x_bytes))
 
 
+def down_group(kc: int, i: int, down_bytes: int, ht: int = 0) -> int:
+    """I-tiles of the down weight per DMA of a column block, from the host's block layout (the kernel file's
+    `_down_blocks`: a block's I-tiles contiguous per partition): one, or with HT (h^T held: SBUF has room)
+    the fewest whose rows reach DMA_ROW_BYTES."""
+    return min(cdiv(i, P), cdiv(DMA_ROW_BYTES, kc * down_bytes)) if ht else 1
+
+
 def up_weights(m: FfnModel, s: int, ci: int, k: int, g: int = 0) -> Buffer:
     """The up-projection weights in SBUF: a whole chunk loaded up front (each I-tile in groups of G
     K-tiles, padded to whole tiles by `up_layout`), or, streamed, one group of G K-tiles per projection."""
@@ -243,14 +261,23 @@ def up_weights(m: FfnModel, s: int, ci: int, k: int, g: int = 0) -> Buffer:
     return Buffer("up-projection weight chunk", m.n_up * cdiv(ci, P) * n_g * group(k, g) * P * m.up_bytes, 2)
 
 
-def sbuf_bytes(m: FfnModel, s: int, ci: int, k: int, i: int, kc: int = 0, g: int = 0, split: int = 0) -> int:
+def held_h(m: FfnModel, s: int, i: int) -> Buffer:
+    """A column-blocked super-block's combine tiles held for its column blocks (HT): one [P, F_MOV] tile
+    per I-tile and row slice of `s` rows, all of `i`."""
+    held = cdiv(i, P) * cdiv(s, F_MOV) * F_MOV * m.x_bytes
+    return Buffer("combine output h^T, held for the column blocks", held, 1)
+
+
+def sbuf_bytes(
+    m: FfnModel, s: int, ci: int, k: int, i: int, kc: int = 0, g: int = 0, split: int = 0, ht: int = 0
+) -> int:
     """SBUF bytes per partition the kernel needs, copies included."""
-    return sum(b.bytes * b.copies for b in buffers(m, s, ci, k, i, kc, g, split))
+    return sum(b.bytes * b.copies for b in buffers(m, s, ci, k, i, kc, g, split, ht))
 
 
 def plan_bytes(m: FfnModel, p: Plan, k: int, i: int) -> int:
     """SBUF bytes per partition of plan `p`."""
-    return sbuf_bytes(m, p.s, p.ci, k, i, p.kc, p.g, p.split)
+    return sbuf_bytes(m, p.s, p.ci, k, i, p.kc, p.g, p.split, p.ht)
 
 
 def smallest_need(m: FfnModel, k: int, i: int) -> int:

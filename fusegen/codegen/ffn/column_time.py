@@ -1,0 +1,96 @@
+"""What a column-blocked FFN super-block's program order puts in series (cost model II), and the fill every
+super-block starts with.
+
+Standard library only, copied with the FFN planner into every generated FFN kernel. The trace model
+(`fusegen/perf/schedule.py`) runs each engine's instructions in program order and gives a DMA the queues
+from when its data is ready, so a transfer waiting on compute holds back every transfer after it. Each
+term takes only documented figures already in the model (`Machine`: DMA fixed cost, PE ramp, clocks; the
+DMA packet rule through `dma_time`).
+"""
+
+from __future__ import annotations
+
+from fusegen.codegen.budget_base import (
+    F_MOV,
+    MIN_CYCLES,
+    Machine,
+    P,
+    cdiv,
+    cycles,
+    dma_time,
+    runs,
+    stage_cost,
+)
+from fusegen.codegen.ffn.sbuf import FfnModel, Plan, down_group, group, h_group, x_staged
+from fusegen.codegen.ffn.serial import drain, pipelined
+
+
+def column_chain(m: FfnModel, mach: Machine, s_rows: int, inter: int, k: int, plan: Plan) -> float:
+    """Time of one column-blocked super-block. x's loads and transposes come first (`super_block_fill`).
+    Each chunk's h^T writes issue behind all of the next chunk's loads, so they are ready when the queues
+    reach them: the chunks' weight loads and h^T writes pipeline with their matmuls (`pipelined`), and the
+    last combine and its h^T writes are in series before the column blocks read h^T back. Each column
+    block is evicted after the next block's loads and matmuls are issued, so its eviction writes queue
+    behind those loads: the blocks' weight tiles, h^T reads and eviction DMAs (all but the last block's)
+    pipeline with their matmuls, the evictions beside them on the Vector engine, after one fixed cost and
+    a fresh PE ramp; the last block's eviction follows the last matmul, then an epilogue with row statistics
+    runs its passes over the fp32 scratch (`drain`): the next super-block's x loads queue behind its
+    writes. With h^T held (HT) nothing is
+    written or read back: the first block's loads queue right behind the last chunk's and its matmuls
+    follow the up-projection's on the PE, each I-tile's h^T long combined, so chunks and blocks are one
+    pipelined stream."""
+    n_k, n_it = cdiv(k, P), cdiv(inter, P)
+    stall = mach.dma_fixed_ns + mach.pe_ramp_ns  # the first load's fixed cost, then a cold PE
+    width = max(MIN_CYCLES, min(s_rows, F_MOV))
+    combine = m.mid_act * width / mach.act_ghz + m.mid_dve * width / mach.dve_ghz  # the last I-tile's
+    loads = mm = writes = 0.0
+    for chunk, n_chunks in runs(inter, plan.ci):  # the last run holds the last chunk
+        units = m.n_up * cdiv(chunk, P)  # one projection's weights of one I-tile per step
+        weights = dma_time(mach, units * n_k * P * P * m.up_bytes, units * cdiv(n_k, group(k, plan.g)))
+        h_t = dma_time(mach, chunk * s_rows * m.x_bytes, cdiv(chunk, P) * cdiv(s_rows, F_MOV))
+        writes = (1 - plan.ht) * h_t
+        loads += n_chunks * (weights + writes)
+        mm += sum(n * n_chunks * units * n_k * max(MIN_CYCLES, rw) for rw, n in runs(s_rows, F_MOV))
+    mm /= mach.pe_ghz
+    b_loads, b_mm, evicts, evict = _blocks(m, mach, s_rows, inter, k, plan)
+    steps = m.n_up * n_it + n_it * cdiv(k, plan.kc)
+    if plan.ht:
+        body = max(pipelined(loads + b_loads, mm + b_mm, steps), evicts)
+    else:
+        chunks = pipelined(loads, mm, m.n_up * n_it) + stall + combine + writes
+        body = chunks + max(pipelined(b_loads, b_mm, n_it * cdiv(k, plan.kc)), evicts)
+    tail = drain(m.epi_cols, mach, cdiv(s_rows, P), k)  # statistics passes over the scratch, after the blocks
+    return super_block_fill(m, mach, s_rows, k, plan.ht) + body + stall + evict + tail
+
+
+def _blocks(m: FfnModel, mach: Machine, s_rows: int, inter: int, k: int, plan: Plan) -> tuple[float, ...]:
+    """(loads, matmuls, evictions beside them, the last block's eviction) of a super-block's column blocks,
+    ns: per block its weights (a group of I-tiles per DMA, whole padded tiles), its h^T reads (none with
+    HT); the evictions and their DMAs of every block but the last, whose eviction, piece by piece with
+    each piece's writes behind it, follows the last matmul (the next super-block's x loads queue behind
+    those writes)."""
+    n_rs, n_it = cdiv(s_rows, P), cdiv(inter, P)
+    gh = h_group(plan.s, inter, m.x_bytes)
+    loads = mm = evicts = evict = 0.0
+    last = runs(k, plan.kc)[-1]
+    for kw, n_blocks in runs(k, plan.kc):
+        evict_act, evict_dve, moved, out = stage_cost(m.evict, n_rs, kw, shared=n_rs)
+        evict = evict_act / mach.act_ghz + evict_dve / mach.dve_ghz
+        h_bytes, h_reads = (0, 0) if plan.ht else (inter * s_rows * m.x_bytes, cdiv(n_it, gh))
+        weights = n_it * P * kw * m.down_bytes
+        w_reads = cdiv(n_it, down_group(plan.kc, inter, m.down_bytes, plan.ht))
+        loads += n_blocks * dma_time(mach, weights + h_bytes, w_reads + h_reads)
+        loads += (n_blocks - ((kw, n_blocks) == last)) * dma_time(mach, moved, out)
+        mm += n_blocks * n_it * n_rs * cycles(kw) / mach.pe_ghz
+        evicts += n_blocks * evict
+        last_writes = dma_time(mach, moved, out)
+    pieces = n_rs * cdiv(last[0], F_MOV)  # each piece's writes follow its eviction
+    return loads, mm, evicts - evict, pipelined(last_writes, evict, pieces)
+
+
+def super_block_fill(m: FfnModel, mach: Machine, s_rows: int, k: int, ht: int = 0) -> float:
+    """Time before a super-block's first matmul: x's loads (the previous super-block's output writes held
+    the queues until they were done) with one fixed cost, then the PE's transposes into x^T."""
+    n_rs = cdiv(s_rows, P)
+    loads = dma_time(mach, s_rows * k * m.x_bytes, n_rs * cdiv(k, x_staged(m, k, ht))) + mach.dma_fixed_ns
+    return loads + n_rs * cdiv(k, P) * P / mach.pe_ghz
