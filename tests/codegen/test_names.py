@@ -177,8 +177,11 @@ def build(text: str, out: Path) -> Path:
 
 
 def run_generated_tests(folder: Path) -> None:
-    """The kernel's generated test module (interpreter against reference, opcheck, gradcheck), in-process."""
-    assert pytest.main([str(folder), "-q", "-x", "-p", "no:cacheprovider", "-p", "no:randomly"]) == 0
+    """The kernel's generated test module (interpreter against reference, opcheck, gradcheck), in-process;
+    imported by path (importlib mode): two specs here may name their kernels alike, so two test modules of
+    one name can run in one process."""
+    args = [str(folder), "-q", "-x", "-p", "no:cacheprovider", "-p", "no:randomly", "--import-mode=importlib"]
+    assert pytest.main(args) == 0
 
 
 @pytest.mark.parametrize("chunk", range(len(chunks("row"))))
