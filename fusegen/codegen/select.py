@@ -141,8 +141,9 @@ class Selector:
         self.lines.append(f"nisa.{call}({args})")
         self.line_kinds.append(kind)
         self.line_engines.append("gpsimd" if kwargs.get("engine") == GPSIMD else CALL_COST[call][0])
-        for written in (kwargs["dst"], kwargs.get("reduce_res", "")):
-            self.writers[written.split("[")[0]] = self.line_engines[-1]
+        for written in (kwargs["dst"], kwargs.get("reduce_res")):
+            if written:  # no reduce_res: nothing more written
+                self.writers[written.split("[")[0]] = self.line_engines[-1]
         self.calls.append((call, kind))
         full_width = kind == "tile" or any(r.kind == "tile" for r in reads)  # e.g. a reduction into a column
         if self.load is not None and full_width and "engine" not in kwargs:
