@@ -1551,12 +1551,21 @@ def _check_requires(sig: _Signature, env: _Env, source: dict[str, str], zero: li
 
 
 def _check_params(sig: _Signature, params: tuple[float, ...]) -> None:
-    """Scalar params are real numbers."""
-    import numbers  # here, not from the generated module's globals, which spec names share
+    """Scalar params are real numbers within f32 range (kernels take fp32 immediates; inf, nan pass)."""
+    import math  # here, not from the generated module's globals, which spec names share
+    import numbers
 
+    largest = torch.finfo(torch.float32).max
     for name, value in zip(sig.params, params, strict=True):
         if isinstance(value, bool) or not isinstance(value, numbers.Real):
             raise TypeError(f"{sig.name}: {name}: expected a number, got {type(value).__name__} {value!r}")
+        try:
+            past = math.isfinite(float(value)) and abs(float(value)) > largest
+        except OverflowError:  # an integer too large for a float
+            past = True
+        if past:
+            raise ValueError(f"{sig.name}: {name}: {value!r} is outside the f32 range of the spec's params "
+                             f"(|{name}| <= {largest:.8g}); pass inf for an infinite value")  # fmt: skip
 
 
 def _check_launch(sig: _Signature, lnc: int | None, target: str | None, default_lnc: int) -> int | None:
