@@ -629,6 +629,9 @@ def _check_launch(sig: _Signature, lnc: int | None, target: str | None, default_
         raise ValueError(f"{sig.name}: target={target!r} is not a target it plans for; known targets: "
                          f"{', '.join(degrees)}")  # fmt: skip
     if lnc is None:
+        if default_lnc < 1:  # the host's default, from NEURON_LOGICAL_NC_CONFIG when set
+            raise ValueError(f"{sig.name}: the default LNC {default_lnc} (NEURON_LOGICAL_NC_CONFIG) is not a "
+                             "degree: set it to 1 or 2, or pass lnc=")  # fmt: skip
         return min(default_lnc, degrees[target])
     if isinstance(lnc, bool) or not isinstance(lnc, numbers.Integral):
         raise TypeError(f"{sig.name}: lnc: expected an int, got {type(lnc).__name__} {lnc!r}")

@@ -247,3 +247,13 @@ def test_default_lnc_follows_the_target(target: str, grid: int, monkeypatch: pyt
     monkeypatch.setattr(module, "_LNC", 2)
     module.add_rmsnorm(*_args(ROW), target=target)
     assert module.add_rmsnorm_kernel.last_run.stats["grid"] == grid
+
+
+@pytest.mark.parametrize("default", [0, -1])
+def test_a_default_lnc_that_is_no_degree_is_named(default: int, monkeypatch: pytest.MonkeyPatch) -> None:
+    """NEURON_LOGICAL_NC_CONFIG=0 reached the launch as a grid of 0 (a SimError traceback from launch)."""
+    module = kernel(ROW)
+    monkeypatch.setattr(module, "_LNC", default)
+    with pytest.raises(ValueError, match=re.escape(f"the default LNC {default} (NEURON_LOGICAL_NC_CONFIG)")):
+        module.add_rmsnorm(*_args(ROW))
+    module.add_rmsnorm(*_args(ROW), lnc=1)  # an explicit lnc needs no default
