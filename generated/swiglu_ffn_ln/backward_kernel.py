@@ -619,6 +619,10 @@ def _check_tensors(sig: _Signature, tensors: tuple[torch.Tensor, ...], cast: boo
         if not isinstance(t, torch.Tensor):
             raise TypeError(f"{sig.name}: {decl.name}: expected a torch.Tensor [{', '.join(decl.shape)}], "
                             f"got {type(t).__name__}")  # fmt: skip
+        if t.layout != torch.strided or t.is_nested:  # kernels read dense memory; .contiguous() keeps these
+            layout = "nested" if t.is_nested else str(t.layout).removeprefix("torch.")
+            raise TypeError(f"{sig.name}: {decl.name}: expected a dense (strided) tensor, got a {layout} "
+                            "one: pass .to_dense()")  # fmt: skip
         want = getattr(torch, decl.dtype)
         if cast and not t.dtype.is_floating_point:
             raise TypeError(f"{sig.name}: {decl.name}: expected a floating-point tensor (cast to {want}), "
