@@ -5,6 +5,7 @@ from __future__ import annotations
 from pathlib import Path
 
 import pytest
+import torch
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
@@ -179,3 +180,19 @@ def test_closed_form_follows_the_trace_model(
     closed, engines = c.total, max(c.pe, c.act, c.dve, c.dma)
     assert 0.8 * closed <= traced <= 1.2 * closed
     assert traced > 1.15 * engines  # what the fill and drain add is real
+
+
+
+def test_the_host_function_plans_each_launch_shape_once() -> None:
+    """The planner's search takes milliseconds (longer than the kernel itself on the device at small R): a
+    host function called again with the same shapes reuses the plan; a new shape is planned anew."""
+    module = load_module(ROOT / "generated" / "linear_gelu_bias" / "kernel.py", target="trn2")
+    module._choose.cache_clear()
+    x, w = torch.randn(128, 256).bfloat16(), (torch.randn(256, 512) / 16).bfloat16()
+    b = torch.randn(512)
+    first = module.linear_gelu_bias(x, w, b, lnc=1)
+    again = module.linear_gelu_bias(x.clone(), w.clone(), b, lnc=1)
+    assert module._choose.cache_info()[:2] == (1, 1)  # (hits, misses)
+    torch.testing.assert_close(again, first, rtol=0, atol=0)
+    module.linear_gelu_bias(x[:64], w, b, lnc=1)
+    assert module._choose.cache_info()[:2] == (1, 2)
