@@ -69,9 +69,17 @@ def _build(args: argparse.Namespace) -> int:
 
     if args.format == "json" and not args.check:
         raise UsageError("--format json is for `build --check`; `build` itself prints one line per kernel")
-    specs, lost = (args.specs, []) if args.specs else default_specs(Path(args.out))
+    out = Path(args.out)
+    if out.exists() and not out.is_dir():
+        raise UsageError(f"--out {out} is a file, not a folder: name a folder to write the kernels into")
+    specs, lost = (args.specs, []) if args.specs else default_specs(out)
     if not specs and not lost:  # with only lost folders, build names them (exit 1)
         raise UsageError("no SPEC given, no examples/*.spec here and no generated folders to rebuild")
+    if not args.check and not out.exists():
+        try:
+            out.mkdir(parents=True)
+        except OSError as err:
+            raise UsageError(f"cannot create the output folder --out {out}: {err.strerror}") from None
     return build(specs, _options(args), check_only=args.check, every_spec=not args.specs, fmt=args.format)
 
 
@@ -116,8 +124,13 @@ def _explain(args: argparse.Namespace) -> int:
     if len(args.specs) != 1:
         raise UsageError(f"explain takes one SPEC, got {len(args.specs)}: {' '.join(args.specs) or '-'}")
     shape = _shape_args(args.shape)
-    return explain(args.specs[0], args.target, _lnc(args), shape[0] if shape else None, args.trace, args.svg,
-                   fmt=args.format, calibration=args.calibration)  # fmt: skip
+    try:
+        return explain(args.specs[0], args.target, _lnc(args), shape[0] if shape else None, args.trace,
+                       args.svg, fmt=args.format, calibration=args.calibration)  # fmt: skip
+    except OSError as err:  # only the files the user named: any other OSError is ours
+        if err.filename is None or str(err.filename) not in (args.trace, args.svg):
+            raise
+        raise UsageError(f"cannot write {err.filename}: {err.strerror}") from None
 
 
 def _bench(args: argparse.Namespace) -> int:

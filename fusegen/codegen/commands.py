@@ -20,6 +20,7 @@ from fusegen.codegen.recorded import kernel_folders
 from fusegen.dsl import load_spec
 from fusegen.dsl.diagnostics import Diagnostic, SpecError
 from fusegen.dsl.ir import KernelIR
+from fusegen.dsl.shapes import MAX_DIM_VALUE
 from fusegen.jsonout import document, emit, number
 from fusegen.testing import Report, run_against_reference
 
@@ -165,6 +166,13 @@ def validated_shape(ir: KernelIR, spec: str, dims: dict[str, int]) -> dict[str, 
         Diagnostic(ir.dims[0].span, f"--shape names `{name}`, which is not a dim of `{ir.name}`")
         for name in dims
         if name not in known
+    ]
+    # as on a `check` line: a run needs every dim >= 1 (a call with a zero dim launches nothing)
+    limits = f"a dim must be a positive integer (at most {MAX_DIM_VALUE})"
+    errors += [
+        Diagnostic(d.span, f"--shape gives {d.name}={dims[d.name]}: {limits}")
+        for d in free
+        if d.name in dims and not 1 <= dims[d.name] <= MAX_DIM_VALUE
     ]
     if not errors:
         env = {**ir.fixed_dims(), **dims}

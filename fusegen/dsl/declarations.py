@@ -13,6 +13,8 @@ from fusegen.dsl.shapes import MAX_DIM_VALUE, to_dim
 
 #: ops that compute nothing: an output bound to one would only copy a host value.
 _LEAF_OPS = ("input", "param", "const", "dim")
+#: the largest finite f32 (a param is one: docs/spec-language.md)
+F32_MAX = 3.4028234663852886e38
 
 
 def claim_names(ctx: Context, items: Sequence[ast.Item]) -> None:
@@ -110,6 +112,11 @@ def declare_params(ctx: Context, decls: Sequence[ast.ParamDecl]) -> tuple[ir.Par
         name = decl.name.name
         if not math.isfinite(default):
             ctx.error(decl.default.span, f"`{decl.default.text}` is not a finite number")
+            ctx.failed.add(name)
+            continue
+        if abs(default) > F32_MAX:  # a kernel takes a param as an fp32 immediate
+            hint = f"a param is f32: its magnitude is at most {F32_MAX:.8g}"
+            ctx.error(decl.default.span, f"`{decl.default.text}` does not fit in f32", hint)
             ctx.failed.add(name)
             continue
         node = ctx.add_node("param", (), (("default", default),), (), ir.COMPUTE_DTYPE, decl.span, name)

@@ -135,6 +135,12 @@ def _binop(ctx: Context, expr: ast.BinOp) -> int | None:
         return None
     if expr.op == "@":
         return _matmul(ctx, expr, lhs, rhs)
+    divisor = ctx.nodes[rhs]
+    if expr.op == "/" and divisor.op == "const" and divisor.attr("value") == 0:
+        # a kernel multiplies by the divisor's reciprocal, formed when it is traced: 1.0 / 0 fails there
+        hint = "every value it gives is inf or nan: divide by a nonzero number"
+        ctx.error(expr.rhs.span, "division by zero", hint)
+        return None
     return elementwise(ctx, _ARITHMETIC[expr.op], (lhs, rhs), expr.span, expr.op)
 
 

@@ -6,6 +6,7 @@ import itertools
 import os
 import sys
 import types
+from collections.abc import Callable
 from typing import Protocol
 
 _SIM_DIR = os.path.dirname(os.path.abspath(__file__)) + os.sep
@@ -139,3 +140,20 @@ def instruction_failure(exc: BaseException) -> SimError | None:
 
 #: nki.isa / nki.language callables, for wrong-argument messages (filled in by isa.py)
 API_NAMES: set[str] = set()
+
+
+def unmodelled_names(module: str, names: frozenset[str]) -> Callable[[str], object]:
+    """A module `__getattr__`: each of `names` (legal NKI of AWS's stub the interpreter does not model) is a
+    callable raising UnsupportedError at the kernel's line (docs/sim.md); any other name an AttributeError."""
+
+    def getattr_(name: str) -> object:
+        if name not in names:
+            raise AttributeError(f"module {module!r} has no attribute {name!r}")
+
+        def unmodelled(*args: object, **kwargs: object) -> None:
+            raise fault(UnsupportedError, name, "not modelled by the interpreter (docs/sim.md, Not modelled)")
+
+        unmodelled.__name__ = name
+        return unmodelled
+
+    return getattr_

@@ -19,7 +19,7 @@ from .errors import (
     user_site,
 )
 from .memory import MemoryRegion
-from .rules import FREE_SIZE_ENGINES, FREE_SIZE_MAX, START_PARTITIONS
+from .rules import FREE_SIZE_ENGINES, FREE_SIZE_MAX, MAX_VIEW_DIMS, START_PARTITIONS
 from .tensor import NkiTensor, contiguous_strides
 
 _SMALLEST_FREE_MAX = min(FREE_SIZE_MAX.values())
@@ -54,6 +54,8 @@ class Instr:
         """Require an NkiTensor operand."""
         if not isinstance(value, NkiTensor):
             raise self.fail(ShapeMismatchError, f"{role} must be a tensor, got {type(value).__name__}")
+        if len(value.shape) > MAX_VIEW_DIMS and value.alloc.on_chip:
+            violation(self, "view-dims", f"{role} is a {len(value.shape)}-D view {value.shape}")
         return value
 
     def forbid(self, t: NkiTensor, regions: tuple[MemoryRegion, ...], role: str, rule: str) -> None:

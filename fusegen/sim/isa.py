@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from .conformance import violation
 from .context import active_target, current
-from .errors import API_NAMES, InvalidArgumentError, SimError
+from .errors import API_NAMES, InvalidArgumentError, SimError, unmodelled_names
 from .instr import Instr
 from .isa_compute import (  # noqa: F401 -- the public nisa surface
     activation,
@@ -27,6 +27,19 @@ from .ops import dge_mode, dma_engine, engine, matmul_perf_mode, nc_version, oob
 from .tensor import NkiTensor
 
 NkiValidationError = SimError
+
+#: the other functions of AWS's `nki.isa` stub (nki/api/nki/isa/__init__.py): legal NKI the interpreter does
+#: not model, so a kernel calling one gets an UnsupportedError at its line (docs/sim.md), not AttributeError
+_UNMODELLED = frozenset({
+    "activate2", "affine_select", "dma_compute", "dropout", "exponential", "get_nc_sub_version",
+    "local_gather", "max8", "nc_find_index8", "nc_match_replace8", "nc_matmul_mx", "nc_n_gather",
+    "nc_stream_shuffle", "nonzero_with_count", "quantize_mx", "rand2", "rand_get_state", "rand_set_state",
+    "range_select", "register_alloc", "register_load", "register_move", "register_store", "rng",
+    "select_reduce", "sequence_bounds", "set_rng_seed", "tensor_copy_predicated", "tensor_partition_reduce",
+    "tensor_scalar_cumulative", "tensor_scalar_reduce", "tensor_tensor_scan", "topk",
+})  # fmt: skip
+__getattr__ = unmodelled_names("nki.isa", _UNMODELLED)
+
 tensor_engine = engine.tensor
 vector_engine = engine.vector
 scalar_engine = engine.scalar

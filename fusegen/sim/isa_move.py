@@ -16,7 +16,7 @@ from .operands import PSUM, start
 from .ops import dge_mode as DgeMode
 from .ops import engine as Engine
 from .ops import oob_mode as OobMode
-from .rules import HWDGE_TRANSPOSE_ROWS
+from .rules import HWDGE_TRANSPOSE_ROWS, MAX_IOTA_PATTERN
 from .tensor import NkiTensor
 
 _VECTOR_LIKE = ("vector", "gpsimd", "scalar")
@@ -154,6 +154,8 @@ def iota(
     d = ins.tensor(dst, "dst")
     if d.alloc.region is not MemoryRegion.sbuf:
         raise ins.fail(InvalidArgumentError, f"dst must be in SBUF, got {d.alloc.region.value}")
+    if len(pattern) > MAX_IOTA_PATTERN:
+        violation(ins, "view-dims", f"pattern has {len(pattern)} [step, num] pairs")
     counts = [int(c) for _, c in pattern]
     if math.prod(counts) != d.free_size:
         raise ins.fail(

@@ -27,7 +27,7 @@ from .dtypes import (  # noqa: F401 -- re-exported as nl.<dtype>
     uint16,
     uint32,
 )
-from .errors import CapacityError, InvalidArgumentError, PartitionError, fault, user_site
+from .errors import CapacityError, InvalidArgumentError, PartitionError, fault, unmodelled_names, user_site
 from .instr import Instr
 from .memory import Alloc, MemoryRegion
 from .ops import OPS
@@ -228,3 +228,14 @@ static_range = affine_range
 def ds(start: int, size: int) -> slice:
     """Dynamic-slice helper: start:start+size."""
     return slice(start, start + size)
+
+
+#: the other functions of AWS's `nki.language` stub (nki/api/nki/language/__init__.py): the tile wrappers and
+#: device loops the interpreter does not model; calling one is an UnsupportedError at the kernel's line
+_UNMODELLED = frozenset({
+    "all", "broadcast_to", "device_print", "dropout", "dynamic_range", "expand_dims", "fori_loop",
+    "gather_flattened", "is_hbm", "is_on_chip", "is_psum", "is_sbuf", "load", "load_transpose2d", "matmul",
+    "max", "mean", "min", "no_reorder", "prod", "rand", "random_seed", "rms_norm", "shared_constant",
+    "shared_identity_matrix", "softmax", "store", "sum", "transpose", "var", "where", "while_loop",
+})  # fmt: skip
+__getattr__ = unmodelled_names("nki.language", _UNMODELLED)

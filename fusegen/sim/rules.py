@@ -156,6 +156,13 @@ RULE_LIST: tuple[Rule, ...] = (
         "ARCH2 'Accessing SBUF/PSUM tensors using compute engines' (start_partition)",
     ),
     Rule(
+        "view-dims",
+        InvalidArgumentError,
+        "an on-chip tensor view has at most 5 dims (the partition dim and 4 free dims); an iota pattern at "
+        "most 4 [step, num] pairs",
+        "GUIDE NkiTensor (a view: an access pattern of up to 5 dimensions); ISA iota (a pattern up to 4D)",
+    ),
+    Rule(
         "compute-on-chip",
         EngineMemoryError,
         "compute engines read and write SBUF/PSUM only; HBM data moves by DMA",
@@ -378,6 +385,9 @@ ACTIVATION_FUNCTIONS = frozenset(
 )
 FREE_SIZE_MAX = {"sbuf": 64 * 1024, "psum": 4 * 1024}  # elements per partition, Vector/Scalar engines
 FREE_SIZE_ENGINES = frozenset({_V, _S})
+#: view-dims: dims of an on-chip view (partition + 4 free, GUIDE), [step, num] pairs of an iota pattern (ISA)
+MAX_VIEW_DIMS = 5
+MAX_IOTA_PATTERN = 4
 #: START_PARTITIONS[n]: legal start partitions of an operand spanning n partitions (ARCH2)
 START_PARTITIONS: tuple[frozenset[int], ...] = tuple(
     frozenset({0}) if n > 64 else frozenset({0, 64}) if n > 32 else frozenset({0, 32, 64, 96})

@@ -415,6 +415,17 @@ class _Require(NamedTuple):
     rhs: int
 
 
+class _Domain(NamedTuple):
+    """A scalar the kernel forms from the params alone when traced, and what it must be: `value` computes it
+    (from the params as floats, as the kernel's trace does), `need` is "!= 0" (a divisor), "> 0" (rsqrt, a
+    negative power) or ">= 0" (sqrt, a fractional power); `text` and `line` say where the spec forms it."""
+
+    text: str
+    need: str
+    line: int
+    value: "Callable[[tuple[float, ...]], float]"  # noqa: UP037 (ops.py copies this and imports no Callable)
+
+
 class _Signature(NamedTuple):
     """What one generated host function or op accepts and returns, from its spec."""
 
@@ -426,6 +437,7 @@ class _Signature(NamedTuple):
     outputs: tuple[_Decl, ...]
     targets: tuple[tuple[str, int], ...]  # (target the host plans for, its largest LNC degree)
     sums: bool = False  # outputs sum over the rows (a backward): a call without rows gives zeros
+    domains: tuple[_Domain, ...] = ()  # scalars of the params the kernel's trace forms and needs defined
 
 
 _Env = dict[str, int]  # bound dims
@@ -492,6 +504,7 @@ def _door(sig: _Signature, tensors: tuple[torch.Tensor, ...], params: tuple[floa
     _check_requires(sig, env, source, zero)  # first: `K % 128` says more than a K mismatch further on
     _check_shapes(sig, tensors, env, source)
     _check_params(sig, params)
+    _check_domains(sig, params)
     lnc = _check_launch(sig, lnc, target, default_lnc)
     empty = _empty_outputs(sig, env, zero, save, tensors[0].device) if zero else None
     return tuple(t.contiguous() for t in tensors), lnc, empty
@@ -503,6 +516,10 @@ def _check_tensors(sig: _Signature, tensors: tuple[torch.Tensor, ...], cast: boo
         if not isinstance(t, torch.Tensor):
             raise TypeError(f"{sig.name}: {decl.name}: expected a torch.Tensor [{', '.join(decl.shape)}], "
                             f"got {type(t).__name__}")  # fmt: skip
+        if t.layout != torch.strided or t.is_nested:  # kernels read dense memory; .contiguous() keeps these
+            layout = "nested" if t.is_nested else str(t.layout).removeprefix("torch.")
+            raise TypeError(f"{sig.name}: {decl.name}: expected a dense (strided) tensor, got a {layout} "
+                            "one: pass .to_dense()")  # fmt: skip
         want = getattr(torch, decl.dtype)
         if cast and not t.dtype.is_floating_point:
             raise TypeError(f"{sig.name}: {decl.name}: expected a floating-point tensor (cast to {want}), "
@@ -609,12 +626,40 @@ def _check_requires(sig: _Signature, env: _Env, source: dict[str, str], zero: li
 
 
 def _check_params(sig: _Signature, params: tuple[float, ...]) -> None:
-    """Scalar params are real numbers."""
-    import numbers  # here, not from the generated module's globals, which spec names share
+    """Scalar params are real numbers within f32 range (kernels take fp32 immediates; inf, nan pass)."""
+    import math  # here, not from the generated module's globals, which spec names share
+    import numbers
 
+    largest = torch.finfo(torch.float32).max
     for name, value in zip(sig.params, params, strict=True):
         if isinstance(value, bool) or not isinstance(value, numbers.Real):
             raise TypeError(f"{sig.name}: {name}: expected a number, got {type(value).__name__} {value!r}")
+        try:
+            past = math.isfinite(float(value)) and abs(float(value)) > largest
+        except OverflowError:  # an integer too large for a float
+            past = True
+        if past:
+            raise ValueError(f"{sig.name}: {name}: {value!r} is outside the f32 range of the spec's params "
+                             f"(|{name}| <= {largest:.8g}); pass inf for an infinite value")  # fmt: skip
+
+
+def _check_domains(sig: _Signature, params: tuple[float, ...]) -> None:
+    """Each scalar the kernel forms from the params when traced is defined there (NKI traces Python floats:
+    `1.0 / 0.0` or `0.0 ** -0.5` raise, a negative `** 0.5` is complex), inner ones first; nan passes."""
+    values = tuple(float(p) for p in params)
+    for dom in sig.domains:
+        try:
+            value = dom.value(values)
+        except ArithmeticError as err:
+            raise ValueError(f"{sig.name}: {dom.text} (spec line {dom.line}) cannot be formed from "
+                             f"{_listed(sig, values)}: {err}") from None  # fmt: skip
+        if value == 0 if dom.need == "!= 0" else value <= 0 if dom.need == "> 0" else value < 0:
+            raise ValueError(f"{sig.name}: the kernel needs {dom.text} {dom.need} (spec line {dom.line}), "
+                             f"got {value!r} from {_listed(sig, values)}")  # fmt: skip
+
+
+def _listed(sig: _Signature, values: tuple[float, ...]) -> str:
+    return ", ".join(f"{name}={value!r}" for name, value in zip(sig.params, values, strict=True))
 
 
 def _check_launch(sig: _Signature, lnc: int | None, target: str | None, default_lnc: int) -> int | None:
@@ -629,6 +674,9 @@ def _check_launch(sig: _Signature, lnc: int | None, target: str | None, default_
         raise ValueError(f"{sig.name}: target={target!r} is not a target it plans for; known targets: "
                          f"{', '.join(degrees)}")  # fmt: skip
     if lnc is None:
+        if default_lnc < 1:  # the host's default, from NEURON_LOGICAL_NC_CONFIG when set
+            raise ValueError(f"{sig.name}: the default LNC {default_lnc} (NEURON_LOGICAL_NC_CONFIG) is not a "
+                             "degree: set it to 1 or 2, or pass lnc=")  # fmt: skip
         return min(default_lnc, degrees[target])
     if isinstance(lnc, bool) or not isinstance(lnc, numbers.Integral):
         raise TypeError(f"{sig.name}: lnc: expected an int, got {type(lnc).__name__} {lnc!r}")

@@ -51,6 +51,34 @@ def test_usage_errors_exit_2_with_a_message(
     assert message in err and "Traceback" not in err
 
 
+@pytest.mark.parametrize("command", ["check", "explain", "bench"])
+@pytest.mark.parametrize("rows", ["0", "2147483648"])
+def test_a_shape_dim_outside_1_to_2_31_is_a_spec_error(
+    command: str, rows: str, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """T=0 reached the planner's report (ZeroDivisionError, exit 3); a huge T the allocator."""
+    assert main([command, "--shape", f"T={rows}", "H=128", LAYERNORM]) == 2
+    err = capsys.readouterr().err
+    assert f"error: --shape gives T={rows}: a dim must be a positive integer" in err
+    assert "Traceback" not in err
+
+
+def test_unwritable_output_paths_are_usage_errors(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    """An --out that is a file, or cannot be made, and an --trace / --svg that cannot be written, name the
+    path (each was an OSError traceback and exit 3); nothing else is written."""
+    taken = tmp_path / "taken"
+    taken.write_text("")
+    assert main(["build", "--out", str(taken), LAYERNORM]) == 2
+    assert f"--out {taken} is a file, not a folder" in capsys.readouterr().err
+    assert main(["build", "--out", str(taken / "sub"), LAYERNORM]) == 2
+    assert f"cannot create the output folder --out {taken / 'sub'}" in capsys.readouterr().err
+    for flag in ("--trace", "--svg"):
+        assert main(["explain", "--shape", *SMALL, flag, str(tmp_path), LAYERNORM]) == 2
+        err = capsys.readouterr().err
+        assert f"fusegen explain: error: cannot write {tmp_path}: Is a directory" in err, err
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["taken"]
+
+
 @pytest.mark.parametrize(
     "argv", [["check", "--out", "x", LAYERNORM], ["check", "--target", "trn3", LAYERNORM], ["frobnicate"]]
 )

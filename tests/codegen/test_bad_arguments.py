@@ -121,8 +121,16 @@ CASES = [
     Bad("row x rank", host(ROW, {0: t(3, 1, 128)}), ValueError, "x: expected 2 dims [T, H], got 3"),
     Bad("row require H % 128", host(ROW, {0: t(3, 200), 1: t(3, 200), 2: t(200)}), ValueError,
         "requires H % 128 == 0, got H=200 (from x)"),
+    Bad("row sparse x", host(ROW, {0: t(3, 128).to_sparse()}), TypeError,
+        "add_rmsnorm: x: expected a dense (strided) tensor, got a sparse_coo one: pass .to_dense()"),
+    Bad("row op sparse r", call_op(ROW, {1: t(3, 128).to_sparse()}), TypeError,
+        "fusegen::add_rmsnorm: r: expected a dense (strided) tensor, got a sparse_coo one"),
     Bad("row eps text", host(ROW, eps="1e-6"), TypeError, "eps: expected a number, got str '1e-6'"),
     Bad("row eps bool", host(ROW, eps=True), TypeError, "eps: expected a number, got bool"),
+    Bad("row eps past f32", host(ROW, eps=1e300), ValueError,
+        "add_rmsnorm: eps: 1e+300 is outside the f32 range of the spec's params"),
+    Bad("row op eps past f32", lambda: op(ROW)(*_args(ROW), 3.5e38), ValueError,  # type: ignore[operator]
+        "fusegen::add_rmsnorm: eps: 3.5e+38 is outside the f32 range"),
     Bad("row mixed devices", host(ROW, {1: t(3, 128, device="meta")}), ValueError,
         "r is on meta but x on cpu"),
     Bad("row default lnc on trn1 ok, lnc 2 not", host(ROW, target="trn1", lnc=2), ValueError,
@@ -134,6 +142,8 @@ CASES = [
         "x: expected dtype torch.bfloat16, got torch.float16"),
     Bad("softmax scale", host("scaled_softmax", scale=None), TypeError,
         "scale: expected a number, got NoneType"),
+    Bad("softmax scale, an int past f32 and float", host("scaled_softmax", scale=10**400), ValueError,
+        "scale: 1000000000"),
     Bad("qk require D % 32", host(QK, {0: t(3, 3, 48), 1: t(48)}), ValueError,
         "requires D % 32 == 0, got D=48 (from q)"),
     Bad("qk w length", host(QK, {1: t(64)}), ValueError, "w: expected [D=32] (D from q), got [64]"),
@@ -148,6 +158,7 @@ CASES = [
     Bad("engram x dtype", host(ENGRAM, {0: t(3, 3, 128, dtype=F32)}), TypeError,
         "x: expected dtype torch.bfloat16"),
     Bad("engram clamp", host(ENGRAM, clamp="small"), TypeError, "clamp: expected a number, got str"),
+    Bad("engram clamp past f32", host(ENGRAM, clamp=-1e39), ValueError, "clamp: -1e+39 is outside the f32"),
     Bad("engram save, bad target", host(ENGRAM, save=True, target="inf2"), ValueError, "target='inf2'"),
     Bad("engram op kv", call_op(ENGRAM, {1: t(3, 3, 128)}), ValueError, "fusegen::engram_gate: kv: expected"),
     Bad("engram fused_weight w_e", fused(ENGRAM, [t(3, 128), t(2, 128)]), ValueError,
@@ -240,3 +251,13 @@ def test_default_lnc_follows_the_target(target: str, grid: int, monkeypatch: pyt
     monkeypatch.setattr(module, "_LNC", 2)
     module.add_rmsnorm(*_args(ROW), target=target)
     assert module.add_rmsnorm_kernel.last_run.stats["grid"] == grid
+
+
+@pytest.mark.parametrize("default", [0, -1])
+def test_a_default_lnc_that_is_no_degree_is_named(default: int, monkeypatch: pytest.MonkeyPatch) -> None:
+    """NEURON_LOGICAL_NC_CONFIG=0 reached the launch as a grid of 0 (a SimError traceback from launch)."""
+    module = kernel(ROW)
+    monkeypatch.setattr(module, "_LNC", default)
+    with pytest.raises(ValueError, match=re.escape(f"the default LNC {default} (NEURON_LOGICAL_NC_CONFIG)")):
+        module.add_rmsnorm(*_args(ROW))
+    module.add_rmsnorm(*_args(ROW), lnc=1)  # an explicit lnc needs no default

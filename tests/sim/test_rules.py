@@ -125,6 +125,16 @@ def wide_vector_copy(x):
     nisa.tensor_copy(dst=_dst((1, 65537), BF16), src=src)  # <-engine-free-size
 
 
+def six_dim_view(x):
+    t = _dst((128, 2, 2, 2, 2, 2))  # allocating is fine: an instruction's operand is a view
+    nisa.dma_copy(dst=t.reshape((128, 32)), src=x)  # DMA views of 2 dims
+    nisa.tensor_copy(dst=_dst((128, 32)), src=t)  # <-view-dims
+
+
+def five_dim_iota():
+    nisa.iota(dst=_dst((128, 32), I32), pattern=[[1, 2], [2, 2], [4, 2], [8, 2], [16, 2]])  # <-iota-view-dims
+
+
 def misaligned_partitions():
     t = _tile((128, 8))
     nisa.tensor_copy(dst=t[33:66, :], src=t[0:33, :])  # <-start-partition
@@ -243,6 +253,7 @@ CASES = {
     "gpsimd-no-psum": (power_reads_psum, "<-gpsimd-no-psum", "trn2", ()),
     "engine-free-size": (wide_vector_copy, "<-engine-free-size", "trn2", (torch.zeros(1, 65537).bfloat16(),)),
     "start-partition": (misaligned_partitions, "<-start-partition", "trn2", ()),
+    "view-dims": (six_dim_view, "<-view-dims", "trn2", (torch.ones(128, 32),)),
     "dma-transpose-dge-mode": (transpose(dge=nisa.dge_mode.swdge), "<-dma-transpose", "trn2", ()),
     "dma-transpose-2byte": (transpose(F32), "<-dma-transpose", "trn2", ()),
     "dma-transpose-hwdge-shape": (transpose(dge=nisa.dge_mode.hwdge), "<-dma-transpose", "trn2", ()),
@@ -342,10 +353,18 @@ def test_seed_style_transposes_and_legal_engines_pass():
         nisa.tensor_copy(dst=t[64:128, :], src=t[0:64, :])
         transpose(shape=(16, 128), dge=nisa.dge_mode.hwdge)()
         transpose(shape=(128, 96))()
+        nisa.tensor_copy(dst=_dst((128, 2, 2, 2, 2)), src=_tile((128, 2, 2, 2, 2)))  # 5-D views
+        nisa.iota(dst=_dst((128, 16), I32), pattern=[[1, 2], [2, 2], [4, 2], [8, 2]])
 
     with warnings.catch_warnings():
         warnings.simplefilter("error")
         sim.run(kernel, rules="error")
+
+
+def test_an_iota_pattern_past_4d_breaks_view_dims():
+    with pytest.raises(sim.InvalidArgumentError, match=r"\[view-dims\] pattern has 5") as info:
+        sim.run(five_dim_iota, rules="error")
+    assert_located(info.value, __file__, "<-iota-view-dims")
 
 
 def test_docs_list_every_rule_with_its_source():

@@ -177,3 +177,30 @@ def test_derivative_activations_of_the_table_match_autograd(name, fn):
     x = torch.linspace(-4, 4, 128 * 8).reshape(128, 8).requires_grad_(True)
     (grad,) = torch.autograd.grad(fn(x).sum(), x)
     torch.testing.assert_close(derivative_kernel(x.detach(), getattr(nl, name)), grad)
+
+
+@pytest.mark.parametrize("name", ["tensor_tensor_scan", "affine_select", "range_select", "register_alloc"])
+def test_unmodelled_instructions_of_the_stub_are_unsupported_at_the_kernel_line(name):
+    """docs/sim.md: instructions of AWS's stub it does not model raise UnsupportedError (an AttributeError,
+    before, named no kernel line); a name the stub lacks stays an AttributeError."""
+
+    def kernel(x):
+        getattr(nisa, name)(dst=_load(x), data=_load(x))  # <-unmodelled
+
+    with pytest.raises(sim.UnsupportedError, match=f"{name}: not modelled") as info:
+        sim.run(kernel, torch.ones(2, 4), rules="error")
+    assert "<-unmodelled" in open(__file__).read().splitlines()[int(str(info.value).split(":")[1]) - 1]
+    with pytest.raises(AttributeError):
+        nisa.tensor_tensor_scam  # noqa: B018
+
+
+@pytest.mark.parametrize("name", ["load", "dynamic_range", "softmax"])
+def test_unmodelled_language_functions_are_unsupported_at_the_kernel_line(name):
+    """`nl.load`, `nl.dynamic_range` (docs/sim.md names them unmodelled) were AttributeErrors."""
+
+    def kernel(x):
+        getattr(nl, name)(x)  # <-unmodelled-nl
+
+    with pytest.raises(sim.UnsupportedError, match=f"{name}: not modelled") as info:
+        sim.run(kernel, torch.ones(2, 4), rules="error")
+    assert "<-unmodelled-nl" in open(__file__).read().splitlines()[int(str(info.value).split(":")[1]) - 1]

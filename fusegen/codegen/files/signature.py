@@ -7,12 +7,12 @@ from the IR (inputs, dims, `require` lines, params, outputs) and the targets the
 
 from __future__ import annotations
 
-from collections.abc import Iterable, Sequence
+from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass
 
 from fusegen.codegen.files import argcheck as argcheck
 from fusegen.codegen.files.render import vendored
-from fusegen.dsl.ir import Constraint, KernelIR, Shape
+from fusegen.dsl.ir import Constraint, KernelIR, Node, Shape
 from fusegen.sim.targets import TARGETS
 
 #: IR dtype -> torch dtype attribute
@@ -58,6 +58,9 @@ def signature(name: str, ir: KernelIR, outputs: Iterable[Returned], targets: Ite
     ]
     if sums:
         lines.append("    sums=True,")
+    domains = _domains(ir)
+    if domains:
+        lines.append(_block("domains", domains))
     return "_Signature(\n" + "\n".join(lines) + "\n)"
 
 
@@ -99,3 +102,62 @@ def _block(field: str, items: list[str]) -> str:
     if not items:
         return f"    {field}=(),"
     return f"    {field}=(\n" + "".join(f"        {item},\n" for item in items) + "    ),"
+
+
+#: scalar ops of params, as Python over `p` (the params as floats, in order) the way the kernel's trace forms
+#: them (codegen/stage.py's scalar code)
+_SCALAR_CODE = {
+    "add": "({} + {})", "sub": "({} - {})", "mul": "({} * {})", "div": "({} / {})", "neg": "(-{})",
+    "maximum": "max({}, {})", "minimum": "min({}, {})", "abs": "abs({})", "square": "({} ** 2)",
+    "sqrt": "({} ** 0.5)", "rsqrt": "({} ** -0.5)", "cast": "{}",
+}  # fmt: skip
+
+
+def _domains(ir: KernelIR) -> list[str]:
+    """`_Domain` literals: every divisor, rsqrt / sqrt operand and power base that is a scalar of the params
+    alone (the kernel forms it in Python when traced, where 0 or a negative has no value), in IR order."""
+    params = {p.name: i for i, p in enumerate(ir.params)}
+    found = []
+    for node in ir.nodes:
+        need = _need(node)
+        if need is None:
+            continue
+        operand = ir.node(node.args[1] if node.op == "div" else node.args[0])
+        code = _scalar(ir, operand, lambda name: f"p[{params[name]}]")
+        if code is not None and "p[" in code:
+            text = _scalar(ir, operand, str)
+            found.append(f"_Domain({text!r}, {need!r}, {node.span.line}, lambda p: {code})")
+    return found
+
+
+def _need(node: Node) -> str | None:
+    """What the operand of `node` must be for Python to form it: a divisor nonzero, an rsqrt or negative
+    power's base positive, a sqrt or fractional power's base non-negative; None for other ops."""
+    if node.op == "div":
+        return "!= 0"
+    if node.op in ("rsqrt", "sqrt"):
+        return "> 0" if node.op == "rsqrt" else ">= 0"
+    if node.op == "pow":
+        exponent = float(node.attr("exponent"))  # type: ignore[arg-type]
+        if exponent < 0:
+            return "> 0" if not exponent.is_integer() else "!= 0"
+        return ">= 0" if not exponent.is_integer() else None
+    return None
+
+
+def _scalar(ir: KernelIR, node: Node, param: Callable[[str], str]) -> str | None:
+    """`node` as Python over the params (`param(name)` spells one), or None when it is not a scalar of params
+    and constants alone (a dim, a tensor, an op the kernel does not form in Python)."""
+    if node.shape != ():
+        return None
+    if node.op == "param":
+        return param(str(node.name))
+    if node.op == "const":
+        return repr(float(node.attr("value")))  # type: ignore[arg-type]
+    args = [_scalar(ir, a, param) for a in ir.operands(node)]
+    if any(a is None for a in args):
+        return None
+    if node.op == "pow":
+        return f"({args[0]} ** {float(node.attr('exponent'))!r})"  # type: ignore[arg-type]
+    form = _SCALAR_CODE.get(node.op)
+    return form.format(*args) if form is not None else None

@@ -1,0 +1,94 @@
+"""Scalars the kernel forms from its params when NKI traces it (`1.0 / p`, `q ** -0.5`, `(q - p) ** 0.5`) are
+Python floats there: a param that makes one undefined (a zero divisor, rsqrt of 0, sqrt of a negative) is a
+ValueError from the host naming the spec's expression and line, before any launch (it was a
+ZeroDivisionError, or a complex `scale`, from inside the kernel's trace)."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+import torch
+
+from fusegen.cli import main
+from fusegen.codegen.files.ops import load_ops
+from fusegen.sim import load_module
+
+ROW = """kernel scaled_row
+dim T, H
+input x: bf16[T, H]
+param p = 2.0
+param q = 4.0
+output y: f32[T, H]
+y = x / p * rsqrt(q) * sqrt(q - p)
+check T=4 H=128
+"""
+
+FFN = """kernel scaled_ffn
+dim R, K, I
+require K % 128 == 0
+input x: bf16[R, K]
+input w1t: bf16[K, I]
+input w2t: bf16[I, K]
+param t = 1.0
+output y: f32[R, K]
+y = bf16(relu(x @ w1t) / t) @ w2t
+check R=3 K=128 I=64
+"""
+
+
+def _build(tmp_path: Path, text: str) -> Path:
+    name = text.split()[1]
+    spec = tmp_path / f"{name}.spec"
+    spec.write_text(text)
+    assert main(["build", "--out", str(tmp_path / "out"), str(spec)]) == 0
+    return tmp_path / "out" / name
+
+
+@pytest.fixture(scope="module")
+def row(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    return _build(tmp_path_factory.mktemp("row"), ROW)
+
+
+def test_defined_params_run_as_the_math_says(row: Path) -> None:
+    x = torch.randn(4, 128).bfloat16()
+    y = load_module(row / "kernel.py", target="trn2").scaled_row(x, p=0.5, q=4.0)
+    torch.testing.assert_close(y, x.float() / 0.5 * 4.0**-0.5 * 3.5**0.5, rtol=1e-5, atol=1e-5)
+
+
+@pytest.mark.parametrize(("params", "says"), [
+    ({"p": 0.0}, "scaled_row: the kernel needs p != 0 (spec line 7), got 0.0 from p=0.0, q=4.0"),
+    ({"q": 0.0}, "the kernel needs q > 0 (spec line 7), got 0.0"),
+    ({"q": -1.0}, "the kernel needs q > 0 (spec line 7), got -1.0"),
+    ({"p": 5.0}, "the kernel needs (q - p) >= 0 (spec line 7), got -1.0 from p=5.0, q=4.0"),
+])  # fmt: skip
+def test_an_undefined_trace_time_scalar_is_named(row: Path, params: dict[str, float], says: str) -> None:
+    module = load_module(row / "kernel.py", target="trn2")
+    with pytest.raises(ValueError, match=_escaped(says)):
+        module.scaled_row(torch.randn(4, 128).bfloat16(), **params)
+
+
+def test_nan_params_pass_as_in_torch(row: Path) -> None:
+    """nan compares false with everything, so no check refuses it; the kernel gives nan like the math."""
+    module = load_module(row / "kernel.py", target="trn2")
+    y = module.scaled_row(torch.randn(4, 128).bfloat16(), q=float("nan"))
+    assert y.isnan().all()
+
+
+def test_the_op_checks_the_same(row: Path) -> None:
+    load_ops(row)
+    with pytest.raises(ValueError, match=_escaped("fusegen::scaled_row: the kernel needs p != 0")):
+        torch.ops.fusegen.scaled_row(torch.randn(4, 128), 0.0, 4.0)
+
+
+def test_an_ffn_divisor(tmp_path: Path) -> None:
+    module = load_module(_build(tmp_path, FFN) / "kernel.py", target="trn2")
+    x, w1t, w2t = (torch.randn(*shape).bfloat16() for shape in ((3, 128), (128, 64), (64, 128)))
+    with pytest.raises(ValueError, match=_escaped("scaled_ffn: the kernel needs t != 0 (spec line 9)")):
+        module.scaled_ffn(x, w1t, w2t, t=0.0)
+
+
+def _escaped(text: str) -> str:
+    import re
+
+    return re.escape(text)
