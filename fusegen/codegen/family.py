@@ -4,10 +4,13 @@ from __future__ import annotations
 
 from collections.abc import Iterable
 from dataclasses import dataclass
-from typing import Any, Protocol
+from typing import TYPE_CHECKING, Any, Protocol
 
 from fusegen.dsl.diagnostics import Diagnostic, Span, SpecError
 from fusegen.dsl.ir import BINARY_OPS, COMPARE_OPS, UNARY_OPS, KernelIR, Node, Shape, shape_str
+
+if TYPE_CHECKING:  # the planners import the families' helpers
+    from fusegen.codegen.plan import TilePlan
 
 #: Ops every family treats as elementwise (comparisons give 1.0 / 0.0, `where` selects by them: stage.py),
 #: and the trace-time scalars.
@@ -44,6 +47,11 @@ class Family(Protocol):
 
     def plans(self, ir: KernelIR, m: Any, target: str, lnc: int) -> Any:
         """One TilePlan per check shape (raises PlanError)."""
+
+    def candidates(self, ir: KernelIR, m: Any, dims: dict[str, int], target: str, lnc: int,
+                   count: int) -> list[TilePlan]:  # fmt: skip
+        """The planner's `count` best plans at `dims`, best first; [] for a planner without a search (raises
+        PlanError)."""
 
     def kernel_source(self, ir: KernelIR, m: Any, target: str, lnc: int) -> str:
         """kernel.py."""

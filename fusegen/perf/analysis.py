@@ -14,7 +14,6 @@ from typing import Any
 import torch
 
 from fusegen import sim
-from fusegen.codegen import plan as planner
 from fusegen.codegen.build import BuildOptions, build_spec, select_family
 from fusegen.codegen.family import Family
 from fusegen.codegen.files.tests import test_case
@@ -116,8 +115,7 @@ def analyse(spec: str, dims: dict[str, int], target: str, lnc: int, alternatives
     family, ir, match = _family(spec)
     plan, plan_note = _plan_at(family, ir, match, dims, target, lnc)
     host = getattr(kernels, built.name)
-    ffn = family.name == "ffn"
-    replan = _replanned(kernels, lambda: host(*args, lnc=lnc, target=target)) if ffn else None
+    replan = _replanned(kernels, lambda: host(*args, lnc=lnc, target=target))
     alts, alts_note = (
         _alternatives(family, ir, match, dims, target, lnc, plan, found, replan) if alternatives else ((), "")
     )
@@ -149,17 +147,21 @@ def _plan_at(family: Family, ir: KernelIR, match: Any, dims: dict[str, int], tar
 
 def _alternatives(
     family: Family, ir: KernelIR, match: Any, dims: dict[str, int], target: str, lnc: int,
-    chosen: TilePlan | None, found: list[Launch], replan: Callable[[TilePlan], RunResult] | None = None,
+    chosen: TilePlan | None, found: list[Launch], replan: Callable[[TilePlan], RunResult],
 ) -> tuple[tuple[Alternative, ...], str]:  # fmt: skip
-    """The planner's runner-up plans, each also run on the interpreter when its tiles are the launch's
-    (through the host function, `replan`, where its arguments depend on the plan)."""
+    """The planner's runner-up plans, each also run on the interpreter (through the host function, which
+    lays its arguments out for the plan) when the one launch it made ends with the chosen plan's tiles."""
     ranked = _candidates(family, ir, match, dims, target, lnc)
     if not ranked or chosen is None:
-        return (), f"the {family.name} planner offers no alternative plans (no candidates() for it)"
-    runnable = len(found) == 1 and _tile_args(found[0], chosen) is not None
+        return (), f"the {family.name} planner offers no alternative plans (it does not rank plans)"
+    runnable = len(found) == 1 and _tile_args(found[0], chosen)
+    tgt = sim.get_target(target)
     alts = []
     for plan in ranked[: ALTERNATIVES + 1]:
-        trace_ns = _rerun(found[0], chosen, plan, target, replan) if runnable else None
+        trace_ns = None
+        if runnable:
+            ran = found[0].result if plan.tiles == chosen.tiles else replan(plan)
+            trace_ns = schedule(ran.trace, tgt).time_ns
         alts.append(Alternative(plan, trace_ns))
     note = (
         "" if runnable else "runner-ups were not run: the launch's arguments do not end with the plan's tiles"
@@ -169,61 +171,25 @@ def _alternatives(
 
 def _candidates(family: Family, ir: KernelIR, match: Any, dims: dict[str, int], target: str,
                 lnc: int) -> list[TilePlan]:  # fmt: skip
-    """The planner's candidates for the FFN and projection families (the ones with a search), else nothing."""
-    if family.name == "proj":
-        return _proj_candidates(ir, match, {**ir.fixed_dims(), **dims}, target, lnc)
-    if family.name != "ffn" or not hasattr(planner, "candidates"):
-        return []
-    from fusegen.codegen.ffn.lower import lower_ffn
-
-    roles = (str(match.rows), str(match.hidden), str(match.inter))
-    env = {**ir.fixed_dims(), **dims}
+    """The planner's best plans at `dims` (none for a family without a search, or where nothing fits)."""
     try:
-        return list(planner.candidates(lower_ffn(ir, match).model, sim.get_target(target), lnc, env, roles,
-                                       count=ALTERNATIVES + 1))  # fmt: skip
+        return family.candidates(ir, match, dims, target, lnc, ALTERNATIVES + 1)
     except PlanError:
         return []
 
 
-def _proj_candidates(ir: KernelIR, match: Any, env: dict[str, int], target: str, lnc: int) -> list[TilePlan]:
-    from fusegen.codegen.proj.lower import lower_proj
-    from fusegen.codegen.proj.plan import candidates
-
-    widths = tuple(pj.width for pj in match.projections)
-    model = lower_proj(ir, match).model
-    try:
-        return candidates(model, sim.get_target(target), lnc, env, match.rows, match.hidden, widths,
-                          count=ALTERNATIVES + 1)  # fmt: skip
-    except PlanError:
-        return []
-
-
-def _tile_args(launch: Launch, plan: TilePlan) -> int | None:
-    """Where the plan's tile values start in the launch's arguments, if they are its trailing ones."""
+def _tile_args(launch: Launch, plan: TilePlan) -> bool:
+    """Whether the launch's arguments end with the plan's tile values (the host's `_Plan` fields)."""
     values = tuple(v for _, v in plan.tiles)
-    start = len(launch.args) - len(values)
-    return start if start >= 0 and tuple(launch.args[start:]) == values else None
-
-
-def _rerun(launch: Launch, chosen: TilePlan, plan: TilePlan, target: str,
-           replan: Callable[[TilePlan], RunResult] | None) -> float:  # fmt: skip
-    """Modelled time of the launch re-run with another plan's tiles (the chosen one is not re-run)."""
-    tgt = sim.get_target(target)
-    if plan.tiles == chosen.tiles:
-        return schedule(launch.result.trace, tgt).time_ns
-    start = _tile_args(launch, chosen)
-    assert start is not None
-    args = (*launch.args[:start], *(v for _, v in plan.tiles))
-    progress(f"running the runner-up {tiles_text(plan)} on the interpreter")
-    result = replan(plan) if replan else sim.run(launch.kernel, *args, grid=launch.grid, target=target)
-    return schedule(result.trace, tgt).time_ns
+    return len(launch.args) >= len(values) and tuple(launch.args[len(launch.args) - len(values) :]) == values
 
 
 def _replanned(kernels: ModuleType, call: Callable[[], object]) -> Callable[[TilePlan], RunResult]:
-    """Runs of the FFN host function (`call`) with its planner's choice replaced by a plan's tiles: the host
-    lays its weights out for the plan (the column blocks' down weights depend on KC)."""
+    """Runs of the host function (`call`) with its planner's choice (`_choose`) replaced by a plan's tiles,
+    so the host lays its arguments out for that plan (the FFN column blocks' down weights depend on KC)."""
 
     def run(plan: TilePlan) -> RunResult:
+        progress(f"running the runner-up {tiles_text(plan)} on the interpreter")
         chosen = kernels._choose
         kernels._choose = lambda *_: kernels._Plan(*(v for _, v in plan.tiles))  # type: ignore[attr-defined]
         try:

@@ -4,6 +4,7 @@
 
 from __future__ import annotations
 
+import functools
 import os
 from typing import NamedTuple
 
@@ -280,6 +281,8 @@ def _smallest_need(m: _ProjModel, k: int) -> int:
     return _sbuf_bytes(m, _Plan(_P, _F_MOV, 0, 1), k)
 
 
+# the host function plans at every call: the same launch shapes are planned once
+@functools.lru_cache(maxsize=256)
 def _choose(m: _ProjModel, mach: _Machine, rows: int, k: int, widths: tuple[int, ...], lnc: int) -> _Plan:
     """The best modelled legal plan; ValueError with the numbers when none fits."""
     if lnc > mach.max_lnc:

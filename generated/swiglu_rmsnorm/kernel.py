@@ -4,6 +4,7 @@
 
 from __future__ import annotations
 
+import functools
 import os
 import weakref
 from collections.abc import Callable
@@ -861,6 +862,8 @@ def _rank_key(
     return (round(c.total, 1), round(work, 1), c.hbm_bytes, _plan_bytes(m, plan, k, i))
 
 
+# the host function plans at every call: the same launch shapes are planned once
+@functools.lru_cache(maxsize=256)
 def _choose(m: _FfnModel, mach: _Machine, rows: int, k: int, i: int, lnc: int) -> _Plan:
     """The best modelled legal plan; ValueError with the numbers when none fits."""
     if lnc > mach.max_lnc:

@@ -5,6 +5,7 @@ from __future__ import annotations
 from pathlib import Path
 
 import pytest
+import torch
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
@@ -199,3 +200,17 @@ def test_statistics_after_column_blocks_follow_the_trace_model(
     traced = schedule(getattr(module, f"{spec}_kernel").last_run.trace, get_target("trn2")).time_ns
     closed = module._cost(module._MODEL, module._MACHINES["trn2"], 512, 1024, 256, 2, plan).total
     assert 0.8 * closed <= traced <= 1.2 * closed, (traced, closed)
+
+def test_the_host_function_plans_each_launch_shape_once() -> None:
+    """The planner's search takes milliseconds (longer than the kernel itself on the device at small R): a
+    host function called again with the same shapes reuses the plan; a new shape is planned anew."""
+    module = load_module(ROOT / "generated" / "linear_gelu_bias" / "kernel.py", target="trn2")
+    module._choose.cache_clear()
+    x, w = torch.randn(128, 256).bfloat16(), (torch.randn(256, 512) / 16).bfloat16()
+    b = torch.randn(512)
+    first = module.linear_gelu_bias(x, w, b, lnc=1)
+    again = module.linear_gelu_bias(x.clone(), w.clone(), b, lnc=1)
+    assert module._choose.cache_info()[:2] == (1, 1)  # (hits, misses)
+    torch.testing.assert_close(again, first, rtol=0, atol=0)
+    module.linear_gelu_bias(x[:64], w, b, lnc=1)
+    assert module._choose.cache_info()[:2] == (1, 2)

@@ -9,6 +9,8 @@ schedule of the interpreter's trace.
 
 from __future__ import annotations
 
+import functools
+
 from fusegen.codegen.budget_base import (
     F_MOV,
     MIN_CYCLES,
@@ -335,6 +337,8 @@ def rank_key(
     return (round(c.total, 1), round(work, 1), c.hbm_bytes, plan_bytes(m, plan, k, i))
 
 
+# the host function plans at every call: the same launch shapes are planned once
+@functools.lru_cache(maxsize=256)
 def choose(m: FfnModel, mach: Machine, rows: int, k: int, i: int, lnc: int) -> Plan:
     """The best modelled legal plan; ValueError with the numbers when none fits."""
     if lnc > mach.max_lnc:

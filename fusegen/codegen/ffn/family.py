@@ -15,7 +15,8 @@ from fusegen.codegen.files.host import host_params, kernel_args, kernel_render_a
 from fusegen.codegen.files.reference import dim_bindings
 from fusegen.codegen.files.render import render
 from fusegen.codegen.files.signature import door_lines
-from fusegen.codegen.plan import TilePlan, plan_ffn
+from fusegen.codegen.plan import TilePlan
+from fusegen.codegen.plan import candidates as ffn_candidates
 from fusegen.codegen.rewrites import rewrite
 from fusegen.dsl.ir import KernelIR
 from fusegen.sim.targets import get_target
@@ -65,12 +66,14 @@ class FfnFamily:
 
     def plans(self, ir: KernelIR, m: FfnMatch, target: str, lnc: int) -> list[TilePlan]:
         """One plan per `check` shape."""
-        low = lower_ffn(ir, m)
+        return [self.candidates(ir, m, c.env(), target, lnc, 1)[0] for c in ir.checks]
+
+    def candidates(self, ir: KernelIR, m: FfnMatch, dims: dict[str, int], target: str, lnc: int,
+                   count: int) -> list[TilePlan]:  # fmt: skip
+        """The `count` best plans at `dims`, best first."""
         roles = (str(m.rows), str(m.hidden), str(m.inter))
-        return [
-            plan_ffn(low.model, get_target(target), lnc, {**ir.fixed_dims(), **c.env()}, roles)
-            for c in ir.checks
-        ]
+        model = lower_ffn(ir, m).model
+        return ffn_candidates(model, get_target(target), lnc, {**ir.fixed_dims(), **dims}, roles, count)
 
     def kernel_source(self, ir: KernelIR, m: FfnMatch, target: str, lnc: int) -> str:
         """kernel.py: the NKI kernel, its vendored planner, the host function."""

@@ -7,6 +7,7 @@ runtime shapes with exactly the model the compiler used. Costs follow the FFN mo
 
 from __future__ import annotations
 
+import functools
 from typing import NamedTuple
 
 from fusegen.codegen.budget_base import (
@@ -153,6 +154,8 @@ def smallest_need(m: ProjModel, k: int) -> int:
     return sbuf_bytes(m, Plan(P, F_MOV, 0, 1), k)
 
 
+# the host function plans at every call: the same launch shapes are planned once
+@functools.lru_cache(maxsize=256)
 def choose(m: ProjModel, mach: Machine, rows: int, k: int, widths: tuple[int, ...], lnc: int) -> Plan:
     """The best modelled legal plan; ValueError with the numbers when none fits."""
     if lnc > mach.max_lnc:

@@ -13,7 +13,7 @@ from fusegen.codegen.plan import TilePlan
 from fusegen.codegen.proj import budget as proj_budget
 from fusegen.codegen.proj.lower import lower_proj
 from fusegen.codegen.proj.match import ProjMatch, match_proj
-from fusegen.codegen.proj.plan import plan_proj
+from fusegen.codegen.proj.plan import candidates as proj_candidates
 from fusegen.codegen.stage import dim_source
 from fusegen.dsl.ir import KernelIR
 from fusegen.sim.targets import get_target
@@ -63,14 +63,15 @@ class ProjFamily:
 
     def plans(self, ir: KernelIR, m: ProjMatch, target: str, lnc: int) -> list[TilePlan]:
         """One plan per `check` shape."""
+        return [self.candidates(ir, m, c.env(), target, lnc, 1)[0] for c in ir.checks]
+
+    def candidates(self, ir: KernelIR, m: ProjMatch, dims: dict[str, int], target: str, lnc: int,
+                   count: int) -> list[TilePlan]:  # fmt: skip
+        """The `count` best plans at `dims`, best first."""
         model = lower_proj(ir, m).model
         widths = tuple(pj.width for pj in m.projections)
-        return [
-            plan_proj(
-                model, get_target(target), lnc, {**ir.fixed_dims(), **c.env()}, m.rows, m.hidden, widths
-            )
-            for c in ir.checks
-        ]
+        env = {**ir.fixed_dims(), **dims}
+        return proj_candidates(model, get_target(target), lnc, env, m.rows, m.hidden, widths, count)
 
     def kernel_source(self, ir: KernelIR, m: ProjMatch, target: str, lnc: int) -> str:
         """kernel.py: the NKI kernel, its vendored planner, the host function."""

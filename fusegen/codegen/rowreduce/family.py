@@ -104,6 +104,11 @@ class RowReduceFamily:
         return [plan_rowreduce(body, m, low, get_target(target), lnc, {**ir.fixed_dims(), **c.env()})
                 for c in ir.checks]  # fmt: skip
 
+    def candidates(self, ir: KernelIR, m: RowReduceMatch, dims: dict[str, int], target: str, lnc: int,
+                   count: int) -> list[TilePlan]:  # fmt: skip
+        """None: the row planner takes the widest chunks that fit, it does not rank plans."""
+        return []
+
     def kernel_source(self, ir: KernelIR, m: RowReduceMatch, target: str, lnc: int) -> str:
         """kernel.py: the NKI kernel and its prep kernel, the vendored planner, the host functions."""
         body, lifted = row_body(ir)
