@@ -150,5 +150,5 @@ def test_generated_planners_carry_the_shared_rule() -> None:
     source = vendored(ffn_budget)
     assert "def _dma_engine_bytes(" in source and "_dma_engine_bytes(hbm, transfers * _P" in source
     space: dict[str, object] = {}
-    exec(compile("from typing import NamedTuple\n" + source, "vendored", "exec"), space)
+    exec(compile("import functools\nfrom typing import NamedTuple\n" + source, "vendored", "exec"), space)
     assert space["_dma_engine_bytes"](128 * 1024, 128, 16) == dma_engine_bytes(128 * 1024, 128, 16)  # type: ignore[operator]
