@@ -45,16 +45,22 @@ SHAPES = {
     "llama-2048": ("swiglu_ffn", 4096, 14336, 2048, 2),
     "dsv3-expert-256": ("swiglu_fp8", 7168, 2048, 256, 2),
     "dsv3-expert-2048": ("swiglu_ffn", 7168, 2048, 2048, 2),
+    # an epilogue with row statistics (LayerNorm) after column blocks (docs/performance.md, "Row statistics
+    # after column blocks")
+    "ln-expert-2048": ("swiglu_ffn_ln", 7168, 2048, 2048, 2),
+    "ln-mixtral-2048": ("swiglu_ffn_ln", 6144, 16384, 2048, 2),
 }
 
 
 def inputs(example: str, r: int, k: int, i: int) -> list[torch.Tensor]:
-    """Random inputs of swiglu_ffn or swiglu_fp8 (weights cast to e4m3, unit scales)."""
+    """Random inputs of swiglu_ffn, swiglu_ffn_ln (and its residual) or swiglu_fp8 (weights cast to e4m3, unit
+    scales)."""
     gen = torch.Generator().manual_seed(r + k + i)
     x = (torch.randn(r, k, generator=gen) * 0.1).bfloat16()
     w = lambda *shape: (torch.randn(*shape, generator=gen) * 0.02)  # noqa: E731
-    if example == "swiglu_ffn":
-        return [x, w(k, i).bfloat16(), w(i), w(k, i).bfloat16(), w(i), w(i, k).bfloat16(), w(k)]
+    if example in ("swiglu_ffn", "swiglu_ffn_ln"):
+        ffn = [x, w(k, i).bfloat16(), w(i), w(k, i).bfloat16(), w(i), w(i, k).bfloat16(), w(k)]
+        return ffn + [torch.randn(r, k, generator=gen)] * (example == "swiglu_ffn_ln")
     fp8 = torch.float8_e4m3fn
     ones = torch.ones
     return [x, w(k, i).to(fp8), ones(i), w(i), w(k, i).to(fp8), ones(i), w(i), w(i, k).to(fp8), ones(k), w(k)]

@@ -11,10 +11,11 @@ pass needs again are recomputed from their block loads (cheap next to the projec
 from __future__ import annotations
 
 from collections.abc import Callable
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 
 from fusegen.codegen.budget_base import Stage
 from fusegen.codegen.select import Selector
+from fusegen.codegen.select_tables import CALL_COST
 from fusegen.codegen.stage import Expr, Operand
 from fusegen.dsl.ir import DTYPE_BYTES
 
@@ -60,11 +61,17 @@ class BlockLoad:
 
 @dataclass(frozen=True)
 class BlockPass:
-    """Code of one pass: once per row tile before the block loop, then per block (loads first)."""
+    """Code of one pass: once per row tile before the block loop, then per block (loads first); its share
+    of the stage's figures (`Stage.act`, `dve`, the SBUF bytes of its block, its running columns)."""
 
     before: tuple[str, ...]
     loads: tuple[BlockLoad, ...]
     lines: tuple[str, ...]
+    act: int = 0
+    dve: int = 0
+    block_bytes: int = 0
+    running: tuple[str, ...] = ()  # the [P, 1] statistics it accumulates, allocated in `before`
+    after: tuple[str, ...] = ()  # once per row tile after the block loop (the last block's deferred writes)
 
 
 @dataclass(frozen=True)
@@ -101,17 +108,52 @@ def emit_blocked(
     for level in range(1, max((depth[id(r)] for r in reductions), default=0) + 1):
         stats = [r for r in reductions if depth[id(r)] == level]
         in_place = (spine, accumulator) if level == 1 and spine is not None else None
-        passes.append(_statistics_pass(sel, stats, loads, level, in_place))
+        calls = len(sel.calls)
+        passes.append(_engines(sel, calls, _statistics_pass(sel, stats, loads, level, in_place)))
         col_ops += len(stats)
     sel.forget_tiles()
+    calls = len(sel.calls)
     before = _hoist(sel, roots)
     needed = _needed(roots, sel, loads)
     mark = len(sel.lines)
     last = finish(sel)
     lines = tuple(sel.lines[mark:]) + tuple(last)
     del sel.lines[mark:]
-    passes.append(BlockPass(before, needed, lines))
-    return BlockedStage(tuple(passes), _count(sel, tuple(passes), col_ops, writes))
+    passes.append(_engines(sel, calls, BlockPass(before, needed, lines)))
+    sized = _sized(sel, passes)
+    return BlockedStage(sized, _count(sel, sized, col_ops, writes))
+
+
+def _engines(sel: BlockSelector, start: int, ps: BlockPass) -> BlockPass:
+    """`ps` with its full-width instructions' weighted counts (those `sel` emitted since call `start`)."""
+    counts = {"act": 0, "dve": 0}
+    for call, kind in sel.calls[start:]:
+        engine, passes = CALL_COST[call]
+        if kind == "tile" and engine in counts:
+            counts[engine] += passes
+    return replace(ps, act=counts["act"], dve=counts["dve"])
+
+
+def fold_first(stage: BlockedStage) -> tuple[BlockPass, BlockedStage] | None:
+    """The stage's first statistics pass apart, when it reads nothing but its `accumulator` leaf's block
+    (`acc_blk`) and sets up nothing but its running columns, so another loop producing that block (the
+    column-blocked eviction) can accumulate it; and the stage without it, its figures less the pass's.
+    None when the stage has no such pass."""
+    first = stage.passes[0]
+    if len(stage.passes) < 2 or [ld.tile for ld in first.loads] != ["acc_blk"]:
+        return None
+    if len(first.before) != 2 * len(first.running):  # hoisted [P, 1] work besides the running columns
+        return None
+    st = stage.model
+    rest = st._replace(
+        sweeps=st.sweeps - 1,
+        act=st.act - first.act,
+        dve=st.dve - first.dve,
+        col_ops=st.col_ops - len(first.running),
+        read_bytes=st.read_bytes - sum(ld.nbytes for ld in first.loads),
+        loads=st.loads - len(first.loads),
+    )
+    return first, BlockedStage(stage.passes[1:], rest)
 
 
 def _levels(e: Expr, depth: dict[int, int], order: list[Expr]) -> int:
@@ -197,7 +239,7 @@ def _statistics_pass(
 ) -> BlockPass:
     sel.forget_tiles()
     before = list(_hoist(sel, stats))
-    running = []
+    running, names = [], []
     for n, stat in enumerate(stats):
         name = f"{sel.prefix}s{level}_{n}"
         init, _ = RUNNING[stat.op]
@@ -206,6 +248,7 @@ def _statistics_pass(
             f"nisa.memset(dst={name}[0:pr, 0:1], value={init})",
         ]
         running.append(Operand("vec", f"{name}[0:pr, 0:1]"))
+        names.append(name)
     needed = _needed(stats, sel, loads)
     mark = len(sel.lines)
     if in_place is not None:
@@ -217,7 +260,7 @@ def _statistics_pass(
         op = RUNNING[stat.op][1]
         lines.append(f"nisa.tensor_tensor(dst={total.code}, data1={total.code}, data2={part.code}, op={op})")
         sel.hold(stat, total)
-    return BlockPass(tuple(before), needed, tuple(lines))
+    return BlockPass(tuple(before), needed, tuple(lines), running=tuple(names))
 
 
 def _hoist(sel: BlockSelector, roots: list[Expr]) -> tuple[str, ...]:
@@ -269,16 +312,21 @@ def _needed(roots: list[Expr], sel: BlockSelector, loads: dict[str, BlockLoad]) 
     return tuple(found[n] for n in sorted(found))
 
 
-def _count(sel: BlockSelector, passes: tuple[BlockPass, ...], col_ops: int, writes: int) -> Stage:
-    """The stage's figures for the budget model, from the code emitted."""
+def _sized(sel: BlockSelector, passes: list[BlockPass]) -> tuple[BlockPass, ...]:
+    """Each pass with the bytes per block column of its temporaries and block loads."""
     dtypes = {name: DTYPE_BYTES[dtype] for name, kind, dtype in sel.tiles if kind == "tile"}
-    cols = sum(1 for _, kind, _ in sel.tiles if kind == "vec") + col_ops
-    widest = 0
+    sized = []
     for ps in passes:
         made = {line.split(" = nl.ndarray")[0] for line in ps.lines if " = nl.ndarray((_P, kb)" in line}
-        widest = max(widest, sum(dtypes.get(t, 4) for t in made) + 4 * len(ps.loads))
+        sized.append(replace(ps, block_bytes=sum(dtypes.get(t, 4) for t in made) + 4 * len(ps.loads)))
+    return tuple(sized)
+
+
+def _count(sel: BlockSelector, passes: tuple[BlockPass, ...], col_ops: int, writes: int) -> Stage:
+    """The stage's figures for the budget model, from the code emitted."""
+    cols = sum(1 for _, kind, _ in sel.tiles if kind == "vec") + col_ops
     return Stage(
-        block_bytes=widest,
+        block_bytes=max(ps.block_bytes for ps in passes),
         cols=cols,
         sweeps=len(passes),
         act=sel.passes("act"),

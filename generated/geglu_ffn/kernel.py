@@ -171,7 +171,7 @@ class _FfnModel(NamedTuple):
 
     n_up: int  # up projections: 1 plain MLP, 2 gated
     x_bytes: int  # bytes per element of x and of the combine's output h (the down-projection's stationary)
-    mid_tiles: int  # f32 [P, F_MOV] temporaries of the combine, per intermediate tile
+    mid_tiles: int  # f32 [P, fw] temporaries of the combine, per intermediate tile (`slice_width`)
     col_vectors: int  # [I] inputs held as [P, n_h] f32 columns
     out_bytes: int  # bytes per row element written, over all outputs
     mid_act: int  # Scalar-engine passes of the combine, per intermediate tile
@@ -185,6 +185,8 @@ class _FfnModel(NamedTuple):
     up_bytes: int = 2  # bytes per element of the up-projection weights (1: fp8)
     down_bytes: int = 2  # bytes per element of the down-projection weight (1: fp8)
     halves: int = 0  # 1: the epilogue runs a block at a time (no row statistics), so K can split (k_halves)
+    folded: int = 0  # [P, 1] statistics per row tile the column blocks' evictions accumulate (a first pass)
+    evict_rows: int = 0  # [R, K] inputs the eviction loads (its [K] rows: `evict.bcast`)
 
 
 class _Plan(NamedTuple):
@@ -232,13 +234,13 @@ def _buffers(
     K-tiles per up-weight DMA, work split `split` and h^T held (`ht`)."""
     n_k, n_h, n_hc, x = _cdiv(k, _P), _cdiv(i, _P), _chunk_tiles(ci, i, split), m.x_bytes
     epi = m.epi_cols if kc else m.epi
-    combine = _Buffer("combine output (down-proj stationary)", n_hc * _F_MOV * x, 1)
+    combine = _Buffer("combine output (down-proj stationary)", n_hc * _slice_width(s) * x, 1)
     common = [
         _Buffer("x^T, K on partitions", n_k * s * m.x_bytes, 1),
         _Buffer("x row block, staged for the PE transpose", _x_staged(m, k, ht) * m.x_bytes, 2),
         _up_weights(m, s, ci, k, g),
         _held_h(m, s, i) if kc and ht else combine,
-        _Buffer("combine temporaries", m.mid_tiles * _F_MOV * 4, 2),
+        _Buffer("combine temporaries", m.mid_tiles * _slice_width(s) * 4, 2),
         _Buffer("prologue block (one K-block's loads and temporaries)", m.pro.block_bytes * min(_F_MOV, k), 2),
         _Buffer("epilogue block (one K-block's loads and temporaries)", epi.block_bytes * min(_F_MOV, k), 2),
         _Buffer("row statistics columns", (epi.cols + m.pro.cols) * 4, 2),
@@ -246,11 +248,16 @@ def _buffers(
     ]
     if kc:
         down_tiles = _down_group(kc, i, m.down_bytes, ht) * kc * m.down_bytes
+        n_in = m.evict_rows + m.evict.bcast  # [P, F_MOV] f32 tiles an eviction piece loads
+        evict_in = _cdiv(kc, _F_MOV) * (_cdiv(s, _P) * m.evict_rows + m.evict.bcast)  # [K] rows: once per piece
         return [
             *common,
             _Buffer("down-projection weight tiles (a group of I-tiles, one column block)", down_tiles, 2),
             _Buffer("h^T read back (a group of I-tiles)", 0 if ht else _h_group(s, i, x) * s * x, 2),
-            _Buffer("PSUM eviction block (its loads and temporaries)", m.evict.block_bytes * min(_F_MOV, k), 2),
+            _Buffer("PSUM eviction temporaries", (m.evict.block_bytes - 4 * n_in) * min(_F_MOV, k), 2),
+            # a block's eviction loads go out with its own, and are read after the next block's: two blocks'
+            _Buffer("PSUM eviction loads (a block's, with its loads)", evict_in * min(_F_MOV, k) * 4, 2),
+            _Buffer("row statistics the evictions accumulate, per row tile", _cdiv(s, _P) * m.folded * 4, 1),
         ]
     _exchange = [
         _Buffer("partial sums received from the other core", _cdiv(s, _P) * _cdiv(k, _F_MOV) * _F_MOV * 4, 1),
@@ -391,16 +398,22 @@ def _up_weights(m: _FfnModel, s: int, ci: int, k: int, g: int = 0) -> _Buffer:
     """The up-projection weights in SBUF: a whole chunk loaded up front (each I-tile in groups of G
     K-tiles, padded to whole tiles by `up_layout`), or, streamed, one group of G K-tiles per projection."""
     if _streams_up(s, ci):
-        streamed = m.n_up * _group(k, g) * _P * m.up_bytes
-        return _Buffer("up-projection weight K-tile group (streamed)", streamed, 2)
+        _streamed = m.n_up * _group(k, g) * _P * m.up_bytes
+        return _Buffer("up-projection weight K-tile group (streamed)", _streamed, 2)
     n_g = _cdiv(_cdiv(k, _P), _group(k, g))
     return _Buffer("up-projection weight chunk", m.n_up * _cdiv(ci, _P) * n_g * _group(k, g) * _P * m.up_bytes, 2)
 
 
+def _slice_width(s: int) -> int:
+    """Columns of a combine tile (and its temporaries): one row slice of super-block `s`, F_MOV at most
+    (the kernel's `fw`)."""
+    return min(s, _F_MOV)
+
+
 def _held_h(m: _FfnModel, s: int, i: int) -> _Buffer:
-    """A column-blocked super-block's combine tiles held for its column blocks (HT): one [P, F_MOV] tile
+    """A column-blocked super-block's combine tiles held for its column blocks (HT): one [P, fw] tile
     per I-tile and row slice of `s` rows, all of `i`."""
-    held = _cdiv(i, _P) * _cdiv(s, _F_MOV) * _F_MOV * m.x_bytes
+    held = _cdiv(i, _P) * _cdiv(s, _F_MOV) * _slice_width(s) * m.x_bytes
     return _Buffer("combine output h^T, held for the column blocks", held, 1)
 
 
@@ -471,6 +484,16 @@ def _drain(epi: _Stage, mach: _Machine, tiles: int, k: int, overlap: float = 0.0
     return max(total / max(1, tiles), total - overlap)
 
 
+def _streamed(epi: _Stage, mach: _Machine, tiles: int, k: int) -> float:
+    """The column-blocked kernel's statistics passes over the fp32 scratch of `tiles` row tiles, after their
+    last matmul: no load waits for compute (the last pass issues each block's output writes after the next
+    block's loads, `deferred_writes`), so every pass's loads stream beside their compute: the slower side
+    plus the faster side's first block, after one fixed cost."""
+    act, dve, moved, transfers = _stage_cost(epi, tiles, k)
+    compute, dma = act / mach.act_ghz + dve / mach.dve_ghz, _dma_time(mach, moved, transfers)
+    return _pipelined(dma, compute, tiles * max(1, epi.sweeps) * _cdiv(k, _F_MOV)) + mach.dma_fixed_ns
+
+
 def _exchange(mach: _Machine, own: int, k: int) -> float:
     """The SPLIT plans' partial-sum exchange after the last chunk, in series: the other core's rows out,
     the core barrier, this core's rows in, each direction with one fixed cost (the adds ride the epilogue)."""
@@ -489,8 +512,8 @@ def _column_chain(m: _FfnModel, mach: _Machine, s_rows: int, inter: int, k: int,
     behind those loads: the blocks' weight tiles, h^T reads and eviction DMAs (all but the last block's)
     pipeline with their matmuls, the evictions beside them on the Vector engine, after one fixed cost and
     a fresh PE ramp; the last block's eviction follows the last matmul, then an epilogue with row statistics
-    runs its passes over the fp32 scratch (`drain`): the next super-block's x loads queue behind its
-    writes. With h^T held (HT) nothing is
+    runs its passes over the fp32 scratch, streamed (`streamed`): the next super-block's x loads queue
+    behind its writes. With h^T held (HT) nothing is
     written or read back: the first block's loads queue right behind the last chunk's and its matmuls
     follow the up-projection's on the PE, each I-tile's h^T long combined, so chunks and blocks are one
     pipelined stream."""
@@ -514,7 +537,7 @@ def _column_chain(m: _FfnModel, mach: _Machine, s_rows: int, inter: int, k: int,
     else:
         chunks = _pipelined(loads, mm, m.n_up * n_it) + stall + combine + writes
         body = chunks + max(_pipelined(b_loads, b_mm, n_it * _cdiv(k, plan.kc)), evicts)
-    tail = _drain(m.epi_cols, mach, _cdiv(s_rows, _P), k)  # statistics passes over the scratch, after the blocks
+    tail = _streamed(m.epi_cols, mach, _cdiv(s_rows, _P), k) if m.epi_cols.sweeps else 0.0  # after the blocks
     return _super_block_fill(m, mach, s_rows, k, plan.ht) + body + stall + evict + tail
 
 
@@ -741,8 +764,8 @@ def _filled(
     if solo[0]:  # the odd I-tile's matmuls join the last chunk's (one row slice: S <= F_MOV)
         serial += (m.n_up * n_k * max(_MIN_CYCLES, solo[0]) + _cdiv(solo[0], _P) * _cycles(k)) / mach.pe_ghz
     steps = m.n_up * (_cdiv(inter, _P) + bool(solo[0]))  # one projection's weights of one I-tile per step
-    streamed = _pipelined(loads, (pe - x_cycles) / mach.pe_ghz, steps)
-    chunks = max(streamed, serial, act / mach.act_ghz, dve / mach.dve_ghz)
+    _streamed = _pipelined(loads, (pe - x_cycles) / mach.pe_ghz, steps)
+    chunks = max(_streamed, serial, act / mach.act_ghz, dve / mach.dve_ghz)
     if _k_halves(m, s_rows, k, lnc, plan.split):  # the other half's exchange, then this core's half finished;
         # the exchange leaves before the last chunk's paired I-tiles' own-half matmuls (`down_order`): they
         # hide part of it
@@ -855,7 +878,7 @@ def _choose(m: _FfnModel, mach: _Machine, rows: int, k: int, i: int, lnc: int) -
         )
     return min(plans, key=lambda p: _rank_key(m, mach, rows, k, i, lnc, p))
 
-_MODEL = _FfnModel(n_up=2, x_bytes=2, mid_tiles=2, col_vectors=2, out_bytes=2, mid_act=1, mid_dve=2, acc_init=0, fold_bias=1, epi=_Stage(block_bytes=2, cols=0, sweeps=1, act=1, dve=0, col_ops=0, read_bytes=0, bcast=0, loads=1), pro=_Stage(block_bytes=0, cols=0, sweeps=0, act=0, dve=0, col_ops=0, read_bytes=0, bcast=0, loads=0), epi_cols=_Stage(block_bytes=0, cols=0, sweeps=0, act=0, dve=0, col_ops=0, read_bytes=0, bcast=0, loads=0), evict=_Stage(block_bytes=6, cols=0, sweeps=1, act=0, dve=2, col_ops=0, read_bytes=0, bcast=1, loads=2), up_bytes=2, down_bytes=2, halves=1)
+_MODEL = _FfnModel(n_up=2, x_bytes=2, mid_tiles=2, col_vectors=2, out_bytes=2, mid_act=1, mid_dve=2, acc_init=0, fold_bias=1, epi=_Stage(block_bytes=2, cols=0, sweeps=1, act=1, dve=0, col_ops=0, read_bytes=0, bcast=0, loads=1), pro=_Stage(block_bytes=0, cols=0, sweeps=0, act=0, dve=0, col_ops=0, read_bytes=0, bcast=0, loads=0), epi_cols=_Stage(block_bytes=0, cols=0, sweeps=0, act=0, dve=0, col_ops=0, read_bytes=0, bcast=0, loads=0), evict=_Stage(block_bytes=6, cols=0, sweeps=1, act=0, dve=2, col_ops=0, read_bytes=0, bcast=1, loads=2), up_bytes=2, down_bytes=2, halves=1, folded=0, evict_rows=0)
 #: the figures the planner's time model needs, per target (from fusegen/sim/targets.py).
 _MACHINES = {
     "trn1": _Machine(pe_ghz=2.8, act_ghz=1.4, dve_ghz=1.12, dma_gbps=272.0, dma_fixed_ns=1300.0, dma_queues=16, dma_row_bytes=2450, sbuf_budget=180224, max_lnc=1, pe_ramp_ns=0.0),
@@ -891,6 +914,7 @@ def geglu_ffn_kernel(x_hbm, w1t_hbm, _i_cols_hbm, wgt_hbm, w2t_hbm, b2_hbm, _dow
     d_R = x_hbm.shape[0]
     n_k = _cdiv(K, _P)
     kb = min(_F_MOV, K)  # width of the K-blocks the prologue and epilogue stage in SBUF
+    fw = _slice_width(S)  # width of the combine's tiles: one row slice (the held h^T tiles, HT, are S wide)
     stream_up = _streams_up(S, CI)  # up weights a K-tile group at a time, as ffn/sbuf.py's up_weights counts them
     gk = _group(K, G)
     n_g = _cdiv(n_k, gk)
@@ -1041,9 +1065,9 @@ def geglu_ffn_kernel(x_hbm, w1t_hbm, _i_cols_hbm, wgt_hbm, w2t_hbm, b2_hbm, _dow
                         wt = (kt % gk) * _P
                         nisa.nc_matmul(dst=pj1[0:ph, 0:cw], stationary=pj1_w[hl * n_g + kt // gk][0:pk, wt:wt + ph],
                                        moving=xt[kt][0:pk, q0 + ca:q0 + ca + cw], accumulate=(kt > 0))
-                    m0 = nl.ndarray((_P, _F_MOV), dtype=nl.float32, buffer=nl.sbuf)
+                    m0 = nl.ndarray((_P, fw), dtype=nl.float32, buffer=nl.sbuf)
                     nisa.activation(dst=m0[0:ph, 0:cw], op=nl.gelu_apprx_tanh, data=pj0[0:ph, 0:cw], bias=i_cols[0:ph, hg:hg + 1])
-                    m1 = nl.ndarray((_P, _F_MOV), dtype=nl.bfloat16, buffer=nl.sbuf)
+                    m1 = nl.ndarray((_P, fw), dtype=nl.bfloat16, buffer=nl.sbuf)
                     nisa.scalar_tensor_tensor(dst=m1[0:ph, 0:cw], data=pj1[0:ph, 0:cw], op0=nl.add, operand0=i_cols[0:ph, hg + 1 * _cdiv(I, _P):hg + 1 * _cdiv(I, _P) + 1], op1=nl.multiply, operand1=m0[0:ph, 0:cw])
                     g.append(m1)
                 if KC and q0 == 0:  # the previous chunk's h^T writes, queued behind all of this chunk's loads
@@ -1092,9 +1116,9 @@ def geglu_ffn_kernel(x_hbm, w1t_hbm, _i_cols_hbm, wgt_hbm, w2t_hbm, b2_hbm, _dow
                             wt = (kt % gk) * _P
                             nisa.nc_matmul(dst=pj1[0:ph, 0:cw], stationary=pj1_w[hl * n_g + kt // gk][0:pk, wt:wt + ph],
                                            moving=xt[kt][0:pk, q0 + ca:q0 + ca + cw], accumulate=(kt > 0))
-                        m0 = nl.ndarray((_P, _F_MOV), dtype=nl.float32, buffer=nl.sbuf)
+                        m0 = nl.ndarray((_P, fw), dtype=nl.float32, buffer=nl.sbuf)
                         nisa.activation(dst=m0[0:ph, 0:cw], op=nl.gelu_apprx_tanh, data=pj0[0:ph, 0:cw], bias=i_cols[0:ph, hg:hg + 1])
-                        m1 = nl.ndarray((_P, _F_MOV), dtype=nl.bfloat16, buffer=nl.sbuf)
+                        m1 = nl.ndarray((_P, fw), dtype=nl.bfloat16, buffer=nl.sbuf)
                         nisa.scalar_tensor_tensor(dst=m1[0:ph, 0:cw], data=pj1[0:ph, 0:cw], op0=nl.add, operand0=i_cols[0:ph, hg + 1 * _cdiv(I, _P):hg + 1 * _cdiv(I, _P) + 1], op1=nl.multiply, operand1=m0[0:ph, 0:cw])
                         g.append(m1)
                     # a round moves one shape both ways: the larger of the tile sent and the tile received
@@ -1215,7 +1239,7 @@ def geglu_ffn_kernel(x_hbm, w1t_hbm, _i_cols_hbm, wgt_hbm, w2t_hbm, b2_hbm, _dow
         for ph_h, h0, rw_h, h_src in h_out:
             nisa.dma_copy(dst=_h_hbm[pid, 0:ph_h, h0:h0 + rw_h], src=h_src[0:ph_h, 0:rw_h])
         h_out = []
-        blk = []  # (kc0, kw, n_kp, acc_ps) of the block whose matmuls were issued last
+        blk = []  # (kc0, kw, n_kp, acc_ps, ev_in) of the block whose matmuls were issued last
         for b in range(_cdiv(K, KC) + 1 if KC else 0):  # column blocks: all of I accumulates in PSUM
             ev = blk  # block b - 1, evicted after block b's loads and matmuls: its writes queue behind those loads
             blk = []
@@ -1227,7 +1251,18 @@ def geglu_ffn_kernel(x_hbm, w1t_hbm, _i_cols_hbm, wgt_hbm, w2t_hbm, b2_hbm, _dow
                 for j in range(n_rs * n_kp):
                     t = nl.ndarray((_P, _F_MOV), dtype=nl.float32, buffer=nl.psum)
                     acc_ps.append(t)
-                blk = [kc0, kw, n_kp, acc_ps]
+                # the eviction's loads, issued with the block's own: landed by its eviction, so its writes (and,
+                # behind them, the next blocks' weights) never wait for them
+                ev_in = []
+                for kp in range(n_kp):
+                    k0, nb = kc0 + kp * _F_MOV, min(_F_MOV, kw - kp * _F_MOV)
+                    pr = _P  # [K] rows broadcast once per piece, for every row tile
+                    b2_hbm_row = nl.ndarray((_P, kb), dtype=nl.float32, buffer=nl.sbuf)
+                    nisa.dma_copy(dst=b2_hbm_row[0:pr, 0:nb], src=b2_hbm.ap(pattern=[[0, pr], [1, nb]], offset=k0))
+                    for rs in range(n_rs):
+                        r0, pr = r_sb + rs * _P, min(_P, s_rows - rs * _P)
+                        ev_in.append([b2_hbm_row])
+                blk = [kc0, kw, n_kp, acc_ps, ev_in]
             for ig in range(0, _cdiv(I, _P) if blk else 0, gh):  # h^T in groups of gh I-tiles; a ragged last I-tile alone
                 n = min(gh, _cdiv(I, _P) - ig)
                 full = min(n, I // _P - ig)
@@ -1253,14 +1288,12 @@ def geglu_ffn_kernel(x_hbm, w1t_hbm, _i_cols_hbm, wgt_hbm, w2t_hbm, b2_hbm, _dow
                                            moving=wd_t[0:ph, wo + kp * _F_MOV:wo + kp * _F_MOV + nk], accumulate=(it > 0))
             if not ev:
                 continue
-            kc0, kw, n_kp, acc_ps = ev
+            kc0, kw, n_kp, acc_ps, ev_in = ev
             for kp in range(n_kp):  # each piece leaves PSUM once, through the epilogue's elementwise part
                 k0, nb = kc0 + kp * _F_MOV, min(_F_MOV, kw - kp * _F_MOV)
-                pr = _P  # [K] rows broadcast once per piece, for every row tile
-                b2_hbm_row = nl.ndarray((_P, kb), dtype=nl.float32, buffer=nl.sbuf)
-                nisa.dma_copy(dst=b2_hbm_row[0:pr, 0:nb], src=b2_hbm.ap(pattern=[[0, pr], [1, nb]], offset=k0))
                 for rs in range(n_rs):
                     r0, pr = r_sb + rs * _P, min(_P, s_rows - rs * _P)
+                    b2_hbm_row = ev_in[kp * n_rs + rs][0]
                     v0 = nl.ndarray((_P, kb), dtype=nl.bfloat16, buffer=nl.sbuf)
                     nisa.tensor_tensor(dst=v0[0:pr, 0:nb], data1=acc_ps[rs * n_kp + kp][0:pr, 0:nb], data2=b2_hbm_row[0:pr, 0:nb], op=nl.add)
                     nisa.dma_copy(dst=out_hbm[r0:r0 + pr, k0:k0 + nb], src=v0[0:pr, 0:nb])

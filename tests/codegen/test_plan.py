@@ -182,6 +182,24 @@ def test_closed_form_follows_the_trace_model(
     assert traced > 1.15 * engines  # what the fill and drain add is real
 
 
+@pytest.mark.parametrize("spec", ["swiglu_ffn_ln", "swiglu_layernorm_affine", "swiglu_fp8_quant"])
+def test_statistics_after_column_blocks_follow_the_trace_model(
+    monkeypatch: pytest.MonkeyPatch, spec: str
+) -> None:
+    """An epilogue with row statistics after column blocks (the first pass in the evictions, the others
+    streamed over the scratch, `serial.streamed`): the closed form within 20% of the trace model at a cheap
+    shape, two super-blocks per core (docs/performance.md, "Row statistics after column blocks")."""
+    dims = {"R": 512, "K": 1024, "I": 256}
+    directory = ROOT / "generated" / spec
+    generated_test = testing.load_generated(directory / f"test_{spec}.py")
+    args = testing.make_inputs(generated_test.INPUTS, generated_test.input_shapes(dims))
+    module = load_module(directory / "kernel.py", target="trn2")
+    plan = module._Plan(128, 256, 0, 1024, 0, 1)
+    monkeypatch.setattr(module, "_choose", lambda *_: plan)
+    getattr(module, spec)(*args, lnc=2, target="trn2")
+    traced = schedule(getattr(module, f"{spec}_kernel").last_run.trace, get_target("trn2")).time_ns
+    closed = module._cost(module._MODEL, module._MACHINES["trn2"], 512, 1024, 256, 2, plan).total
+    assert 0.8 * closed <= traced <= 1.2 * closed, (traced, closed)
 
 def test_the_host_function_plans_each_launch_shape_once() -> None:
     """The planner's search takes milliseconds (longer than the kernel itself on the device at small R): a

@@ -10,6 +10,7 @@ import pytest
 import torch
 import torch.nn.functional as F
 
+from fusegen import testing
 from fusegen.cli import main
 from fusegen.sim import load_module
 
@@ -168,3 +169,27 @@ def test_past_the_limit_check_explain_and_host_give_the_planners_numbers(
     module = load_module(GENERATED / "swiglu_rmsnorm" / "kernel.py", target=target)
     with pytest.raises(ValueError, match=rf"no tile plan fits: the smallest \(S=128, CI=128\) {numbers}"):
         module.swiglu_rmsnorm(*args, lnc=1, target=target)
+
+
+STATISTICS = ["swiglu_ffn_ln", "swiglu_layernorm_affine", "swiglu_gemma_norm", "swiglu_fp8_quant"]
+STATISTICS += ["swiglu_layerscale"]  # no x_new: a scratch of its own
+
+
+@pytest.mark.parametrize("spec", STATISTICS)
+def test_row_statistics_after_column_blocks_match_the_reference(
+    monkeypatch: pytest.MonkeyPatch, spec: str
+) -> None:
+    """A forced column-blocked plan (two super-blocks per core, h^T held) against the example's reference
+    within its generated test's tolerances: the first statistics pass accumulated by the evictions, the
+    scratch being the f32 output where there is one, the eviction loads issued with their block and the last
+    pass's writes a block late (docs/performance.md, "Row statistics after column blocks")."""
+    dims = {"R": 520, "K": 1280, "I": 300}  # a ragged last row tile, a ragged KC block and I-tile
+    directory = GENERATED / spec
+    generated_test = testing.load_generated(directory / f"test_{spec}.py")
+    args = testing.make_inputs(generated_test.INPUTS, generated_test.input_shapes(dims))
+    module = load_module(directory / "kernel.py", target="trn2")
+    monkeypatch.setattr(module, "_choose", lambda *_: module._Plan(128, 256, 0, 1024, 0, 1))
+    got = getattr(module, spec)(*args, lnc=2, target="trn2")
+    want = getattr(testing.load_generated(directory / "reference.py"), f"{spec}_reference")(*args)
+    report = testing.compare(got, want, generated_test.OUTPUTS, spec)
+    assert report.ok, report.text()

@@ -67,15 +67,21 @@ def test_ffns_stay_near_the_pe_roofline_at_2048_rows(model: str, k: int, i: int)
 
 
 #: the examples whose epilogue has row statistics (LayerNorm, RMSNorm, the fp8 quantiser's amax): with
-#: column blocks their passes over the fp32 scratch run after each super-block's blocks with the PE idle
-#: (the closed form prices that drain since the expert width's change; it was 1.44x under the trace for
-#: swiglu_ffn_ln there): 82-84% at Mixtral-8x22B and DeepSeek-V3 dense, 52-63% at the expert width
-@pytest.mark.xfail(strict=True, raises=AssertionError, reason="statistics passes after the column blocks")
-def test_ffns_with_row_statistics_stay_near_the_pe_roofline_at_2048_rows() -> None:
+#: column blocks their passes over the fp32 scratch run after each super-block's blocks with the PE idle.
+#: The evictions accumulate the first pass's statistics, the scratch is the f32 output the evictions compute
+#: (x_new), and the combine tiles are one row slice wide, so h^T stays in SBUF (HT) at Mixtral-8x22B and
+#: DeepSeek-V3 dense (docs/performance.md, "Row statistics after column blocks"). At the DeepSeek-V3
+#: expert width (K=7168, I=2048) the passes after the last blocks stay in series: 66-80%.
+STATS_SLOW = {"DeepSeek-V3 expert"}
+IN_SERIES = pytest.mark.xfail(strict=True, raises=AssertionError, reason="statistics passes in series")
+
+
+@pytest.mark.parametrize(
+    ("model", "k", "i"),
+    [pytest.param(*w, id=w[0], marks=[IN_SERIES] * (w[0] in STATS_SLOW)) for w in WIDTHS if w[1] >= 4096],
+)
+def test_ffns_with_row_statistics_stay_near_the_pe_roofline_at_2048_rows(model: str, k: int, i: int) -> None:
     stats = [ex for ex in EXAMPLES if _row_statistics(ex)]
     assert len(stats) >= 5
-    slow = {}
-    for model, k, i in [w for w in WIDTHS if w[1] >= 4096]:
-        found = _efficiencies(stats, k, i)
-        slow.update({f"{name} {model}": round(e, 3) for name, e in found.items() if e < 0.85})
-    assert not slow, slow
+    slow = {name: round(e, 3) for name, e in _efficiencies(stats, k, i).items() if e < 0.85}
+    assert not slow, f"{model}: {slow}"

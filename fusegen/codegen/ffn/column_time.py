@@ -22,7 +22,7 @@ from fusegen.codegen.budget_base import (
     stage_cost,
 )
 from fusegen.codegen.ffn.sbuf import FfnModel, Plan, down_group, group, h_group, x_staged
-from fusegen.codegen.ffn.serial import drain, pipelined
+from fusegen.codegen.ffn.serial import pipelined, streamed
 
 
 def column_chain(m: FfnModel, mach: Machine, s_rows: int, inter: int, k: int, plan: Plan) -> float:
@@ -34,8 +34,8 @@ def column_chain(m: FfnModel, mach: Machine, s_rows: int, inter: int, k: int, pl
     behind those loads: the blocks' weight tiles, h^T reads and eviction DMAs (all but the last block's)
     pipeline with their matmuls, the evictions beside them on the Vector engine, after one fixed cost and
     a fresh PE ramp; the last block's eviction follows the last matmul, then an epilogue with row statistics
-    runs its passes over the fp32 scratch (`drain`): the next super-block's x loads queue behind its
-    writes. With h^T held (HT) nothing is
+    runs its passes over the fp32 scratch, streamed (`streamed`): the next super-block's x loads queue
+    behind its writes. With h^T held (HT) nothing is
     written or read back: the first block's loads queue right behind the last chunk's and its matmuls
     follow the up-projection's on the PE, each I-tile's h^T long combined, so chunks and blocks are one
     pipelined stream."""
@@ -59,7 +59,7 @@ def column_chain(m: FfnModel, mach: Machine, s_rows: int, inter: int, k: int, pl
     else:
         chunks = pipelined(loads, mm, m.n_up * n_it) + stall + combine + writes
         body = chunks + max(pipelined(b_loads, b_mm, n_it * cdiv(k, plan.kc)), evicts)
-    tail = drain(m.epi_cols, mach, cdiv(s_rows, P), k)  # statistics passes over the scratch, after the blocks
+    tail = streamed(m.epi_cols, mach, cdiv(s_rows, P), k) if m.epi_cols.sweeps else 0.0  # after the blocks
     return super_block_fill(m, mach, s_rows, k, plan.ht) + body + stall + evict + tail
 
 

@@ -2,12 +2,20 @@
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from dataclasses import dataclass, replace
 
-from fusegen.codegen.blocks import BlockedStage, BlockLoad, block_reduction, emit_blocked, spine, walk
+from fusegen.codegen.blocks import (
+    BlockedStage,
+    BlockLoad,
+    BlockPass,
+    emit_blocked,
+    fold_first,
+)
 from fusegen.codegen.budget_base import NO_STAGE
 from fusegen.codegen.engines import GPSIMD
 from fusegen.codegen.family import kernel_arg
+from fusegen.codegen.ffn.columns import binds, deferred_writes, lower_eviction, scratch_tensor, with_pass
 from fusegen.codegen.ffn.match import FfnMatch
 from fusegen.codegen.ffn.sbuf import FfnModel
 from fusegen.codegen.matmul_match import weight_columns
@@ -25,7 +33,7 @@ from fusegen.codegen.rowstage import (
 from fusegen.codegen.select import Layout, Selector
 from fusegen.codegen.select_tables import NL_DTYPE
 from fusegen.codegen.stage import Expr, Operand, StageBuilder, dim_source
-from fusegen.dsl.ir import DTYPE_BYTES, Dim, KernelIR, Node
+from fusegen.dsl.ir import DTYPE_BYTES, Dim, KernelIR, Node, OutputDecl
 
 
 @dataclass(frozen=True)
@@ -66,6 +74,13 @@ class FfnLowering:
     prologue: BlockedStage | None = None
     epilogue_cols: BlockedStage | None = None  # column-blocked plans' epilogue (None: the eviction's)
     evict: BlockedStage | None = None  # their PSUM eviction of each down-projection piece
+    # the epilogue's first statistics pass over each evicted piece, its running columns kept per row tile
+    folded: BlockPass | None = None
+    scratch: str = ""  # the fp32 [R, K] tensor the evictions write and the statistics passes read
+
+    def folded_binds(self) -> tuple[str, ...]:
+        """Lines naming row tile `rs`'s running columns the evictions accumulate (`folded`)."""
+        return binds(self.folded) if self.folded else ()
 
 
 def lower_ffn(ir: KernelIR, m: FfnMatch) -> FfnLowering:
@@ -75,8 +90,7 @@ def lower_ffn(ir: KernelIR, m: FfnMatch) -> FfnLowering:
     epi_inputs = row_stage_inputs(ir, m.epi_nodes, m.rows, m.hidden)
     acc_init, first_chunk, acc_node = _accumulator(ir, m, epi_inputs)
     epilogue, outputs = _lower_epilogue(ir, m, epi_inputs, acc_node, acc_init)
-    evict, saved = _lower_eviction(ir, m, epi_inputs)
-    epilogue_cols = None if saved is None else _lower_epilogue(ir, m, epi_inputs, saved, None, True)[0]
+    evict, epilogue_cols, folded, scratch = _column_epilogue(ir, m, epi_inputs)
     prologue = lower_prologue(ir, m.x, m.prologue_nodes, m.rows, m.hidden)
     model = FfnModel(
         n_up=len(m.ups),
@@ -92,6 +106,8 @@ def lower_ffn(ir: KernelIR, m: FfnMatch) -> FfnLowering:
         pro=prologue.model if prologue else NO_STAGE,
         epi_cols=epilogue_cols.model if epilogue_cols else NO_STAGE,
         evict=evict.model,
+        folded=len(folded.running) if folded else 0,
+        evict_rows=sum(1 for ld in evict.passes[0].loads if not ld.broadcast),
         up_bytes=DTYPE_BYTES[_up_dtype(ir, m)],
         down_bytes=DTYPE_BYTES[ir.node(m.down.args[1]).dtype],
         # K halves need each block's epilogue alone, and no residual the accumulator starts from (it would
@@ -124,6 +140,8 @@ def lower_ffn(ir: KernelIR, m: FfnMatch) -> FfnLowering:
         prologue=prologue,
         epilogue_cols=epilogue_cols,
         evict=evict,
+        folded=folded,
+        scratch=scratch,
     )
 
 
@@ -178,7 +196,7 @@ def _lower_combine(
         return "scalar" if node.shape == () else ("tile" if node.shape == (m.rows, m.inter) else "vec")
 
     builder = StageBuilder(ir, leaves, kind_of, free_size=lambda n: m.rows)
-    sel = Selector(Layout(part="ph", free="cw", free_alloc="_F_MOV"), prefix="m")
+    sel = Selector(Layout(part="ph", free="cw", free_alloc="fw"), prefix="m")  # fw: the kernel's slice width
     weight_dtype = m.combine.dtype  # the down-projection's stationary: x's dtype (the matcher checked)
     result = sel.value(builder.expr(m.combine.id), dtype=weight_dtype)
     if result.memory != "sbuf" or result.dtype != weight_dtype:
@@ -230,37 +248,27 @@ def _epilogue_users(ir: KernelIR, m: FfnMatch, node: Node) -> list[int]:
     return users + [-1] * any(o.node == node.id for o in ir.outputs)
 
 
-def _lower_eviction(
+def _column_epilogue(
     ir: KernelIR, m: FfnMatch, inputs: dict[str, tuple[str, ...]]
-) -> tuple[BlockedStage, int | None]:
-    """Column-blocked plans: each [P, F_MOV] piece of the down-projection leaves PSUM once, so the
-    elementwise spine above it (e.g. `+ b2 + a`, LayerScale's `a + ls * y`) is computed on the way out
-    and that value written to `_acc_hbm`; returns the eviction and the IR node `_acc_hbm` then holds.
-    An epilogue without row statistics or [R, 1] inputs runs whole in the eviction, which writes the
-    outputs (node None: no scratch, no epilogue after it)."""
-    leaves, loads = row_leaves(ir, m.epi_nodes, inputs, skip=None)
-    leaves[m.down.id] = Operand("tile", "acc_ps[rs * n_kp + kp][0:pr, 0:nb]", memory="psum")
-    builder = row_builder(ir, m.hidden, leaves)
-    exprs = [builder.expr(out.node) for out in ir.outputs]
-    if not inputs["vec"] and not any(block_reduction(e) for e in walk(exprs)):
-        whole = output_writes(ir.outputs, exprs, [])
-        return emit_blocked(block_selector("v"), exprs, loads, whole, writes=len(ir.outputs)), None
-    node_of = {id(e): nid for nid, e in builder.exprs.items()}
-    chain = [e for e in spine(exprs, builder.exprs[m.down.id]) if id(e) in node_of]  # IR values only
-    top = chain[-1] if chain else builder.exprs[m.down.id]
-
-    def finish(sel: Selector) -> list[str]:
-        value = sel.value(top)
-        if value.memory == "psum":  # a bare copy out of PSUM: on the Scalar engine, idle in this loop
-            value = sel.convert(value, "f32")
-        return [f"nisa.dma_copy(dst=_acc_hbm[r0:r0 + pr, k0:k0 + nb], src={value.code})"]
-
-    stage = emit_blocked(block_selector("v"), [top], loads, finish, writes=1)
-    assert len(stage.passes) == 1 and not stage.passes[0].before, "an eviction needs no statistics"
-    return stage, node_of[id(top)]
+) -> tuple[BlockedStage, BlockedStage | None, BlockPass | None, str]:
+    """Column-blocked plans: (the eviction, the statistics passes after the blocks, the first of those
+    passes when the evictions accumulate it instead, what `_acc_hbm` is)."""
+    evict, saved, value = lower_eviction(ir, m, inputs)
+    if saved is None:
+        return evict, None, None, ""
+    scratch = scratch_tensor(ir, saved)
+    written = "" if scratch.startswith("nl.") else scratch  # the output the evictions write: none later
+    epilogue = deferred_writes(*_lower_epilogue(ir, m, inputs, saved, None, True, written))
+    folded = None if inputs["vec"] else fold_first(epilogue)
+    if folded is None:
+        return evict, epilogue, None, scratch
+    first, rest = folded  # the first statistics pass rides the evictions: one pass fewer over the scratch
+    first = replace(first, lines=tuple(line.replace(_SCRATCH_BLOCK, value) for line in first.lines))
+    return with_pass(evict, first), rest, first, scratch
 
 
 _ACC_BLOCK = "acc[rs][0:pr, k0:k0 + nb]"  # the accumulator's block
+_SCRATCH_BLOCK = "acc_blk[0:pr, 0:nb]"  # column-blocked plans: a block of the fp32 scratch, loaded
 _RECEIVED = "blk[0:pr, 0:nb]"  # a block's sums in a tile of their own (K halves, late: the other core's)
 
 
@@ -271,22 +279,26 @@ def _lower_epilogue(
     acc_node: int,
     acc_init: str | None,
     from_hbm: bool = False,
+    written: str = "",
     block: bool = False,
 ) -> tuple[BlockedStage, tuple[OutputWrite, ...]]:
     """The epilogue over an SBUF accumulator (`block`: over the sums of one of its K-blocks in a tile
     `blk` of their own), or (`from_hbm`, column-blocked plans) over the bare down-projection's blocks
-    loaded from the fp32 scratch `_acc_hbm`, every other input a block load."""
+    loaded from the fp32 scratch `_acc_hbm`, every other input a block load, the output `written` (the
+    scratch itself) left out."""
     acc = _RECEIVED if block else _ACC_BLOCK
-    leaf = "acc_blk[0:pr, 0:nb]" if from_hbm else acc
+    leaf = _SCRATCH_BLOCK if from_hbm else acc
     exprs, loads = _epilogue_exprs(ir, m, inputs, acc_node, acc_init, leaf)
     if from_hbm:
         acc = ""
         loads["acc_blk"] = BlockLoad("acc_blk", "_acc_hbm[r0:r0 + pr, k0:k0 + nb]", 4, broadcast=False)
     writes: list[OutputWrite] = []
+    kept = [(o, e) for o, e in zip(ir.outputs, exprs, strict=True) if kernel_arg(str(o.name)) != written]
+    outputs, roots = [out for out, _ in kept], [e for _, e in kept]
     # the Vector engine evicts the down-projection's sums: the epilogue's final casts go to the Scalar engine
-    finish = output_writes(ir.outputs, exprs, writes, act_casts=True)
+    finish = output_writes(outputs, roots, writes, act_casts=True)
     sel = block_selector("u" if from_hbm else "e")  # names distinct from the other epilogue's
-    stage = emit_blocked(sel, exprs, loads, finish, writes=_row_outputs(ir), accumulator=acc)
+    stage = emit_blocked(sel, roots, loads, finish, writes=_row_outputs(outputs), accumulator=acc)
     return _with_column_writes(stage, writes), tuple(writes)
 
 
@@ -334,9 +346,9 @@ def _cast_of(value: Expr, dtype: str) -> Expr | None:
     return leaf if leaf.op == "leaf" and dtype != "f32" else None
 
 
-def _row_outputs(ir: KernelIR) -> int:
+def _row_outputs(outputs: Sequence[OutputDecl]) -> int:
     """Outputs written a block at a time (not the per-token [R, 1] ones)."""
-    return sum(1 for out in ir.outputs if out.shape[-1] != Dim.const(1))
+    return sum(1 for out in outputs if out.shape[-1] != Dim.const(1))
 
 
 def _with_column_writes(stage: BlockedStage, writes: list[OutputWrite]) -> BlockedStage:

@@ -35,7 +35,7 @@ class FfnModel(NamedTuple):
 
     n_up: int  # up projections: 1 plain MLP, 2 gated
     x_bytes: int  # bytes per element of x and of the combine's output h (the down-projection's stationary)
-    mid_tiles: int  # f32 [P, F_MOV] temporaries of the combine, per intermediate tile
+    mid_tiles: int  # f32 [P, fw] temporaries of the combine, per intermediate tile (`slice_width`)
     col_vectors: int  # [I] inputs held as [P, n_h] f32 columns
     out_bytes: int  # bytes per row element written, over all outputs
     mid_act: int  # Scalar-engine passes of the combine, per intermediate tile
@@ -49,6 +49,8 @@ class FfnModel(NamedTuple):
     up_bytes: int = 2  # bytes per element of the up-projection weights (1: fp8)
     down_bytes: int = 2  # bytes per element of the down-projection weight (1: fp8)
     halves: int = 0  # 1: the epilogue runs a block at a time (no row statistics), so K can split (k_halves)
+    folded: int = 0  # [P, 1] statistics per row tile the column blocks' evictions accumulate (a first pass)
+    evict_rows: int = 0  # [R, K] inputs the eviction loads (its [K] rows: `evict.bcast`)
 
 
 class Plan(NamedTuple):
@@ -96,13 +98,13 @@ def buffers(
     K-tiles per up-weight DMA, work split `split` and h^T held (`ht`)."""
     n_k, n_h, n_hc, x = cdiv(k, P), cdiv(i, P), chunk_tiles(ci, i, split), m.x_bytes
     epi = m.epi_cols if kc else m.epi
-    combine = Buffer("combine output (down-proj stationary)", n_hc * F_MOV * x, 1)
+    combine = Buffer("combine output (down-proj stationary)", n_hc * slice_width(s) * x, 1)
     common = [
         Buffer("x^T, K on partitions", n_k * s * m.x_bytes, 1),
         Buffer("x row block, staged for the PE transpose", x_staged(m, k, ht) * m.x_bytes, 2),
         up_weights(m, s, ci, k, g),
         held_h(m, s, i) if kc and ht else combine,
-        Buffer("combine temporaries", m.mid_tiles * F_MOV * 4, 2),
+        Buffer("combine temporaries", m.mid_tiles * slice_width(s) * 4, 2),
         Buffer("prologue block (one K-block's loads and temporaries)", m.pro.block_bytes * min(F_MOV, k), 2),
         Buffer("epilogue block (one K-block's loads and temporaries)", epi.block_bytes * min(F_MOV, k), 2),
         Buffer("row statistics columns", (epi.cols + m.pro.cols) * 4, 2),
@@ -110,11 +112,16 @@ def buffers(
     ]
     if kc:
         down_tiles = down_group(kc, i, m.down_bytes, ht) * kc * m.down_bytes
+        n_in = m.evict_rows + m.evict.bcast  # [P, F_MOV] f32 tiles an eviction piece loads
+        evict_in = cdiv(kc, F_MOV) * (cdiv(s, P) * m.evict_rows + m.evict.bcast)  # [K] rows: once per piece
         return [
             *common,
             Buffer("down-projection weight tiles (a group of I-tiles, one column block)", down_tiles, 2),
             Buffer("h^T read back (a group of I-tiles)", 0 if ht else h_group(s, i, x) * s * x, 2),
-            Buffer("PSUM eviction block (its loads and temporaries)", m.evict.block_bytes * min(F_MOV, k), 2),
+            Buffer("PSUM eviction temporaries", (m.evict.block_bytes - 4 * n_in) * min(F_MOV, k), 2),
+            # a block's eviction loads go out with its own, and are read after the next block's: two blocks'
+            Buffer("PSUM eviction loads (a block's, with its loads)", evict_in * min(F_MOV, k) * 4, 2),
+            Buffer("row statistics the evictions accumulate, per row tile", cdiv(s, P) * m.folded * 4, 1),
         ]
     exchange = [
         Buffer("partial sums received from the other core", cdiv(s, P) * cdiv(k, F_MOV) * F_MOV * 4, 1),
@@ -261,10 +268,16 @@ def up_weights(m: FfnModel, s: int, ci: int, k: int, g: int = 0) -> Buffer:
     return Buffer("up-projection weight chunk", m.n_up * cdiv(ci, P) * n_g * group(k, g) * P * m.up_bytes, 2)
 
 
+def slice_width(s: int) -> int:
+    """Columns of a combine tile (and its temporaries): one row slice of super-block `s`, F_MOV at most
+    (the kernel's `fw`)."""
+    return min(s, F_MOV)
+
+
 def held_h(m: FfnModel, s: int, i: int) -> Buffer:
-    """A column-blocked super-block's combine tiles held for its column blocks (HT): one [P, F_MOV] tile
+    """A column-blocked super-block's combine tiles held for its column blocks (HT): one [P, fw] tile
     per I-tile and row slice of `s` rows, all of `i`."""
-    held = cdiv(i, P) * cdiv(s, F_MOV) * F_MOV * m.x_bytes
+    held = cdiv(i, P) * cdiv(s, F_MOV) * slice_width(s) * m.x_bytes
     return Buffer("combine output h^T, held for the column blocks", held, 1)
 
 

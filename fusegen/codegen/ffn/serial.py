@@ -48,6 +48,16 @@ def drain(epi: Stage, mach: Machine, tiles: int, k: int, overlap: float = 0.0, w
     return max(total / max(1, tiles), total - overlap)
 
 
+def streamed(epi: Stage, mach: Machine, tiles: int, k: int) -> float:
+    """The column-blocked kernel's statistics passes over the fp32 scratch of `tiles` row tiles, after their
+    last matmul: no load waits for compute (the last pass issues each block's output writes after the next
+    block's loads, `deferred_writes`), so every pass's loads stream beside their compute: the slower side
+    plus the faster side's first block, after one fixed cost."""
+    act, dve, moved, transfers = stage_cost(epi, tiles, k)
+    compute, dma = act / mach.act_ghz + dve / mach.dve_ghz, dma_time(mach, moved, transfers)
+    return pipelined(dma, compute, tiles * max(1, epi.sweeps) * cdiv(k, F_MOV)) + mach.dma_fixed_ns
+
+
 def exchange(mach: Machine, own: int, k: int) -> float:
     """The SPLIT plans' partial-sum exchange after the last chunk, in series: the other core's rows out,
     the core barrier, this core's rows in, each direction with one fixed cost (the adds ride the epilogue)."""
