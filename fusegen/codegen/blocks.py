@@ -15,7 +15,6 @@ from dataclasses import dataclass, field, replace
 
 from fusegen.codegen.budget_base import Stage
 from fusegen.codegen.select import Selector
-from fusegen.codegen.select_tables import CALL_COST
 from fusegen.codegen.stage import Expr, Operand
 from fusegen.dsl.ir import DTYPE_BYTES
 
@@ -71,6 +70,8 @@ class BlockPass:
     dve: int = 0
     block_bytes: int = 0
     running: tuple[str, ...] = ()  # the [P, 1] statistics it accumulates, allocated in `before`
+    hoisted: tuple[str, ...] = ()  # a statistics pass's [P, 1] work before its blocks, first in `before`
+    in_place: bool = False  # it computes the accumulator's spine into the accumulator's block
     after: tuple[str, ...] = ()  # once per row tile after the block loop (the last block's deferred writes)
 
 
@@ -126,12 +127,7 @@ def emit_blocked(
 
 def _engines(sel: BlockSelector, start: int, ps: BlockPass) -> BlockPass:
     """`ps` with its full-width instructions' weighted counts (those `sel` emitted since call `start`)."""
-    counts = {"act": 0, "dve": 0}
-    for call, kind in sel.calls[start:]:
-        engine, passes = CALL_COST[call]
-        if kind == "tile" and engine in counts:
-            counts[engine] += passes
-    return replace(ps, act=counts["act"], dve=counts["dve"])
+    return replace(ps, act=sel.passes("act", start), dve=sel.passes("dve", start))
 
 
 def fold_first(stage: BlockedStage) -> tuple[BlockPass, BlockedStage] | None:
@@ -140,10 +136,11 @@ def fold_first(stage: BlockedStage) -> tuple[BlockPass, BlockedStage] | None:
     column-blocked eviction) can accumulate it; and the stage without it, its figures less the pass's.
     None when the stage has no such pass."""
     first = stage.passes[0]
-    if len(stage.passes) < 2 or [ld.tile for ld in first.loads] != ["acc_blk"]:
+    if len(stage.passes) < 2 or [ld.tile for ld in first.loads] != ["acc_blk"] or first.hoisted:
         return None
-    if len(first.before) != 2 * len(first.running):  # hoisted [P, 1] work besides the running columns
-        return None
+    # folded, the pass reads the eviction's value tile, whose write to the scratch is already issued: a pass
+    # computing in place would overwrite it under that write
+    assert not first.in_place, "a folded pass must leave the block it reads as it is"
     st = stage.model
     rest = st._replace(
         sweeps=st.sweeps - 1,
@@ -237,8 +234,10 @@ def _statistics_pass(
     level: int,
     in_place: tuple[Expr, str] | None,
 ) -> BlockPass:
+    """The pass accumulating `stats` (nesting depth `level`) block by block into running [P, 1] columns."""
     sel.forget_tiles()
-    before = list(_hoist(sel, stats))
+    hoisted = _hoist(sel, stats)
+    before = list(hoisted)
     running, names = [], []
     for n, stat in enumerate(stats):
         name = f"{sel.prefix}s{level}_{n}"
@@ -260,7 +259,8 @@ def _statistics_pass(
         op = RUNNING[stat.op][1]
         lines.append(f"nisa.tensor_tensor(dst={total.code}, data1={total.code}, data2={part.code}, op={op})")
         sel.hold(stat, total)
-    return BlockPass(tuple(before), needed, tuple(lines), running=tuple(names))
+    ps = BlockPass(tuple(before), needed, tuple(lines), running=tuple(names), hoisted=hoisted)
+    return replace(ps, in_place=in_place is not None)
 
 
 def _hoist(sel: BlockSelector, roots: list[Expr]) -> tuple[str, ...]:

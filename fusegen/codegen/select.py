@@ -160,10 +160,13 @@ class Selector:
         """A tile allocated by a raw line."""
         self._kinds[name] = kind
 
-    def passes(self, engine: str) -> int:
-        """Full-width passes (instructions weighted by cost) this stage puts on `engine`."""
+    def passes(self, engine: str, start: int = 0) -> int:
+        """Full-width passes (instructions weighted by cost) this stage puts on `engine`, from its call
+        number `start` on."""
         return sum(
-            CALL_COST[call][1] for call, kind in self.calls if kind == "tile" and CALL_COST[call][0] == engine
+            CALL_COST[call][1]
+            for call, kind in self.calls[start:]
+            if kind == "tile" and CALL_COST[call][0] == engine
         )
 
     def _materialise(self, e: Expr, dtype: str) -> Operand:
