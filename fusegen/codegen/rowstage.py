@@ -19,13 +19,23 @@ from fusegen.dsl.ir import DTYPE_BYTES, Dim, KernelIR, Node, OutputDecl
 
 @dataclass(frozen=True)
 class OutputWrite:
-    """One kernel output: HBM tensor name, nl dtype, the SBUF operand holding it and its shape's source
-    (a per-token [R, 1] output is written once per row tile, from a [P, 1] column)."""
+    """One kernel output: HBM tensor name, nl dtype, the SBUF operand holding it and that operand's tile,
+    and its shape's source (a per-token [R, 1] output is written once per row tile, from a [P, 1] column)."""
 
     name: str
     nl_dtype: str
     source: str
+    tile: str
     shape: str = "(R, K)"
+
+    def line(self) -> str:
+        """The DMA writing the current row tile's block of this output (of a per-token output, its column)."""
+        return dma_write(self.name, "k0:k0 + nb" if self.shape == "(R, K)" else "0:1", self.source)
+
+
+def dma_write(dst: str, cols: str, src: str) -> str:
+    """The DMA writing `src` into rows r0:r0 + pr, columns `cols` of the HBM tensor `dst`."""
+    return f"nisa.dma_copy(dst={dst}[r0:r0 + pr, {cols}], src={src})"
 
 
 def stage_inputs(ir: KernelIR, ids: tuple[int, ...]) -> list[Node]:
@@ -139,7 +149,8 @@ def output_writes(
         for out, expr in zip(outputs, exprs, strict=True):
             if expr.kind == "vec":  # per-token [R, 1]: the f32 column the statistics passes finished
                 value = sel.value(expr)
-                writes.append(OutputWrite(kernel_arg(out.name), NL_DTYPE[out.dtype], value.code, "(R, 1)"))
+                name, nl_dtype = kernel_arg(out.name), NL_DTYPE[out.dtype]
+                writes.append(OutputWrite(name, nl_dtype, value.code, value.name, "(R, 1)"))
                 continue
             # an output nothing else reads is written in its own dtype by the instruction computing it
             value = sel.value(expr, out.dtype if expr.users == 0 else "f32")
@@ -147,11 +158,7 @@ def output_writes(
                 value = sel.convert(value, out.dtype)
             elif value.dtype != out.dtype:
                 value = sel.copy(value, "tile", out.dtype)
-            writes.append(OutputWrite(kernel_arg(out.name), NL_DTYPE[out.dtype], value.code))
-        return [
-            f"nisa.dma_copy(dst={w.name}[r0:r0 + pr, k0:k0 + nb], src={w.source})"
-            for w in writes
-            if w.shape == "(R, K)"
-        ]
+            writes.append(OutputWrite(kernel_arg(out.name), NL_DTYPE[out.dtype], value.code, value.name))
+        return [w.line() for w in writes if w.shape == "(R, K)"]
 
     return finish

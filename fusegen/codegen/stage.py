@@ -29,6 +29,11 @@ class Operand:
     dtype: str = "f32"
     positive: bool = False  # known > 0 (a sum of exponentials): its log is defined (select_folds.py)
 
+    @property
+    def name(self) -> str:
+        """The tile (or column, or scalar) the access expression reads, without its slice."""
+        return self.code.split("[")[0]
+
 
 @dataclass(eq=False)
 class Expr:

@@ -8,7 +8,14 @@ from dataclasses import replace
 from fusegen.codegen.blocks import BlockedStage, BlockPass, block_reduction, emit_blocked, spine, walk
 from fusegen.codegen.family import kernel_arg
 from fusegen.codegen.ffn.match import FfnMatch
-from fusegen.codegen.rowstage import OutputWrite, block_selector, output_writes, row_builder, row_leaves
+from fusegen.codegen.rowstage import (
+    OutputWrite,
+    block_selector,
+    dma_write,
+    output_writes,
+    row_builder,
+    row_leaves,
+)
 from fusegen.codegen.select import Selector
 from fusegen.codegen.stage import Operand
 from fusegen.dsl.ir import Dim, KernelIR
@@ -19,14 +26,14 @@ def binds(ps: BlockPass) -> tuple[str, ...]:
     return tuple(f"{name} = folded[rs][{n}]" for n, name in enumerate(ps.running))
 
 
-def scratch_tensor(ir: KernelIR, saved: int) -> str:
-    """What the column-blocked kernel's `_acc_hbm` is: the f32 [R, K] output holding the evicted node, when
-    there is one (the evictions write it, the statistics passes read it back, the last pass writes it no
-    more), else a scratch of its own."""
+def scratch_tensor(ir: KernelIR, saved: int) -> tuple[str, str]:
+    """What the column-blocked kernel's `_acc_hbm` is, and the output it is ("" for none): the f32 [R, K]
+    output holding the evicted node, when there is one (the evictions write it, the statistics passes read
+    it back, the last pass writes it no more), else a scratch of its own."""
     for out in ir.outputs:
         if out.node == saved and out.dtype == "f32" and out.shape[-1] != Dim.const(1):
-            return kernel_arg(str(out.name))
-    return "nl.ndarray((R, K), dtype=nl.float32, buffer=nl.shared_hbm)"
+            return kernel_arg(str(out.name)), kernel_arg(str(out.name))
+    return "nl.ndarray((R, K), dtype=nl.float32, buffer=nl.shared_hbm)", ""
 
 
 def with_pass(evict: BlockedStage, ps: BlockPass) -> BlockedStage:
@@ -66,7 +73,7 @@ def lower_eviction(
         if value.memory == "psum":  # a bare copy out of PSUM: on the Scalar engine, idle in this loop
             value = sel.convert(value, "f32")
         evicted.append(value.code)
-        return [f"nisa.dma_copy(dst=_acc_hbm[r0:r0 + pr, k0:k0 + nb], src={value.code})"]
+        return [dma_write("_acc_hbm", "k0:k0 + nb", value.code)]
 
     stage = emit_blocked(block_selector("v"), [top], loads, finish, writes=1)
     assert len(stage.passes) == 1 and not stage.passes[0].before, "an eviction needs no statistics"
@@ -78,12 +85,11 @@ def deferred_writes(stage: BlockedStage, writes: tuple[OutputWrite, ...]) -> Blo
     block's loads and compute: a write waits for its block's compute, and in the DMA queues it would hold
     back the next block's loads (the last block's writes follow the loop). Same instructions."""
     last, rows = stage.passes[-1], [w for w in writes if w.shape == "(R, K)"]
-    now = {f"nisa.dma_copy(dst={w.name}[r0:r0 + pr, k0:k0 + nb], src={w.source})" for w in rows}
-    assert now <= set(last.lines) and all(w.source.endswith("[0:pr, 0:nb]") for w in rows)
-    held = ", ".join(w.source.split("[")[0] for w in rows)
+    now = {w.line() for w in rows}
+    assert now <= set(last.lines) and all(w.source == f"{w.tile}[0:pr, 0:nb]" for w in rows)
+    held = ", ".join(w.tile for w in rows)
     late = [f"wk0, wnb, {', '.join(f'w{n}' for n in range(len(rows)))} = pend"]
-    dst = "[r0:r0 + pr, wk0:wk0 + wnb]"
-    late += [f"nisa.dma_copy(dst={w.name}{dst}, src=w{n}[0:pr, 0:wnb])" for n, w in enumerate(rows)]
+    late += [dma_write(w.name, "wk0:wk0 + wnb", f"w{n}[0:pr, 0:wnb]") for n, w in enumerate(rows)]
     lines = [line for line in last.lines if line not in now]
     lines += ["if k0 > 0:  # the previous block's writes, behind this block's loads"]
     lines += [f"    {line}" for line in late]

@@ -256,9 +256,10 @@ def _column_epilogue(
     evict, saved, value = lower_eviction(ir, m, inputs)
     if saved is None:
         return evict, None, None, ""
-    scratch = scratch_tensor(ir, saved)
-    written = "" if scratch.startswith("nl.") else scratch  # the output the evictions write: none later
+    scratch, written = scratch_tensor(ir, saved)  # `written`: the output the evictions write, none later
     epilogue = deferred_writes(*_lower_epilogue(ir, m, inputs, saved, None, True, written))
+    # [R, 1] input columns are loaded per row tile after the column blocks (the epilogue's loop), so a pass
+    # the evictions accumulate could not read them yet
     folded = None if inputs["vec"] else fold_first(epilogue)
     if folded is None:
         return evict, epilogue, None, scratch
@@ -354,9 +355,7 @@ def _row_outputs(outputs: Sequence[OutputDecl]) -> int:
 def _with_column_writes(stage: BlockedStage, writes: list[OutputWrite]) -> BlockedStage:
     """Per-token [R, 1] outputs leave once per row tile, after the statistics passes: their DMAs join the
     last pass's lines before its block loop (their columns are computed there, from finished statistics)."""
-    lines = tuple(
-        f"nisa.dma_copy(dst={w.name}[r0:r0 + pr, 0:1], src={w.source})" for w in writes if w.shape == "(R, 1)"
-    )
+    lines = tuple(w.line() for w in writes if w.shape == "(R, 1)")
     if not lines:
         return stage
     last = stage.passes[-1]
