@@ -78,7 +78,7 @@ class Selector:
     line_engines: list[str] = field(default_factory=list)  # "act" | "dve" | "gpsimd"; "" for allocations
     constants: list[str] = field(default_factory=list)  # launch-wide lines: constant columns, memset once
     tiles: list[tuple[str, str, str]] = field(default_factory=list)  # (name, kind, dtype) allocated
-    calls: list[tuple[str, str]] = field(default_factory=list)  # (call, destination kind) emitted
+    calls: list[tuple[str, str, int]] = field(default_factory=list)  # (call, destination kind, passes)
     _kinds: dict[str, str] = field(default_factory=dict)  # tile name -> kind
     writers: dict[str, str] = field(default_factory=dict)  # tile name -> engine of its last writer
     _memo: dict[tuple[int, str], Operand] = field(default_factory=dict)
@@ -144,11 +144,13 @@ class Selector:
         for written in (kwargs["dst"], kwargs.get("reduce_res")):
             if written:  # no reduce_res: nothing more written
                 self.writers[written.split("[")[0]] = self.line_engines[-1]
-        self.calls.append((call, kind))
+        engine, passes = CALL_COST[call]
+        if call == "tensor_tensor" and columns.reads_psum(reads):  # one input in PSUM: N, not 2N (nki.md §6)
+            passes = 1
+        self.calls.append((call, kind, passes))
         full_width = kind == "tile" or any(r.kind == "tile" for r in reads)  # e.g. a reduction into a column
         if self.load is not None and full_width and "engine" not in kwargs:
-            engine, passes = CALL_COST[call]
-            self.load.add(engine, 1 if call == "tensor_tensor" and columns.reads_psum(reads) else passes)
+            self.load.add(engine, passes)
 
     def raw(self, line: str, kind: str, engine: str) -> None:
         """A line formatted elsewhere (select_pe.py), with the kind and engine of what it writes."""
@@ -163,11 +165,8 @@ class Selector:
     def passes(self, engine: str, start: int = 0) -> int:
         """Full-width passes (instructions weighted by cost) this stage puts on `engine`, from its call
         number `start` on."""
-        return sum(
-            CALL_COST[call][1]
-            for call, kind in self.calls[start:]
-            if kind == "tile" and CALL_COST[call][0] == engine
-        )
+        calls = self.calls[start:]
+        return sum(passes for call, kind, passes in calls if kind == "tile" and CALL_COST[call][0] == engine)
 
     def _materialise(self, e: Expr, dtype: str) -> Operand:
         if e.op == "cast":

@@ -878,7 +878,7 @@ def _choose(m: _FfnModel, mach: _Machine, rows: int, k: int, i: int, lnc: int) -
         )
     return min(plans, key=lambda p: _rank_key(m, mach, rows, k, i, lnc, p))
 
-_MODEL = _FfnModel(n_up=1, x_bytes=2, mid_tiles=1, col_vectors=1, out_bytes=2, mid_act=1, mid_dve=0, acc_init=0, fold_bias=1, epi=_Stage(block_bytes=2, cols=0, sweeps=1, act=1, dve=0, col_ops=0, read_bytes=0, bcast=0, loads=1), pro=_Stage(block_bytes=0, cols=0, sweeps=0, act=0, dve=0, col_ops=0, read_bytes=0, bcast=0, loads=0), epi_cols=_Stage(block_bytes=0, cols=0, sweeps=0, act=0, dve=0, col_ops=0, read_bytes=0, bcast=0, loads=0), evict=_Stage(block_bytes=6, cols=0, sweeps=1, act=0, dve=2, col_ops=0, read_bytes=0, bcast=1, loads=2), up_bytes=2, down_bytes=2, halves=1, folded=0, evict_rows=0)
+_MODEL = _FfnModel(n_up=1, x_bytes=2, mid_tiles=1, col_vectors=1, out_bytes=2, mid_act=1, mid_dve=0, acc_init=0, fold_bias=1, epi=_Stage(block_bytes=2, cols=0, sweeps=1, act=1, dve=0, col_ops=0, read_bytes=0, bcast=0, loads=1), pro=_Stage(block_bytes=0, cols=0, sweeps=0, act=0, dve=0, col_ops=0, read_bytes=0, bcast=0, loads=0), epi_cols=_Stage(block_bytes=0, cols=0, sweeps=0, act=0, dve=0, col_ops=0, read_bytes=0, bcast=0, loads=0), evict=_Stage(block_bytes=6, cols=0, sweeps=1, act=0, dve=1, col_ops=0, read_bytes=0, bcast=1, loads=2), up_bytes=2, down_bytes=2, halves=1, folded=0, evict_rows=0)
 #: the figures the planner's time model needs, per target (from fusegen/sim/targets.py).
 _MACHINES = {
     "trn1": _Machine(pe_ghz=2.8, act_ghz=1.4, dve_ghz=1.12, dma_gbps=272.0, dma_fixed_ns=1300.0, dma_queues=16, dma_row_bytes=2450, sbuf_budget=180224, max_lnc=1, pe_ramp_ns=0.0),

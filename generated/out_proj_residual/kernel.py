@@ -294,7 +294,7 @@ def _choose(m: _ProjModel, mach: _Machine, rows: int, k: int, widths: tuple[int,
                          f"B/partition of SBUF for K={k}; the budget is {mach.sbuf_budget} B")  # fmt: skip
     return min(plans, key=lambda p: _rank_key(m, mach, rows, k, widths, lnc, p))
 
-_MODEL = _ProjModel(x_bytes=2, pro=_Stage(block_bytes=0, cols=0, sweeps=0, act=0, dve=0, col_ops=0, read_bytes=0, bcast=0, loads=0), epi=(_Stage(block_bytes=6, cols=0, sweeps=1, act=0, dve=2, col_ops=0, read_bytes=2, bcast=0, loads=2), ), block_rows=(0, ), w_bytes=(2, ))
+_MODEL = _ProjModel(x_bytes=2, pro=_Stage(block_bytes=0, cols=0, sweeps=0, act=0, dve=0, col_ops=0, read_bytes=0, bcast=0, loads=0), epi=(_Stage(block_bytes=6, cols=0, sweeps=1, act=0, dve=1, col_ops=0, read_bytes=2, bcast=0, loads=2), ), block_rows=(0, ), w_bytes=(2, ))
 #: the figures the planner's time model needs, per target (from fusegen/sim/targets.py).
 _MACHINES = {
     "trn1": _Machine(pe_ghz=2.8, act_ghz=1.4, dve_ghz=1.12, dma_gbps=272.0, dma_fixed_ns=1300.0, dma_queues=16, dma_row_bytes=2450, sbuf_budget=180224, max_lnc=1, pe_ramp_ns=0.0),

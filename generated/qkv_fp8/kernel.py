@@ -294,7 +294,7 @@ def _choose(m: _ProjModel, mach: _Machine, rows: int, k: int, widths: tuple[int,
                          f"B/partition of SBUF for K={k}; the budget is {mach.sbuf_budget} B")  # fmt: skip
     return min(plans, key=lambda p: _rank_key(m, mach, rows, k, widths, lnc, p))
 
-_MODEL = _ProjModel(x_bytes=2, pro=_Stage(block_bytes=10, cols=4, sweeps=2, act=1, dve=2, col_ops=1, read_bytes=4, bcast=1, loads=7), epi=(_Stage(block_bytes=2, cols=0, sweeps=1, act=0, dve=2, col_ops=0, read_bytes=0, bcast=0, loads=1), _Stage(block_bytes=2, cols=0, sweeps=1, act=0, dve=2, col_ops=0, read_bytes=0, bcast=0, loads=1), _Stage(block_bytes=2, cols=0, sweeps=1, act=0, dve=2, col_ops=0, read_bytes=0, bcast=0, loads=1), ), block_rows=(1, 1, 1, ), w_bytes=(1, 1, 1, ))
+_MODEL = _ProjModel(x_bytes=2, pro=_Stage(block_bytes=10, cols=4, sweeps=2, act=1, dve=2, col_ops=1, read_bytes=4, bcast=1, loads=7), epi=(_Stage(block_bytes=2, cols=0, sweeps=1, act=0, dve=1, col_ops=0, read_bytes=0, bcast=0, loads=1), _Stage(block_bytes=2, cols=0, sweeps=1, act=0, dve=1, col_ops=0, read_bytes=0, bcast=0, loads=1), _Stage(block_bytes=2, cols=0, sweeps=1, act=0, dve=1, col_ops=0, read_bytes=0, bcast=0, loads=1), ), block_rows=(1, 1, 1, ), w_bytes=(1, 1, 1, ))
 #: the figures the planner's time model needs, per target (from fusegen/sim/targets.py).
 _MACHINES = {
     "trn1": _Machine(pe_ghz=2.8, act_ghz=1.4, dve_ghz=1.12, dma_gbps=272.0, dma_fixed_ns=1300.0, dma_queues=16, dma_row_bytes=2450, sbuf_budget=180224, max_lnc=1, pe_ramp_ns=0.0),
