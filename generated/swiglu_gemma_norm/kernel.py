@@ -508,15 +508,16 @@ def _column_chain(m: _FfnModel, mach: _Machine, s_rows: int, inter: int, k: int,
     Each chunk's h^T writes issue behind all of the next chunk's loads, so they are ready when the queues
     reach them: the chunks' weight loads and h^T writes pipeline with their matmuls (`pipelined`), and the
     last combine and its h^T writes are in series before the column blocks read h^T back. Each column
+    block's eviction loads are issued with that block's own loads (`ffn_column_blocks.py.jinja`), and each
     block is evicted after the next block's loads and matmuls are issued, so its eviction writes queue
-    behind those loads: the blocks' weight tiles, h^T reads and eviction DMAs (all but the last block's)
-    pipeline with their matmuls, the evictions beside them on the Vector engine, after one fixed cost and
-    a fresh PE ramp; the last block's eviction follows the last matmul, then an epilogue with row statistics
-    runs its passes over the fp32 scratch, streamed (`streamed`): the next super-block's x loads queue
-    behind its writes. With h^T held (HT) nothing is
-    written or read back: the first block's loads queue right behind the last chunk's and its matmuls
-    follow the up-projection's on the PE, each I-tile's h^T long combined, so chunks and blocks are one
-    pipelined stream."""
+    behind those loads: the blocks' weight tiles, h^T reads, eviction loads and eviction writes (all but
+    the last block's writes) pipeline with their matmuls, the evictions beside them on the Vector engine,
+    after one fixed cost and a fresh PE ramp; the last block's eviction and its writes (its loads long
+    landed) follow the last matmul, then an epilogue with row statistics runs its passes over the fp32
+    scratch, streamed (`streamed`): the next super-block's x loads queue behind its writes. With h^T held
+    (HT) nothing is written or read back: the first block's loads queue right behind the last chunk's and
+    its matmuls follow the up-projection's on the PE, each I-tile's h^T long combined, so chunks and blocks
+    are one pipelined stream."""
     n_k, n_it = _cdiv(k, _P), _cdiv(inter, _P)
     stall = mach.dma_fixed_ns + mach.pe_ramp_ns  # the first load's fixed cost, then a cold PE
     width = max(_MIN_CYCLES, min(s_rows, _F_MOV))
@@ -542,28 +543,36 @@ def _column_chain(m: _FfnModel, mach: _Machine, s_rows: int, inter: int, k: int,
 
 
 def _blocks(m: _FfnModel, mach: _Machine, s_rows: int, inter: int, k: int, plan: _Plan) -> tuple[float, ...]:
-    """(loads, matmuls, evictions beside them, the last block's eviction) of a super-block's column blocks,
-    ns: per block its weights (a group of I-tiles per DMA, whole padded tiles), its h^T reads (none with
-    HT); the evictions and their DMAs of every block but the last, whose eviction, piece by piece with
-    each piece's writes behind it, follows the last matmul (the next super-block's x loads queue behind
-    those writes)."""
+    """(loads, matmuls, evictions beside them, what follows the last matmul) of a super-block's column
+    blocks, ns: per block its weights (a group of I-tiles per DMA, whole padded tiles), its h^T reads (none
+    with HT) and its eviction's loads, issued with the block's own; the evictions and their writes of every
+    block but the last; the last block's eviction, piece by piece with each piece's writes behind it,
+    after the last matmul (the next super-block's x loads queue behind those writes)."""
     n_rs, n_it = _cdiv(s_rows, _P), _cdiv(inter, _P)
     gh = _h_group(plan.s, inter, m.x_bytes)
-    loads = mm = evicts = evict = 0.0
-    last = _runs(k, plan.kc)[-1]
+    loads = mm = evicts = 0.0
     for kw, n_blocks in _runs(k, plan.kc):
-        evict_act, evict_dve, moved, out = _stage_cost(m.evict, n_rs, kw, shared=n_rs)
+        evict_act, evict_dve, moved, transfers = _stage_cost(m.evict, n_rs, kw, shared=n_rs)
         evict = evict_act / mach.act_ghz + evict_dve / mach.dve_ghz
+        written, n_writes = _evict_writes(m, n_rs, kw)
+        writes = _dma_time(mach, written, n_writes)
         h_bytes, h_reads = (0, 0) if plan.ht else (inter * s_rows * m.x_bytes, _cdiv(n_it, gh))
         weights = n_it * _P * kw * m.down_bytes
         w_reads = _cdiv(n_it, _down_group(plan.kc, inter, m.down_bytes, plan.ht))
-        loads += n_blocks * _dma_time(mach, weights + h_bytes, w_reads + h_reads)
-        loads += (n_blocks - ((kw, n_blocks) == last)) * _dma_time(mach, moved, out)
+        loads += n_blocks * (_dma_time(mach, weights + h_bytes, w_reads + h_reads) + writes)
+        loads += n_blocks * _dma_time(mach, moved, transfers - n_writes)  # `moved`: the eviction's loads
         mm += n_blocks * n_it * n_rs * _cycles(kw) / mach.pe_ghz
         evicts += n_blocks * evict
-        last_writes = _dma_time(mach, moved, out)
-    pieces = n_rs * _cdiv(last[0], _F_MOV)  # each piece's writes follow its eviction
-    return loads, mm, evicts - evict, _pipelined(last_writes, evict, pieces)
+    pieces = n_rs * _cdiv(kw, _F_MOV)  # the last run's: the last block's, each piece's writes behind it
+    return loads - writes, mm, evicts - evict, _pipelined(writes, evict, pieces)
+
+
+def _evict_writes(m: _FfnModel, n_rs: int, kw: int) -> tuple[int, int]:
+    """(bytes, transfers) of one column block's eviction writes: each [P, F_MOV] piece of each row tile to
+    the fp32 scratch when an epilogue with row statistics follows, else to the outputs (`lower_eviction`)."""
+    per_piece = m.evict.loads - m.evict.bcast - m.evict_rows  # the eviction's transfers besides its loads
+    nbytes = 4 if m.epi_cols.sweeps else m.out_bytes
+    return n_rs * _P * kw * nbytes, n_rs * _cdiv(kw, _F_MOV) * per_piece
 
 
 def _super_block_fill(m: _FfnModel, mach: _Machine, s_rows: int, k: int, ht: int = 0) -> float:
