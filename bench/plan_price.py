@@ -60,7 +60,9 @@ def inputs(example: str, r: int, k: int, i: int) -> list[torch.Tensor]:
     w = lambda *shape: (torch.randn(*shape, generator=gen) * 0.02)  # noqa: E731
     if example in ("swiglu_ffn", "swiglu_ffn_ln"):
         ffn = [x, w(k, i).bfloat16(), w(i), w(k, i).bfloat16(), w(i), w(i, k).bfloat16(), w(k)]
-        return ffn + [torch.randn(r, k, generator=gen)] * (example == "swiglu_ffn_ln")
+        if example == "swiglu_ffn_ln":  # its residual
+            ffn.append(torch.randn(r, k, generator=gen))
+        return ffn
     fp8 = torch.float8_e4m3fn
     ones = torch.ones
     return [x, w(k, i).to(fp8), ones(i), w(i), w(k, i).to(fp8), ones(i), w(i), w(i, k).to(fp8), ones(k), w(k)]

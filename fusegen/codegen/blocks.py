@@ -144,6 +144,7 @@ def fold_first(stage: BlockedStage) -> tuple[BlockPass, BlockedStage] | None:
     st = stage.model
     rest = st._replace(
         sweeps=st.sweeps - 1,
+        cols=st.cols - len(first.running),  # held per row tile in the evictions' loop instead (`folded`)
         act=st.act - first.act,
         dve=st.dve - first.dve,
         col_ops=st.col_ops - len(first.running),

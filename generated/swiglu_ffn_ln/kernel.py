@@ -887,7 +887,7 @@ def _choose(m: _FfnModel, mach: _Machine, rows: int, k: int, i: int, lnc: int) -
         )
     return min(plans, key=lambda p: _rank_key(m, mach, rows, k, i, lnc, p))
 
-_MODEL = _FfnModel(n_up=2, x_bytes=2, mid_tiles=2, col_vectors=2, out_bytes=6, mid_act=1, mid_dve=2, acc_init=0, fold_bias=1, epi=_Stage(block_bytes=8, cols=7, sweeps=3, act=2, dve=3, col_ops=2, read_bytes=4, bcast=0, loads=3), pro=_Stage(block_bytes=0, cols=0, sweeps=0, act=0, dve=0, col_ops=0, read_bytes=0, bcast=0, loads=0), epi_cols=_Stage(block_bytes=8, cols=7, sweeps=2, act=1, dve=1, col_ops=1, read_bytes=8, bcast=0, loads=3), evict=_Stage(block_bytes=20, cols=0, sweeps=1, act=1, dve=3, col_ops=1, read_bytes=4, bcast=1, loads=3), up_bytes=2, down_bytes=2, halves=0, folded=1, evict_rows=1)
+_MODEL = _FfnModel(n_up=2, x_bytes=2, mid_tiles=2, col_vectors=2, out_bytes=6, mid_act=1, mid_dve=2, acc_init=0, fold_bias=1, epi=_Stage(block_bytes=8, cols=7, sweeps=3, act=2, dve=3, col_ops=2, read_bytes=4, bcast=0, loads=3), pro=_Stage(block_bytes=0, cols=0, sweeps=0, act=0, dve=0, col_ops=0, read_bytes=0, bcast=0, loads=0), epi_cols=_Stage(block_bytes=8, cols=6, sweeps=2, act=1, dve=1, col_ops=1, read_bytes=8, bcast=0, loads=3), evict=_Stage(block_bytes=20, cols=0, sweeps=1, act=1, dve=3, col_ops=1, read_bytes=4, bcast=1, loads=3), up_bytes=2, down_bytes=2, halves=0, folded=1, evict_rows=1)
 #: the figures the planner's time model needs, per target (from fusegen/sim/targets.py).
 _MACHINES = {
     "trn1": _Machine(pe_ghz=2.8, act_ghz=1.4, dve_ghz=1.12, dma_gbps=272.0, dma_fixed_ns=1300.0, dma_queues=16, dma_row_bytes=2450, sbuf_budget=180224, max_lnc=1, pe_ramp_ns=0.0),
