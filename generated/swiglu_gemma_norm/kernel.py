@@ -1682,11 +1682,12 @@ _CACHE_DEPTH = 0
 
 @_contextmanager
 def _cached_layouts() -> Iterator[None]:
-    """`swiglu_gemma_norm.cached_layouts()`: inside, each weight is laid out once and reused, again after an in-place
-    torch write (its version counter moves) or when its storage changes (`w.data = new`); the outermost exit
-    drops every layout. The caller promises that no write inside bypasses torch's version counter
-    (`w.data.copy_(...)`, a write through `w.numpy()`, another tensor over the same memory): such a write is
-    not seen, and the old layout is used. Outside, every call lays the weights out anew."""
+    """The host function's `cached_layouts()`, an opt-in cache: inside, each weight is laid out once and
+    reused, again after an in-place torch write (its version counter moves) or when its storage changes
+    (`w.data = new`); the outermost exit drops every layout. The caller promises that no write inside
+    bypasses torch's version counter (`w.data.copy_(...)`, a write through `w.numpy()`, another tensor over
+    the same memory): such a write is not seen, and the old layout is used. Outside, every call lays the
+    weights out anew."""
     global _CACHE_DEPTH
     _CACHE_DEPTH += 1
     try:
