@@ -75,12 +75,19 @@ def _build(args: argparse.Namespace) -> int:
     specs, lost = (args.specs, []) if args.specs else default_specs(out)
     if not specs and not lost:  # with only lost folders, build names them (exit 1)
         raise UsageError("no SPEC given, no examples/*.spec here and no generated folders to rebuild")
-    if not args.check and not out.exists():
-        try:
-            out.mkdir(parents=True)
-        except OSError as err:
-            raise UsageError(f"cannot create the output folder --out {out}: {err.strerror}") from None
+    if not args.check:
+        _check_creatable(out)
     return build(specs, _options(args), check_only=args.check, every_spec=not args.specs, fmt=args.format)
+
+
+def _check_creatable(out: Path) -> None:
+    """A usage error unless `out` is a folder build can write into or create; creates nothing, so a build
+    that then fails leaves no empty folder behind."""
+    existing = next(p for p in (out.absolute(), *out.absolute().parents) if p.exists())
+    if not existing.is_dir():
+        raise UsageError(f"cannot create the output folder --out {out}: {existing} is a file")
+    if not os.access(existing, os.W_OK | os.X_OK):
+        raise UsageError(f"cannot create the output folder --out {out}: {existing} is not writable")
 
 
 def _check(args: argparse.Namespace) -> int:

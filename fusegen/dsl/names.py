@@ -19,7 +19,7 @@ from collections.abc import Iterable
 #: names the generated kernels, references and tests use (modules, helpers, NKI vocabulary).
 GENERATED_CODE_NAMES = frozenset({
     "nki", "nisa", "nl", "nc", "torch", "np", "numpy", "math", "os", "sys", "F", "kernel", "reference",
-    "functools", "weakref",
+    "functools",
     "self", "cls", "pytest", "ml_dtypes", "jit", "baremetal", "simulate", "benchmark", "language", "isa",
     "sbuf", "psum", "hbm", "shared_hbm", "private_hbm", "ndarray", "tile", "par_dim", "affine_range",
     "sequential_range", "static_range", "arange", "mgrid", "program_id", "num_programs", "spmd_dim",

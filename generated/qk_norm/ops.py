@@ -9,6 +9,7 @@ The backward runs backward_reference.py (torch code derived from the spec's IR) 
 family generates no backward kernel for this spec (backward_plan.md, where present, says what it plans).
 """
 
+import contextlib as _contextlib  # private, like importlib below
 import functools
 import importlib.util as _importlib_util  # private: a kernel may be named `importlib`
 import os
@@ -44,12 +45,12 @@ def _module(file: str, mode: str | None = None) -> ModuleType:
     return module
 
 
-def _backend(t: torch.Tensor) -> str:
-    """Where `t`'s op runs: "device" off CPU; on CPU "reference" when FUSEGEN_OPS_BACKEND=reference, else the
-    mode FUSEGEN_MODE selects, "sim" or "nki-sim" (both read at every call)."""
-    if t.device.type != "cpu":
+def _backend(device: torch.device) -> str:
+    """Where an op on `device` runs: "device" off CPU; on CPU "reference" when FUSEGEN_OPS_BACKEND=reference,
+    else the mode FUSEGEN_MODE selects, "sim" or "nki-sim" (both read at every call)."""
+    if device.type != "cpu":
         if _importlib_util.find_spec("nki") is None:
-            raise ValueError(f"fusegen::qk_norm: no backend for device {t.device}: the op runs on the CPU "
+            raise ValueError(f"fusegen::qk_norm: no backend for device {device}: the op runs on the CPU "
                              "(fusegen's interpreter, or the torch reference) or on a Neuron device with nki")
         return "device"
     if os.environ.get("FUSEGEN_OPS_BACKEND", "interpreter") == "reference":
@@ -59,17 +60,29 @@ def _backend(t: torch.Tensor) -> str:
     return modes.cpu_mode()
 
 
+def _kernel_module(backend: str, prefix: str = "") -> ModuleType:
+    """<prefix>kernel.py for a kernel backend: the installed nki on a device, as kernel.py says, else the mode."""
+    return _module(f"{prefix}kernel.py", None if backend == "device" else backend)
+
+
 def _call(prefix: str, fn: str, args: tuple[torch.Tensor, ...], /, **kwargs: object) -> tuple[torch.Tensor, ...]:
     """`fn` of <prefix>kernel.py on this device's backend: the NKI kernel on a Neuron device (untested
     here), on fusegen's interpreter or AWS's simulator on CPU, or `fn`_reference of <prefix>reference.py on
     the reference backend. Positional-only: the spec's params arrive as keywords, and one may be `fn`."""
-    backend = _backend(args[0])
+    backend = _backend(args[0].device)
     if backend == "reference":
         out = getattr(_module(f"{prefix}reference.py"), f"{fn}_reference")(*args, **kwargs)
     else:
-        mode = None if backend == "device" else backend  # on a device: the installed nki, as kernel.py says
-        out = getattr(_module(f"{prefix}kernel.py", mode), fn)(*args, **kwargs)
+        out = getattr(_kernel_module(backend, prefix), fn)(*args, **kwargs)
     return tuple(out) if isinstance(out, (tuple, list)) else (out,)
+
+
+def _cached_layouts(device: str | torch.device = "cpu") -> _contextlib.AbstractContextManager[object]:
+    """`fusegen.codegen.files.ops.cached_layouts`: the host function's `cached_layouts()` on the backend ops
+    on `device` run on now (a kernel that lays no weights out, and the reference, have none: a no-op)."""
+    backend = _backend(torch.device(device))
+    host = None if backend == "reference" else getattr(_kernel_module(backend), "qk_norm")
+    return getattr(host, "cached_layouts", _contextlib.nullcontext)()
 
 
 def _cast(tensors: tuple[torch.Tensor, ...], dtypes: tuple[torch.dtype, ...]) -> tuple[torch.Tensor, ...]:

@@ -6,14 +6,15 @@ from __future__ import annotations
 
 import functools
 import os
-import weakref
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager as _contextmanager
 from typing import NamedTuple
 
 import nki
 import nki.isa as nisa
 import nki.language as nl
 import torch
+from torch.multiprocessing.reductions import StorageWeakRef as _StorageWeakRef
 
 #: logical-core degree to launch with; must match NEURON_LOGICAL_NC_CONFIG on hardware.
 _LNC = int(os.environ.get("NEURON_LOGICAL_NC_CONFIG", "2"))
@@ -1713,17 +1714,38 @@ def _columns(*vs: torch.Tensor) -> torch.Tensor:
     return padded.reshape(-1, _P).t().contiguous()
 
 
-#: up weights in the kernel's layout, keyed by storage owner (the base of a view), the view's geometry and
-#: the columns laid out: (a weak reference to the owner, its version, the result). A weight is laid out once and again
-#: only after it changes in place; keying on the owner lets a fresh view each call (`lin.weight.t()`) hit,
-#: and an inference tensor (no version counter) is laid out each call.
-_LAID_OUT: dict[tuple[object, ...], tuple[weakref.ref[torch.Tensor], int, torch.Tensor]] = {}
+#: weights in a kernel layout, kept only inside `_cached_layouts()`: keyed by storage (its StorageImpl and data
+#: pointer, so a fresh view or `.detach()` of the same weight each call hits and `w.data = new` misses), the
+#: view's geometry and what was laid out; each entry holds a weak reference to the storage (while it lives,
+#: its key cannot be reused), the version it was laid out at, and the layout.
+_LAID_OUT: dict[tuple[object, ...], tuple[_StorageWeakRef, int, torch.Tensor]] = {}
+#: open `_cached_layouts()` contexts: one module-wide count, not per thread (a context opened in one thread
+#: caches for calls in every thread, and the cache is dropped when the last one exits).
+_CACHE_DEPTH = 0
+
+
+@_contextmanager
+def _cached_layouts() -> Iterator[None]:
+    """The host function's `cached_layouts()`, an opt-in cache: inside, each weight is laid out once and
+    reused, again after an in-place torch write (its version counter moves) or when its storage changes
+    (`w.data = new`); the outermost exit drops every layout. The caller promises that no write inside
+    bypasses torch's version counter (`w.data.copy_(...)`, a write through `w.numpy()`, another tensor over
+    the same memory): such a write is not seen, and the old layout is used. Outside, every call lays the
+    weights out anew."""
+    global _CACHE_DEPTH
+    _CACHE_DEPTH += 1
+    try:
+        yield
+    finally:
+        _CACHE_DEPTH -= 1
+        if _CACHE_DEPTH == 0:
+            _LAID_OUT.clear()
 
 
 def _up_layout(w: torch.Tensor, firsts: tuple[int, ...], inter: int) -> torch.Tensor:
     """Up weight w [K, *] -> [len(firsts) * ceil(I/128), 128, ceil(K/128) * 128]: for each projection's
     columns firsts[j]:firsts[j] + I, out[j * ceil(I/128) + h, p, kt * 128 + c] = w[kt * 128 + p, h * 128 + c]
-    zero-padded, so one DMA of an I-tile's K-tiles moves contiguous HBM per partition. Cached per tensor."""
+    zero-padded, so one DMA of an I-tile's K-tiles moves contiguous HBM per partition (`_cached`)."""
 
     def lay_out() -> torch.Tensor:
         n_k, n_h = _cdiv(w.shape[0], _P), _cdiv(inter, _P)
@@ -1740,7 +1762,7 @@ def _up_layout(w: torch.Tensor, firsts: tuple[int, ...], inter: int) -> torch.Te
 def _down_blocks(w: torch.Tensor, kc: int, inter: int) -> torch.Tensor:
     """Down weight w [I, K] -> [ceil(K/kc), 128, ceil(I/128) * kc] for the column blocks (w itself when
     kc = 0): out[b, p, h * kw + c] = w[h * 128 + p, b * kc + c], kw the block's width, zero-padded rows, so
-    one DMA of a block's consecutive I-tiles moves contiguous HBM per partition. Cached per tensor."""
+    one DMA of a block's consecutive I-tiles moves contiguous HBM per partition (`_cached`)."""
 
     def lay_out() -> torch.Tensor:
         n_h, k = _cdiv(inter, _P), w.shape[1]
@@ -1756,24 +1778,22 @@ def _down_blocks(w: torch.Tensor, kc: int, inter: int) -> torch.Tensor:
 
 
 def _cached(w: torch.Tensor, what: tuple[object, ...], lay_out: Callable[[], torch.Tensor]) -> torch.Tensor:
-    """w in a kernel layout (`what` names it): laid out once, again only after w changes in place."""
-    owner = w if w._base is None else w._base
-    key = (id(owner), w.storage_offset(), tuple(w.shape), w.stride(), w.dtype, *what)
+    """w in a kernel layout (`what` names it): laid out each call, but inside `_cached_layouts()` reused while
+    w's storage and version are the ones it was laid out from."""
+    if _CACHE_DEPTH == 0 or w.is_inference():  # an inference tensor has no version counter: never reused
+        with torch.no_grad():
+            return lay_out()
+    storage = w.untyped_storage()
+    key = (storage._cdata, storage.data_ptr(), w.storage_offset(), tuple(w.shape), w.stride(), w.dtype, *what)
     hit = _LAID_OUT.get(key)
-    if hit is not None and hit[0]() is owner and hit[1] == _version(w):
+    if hit is not None and not hit[0].expired() and hit[1] == w._version:
         return hit[2]
     with torch.no_grad():
         laid_out = lay_out()
-    for dead in [i for i, entry in _LAID_OUT.items() if entry[0]() is None]:
+    for dead in [k for k, entry in _LAID_OUT.items() if entry[0].expired()]:  # freed weights' layouts
         del _LAID_OUT[dead]
-    if _version(w) >= 0:
-        _LAID_OUT[key] = (weakref.ref(owner), _version(w), laid_out)
+    _LAID_OUT[key] = (_StorageWeakRef(storage), w._version, laid_out)
     return laid_out
-
-
-def _version(w: torch.Tensor) -> int:
-    """w's in-place version counter; -1 for an inference tensor, which has none (so it is never cached)."""
-    return -1 if w.is_inference() else w._version
 
 
 def swiglu_fp8(x: torch.Tensor, w1t: torch.Tensor, s1: torch.Tensor, b1: torch.Tensor, wgt: torch.Tensor, sg: torch.Tensor, bg: torch.Tensor, w2t: torch.Tensor, s2: torch.Tensor, b2: torch.Tensor, lnc: int | None = None, target: str = _TARGET) -> torch.Tensor:
@@ -1788,6 +1808,9 @@ def swiglu_fp8(x: torch.Tensor, w1t: torch.Tensor, s1: torch.Tensor, b1: torch.T
     _inter = w2t.shape[0]
     _plan = _choose(_MODEL, _MACHINES[target], _rows, _hidden, _inter, lnc)
     return swiglu_fp8_kernel[lnc](x, _up_layout(_given_w1t, (0,), _inter), _columns(s1, b1, sg, bg), _up_layout(_given_wgt, (0,), _inter), w2t, s2, b2, _down_blocks(_given_w2t, _plan.kc, _inter), _plan.s, _plan.ci, _plan.split, _plan.kc, _plan.g, _plan.ht)
+
+
+swiglu_fp8.cached_layouts = _cached_layouts  # an attribute, not a module name: no spec name can meet it
 
 
 try:  # the NKI op on Neuron hosts (ops.py owns `fusegen::<name>`); the file imports without torch_neuronx

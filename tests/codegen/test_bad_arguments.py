@@ -205,7 +205,7 @@ def test_torch_compile_reports_a_bad_argument_at_trace_time() -> None:
 def test_a_device_without_backend_is_named() -> None:
     module = ops.load_ops(ROW, GENERATED)
     with pytest.raises(ValueError, match="no backend for device meta"):
-        module._backend(t(1, device="meta"))
+        module._backend(torch.device("meta"))
 
 
 # ---- zero-size dims: empty outputs without a launch ----

@@ -5,8 +5,10 @@ from __future__ import annotations
 import importlib.util
 import sys
 from collections.abc import Iterable
+from contextlib import AbstractContextManager
 from pathlib import Path
 from types import ModuleType
+from typing import TYPE_CHECKING
 
 from fusegen.codegen.autodiff import grad_name
 from fusegen.codegen.backward import Backward
@@ -15,6 +17,9 @@ from fusegen.codegen.files.render import header, render
 from fusegen.codegen.files.signature import Returned, door_source, op_check, signature
 from fusegen.codegen.stage import dim_source
 from fusegen.dsl.ir import KernelIR, OutputDecl
+
+if TYPE_CHECKING:
+    import torch
 
 TEMPLATE = "ops.py.jinja"
 
@@ -148,3 +153,12 @@ def load_ops(name_or_path: str | Path, out_dir: str | Path = "generated") -> Mod
         spec.loader.exec_module(module)
         sys.modules[key] = module
     return sys.modules[key]
+
+
+def cached_layouts(
+    name_or_path: str | Path, device: str | torch.device = "cpu", out_dir: str | Path = "generated"
+) -> AbstractContextManager[object]:
+    """A scope in which `torch.ops.fusegen.<name>` on `device` reuses its weights' kernel layouts: the host
+    function's `cached_layouts()` (an FFN's; README, "Calling generated code") on the backend those ops run
+    on at entry, a no-op where there is none. Loads the op as `load_ops` does."""
+    return load_ops(name_or_path, out_dir)._cached_layouts(device)
