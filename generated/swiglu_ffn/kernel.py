@@ -461,10 +461,10 @@ def _pipelined(load: float, compute: float, units: int) -> float:
 
 def _slice_period(up: float, combine: float, down: float, evict: float, n_evict: int, n_up: int) -> float:
     """Time of one chunk's row slice with the SBUF accumulator, its matmuls `up` then `down` on the PE:
-    the down-projection waits for the last I-tile's `combine`, and each of its `n_evict` PSUM tiles takes
-    a bank freed by an eviction into the accumulator (`evict` ns in all, Vector engine). The next slice's
-    up-projection tiles need `n_up` banks, so the PE starts it once all but PSUM_BANKS - n_up evictions
-    are done: where the evictions are the slower side, they bound the slice."""
+    the down-projection waits `combine` ns after the last up-projection for the combines, and each of its
+    `n_evict` PSUM tiles takes a bank freed by an eviction into the accumulator (`evict` ns in all, Vector
+    engine). The next slice's up-projection tiles need `n_up` banks, so the PE starts it once all but
+    PSUM_BANKS - n_up evictions are done: where the evictions are the slower side, they bound the slice."""
     waited = evict * max(0, n_evict - (_PSUM_BANKS - n_up)) / max(1, n_evict)
     return up + combine + max(down, waited)
 
@@ -742,9 +742,10 @@ def _filled(
     m: _FfnModel, mach: _Machine, s_rows: int, inter: int, k: int, plan: _Plan, lnc: int, solo: tuple[int, int]
 ) -> float:
     """Time of one super-block of a plan with the SBUF accumulator: its fill (`super_block_fill`); its
-    chunks, each row slice's up-projection, last combine and down-projection with its evictions in series
-    (`slice_period`), or their loads pipelined with their matmuls, or the busiest other engine (one fixed
-    cost and a cold PE before the first matmul); then, without SPLIT, the epilogue of its row tiles
+    chunks, each row slice's up-projection, the combines' lag behind it (each I-tile's combine waits for
+    its up-projection, in I-tile order) and down-projection with its evictions in series (`slice_period`),
+    or their loads pipelined with their matmuls, or the busiest other engine (one fixed cost and a cold PE
+    before the first matmul); then, without SPLIT, the epilogue of its row tiles
     (`drain`), the last chunk's matmuls after its first row tile's beside it; with SPLIT 1, the exchange
     and the owner's share of its row tiles' epilogue after the core barrier (the next super-block's barrier
     waits for them); with SPLIT 2, the last K-block's sendrecv and the owner's epilogue. `solo`: split 3's
@@ -766,7 +767,12 @@ def _filled(
             # the down-projection reads the last I-tile's combine only after the other I-tiles' matmuls of
             # its first K-block (I-tile inner): those run while the combine finishes
             ahead = (_cdiv(chunk, _P) - 1) * max(_MIN_CYCLES, min(_F_MOV, k)) / mach.pe_ghz
-            waits = max(0.0, combine - ahead)
+            # each I-tile's combine waits for its up-projection, and the Vector engine runs them in I-tile
+            # order: where a combine is slower than an I-tile's up-projection, the combines fall behind
+            # the matmuls by that much per I-tile and the last one ends that much after the PE's last
+            # up-projection (a two-stage pipeline)
+            behind = (_cdiv(chunk, _P) - 1) * max(0.0, combine - up / _cdiv(chunk, _P))
+            waits = behind + max(0.0, combine - ahead)
             serial += n_chunks * n_rw * _slice_period(up, waits, down, evict, tiles * _cdiv(k, _F_MOV), m.n_up)
         # the chunk's matmuls after its first row tile's down-projection: beside that tile's epilogue
         first_up, first_down, first_tiles, _ = slices[0]

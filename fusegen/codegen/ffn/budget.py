@@ -207,9 +207,10 @@ def _filled(
     m: FfnModel, mach: Machine, s_rows: int, inter: int, k: int, plan: Plan, lnc: int, solo: tuple[int, int]
 ) -> float:
     """Time of one super-block of a plan with the SBUF accumulator: its fill (`super_block_fill`); its
-    chunks, each row slice's up-projection, last combine and down-projection with its evictions in series
-    (`slice_period`), or their loads pipelined with their matmuls, or the busiest other engine (one fixed
-    cost and a cold PE before the first matmul); then, without SPLIT, the epilogue of its row tiles
+    chunks, each row slice's up-projection, the combines' lag behind it (each I-tile's combine waits for
+    its up-projection, in I-tile order) and down-projection with its evictions in series (`slice_period`),
+    or their loads pipelined with their matmuls, or the busiest other engine (one fixed cost and a cold PE
+    before the first matmul); then, without SPLIT, the epilogue of its row tiles
     (`drain`), the last chunk's matmuls after its first row tile's beside it; with SPLIT 1, the exchange
     and the owner's share of its row tiles' epilogue after the core barrier (the next super-block's barrier
     waits for them); with SPLIT 2, the last K-block's sendrecv and the owner's epilogue. `solo`: split 3's
@@ -231,7 +232,12 @@ def _filled(
             # the down-projection reads the last I-tile's combine only after the other I-tiles' matmuls of
             # its first K-block (I-tile inner): those run while the combine finishes
             ahead = (cdiv(chunk, P) - 1) * max(MIN_CYCLES, min(F_MOV, k)) / mach.pe_ghz
-            waits = max(0.0, combine - ahead)
+            # each I-tile's combine waits for its up-projection, and the Vector engine runs them in I-tile
+            # order: where a combine is slower than an I-tile's up-projection, the combines fall behind
+            # the matmuls by that much per I-tile and the last one ends that much after the PE's last
+            # up-projection (a two-stage pipeline)
+            behind = (cdiv(chunk, P) - 1) * max(0.0, combine - up / cdiv(chunk, P))
+            waits = behind + max(0.0, combine - ahead)
             serial += n_chunks * n_rw * slice_period(up, waits, down, evict, tiles * cdiv(k, F_MOV), m.n_up)
         # the chunk's matmuls after its first row tile's down-projection: beside that tile's epilogue
         first_up, first_down, first_tiles, _ = slices[0]

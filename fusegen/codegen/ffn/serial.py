@@ -24,10 +24,10 @@ def pipelined(load: float, compute: float, units: int) -> float:
 
 def slice_period(up: float, combine: float, down: float, evict: float, n_evict: int, n_up: int) -> float:
     """Time of one chunk's row slice with the SBUF accumulator, its matmuls `up` then `down` on the PE:
-    the down-projection waits for the last I-tile's `combine`, and each of its `n_evict` PSUM tiles takes
-    a bank freed by an eviction into the accumulator (`evict` ns in all, Vector engine). The next slice's
-    up-projection tiles need `n_up` banks, so the PE starts it once all but PSUM_BANKS - n_up evictions
-    are done: where the evictions are the slower side, they bound the slice."""
+    the down-projection waits `combine` ns after the last up-projection for the combines, and each of its
+    `n_evict` PSUM tiles takes a bank freed by an eviction into the accumulator (`evict` ns in all, Vector
+    engine). The next slice's up-projection tiles need `n_up` banks, so the PE starts it once all but
+    PSUM_BANKS - n_up evictions are done: where the evictions are the slower side, they bound the slice."""
     waited = evict * max(0, n_evict - (PSUM_BANKS - n_up)) / max(1, n_evict)
     return up + combine + max(down, waited)
 
