@@ -754,7 +754,7 @@ def _filled(
     n_rs, n_k = _cdiv(s_rows, _P), _cdiv(k, _P)
     x_cycles = sum(n_t * n_k * max(_MIN_CYCLES, rows_t) for rows_t, n_t in _runs(s_rows, _P))  # in the fill
     loads = _dma_time(mach, hbm - s_rows * k * m.x_bytes, transfers - n_rs * _cdiv(k, _x_staged(m, k)))
-    combine = (m.mid_act / mach.act_ghz + m.mid_dve / mach.dve_ghz) * max(_MIN_CYCLES, min(s_rows, _F_MOV))
+    pass_ns = m.mid_act / mach.act_ghz + m.mid_dve / mach.dve_ghz  # the combine of one I-tile, per column
     serial = beside = 0.0
     for chunk, n_chunks in _runs(inter, plan.ci):  # the last run holds the last chunk
         slices = []  # (up, down, row tiles, how many) of each run of row slices
@@ -764,6 +764,7 @@ def _filled(
             down = _cdiv(chunk, _P) * tiles * _cycles(k) / mach.pe_ghz
             slices.append((up, down, tiles, n_rw))
             evict = tiles * _cycles(k) / mach.dve_ghz
+            combine = pass_ns * width  # one I-tile's, over this slice's rows
             # the down-projection reads the last I-tile's combine only after the other I-tiles' matmuls of
             # its first K-block (I-tile inner): those run while the combine finishes
             ahead = (_cdiv(chunk, _P) - 1) * max(_MIN_CYCLES, min(_F_MOV, k)) / mach.pe_ghz

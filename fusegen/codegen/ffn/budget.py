@@ -219,7 +219,7 @@ def _filled(
     n_rs, n_k = cdiv(s_rows, P), cdiv(k, P)
     x_cycles = sum(n_t * n_k * max(MIN_CYCLES, rows_t) for rows_t, n_t in runs(s_rows, P))  # in the fill
     loads = dma_time(mach, hbm - s_rows * k * m.x_bytes, transfers - n_rs * cdiv(k, x_staged(m, k)))
-    combine = (m.mid_act / mach.act_ghz + m.mid_dve / mach.dve_ghz) * max(MIN_CYCLES, min(s_rows, F_MOV))
+    pass_ns = m.mid_act / mach.act_ghz + m.mid_dve / mach.dve_ghz  # the combine of one I-tile, per column
     serial = beside = 0.0
     for chunk, n_chunks in runs(inter, plan.ci):  # the last run holds the last chunk
         slices = []  # (up, down, row tiles, how many) of each run of row slices
@@ -229,6 +229,7 @@ def _filled(
             down = cdiv(chunk, P) * tiles * cycles(k) / mach.pe_ghz
             slices.append((up, down, tiles, n_rw))
             evict = tiles * cycles(k) / mach.dve_ghz
+            combine = pass_ns * width  # one I-tile's, over this slice's rows
             # the down-projection reads the last I-tile's combine only after the other I-tiles' matmuls of
             # its first K-block (I-tile inner): those run while the combine finishes
             ahead = (cdiv(chunk, P) - 1) * max(MIN_CYCLES, min(F_MOV, k)) / mach.pe_ghz
