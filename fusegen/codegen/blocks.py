@@ -260,8 +260,9 @@ def _statistics_pass(
         op = RUNNING[stat.op][1]
         lines.append(f"nisa.tensor_tensor(dst={total.code}, data1={total.code}, data2={part.code}, op={op})")
         sel.hold(stat, total)
-    ps = BlockPass(tuple(before), needed, tuple(lines), running=tuple(names), hoisted=hoisted)
-    return replace(ps, in_place=in_place is not None)
+    return BlockPass(
+        tuple(before), needed, tuple(lines), running=tuple(names), hoisted=hoisted, in_place=bool(in_place)
+    )
 
 
 def _hoist(sel: BlockSelector, roots: list[Expr]) -> tuple[str, ...]:

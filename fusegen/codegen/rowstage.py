@@ -19,14 +19,23 @@ from fusegen.dsl.ir import DTYPE_BYTES, Dim, KernelIR, Node, OutputDecl
 
 @dataclass(frozen=True)
 class OutputWrite:
-    """One kernel output: HBM tensor name, nl dtype, the SBUF operand holding it and that operand's tile,
-    and its shape's source (a per-token [R, 1] output is written once per row tile, from a [P, 1] column)."""
+    """One kernel output: HBM tensor name, nl dtype, the SBUF operand holding it and its shape's source
+    (a per-token [R, 1] output is written once per row tile, from a [P, 1] column)."""
 
     name: str
     nl_dtype: str
-    source: str
-    tile: str
+    value: Operand
     shape: str = "(R, K)"
+
+    @property
+    def source(self) -> str:
+        """The access expression the write reads."""
+        return self.value.code
+
+    @property
+    def tile(self) -> str:
+        """The tile (or column) the write reads."""
+        return self.value.name
 
     def line(self) -> str:
         """The DMA writing the current row tile's block of this output (of a per-token output, its column)."""
@@ -149,8 +158,7 @@ def output_writes(
         for out, expr in zip(outputs, exprs, strict=True):
             if expr.kind == "vec":  # per-token [R, 1]: the f32 column the statistics passes finished
                 value = sel.value(expr)
-                name, nl_dtype = kernel_arg(out.name), NL_DTYPE[out.dtype]
-                writes.append(OutputWrite(name, nl_dtype, value.code, value.name, "(R, 1)"))
+                writes.append(OutputWrite(kernel_arg(out.name), NL_DTYPE[out.dtype], value, "(R, 1)"))
                 continue
             # an output nothing else reads is written in its own dtype by the instruction computing it
             value = sel.value(expr, out.dtype if expr.users == 0 else "f32")
@@ -158,7 +166,7 @@ def output_writes(
                 value = sel.convert(value, out.dtype)
             elif value.dtype != out.dtype:
                 value = sel.copy(value, "tile", out.dtype)
-            writes.append(OutputWrite(kernel_arg(out.name), NL_DTYPE[out.dtype], value.code, value.name))
+            writes.append(OutputWrite(kernel_arg(out.name), NL_DTYPE[out.dtype], value))
         return [w.line() for w in writes if w.shape == "(R, K)"]
 
     return finish
