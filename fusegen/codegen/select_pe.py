@@ -67,6 +67,9 @@ def tensor_tensor(sel: Selector, x: Operand, y: Operand, op: str, kind: str, dty
     other = y if staged is x else x
     rows = [staged, other] if both else [staged]
     dst = _alloc(sel)
+    # an fp32 product overwrites the staged row in place (only this instruction reads it), so it stays in
+    # PSUM and the next two-tile step that reads it runs at N as well
+    out = dst if both or dtype == "f32" else sel._alloc(kind, dtype)
     part, free = sel.layout.part, sel.layout.free
     sel.raw(f"if {sel.layout.free_alloc} <= {PSUM_COLUMNS}:", "tile", "pe")
     sel.raw(f"    for q0 in range(0, {free}, _F_MOV):", "tile", "pe")
@@ -74,21 +77,17 @@ def tensor_tensor(sel: Selector, x: Operand, y: Operand, op: str, kind: str, dty
     for i, row in enumerate(rows):
         sel.raw(f"        nisa.nc_matmul(dst={_sub(dst.code)}, stationary={IDENTITY}[0:{part}, 0:{part}], "
                 f"moving={_sub(row.code)}, accumulate={i > 0})", "tile", "pe")  # fmt: skip
+    if not both:
+        first, second = (dst, other) if staged is x else (other, dst)
+        sel._emit("tensor_tensor", (first, second), dst=out.code, data1=first.code, data2=second.code,
+                  op=f"nl.{_NL[op]}")  # fmt: skip
+        sel.lines[-1] = "    " + sel.lines[-1]  # the step of the PSUM form: inside the `if`
+    # too wide for PSUM: the step straight from the two SBUF rows (2N), not the row staged into SBUF first,
+    # which would add a full-width Scalar copy for nothing
     sel.raw("else:", "tile", "pe")
-    if both:
-        sel.raw(f"    nisa.tensor_tensor(dst={dst.code}, data1={x.code}, data2={y.code}, op=nl.{_NL[op]})",
-                "tile", "dve")  # fmt: skip
-    else:
-        sel.raw(f"    nisa.activation(dst={dst.code}, op=nl.copy, data={staged.code})", "tile", "act")
-    if both:
-        return dst if dtype == "f32" else sel.convert(dst, dtype)
-    first, second = (dst, other) if staged is x else (other, dst)
-    # an fp32 result overwrites the staged row in place (only this instruction reads it), so it stays in
-    # PSUM and the next two-tile step that reads it runs at N as well
-    out = dst if dtype == "f32" else sel._alloc(kind, dtype)
-    sel._emit("tensor_tensor", (first, second), dst=out.code, data1=first.code, data2=second.code,
-              op=f"nl.{_NL[op]}")  # fmt: skip
-    return out
+    sel.raw(f"    nisa.tensor_tensor(dst={out.code}, data1={x.code}, data2={y.code}, op=nl.{_NL[op]})",
+            "tile", "dve")  # fmt: skip
+    return out if not both or dtype == "f32" else sel.convert(dst, dtype)
 
 
 def scaled_affine_then_row(sel: Selector, e: Expr, inner: Expr, t: Expr, s: Expr, other: Expr, dtype: str

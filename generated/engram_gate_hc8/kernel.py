@@ -211,9 +211,9 @@ def _head_passes(t0, pt, h, HB, d_H, dot_sv, ec0, ec1, ec2, gate_sv, kv_hbm, pe_
             for q0 in range(0, hw, _F_MOV):
                 qw = min(_F_MOV, hw - q0)
                 nisa.nc_matmul(dst=r0_6[0:pt, q0:q0 + qw], stationary=pe_identity[0:pt, 0:pt], moving=x_ld[0:pt, c0 + q0:c0 + q0 + qw], accumulate=False)
+            nisa.tensor_tensor(dst=r0_6[0:pt, 0:hw], data1=r0_6[0:pt, 0:hw], data2=k_ld[0:pt, c0:c0 + hw], op=nl.multiply)
         else:
-            nisa.activation(dst=r0_6[0:pt, 0:hw], op=nl.copy, data=x_ld[0:pt, c0:c0 + hw])
-        nisa.tensor_tensor(dst=r0_6[0:pt, 0:hw], data1=r0_6[0:pt, 0:hw], data2=k_ld[0:pt, c0:c0 + hw], op=nl.multiply)
+            nisa.tensor_tensor(dst=r0_6[0:pt, 0:hw], data1=x_ld[0:pt, c0:c0 + hw], data2=k_ld[0:pt, c0:c0 + hw], op=nl.multiply)
         r0_7 = nl.ndarray((_P, HB), dtype=nl.float32, buffer=nl.sbuf)
         nisa.tensor_tensor(dst=r0_7[0:pt, 0:hw], data1=r0_6[0:pt, 0:hw], data2=prepared[0][0:pt, c0:c0 + hw], op=nl.multiply)
         r0_8 = nl.ndarray((_P, HB), dtype=nl.float32, buffer=nl.sbuf)

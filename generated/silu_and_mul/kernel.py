@@ -164,14 +164,14 @@ def _head_epilogue(head, d_D, pe_identity, y_hbm):
     e0 = nl.ndarray((_P, d_D), dtype=nl.float32, buffer=nl.sbuf)
     nisa.activation(dst=e0[0:pt, 0:d_D], op=nl.silu, data=_1_ld[0:pt, 0:d_D])
     e1 = nl.ndarray((_P, d_D), dtype=nl.float32, buffer=nl.psum if d_D <= nl.tile_size.psum_bank_fmax * nl.tile_size.psum_num_banks else nl.sbuf)
+    e2 = nl.ndarray((_P, d_D), dtype=nl.bfloat16, buffer=nl.sbuf)
     if d_D <= nl.tile_size.psum_bank_fmax * nl.tile_size.psum_num_banks:
         for q0 in range(0, d_D, _F_MOV):
             qw = min(_F_MOV, d_D - q0)
             nisa.nc_matmul(dst=e1[0:pt, q0:q0 + qw], stationary=pe_identity[0:pt, 0:pt], moving=_3_ld[0:pt, q0:q0 + qw], accumulate=False)
+        nisa.tensor_tensor(dst=e2[0:pt, 0:d_D], data1=e0[0:pt, 0:d_D], data2=e1[0:pt, 0:d_D], op=nl.multiply)
     else:
-        nisa.activation(dst=e1[0:pt, 0:d_D], op=nl.copy, data=_3_ld[0:pt, 0:d_D])
-    e2 = nl.ndarray((_P, d_D), dtype=nl.bfloat16, buffer=nl.sbuf)
-    nisa.tensor_tensor(dst=e2[0:pt, 0:d_D], data1=e0[0:pt, 0:d_D], data2=e1[0:pt, 0:d_D], op=nl.multiply)
+        nisa.tensor_tensor(dst=e2[0:pt, 0:d_D], data1=e0[0:pt, 0:d_D], data2=_3_ld[0:pt, 0:d_D], op=nl.multiply)
     stores.append((y_hbm[t0:t0 + pt, h, 0:d_D], e2[0:pt, 0:d_D]))
     return stores
 

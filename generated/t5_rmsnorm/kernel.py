@@ -207,14 +207,14 @@ def _head_epilogue(head, d_H, pe_identity, rstd_hbm, save, y_hbm):
     e1 = nl.ndarray((_P, d_H), dtype=nl.bfloat16, buffer=nl.sbuf)
     nisa.tensor_scalar(dst=e1[0:pt, 0:d_H], data=x_ld[0:pt, 0:d_H], op0=nl.multiply, operand0=e0[0:pt, 0:1])
     e2 = nl.ndarray((_P, d_H), dtype=nl.float32, buffer=nl.psum if d_H <= nl.tile_size.psum_bank_fmax * nl.tile_size.psum_num_banks else nl.sbuf)
+    e3 = nl.ndarray((_P, d_H), dtype=nl.bfloat16, buffer=nl.sbuf)
     if d_H <= nl.tile_size.psum_bank_fmax * nl.tile_size.psum_num_banks:
         for q0 in range(0, d_H, _F_MOV):
             qw = min(_F_MOV, d_H - q0)
             nisa.nc_matmul(dst=e2[0:pt, q0:q0 + qw], stationary=pe_identity[0:pt, 0:pt], moving=e1[0:pt, q0:q0 + qw], accumulate=False)
+        nisa.tensor_tensor(dst=e3[0:pt, 0:d_H], data1=prepared[0][0:pt, 0:d_H], data2=e2[0:pt, 0:d_H], op=nl.multiply)
     else:
-        nisa.activation(dst=e2[0:pt, 0:d_H], op=nl.copy, data=e1[0:pt, 0:d_H])
-    e3 = nl.ndarray((_P, d_H), dtype=nl.bfloat16, buffer=nl.sbuf)
-    nisa.tensor_tensor(dst=e3[0:pt, 0:d_H], data1=prepared[0][0:pt, 0:d_H], data2=e2[0:pt, 0:d_H], op=nl.multiply)
+        nisa.tensor_tensor(dst=e3[0:pt, 0:d_H], data1=prepared[0][0:pt, 0:d_H], data2=e1[0:pt, 0:d_H], op=nl.multiply)
     stores.append((y_hbm[t0:t0 + pt, h, 0:d_H], e3[0:pt, 0:d_H]))
     if save:
         nisa.tensor_copy(dst=rstd_sv[0:pt, h:h + 1], src=e0[0:pt, 0:1], engine=nisa.engine.gpsimd)

@@ -69,3 +69,18 @@ def test_the_plan_counts_the_diagonals_and_the_accumulation_banks() -> None:
     plan = (REPO / "generated" / "engram_gate" / "plan.md").read_text()
     # the prep broadcasts w_h and w_e (a bank each), then the accumulation of out
     assert f"| PSUM banks | {2 + ACC_BANKS} of 8" in plan
+
+
+def test_rows_too_wide_for_psum_take_the_step_straight_from_sbuf() -> None:
+    """Past the 4096 fp32 columns of all PSUM banks a staged step reads both rows from SBUF: silu_and_mul's
+    only Scalar work is its silu (the SBUF form once copied the row to fp32 first: a second full-width
+    Scalar pass for nothing), and the product is the same as the formula's."""
+    width = 4224
+    x = torch.randn(130, 2 * width, generator=torch.Generator().manual_seed(5)).bfloat16()
+    k = kernel("silu_and_mul")
+    y = k.silu_and_mul(x, lnc=1)
+    scalar = [r.op for r in k.silu_and_mul_kernel.last_run.trace if r.engine == "scalar"]
+    assert len(scalar) == 2, scalar  # one silu per 128-token tile
+    assert "nc_matmul" not in [r.op for r in k.silu_and_mul_kernel.last_run.trace]
+    want = (torch.nn.functional.silu(x[:, :width].float()) * x[:, width:].float()).bfloat16()
+    torch.testing.assert_close(y, want, rtol=0, atol=0)
