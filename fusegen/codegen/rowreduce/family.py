@@ -225,7 +225,9 @@ def plan_rowreduce(ir: KernelIR, m: RowReduceMatch, low: RowReduceLowering, targ
         sbuf_budget=budget, psum_banks=len(m.weights) + (0 if streamed else low.psum_banks),
         psum_budget=target.psum_banks,
         hbm_bytes=(("per token", per_token), ("minimum per token", minimum), ("weights", weights * builds)),
-        summary=summary, reasons=_reasons(low, width, heads, hb, resident, budget, streamed),
+        summary=summary,
+        reasons=(*_reasons(low, width, heads, hb, resident, budget, streamed),
+                 *_isolation(low, width, hb, streamed, target.psum_bytes_per_partition // 4)),  # fp32 columns
     )  # fmt: skip
 
 
@@ -285,6 +287,23 @@ def _reasons(low: RowReduceLowering, width: int, heads: int, hb: int, resident: 
     reasons.append("row inputs are loaded once per token tile and head and kept for the epilogue, so each "
                    "input byte crosses HBM once")  # fmt: skip
     return tuple(reasons)
+
+
+def _isolation(low: RowReduceLowering, width: int, hb: int, streamed: bool, psum_columns: int
+               ) -> tuple[str, ...]:  # fmt: skip
+    """Whether a non-finite input stays in its token's outputs, for kernels that can stage rows on the PE."""
+    if not low.model.launch_tiles:
+        return ()
+    staged = not streamed and (
+        (low.pe_passes and hb <= psum_columns)
+        or (low.pe_epilogue and (low.model.diagonals > 0 or width <= psum_columns))
+    )
+    if not staged:
+        return ("rows kept apart at this shape (no identity matmul on them): a non-finite input element "
+                "reaches only its own token's outputs",)  # fmt: skip
+    return ("rows pass through the Tensor engine (identity matmuls into PSUM): a non-finite input element "
+            "makes its column nan for every token of its 128-token tile (0 x inf = nan), where the "
+            "reference keeps tokens apart, so row inputs must be finite (docs/performance.md)",)  # fmt: skip
 
 
 FORWARD_DOC = "a row-reduction NKI kernel; reference.py spells out the math"

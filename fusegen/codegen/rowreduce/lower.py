@@ -104,6 +104,10 @@ class RowReduceLowering:
     streamed: bool = False  # row inputs streamed from HBM per chunk in every pass and in a chunked epilogue
     epi_loads: tuple[Load, ...] = ()  # the row-input chunks the streamed epilogue reads
     psum_banks: int = 0  # PSUM banks of the epilogue's PE-formed outputs (besides the prep's broadcasts)
+    # rows through identity matmuls (mixing a tile's non-finite values): passes if HB fits PSUM, epilogue if
+    # the width does (PE-formed outputs, with diagonals: at every width)
+    pe_passes: bool = False
+    pe_epilogue: bool = False
 
 
 def lower_rowreduce(ir: KernelIR, m: RowReduceMatch) -> RowReduceLowering:
@@ -144,6 +148,8 @@ def _lower_rowreduce(ir: KernelIR, m: RowReduceMatch, load: EngineLoad) -> RowRe
         tile_outputs=tile_outs, required_columns=tuple(c for c in col_outs if not c.optional),
         optional_columns=tuple(c for c in col_outs if c.optional), model=model,
         constants=constants, psum_banks=epi.psum_banks,
+        pe_passes=any(map(select_pe.identity_line, passes.constants)),
+        pe_epilogue=any(map(select_pe.identity_line, epi.constants)),
     )  # fmt: skip
 
 
