@@ -194,5 +194,21 @@ def nc_transpose(
         raise ins.fail(DtypeError, f"dst {d.dtype} != data {s.dtype}")
     if (d.partitions, d.free_size) != (s.free_size, s.partitions):
         raise ins.fail(ShapeMismatchError, f"dst {d.shape} must be [{s.free_size}, {s.partitions}]")
-    ins.write(d, ins.read(s, "data").reshape(s.partitions, s.free_size).t())
+    value = ins.read(s, "data").reshape(s.partitions, s.free_size)
+    if ins.engine == "tensor" and ins.ctx.target.nc_version < 3:
+        value = identity_matmul_rows(value)
+    ins.write(d, value.t())
     ins.finish(d.partitions, d.free_size)
+
+
+def identity_matmul_rows(x: torch.Tensor) -> torch.Tensor:
+    """x as a matmul with the identity gives it back, rows on partitions: NeuronCore-v2's Tensor-engine
+    transpose is that matmul and "not bit-accurate if the input data contains NaN/Inf" (ISA nc_transpose;
+    bit-accurate from v3), so an inf or nan reaches every other row of its column as 0 * inf = nan."""
+    if not x.is_floating_point():
+        return x
+    bad = ~x.float().isfinite()
+    if not bool(bad.any()):
+        return x
+    elsewhere = bad.sum(dim=0, keepdim=True) - bad.int() > 0  # another row of this column is non-finite
+    return torch.where(elsewhere, torch.tensor(math.nan, dtype=x.dtype), x)
