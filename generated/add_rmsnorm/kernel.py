@@ -155,7 +155,7 @@ def _prepare_weights(h, w_hbm):
     """Head `h`'s prepared weights as fp32 [_P, width] SBUF tiles (a trace-time helper of both kernels)."""
     d_H = w_hbm.shape[1]
     ones_bfloat16 = nl.ndarray((1, _P), dtype=nl.bfloat16, buffer=nl.sbuf)
-    nisa.memset(dst=ones_bfloat16[0:1, 0:_P], value=1.0)
+    nisa.memset(dst=ones_bfloat16[0:1, 0:_P], value=1.0, engine=nisa.engine.gpsimd)
     prep0 = nl.ndarray((_P, d_H), dtype=nl.float32, buffer=nl.sbuf)
     for q0 in range(0, d_H, _F_MOV):
         qw = min(_F_MOV, d_H - q0)
@@ -297,7 +297,6 @@ def add_rmsnorm_kernel(x_hbm, r_hbm, w_hbm, eps_arg, HB, resident, overlap, stre
     h_hbm_flat = nl.ndarray((d_T, d_H), dtype=nl.bfloat16, buffer=nl.shared_hbm)
     y_hbm = y_hbm_flat.reshape((d_T, 1, d_H))
     h_hbm = h_hbm_flat.reshape((d_T, 1, d_H))
-    held = [_prepare_weights(h, w_hbm) for h in range(1)] if resident else []
     pe_offsets = nl.ndarray((_P, _P), dtype=nl.int32, buffer=nl.sbuf)
     nisa.iota(dst=pe_offsets[0:_P, 0:_P], pattern=[[-1, _P]], offset=0, channel_multiplier=1)
     pe_identity = nl.ndarray((_P, _P), dtype=nl.bfloat16, buffer=nl.sbuf)
@@ -308,6 +307,8 @@ def add_rmsnorm_kernel(x_hbm, r_hbm, w_hbm, eps_arg, HB, resident, overlap, stre
     nisa.memset(dst=scc0[0:_P, 0:1], value=(1.0 / float(d_H)), engine=nisa.engine.gpsimd)
     scc1 = nl.ndarray((_P, 1), dtype=nl.float32, buffer=nl.sbuf)
     nisa.memset(dst=scc1[0:_P, 0:1], value=eps_arg, engine=nisa.engine.gpsimd)
+    # after the constants: the identity's Vector step is not queued behind the whole weight prep
+    held = [_prepare_weights(h, w_hbm) for h in range(1)] if resident else []
     # output DMAs of the last epilogue, and of the one before (the DMA queues are in order: overlapped, a head's
     # stores wait until the next-but-one head's loads are queued, so a store waiting for its epilogue never
     # holds up a load; else until the next head's loads are)

@@ -156,7 +156,7 @@ def _prepare_weights(h, w_h_hbm, w_e_hbm):
     d_H = w_h_hbm.shape[1]
     d_HC = 8
     ones_bfloat16 = nl.ndarray((1, _P), dtype=nl.bfloat16, buffer=nl.sbuf)
-    nisa.memset(dst=ones_bfloat16[0:1, 0:_P], value=1.0)
+    nisa.memset(dst=ones_bfloat16[0:1, 0:_P], value=1.0, engine=nisa.engine.gpsimd)
     prep0 = nl.ndarray((_P, d_H), dtype=nl.float32, buffer=nl.sbuf)
     for q0 in range(0, d_H, _F_MOV):
         qw = min(_F_MOV, d_H - q0)
@@ -385,7 +385,6 @@ def engram_gate_hc8_kernel(x_hbm, kv_hbm, w_h_hbm, w_e_hbm, eps_arg, clamp_arg, 
     gate_hbm = nl.ndarray((d_T, d_HC), dtype=nl.float32, buffer=nl.shared_hbm) if save else None
     rstd_x_hbm = nl.ndarray((d_T, d_HC), dtype=nl.float32, buffer=nl.shared_hbm) if save else None
     rstd_k_hbm = nl.ndarray((d_T, d_HC), dtype=nl.float32, buffer=nl.shared_hbm) if save else None
-    held = [_prepare_weights(h, w_h_hbm, w_e_hbm) for h in range(d_HC)] if resident else []
     pe_offsets = nl.ndarray((_P, _P), dtype=nl.int32, buffer=nl.sbuf)
     nisa.iota(dst=pe_offsets[0:_P, 0:_P], pattern=[[-1, _P]], offset=0, channel_multiplier=1)
     pe_identity = nl.ndarray((_P, _P), dtype=nl.bfloat16, buffer=nl.sbuf)
@@ -406,6 +405,8 @@ def engram_gate_hc8_kernel(x_hbm, kv_hbm, w_h_hbm, w_e_hbm, eps_arg, clamp_arg, 
     nisa.memset(dst=scc3[0:_P, 0:1], value=(-clamp_arg), engine=nisa.engine.gpsimd)
     scc4 = nl.ndarray((_P, 1), dtype=nl.float32, buffer=nl.sbuf)
     nisa.memset(dst=scc4[0:_P, 0:1], value=clamp_arg, engine=nisa.engine.gpsimd)
+    # after the constants: the identity's Vector step is not queued behind the whole weight prep
+    held = [_prepare_weights(h, w_h_hbm, w_e_hbm) for h in range(d_HC)] if resident else []
     # output DMAs of the last epilogue, and of the one before (the DMA queues are in order: overlapped, a head's
     # stores wait until the next-but-one head's loads are queued, so a store waiting for its epilogue never
     # holds up a load; else until the next head's loads are)

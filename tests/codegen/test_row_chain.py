@@ -54,3 +54,10 @@ def test_layernorm_variance_is_scaled_in_its_rsqrt() -> None:
     rsqrt = [s for s in column_steps(function("layernorm", "_head_passes")) if "op=nl.rsqrt" in s]
     assert len(rsqrt) == 1 and "scale=1.0 / float(d_H)" in rsqrt[0]
 
+
+def test_the_weight_prep_waits_on_nothing_in_the_vector_queue() -> None:
+    """The prep's ones row is set on GpSimd, and the identity is built before the prep is queued."""
+    prep = ast.unparse(function("engram_gate", "_prepare_weights"))
+    assert "value=1.0, engine=nisa.engine.gpsimd" in prep
+    kernel = ast.unparse(function("engram_gate", "engram_gate_kernel"))
+    assert kernel.index("pe_identity = ") < kernel.index("_prepare_weights(")

@@ -194,7 +194,8 @@ def _prepare_body(loads: tuple[Load, ...], lines: list[str], roots: list[tuple[s
     weights themselves."""
     dtypes = sorted({ld.nl_dtype for ld in loads})
     body = [f"ones_{_short(dt)} = nl.ndarray((1, _P), dtype={dt}, buffer=nl.sbuf)" for dt in dtypes]
-    body += [f"nisa.memset(dst=ones_{_short(dt)}[0:1, 0:_P], value=1.0)" for dt in dtypes]
+    # on the idle GpSimd engine: in the Vector queue each head's memset waited for the previous head's prep
+    body += [f"nisa.memset(dst=ones_{_short(dt)}[0:1, 0:_P], value=1.0, engine={GPSIMD})" for dt in dtypes]
     names = [prep_name(i) for i in range(len(roots))]
     body += [f"{r} = nl.ndarray((_P, {width}), dtype=nl.float32, buffer=nl.sbuf)" for r in names]
     body.append(f"for q0 in range(0, {width}, _F_MOV):")
