@@ -28,6 +28,7 @@ class Operand:
     memory: str = "sbuf"  # "sbuf" | "psum" ("" for scalars)
     dtype: str = "f32"
     positive: bool = False  # known > 0 (a sum of exponentials): its log is defined (select_folds.py)
+    scale: str = ""  # the value is this operand times the trace-time scalar `scale` (a deferred 1/n)
 
     @property
     def name(self) -> str:
@@ -153,6 +154,9 @@ class StageError(Exception):
 
 
 def _leaf_expr(op: Operand) -> Expr:
+    if op.scale:  # read as `operand * scale`, which a consuming activation can take in its scale
+        held = Operand(op.kind, op.code, op.memory, op.dtype, op.positive)
+        return _mk("mul", [_leaf_expr(held), scalar(op.scale)], op.kind)
     return Expr("leaf", kind=op.kind, leaf=op, dtype=op.dtype)
 
 

@@ -155,7 +155,7 @@ def _prepare_weights(h, w_hbm):
     """Head `h`'s prepared weights as fp32 [_P, width] SBUF tiles (a trace-time helper of both kernels)."""
     d_H = w_hbm.shape[1]
     ones_bfloat16 = nl.ndarray((1, _P), dtype=nl.bfloat16, buffer=nl.sbuf)
-    nisa.memset(dst=ones_bfloat16[0:1, 0:_P], value=1.0)
+    nisa.memset(dst=ones_bfloat16[0:1, 0:_P], value=1.0, engine=nisa.engine.gpsimd)
     prep0 = nl.ndarray((_P, d_H), dtype=nl.float32, buffer=nl.sbuf)
     for q0 in range(0, d_H, _F_MOV):
         qw = min(_F_MOV, d_H - q0)
@@ -196,12 +196,10 @@ def _head_passes(t0, pt, h, HB, d_H, pe_identity, prepared, r_ld, x_ld):
         r0_1 = nl.ndarray((_P, HB), dtype=nl.float32, buffer=nl.sbuf)
         r0_2 = nl.ndarray((_P, 1), dtype=nl.float32, buffer=nl.sbuf)
         nisa.activation_reduce(dst=r0_1[0:pt, 0:hw], op=nl.square, data=r0_0[0:pt, 0:hw], reduce_op=nl.add, reduce_res=r0_2[0:pt, 0:1])
-        r0_3 = nl.ndarray((_P, 1), dtype=nl.float32, buffer=nl.sbuf)
-        nisa.activation(dst=r0_3[0:pt, 0:1], op=nl.copy, data=r0_2[0:pt, 0:1], scale=(1.0 / float(d_H)))
         if c == 0:
-            acc7 = r0_3
+            acc7 = r0_2
         else:
-            nisa.tensor_tensor(dst=acc7[0:pt, 0:1], data1=acc7[0:pt, 0:1], data2=r0_3[0:pt, 0:1], op=nl.add, engine=nisa.engine.gpsimd)
+            nisa.tensor_tensor(dst=acc7[0:pt, 0:1], data1=acc7[0:pt, 0:1], data2=r0_2[0:pt, 0:1], op=nl.add, engine=nisa.engine.gpsimd)
     # per-row math on the accumulators, before the previous head's full-width epilogue
     return (t0, pt, h, acc7, prepared, r_ld, x_ld)
 
@@ -219,7 +217,7 @@ def _head_epilogue(head, d_H, ec0, h_hbm, pe_identity, y_hbm):
     else:
         nisa.tensor_tensor(dst=e0[0:pt, 0:d_H], data1=x_ld[0:pt, 0:d_H], data2=r_ld[0:pt, 0:d_H], op=nl.add)
     e1 = nl.ndarray((_P, 1), dtype=nl.float32, buffer=nl.sbuf)
-    nisa.activation(dst=e1[0:pt, 0:1], op=nl.rsqrt, data=acc7[0:pt, 0:1], bias=ec0[0:pt, 0:1])
+    nisa.activation(dst=e1[0:pt, 0:1], op=nl.rsqrt, data=acc7[0:pt, 0:1], bias=ec0[0:pt, 0:1], scale=(1.0 / float(d_H)))
     e2 = nl.ndarray((_P, d_H), dtype=nl.bfloat16, buffer=nl.sbuf)
     nisa.scalar_tensor_tensor(dst=e2[0:pt, 0:d_H], data=e0[0:pt, 0:d_H], op0=nl.multiply, operand0=e1[0:pt, 0:1], op1=nl.multiply, operand1=prepared[0][0:pt, 0:d_H])
     e3 = nl.ndarray((_P, d_H), dtype=nl.bfloat16, buffer=nl.sbuf)
@@ -229,7 +227,7 @@ def _head_epilogue(head, d_H, ec0, h_hbm, pe_identity, y_hbm):
     return stores
 
 
-def _stream_passes(t0, pt, h, HB, d_H, prepared, r_hbm, scc0, x_hbm):
+def _stream_passes(t0, pt, h, HB, d_H, prepared, r_hbm, scc0, scc1, x_hbm):
     """head_passes for rows too wide for SBUF: each pass reads its chunks of the row inputs from HBM."""
     # reduction pass 1: partial results per chunk, folded into [_P, 1] accumulators
     for c in range(_cdiv(d_H, HB)):
@@ -244,23 +242,23 @@ def _stream_passes(t0, pt, h, HB, d_H, prepared, r_hbm, scc0, x_hbm):
         sr0_1 = nl.ndarray((_P, HB), dtype=nl.float32, buffer=nl.sbuf)
         sr0_2 = nl.ndarray((_P, 1), dtype=nl.float32, buffer=nl.sbuf)
         nisa.activation_reduce(dst=sr0_1[0:pt, 0:hw], op=nl.square, data=sr0_0[0:pt, 0:hw], reduce_op=nl.add, reduce_res=sr0_2[0:pt, 0:1])
-        sr0_3 = nl.ndarray((_P, 1), dtype=nl.float32, buffer=nl.sbuf)
-        nisa.activation(dst=sr0_3[0:pt, 0:1], op=nl.copy, data=sr0_2[0:pt, 0:1], scale=(1.0 / float(d_H)))
         if c == 0:
-            acc7 = sr0_3
+            acc7 = sr0_2
         else:
-            nisa.tensor_tensor(dst=acc7[0:pt, 0:1], data1=acc7[0:pt, 0:1], data2=sr0_3[0:pt, 0:1], op=nl.add, engine=nisa.engine.gpsimd)
+            nisa.tensor_tensor(dst=acc7[0:pt, 0:1], data1=acc7[0:pt, 0:1], data2=sr0_2[0:pt, 0:1], op=nl.add, engine=nisa.engine.gpsimd)
     # per-row math on the accumulators, once per head before the chunked epilogue
     sc0 = nl.ndarray((_P, 1), dtype=nl.float32, buffer=nl.sbuf)
-    nisa.tensor_tensor(dst=sc0[0:pt, 0:1], data1=acc7[0:pt, 0:1], data2=scc0[0:pt, 0:1], op=nl.add, engine=nisa.engine.gpsimd)
+    nisa.tensor_tensor(dst=sc0[0:pt, 0:1], data1=acc7[0:pt, 0:1], data2=scc0[0:pt, 0:1], op=nl.multiply, engine=nisa.engine.gpsimd)
     sc1 = nl.ndarray((_P, 1), dtype=nl.float32, buffer=nl.sbuf)
-    nisa.activation(dst=sc1[0:pt, 0:1], op=nl.rsqrt, data=sc0[0:pt, 0:1])
-    return (t0, pt, h, prepared, sc1)
+    nisa.tensor_tensor(dst=sc1[0:pt, 0:1], data1=sc0[0:pt, 0:1], data2=scc1[0:pt, 0:1], op=nl.add, engine=nisa.engine.gpsimd)
+    sc2 = nl.ndarray((_P, 1), dtype=nl.float32, buffer=nl.sbuf)
+    nisa.activation(dst=sc2[0:pt, 0:1], op=nl.rsqrt, data=sc1[0:pt, 0:1])
+    return (t0, pt, h, prepared, sc2)
 
 
 def _stream_epilogue(head, HB, d_H, h_hbm, r_hbm, x_hbm, y_hbm):
     """head_epilogue for rows too wide for SBUF: the combine per chunk, re-read from HBM and stored per chunk."""
-    t0, pt, h, prepared, sc1 = head
+    t0, pt, h, prepared, sc2 = head
     stores = []
     # the combine chunk by chunk, each chunk of the row inputs read from HBM again, each output chunk stored
     for c in range(_cdiv(d_H, HB)):
@@ -273,7 +271,7 @@ def _stream_epilogue(head, HB, d_H, h_hbm, r_hbm, x_hbm, y_hbm):
         se0 = nl.ndarray((_P, HB), dtype=nl.float32, buffer=nl.sbuf)
         nisa.tensor_tensor(dst=se0[0:pt, 0:hw], data1=x_ld[0:pt, 0:hw], data2=r_ld[0:pt, 0:hw], op=nl.add)
         se1 = nl.ndarray((_P, HB), dtype=nl.bfloat16, buffer=nl.sbuf)
-        nisa.scalar_tensor_tensor(dst=se1[0:pt, 0:hw], data=se0[0:pt, 0:hw], op0=nl.multiply, operand0=sc1[0:pt, 0:1], op1=nl.multiply, operand1=prepared[0][0:pt, c0:c0 + hw])
+        nisa.scalar_tensor_tensor(dst=se1[0:pt, 0:hw], data=se0[0:pt, 0:hw], op0=nl.multiply, operand0=sc2[0:pt, 0:1], op1=nl.multiply, operand1=prepared[0][0:pt, c0:c0 + hw])
         se2 = nl.ndarray((_P, HB), dtype=nl.bfloat16, buffer=nl.sbuf)
         nisa.activation(dst=se2[0:pt, 0:hw], op=nl.copy, data=se0[0:pt, 0:hw])
         nisa.dma_copy(dst=y_hbm[t0:t0 + pt, h, c0:c0 + hw], src=se1[0:pt, 0:hw])
@@ -299,7 +297,6 @@ def add_rmsnorm_kernel(x_hbm, r_hbm, w_hbm, eps_arg, HB, resident, overlap, stre
     h_hbm_flat = nl.ndarray((d_T, d_H), dtype=nl.bfloat16, buffer=nl.shared_hbm)
     y_hbm = y_hbm_flat.reshape((d_T, 1, d_H))
     h_hbm = h_hbm_flat.reshape((d_T, 1, d_H))
-    held = [_prepare_weights(h, w_hbm) for h in range(1)] if resident else []
     pe_offsets = nl.ndarray((_P, _P), dtype=nl.int32, buffer=nl.sbuf)
     nisa.iota(dst=pe_offsets[0:_P, 0:_P], pattern=[[-1, _P]], offset=0, channel_multiplier=1)
     pe_identity = nl.ndarray((_P, _P), dtype=nl.bfloat16, buffer=nl.sbuf)
@@ -307,7 +304,11 @@ def add_rmsnorm_kernel(x_hbm, r_hbm, w_hbm, eps_arg, HB, resident, overlap, stre
     ec0 = nl.ndarray((_P, 1), dtype=nl.float32, buffer=nl.sbuf)
     nisa.memset(dst=ec0[0:_P, 0:1], value=eps_arg, engine=nisa.engine.gpsimd)
     scc0 = nl.ndarray((_P, 1), dtype=nl.float32, buffer=nl.sbuf)
-    nisa.memset(dst=scc0[0:_P, 0:1], value=eps_arg, engine=nisa.engine.gpsimd)
+    nisa.memset(dst=scc0[0:_P, 0:1], value=(1.0 / float(d_H)), engine=nisa.engine.gpsimd)
+    scc1 = nl.ndarray((_P, 1), dtype=nl.float32, buffer=nl.sbuf)
+    nisa.memset(dst=scc1[0:_P, 0:1], value=eps_arg, engine=nisa.engine.gpsimd)
+    # after the constants: the identity's Vector step is not queued behind the whole weight prep
+    held = [_prepare_weights(h, w_hbm) for h in range(1)] if resident else []
     # output DMAs of the last epilogue, and of the one before (the DMA queues are in order: overlapped, a head's
     # stores wait until the next-but-one head's loads are queued, so a store waiting for its epilogue never
     # holds up a load; else until the next head's loads are)
@@ -323,7 +324,7 @@ def add_rmsnorm_kernel(x_hbm, r_hbm, w_hbm, eps_arg, HB, resident, overlap, stre
             pt = min(_P, t_end - t0)
             for h in range(1):
                 prepared = held[h] if resident else _prepare_weights(h, w_hbm)
-                head = _stream_passes(t0, pt, h, HB, d_H, prepared, r_hbm, scc0, x_hbm)
+                head = _stream_passes(t0, pt, h, HB, d_H, prepared, r_hbm, scc0, scc1, x_hbm)
                 for dst, src in _stream_epilogue(head, HB, d_H, h_hbm, r_hbm, x_hbm, y_hbm):
                     nisa.dma_copy(dst=dst, src=src)
     else:

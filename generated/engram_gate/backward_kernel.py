@@ -156,7 +156,7 @@ def _prepare_weights(h, w_h_hbm, w_e_hbm):
     d_H = w_h_hbm.shape[1]
     d_HC = w_h_hbm.shape[0]
     ones_bfloat16 = nl.ndarray((1, _P), dtype=nl.bfloat16, buffer=nl.sbuf)
-    nisa.memset(dst=ones_bfloat16[0:1, 0:_P], value=1.0)
+    nisa.memset(dst=ones_bfloat16[0:1, 0:_P], value=1.0, engine=nisa.engine.gpsimd)
     prep0 = nl.ndarray((_P, d_H), dtype=nl.float32, buffer=nl.sbuf)
     for q0 in range(0, d_H, _F_MOV):
         qw = min(_F_MOV, d_H - q0)

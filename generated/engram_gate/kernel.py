@@ -148,7 +148,7 @@ def _choose_rows(m: _RowModel, width: int, heads: int, budget: int) -> tuple[int
         f"(the prepared weights stay width-long); the budget is {budget} B"
     )
 
-_MODEL = _RowModel(resident_per_head=4, prep_scratch=0, row_inputs=6, epilogue=2, chunk=20, columns=116, row_copies=2, stream_epilogue=2, launch_tiles=768, diagonals=768)
+_MODEL = _RowModel(resident_per_head=4, prep_scratch=0, row_inputs=6, epilogue=2, chunk=20, columns=112, row_copies=2, stream_epilogue=2, launch_tiles=768, diagonals=768)
 
 
 def _prepare_weights(h, w_h_hbm, w_e_hbm):
@@ -156,7 +156,7 @@ def _prepare_weights(h, w_h_hbm, w_e_hbm):
     d_H = w_h_hbm.shape[1]
     d_HC = w_h_hbm.shape[0]
     ones_bfloat16 = nl.ndarray((1, _P), dtype=nl.bfloat16, buffer=nl.sbuf)
-    nisa.memset(dst=ones_bfloat16[0:1, 0:_P], value=1.0)
+    nisa.memset(dst=ones_bfloat16[0:1, 0:_P], value=1.0, engine=nisa.engine.gpsimd)
     prep0 = nl.ndarray((_P, d_H), dtype=nl.float32, buffer=nl.sbuf)
     for q0 in range(0, d_H, _F_MOV):
         qw = min(_F_MOV, d_H - q0)
@@ -199,45 +199,41 @@ def _head_passes(t0, pt, h, HB, d_H, dot_sv, ec0, ec1, ec2, gate_sv, kv_hbm, pe_
         r0_0 = nl.ndarray((_P, HB), dtype=nl.float32, buffer=nl.sbuf)
         r0_1 = nl.ndarray((_P, 1), dtype=nl.float32, buffer=nl.sbuf)
         nisa.activation_reduce(dst=r0_0[0:pt, 0:hw], op=nl.square, data=x_ld[0:pt, c0:c0 + hw], reduce_op=nl.add, reduce_res=r0_1[0:pt, 0:1])
-        r0_2 = nl.ndarray((_P, 1), dtype=nl.float32, buffer=nl.sbuf)
-        nisa.activation(dst=r0_2[0:pt, 0:1], op=nl.copy, data=r0_1[0:pt, 0:1], scale=(1.0 / float(d_H)))
-        r0_3 = nl.ndarray((_P, HB), dtype=nl.float32, buffer=nl.sbuf)
-        r0_4 = nl.ndarray((_P, 1), dtype=nl.float32, buffer=nl.sbuf)
-        nisa.activation_reduce(dst=r0_3[0:pt, 0:hw], op=nl.square, data=k_ld[0:pt, c0:c0 + hw], reduce_op=nl.add, reduce_res=r0_4[0:pt, 0:1])
-        r0_5 = nl.ndarray((_P, 1), dtype=nl.float32, buffer=nl.sbuf)
-        nisa.activation(dst=r0_5[0:pt, 0:1], op=nl.copy, data=r0_4[0:pt, 0:1], scale=(1.0 / float(d_H)))
-        r0_6 = nl.ndarray((_P, HB), dtype=nl.float32, buffer=nl.psum if HB <= nl.tile_size.psum_bank_fmax * nl.tile_size.psum_num_banks else nl.sbuf)
+        r0_2 = nl.ndarray((_P, HB), dtype=nl.float32, buffer=nl.sbuf)
+        r0_3 = nl.ndarray((_P, 1), dtype=nl.float32, buffer=nl.sbuf)
+        nisa.activation_reduce(dst=r0_2[0:pt, 0:hw], op=nl.square, data=k_ld[0:pt, c0:c0 + hw], reduce_op=nl.add, reduce_res=r0_3[0:pt, 0:1])
+        r0_4 = nl.ndarray((_P, HB), dtype=nl.float32, buffer=nl.psum if HB <= nl.tile_size.psum_bank_fmax * nl.tile_size.psum_num_banks else nl.sbuf)
         if HB <= nl.tile_size.psum_bank_fmax * nl.tile_size.psum_num_banks:
             for q0 in range(0, hw, _F_MOV):
                 qw = min(_F_MOV, hw - q0)
-                nisa.nc_matmul(dst=r0_6[0:pt, q0:q0 + qw], stationary=pe_identity[0:pt, 0:pt], moving=x_ld[0:pt, c0 + q0:c0 + q0 + qw], accumulate=False)
-            nisa.tensor_tensor(dst=r0_6[0:pt, 0:hw], data1=r0_6[0:pt, 0:hw], data2=k_ld[0:pt, c0:c0 + hw], op=nl.multiply)
+                nisa.nc_matmul(dst=r0_4[0:pt, q0:q0 + qw], stationary=pe_identity[0:pt, 0:pt], moving=x_ld[0:pt, c0 + q0:c0 + q0 + qw], accumulate=False)
+            nisa.tensor_tensor(dst=r0_4[0:pt, 0:hw], data1=r0_4[0:pt, 0:hw], data2=k_ld[0:pt, c0:c0 + hw], op=nl.multiply)
         else:
-            nisa.tensor_tensor(dst=r0_6[0:pt, 0:hw], data1=x_ld[0:pt, c0:c0 + hw], data2=k_ld[0:pt, c0:c0 + hw], op=nl.multiply)
-        r0_7 = nl.ndarray((_P, HB), dtype=nl.float32, buffer=nl.sbuf)
-        nisa.tensor_tensor(dst=r0_7[0:pt, 0:hw], data1=r0_6[0:pt, 0:hw], data2=prepared[0][0:pt, c0:c0 + hw], op=nl.multiply)
-        r0_8 = nl.ndarray((_P, HB), dtype=nl.float32, buffer=nl.sbuf)
-        r0_9 = nl.ndarray((_P, 1), dtype=nl.float32, buffer=nl.sbuf)
-        nisa.activation_reduce(dst=r0_8[0:pt, 0:hw], op=nl.copy, data=r0_7[0:pt, 0:hw], reduce_op=nl.add, reduce_res=r0_9[0:pt, 0:1])
+            nisa.tensor_tensor(dst=r0_4[0:pt, 0:hw], data1=x_ld[0:pt, c0:c0 + hw], data2=k_ld[0:pt, c0:c0 + hw], op=nl.multiply)
+        r0_5 = nl.ndarray((_P, HB), dtype=nl.float32, buffer=nl.sbuf)
+        nisa.tensor_tensor(dst=r0_5[0:pt, 0:hw], data1=r0_4[0:pt, 0:hw], data2=prepared[0][0:pt, c0:c0 + hw], op=nl.multiply)
+        r0_6 = nl.ndarray((_P, HB), dtype=nl.float32, buffer=nl.sbuf)
+        r0_7 = nl.ndarray((_P, 1), dtype=nl.float32, buffer=nl.sbuf)
+        nisa.activation_reduce(dst=r0_6[0:pt, 0:hw], op=nl.copy, data=r0_5[0:pt, 0:hw], reduce_op=nl.add, reduce_res=r0_7[0:pt, 0:1])
         if c == 0:
-            acc9 = r0_2
+            acc9 = r0_1
         else:
-            nisa.tensor_tensor(dst=acc9[0:pt, 0:1], data1=acc9[0:pt, 0:1], data2=r0_2[0:pt, 0:1], op=nl.add, engine=nisa.engine.gpsimd)
+            nisa.tensor_tensor(dst=acc9[0:pt, 0:1], data1=acc9[0:pt, 0:1], data2=r0_1[0:pt, 0:1], op=nl.add, engine=nisa.engine.gpsimd)
         if c == 0:
-            acc13 = r0_5
+            acc13 = r0_3
         else:
-            nisa.tensor_tensor(dst=acc13[0:pt, 0:1], data1=acc13[0:pt, 0:1], data2=r0_5[0:pt, 0:1], op=nl.add, engine=nisa.engine.gpsimd)
+            nisa.tensor_tensor(dst=acc13[0:pt, 0:1], data1=acc13[0:pt, 0:1], data2=r0_3[0:pt, 0:1], op=nl.add, engine=nisa.engine.gpsimd)
         if c == 0:
-            acc19 = r0_9
+            acc19 = r0_7
         else:
-            nisa.tensor_tensor(dst=acc19[0:pt, 0:1], data1=acc19[0:pt, 0:1], data2=r0_9[0:pt, 0:1], op=nl.add, engine=nisa.engine.gpsimd)
+            nisa.tensor_tensor(dst=acc19[0:pt, 0:1], data1=acc19[0:pt, 0:1], data2=r0_7[0:pt, 0:1], op=nl.add, engine=nisa.engine.gpsimd)
     # per-row math on the accumulators, before the previous head's full-width epilogue
     e0 = nl.ndarray((_P, 1), dtype=nl.float32, buffer=nl.sbuf)
-    nisa.activation(dst=e0[0:pt, 0:1], op=nl.rsqrt, data=acc9[0:pt, 0:1], bias=ec0[0:pt, 0:1])
+    nisa.activation(dst=e0[0:pt, 0:1], op=nl.rsqrt, data=acc9[0:pt, 0:1], bias=ec2[0:pt, 0:1], scale=(1.0 / float(d_H)))
     e1 = nl.ndarray((_P, 1), dtype=nl.float32, buffer=nl.sbuf)
     nisa.activation(dst=e1[0:pt, 0:1], op=nl.copy, data=e0[0:pt, 0:1], scale=acc19[0:pt, 0:1])
     e2 = nl.ndarray((_P, 1), dtype=nl.float32, buffer=nl.sbuf)
-    nisa.activation(dst=e2[0:pt, 0:1], op=nl.rsqrt, data=acc13[0:pt, 0:1], bias=ec0[0:pt, 0:1])
+    nisa.activation(dst=e2[0:pt, 0:1], op=nl.rsqrt, data=acc13[0:pt, 0:1], bias=ec2[0:pt, 0:1], scale=(1.0 / float(d_H)))
     e3 = nl.ndarray((_P, 1), dtype=nl.float32, buffer=nl.sbuf)
     nisa.activation(dst=e3[0:pt, 0:1], op=nl.copy, data=e1[0:pt, 0:1], scale=e2[0:pt, 0:1])
     e4 = nl.ndarray((_P, 1), dtype=nl.float32, buffer=nl.sbuf)
@@ -245,47 +241,45 @@ def _head_passes(t0, pt, h, HB, d_H, dot_sv, ec0, ec1, ec2, gate_sv, kv_hbm, pe_
     e5 = nl.ndarray((_P, 1), dtype=nl.float32, buffer=nl.sbuf)
     nisa.activation(dst=e5[0:pt, 0:1], op=nl.relu, data=e4[0:pt, 0:1], bias=ec1[0:pt, 0:1])
     e6 = nl.ndarray((_P, 1), dtype=nl.float32, buffer=nl.sbuf)
-    nisa.activation(dst=e6[0:pt, 0:1], op=nl.copy, data=e5[0:pt, 0:1], bias=ec2[0:pt, 0:1])
+    nisa.activation(dst=e6[0:pt, 0:1], op=nl.sqrt, data=e5[0:pt, 0:1], bias=ec0[0:pt, 0:1])
     e7 = nl.ndarray((_P, 1), dtype=nl.float32, buffer=nl.sbuf)
-    nisa.activation(dst=e7[0:pt, 0:1], op=nl.sqrt, data=e6[0:pt, 0:1])
+    nisa.activation(dst=e7[0:pt, 0:1], op=nl.sign, data=e3[0:pt, 0:1], scale=(float(d_H) ** -0.5))
     e8 = nl.ndarray((_P, 1), dtype=nl.float32, buffer=nl.sbuf)
-    nisa.activation(dst=e8[0:pt, 0:1], op=nl.sign, data=e3[0:pt, 0:1], scale=(float(d_H) ** -0.5))
-    e9 = nl.ndarray((_P, 1), dtype=nl.float32, buffer=nl.sbuf)
-    nisa.activation(dst=e9[0:pt, 0:1], op=nl.sigmoid, data=e8[0:pt, 0:1], scale=e7[0:pt, 0:1])
-    e10 = nl.ndarray((_P, 1), dtype=nl.bfloat16, buffer=nl.sbuf)
-    nisa.activation(dst=e10[0:pt, 0:1], op=nl.copy, data=e9[0:pt, 0:1])
-    e11 = nl.ndarray((_P, 1), dtype=nl.float32, buffer=nl.sbuf)
-    nisa.activation(dst=e11[0:pt, 0:1], op=nl.copy, data=e10[0:pt, 0:1], bias=e9[0:pt, 0:1], scale=-1.0)
-    e12 = nl.ndarray((_P, 1), dtype=nl.bfloat16, buffer=nl.sbuf)
-    nisa.activation(dst=e12[0:pt, 0:1], op=nl.copy, data=e11[0:pt, 0:1])
-    e13 = nl.ndarray((_P, 1), dtype=nl.float32, buffer=nl.sbuf)
-    nisa.activation(dst=e13[0:pt, 0:1], op=nl.copy, data=e12[0:pt, 0:1], bias=e11[0:pt, 0:1], scale=-1.0)
+    nisa.activation(dst=e8[0:pt, 0:1], op=nl.sigmoid, data=e7[0:pt, 0:1], scale=e6[0:pt, 0:1])
+    e9 = nl.ndarray((_P, 1), dtype=nl.bfloat16, buffer=nl.sbuf)
+    nisa.activation(dst=e9[0:pt, 0:1], op=nl.copy, data=e8[0:pt, 0:1])
+    e10 = nl.ndarray((_P, 1), dtype=nl.float32, buffer=nl.sbuf)
+    nisa.activation(dst=e10[0:pt, 0:1], op=nl.copy, data=e9[0:pt, 0:1], bias=e8[0:pt, 0:1], scale=-1.0)
+    e11 = nl.ndarray((_P, 1), dtype=nl.bfloat16, buffer=nl.sbuf)
+    nisa.activation(dst=e11[0:pt, 0:1], op=nl.copy, data=e10[0:pt, 0:1])
+    e12 = nl.ndarray((_P, 1), dtype=nl.float32, buffer=nl.sbuf)
+    nisa.activation(dst=e12[0:pt, 0:1], op=nl.copy, data=e11[0:pt, 0:1], bias=e10[0:pt, 0:1], scale=-1.0)
+    e13 = nl.ndarray((_P, _P), dtype=nl.bfloat16, buffer=nl.sbuf)
+    nisa.activation(dst=e13[0:pt, 0:pt], op=nl.copy, data=pe_identity[0:pt, 0:pt], scale=e8[0:pt, 0:1])
     e14 = nl.ndarray((_P, _P), dtype=nl.bfloat16, buffer=nl.sbuf)
-    nisa.activation(dst=e14[0:pt, 0:pt], op=nl.copy, data=pe_identity[0:pt, 0:pt], scale=e9[0:pt, 0:1])
+    nisa.activation(dst=e14[0:pt, 0:pt], op=nl.copy, data=pe_identity[0:pt, 0:pt], scale=e10[0:pt, 0:1])
     e15 = nl.ndarray((_P, _P), dtype=nl.bfloat16, buffer=nl.sbuf)
-    nisa.activation(dst=e15[0:pt, 0:pt], op=nl.copy, data=pe_identity[0:pt, 0:pt], scale=e11[0:pt, 0:1])
-    e16 = nl.ndarray((_P, _P), dtype=nl.bfloat16, buffer=nl.sbuf)
-    nisa.activation(dst=e16[0:pt, 0:pt], op=nl.copy, data=pe_identity[0:pt, 0:pt], scale=e13[0:pt, 0:1])
-    return (t0, pt, h, acc19, dot_sv, e0, e14, e15, e16, e2, e9, gate_sv, rstd_k_sv, rstd_x_sv, v_ld, x_ld)
+    nisa.activation(dst=e15[0:pt, 0:pt], op=nl.copy, data=pe_identity[0:pt, 0:pt], scale=e12[0:pt, 0:1])
+    return (t0, pt, h, acc19, dot_sv, e0, e13, e14, e15, e2, e8, gate_sv, rstd_k_sv, rstd_x_sv, v_ld, x_ld)
 
 
 def _head_epilogue(head, d_H, d_HC, dot_hbm, gate_hbm, out_hbm, pe_identity, rstd_k_hbm, rstd_x_hbm, save):
     """Head state `head` from head_passes: the full-width combine and staged columns; returns its output DMAs."""
-    t0, pt, h, acc19, dot_sv, e0, e14, e15, e16, e2, e9, gate_sv, rstd_k_sv, rstd_x_sv, v_ld, x_ld = head
+    t0, pt, h, acc19, dot_sv, e0, e13, e14, e15, e2, e8, gate_sv, rstd_k_sv, rstd_x_sv, v_ld, x_ld = head
     stores = []
-    e17 = nl.ndarray((_P, d_H), dtype=nl.bfloat16, buffer=nl.sbuf)
+    e16 = nl.ndarray((_P, d_H), dtype=nl.bfloat16, buffer=nl.sbuf)
     for q0 in range(0, d_H, _F_MOV):
         qw = min(_F_MOV, d_H - q0)
-        e17_acc = nl.ndarray((_P, _F_MOV), dtype=nl.float32, buffer=nl.psum)
-        nisa.nc_matmul(dst=e17_acc[0:pt, 0:qw], stationary=pe_identity[0:pt, 0:pt], moving=x_ld[0:pt, q0:q0 + qw], accumulate=False)
-        nisa.nc_matmul(dst=e17_acc[0:pt, 0:qw], stationary=e14[0:pt, 0:pt], moving=v_ld[0:pt, q0:q0 + qw], accumulate=True)
-        nisa.nc_matmul(dst=e17_acc[0:pt, 0:qw], stationary=e15[0:pt, 0:pt], moving=v_ld[0:pt, q0:q0 + qw], accumulate=True)
-        nisa.nc_matmul(dst=e17_acc[0:pt, 0:qw], stationary=e16[0:pt, 0:pt], moving=v_ld[0:pt, q0:q0 + qw], accumulate=True)
-        nisa.tensor_copy(dst=e17[0:pt, q0:q0 + qw], src=e17_acc[0:pt, 0:qw])
-    stores.append((out_hbm[t0:t0 + pt, h, 0:d_H], e17[0:pt, 0:d_H]))
+        e16_acc = nl.ndarray((_P, _F_MOV), dtype=nl.float32, buffer=nl.psum)
+        nisa.nc_matmul(dst=e16_acc[0:pt, 0:qw], stationary=pe_identity[0:pt, 0:pt], moving=x_ld[0:pt, q0:q0 + qw], accumulate=False)
+        nisa.nc_matmul(dst=e16_acc[0:pt, 0:qw], stationary=e13[0:pt, 0:pt], moving=v_ld[0:pt, q0:q0 + qw], accumulate=True)
+        nisa.nc_matmul(dst=e16_acc[0:pt, 0:qw], stationary=e14[0:pt, 0:pt], moving=v_ld[0:pt, q0:q0 + qw], accumulate=True)
+        nisa.nc_matmul(dst=e16_acc[0:pt, 0:qw], stationary=e15[0:pt, 0:pt], moving=v_ld[0:pt, q0:q0 + qw], accumulate=True)
+        nisa.tensor_copy(dst=e16[0:pt, q0:q0 + qw], src=e16_acc[0:pt, 0:qw])
+    stores.append((out_hbm[t0:t0 + pt, h, 0:d_H], e16[0:pt, 0:d_H]))
     if save:
         nisa.tensor_copy(dst=dot_sv[0:pt, h:h + 1], src=acc19[0:pt, 0:1], engine=nisa.engine.gpsimd)
-        nisa.tensor_copy(dst=gate_sv[0:pt, h:h + 1], src=e9[0:pt, 0:1], engine=nisa.engine.gpsimd)
+        nisa.tensor_copy(dst=gate_sv[0:pt, h:h + 1], src=e8[0:pt, 0:1], engine=nisa.engine.gpsimd)
         nisa.tensor_copy(dst=rstd_x_sv[0:pt, h:h + 1], src=e0[0:pt, 0:1], engine=nisa.engine.gpsimd)
         nisa.tensor_copy(dst=rstd_k_sv[0:pt, h:h + 1], src=e2[0:pt, 0:1], engine=nisa.engine.gpsimd)
     if h == d_HC - 1:
@@ -297,7 +291,7 @@ def _head_epilogue(head, d_H, d_HC, dot_hbm, gate_hbm, out_hbm, pe_identity, rst
     return stores
 
 
-def _stream_passes(t0, pt, h, HB, d_H, dot_sv, gate_sv, kv_hbm, prepared, rstd_k_sv, rstd_x_sv, scc0, scc1, scc2, scc3, x_hbm):
+def _stream_passes(t0, pt, h, HB, d_H, dot_sv, gate_sv, kv_hbm, prepared, rstd_k_sv, rstd_x_sv, scc0, scc1, scc2, scc3, scc4, x_hbm):
     """head_passes for rows too wide for SBUF: each pass reads its chunks of the row inputs from HBM."""
     # reduction pass 1: partial results per chunk, folded into [_P, 1] accumulators
     for c in range(_cdiv(d_H, HB)):
@@ -310,67 +304,67 @@ def _stream_passes(t0, pt, h, HB, d_H, dot_sv, gate_sv, kv_hbm, prepared, rstd_k
         sr0_0 = nl.ndarray((_P, HB), dtype=nl.float32, buffer=nl.sbuf)
         sr0_1 = nl.ndarray((_P, 1), dtype=nl.float32, buffer=nl.sbuf)
         nisa.activation_reduce(dst=sr0_0[0:pt, 0:hw], op=nl.square, data=x_ld[0:pt, 0:hw], reduce_op=nl.add, reduce_res=sr0_1[0:pt, 0:1])
-        sr0_2 = nl.ndarray((_P, 1), dtype=nl.float32, buffer=nl.sbuf)
-        nisa.activation(dst=sr0_2[0:pt, 0:1], op=nl.copy, data=sr0_1[0:pt, 0:1], scale=(1.0 / float(d_H)))
-        sr0_3 = nl.ndarray((_P, HB), dtype=nl.float32, buffer=nl.sbuf)
-        sr0_4 = nl.ndarray((_P, 1), dtype=nl.float32, buffer=nl.sbuf)
-        nisa.activation_reduce(dst=sr0_3[0:pt, 0:hw], op=nl.square, data=k_ld[0:pt, 0:hw], reduce_op=nl.add, reduce_res=sr0_4[0:pt, 0:1])
-        sr0_5 = nl.ndarray((_P, 1), dtype=nl.float32, buffer=nl.sbuf)
-        nisa.activation(dst=sr0_5[0:pt, 0:1], op=nl.copy, data=sr0_4[0:pt, 0:1], scale=(1.0 / float(d_H)))
+        sr0_2 = nl.ndarray((_P, HB), dtype=nl.float32, buffer=nl.sbuf)
+        sr0_3 = nl.ndarray((_P, 1), dtype=nl.float32, buffer=nl.sbuf)
+        nisa.activation_reduce(dst=sr0_2[0:pt, 0:hw], op=nl.square, data=k_ld[0:pt, 0:hw], reduce_op=nl.add, reduce_res=sr0_3[0:pt, 0:1])
+        sr0_4 = nl.ndarray((_P, HB), dtype=nl.float32, buffer=nl.sbuf)
+        nisa.tensor_tensor(dst=sr0_4[0:pt, 0:hw], data1=x_ld[0:pt, 0:hw], data2=k_ld[0:pt, 0:hw], op=nl.multiply)
+        sr0_5 = nl.ndarray((_P, HB), dtype=nl.float32, buffer=nl.sbuf)
+        nisa.tensor_tensor(dst=sr0_5[0:pt, 0:hw], data1=sr0_4[0:pt, 0:hw], data2=prepared[0][0:pt, c0:c0 + hw], op=nl.multiply)
         sr0_6 = nl.ndarray((_P, HB), dtype=nl.float32, buffer=nl.sbuf)
-        nisa.tensor_tensor(dst=sr0_6[0:pt, 0:hw], data1=x_ld[0:pt, 0:hw], data2=k_ld[0:pt, 0:hw], op=nl.multiply)
-        sr0_7 = nl.ndarray((_P, HB), dtype=nl.float32, buffer=nl.sbuf)
-        nisa.tensor_tensor(dst=sr0_7[0:pt, 0:hw], data1=sr0_6[0:pt, 0:hw], data2=prepared[0][0:pt, c0:c0 + hw], op=nl.multiply)
-        sr0_8 = nl.ndarray((_P, HB), dtype=nl.float32, buffer=nl.sbuf)
-        sr0_9 = nl.ndarray((_P, 1), dtype=nl.float32, buffer=nl.sbuf)
-        nisa.activation_reduce(dst=sr0_8[0:pt, 0:hw], op=nl.copy, data=sr0_7[0:pt, 0:hw], reduce_op=nl.add, reduce_res=sr0_9[0:pt, 0:1])
+        sr0_7 = nl.ndarray((_P, 1), dtype=nl.float32, buffer=nl.sbuf)
+        nisa.activation_reduce(dst=sr0_6[0:pt, 0:hw], op=nl.copy, data=sr0_5[0:pt, 0:hw], reduce_op=nl.add, reduce_res=sr0_7[0:pt, 0:1])
         if c == 0:
-            acc9 = sr0_2
+            acc9 = sr0_1
         else:
-            nisa.tensor_tensor(dst=acc9[0:pt, 0:1], data1=acc9[0:pt, 0:1], data2=sr0_2[0:pt, 0:1], op=nl.add, engine=nisa.engine.gpsimd)
+            nisa.tensor_tensor(dst=acc9[0:pt, 0:1], data1=acc9[0:pt, 0:1], data2=sr0_1[0:pt, 0:1], op=nl.add, engine=nisa.engine.gpsimd)
         if c == 0:
-            acc13 = sr0_5
+            acc13 = sr0_3
         else:
-            nisa.tensor_tensor(dst=acc13[0:pt, 0:1], data1=acc13[0:pt, 0:1], data2=sr0_5[0:pt, 0:1], op=nl.add, engine=nisa.engine.gpsimd)
+            nisa.tensor_tensor(dst=acc13[0:pt, 0:1], data1=acc13[0:pt, 0:1], data2=sr0_3[0:pt, 0:1], op=nl.add, engine=nisa.engine.gpsimd)
         if c == 0:
-            acc19 = sr0_9
+            acc19 = sr0_7
         else:
-            nisa.tensor_tensor(dst=acc19[0:pt, 0:1], data1=acc19[0:pt, 0:1], data2=sr0_9[0:pt, 0:1], op=nl.add, engine=nisa.engine.gpsimd)
+            nisa.tensor_tensor(dst=acc19[0:pt, 0:1], data1=acc19[0:pt, 0:1], data2=sr0_7[0:pt, 0:1], op=nl.add, engine=nisa.engine.gpsimd)
     # per-row math on the accumulators, once per head before the chunked epilogue
     sc0 = nl.ndarray((_P, 1), dtype=nl.float32, buffer=nl.sbuf)
-    nisa.tensor_tensor(dst=sc0[0:pt, 0:1], data1=acc9[0:pt, 0:1], data2=scc0[0:pt, 0:1], op=nl.add, engine=nisa.engine.gpsimd)
+    nisa.tensor_tensor(dst=sc0[0:pt, 0:1], data1=acc9[0:pt, 0:1], data2=scc0[0:pt, 0:1], op=nl.multiply, engine=nisa.engine.gpsimd)
     sc1 = nl.ndarray((_P, 1), dtype=nl.float32, buffer=nl.sbuf)
-    nisa.activation(dst=sc1[0:pt, 0:1], op=nl.rsqrt, data=sc0[0:pt, 0:1])
+    nisa.tensor_tensor(dst=sc1[0:pt, 0:1], data1=sc0[0:pt, 0:1], data2=scc1[0:pt, 0:1], op=nl.add, engine=nisa.engine.gpsimd)
     sc2 = nl.ndarray((_P, 1), dtype=nl.float32, buffer=nl.sbuf)
-    nisa.tensor_tensor(dst=sc2[0:pt, 0:1], data1=acc19[0:pt, 0:1], data2=sc1[0:pt, 0:1], op=nl.multiply, engine=nisa.engine.gpsimd)
+    nisa.activation(dst=sc2[0:pt, 0:1], op=nl.rsqrt, data=sc1[0:pt, 0:1])
     sc3 = nl.ndarray((_P, 1), dtype=nl.float32, buffer=nl.sbuf)
-    nisa.tensor_tensor(dst=sc3[0:pt, 0:1], data1=acc13[0:pt, 0:1], data2=scc0[0:pt, 0:1], op=nl.add, engine=nisa.engine.gpsimd)
+    nisa.tensor_tensor(dst=sc3[0:pt, 0:1], data1=acc19[0:pt, 0:1], data2=sc2[0:pt, 0:1], op=nl.multiply, engine=nisa.engine.gpsimd)
     sc4 = nl.ndarray((_P, 1), dtype=nl.float32, buffer=nl.sbuf)
-    nisa.activation(dst=sc4[0:pt, 0:1], op=nl.rsqrt, data=sc3[0:pt, 0:1])
+    nisa.tensor_tensor(dst=sc4[0:pt, 0:1], data1=acc13[0:pt, 0:1], data2=scc0[0:pt, 0:1], op=nl.multiply, engine=nisa.engine.gpsimd)
     sc5 = nl.ndarray((_P, 1), dtype=nl.float32, buffer=nl.sbuf)
-    nisa.tensor_tensor(dst=sc5[0:pt, 0:1], data1=sc2[0:pt, 0:1], data2=sc4[0:pt, 0:1], op=nl.multiply, engine=nisa.engine.gpsimd)
+    nisa.tensor_tensor(dst=sc5[0:pt, 0:1], data1=sc4[0:pt, 0:1], data2=scc1[0:pt, 0:1], op=nl.add, engine=nisa.engine.gpsimd)
     sc6 = nl.ndarray((_P, 1), dtype=nl.float32, buffer=nl.sbuf)
-    nisa.tensor_tensor(dst=sc6[0:pt, 0:1], data1=sc5[0:pt, 0:1], data2=scc1[0:pt, 0:1], op=nl.multiply, engine=nisa.engine.gpsimd)
+    nisa.activation(dst=sc6[0:pt, 0:1], op=nl.rsqrt, data=sc5[0:pt, 0:1])
     sc7 = nl.ndarray((_P, 1), dtype=nl.float32, buffer=nl.sbuf)
-    nisa.activation(dst=sc7[0:pt, 0:1], op=nl.sign, data=sc6[0:pt, 0:1])
+    nisa.tensor_tensor(dst=sc7[0:pt, 0:1], data1=sc3[0:pt, 0:1], data2=sc6[0:pt, 0:1], op=nl.multiply, engine=nisa.engine.gpsimd)
     sc8 = nl.ndarray((_P, 1), dtype=nl.float32, buffer=nl.sbuf)
-    nisa.activation(dst=sc8[0:pt, 0:1], op=nl.abs, data=sc6[0:pt, 0:1])
+    nisa.tensor_tensor(dst=sc8[0:pt, 0:1], data1=sc7[0:pt, 0:1], data2=scc2[0:pt, 0:1], op=nl.multiply, engine=nisa.engine.gpsimd)
     sc9 = nl.ndarray((_P, 1), dtype=nl.float32, buffer=nl.sbuf)
-    nisa.activation(dst=sc9[0:pt, 0:1], op=nl.relu, data=sc8[0:pt, 0:1], bias=scc2[0:pt, 0:1])
+    nisa.activation(dst=sc9[0:pt, 0:1], op=nl.sign, data=sc8[0:pt, 0:1])
     sc10 = nl.ndarray((_P, 1), dtype=nl.float32, buffer=nl.sbuf)
-    nisa.tensor_tensor(dst=sc10[0:pt, 0:1], data1=sc9[0:pt, 0:1], data2=scc3[0:pt, 0:1], op=nl.add, engine=nisa.engine.gpsimd)
+    nisa.activation(dst=sc10[0:pt, 0:1], op=nl.abs, data=sc8[0:pt, 0:1])
     sc11 = nl.ndarray((_P, 1), dtype=nl.float32, buffer=nl.sbuf)
-    nisa.activation(dst=sc11[0:pt, 0:1], op=nl.sqrt, data=sc10[0:pt, 0:1])
+    nisa.activation(dst=sc11[0:pt, 0:1], op=nl.relu, data=sc10[0:pt, 0:1], bias=scc3[0:pt, 0:1])
     sc12 = nl.ndarray((_P, 1), dtype=nl.float32, buffer=nl.sbuf)
-    nisa.tensor_tensor(dst=sc12[0:pt, 0:1], data1=sc7[0:pt, 0:1], data2=sc11[0:pt, 0:1], op=nl.multiply, engine=nisa.engine.gpsimd)
+    nisa.tensor_tensor(dst=sc12[0:pt, 0:1], data1=sc11[0:pt, 0:1], data2=scc4[0:pt, 0:1], op=nl.add, engine=nisa.engine.gpsimd)
     sc13 = nl.ndarray((_P, 1), dtype=nl.float32, buffer=nl.sbuf)
-    nisa.activation(dst=sc13[0:pt, 0:1], op=nl.sigmoid, data=sc12[0:pt, 0:1])
-    return (t0, pt, h, acc19, dot_sv, gate_sv, rstd_k_sv, rstd_x_sv, sc1, sc13, sc4)
+    nisa.activation(dst=sc13[0:pt, 0:1], op=nl.sqrt, data=sc12[0:pt, 0:1])
+    sc14 = nl.ndarray((_P, 1), dtype=nl.float32, buffer=nl.sbuf)
+    nisa.tensor_tensor(dst=sc14[0:pt, 0:1], data1=sc9[0:pt, 0:1], data2=sc13[0:pt, 0:1], op=nl.multiply, engine=nisa.engine.gpsimd)
+    sc15 = nl.ndarray((_P, 1), dtype=nl.float32, buffer=nl.sbuf)
+    nisa.activation(dst=sc15[0:pt, 0:1], op=nl.sigmoid, data=sc14[0:pt, 0:1])
+    return (t0, pt, h, acc19, dot_sv, gate_sv, rstd_k_sv, rstd_x_sv, sc15, sc2, sc6)
 
 
 def _stream_epilogue(head, HB, d_H, d_HC, dot_hbm, gate_hbm, kv_hbm, out_hbm, rstd_k_hbm, rstd_x_hbm, save, x_hbm):
     """head_epilogue for rows too wide for SBUF: the combine per chunk, re-read from HBM and stored per chunk."""
-    t0, pt, h, acc19, dot_sv, gate_sv, rstd_k_sv, rstd_x_sv, sc1, sc13, sc4 = head
+    t0, pt, h, acc19, dot_sv, gate_sv, rstd_k_sv, rstd_x_sv, sc15, sc2, sc6 = head
     stores = []
     # the combine chunk by chunk, each chunk of the row inputs read from HBM again, each output chunk stored
     for c in range(_cdiv(d_H, HB)):
@@ -381,13 +375,13 @@ def _stream_epilogue(head, HB, d_H, d_HC, dot_hbm, gate_hbm, kv_hbm, out_hbm, rs
         v_ld = nl.ndarray((_P, HB), dtype=nl.bfloat16, buffer=nl.sbuf)
         nisa.dma_copy(dst=v_ld[0:pt, 0:hw], src=kv_hbm[t0:t0 + pt, d_HC, c0:c0 + hw])
         se0 = nl.ndarray((_P, HB), dtype=nl.bfloat16, buffer=nl.sbuf)
-        nisa.scalar_tensor_tensor(dst=se0[0:pt, 0:hw], data=v_ld[0:pt, 0:hw], op0=nl.multiply, operand0=sc13[0:pt, 0:1], op1=nl.add, operand1=x_ld[0:pt, 0:hw])
+        nisa.scalar_tensor_tensor(dst=se0[0:pt, 0:hw], data=v_ld[0:pt, 0:hw], op0=nl.multiply, operand0=sc15[0:pt, 0:1], op1=nl.add, operand1=x_ld[0:pt, 0:hw])
         nisa.dma_copy(dst=out_hbm[t0:t0 + pt, h, c0:c0 + hw], src=se0[0:pt, 0:hw])
     if save:
         nisa.tensor_copy(dst=dot_sv[0:pt, h:h + 1], src=acc19[0:pt, 0:1], engine=nisa.engine.gpsimd)
-        nisa.tensor_copy(dst=gate_sv[0:pt, h:h + 1], src=sc13[0:pt, 0:1], engine=nisa.engine.gpsimd)
-        nisa.tensor_copy(dst=rstd_x_sv[0:pt, h:h + 1], src=sc1[0:pt, 0:1], engine=nisa.engine.gpsimd)
-        nisa.tensor_copy(dst=rstd_k_sv[0:pt, h:h + 1], src=sc4[0:pt, 0:1], engine=nisa.engine.gpsimd)
+        nisa.tensor_copy(dst=gate_sv[0:pt, h:h + 1], src=sc15[0:pt, 0:1], engine=nisa.engine.gpsimd)
+        nisa.tensor_copy(dst=rstd_x_sv[0:pt, h:h + 1], src=sc2[0:pt, 0:1], engine=nisa.engine.gpsimd)
+        nisa.tensor_copy(dst=rstd_k_sv[0:pt, h:h + 1], src=sc6[0:pt, 0:1], engine=nisa.engine.gpsimd)
     if h == d_HC - 1:
         if save:
             stores.append((dot_hbm[t0:t0 + pt, 0:d_HC], dot_sv[0:pt, 0:d_HC]))
@@ -414,25 +408,28 @@ def engram_gate_kernel(x_hbm, kv_hbm, w_h_hbm, w_e_hbm, eps_arg, clamp_arg, HB, 
     gate_hbm = nl.ndarray((d_T, d_HC), dtype=nl.float32, buffer=nl.shared_hbm) if save else None
     rstd_x_hbm = nl.ndarray((d_T, d_HC), dtype=nl.float32, buffer=nl.shared_hbm) if save else None
     rstd_k_hbm = nl.ndarray((d_T, d_HC), dtype=nl.float32, buffer=nl.shared_hbm) if save else None
-    held = [_prepare_weights(h, w_h_hbm, w_e_hbm) for h in range(d_HC)] if resident else []
     pe_offsets = nl.ndarray((_P, _P), dtype=nl.int32, buffer=nl.sbuf)
     nisa.iota(dst=pe_offsets[0:_P, 0:_P], pattern=[[-1, _P]], offset=0, channel_multiplier=1)
     pe_identity = nl.ndarray((_P, _P), dtype=nl.bfloat16, buffer=nl.sbuf)
     nisa.tensor_scalar(dst=pe_identity[0:_P, 0:_P], data=pe_offsets[0:_P, 0:_P], op0=nl.equal, operand0=0.0)
     ec0 = nl.ndarray((_P, 1), dtype=nl.float32, buffer=nl.sbuf)
-    nisa.memset(dst=ec0[0:_P, 0:1], value=eps_arg, engine=nisa.engine.gpsimd)
+    nisa.memset(dst=ec0[0:_P, 0:1], value=clamp_arg, engine=nisa.engine.gpsimd)
     ec1 = nl.ndarray((_P, 1), dtype=nl.float32, buffer=nl.sbuf)
     nisa.memset(dst=ec1[0:_P, 0:1], value=(-clamp_arg), engine=nisa.engine.gpsimd)
     ec2 = nl.ndarray((_P, 1), dtype=nl.float32, buffer=nl.sbuf)
-    nisa.memset(dst=ec2[0:_P, 0:1], value=clamp_arg, engine=nisa.engine.gpsimd)
+    nisa.memset(dst=ec2[0:_P, 0:1], value=eps_arg, engine=nisa.engine.gpsimd)
     scc0 = nl.ndarray((_P, 1), dtype=nl.float32, buffer=nl.sbuf)
-    nisa.memset(dst=scc0[0:_P, 0:1], value=eps_arg, engine=nisa.engine.gpsimd)
+    nisa.memset(dst=scc0[0:_P, 0:1], value=(1.0 / float(d_H)), engine=nisa.engine.gpsimd)
     scc1 = nl.ndarray((_P, 1), dtype=nl.float32, buffer=nl.sbuf)
-    nisa.memset(dst=scc1[0:_P, 0:1], value=(float(d_H) ** -0.5), engine=nisa.engine.gpsimd)
+    nisa.memset(dst=scc1[0:_P, 0:1], value=eps_arg, engine=nisa.engine.gpsimd)
     scc2 = nl.ndarray((_P, 1), dtype=nl.float32, buffer=nl.sbuf)
-    nisa.memset(dst=scc2[0:_P, 0:1], value=(-clamp_arg), engine=nisa.engine.gpsimd)
+    nisa.memset(dst=scc2[0:_P, 0:1], value=(float(d_H) ** -0.5), engine=nisa.engine.gpsimd)
     scc3 = nl.ndarray((_P, 1), dtype=nl.float32, buffer=nl.sbuf)
-    nisa.memset(dst=scc3[0:_P, 0:1], value=clamp_arg, engine=nisa.engine.gpsimd)
+    nisa.memset(dst=scc3[0:_P, 0:1], value=(-clamp_arg), engine=nisa.engine.gpsimd)
+    scc4 = nl.ndarray((_P, 1), dtype=nl.float32, buffer=nl.sbuf)
+    nisa.memset(dst=scc4[0:_P, 0:1], value=clamp_arg, engine=nisa.engine.gpsimd)
+    # after the constants: the identity's Vector step is not queued behind the whole weight prep
+    held = [_prepare_weights(h, w_h_hbm, w_e_hbm) for h in range(d_HC)] if resident else []
     # output DMAs of the last epilogue, and of the one before (the DMA queues are in order: overlapped, a head's
     # stores wait until the next-but-one head's loads are queued, so a store waiting for its epilogue never
     # holds up a load; else until the next head's loads are)
@@ -452,7 +449,7 @@ def engram_gate_kernel(x_hbm, kv_hbm, w_h_hbm, w_e_hbm, eps_arg, clamp_arg, HB, 
             rstd_k_sv = nl.ndarray((_P, d_HC), dtype=nl.float32, buffer=nl.sbuf)
             for h in range(d_HC):
                 prepared = held[h] if resident else _prepare_weights(h, w_h_hbm, w_e_hbm)
-                head = _stream_passes(t0, pt, h, HB, d_H, dot_sv, gate_sv, kv_hbm, prepared, rstd_k_sv, rstd_x_sv, scc0, scc1, scc2, scc3, x_hbm)
+                head = _stream_passes(t0, pt, h, HB, d_H, dot_sv, gate_sv, kv_hbm, prepared, rstd_k_sv, rstd_x_sv, scc0, scc1, scc2, scc3, scc4, x_hbm)
                 for dst, src in _stream_epilogue(head, HB, d_H, d_HC, dot_hbm, gate_hbm, kv_hbm, out_hbm, rstd_k_hbm, rstd_x_hbm, save, x_hbm):
                     nisa.dma_copy(dst=dst, src=src)
     else:

@@ -155,7 +155,7 @@ def _prepare_weights(h, w_hbm):
     """Head `h`'s prepared weights as fp32 [_P, width] SBUF tiles (a trace-time helper of both kernels)."""
     d_H = w_hbm.shape[1]
     ones_bfloat16 = nl.ndarray((1, _P), dtype=nl.bfloat16, buffer=nl.sbuf)
-    nisa.memset(dst=ones_bfloat16[0:1, 0:_P], value=1.0)
+    nisa.memset(dst=ones_bfloat16[0:1, 0:_P], value=1.0, engine=nisa.engine.gpsimd)
     prep0 = nl.ndarray((_P, d_H), dtype=nl.float32, buffer=nl.sbuf)
     for q0 in range(0, d_H, _F_MOV):
         qw = min(_F_MOV, d_H - q0)
@@ -188,15 +188,13 @@ def _head_passes(t0, pt, h, HB, d_H, ec0, prepared, rstd_sv, x_ld):
         r0_0 = nl.ndarray((_P, HB), dtype=nl.float32, buffer=nl.sbuf)
         r0_1 = nl.ndarray((_P, 1), dtype=nl.float32, buffer=nl.sbuf)
         nisa.activation_reduce(dst=r0_0[0:pt, 0:hw], op=nl.square, data=x_ld[0:pt, c0:c0 + hw], reduce_op=nl.add, reduce_res=r0_1[0:pt, 0:1])
-        r0_2 = nl.ndarray((_P, 1), dtype=nl.float32, buffer=nl.sbuf)
-        nisa.activation(dst=r0_2[0:pt, 0:1], op=nl.copy, data=r0_1[0:pt, 0:1], scale=(1.0 / float(d_H)))
         if c == 0:
-            acc4 = r0_2
+            acc4 = r0_1
         else:
-            nisa.tensor_tensor(dst=acc4[0:pt, 0:1], data1=acc4[0:pt, 0:1], data2=r0_2[0:pt, 0:1], op=nl.add, engine=nisa.engine.gpsimd)
+            nisa.tensor_tensor(dst=acc4[0:pt, 0:1], data1=acc4[0:pt, 0:1], data2=r0_1[0:pt, 0:1], op=nl.add, engine=nisa.engine.gpsimd)
     # per-row math on the accumulators, before the previous head's full-width epilogue
     e0 = nl.ndarray((_P, 1), dtype=nl.float32, buffer=nl.sbuf)
-    nisa.activation(dst=e0[0:pt, 0:1], op=nl.rsqrt, data=acc4[0:pt, 0:1], bias=ec0[0:pt, 0:1])
+    nisa.activation(dst=e0[0:pt, 0:1], op=nl.rsqrt, data=acc4[0:pt, 0:1], bias=ec0[0:pt, 0:1], scale=(1.0 / float(d_H)))
     return (t0, pt, h, e0, prepared, rstd_sv, x_ld)
 
 
@@ -224,7 +222,7 @@ def _head_epilogue(head, d_H, pe_identity, rstd_hbm, save, y_hbm):
     return stores
 
 
-def _stream_passes(t0, pt, h, HB, d_H, prepared, rstd_sv, scc0, x_hbm):
+def _stream_passes(t0, pt, h, HB, d_H, prepared, rstd_sv, scc0, scc1, x_hbm):
     """head_passes for rows too wide for SBUF: each pass reads its chunks of the row inputs from HBM."""
     # reduction pass 1: partial results per chunk, folded into [_P, 1] accumulators
     for c in range(_cdiv(d_H, HB)):
@@ -235,23 +233,23 @@ def _stream_passes(t0, pt, h, HB, d_H, prepared, rstd_sv, scc0, x_hbm):
         sr0_0 = nl.ndarray((_P, HB), dtype=nl.float32, buffer=nl.sbuf)
         sr0_1 = nl.ndarray((_P, 1), dtype=nl.float32, buffer=nl.sbuf)
         nisa.activation_reduce(dst=sr0_0[0:pt, 0:hw], op=nl.square, data=x_ld[0:pt, 0:hw], reduce_op=nl.add, reduce_res=sr0_1[0:pt, 0:1])
-        sr0_2 = nl.ndarray((_P, 1), dtype=nl.float32, buffer=nl.sbuf)
-        nisa.activation(dst=sr0_2[0:pt, 0:1], op=nl.copy, data=sr0_1[0:pt, 0:1], scale=(1.0 / float(d_H)))
         if c == 0:
-            acc4 = sr0_2
+            acc4 = sr0_1
         else:
-            nisa.tensor_tensor(dst=acc4[0:pt, 0:1], data1=acc4[0:pt, 0:1], data2=sr0_2[0:pt, 0:1], op=nl.add, engine=nisa.engine.gpsimd)
+            nisa.tensor_tensor(dst=acc4[0:pt, 0:1], data1=acc4[0:pt, 0:1], data2=sr0_1[0:pt, 0:1], op=nl.add, engine=nisa.engine.gpsimd)
     # per-row math on the accumulators, once per head before the chunked epilogue
     sc0 = nl.ndarray((_P, 1), dtype=nl.float32, buffer=nl.sbuf)
-    nisa.tensor_tensor(dst=sc0[0:pt, 0:1], data1=acc4[0:pt, 0:1], data2=scc0[0:pt, 0:1], op=nl.add, engine=nisa.engine.gpsimd)
+    nisa.tensor_tensor(dst=sc0[0:pt, 0:1], data1=acc4[0:pt, 0:1], data2=scc0[0:pt, 0:1], op=nl.multiply, engine=nisa.engine.gpsimd)
     sc1 = nl.ndarray((_P, 1), dtype=nl.float32, buffer=nl.sbuf)
-    nisa.activation(dst=sc1[0:pt, 0:1], op=nl.rsqrt, data=sc0[0:pt, 0:1])
-    return (t0, pt, h, prepared, rstd_sv, sc1)
+    nisa.tensor_tensor(dst=sc1[0:pt, 0:1], data1=sc0[0:pt, 0:1], data2=scc1[0:pt, 0:1], op=nl.add, engine=nisa.engine.gpsimd)
+    sc2 = nl.ndarray((_P, 1), dtype=nl.float32, buffer=nl.sbuf)
+    nisa.activation(dst=sc2[0:pt, 0:1], op=nl.rsqrt, data=sc1[0:pt, 0:1])
+    return (t0, pt, h, prepared, rstd_sv, sc2)
 
 
 def _stream_epilogue(head, HB, d_H, rstd_hbm, save, x_hbm, y_hbm):
     """head_epilogue for rows too wide for SBUF: the combine per chunk, re-read from HBM and stored per chunk."""
-    t0, pt, h, prepared, rstd_sv, sc1 = head
+    t0, pt, h, prepared, rstd_sv, sc2 = head
     stores = []
     # the combine chunk by chunk, each chunk of the row inputs read from HBM again, each output chunk stored
     for c in range(_cdiv(d_H, HB)):
@@ -260,12 +258,12 @@ def _stream_epilogue(head, HB, d_H, rstd_hbm, save, x_hbm, y_hbm):
         x_ld = nl.ndarray((_P, HB), dtype=nl.bfloat16, buffer=nl.sbuf)
         nisa.dma_copy(dst=x_ld[0:pt, 0:hw], src=x_hbm[t0:t0 + pt, 0, c0:c0 + hw])
         se0 = nl.ndarray((_P, HB), dtype=nl.bfloat16, buffer=nl.sbuf)
-        nisa.tensor_scalar(dst=se0[0:pt, 0:hw], data=x_ld[0:pt, 0:hw], op0=nl.multiply, operand0=sc1[0:pt, 0:1])
+        nisa.tensor_scalar(dst=se0[0:pt, 0:hw], data=x_ld[0:pt, 0:hw], op0=nl.multiply, operand0=sc2[0:pt, 0:1])
         se1 = nl.ndarray((_P, HB), dtype=nl.bfloat16, buffer=nl.sbuf)
         nisa.tensor_tensor(dst=se1[0:pt, 0:hw], data1=prepared[0][0:pt, c0:c0 + hw], data2=se0[0:pt, 0:hw], op=nl.multiply)
         nisa.dma_copy(dst=y_hbm[t0:t0 + pt, h, c0:c0 + hw], src=se1[0:pt, 0:hw])
     if save:
-        nisa.tensor_copy(dst=rstd_sv[0:pt, h:h + 1], src=sc1[0:pt, 0:1], engine=nisa.engine.gpsimd)
+        nisa.tensor_copy(dst=rstd_sv[0:pt, h:h + 1], src=sc2[0:pt, 0:1], engine=nisa.engine.gpsimd)
     if h == 1 - 1:
         if save:
             stores.append((rstd_hbm[t0:t0 + pt, 0:1], rstd_sv[0:pt, 0:1]))
@@ -289,7 +287,6 @@ def t5_rmsnorm_kernel(x_hbm, w_hbm, eps_arg, HB, resident, overlap, streamed, sa
     rstd_hbm_flat = nl.ndarray((d_T,), dtype=nl.float32, buffer=nl.shared_hbm) if save else None
     y_hbm = y_hbm_flat.reshape((d_T, 1, d_H))
     rstd_hbm = rstd_hbm_flat.reshape((d_T, 1)) if save else None
-    held = [_prepare_weights(h, w_hbm) for h in range(1)] if resident else []
     ec0 = nl.ndarray((_P, 1), dtype=nl.float32, buffer=nl.sbuf)
     nisa.memset(dst=ec0[0:_P, 0:1], value=eps_arg, engine=nisa.engine.gpsimd)
     pe_offsets = nl.ndarray((_P, _P), dtype=nl.int32, buffer=nl.sbuf)
@@ -297,7 +294,11 @@ def t5_rmsnorm_kernel(x_hbm, w_hbm, eps_arg, HB, resident, overlap, streamed, sa
     pe_identity = nl.ndarray((_P, _P), dtype=nl.bfloat16, buffer=nl.sbuf)
     nisa.tensor_scalar(dst=pe_identity[0:_P, 0:_P], data=pe_offsets[0:_P, 0:_P], op0=nl.equal, operand0=0.0)
     scc0 = nl.ndarray((_P, 1), dtype=nl.float32, buffer=nl.sbuf)
-    nisa.memset(dst=scc0[0:_P, 0:1], value=eps_arg, engine=nisa.engine.gpsimd)
+    nisa.memset(dst=scc0[0:_P, 0:1], value=(1.0 / float(d_H)), engine=nisa.engine.gpsimd)
+    scc1 = nl.ndarray((_P, 1), dtype=nl.float32, buffer=nl.sbuf)
+    nisa.memset(dst=scc1[0:_P, 0:1], value=eps_arg, engine=nisa.engine.gpsimd)
+    # after the constants: the identity's Vector step is not queued behind the whole weight prep
+    held = [_prepare_weights(h, w_hbm) for h in range(1)] if resident else []
     # output DMAs of the last epilogue, and of the one before (the DMA queues are in order: overlapped, a head's
     # stores wait until the next-but-one head's loads are queued, so a store waiting for its epilogue never
     # holds up a load; else until the next head's loads are)
@@ -314,7 +315,7 @@ def t5_rmsnorm_kernel(x_hbm, w_hbm, eps_arg, HB, resident, overlap, streamed, sa
             rstd_sv = nl.ndarray((_P, 1), dtype=nl.float32, buffer=nl.sbuf)
             for h in range(1):
                 prepared = held[h] if resident else _prepare_weights(h, w_hbm)
-                head = _stream_passes(t0, pt, h, HB, d_H, prepared, rstd_sv, scc0, x_hbm)
+                head = _stream_passes(t0, pt, h, HB, d_H, prepared, rstd_sv, scc0, scc1, x_hbm)
                 for dst, src in _stream_epilogue(head, HB, d_H, rstd_hbm, save, x_hbm, y_hbm):
                     nisa.dma_copy(dst=dst, src=src)
     else:

@@ -104,7 +104,7 @@ def lower_backward(ir: KernelIR, m: RowReduceMatch) -> BackwardLowering:
 def _lower_backward(ir: KernelIR, m: RowReduceMatch, load: EngineLoad) -> BackwardLowering:
     """lower_backward with the full-width steps of the passes and the token pass balanced by `load`."""
     passes = lower_passes(ir, m, load)
-    below = column_leaves(ir, m) | {rid: acc(rid) for level in m.levels for rid in level} | passes.hoisted
+    below = column_leaves(ir, m) | {rid: acc(rid, ir) for level in m.levels for rid in level} | passes.hoisted
     roots = _epilogue_roots(ir, m)
     cols, hoisted = lower_columns(ir, m, below, roots, prefix="ke_")
     builder = StageBuilder(ir, chunk_leaves(ir, m, passes.resident) | below | hoisted, row_kind(m),

@@ -25,7 +25,7 @@ from fusegen.codegen.rowreduce.loads import Load, column_leaves, column_load, le
 from fusegen.codegen.rowreduce.match import RowLoad, RowReduceMatch
 from fusegen.codegen.select import Layout, Selector
 from fusegen.codegen.select_tables import NL_DTYPE, EngineLoad
-from fusegen.codegen.stage import Expr, Operand, StageBuilder, dim_source
+from fusegen.codegen.stage import Expr, Operand, StageBuilder, dim_code, dim_source
 from fusegen.dsl.ir import DTYPE_BYTES, KernelIR, Node, OutputDecl
 
 _T = TypeVar("_T")
@@ -200,7 +200,8 @@ def _prepare_body(loads: tuple[Load, ...], lines: list[str], roots: list[tuple[s
     weights themselves."""
     dtypes = sorted({ld.nl_dtype for ld in loads})
     body = [f"ones_{_short(dt)} = nl.ndarray((1, _P), dtype={dt}, buffer=nl.sbuf)" for dt in dtypes]
-    body += [f"nisa.memset(dst=ones_{_short(dt)}[0:1, 0:_P], value=1.0)" for dt in dtypes]
+    # on the idle GpSimd engine: in the Vector queue each head's memset waited for the previous head's prep
+    body += [f"nisa.memset(dst=ones_{_short(dt)}[0:1, 0:_P], value=1.0, engine={GPSIMD})" for dt in dtypes]
     names = [prep_name(i) for i in range(len(roots))]
     body += [f"{r} = nl.ndarray((_P, {width}), dtype=nl.float32, buffer=nl.sbuf)" for r in names]
     body.append(f"for q0 in range(0, {width}, _F_MOV):")
@@ -297,7 +298,8 @@ def lower_levels(
         )
         combines = []
         for rid in ids:
-            part = sel.value(builder.expr(rid))
+            expr = builder.expr(rid)
+            part = sel.value(expr.args[0] if deferred_mean(ir, rid) else expr)  # a deferred mean: its sum
             op = "nl.maximum" if ir.node(rid).op == "max" else "nl.add"
             combines.append(Combine(acc(rid).code.split("[")[0], part.code.split("[")[0], op))
         widest = max(widest, tile_bytes(sel))
@@ -355,10 +357,29 @@ def frontier(ir: KernelIR, leaves: dict[int, Operand], roots: Iterable[int], kin
 
 def acc(node_id: int, ir: KernelIR | None = None) -> Operand:
     """The [P, 1] accumulator column of reduction node `node_id` (marked positive when `ir` shows it is a
-    sum of exponentials, so the selector may take its log: select_folds.py)."""
+    sum of exponentials, so the selector may take its log: select_folds.py; read as the sum times 1/n
+    when `ir` shows a deferred mean)."""
     node = None if ir is None else ir.node(node_id)
     positive = node is not None and node.op == "sum" and ir is not None and ir.node(node.args[0]).op == "exp"
-    return Operand("vec", f"acc{node_id}[0:pt, {ONE_COLUMN}]", positive=positive)
+    scale = "" if ir is None or not deferred_mean(ir, node_id) else _inverse_size(ir, node_id)
+    return Operand("vec", f"acc{node_id}[0:pt, {ONE_COLUMN}]", positive=positive, scale=scale)
+
+
+def deferred_mean(ir: KernelIR, node_id: int) -> bool:
+    """Whether the mean `node_id` accumulates its sum, its 1/n applied where it is read: each reader
+    adds a scalar to it (`rsqrt(mean + eps)`), so a consuming activation takes 1/n in its scale and the
+    eps in its bias, where a scaled partial per chunk would be a [P, 1] step of its own."""
+    if ir.node(node_id).op != "mean":
+        return False
+    users = ir.users(node_id)
+    return bool(users) and all(
+        u.op == "add" and all(a == node_id or ir.node(a).shape == () for a in u.args) for u in users
+    )
+
+
+def _inverse_size(ir: KernelIR, node_id: int) -> str:
+    """1 / (the reduced width) of reduction `node_id`, as the stage builder writes it."""
+    return f"(1.0 / {dim_code(ir.node(ir.node(node_id).args[0]).shape[-1])})"
 
 
 def _row_leaves(ir: KernelIR, loads: dict[int, RowLoad], free: str) -> dict[int, Operand]:

@@ -1,0 +1,63 @@
+"""The per-row chain of the row kernels: how many [P, 1] steps it takes on which engine, and the launch's
+order (docs/performance.md, "Second pass", steps 9-10)."""
+
+from __future__ import annotations
+
+import ast
+from pathlib import Path
+
+REPO = Path(__file__).parents[2]
+
+
+def function(name: str, function: str) -> ast.FunctionDef:
+    """A module-level function of a committed generated kernel."""
+    tree = ast.parse((REPO / "generated" / name / "kernel.py").read_text())
+    return next(n for n in tree.body if isinstance(n, ast.FunctionDef) and n.name == function)
+
+
+def column_steps(body: ast.AST) -> list[str]:
+    """The `nisa` calls in `body` writing a [P, 1] column (`dst=...[0:pt, 0:1]`), as source text."""
+    found = []
+    for node in ast.walk(body):
+        if isinstance(node, ast.Call) and ast.unparse(node.func).startswith("nisa."):
+            dst = next((ast.unparse(k.value) for k in node.keywords if k.arg == "dst"), "")
+            if dst.endswith("[0:pt, 0:1]"):
+                found.append(ast.unparse(node))
+    return found
+
+
+def test_engram_chain_is_thirteen_scalar_steps_per_head() -> None:
+    """Per token tile and head: two rsqrt, two products, abs, relu, sqrt, sign, sigmoid and g's three
+    bf16 parts (four steps); 16 before: each mean's 1/H was a step per chunk, max's `+ clamp` a step."""
+    passes = function("engram_gate", "_head_passes")
+    loop = next(n for n in passes.body if isinstance(n, ast.For))
+    chain = [s for s in column_steps(passes) if s not in column_steps(loop)]
+    assert len(chain) == 13
+    assert all(s.startswith("nisa.activation(") for s in chain)  # all on the Scalar engine: no hand-off
+    # the chunk loop only reduces and accumulates: no scaled partial per chunk
+    assert all("scale=" not in s for s in column_steps(loop))
+
+
+def test_the_mean_scale_and_the_max_bound_ride_in_the_consuming_activation() -> None:
+    chain = column_steps(function("engram_gate", "_head_passes"))
+    rsqrt = [s for s in chain if "op=nl.rsqrt" in s]
+    assert len(rsqrt) == 2 and all("scale=1.0 / float(d_H)" in s and "bias=" in s for s in rsqrt)
+    (relu,) = [s for s in chain if "op=nl.relu" in s]
+    (sqrt,) = [s for s in chain if "op=nl.sqrt" in s]
+    relu_dst = relu.split("dst=")[1].split("[")[0]
+    assert f"data={relu_dst}[" in sqrt and "bias=" in sqrt  # sqrt(relu(c - clamp) + clamp)
+
+
+def test_layernorm_variance_is_scaled_in_its_rsqrt() -> None:
+    """layernorm's mean is read by the centring too, so it keeps its per-chunk scale; the variance's
+    1/H moves into the rsqrt."""
+    rsqrt = [s for s in column_steps(function("layernorm", "_head_passes")) if "op=nl.rsqrt" in s]
+    assert len(rsqrt) == 1 and "scale=1.0 / float(d_H)" in rsqrt[0]
+
+
+def test_the_weight_prep_waits_on_nothing_in_the_vector_queue() -> None:
+    """The prep's ones row is set on GpSimd, and the identity is built before the prep is queued."""
+    prep = ast.unparse(function("engram_gate", "_prepare_weights"))
+    assert "value=1.0, engine=nisa.engine.gpsimd" in prep
+    kernel = ast.unparse(function("engram_gate", "engram_gate_kernel"))
+    assert kernel.index("pe_identity = ") < kernel.index("_prepare_weights(")
