@@ -24,10 +24,10 @@ from fusegen.codegen.rowreduce.lower import (
     lower_column,
     lower_levels,
     output_value,
-    row_kind,
     tile_bytes,
 )
 from fusegen.codegen.rowreduce.match import RowReduceMatch
+from fusegen.codegen.rowreduce.prep import row_kind
 from fusegen.codegen.select import Layout, Selector
 from fusegen.codegen.select_tables import NL_DTYPE, EngineLoad
 from fusegen.codegen.stage import StageBuilder
