@@ -505,7 +505,13 @@ def _exchange(mach: _Machine, own: int, k: int) -> float:
 
 
 def _column_chain(
-    m: _FfnModel, mach: _Machine, s_rows: int, inter: int, k: int, plan: _Plan, lead: float = 0.0
+    m: _FfnModel,
+    mach: _Machine,
+    s_rows: int,
+    inter: int,
+    k: int,
+    plan: _Plan,
+    lead: tuple[float, float] = (0.0, 0.0),
 ) -> float:
     """Time of one column-blocked super-block. x's loads and transposes come first (`super_block_fill`).
     Each chunk's h^T writes issue behind all of the next chunk's loads, so they are ready when the queues
@@ -520,8 +526,9 @@ def _column_chain(
     scratch, streamed (`streamed`): the next super-block's x loads queue behind its writes. With h^T held
     (HT) nothing is written or read back: the first block's loads queue right behind the last chunk's and
     its matmuls follow the up-projection's on the PE, so chunks and blocks are one pipelined stream, unless
-    the combines run behind it (`_combine_lag`; `lead`: the first super-block's wait for the [I] columns,
-    `col_lead`)."""
+    the combines run behind it (`_combine_lag`). `lead`: how long the [I] columns, loaded once, hold back
+    the first super-block's PE stream (`_col_loads` in `budget`) and its first combine (`col_lead`); where
+    the combines bound the chain, the PE's wait for the columns is beside them."""
     n_k, n_it = _cdiv(k, _P), _cdiv(inter, _P)
     stall = mach.dma_fixed_ns + mach.pe_ramp_ns  # the first load's fixed cost, then a cold PE
     width = max(_MIN_CYCLES, min(s_rows, _F_MOV))
@@ -537,11 +544,11 @@ def _column_chain(
     mm /= mach.pe_ghz
     b_loads, b_mm, evicts, evict = _blocks(m, mach, s_rows, inter, k, plan)
     steps = m.n_up * n_it + n_it * _cdiv(k, plan.kc)
-    lag = _combine_lag(m, mach, s_rows, inter, k, plan, b_mm) + lead
+    lag = _combine_lag(m, mach, s_rows, inter, k, plan, b_mm) + lead[1]
     if plan.ht:
-        body = max(_pipelined(loads + b_loads, mm + b_mm, steps), evicts, lag)
+        body = max(_pipelined(loads + b_loads, mm + b_mm, steps) + lead[0], evicts, lag)
     else:
-        chunks = max(_pipelined(loads, mm, m.n_up * n_it) + combine, lag) + stall + writes
+        chunks = max(_pipelined(loads, mm, m.n_up * n_it) + lead[0] + combine, lag) + stall + writes
         body = chunks + max(_pipelined(b_loads, b_mm, n_it * _cdiv(k, plan.kc)), evicts)
     tail = _streamed(m.epi_cols, mach, _cdiv(s_rows, _P), k) if m.epi_cols.sweeps else 0.0  # after the blocks
     return _super_block_fill(m, mach, s_rows, k, plan.ht) + body + stall + evict + tail
@@ -757,15 +764,16 @@ def _cost(m: _FfnModel, mach: _Machine, rows: int, k: int, i: int, lnc: int, pla
         # form has no column for; charged to DVE, the engine GpSimd shares its SBUF port with
         dve += tiles * k_cycles
     dma = _dma_time(mach, hbm + exchanged, transfers)
-    chain = _col_loads(m, mach, min(plan.s, comp_rows), k, i, inter, plan)
+    cols = _col_loads(m, mach, min(plan.s, comp_rows), k, i, inter, plan)
+    chain = 0.0 if plan.kc else cols  # column blocks: in their first super-block's chain (`column_chain`)
     if plan.kc:  # the last column block's writes land a fixed cost after they leave the queues
         chain += mach.dma_fixed_ns
-    lead = _col_lead(m, mach, min(plan.s, comp_rows), k, i, inter, plan) if plan.kc else 0.0
+    lead = (cols, _col_lead(m, mach, min(plan.s, comp_rows), k, i, inter, plan)) if plan.kc else (0.0, 0.0)
     for s_rows, n_sb in _runs(comp_rows, plan.s):
-        if plan.kc:  # the [I] columns load once: only the first super-block's combines wait for them
+        if plan.kc:  # the [I] columns load once: only the first super-block waits for them
             rest = _column_chain(m, mach, s_rows, inter, k, plan)
             chain += _column_chain(m, mach, s_rows, inter, k, plan, lead) + (n_sb - 1) * rest
-            lead = 0.0
+            lead = (0.0, 0.0)
         else:
             chain += n_sb * _filled(m, mach, s_rows, inter, k, plan, lnc, _solo(plan, own, i))
     return _Cost(pe / mach.pe_ghz, act / mach.act_ghz, dve / mach.dve_ghz, dma, hbm, chain)

@@ -230,8 +230,8 @@ def test_column_blocks_wait_for_a_vector_bound_combine(monkeypatch: pytest.Monke
     about 20 combines after the first, not after the up-projection (docs/performance.md, "The column
     blocks wait for a Vector-bound combine"); at CI=2048 the [I] columns, loaded behind the first four
     I-tiles' weights, hold the first combine back too. At the check shape, trn2 LNC 1, the closed form
-    within 10% of the trace model (it priced both plans 69.2 us against 76.5 and 81.6 us traced while its
-    HT stream ignored the combines)."""
+    within 10% of the trace model (79.7 and 84.1 us against 76.5 and 81.6 us traced; it priced both plans
+    69.2 us while its HT stream ignored the combines)."""
     dims = {"R": 256, "K": 1024, "I": 2816}
     directory = ROOT / "generated" / "leaky_glu_ffn"
     generated_test = testing.load_generated(directory / "test_leaky_glu_ffn.py")

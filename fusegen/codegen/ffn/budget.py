@@ -169,15 +169,16 @@ def cost(m: FfnModel, mach: Machine, rows: int, k: int, i: int, lnc: int, plan: 
         # form has no column for; charged to DVE, the engine GpSimd shares its SBUF port with
         dve += tiles * k_cycles
     dma = dma_time(mach, hbm + exchanged, transfers)
-    chain = _col_loads(m, mach, min(plan.s, comp_rows), k, i, inter, plan)
+    cols = _col_loads(m, mach, min(plan.s, comp_rows), k, i, inter, plan)
+    chain = 0.0 if plan.kc else cols  # column blocks: in their first super-block's chain (`column_chain`)
     if plan.kc:  # the last column block's writes land a fixed cost after they leave the queues
         chain += mach.dma_fixed_ns
-    lead = col_lead(m, mach, min(plan.s, comp_rows), k, i, inter, plan) if plan.kc else 0.0
+    lead = (cols, col_lead(m, mach, min(plan.s, comp_rows), k, i, inter, plan)) if plan.kc else (0.0, 0.0)
     for s_rows, n_sb in runs(comp_rows, plan.s):
-        if plan.kc:  # the [I] columns load once: only the first super-block's combines wait for them
+        if plan.kc:  # the [I] columns load once: only the first super-block waits for them
             rest = column_chain(m, mach, s_rows, inter, k, plan)
             chain += column_chain(m, mach, s_rows, inter, k, plan, lead) + (n_sb - 1) * rest
-            lead = 0.0
+            lead = (0.0, 0.0)
         else:
             chain += n_sb * _filled(m, mach, s_rows, inter, k, plan, lnc, _solo(plan, own, i))
     return Cost(pe / mach.pe_ghz, act / mach.act_ghz, dve / mach.dve_ghz, dma, hbm, chain)

@@ -26,7 +26,13 @@ from fusegen.codegen.ffn.serial import PSUM_BANKS, pipelined, streamed
 
 
 def column_chain(
-    m: FfnModel, mach: Machine, s_rows: int, inter: int, k: int, plan: Plan, lead: float = 0.0
+    m: FfnModel,
+    mach: Machine,
+    s_rows: int,
+    inter: int,
+    k: int,
+    plan: Plan,
+    lead: tuple[float, float] = (0.0, 0.0),
 ) -> float:
     """Time of one column-blocked super-block. x's loads and transposes come first (`super_block_fill`).
     Each chunk's h^T writes issue behind all of the next chunk's loads, so they are ready when the queues
@@ -41,8 +47,9 @@ def column_chain(
     scratch, streamed (`streamed`): the next super-block's x loads queue behind its writes. With h^T held
     (HT) nothing is written or read back: the first block's loads queue right behind the last chunk's and
     its matmuls follow the up-projection's on the PE, so chunks and blocks are one pipelined stream, unless
-    the combines run behind it (`_combine_lag`; `lead`: the first super-block's wait for the [I] columns,
-    `col_lead`)."""
+    the combines run behind it (`_combine_lag`). `lead`: how long the [I] columns, loaded once, hold back
+    the first super-block's PE stream (`_col_loads` in `budget`) and its first combine (`col_lead`); where
+    the combines bound the chain, the PE's wait for the columns is beside them."""
     n_k, n_it = cdiv(k, P), cdiv(inter, P)
     stall = mach.dma_fixed_ns + mach.pe_ramp_ns  # the first load's fixed cost, then a cold PE
     width = max(MIN_CYCLES, min(s_rows, F_MOV))
@@ -58,11 +65,11 @@ def column_chain(
     mm /= mach.pe_ghz
     b_loads, b_mm, evicts, evict = _blocks(m, mach, s_rows, inter, k, plan)
     steps = m.n_up * n_it + n_it * cdiv(k, plan.kc)
-    lag = _combine_lag(m, mach, s_rows, inter, k, plan, b_mm) + lead
+    lag = _combine_lag(m, mach, s_rows, inter, k, plan, b_mm) + lead[1]
     if plan.ht:
-        body = max(pipelined(loads + b_loads, mm + b_mm, steps), evicts, lag)
+        body = max(pipelined(loads + b_loads, mm + b_mm, steps) + lead[0], evicts, lag)
     else:
-        chunks = max(pipelined(loads, mm, m.n_up * n_it) + combine, lag) + stall + writes
+        chunks = max(pipelined(loads, mm, m.n_up * n_it) + lead[0] + combine, lag) + stall + writes
         body = chunks + max(pipelined(b_loads, b_mm, n_it * cdiv(k, plan.kc)), evicts)
     tail = streamed(m.epi_cols, mach, cdiv(s_rows, P), k) if m.epi_cols.sweeps else 0.0  # after the blocks
     return super_block_fill(m, mach, s_rows, k, plan.ht) + body + stall + evict + tail
