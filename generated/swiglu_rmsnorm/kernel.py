@@ -504,7 +504,15 @@ def _exchange(mach: _Machine, own: int, k: int) -> float:
     return out + back + 2 * mach.dma_fixed_ns
 
 
-def _column_chain(m: _FfnModel, mach: _Machine, s_rows: int, inter: int, k: int, plan: _Plan) -> float:
+def _column_chain(
+    m: _FfnModel,
+    mach: _Machine,
+    s_rows: int,
+    inter: int,
+    k: int,
+    plan: _Plan,
+    lead: tuple[float, float] = (0.0, 0.0),
+) -> float:
     """Time of one column-blocked super-block. x's loads and transposes come first (`super_block_fill`).
     Each chunk's h^T writes issue behind all of the next chunk's loads, so they are ready when the queues
     reach them: the chunks' weight loads and h^T writes pipeline with their matmuls (`pipelined`), and the
@@ -517,8 +525,10 @@ def _column_chain(m: _FfnModel, mach: _Machine, s_rows: int, inter: int, k: int,
     landed) follow the last matmul, then an epilogue with row statistics runs its passes over the fp32
     scratch, streamed (`streamed`): the next super-block's x loads queue behind its writes. With h^T held
     (HT) nothing is written or read back: the first block's loads queue right behind the last chunk's and
-    its matmuls follow the up-projection's on the PE, each I-tile's h^T long combined, so chunks and blocks
-    are one pipelined stream."""
+    its matmuls follow the up-projection's on the PE, so chunks and blocks are one pipelined stream, unless
+    the combines run behind it (`_combine_lag`). `lead`: how long the [I] columns, loaded once, hold back
+    the first super-block's PE stream (`_col_loads` in `budget`) and its first combine (`col_lead`); where
+    the combines bound the chain, the PE's wait for the columns is beside them."""
     n_k, n_it = _cdiv(k, _P), _cdiv(inter, _P)
     stall = mach.dma_fixed_ns + mach.pe_ramp_ns  # the first load's fixed cost, then a cold PE
     width = max(_MIN_CYCLES, min(s_rows, _F_MOV))
@@ -534,13 +544,70 @@ def _column_chain(m: _FfnModel, mach: _Machine, s_rows: int, inter: int, k: int,
     mm /= mach.pe_ghz
     b_loads, b_mm, evicts, evict = _blocks(m, mach, s_rows, inter, k, plan)
     steps = m.n_up * n_it + n_it * _cdiv(k, plan.kc)
+    lag = _combine_lag(m, mach, s_rows, inter, k, plan, b_mm) + lead[1]
     if plan.ht:
-        body = max(_pipelined(loads + b_loads, mm + b_mm, steps), evicts)
+        body = max(_pipelined(loads + b_loads, mm + b_mm, steps) + lead[0], evicts, lag)
     else:
-        chunks = _pipelined(loads, mm, m.n_up * n_it) + stall + combine + writes
+        chunks = max(_pipelined(loads, mm, m.n_up * n_it) + lead[0] + combine, lag) + stall + writes
         body = chunks + max(_pipelined(b_loads, b_mm, n_it * _cdiv(k, plan.kc)), evicts)
     tail = _streamed(m.epi_cols, mach, _cdiv(s_rows, _P), k) if m.epi_cols.sweeps else 0.0  # after the blocks
     return _super_block_fill(m, mach, s_rows, k, plan.ht) + body + stall + evict + tail
+
+
+def _combine_lag(
+    m: _FfnModel, mach: _Machine, s_rows: int, inter: int, k: int, plan: _Plan, b_mm: float
+) -> float:
+    """When a super-block's combines have run, ns after its fill: each I-tile's combine waits for that
+    I-tile's up-projection and the Vector engine runs them in I-tile order, so where a combine is slower
+    than an I-tile's up-projection they run back to back from the first one's start (after the first
+    I-tile's up-projection) and the PE's matmuls get ahead of them. Without HT: the last combine's end (its
+    h^T writes follow). With HT, the blocks' matmuls, all `b_mm` ns of them, follow on the PE: the first
+    block's PSUM tiles take the banks whose up-projection tiles are released first (the trace model's
+    allocator, `perf/schedule.py`; 8 banks, nki.md §4), so they wait for the combines of the oldest I-tiles
+    the banks hold; and the last I-tile's matmuls of the first block, with every later block's, wait for
+    the last combine. Where the combines are the faster side this is below the pipelined stream and
+    changes nothing."""
+    n_it = _cdiv(inter, _P)
+    pass_ns = m.mid_act / mach.act_ghz + m.mid_dve / mach.dve_ghz  # one I-tile's combine, per column
+    combine = sum(n * pass_ns * max(_MIN_CYCLES, rw) for rw, n in _runs(s_rows, _F_MOV))  # over every slice
+    start = _up_tile(m, mach, s_rows, k, plan.g)[0]  # the first row slice's of the first I-tile
+    if not plan.ht:
+        return start + n_it * combine
+    tiles = m.n_up * n_it  # the up-projection's PSUM tiles in program order; the banks hold the last `held`
+    held = min(_PSUM_BANKS, tiles)
+    needed = max(0, _cdiv(s_rows, _P) * _cdiv(min(plan.kc, k), _F_MOV) - (_PSUM_BANKS - held))
+    freed = (tiles - held + needed - 1) // m.n_up + 1 if needed else 0  # combines that release them
+    last = b_mm - (n_it - 1) * _cdiv(s_rows, _P) * _cycles(min(plan.kc, k)) / mach.pe_ghz
+    return start + max(freed * combine + b_mm, n_it * combine + last)
+
+
+def _up_tile(m: _FfnModel, mach: _Machine, s_rows: int, k: int, g: int) -> tuple[float, float]:
+    """(matmuls, weight loads) of one I-tile's up-projection over a super-block's first row slice, ns."""
+    n_k = _cdiv(k, _P)
+    up = m.n_up * n_k * max(_MIN_CYCLES, min(s_rows, _F_MOV)) / mach.pe_ghz
+    return up, _dma_time(mach, m.n_up * n_k * _P * _P * m.up_bytes, m.n_up * _cdiv(n_k, _group(k, g)))
+
+
+def _col_load(m: _FfnModel, mach: _Machine, i: int) -> float:
+    """Transfer time of the [I] columns (one packed input), ns; 0 without any."""
+    return _dma_time(mach, m.col_vectors * _P * _cdiv(i, _P) * 4, min(1, m.col_vectors))
+
+
+def _col_lead(m: _FfnModel, mach: _Machine, s_rows: int, k: int, i: int, inter: int, plan: _Plan) -> float:
+    """How long the [I] columns hold back the first combine beyond the first I-tile's up-projection: the
+    kernel loads them once, behind the up weights of the first I-tiles whose PSUM tiles the banks hold
+    (`ffn_kernel.py.jinja`), and the combine reads them."""
+    cols = _col_load(m, mach, i)
+    if not cols:
+        return 0.0
+    up, weights = _up_tile(m, mach, s_rows, k, plan.g)
+    return max(0.0, _ahead_tiles(m, inter, plan) * weights + cols - weights - up)
+
+
+def _ahead_tiles(m: _FfnModel, i: int, plan: _Plan) -> int:
+    """I-tiles whose up weights the kernel loads before the [I] columns: the first chunk's, at most as many
+    as the PSUM banks hold up-projection tiles of."""
+    return min(_cdiv(min(plan.ci, i), _P), _PSUM_BANKS // m.n_up)
 
 
 def _blocks(m: _FfnModel, mach: _Machine, s_rows: int, inter: int, k: int, plan: _Plan) -> tuple[float, ...]:
@@ -697,12 +764,16 @@ def _cost(m: _FfnModel, mach: _Machine, rows: int, k: int, i: int, lnc: int, pla
         # form has no column for; charged to DVE, the engine GpSimd shares its SBUF port with
         dve += tiles * k_cycles
     dma = _dma_time(mach, hbm + exchanged, transfers)
-    chain = _col_loads(m, mach, min(plan.s, comp_rows), k, i, inter, plan)
+    cols = _col_loads(m, mach, min(plan.s, comp_rows), k, i, inter, plan)
+    chain = 0.0 if plan.kc else cols  # column blocks: in their first super-block's chain (`column_chain`)
     if plan.kc:  # the last column block's writes land a fixed cost after they leave the queues
         chain += mach.dma_fixed_ns
+    lead = (cols, _col_lead(m, mach, min(plan.s, comp_rows), k, i, inter, plan)) if plan.kc else (0.0, 0.0)
     for s_rows, n_sb in _runs(comp_rows, plan.s):
-        if plan.kc:
-            chain += n_sb * _column_chain(m, mach, s_rows, inter, k, plan)
+        if plan.kc:  # the [I] columns load once: only the first super-block waits for them
+            rest = _column_chain(m, mach, s_rows, inter, k, plan)
+            chain += _column_chain(m, mach, s_rows, inter, k, plan, lead) + (n_sb - 1) * rest
+            lead = (0.0, 0.0)
         else:
             chain += n_sb * _filled(m, mach, s_rows, inter, k, plan, lnc, _solo(plan, own, i))
     return _Cost(pe / mach.pe_ghz, act / mach.act_ghz, dve / mach.dve_ghz, dma, hbm, chain)
@@ -712,14 +783,11 @@ def _col_loads(m: _FfnModel, mach: _Machine, s_rows: int, k: int, i: int, inter:
     """What the [I] columns' loads put in series: they queue behind the up weights of the first I-tiles
     whose PSUM tiles the banks hold, ahead of the next ones' weights, so they delay the PE by what the
     up-projections of those first I-tiles do not cover beyond their own weights' loads."""
-    cols = _dma_time(mach, m.col_vectors * _P * _cdiv(i, _P) * 4, min(1, m.col_vectors))  # one packed input
+    cols = _col_load(m, mach, i)
     if not cols:
         return 0.0
-    n_k = _cdiv(k, _P)
-    ahead = min(_cdiv(min(plan.ci, inter), _P), _PSUM_BANKS // m.n_up)
-    up = m.n_up * n_k * max(_MIN_CYCLES, min(s_rows, _F_MOV)) / mach.pe_ghz
-    weights = _dma_time(mach, m.n_up * n_k * _P * _P * m.up_bytes, m.n_up * _cdiv(n_k, _group(k, plan.g)))
-    return max(0.0, cols - ahead * max(0.0, up - weights))
+    up, weights = _up_tile(m, mach, s_rows, k, plan.g)
+    return max(0.0, cols - _ahead_tiles(m, inter, plan) * max(0.0, up - weights))
 
 
 def _solo(plan: _Plan, own: int, i: int) -> tuple[int, int]:

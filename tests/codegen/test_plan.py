@@ -221,6 +221,29 @@ def test_a_vector_bound_combine_follows_the_trace_model(monkeypatch: pytest.Monk
     assert 0.8 * closed <= traced <= 1.2 * closed, (traced, closed)
 
 
+
+@pytest.mark.parametrize("ci", [128, 2048])
+def test_column_blocks_wait_for_a_vector_bound_combine(monkeypatch: pytest.MonkeyPatch, ci: int) -> None:
+    """With h^T held (KC=1024 HT), leaky_glu_ffn's blocks' matmuls follow its up-projection on the PE, but
+    the combines (2.4 us per I-tile, nine Vector passes) are slower than an I-tile's up-projection (1.7 us):
+    the blocks' PSUM tiles take banks only the combines of the last I-tiles free, so the blocks start
+    about 20 combines after the first, not after the up-projection (docs/performance.md, "The column
+    blocks wait for a Vector-bound combine"); at CI=2048 the [I] columns, loaded behind the first four
+    I-tiles' weights, hold the first combine back too. At the check shape, trn2 LNC 1, the closed form
+    within 10% of the trace model (79.7 and 84.1 us against 76.5 and 81.6 us traced; it priced both plans
+    69.2 us while its HT stream ignored the combines)."""
+    dims = {"R": 256, "K": 1024, "I": 2816}
+    directory = ROOT / "generated" / "leaky_glu_ffn"
+    generated_test = testing.load_generated(directory / "test_leaky_glu_ffn.py")
+    args = testing.make_inputs(generated_test.INPUTS, generated_test.input_shapes(dims))
+    module = load_module(directory / "kernel.py", target="trn2")
+    plan = module._Plan(256, ci, 0, 1024, 0, 1)
+    monkeypatch.setattr(module, "_choose", lambda *_: plan)
+    module.leaky_glu_ffn(*args, lnc=1, target="trn2")
+    traced = schedule(module.leaky_glu_ffn_kernel.last_run.trace, get_target("trn2")).time_ns
+    closed = module._cost(module._MODEL, module._MACHINES["trn2"], 256, 1024, 2816, 1, plan).total
+    assert 0.9 * closed <= traced <= 1.1 * closed, (traced, closed)
+
 def test_the_host_function_plans_each_launch_shape_once() -> None:
     """The planner's search takes milliseconds (longer than the kernel itself on the device at small R): a
     host function called again with the same shapes reuses the plan; a new shape is planned anew."""

@@ -25,7 +25,14 @@ from fusegen.codegen.budget_base import (
     runs,
     stage_cost,
 )
-from fusegen.codegen.ffn.column_time import column_chain, super_block_fill
+from fusegen.codegen.ffn.column_time import (
+    ahead_tiles,
+    col_lead,
+    col_load,
+    column_chain,
+    super_block_fill,
+    up_tile,
+)
 from fusegen.codegen.ffn.sbuf import (
     ACC_BANKS,
     DOWN_PAIRS,
@@ -46,7 +53,7 @@ from fusegen.codegen.ffn.sbuf import (
     work_per_core,
     x_staged,
 )
-from fusegen.codegen.ffn.serial import PSUM_BANKS, drain, exchange, pipelined, slice_period
+from fusegen.codegen.ffn.serial import drain, exchange, pipelined, slice_period
 
 
 def _super_block(
@@ -162,12 +169,16 @@ def cost(m: FfnModel, mach: Machine, rows: int, k: int, i: int, lnc: int, plan: 
         # form has no column for; charged to DVE, the engine GpSimd shares its SBUF port with
         dve += tiles * k_cycles
     dma = dma_time(mach, hbm + exchanged, transfers)
-    chain = _col_loads(m, mach, min(plan.s, comp_rows), k, i, inter, plan)
+    cols = _col_loads(m, mach, min(plan.s, comp_rows), k, i, inter, plan)
+    chain = 0.0 if plan.kc else cols  # column blocks: in their first super-block's chain (`column_chain`)
     if plan.kc:  # the last column block's writes land a fixed cost after they leave the queues
         chain += mach.dma_fixed_ns
+    lead = (cols, col_lead(m, mach, min(plan.s, comp_rows), k, i, inter, plan)) if plan.kc else (0.0, 0.0)
     for s_rows, n_sb in runs(comp_rows, plan.s):
-        if plan.kc:
-            chain += n_sb * column_chain(m, mach, s_rows, inter, k, plan)
+        if plan.kc:  # the [I] columns load once: only the first super-block waits for them
+            rest = column_chain(m, mach, s_rows, inter, k, plan)
+            chain += column_chain(m, mach, s_rows, inter, k, plan, lead) + (n_sb - 1) * rest
+            lead = (0.0, 0.0)
         else:
             chain += n_sb * _filled(m, mach, s_rows, inter, k, plan, lnc, _solo(plan, own, i))
     return Cost(pe / mach.pe_ghz, act / mach.act_ghz, dve / mach.dve_ghz, dma, hbm, chain)
@@ -177,14 +188,11 @@ def _col_loads(m: FfnModel, mach: Machine, s_rows: int, k: int, i: int, inter: i
     """What the [I] columns' loads put in series: they queue behind the up weights of the first I-tiles
     whose PSUM tiles the banks hold, ahead of the next ones' weights, so they delay the PE by what the
     up-projections of those first I-tiles do not cover beyond their own weights' loads."""
-    cols = dma_time(mach, m.col_vectors * P * cdiv(i, P) * 4, min(1, m.col_vectors))  # one packed input
+    cols = col_load(m, mach, i)
     if not cols:
         return 0.0
-    n_k = cdiv(k, P)
-    ahead = min(cdiv(min(plan.ci, inter), P), PSUM_BANKS // m.n_up)
-    up = m.n_up * n_k * max(MIN_CYCLES, min(s_rows, F_MOV)) / mach.pe_ghz
-    weights = dma_time(mach, m.n_up * n_k * P * P * m.up_bytes, m.n_up * cdiv(n_k, group(k, plan.g)))
-    return max(0.0, cols - ahead * max(0.0, up - weights))
+    up, weights = up_tile(m, mach, s_rows, k, plan.g)
+    return max(0.0, cols - ahead_tiles(m, inter, plan) * max(0.0, up - weights))
 
 
 def _solo(plan: Plan, own: int, i: int) -> tuple[int, int]:

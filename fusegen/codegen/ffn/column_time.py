@@ -22,10 +22,18 @@ from fusegen.codegen.budget_base import (
     stage_cost,
 )
 from fusegen.codegen.ffn.sbuf import FfnModel, Plan, down_group, group, h_group, x_staged
-from fusegen.codegen.ffn.serial import pipelined, streamed
+from fusegen.codegen.ffn.serial import PSUM_BANKS, pipelined, streamed
 
 
-def column_chain(m: FfnModel, mach: Machine, s_rows: int, inter: int, k: int, plan: Plan) -> float:
+def column_chain(
+    m: FfnModel,
+    mach: Machine,
+    s_rows: int,
+    inter: int,
+    k: int,
+    plan: Plan,
+    lead: tuple[float, float] = (0.0, 0.0),
+) -> float:
     """Time of one column-blocked super-block. x's loads and transposes come first (`super_block_fill`).
     Each chunk's h^T writes issue behind all of the next chunk's loads, so they are ready when the queues
     reach them: the chunks' weight loads and h^T writes pipeline with their matmuls (`pipelined`), and the
@@ -38,8 +46,10 @@ def column_chain(m: FfnModel, mach: Machine, s_rows: int, inter: int, k: int, pl
     landed) follow the last matmul, then an epilogue with row statistics runs its passes over the fp32
     scratch, streamed (`streamed`): the next super-block's x loads queue behind its writes. With h^T held
     (HT) nothing is written or read back: the first block's loads queue right behind the last chunk's and
-    its matmuls follow the up-projection's on the PE, each I-tile's h^T long combined, so chunks and blocks
-    are one pipelined stream."""
+    its matmuls follow the up-projection's on the PE, so chunks and blocks are one pipelined stream, unless
+    the combines run behind it (`_combine_lag`). `lead`: how long the [I] columns, loaded once, hold back
+    the first super-block's PE stream (`_col_loads` in `budget`) and its first combine (`col_lead`); where
+    the combines bound the chain, the PE's wait for the columns is beside them."""
     n_k, n_it = cdiv(k, P), cdiv(inter, P)
     stall = mach.dma_fixed_ns + mach.pe_ramp_ns  # the first load's fixed cost, then a cold PE
     width = max(MIN_CYCLES, min(s_rows, F_MOV))
@@ -55,13 +65,70 @@ def column_chain(m: FfnModel, mach: Machine, s_rows: int, inter: int, k: int, pl
     mm /= mach.pe_ghz
     b_loads, b_mm, evicts, evict = _blocks(m, mach, s_rows, inter, k, plan)
     steps = m.n_up * n_it + n_it * cdiv(k, plan.kc)
+    lag = _combine_lag(m, mach, s_rows, inter, k, plan, b_mm) + lead[1]
     if plan.ht:
-        body = max(pipelined(loads + b_loads, mm + b_mm, steps), evicts)
+        body = max(pipelined(loads + b_loads, mm + b_mm, steps) + lead[0], evicts, lag)
     else:
-        chunks = pipelined(loads, mm, m.n_up * n_it) + stall + combine + writes
+        chunks = max(pipelined(loads, mm, m.n_up * n_it) + lead[0] + combine, lag) + stall + writes
         body = chunks + max(pipelined(b_loads, b_mm, n_it * cdiv(k, plan.kc)), evicts)
     tail = streamed(m.epi_cols, mach, cdiv(s_rows, P), k) if m.epi_cols.sweeps else 0.0  # after the blocks
     return super_block_fill(m, mach, s_rows, k, plan.ht) + body + stall + evict + tail
+
+
+def _combine_lag(
+    m: FfnModel, mach: Machine, s_rows: int, inter: int, k: int, plan: Plan, b_mm: float
+) -> float:
+    """When a super-block's combines have run, ns after its fill: each I-tile's combine waits for that
+    I-tile's up-projection and the Vector engine runs them in I-tile order, so where a combine is slower
+    than an I-tile's up-projection they run back to back from the first one's start (after the first
+    I-tile's up-projection) and the PE's matmuls get ahead of them. Without HT: the last combine's end (its
+    h^T writes follow). With HT, the blocks' matmuls, all `b_mm` ns of them, follow on the PE: the first
+    block's PSUM tiles take the banks whose up-projection tiles are released first (the trace model's
+    allocator, `perf/schedule.py`; 8 banks, nki.md §4), so they wait for the combines of the oldest I-tiles
+    the banks hold; and the last I-tile's matmuls of the first block, with every later block's, wait for
+    the last combine. Where the combines are the faster side this is below the pipelined stream and
+    changes nothing."""
+    n_it = cdiv(inter, P)
+    pass_ns = m.mid_act / mach.act_ghz + m.mid_dve / mach.dve_ghz  # one I-tile's combine, per column
+    combine = sum(n * pass_ns * max(MIN_CYCLES, rw) for rw, n in runs(s_rows, F_MOV))  # over every slice
+    start = up_tile(m, mach, s_rows, k, plan.g)[0]  # the first row slice's of the first I-tile
+    if not plan.ht:
+        return start + n_it * combine
+    tiles = m.n_up * n_it  # the up-projection's PSUM tiles in program order; the banks hold the last `held`
+    held = min(PSUM_BANKS, tiles)
+    needed = max(0, cdiv(s_rows, P) * cdiv(min(plan.kc, k), F_MOV) - (PSUM_BANKS - held))
+    freed = (tiles - held + needed - 1) // m.n_up + 1 if needed else 0  # combines that release them
+    last = b_mm - (n_it - 1) * cdiv(s_rows, P) * cycles(min(plan.kc, k)) / mach.pe_ghz
+    return start + max(freed * combine + b_mm, n_it * combine + last)
+
+
+def up_tile(m: FfnModel, mach: Machine, s_rows: int, k: int, g: int) -> tuple[float, float]:
+    """(matmuls, weight loads) of one I-tile's up-projection over a super-block's first row slice, ns."""
+    n_k = cdiv(k, P)
+    up = m.n_up * n_k * max(MIN_CYCLES, min(s_rows, F_MOV)) / mach.pe_ghz
+    return up, dma_time(mach, m.n_up * n_k * P * P * m.up_bytes, m.n_up * cdiv(n_k, group(k, g)))
+
+
+def col_load(m: FfnModel, mach: Machine, i: int) -> float:
+    """Transfer time of the [I] columns (one packed input), ns; 0 without any."""
+    return dma_time(mach, m.col_vectors * P * cdiv(i, P) * 4, min(1, m.col_vectors))
+
+
+def col_lead(m: FfnModel, mach: Machine, s_rows: int, k: int, i: int, inter: int, plan: Plan) -> float:
+    """How long the [I] columns hold back the first combine beyond the first I-tile's up-projection: the
+    kernel loads them once, behind the up weights of the first I-tiles whose PSUM tiles the banks hold
+    (`ffn_kernel.py.jinja`), and the combine reads them."""
+    cols = col_load(m, mach, i)
+    if not cols:
+        return 0.0
+    up, weights = up_tile(m, mach, s_rows, k, plan.g)
+    return max(0.0, ahead_tiles(m, inter, plan) * weights + cols - weights - up)
+
+
+def ahead_tiles(m: FfnModel, i: int, plan: Plan) -> int:
+    """I-tiles whose up weights the kernel loads before the [I] columns: the first chunk's, at most as many
+    as the PSUM banks hold up-projection tiles of."""
+    return min(cdiv(min(plan.ci, i), P), PSUM_BANKS // m.n_up)
 
 
 def _blocks(m: FfnModel, mach: Machine, s_rows: int, inter: int, k: int, plan: Plan) -> tuple[float, ...]:
