@@ -138,6 +138,8 @@ def compare(label: str, case: Case) -> float:
     verdict = "met" if ratio <= GOAL else "NOT met"
     if busy():  # eager torch's threads wait for each other when cores are taken: the ratio flatters the sim
         verdict += ", but not conclusive: the machine is loaded"
+    elif times["torch"] > times["torch1"]:  # on free cores two threads never lose to one: one core is taken
+        verdict += ", but not conclusive: eager torch on all threads was slower than on one (a core is busy)"
     print(
         f"{label}: sim {times['sim'] * 1e3:.0f} ms ({count()} instructions), eager torch fp32 "
         f"{times['torch'] * 1e3:.0f} ms ({torch.get_num_threads()} threads), ratio {ratio:.2f}x "
