@@ -195,8 +195,14 @@ def test_dtype_rules():
         ps = nl.ndarray((64, 64), dtype=F32, buffer=nl.psum)
         nisa.nc_matmul(dst=ps, stationary=_sb((32, 64)), moving=_sb((32, 64), nl.bfloat16))  # <-dtype-mm
 
+    def integer_matmul():  # ISA nc_matmul's input formats are fp8, bf16, fp16, tf32 and fp32 only
+        ps = nl.ndarray((64, 64), dtype=F32, buffer=nl.psum)
+        ints = _sb((32, 64), nl.int32)
+        nisa.nc_matmul(dst=ps, stationary=ints, moving=ints)  # <-dtype-int
+
     expect(sim.DtypeError, "<-dtype-hwdge", hwdge_kernel, torch.zeros(128, 8))
     expect(sim.DtypeError, "<-dtype-mm", mixed_matmul)
+    assert "stationary dtype torch.int32" in expect(sim.DtypeError, "<-dtype-int", integer_matmul)
 
 
 def test_dma_mode_arguments():
