@@ -495,7 +495,7 @@ def _door(sig: _Signature, tensors: tuple[torch.Tensor, ...], params: tuple[floa
           ) -> tuple[tuple[torch.Tensor, ...], tuple[float, ...], int | None, _Outputs | None]:  # fmt: skip
     """Check a call against its spec: (its tensors made dense, its params as Python floats, the LNC to launch
     with, None or the outputs of a call with a zero-size dim). cast: the op's check, which takes any floating
-    dtype (it casts)."""
+    dtype (it casts) but fp8, which only as declared."""
     _check_tensors(sig, tensors, cast)
     env, source = _bind(sig, tensors)
     zero = [name for name, value in env.items() if value == 0]
@@ -524,6 +524,9 @@ def _check_tensors(sig: _Signature, tensors: tuple[torch.Tensor, ...], cast: boo
         if cast and not t.dtype.is_floating_point:
             raise TypeError(f"{sig.name}: {decl.name}: expected a floating-point tensor (cast to {want}), "
                             f"got {t.dtype}")  # fmt: skip
+        if cast and want.itemsize == 1 and t.dtype != want:  # fp8: narrowing to it saturates and flushes
+            raise TypeError(f"{sig.name}: {decl.name}: expected dtype {want} (an fp8 input is a weight "
+                            f"quantised with its scales: the op casts none), got {t.dtype}")  # fmt: skip
         if not cast and t.dtype != want:
             raise TypeError(f"{sig.name}: {decl.name}: expected dtype {want}, got {t.dtype}")
         if t.dim() != len(decl.shape):

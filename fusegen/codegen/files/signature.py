@@ -77,7 +77,8 @@ def door_lines(
 
 
 def op_check(constant: str, ir: KernelIR) -> str:
-    """The op's (and its fake's) check: the same signature, any floating dtype accepted (the op casts)."""
+    """The op's (and its fake's) check: the same signature, any floating dtype accepted (the op casts) but
+    for an fp8 input, which takes its own dtype only."""
     tensors = "".join(f"{i.name}, " for i in ir.inputs)
     params = "".join(f"{p.name}, " for p in ir.params)
     return f"_door({constant}, ({tensors.rstrip()}), ({params.rstrip()}), cast=True)"
