@@ -8,13 +8,12 @@ from collections.abc import Sequence
 from fusegen.dsl import ast, ir
 from fusegen.dsl.context import FAILED_NODE, Binding, Context, article
 from fusegen.dsl.diagnostics import Span
+from fusegen.dsl.ir import F32_MAX
 from fusegen.dsl.names import did_you_mean
 from fusegen.dsl.shapes import MAX_DIM_VALUE, to_dim
 
 #: ops that compute nothing: an output bound to one would only copy a host value.
 _LEAF_OPS = ("input", "param", "const", "dim")
-#: the largest finite f32 (a param is one: docs/spec-language.md)
-F32_MAX = 3.4028234663852886e38
 
 
 def claim_names(ctx: Context, items: Sequence[ast.Item]) -> None:

@@ -10,7 +10,7 @@ from fusegen.dsl import ast, ir
 from fusegen.dsl.calls import lower_call
 from fusegen.dsl.context import FAILED_NODE, Context
 from fusegen.dsl.diagnostics import Span
-from fusegen.dsl.ir import COMPUTE_DTYPE, FP8_DTYPES, Dim, IndexItem, shape_str
+from fusegen.dsl.ir import COMPUTE_DTYPE, F32_MAX, FP8_DTYPES, Dim, IndexItem, shape_str
 from fusegen.dsl.shapes import (
     broadcast,
     broadcast_hint,
@@ -107,6 +107,10 @@ def _name(ctx: Context, expr: ast.Name) -> int | None:
 def _number(ctx: Context, expr: ast.Number) -> int | None:
     if not math.isfinite(expr.value):
         ctx.error(expr.span, f"`{expr.text}` is not a finite number")
+        return None
+    if abs(expr.value) > F32_MAX:  # an fp32 immediate in the kernel, as a param is: it would be inf there
+        hint = f"the kernel computes in f32: a number's magnitude is at most {F32_MAX:.8g}"
+        ctx.error(expr.span, f"`{expr.text}` does not fit in f32", hint)
         return None
     return ctx.add_leaf("const", "value", expr.value, expr.span)
 

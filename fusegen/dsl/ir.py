@@ -17,6 +17,8 @@ DTYPES = ("bf16", "f16", "f32", "fp8_e4m3", "fp8_e5m2")
 FP8_DTYPES = ("fp8_e4m3", "fp8_e5m2")
 #: dtype of every computed value unless a cast says otherwise.
 COMPUTE_DTYPE = "f32"
+#: the largest finite f32: a param or a constant is an fp32 immediate in the kernel (docs/spec-language.md)
+F32_MAX = 3.4028234663852886e38
 #: bytes per element of each dtype.
 DTYPE_BYTES = {"bf16": 2, "f16": 2, "f32": 4, "fp8_e4m3": 1, "fp8_e5m2": 1, "bool": 1}
 

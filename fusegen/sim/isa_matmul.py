@@ -12,6 +12,9 @@ from .ops import matmul_perf_mode
 from .tensor import NkiTensor
 
 _FP32_ONLY_WITH = (torch.float32,)
+#: the Tensor engine's input formats (ISA nc_matmul "Data types": fp8 e4m3/e5m2, bf16, fp16, tf32, fp32;
+#: tf32 is stored as fp32 here and e4m3 as torch's e4m3fn): no integer or bool inputs
+_MATMUL_INPUTS = (torch.float8_e4m3fn, torch.float8_e5m2, torch.bfloat16, torch.float16, torch.float32)
 # Narrower products are computed at once: K-stacking gains nothing there (MKL runs tall-skinny GEMMs
 # slowly), and they are cheap.
 _DEFER_MIN_N = 64
@@ -61,6 +64,10 @@ def _check_operands(ins: Instr, d: NkiTensor, st: NkiTensor, mv: NkiTensor) -> i
         raise ins.fail(MatmulShapeError, f"dst {d.shape} must be [M={m}, N={n}]")
     if d.dtype != torch.float32 and not (tgt.nc_version >= 4 and d.dtype == torch.bfloat16):
         raise ins.fail(DtypeError, f"dst dtype {d.dtype}: PSUM matmul output is fp32")
+    for t, role in ((st, "stationary"), (mv, "moving")):
+        if t.dtype not in _MATMUL_INPUTS:
+            raise ins.fail(DtypeError, f"{role} dtype {t.dtype}: the Tensor engine takes fp8, bf16, fp16, "
+                           "tf32 or fp32 inputs")  # fmt: skip
     if (st.dtype in _FP32_ONLY_WITH) != (mv.dtype in _FP32_ONLY_WITH):
         raise ins.fail(
             DtypeError, f"fp32 inputs only pair with fp32: stationary {st.dtype}, moving {mv.dtype}"

@@ -145,7 +145,10 @@ class NkiTensor:
                     strides.append(s)
             else:
                 raise fault(UnsupportedError, "index", f"unsupported index {k!r} (use ints and slices)")
-        return NkiTensor(self.alloc, tuple(shape), tuple(strides), offset)
+        view = NkiTensor(self.alloc, tuple(shape), tuple(strides), offset)
+        if self.alloc.on_chip:  # a step over partitions (`t[0:128:2]`): the hardware has no partition stride
+            view._check_partition_layout("index")
+        return view
 
     def __setitem__(self, key: Any, value: Any) -> None:
         """Item assignment is not NKI; writes go through nisa instructions."""

@@ -561,9 +561,10 @@ def _plain(expr: str) -> str | None:
 
 def _door(sig: _Signature, tensors: tuple[torch.Tensor, ...], params: tuple[float, ...], save: bool = False,
           lnc: int | None = None, target: str | None = None, default_lnc: int = 1, cast: bool = False
-          ) -> tuple[tuple[torch.Tensor, ...], int | None, _Outputs | None]:  # fmt: skip
-    """Check a call against its spec: (its tensors made dense, the LNC to launch with, None or the outputs of
-    a call with a zero-size dim). cast: the op's check, which takes any floating dtype (it casts)."""
+          ) -> tuple[tuple[torch.Tensor, ...], tuple[float, ...], int | None, _Outputs | None]:  # fmt: skip
+    """Check a call against its spec: (its tensors made dense, its params as Python floats, the LNC to launch
+    with, None or the outputs of a call with a zero-size dim). cast: the op's check, which takes any floating
+    dtype (it casts) but fp8, which only as declared."""
     _check_tensors(sig, tensors, cast)
     env, source = _bind(sig, tensors)
     zero = [name for name, value in env.items() if value == 0]
@@ -573,7 +574,9 @@ def _door(sig: _Signature, tensors: tuple[torch.Tensor, ...], params: tuple[floa
     _check_domains(sig, params)
     lnc = _check_launch(sig, lnc, target, default_lnc)
     empty = _empty_outputs(sig, env, zero, save, tensors[0].device) if zero else None
-    return tuple(t.contiguous() for t in tensors), lnc, empty
+    # floats, as the op's schema makes them: the kernel's trace takes Python numbers as immediates, not a
+    # numpy scalar or a Fraction (which pass the check as real numbers)
+    return tuple(t.contiguous() for t in tensors), tuple(float(p) for p in params), lnc, empty
 
 
 def _check_tensors(sig: _Signature, tensors: tuple[torch.Tensor, ...], cast: bool) -> None:
@@ -590,6 +593,9 @@ def _check_tensors(sig: _Signature, tensors: tuple[torch.Tensor, ...], cast: boo
         if cast and not t.dtype.is_floating_point:
             raise TypeError(f"{sig.name}: {decl.name}: expected a floating-point tensor (cast to {want}), "
                             f"got {t.dtype}")  # fmt: skip
+        if cast and want.itemsize == 1 and t.dtype != want:  # fp8: narrowing to it saturates and flushes
+            raise TypeError(f"{sig.name}: {decl.name}: expected dtype {want} (an fp8 input is a weight "
+                            f"quantised with its scales: the op casts none), got {t.dtype}")  # fmt: skip
         if not cast and t.dtype != want:
             raise TypeError(f"{sig.name}: {decl.name}: expected dtype {want}, got {t.dtype}")
         if t.dim() != len(decl.shape):
@@ -813,7 +819,7 @@ _PREP_SIGNATURE = _Signature(
 
 def _fused_weight(w_h: torch.Tensor, w_e: torch.Tensor, lnc: int = 1, target: str = _TARGET) -> torch.Tensor:
     """The prepared fp32 weight(s) of the kernel's prologue, e.g. w_h.float() * w_e.float(), bit for bit."""
-    (w_h, w_e,), lnc, _empty = _door(_PREP_SIGNATURE, (w_h, w_e,), (), False, lnc, target, 1)
+    (w_h, w_e,), (), lnc, _empty = _door(_PREP_SIGNATURE, (w_h, w_e,), (), False, lnc, target, 1)
     if _empty is not None:
         return _empty
     return _fused_weight_kernel[lnc](w_h, w_e)
@@ -821,7 +827,7 @@ def _fused_weight(w_h: torch.Tensor, w_e: torch.Tensor, lnc: int = 1, target: st
 
 def engram_gate_noresid(x: torch.Tensor, kv: torch.Tensor, w_h: torch.Tensor, w_e: torch.Tensor, eps: float = 1e-20, clamp: float = 1e-06, save: bool = False, lnc: int | None = None, target: str = _TARGET) -> torch.Tensor | tuple[torch.Tensor, ...]:
     """Run the kernel on `lnc` logical cores (default LNC, capped at the target's); returns (out); with save=True also (dot, gate, rstd_x, rstd_k)."""
-    (x, kv, w_h, w_e,), lnc, _empty = _door(_SIGNATURE, (x, kv, w_h, w_e,), (eps, clamp,), save, lnc, target, _LNC)
+    (x, kv, w_h, w_e,), (eps, clamp,), lnc, _empty = _door(_SIGNATURE, (x, kv, w_h, w_e,), (eps, clamp,), save, lnc, target, _LNC)
     if _empty is not None:
         return _empty
     _hb, _resident, _overlap, _streamed = _choose_rows(_MODEL, x.shape[-1], x.shape[1], _SBUF_BUDGET[target])

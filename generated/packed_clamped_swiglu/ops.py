@@ -212,9 +212,10 @@ def _plain(expr: str) -> str | None:
 
 def _door(sig: _Signature, tensors: tuple[torch.Tensor, ...], params: tuple[float, ...], save: bool = False,
           lnc: int | None = None, target: str | None = None, default_lnc: int = 1, cast: bool = False
-          ) -> tuple[tuple[torch.Tensor, ...], int | None, _Outputs | None]:  # fmt: skip
-    """Check a call against its spec: (its tensors made dense, the LNC to launch with, None or the outputs of
-    a call with a zero-size dim). cast: the op's check, which takes any floating dtype (it casts)."""
+          ) -> tuple[tuple[torch.Tensor, ...], tuple[float, ...], int | None, _Outputs | None]:  # fmt: skip
+    """Check a call against its spec: (its tensors made dense, its params as Python floats, the LNC to launch
+    with, None or the outputs of a call with a zero-size dim). cast: the op's check, which takes any floating
+    dtype (it casts) but fp8, which only as declared."""
     _check_tensors(sig, tensors, cast)
     env, source = _bind(sig, tensors)
     zero = [name for name, value in env.items() if value == 0]
@@ -224,7 +225,9 @@ def _door(sig: _Signature, tensors: tuple[torch.Tensor, ...], params: tuple[floa
     _check_domains(sig, params)
     lnc = _check_launch(sig, lnc, target, default_lnc)
     empty = _empty_outputs(sig, env, zero, save, tensors[0].device) if zero else None
-    return tuple(t.contiguous() for t in tensors), lnc, empty
+    # floats, as the op's schema makes them: the kernel's trace takes Python numbers as immediates, not a
+    # numpy scalar or a Fraction (which pass the check as real numbers)
+    return tuple(t.contiguous() for t in tensors), tuple(float(p) for p in params), lnc, empty
 
 
 def _check_tensors(sig: _Signature, tensors: tuple[torch.Tensor, ...], cast: bool) -> None:
@@ -241,6 +244,9 @@ def _check_tensors(sig: _Signature, tensors: tuple[torch.Tensor, ...], cast: boo
         if cast and not t.dtype.is_floating_point:
             raise TypeError(f"{sig.name}: {decl.name}: expected a floating-point tensor (cast to {want}), "
                             f"got {t.dtype}")  # fmt: skip
+        if cast and want.itemsize == 1 and t.dtype != want:  # fp8: narrowing to it saturates and flushes
+            raise TypeError(f"{sig.name}: {decl.name}: expected dtype {want} (an fp8 input is a weight "
+                            f"quantised with its scales: the op casts none), got {t.dtype}")  # fmt: skip
         if not cast and t.dtype != want:
             raise TypeError(f"{sig.name}: {decl.name}: expected dtype {want}, got {t.dtype}")
         if t.dim() != len(decl.shape):

@@ -231,3 +231,19 @@ def test_planner_models_the_halved_weight_stream() -> None:
         costs.append(module._cost(module._MODEL, mach, 64, 4096, 14336, 2, plan))
     assert costs[0].hbm_bytes < 0.55 * costs[1].hbm_bytes
     assert costs[0].total < 0.75 * costs[1].total
+
+
+@pytest.mark.parametrize("given", [torch.bfloat16, torch.float32, E5M2])
+def test_the_op_takes_fp8_weights_as_declared_and_refuses_to_narrow_others(given: torch.dtype) -> None:
+    """The op casts to a bf16 input's dtype, but an fp8 input is a weight quantised with its scales: a bf16
+    weight was cast to e4m3 silently (|w| > 448 saturated, |w| < 2**-10 flushed to 0) and the op ran on it."""
+    from fusegen.codegen.files.ops import load_ops
+
+    load_ops("swiglu_fp8", GENERATED)
+    d = _ffn_inputs(3, 128, 128)
+    args = [d[n] for n in ("x", "w1t", "s1", "b1", "wgt", "sg", "bg", "w2t", "s2", "b2")]
+    widened = [args[0].float(), *args[1:]]  # a wider x is cast to its bf16, exactly
+    _close(torch.ops.fusegen.swiglu_fp8(*widened), _swiglu_fp8(d), rtol=2e-2)
+    args[1] = args[1].to(given)
+    with pytest.raises(TypeError, match=f"w1t: expected dtype torch.float8_e4m3fn .*, got {given}"):
+        torch.ops.fusegen.swiglu_fp8(*args)

@@ -206,3 +206,24 @@ def test_trainable_ops_train_under_compile_as_in_eager(backend: str, monkeypatch
             # of a gradient's largest element, may differ (measured up to 1.2e-4).
             atol = 0.0 if backend == "aot_eager" else 2**-7 * w.abs().max().item()
             torch.testing.assert_close(g, w, rtol=0.0 if backend == "aot_eager" else 1.3e-6, atol=atol)
+
+
+def test_a_second_build_of_a_loaded_name_is_refused_not_swapped_for_the_first(tmp_path: Path) -> None:
+    """load_ops kept one module per kernel name: a second folder of that name (another spec, another --out)
+    came back as the first, so torch.ops.fusegen.<name> silently ran the first build's kernel."""
+    from fusegen.cli import main
+
+    folders = []
+    for factor in (2, 3):
+        spec = tmp_path / f"times{factor}.spec"
+        spec.write_text("kernel twin_build_probe\ndim T, H\ninput x: bf16[T, H]\noutput y: f32[T, H]\n"
+                        f"y = x * {factor}\ncheck T=4 H=128\n")  # fmt: skip
+        assert main(["build", "--out", str(tmp_path / f"out{factor}"), str(spec)]) == 0
+        folders.append(tmp_path / f"out{factor}" / "twin_build_probe")
+    first = ops.load_ops(folders[0])
+    x = torch.randn(4, 128).bfloat16()
+    assert torch.equal(torch.ops.fusegen.twin_build_probe(x), x.float() * 2)
+    refused = r"already registered from .*out2/twin_build_probe/ops\.py; .*out3"
+    with pytest.raises(RuntimeError, match=refused):
+        ops.load_ops(folders[1])
+    assert ops.load_ops("twin_build_probe", folders[0].parent) is first  # the same build again: the module

@@ -5,14 +5,17 @@ ZeroDivisionError, or a complex `scale`, from inside the kernel's trace)."""
 
 from __future__ import annotations
 
+from fractions import Fraction
 from pathlib import Path
 
+import numpy as np
 import pytest
 import torch
 
 from fusegen.cli import main
 from fusegen.codegen.files.ops import load_ops
 from fusegen.sim import load_module
+from tests.codegen.ffn_formula import GENERATED, close
 
 ROW = """kernel scaled_row
 dim T, H
@@ -86,6 +89,18 @@ def test_an_ffn_divisor(tmp_path: Path) -> None:
     x, w1t, w2t = (torch.randn(*shape).bfloat16() for shape in ((3, 128), (128, 64), (64, 128)))
     with pytest.raises(ValueError, match=_escaped("scaled_ffn: the kernel needs t != 0 (spec line 9)")):
         module.scaled_ffn(x, w1t, w2t, t=0.0)
+
+
+@pytest.mark.parametrize("scale", [np.float32(-0.37), np.int32(2), Fraction(1, 3)])
+def test_a_numpy_or_fraction_param_runs_as_its_float(scale: object) -> None:
+    """Real numbers that are not Python floats pass the check; the kernel gets their float, as the op's schema
+    gives it (an np.float32 scale reached `activation(scale=)`, which the interpreter refused)."""
+    module = load_module(GENERATED / "scaled_softmax" / "kernel.py", target="trn2")
+    x = torch.randn(9, 300).bfloat16()
+    p, lse = module.scaled_softmax(x, scale=scale)
+    z = x.float() * float(scale)  # type: ignore[arg-type]
+    close(p, torch.softmax(z, -1), 1e-2)
+    close(lse, torch.logsumexp(z, -1, keepdim=True), 1e-5)
 
 
 def _escaped(text: str) -> str:

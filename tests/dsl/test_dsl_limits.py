@@ -66,8 +66,10 @@ def test_number_literals_at_and_past_their_limits() -> None:
     for digits in (19, 4301):
         assert _diagnostics(spec.format("1" * digits))[0].startswith("t.spec:6:21: error: integer literal `1")
     scaled = HEAD + "y = x * {}" + TAIL
-    assert _diagnostics(scaled.format("1e308")) == []
+    assert _diagnostics(scaled.format("3.4028234e38")) == []
     assert _diagnostics(scaled.format("5e-324")) == []
+    for past_f32 in ("3.5e38", "-1e308"):  # the kernel's fp32 immediate would be inf
+        assert f"`{past_f32}` does not fit in f32" in _diagnostics(scaled.format(past_f32))[0]
     assert "overflows" in _diagnostics(scaled.format("1e309"))[0]
     assert "`1e-400` underflows to 0" in _diagnostics(scaled.format("1e-400"))[0]
     assert _diagnostics(scaled.format("0e-400")) == []  # zero written as zero is fine

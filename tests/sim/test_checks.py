@@ -61,6 +61,22 @@ def test_views_cannot_grow_the_partition_dim():
     expect(sim.PartitionError, "<-reshape", kernel)
 
 
+def test_a_view_cannot_step_over_partitions():
+    """ARCH 'Data streaming': no partition-dim striding, an operand occupies consecutive partitions (a step
+    over them as a slice ran, where `.ap` with the same pattern was refused)."""
+
+    def kernel():
+        t = _sb((128, 8))
+        nisa.tensor_copy(dst=_sb((64, 8)), src=t[0:128:2, :])  # <-p-step
+
+    def steps_in_free_dims():
+        t = _sb((128, 8))
+        nisa.tensor_copy(dst=_sb((128, 4)), src=t[:, 0:8:2])
+
+    assert "partition stride 16" in expect(sim.OutOfBoundsError, "<-p-step", kernel)
+    sim.run(steps_in_free_dims)
+
+
 def test_matmul_contraction_mismatch():
     def kernel():
         ps = nl.ndarray((64, 64), dtype=F32, buffer=nl.psum)
@@ -195,8 +211,14 @@ def test_dtype_rules():
         ps = nl.ndarray((64, 64), dtype=F32, buffer=nl.psum)
         nisa.nc_matmul(dst=ps, stationary=_sb((32, 64)), moving=_sb((32, 64), nl.bfloat16))  # <-dtype-mm
 
+    def integer_matmul():  # ISA nc_matmul's input formats are fp8, bf16, fp16, tf32 and fp32 only
+        ps = nl.ndarray((64, 64), dtype=F32, buffer=nl.psum)
+        ints = _sb((32, 64), nl.int32)
+        nisa.nc_matmul(dst=ps, stationary=ints, moving=ints)  # <-dtype-int
+
     expect(sim.DtypeError, "<-dtype-hwdge", hwdge_kernel, torch.zeros(128, 8))
     expect(sim.DtypeError, "<-dtype-mm", mixed_matmul)
+    assert "stationary dtype torch.int32" in expect(sim.DtypeError, "<-dtype-int", integer_matmul)
 
 
 def test_dma_mode_arguments():

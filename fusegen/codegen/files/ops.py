@@ -141,8 +141,14 @@ def load_ops(name_or_path: str | Path, out_dir: str | Path = "generated") -> Mod
     if not (folder / "ops.py").is_file():
         folder = Path(out_dir) / name_or_path
     key = f"_fusegen_ops_{folder.name}"  # one op per kernel name: torch.library refuses a second
-    if key not in sys.modules:
-        path = folder / "ops.py"
+    path = folder / "ops.py"
+    loaded = sys.modules.get(key)
+    if loaded is not None and path.is_file() and Path(loaded.__file__ or "").resolve() != path.resolve():
+        raise RuntimeError(  # returning the loaded module would run the other folder's kernel
+            f"torch.ops.fusegen.{folder.name} is already registered from {loaded.__file__}; {path} is"
+            " another build of that name; a process holds one op per kernel name: load it in a new process"
+        )
+    if loaded is None:
         spec = importlib.util.spec_from_file_location(key, path)
         if not path.is_file() or spec is None or spec.loader is None:
             raise FileNotFoundError(

@@ -67,16 +67,18 @@ def signature(name: str, ir: KernelIR, outputs: Iterable[Returned], targets: Ite
 def door_lines(
     constant: str, ir: KernelIR, save: str = "False", default_lnc: str = "_LNC"
 ) -> tuple[str, ...]:
-    """A host function's first lines: check the call (rebinding the tensors dense and `lnc` resolved) and
-    return the outputs of an empty call without launching."""
+    """A host function's first lines: check the call (rebinding the tensors dense, the params as floats and
+    `lnc` resolved) and return the outputs of an empty call without launching."""
     tensors = "".join(f"{i.name}, " for i in ir.inputs)
     params = "".join(f"{p.name}, " for p in ir.params)
     call = f"_door({constant}, ({tensors.rstrip()}), ({params.rstrip()}), {save}, lnc, target, {default_lnc})"
-    return (f"({tensors.rstrip(', ')},), lnc, _empty = {call}", "if _empty is not None:", "    return _empty")
+    bound = f"({tensors.rstrip(', ')},), ({params.rstrip()}), lnc, _empty"
+    return (f"{bound} = {call}", "if _empty is not None:", "    return _empty")
 
 
 def op_check(constant: str, ir: KernelIR) -> str:
-    """The op's (and its fake's) check: the same signature, any floating dtype accepted (the op casts)."""
+    """The op's (and its fake's) check: the same signature, any floating dtype accepted (the op casts) but
+    for an fp8 input, which takes its own dtype only."""
     tensors = "".join(f"{i.name}, " for i in ir.inputs)
     params = "".join(f"{p.name}, " for p in ir.params)
     return f"_door({constant}, ({tensors.rstrip()}), ({params.rstrip()}), cast=True)"
