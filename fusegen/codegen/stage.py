@@ -54,6 +54,11 @@ def scalar(code: str) -> Expr:
     return Expr("scalar", kind="scalar", code=code)
 
 
+def power_base(code: str) -> str:
+    """`code` fit to be the base of `**`: a negative number in parentheses, since `-2.0 ** 2` is -4.0."""
+    return f"({code})" if code.startswith("-") else code
+
+
 def dim_code(dim: Dim) -> str:
     """Python source of a dim's value as a float inside a kernel, where dim `K` is the local `d_K`."""
     return f"float({dim_source(dim)})" if dim.symbols() else repr(float(dim.eval({})))
@@ -122,9 +127,9 @@ class StageBuilder:
         if node.op in _SCALAR_BINARY:
             return _SCALAR_BINARY[node.op].format(*codes)
         if node.op in _SCALAR_UNARY:
-            return _SCALAR_UNARY[node.op].format(*codes)
+            return _SCALAR_UNARY[node.op].format(power_base(codes[0]))
         if node.op == "pow":
-            return f"({codes[0]} ** {float(node.attr('exponent'))!r})"  # type: ignore[arg-type]
+            return f"({power_base(codes[0])} ** {float(node.attr('exponent'))!r})"  # type: ignore[arg-type]
         if node.op == "cast":
             return codes[0]
         if node.op == "where":  # the mask is a trace-time 1.0 / 0.0

@@ -81,7 +81,8 @@ def _unary(ctx: Context, call: ast.Call, sig: Signature, bound: Bound) -> int | 
     args = _values(ctx, bound, ("x",))
     if args is None:
         return None
-    return ctx.add_node(sig.op, args, (), ctx.nodes[args[0]].shape, COMPUTE_DTYPE, call.span)
+    node = ctx.add_node(sig.op, args, (), ctx.nodes[args[0]].shape, COMPUTE_DTYPE, call.span)
+    return expressions.in_f32(ctx, node)
 
 
 def _binary(ctx: Context, call: ast.Call, sig: Signature, bound: Bound) -> int | None:

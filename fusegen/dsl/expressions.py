@@ -10,6 +10,7 @@ from fusegen.dsl import ast, ir
 from fusegen.dsl.calls import lower_call
 from fusegen.dsl.context import FAILED_NODE, Context
 from fusegen.dsl.diagnostics import Span
+from fusegen.dsl.folding import f32_problem, literal_value
 from fusegen.dsl.ir import COMPUTE_DTYPE, F32_MAX, FP8_DTYPES, Dim, IndexItem, shape_str
 from fusegen.dsl.shapes import (
     broadcast,
@@ -61,7 +62,19 @@ def elementwise(ctx: Context, op: str, args: tuple[int, ...], span: Span, what: 
                   broadcast_hint(shapes))  # fmt: skip
         return None
     dtype = "bool" if op in ir.COMPARE_OPS else COMPUTE_DTYPE
-    return ctx.add_node(op, args, (), shape, dtype, span)
+    return in_f32(ctx, ctx.add_node(op, args, (), shape, dtype, span))
+
+
+def in_f32(ctx: Context, node_id: int) -> int | None:
+    """`node_id`, or None after an error when it is a scalar of numbers alone that f32 cannot hold: the
+    kernel forms it in Python when traced and takes it as an f32 immediate (inf there), as a number is."""
+    node = ctx.nodes[node_id]
+    problem = f32_problem(literal_value(ctx.nodes, node_id))
+    if problem is not None:
+        hint = f"the kernel computes in f32: a constant's magnitude is at most {F32_MAX:.8g}"
+        ctx.error(node.span, f"this expression of numbers {problem}", hint)
+        return None
+    return node_id
 
 
 def _leading_hint(ctx: Context, args: tuple[int, ...]) -> str | None:
@@ -127,7 +140,8 @@ def _neg(ctx: Context, expr: ast.Neg) -> int | None:
     operand = value(ctx, expr.operand)
     if operand is None:
         return None
-    return ctx.add_node("neg", (operand,), (), ctx.nodes[operand].shape, COMPUTE_DTYPE, expr.span)
+    node = ctx.add_node("neg", (operand,), (), ctx.nodes[operand].shape, COMPUTE_DTYPE, expr.span)
+    return in_f32(ctx, node)
 
 
 def _binop(ctx: Context, expr: ast.BinOp) -> int | None:
@@ -139,8 +153,7 @@ def _binop(ctx: Context, expr: ast.BinOp) -> int | None:
         return None
     if expr.op == "@":
         return _matmul(ctx, expr, lhs, rhs)
-    divisor = ctx.nodes[rhs]
-    if expr.op == "/" and divisor.op == "const" and divisor.attr("value") == 0:
+    if expr.op == "/" and literal_value(ctx.nodes, rhs) == 0:
         # a kernel multiplies by the divisor's reciprocal, formed when it is traced: 1.0 / 0 fails there
         hint = "every value it gives is inf or nan: divide by a nonzero number"
         ctx.error(expr.rhs.span, "division by zero", hint)
@@ -187,7 +200,7 @@ def _pow(ctx: Context, expr: ast.Pow) -> int | None:
     if base is None:
         return None
     attrs = (("exponent", float(exponent)),)
-    return ctx.add_node("pow", (base,), attrs, ctx.nodes[base].shape, COMPUTE_DTYPE, expr.span)
+    return in_f32(ctx, ctx.add_node("pow", (base,), attrs, ctx.nodes[base].shape, COMPUTE_DTYPE, expr.span))
 
 
 def _index(ctx: Context, expr: ast.Index) -> int | None:

@@ -233,3 +233,17 @@ def test_a_row_statistic_times_the_rows_without_none_says_how(tmp_path: Path) ->
     assert ":6:5: error: shapes [T, H] and [T] do not broadcast in `*`" in text, text
     hint = "[T] does not run along the rows of [T, H]: write `rstd[:, None]`, or reduce with keepdim=true"
     assert hint in text, text
+
+
+def test_a_negative_number_raised_to_a_power_keeps_its_sign_rule(tmp_path: Path) -> None:
+    """`square(-2.0)`, `(-2.0) ** 2` and `rsqrt(square(-0.5))` are 4, 4 and 2: the kernel forms them in Python,
+    where `-2.0 ** 2` unparenthesised is -4.0 (the kernel gave -4 x)."""
+    body = """dim R, K
+input x: bf16[R, K]
+output y: f32[R, K]
+y = x * square(-2.0) + x * (-2.0) ** 2 + x * rsqrt(square(-0.5))
+check R=3 K=128
+"""
+    kernel = _build(tmp_path, "neg_base", body)
+    x = torch.randn(3, 128, generator=_gen(4)).bfloat16()
+    _close(kernel.neg_base(x), 10 * x.float(), 1e-6)

@@ -12,6 +12,7 @@ from dataclasses import dataclass
 
 from fusegen.codegen.files import argcheck as argcheck
 from fusegen.codegen.files.render import vendored
+from fusegen.codegen.stage import power_base
 from fusegen.dsl.ir import Constraint, KernelIR, Node, Shape
 from fusegen.sim.targets import TARGETS
 
@@ -160,6 +161,8 @@ def _scalar(ir: KernelIR, node: Node, param: Callable[[str], str]) -> str | None
     if any(a is None for a in args):
         return None
     if node.op == "pow":
-        return f"({args[0]} ** {float(node.attr('exponent'))!r})"  # type: ignore[arg-type]
+        return f"({power_base(str(args[0]))} ** {float(node.attr('exponent'))!r})"  # type: ignore[arg-type]
     form = _SCALAR_CODE.get(node.op)
+    if form is not None and "**" in form:
+        args = [power_base(str(args[0]))]
     return form.format(*args) if form is not None else None
