@@ -236,8 +236,8 @@ def test_a_row_statistic_times_the_rows_without_none_says_how(tmp_path: Path) ->
 
 
 def test_a_negative_number_raised_to_a_power_keeps_its_sign_rule(tmp_path: Path) -> None:
-    """`square(-2.0)`, `(-2.0) ** 2` and `rsqrt(square(-0.5))` are 4, 4 and 2: the kernel forms them in Python,
-    where `-2.0 ** 2` unparenthesised is -4.0 (the kernel gave -4 x)."""
+    """`square(-2.0)`, `(-2.0) ** 2` and `rsqrt(square(-0.5))` are 4, 4 and 2: the kernel forms them in
+    Python, where `-2.0 ** 2` unparenthesised is -4.0 (the kernel gave -4 x)."""
     body = """dim R, K
 input x: bf16[R, K]
 output y: f32[R, K]
