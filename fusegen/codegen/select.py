@@ -303,7 +303,9 @@ class Selector:
         """`relu(c - k)` for a column `max(c, k)` with a scalar k read by one activation (which takes the
         `+ k` of `max(c, k) = relu(c - k) + k` in its bias instead of a step of its own), else None."""
         c, k = e.args
-        if c.kind != "vec" or k.kind != "scalar" or e.users > 1:
+        bound = columns.literal(k.code) if k.kind == "scalar" else None
+        # only against a number known >= 0: for a negative k, c - k loses c, and -inf gives nan
+        if c.kind != "vec" or bound is None or bound < 0 or e.users > 1:
             return None
         key = (id(e), "max")
         if key not in self._memo_neg:

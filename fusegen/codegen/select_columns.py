@@ -82,18 +82,60 @@ def on_scalar(sel: Selector, data: Operand, op: str, operand: Operand) -> Operan
 
 
 def _maximum(sel: Selector, x: Operand, bound: str) -> Operand:
-    """max(x, bound) = relu(x - bound) + bound: exact where x <= bound, else within an ulp of x."""
+    """max(x, bound): `relu(x - bound) + bound` on the Scalar engine when bound >= 0 (exact where x <= bound,
+    else within an ulp of x), else a Vector `tensor_scalar` maximum, since against a negative bound x - bound
+    loses x (x = 0.5, bound = -1e10 gives 0) and bound = -inf gives nan. A bound known only when the kernel is
+    traced (a param) takes both, under a trace-time `if` on its sign."""
+    known = literal(bound)
+    if known is not None and known < 0:
+        return _vector_maximum(sel, x, bound)
+    if known is not None:
+        return _relu_maximum(sel, x, bound)
+    dst = sel._alloc("vec", "f32")
+    sel.raw(f"if {bound} >= 0.0:", "vec", "")
+    start = len(sel.lines)
+    _relu_maximum(sel, x, bound, into=dst)
+    usual = sel.writers[dst.name]
+    sel.raw("else:", "vec", "")
+    _vector_maximum(sel, x, bound, into=dst)
+    sel.writers[dst.name] = usual  # what follows is planned for the usual branch, a bound >= 0
+    for i in range(start, len(sel.lines)):
+        if sel.lines[i] != "else:":
+            sel.lines[i] = "    " + sel.lines[i]
+        if sel.line_engines[i] == "dve":  # the branch stays one unit of the per-row prefix (column_prefix)
+            sel.line_engines[i] = ""
+    return dst
+
+
+def _relu_maximum(sel: Selector, x: Operand, bound: str, into: Operand | None = None) -> Operand:
+    """relu(x - bound) + bound, the relu on the Scalar engine (whose bias takes a column)."""
     shifted = sel._alloc("vec", "f32")
     below = constant(sel, f"(-{bound})")
     sel._emit("activation", (x,), dst=shifted.code, op="nl.relu", data=x.code, bias=below.code)
     offset = constant(sel, bound)
-    folded = on_scalar(sel, shifted, "nl.add", offset)
-    if folded is not None:
-        return folded
-    dst = sel._alloc("vec", "f32")
-    sel._emit("tensor_tensor", (shifted, offset), dst=dst.code, data1=shifted.code, data2=offset.code,
-              op="nl.add")  # fmt: skip
+    dst = into or sel._alloc("vec", "f32")
+    if sel.load is not None and sel.column_engine and sel.load.scalar_lighter():
+        sel._emit("activation", (shifted, offset), dst=dst.code, op="nl.copy", data=shifted.code,
+                  bias=offset.code)  # fmt: skip
+    else:
+        sel._emit("tensor_tensor", (shifted, offset), dst=dst.code, data1=shifted.code, data2=offset.code,
+                  op="nl.add")  # fmt: skip
     return dst
+
+
+def _vector_maximum(sel: Selector, x: Operand, bound: str, into: Operand | None = None) -> Operand:
+    """max(x, bound) exactly, on the Vector engine (the only one with a maximum)."""
+    dst = into or sel._alloc("vec", "f32")
+    sel._emit("tensor_scalar", (x,), dst=dst.code, data=x.code, op0="nl.maximum", operand0=bound)
+    return dst
+
+
+def literal(code: str) -> float | None:
+    """The number a scalar's code spells, or None when it is an expression (a param, a dim's function)."""
+    try:
+        return float(code.strip("()"))
+    except ValueError:
+        return None
 
 
 def constant(sel: Selector, value: str) -> Operand:

@@ -148,7 +148,7 @@ def _choose_rows(m: _RowModel, width: int, heads: int, budget: int) -> tuple[int
         f"(the prepared weights stay width-long); the budget is {budget} B"
     )
 
-_MODEL = _RowModel(resident_per_head=4, prep_scratch=0, row_inputs=6, epilogue=2, chunk=20, columns=112, row_copies=2, stream_epilogue=2, launch_tiles=768, diagonals=768)
+_MODEL = _RowModel(resident_per_head=4, prep_scratch=0, row_inputs=6, epilogue=2, chunk=20, columns=116, row_copies=2, stream_epilogue=2, launch_tiles=768, diagonals=768)
 
 
 def _prepare_weights(h, w_h_hbm, w_e_hbm):
@@ -186,7 +186,7 @@ def _fused_weight_kernel(w_h_hbm, w_e_hbm):
     return _prep0
 
 
-def _head_passes(t0, pt, h, HB, d_H, dot_sv, ec0, ec1, ec2, gate_sv, kv_hbm, pe_identity, prepared, rstd_k_sv, rstd_x_sv, v_ld, x_hbm):
+def _head_passes(t0, pt, h, HB, clamp_arg, d_H, dot_sv, ec0, ec1, ec2, gate_sv, kv_hbm, pe_identity, prepared, rstd_k_sv, rstd_x_sv, v_ld, x_hbm):
     """Token tile t0, head h: loads, reduction passes, per-row math; returns what head_epilogue reads."""
     x_ld = nl.ndarray((_P, d_H), dtype=nl.bfloat16, buffer=nl.sbuf)
     nisa.dma_copy(dst=x_ld[0:pt, 0:d_H], src=x_hbm[t0:t0 + pt, h, 0:d_H])
@@ -229,57 +229,62 @@ def _head_passes(t0, pt, h, HB, d_H, dot_sv, ec0, ec1, ec2, gate_sv, kv_hbm, pe_
             nisa.tensor_tensor(dst=acc19[0:pt, 0:1], data1=acc19[0:pt, 0:1], data2=r0_7[0:pt, 0:1], op=nl.add, engine=nisa.engine.gpsimd)
     # per-row math on the accumulators, before the previous head's full-width epilogue
     e0 = nl.ndarray((_P, 1), dtype=nl.float32, buffer=nl.sbuf)
-    nisa.activation(dst=e0[0:pt, 0:1], op=nl.rsqrt, data=acc9[0:pt, 0:1], bias=ec2[0:pt, 0:1], scale=(1.0 / float(d_H)))
+    nisa.activation(dst=e0[0:pt, 0:1], op=nl.rsqrt, data=acc9[0:pt, 0:1], bias=ec0[0:pt, 0:1], scale=(1.0 / float(d_H)))
     e1 = nl.ndarray((_P, 1), dtype=nl.float32, buffer=nl.sbuf)
     nisa.activation(dst=e1[0:pt, 0:1], op=nl.copy, data=e0[0:pt, 0:1], scale=acc19[0:pt, 0:1])
     e2 = nl.ndarray((_P, 1), dtype=nl.float32, buffer=nl.sbuf)
-    nisa.activation(dst=e2[0:pt, 0:1], op=nl.rsqrt, data=acc13[0:pt, 0:1], bias=ec2[0:pt, 0:1], scale=(1.0 / float(d_H)))
+    nisa.activation(dst=e2[0:pt, 0:1], op=nl.rsqrt, data=acc13[0:pt, 0:1], bias=ec0[0:pt, 0:1], scale=(1.0 / float(d_H)))
     e3 = nl.ndarray((_P, 1), dtype=nl.float32, buffer=nl.sbuf)
     nisa.activation(dst=e3[0:pt, 0:1], op=nl.copy, data=e1[0:pt, 0:1], scale=e2[0:pt, 0:1])
     e4 = nl.ndarray((_P, 1), dtype=nl.float32, buffer=nl.sbuf)
     nisa.activation(dst=e4[0:pt, 0:1], op=nl.abs, data=e3[0:pt, 0:1], scale=(float(d_H) ** -0.5))
     e5 = nl.ndarray((_P, 1), dtype=nl.float32, buffer=nl.sbuf)
-    nisa.activation(dst=e5[0:pt, 0:1], op=nl.relu, data=e4[0:pt, 0:1], bias=ec1[0:pt, 0:1])
-    e6 = nl.ndarray((_P, 1), dtype=nl.float32, buffer=nl.sbuf)
-    nisa.activation(dst=e6[0:pt, 0:1], op=nl.sqrt, data=e5[0:pt, 0:1], bias=ec0[0:pt, 0:1])
+    if clamp_arg >= 0.0:
+        e6 = nl.ndarray((_P, 1), dtype=nl.float32, buffer=nl.sbuf)
+        nisa.activation(dst=e6[0:pt, 0:1], op=nl.relu, data=e4[0:pt, 0:1], bias=ec1[0:pt, 0:1])
+        nisa.activation(dst=e5[0:pt, 0:1], op=nl.copy, data=e6[0:pt, 0:1], bias=ec2[0:pt, 0:1])
+    else:
+        nisa.tensor_scalar(dst=e5[0:pt, 0:1], data=e4[0:pt, 0:1], op0=nl.maximum, operand0=clamp_arg)
     e7 = nl.ndarray((_P, 1), dtype=nl.float32, buffer=nl.sbuf)
-    nisa.activation(dst=e7[0:pt, 0:1], op=nl.sign, data=e3[0:pt, 0:1], scale=(float(d_H) ** -0.5))
+    nisa.activation(dst=e7[0:pt, 0:1], op=nl.sqrt, data=e5[0:pt, 0:1])
     e8 = nl.ndarray((_P, 1), dtype=nl.float32, buffer=nl.sbuf)
-    nisa.activation(dst=e8[0:pt, 0:1], op=nl.sigmoid, data=e7[0:pt, 0:1], scale=e6[0:pt, 0:1])
-    e9 = nl.ndarray((_P, 1), dtype=nl.bfloat16, buffer=nl.sbuf)
-    nisa.activation(dst=e9[0:pt, 0:1], op=nl.copy, data=e8[0:pt, 0:1])
-    e10 = nl.ndarray((_P, 1), dtype=nl.float32, buffer=nl.sbuf)
-    nisa.activation(dst=e10[0:pt, 0:1], op=nl.copy, data=e9[0:pt, 0:1], bias=e8[0:pt, 0:1], scale=-1.0)
-    e11 = nl.ndarray((_P, 1), dtype=nl.bfloat16, buffer=nl.sbuf)
-    nisa.activation(dst=e11[0:pt, 0:1], op=nl.copy, data=e10[0:pt, 0:1])
-    e12 = nl.ndarray((_P, 1), dtype=nl.float32, buffer=nl.sbuf)
-    nisa.activation(dst=e12[0:pt, 0:1], op=nl.copy, data=e11[0:pt, 0:1], bias=e10[0:pt, 0:1], scale=-1.0)
-    e13 = nl.ndarray((_P, _P), dtype=nl.bfloat16, buffer=nl.sbuf)
-    nisa.activation(dst=e13[0:pt, 0:pt], op=nl.copy, data=pe_identity[0:pt, 0:pt], scale=e8[0:pt, 0:1])
+    nisa.activation(dst=e8[0:pt, 0:1], op=nl.sign, data=e3[0:pt, 0:1], scale=(float(d_H) ** -0.5))
+    e9 = nl.ndarray((_P, 1), dtype=nl.float32, buffer=nl.sbuf)
+    nisa.activation(dst=e9[0:pt, 0:1], op=nl.sigmoid, data=e8[0:pt, 0:1], scale=e7[0:pt, 0:1])
+    e10 = nl.ndarray((_P, 1), dtype=nl.bfloat16, buffer=nl.sbuf)
+    nisa.activation(dst=e10[0:pt, 0:1], op=nl.copy, data=e9[0:pt, 0:1])
+    e11 = nl.ndarray((_P, 1), dtype=nl.float32, buffer=nl.sbuf)
+    nisa.activation(dst=e11[0:pt, 0:1], op=nl.copy, data=e10[0:pt, 0:1], bias=e9[0:pt, 0:1], scale=-1.0)
+    e12 = nl.ndarray((_P, 1), dtype=nl.bfloat16, buffer=nl.sbuf)
+    nisa.activation(dst=e12[0:pt, 0:1], op=nl.copy, data=e11[0:pt, 0:1])
+    e13 = nl.ndarray((_P, 1), dtype=nl.float32, buffer=nl.sbuf)
+    nisa.activation(dst=e13[0:pt, 0:1], op=nl.copy, data=e12[0:pt, 0:1], bias=e11[0:pt, 0:1], scale=-1.0)
     e14 = nl.ndarray((_P, _P), dtype=nl.bfloat16, buffer=nl.sbuf)
-    nisa.activation(dst=e14[0:pt, 0:pt], op=nl.copy, data=pe_identity[0:pt, 0:pt], scale=e10[0:pt, 0:1])
+    nisa.activation(dst=e14[0:pt, 0:pt], op=nl.copy, data=pe_identity[0:pt, 0:pt], scale=e9[0:pt, 0:1])
     e15 = nl.ndarray((_P, _P), dtype=nl.bfloat16, buffer=nl.sbuf)
-    nisa.activation(dst=e15[0:pt, 0:pt], op=nl.copy, data=pe_identity[0:pt, 0:pt], scale=e12[0:pt, 0:1])
-    return (t0, pt, h, acc19, dot_sv, e0, e13, e14, e15, e2, e8, gate_sv, rstd_k_sv, rstd_x_sv, v_ld, x_ld)
+    nisa.activation(dst=e15[0:pt, 0:pt], op=nl.copy, data=pe_identity[0:pt, 0:pt], scale=e11[0:pt, 0:1])
+    e16 = nl.ndarray((_P, _P), dtype=nl.bfloat16, buffer=nl.sbuf)
+    nisa.activation(dst=e16[0:pt, 0:pt], op=nl.copy, data=pe_identity[0:pt, 0:pt], scale=e13[0:pt, 0:1])
+    return (t0, pt, h, acc19, dot_sv, e0, e14, e15, e16, e2, e9, gate_sv, rstd_k_sv, rstd_x_sv, v_ld, x_ld)
 
 
 def _head_epilogue(head, d_H, d_HC, dot_hbm, gate_hbm, out_hbm, pe_identity, rstd_k_hbm, rstd_x_hbm, save):
     """Head state `head` from head_passes: the full-width combine and staged columns; returns its output DMAs."""
-    t0, pt, h, acc19, dot_sv, e0, e13, e14, e15, e2, e8, gate_sv, rstd_k_sv, rstd_x_sv, v_ld, x_ld = head
+    t0, pt, h, acc19, dot_sv, e0, e14, e15, e16, e2, e9, gate_sv, rstd_k_sv, rstd_x_sv, v_ld, x_ld = head
     stores = []
-    e16 = nl.ndarray((_P, d_H), dtype=nl.bfloat16, buffer=nl.sbuf)
+    e17 = nl.ndarray((_P, d_H), dtype=nl.bfloat16, buffer=nl.sbuf)
     for q0 in range(0, d_H, _F_MOV):
         qw = min(_F_MOV, d_H - q0)
-        e16_acc = nl.ndarray((_P, _F_MOV), dtype=nl.float32, buffer=nl.psum)
-        nisa.nc_matmul(dst=e16_acc[0:pt, 0:qw], stationary=pe_identity[0:pt, 0:pt], moving=x_ld[0:pt, q0:q0 + qw], accumulate=False)
-        nisa.nc_matmul(dst=e16_acc[0:pt, 0:qw], stationary=e13[0:pt, 0:pt], moving=v_ld[0:pt, q0:q0 + qw], accumulate=True)
-        nisa.nc_matmul(dst=e16_acc[0:pt, 0:qw], stationary=e14[0:pt, 0:pt], moving=v_ld[0:pt, q0:q0 + qw], accumulate=True)
-        nisa.nc_matmul(dst=e16_acc[0:pt, 0:qw], stationary=e15[0:pt, 0:pt], moving=v_ld[0:pt, q0:q0 + qw], accumulate=True)
-        nisa.tensor_copy(dst=e16[0:pt, q0:q0 + qw], src=e16_acc[0:pt, 0:qw])
-    stores.append((out_hbm[t0:t0 + pt, h, 0:d_H], e16[0:pt, 0:d_H]))
+        e17_acc = nl.ndarray((_P, _F_MOV), dtype=nl.float32, buffer=nl.psum)
+        nisa.nc_matmul(dst=e17_acc[0:pt, 0:qw], stationary=pe_identity[0:pt, 0:pt], moving=x_ld[0:pt, q0:q0 + qw], accumulate=False)
+        nisa.nc_matmul(dst=e17_acc[0:pt, 0:qw], stationary=e14[0:pt, 0:pt], moving=v_ld[0:pt, q0:q0 + qw], accumulate=True)
+        nisa.nc_matmul(dst=e17_acc[0:pt, 0:qw], stationary=e15[0:pt, 0:pt], moving=v_ld[0:pt, q0:q0 + qw], accumulate=True)
+        nisa.nc_matmul(dst=e17_acc[0:pt, 0:qw], stationary=e16[0:pt, 0:pt], moving=v_ld[0:pt, q0:q0 + qw], accumulate=True)
+        nisa.tensor_copy(dst=e17[0:pt, q0:q0 + qw], src=e17_acc[0:pt, 0:qw])
+    stores.append((out_hbm[t0:t0 + pt, h, 0:d_H], e17[0:pt, 0:d_H]))
     if save:
         nisa.tensor_copy(dst=dot_sv[0:pt, h:h + 1], src=acc19[0:pt, 0:1], engine=nisa.engine.gpsimd)
-        nisa.tensor_copy(dst=gate_sv[0:pt, h:h + 1], src=e8[0:pt, 0:1], engine=nisa.engine.gpsimd)
+        nisa.tensor_copy(dst=gate_sv[0:pt, h:h + 1], src=e9[0:pt, 0:1], engine=nisa.engine.gpsimd)
         nisa.tensor_copy(dst=rstd_x_sv[0:pt, h:h + 1], src=e0[0:pt, 0:1], engine=nisa.engine.gpsimd)
         nisa.tensor_copy(dst=rstd_k_sv[0:pt, h:h + 1], src=e2[0:pt, 0:1], engine=nisa.engine.gpsimd)
     if h == d_HC - 1:
@@ -291,7 +296,7 @@ def _head_epilogue(head, d_H, d_HC, dot_hbm, gate_hbm, out_hbm, pe_identity, rst
     return stores
 
 
-def _stream_passes(t0, pt, h, HB, d_H, dot_sv, gate_sv, kv_hbm, prepared, rstd_k_sv, rstd_x_sv, scc0, scc1, scc2, scc3, scc4, x_hbm):
+def _stream_passes(t0, pt, h, HB, clamp_arg, d_H, dot_sv, gate_sv, kv_hbm, prepared, rstd_k_sv, rstd_x_sv, scc0, scc1, scc2, scc3, scc4, x_hbm):
     """head_passes for rows too wide for SBUF: each pass reads its chunks of the row inputs from HBM."""
     # reduction pass 1: partial results per chunk, folded into [_P, 1] accumulators
     for c in range(_cdiv(d_H, HB)):
@@ -350,11 +355,14 @@ def _stream_passes(t0, pt, h, HB, d_H, dot_sv, gate_sv, kv_hbm, prepared, rstd_k
     sc10 = nl.ndarray((_P, 1), dtype=nl.float32, buffer=nl.sbuf)
     nisa.activation(dst=sc10[0:pt, 0:1], op=nl.abs, data=sc8[0:pt, 0:1])
     sc11 = nl.ndarray((_P, 1), dtype=nl.float32, buffer=nl.sbuf)
-    nisa.activation(dst=sc11[0:pt, 0:1], op=nl.relu, data=sc10[0:pt, 0:1], bias=scc3[0:pt, 0:1])
-    sc12 = nl.ndarray((_P, 1), dtype=nl.float32, buffer=nl.sbuf)
-    nisa.tensor_tensor(dst=sc12[0:pt, 0:1], data1=sc11[0:pt, 0:1], data2=scc4[0:pt, 0:1], op=nl.add, engine=nisa.engine.gpsimd)
+    if clamp_arg >= 0.0:
+        sc12 = nl.ndarray((_P, 1), dtype=nl.float32, buffer=nl.sbuf)
+        nisa.activation(dst=sc12[0:pt, 0:1], op=nl.relu, data=sc10[0:pt, 0:1], bias=scc3[0:pt, 0:1])
+        nisa.tensor_tensor(dst=sc11[0:pt, 0:1], data1=sc12[0:pt, 0:1], data2=scc4[0:pt, 0:1], op=nl.add, engine=nisa.engine.gpsimd)
+    else:
+        nisa.tensor_scalar(dst=sc11[0:pt, 0:1], data=sc10[0:pt, 0:1], op0=nl.maximum, operand0=clamp_arg)
     sc13 = nl.ndarray((_P, 1), dtype=nl.float32, buffer=nl.sbuf)
-    nisa.activation(dst=sc13[0:pt, 0:1], op=nl.sqrt, data=sc12[0:pt, 0:1])
+    nisa.activation(dst=sc13[0:pt, 0:1], op=nl.sqrt, data=sc11[0:pt, 0:1])
     sc14 = nl.ndarray((_P, 1), dtype=nl.float32, buffer=nl.sbuf)
     nisa.tensor_tensor(dst=sc14[0:pt, 0:1], data1=sc9[0:pt, 0:1], data2=sc13[0:pt, 0:1], op=nl.multiply, engine=nisa.engine.gpsimd)
     sc15 = nl.ndarray((_P, 1), dtype=nl.float32, buffer=nl.sbuf)
@@ -413,11 +421,11 @@ def engram_gate_kernel(x_hbm, kv_hbm, w_h_hbm, w_e_hbm, eps_arg, clamp_arg, HB, 
     pe_identity = nl.ndarray((_P, _P), dtype=nl.bfloat16, buffer=nl.sbuf)
     nisa.tensor_scalar(dst=pe_identity[0:_P, 0:_P], data=pe_offsets[0:_P, 0:_P], op0=nl.equal, operand0=0.0)
     ec0 = nl.ndarray((_P, 1), dtype=nl.float32, buffer=nl.sbuf)
-    nisa.memset(dst=ec0[0:_P, 0:1], value=clamp_arg, engine=nisa.engine.gpsimd)
+    nisa.memset(dst=ec0[0:_P, 0:1], value=eps_arg, engine=nisa.engine.gpsimd)
     ec1 = nl.ndarray((_P, 1), dtype=nl.float32, buffer=nl.sbuf)
     nisa.memset(dst=ec1[0:_P, 0:1], value=(-clamp_arg), engine=nisa.engine.gpsimd)
     ec2 = nl.ndarray((_P, 1), dtype=nl.float32, buffer=nl.sbuf)
-    nisa.memset(dst=ec2[0:_P, 0:1], value=eps_arg, engine=nisa.engine.gpsimd)
+    nisa.memset(dst=ec2[0:_P, 0:1], value=clamp_arg, engine=nisa.engine.gpsimd)
     scc0 = nl.ndarray((_P, 1), dtype=nl.float32, buffer=nl.sbuf)
     nisa.memset(dst=scc0[0:_P, 0:1], value=(1.0 / float(d_H)), engine=nisa.engine.gpsimd)
     scc1 = nl.ndarray((_P, 1), dtype=nl.float32, buffer=nl.sbuf)
@@ -449,7 +457,7 @@ def engram_gate_kernel(x_hbm, kv_hbm, w_h_hbm, w_e_hbm, eps_arg, clamp_arg, HB, 
             rstd_k_sv = nl.ndarray((_P, d_HC), dtype=nl.float32, buffer=nl.sbuf)
             for h in range(d_HC):
                 prepared = held[h] if resident else _prepare_weights(h, w_h_hbm, w_e_hbm)
-                head = _stream_passes(t0, pt, h, HB, d_H, dot_sv, gate_sv, kv_hbm, prepared, rstd_k_sv, rstd_x_sv, scc0, scc1, scc2, scc3, scc4, x_hbm)
+                head = _stream_passes(t0, pt, h, HB, clamp_arg, d_H, dot_sv, gate_sv, kv_hbm, prepared, rstd_k_sv, rstd_x_sv, scc0, scc1, scc2, scc3, scc4, x_hbm)
                 for dst, src in _stream_epilogue(head, HB, d_H, d_HC, dot_hbm, gate_hbm, kv_hbm, out_hbm, rstd_k_hbm, rstd_x_hbm, save, x_hbm):
                     nisa.dma_copy(dst=dst, src=src)
     else:
@@ -463,7 +471,7 @@ def engram_gate_kernel(x_hbm, kv_hbm, w_h_hbm, w_e_hbm, eps_arg, clamp_arg, HB, 
             rstd_k_sv = nl.ndarray((_P, d_HC), dtype=nl.float32, buffer=nl.sbuf)
             for h in range(d_HC):
                 prepared = held[h] if resident else _prepare_weights(h, w_h_hbm, w_e_hbm)
-                head = _head_passes(t0, pt, h, HB, d_H, dot_sv, ec0, ec1, ec2, gate_sv, kv_hbm, pe_identity, prepared, rstd_k_sv, rstd_x_sv, v_ld, x_hbm)  # ahead of the previous head's epilogue and stores
+                head = _head_passes(t0, pt, h, HB, clamp_arg, d_H, dot_sv, ec0, ec1, ec2, gate_sv, kv_hbm, pe_identity, prepared, rstd_k_sv, rstd_x_sv, v_ld, x_hbm)  # ahead of the previous head's epilogue and stores
                 for dst, src in queued if overlap else stores:
                     nisa.dma_copy(dst=dst, src=src)
                 queued, stores = (stores, []) if overlap else ([], [])

@@ -258,11 +258,14 @@ def engram_gate_hc8_backward_kernel(x_hbm, kv_hbm, w_h_hbm, w_e_hbm, dot_hbm, ga
             ke_7 = nl.ndarray((_P, 1), dtype=nl.float32, buffer=nl.sbuf)
             nisa.activation(dst=ke_7[0:pt, 0:1], op=nl.abs, data=ke_4[0:pt, 0:1])
             ke_8 = nl.ndarray((_P, 1), dtype=nl.float32, buffer=nl.sbuf)
-            nisa.activation(dst=ke_8[0:pt, 0:1], op=nl.relu, data=ke_7[0:pt, 0:1], bias=ke_c1[0:pt, 0:1])
-            ke_9 = nl.ndarray((_P, 1), dtype=nl.float32, buffer=nl.sbuf)
-            nisa.tensor_tensor(dst=ke_9[0:pt, 0:1], data1=ke_8[0:pt, 0:1], data2=ke_c2[0:pt, 0:1], op=nl.add, engine=nisa.engine.gpsimd)
+            if clamp_arg >= 0.0:
+                ke_9 = nl.ndarray((_P, 1), dtype=nl.float32, buffer=nl.sbuf)
+                nisa.activation(dst=ke_9[0:pt, 0:1], op=nl.relu, data=ke_7[0:pt, 0:1], bias=ke_c1[0:pt, 0:1])
+                nisa.tensor_tensor(dst=ke_8[0:pt, 0:1], data1=ke_9[0:pt, 0:1], data2=ke_c2[0:pt, 0:1], op=nl.add, engine=nisa.engine.gpsimd)
+            else:
+                nisa.tensor_scalar(dst=ke_8[0:pt, 0:1], data=ke_7[0:pt, 0:1], op0=nl.maximum, operand0=clamp_arg)
             ke_10 = nl.ndarray((_P, 1), dtype=nl.float32, buffer=nl.sbuf)
-            nisa.activation(dst=ke_10[0:pt, 0:1], op=nl.sqrt, data=ke_9[0:pt, 0:1])
+            nisa.activation(dst=ke_10[0:pt, 0:1], op=nl.sqrt, data=ke_8[0:pt, 0:1])
             ke_11 = nl.ndarray((_P, 1), dtype=nl.float32, buffer=nl.sbuf)
             nisa.reciprocal(dst=ke_11[0:pt, 0:1], data=ke_10[0:pt, 0:1])
             ke_12 = nl.ndarray((_P, 1), dtype=nl.float32, buffer=nl.sbuf)

@@ -176,3 +176,17 @@ def test_hbm_bytes_per_token_from_the_trace(monkeypatch: pytest.MonkeyPatch) -> 
     assert minimum == 26 * width + 16 * heads
     assert dma["hbm_read"] + dma["hbm_write"] == per_token * tokens + weights
     assert (dma["hbm_read"] + dma["hbm_write"]) / tokens <= 1.05 * minimum
+
+
+@pytest.mark.parametrize(("clamp", "heads", "width"), [
+    (float("-inf"), 2, 256), (-3e38, 2, 256), (-1e10, 2, 256), (float("-inf"), 1, 32768),  # the last streamed
+])  # fmt: skip
+def test_a_negative_clamp_clamps_nothing(clamp: float, heads: int, width: int) -> None:
+    """max(|s|, clamp) is exact for any clamp: a negative one leaves |s| as it is (built as relu(|s| - clamp)
+    + clamp, -inf gave nan everywhere and -3e38 lost |s|), so out matches the formula without a clamp."""
+    x, kv, w_h, w_e = inputs(130, heads, width)
+    out = kernel().engram_gate(x, kv, w_h, w_e, clamp=clamp, lnc=1)
+    no_clamp = kernel().engram_gate(x, kv, w_h, w_e, clamp=0.0, lnc=1)
+    assert not out.float().isnan().any()
+    assert torch.equal(out, no_clamp)  # |s| >= 0: a clamp of 0 or below changes nothing
+    assert calc_diff(out, gate_naive(x, kv, w_h, w_e)[0]) < CALC_DIFF_BAR

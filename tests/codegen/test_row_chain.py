@@ -26,26 +26,34 @@ def column_steps(body: ast.AST) -> list[str]:
     return found
 
 
-def test_engram_chain_is_thirteen_scalar_steps_per_head() -> None:
-    """Per token tile and head: two rsqrt, two products, abs, relu, sqrt, sign, sigmoid and g's three
-    bf16 parts (four steps); 16 before: each mean's 1/H was a step per chunk, max's `+ clamp` a step."""
+def _clamp_branch(body: ast.FunctionDef) -> ast.If:
+    """The trace-time `if clamp_arg >= 0.0:` that picks how max(|s|, clamp) is formed."""
+    branches = [n for n in ast.walk(body) if isinstance(n, ast.If)]
+    return next(n for n in branches if "clamp_arg >= 0.0" in ast.unparse(n.test))
+
+
+def test_engram_chain_is_fourteen_scalar_steps_per_head() -> None:
+    """Per token tile and head, for a clamp >= 0: two rsqrt, two products, abs, relu and its `+ clamp`, sqrt,
+    sign, sigmoid and g's three bf16 parts (four steps); 16 before this session's folds: each mean's 1/H was
+    a step per chunk. A negative clamp takes one exact Vector maximum instead of relu and `+ clamp`."""
     passes = function("engram_gate", "_head_passes")
     loop = next(n for n in passes.body if isinstance(n, ast.For))
-    chain = [s for s in column_steps(passes) if s not in column_steps(loop)]
-    assert len(chain) == 13
+    branch = _clamp_branch(passes)
+    other = [s for n in branch.orelse for s in column_steps(n)]
+    chain = [s for s in column_steps(passes) if s not in column_steps(loop) and s not in other]
+    assert len(chain) == 14
     assert all(s.startswith("nisa.activation(") for s in chain)  # all on the Scalar engine: no hand-off
+    assert len(other) == 1 and "op0=nl.maximum" in other[0] and "operand0=clamp_arg" in other[0]
     # the chunk loop only reduces and accumulates: no scaled partial per chunk
     assert all("scale=" not in s for s in column_steps(loop))
 
 
-def test_the_mean_scale_and_the_max_bound_ride_in_the_consuming_activation() -> None:
+def test_the_mean_scale_rides_in_the_rsqrt_and_the_clamp_is_exact_for_either_sign() -> None:
     chain = column_steps(function("engram_gate", "_head_passes"))
     rsqrt = [s for s in chain if "op=nl.rsqrt" in s]
     assert len(rsqrt) == 2 and all("scale=1.0 / float(d_H)" in s and "bias=" in s for s in rsqrt)
-    (relu,) = [s for s in chain if "op=nl.relu" in s]
-    (sqrt,) = [s for s in chain if "op=nl.sqrt" in s]
-    relu_dst = relu.split("dst=")[1].split("[")[0]
-    assert f"data={relu_dst}[" in sqrt and "bias=" in sqrt  # sqrt(relu(c - clamp) + clamp)
+    usual = [s for n in _clamp_branch(function("engram_gate", "_head_passes")).body for s in column_steps(n)]
+    assert ["op=nl.relu" in usual[0], "op=nl.copy" in usual[1] and "bias=" in usual[1]] == [True, True]
 
 
 def test_layernorm_variance_is_scaled_in_its_rsqrt() -> None:
