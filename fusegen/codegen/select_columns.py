@@ -5,7 +5,8 @@ that waits on the reduction passes; on the Vector engine each step would wait in
 full-width work fills. `tensor_scalar` may not run on GpSimd (its docstring allows rsqrt only), so a
 chain of adds and products becomes GpSimd `tensor_tensor` steps against columns, a constant operand
 memset once per launch into a column (`Selector.constants`), and `max(x, c)` becomes `relu(x - c) + c`
-(the relu on the Scalar engine, whose bias takes a column; the maximum itself is Vector-only).
+when c >= 0 (the relu on the Scalar engine, whose bias takes a column; the maximum itself is Vector-only,
+and exact, so a negative c, where x - c loses x, takes it: `_maximum`).
 A step whose input the Scalar engine wrote (an rsqrt, a sigmoid, a reducing activation) stays there
 instead when the kernel's full-width work leaves the Scalar engine the less busy one (`EngineLoad`):
 `x * s` and `x + b` are one identity activation (scale s, bias b), the same fp32 rounding as the GpSimd
