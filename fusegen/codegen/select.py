@@ -43,7 +43,7 @@ from fusegen.codegen.select_tables import (
     NL_DTYPE,
     EngineLoad,
 )
-from fusegen.codegen.stage import Expr, Operand, scalar
+from fusegen.codegen.stage import Expr, Operand
 
 
 class SelectError(Exception):
@@ -83,7 +83,7 @@ class Selector:
     writers: dict[str, str] = field(default_factory=dict)  # tile name -> engine of its last writer
     _memo: dict[tuple[int, str], Operand] = field(default_factory=dict)
     constant_columns: dict[str, Operand] = field(default_factory=dict)  # by value source (select_columns)
-    _memo_neg: dict[tuple[int, str], Expr] = field(default_factory=dict)  # -column, relu(c - k) of max
+    _memo_neg: dict[tuple[int, str], Expr] = field(default_factory=dict)
     _seen: dict[tuple[str, tuple[int, ...], str], Expr] = field(default_factory=dict)  # (op, args, kind)
 
     def intern(self, op: str, args: tuple[Expr, ...], kind: str) -> Expr:
@@ -281,10 +281,6 @@ class Selector:
             t, b = alu.split_tile(e)
             if t is not None and b is not None and b.kind in ("vec", "scalar"):
                 e, bias = t, b  # and a product in t rides in the scale (below): rsqrt(sum * 1/n + eps)
-        elif e.kind == "vec" and e.op == "maximum" and self.load is not None and self.column_engine:
-            shifted = self._shifted_max(e)  # act(max(c, k)) = act(relu(c - k) + k): k in the bias
-            if shifted is not None:
-                return shifted, None, e.args[1], False
         scale = None
         if e.op == "mul" and e.kind == "tile":
             t, s = alu.split_tile(e)
@@ -298,20 +294,6 @@ class Selector:
             if s is not None and s.kind in ("vec", "scalar"):
                 e, scale = t, s
         return e, scale, bias, negate
-
-    def _shifted_max(self, e: Expr) -> Expr | None:
-        """`relu(c - k)` for a column `max(c, k)` with a scalar k read by one activation (which takes the
-        `+ k` of `max(c, k) = relu(c - k) + k` in its bias instead of a step of its own), else None."""
-        c, k = e.args
-        bound = columns.literal(k.code) if k.kind == "scalar" else None
-        # only against a number known >= 0: for a negative k, c - k loses c, and -inf gives nan
-        if c.kind != "vec" or bound is None or bound < 0 or e.users > 1:
-            return None
-        key = (id(e), "max")
-        if key not in self._memo_neg:
-            below = Expr("add", (c, scalar(f"(-{k.code})")), kind="vec")
-            self._memo_neg[key] = Expr("relu", (below,), kind="vec")
-        return self._memo_neg[key]
 
     def _negated(self, column: Expr) -> Expr:
         """-column as an expression, one per column (memoised by `value` like any other)."""

@@ -62,7 +62,8 @@ def chain(sel: Selector, data: Operand, ops: list[str], operands: list[Operand],
     return value if value.dtype == dtype else sel.copy(value, "vec", dtype)
 
 
-def on_scalar(sel: Selector, data: Operand, op: str, operand: Operand) -> Operand | None:
+def on_scalar(sel: Selector, data: Operand, op: str, operand: Operand, into: Operand | None = None
+              ) -> Operand | None:  # fmt: skip
     """`data * operand` (scale) or `data + operand` (bias, a column) on [P, 1] columns as one identity
     activation, when the Scalar engine wrote `data` and the kernel's full-width work leaves it the less busy
     engine (row stages only, where [P, 1] work is kept off the Vector queue); None otherwise."""
@@ -75,7 +76,7 @@ def on_scalar(sel: Selector, data: Operand, op: str, operand: Operand) -> Operan
         return None
     if op == "nl.add" and operand.kind == "scalar":
         operand = constant(sel, operand.code)
-    dst = sel._alloc("vec", "f32")
+    dst = into or sel._alloc("vec", "f32")
     role = "scale" if op == "nl.multiply" else "bias"
     sel._emit("activation", (data, operand), dst=dst.code, op="nl.copy", data=data.code,
               **{role: operand.code})  # fmt: skip
@@ -114,13 +115,12 @@ def _relu_maximum(sel: Selector, x: Operand, bound: str, into: Operand | None = 
     below = constant(sel, f"(-{bound})")
     sel._emit("activation", (x,), dst=shifted.code, op="nl.relu", data=x.code, bias=below.code)
     offset = constant(sel, bound)
+    folded = on_scalar(sel, shifted, "nl.add", offset, into)
+    if folded is not None:
+        return folded
     dst = into or sel._alloc("vec", "f32")
-    if sel.load is not None and sel.column_engine and sel.load.scalar_lighter():
-        sel._emit("activation", (shifted, offset), dst=dst.code, op="nl.copy", data=shifted.code,
-                  bias=offset.code)  # fmt: skip
-    else:
-        sel._emit("tensor_tensor", (shifted, offset), dst=dst.code, data1=shifted.code, data2=offset.code,
-                  op="nl.add")  # fmt: skip
+    sel._emit("tensor_tensor", (shifted, offset), dst=dst.code, data1=shifted.code, data2=offset.code,
+              op="nl.add")  # fmt: skip
     return dst
 
 
