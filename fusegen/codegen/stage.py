@@ -16,6 +16,7 @@ from __future__ import annotations
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 
+from fusegen.dsl.folding import scalar_code
 from fusegen.dsl.ir import Dim, KernelIR, Node
 
 
@@ -52,11 +53,6 @@ class Expr:
 def scalar(code: str) -> Expr:
     """A trace-time scalar expression."""
     return Expr("scalar", kind="scalar", code=code)
-
-
-def power_base(code: str) -> str:
-    """`code` fit to be the base of `**`: a negative number in parentheses, since `-2.0 ** 2` is -4.0."""
-    return f"({code})" if code.startswith("-") else code
 
 
 def dim_code(dim: Dim) -> str:
@@ -123,17 +119,9 @@ class StageBuilder:
             return repr(float(node.attr("value")))  # type: ignore[arg-type]
         if node.op == "dim":
             return dim_code(node.attr("dim"))  # type: ignore[arg-type]
-        codes = [a.code for a in args]
-        if node.op in _SCALAR_BINARY:
-            return _SCALAR_BINARY[node.op].format(*codes)
-        if node.op in _SCALAR_UNARY:
-            return _SCALAR_UNARY[node.op].format(power_base(codes[0]))
-        if node.op == "pow":
-            return f"({power_base(codes[0])} ** {float(node.attr('exponent'))!r})"  # type: ignore[arg-type]
-        if node.op == "cast":
-            return codes[0]
-        if node.op == "where":  # the mask is a trace-time 1.0 / 0.0
-            return "({0} * {1} + (1.0 - {0}) * {2})".format(*codes)
+        code = scalar_code(node, [a.code for a in args])
+        if code is not None:
+            return code
         raise StageError(node, f"`{node.op}` of scalars is not supported in a kernel")
 
     def reciprocal(self, den: Expr) -> Expr:
@@ -169,25 +157,6 @@ def _mk(op: str, args: list[Expr] | tuple[Expr, ...], kind: str, dtype: str = "f
     for a in args:
         a.users += 1
     return Expr(op, tuple(args), kind=kind, dtype=dtype)
-
-
-_SCALAR_BINARY = {
-    "add": "({} + {})",
-    "sub": "({} - {})",
-    "mul": "({} * {})",
-    "div": "({} / {})",
-    "maximum": "max({}, {})",
-    "minimum": "min({}, {})",
-    **{op: f"float({{}} {sym} {{}})" for op, sym in (("lt", "<"), ("le", "<="), ("gt", ">"), ("ge", ">="),
-                                                    ("eq", "=="), ("ne", "!="))},
-}
-_SCALAR_UNARY = {
-    "neg": "(-{})",
-    "sqrt": "({} ** 0.5)",
-    "rsqrt": "({} ** -0.5)",
-    "square": "({} ** 2)",
-    "abs": "abs({})",
-}
 
 
 def _expand_pow(b: StageBuilder, node: Node, args: list[Expr]) -> Expr:

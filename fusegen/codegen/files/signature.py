@@ -12,7 +12,7 @@ from dataclasses import dataclass
 
 from fusegen.codegen.files import argcheck as argcheck
 from fusegen.codegen.files.render import vendored
-from fusegen.codegen.stage import power_base
+from fusegen.dsl.folding import scalar_code
 from fusegen.dsl.ir import Constraint, KernelIR, Node, Shape
 from fusegen.sim.targets import TARGETS
 
@@ -107,15 +107,6 @@ def _block(field: str, items: list[str]) -> str:
     return f"    {field}=(\n" + "".join(f"        {item},\n" for item in items) + "    ),"
 
 
-#: scalar ops of params, as Python over `p` (the params as floats, in order) the way the kernel's trace forms
-#: them (codegen/stage.py's scalar code)
-_SCALAR_CODE = {
-    "add": "({} + {})", "sub": "({} - {})", "mul": "({} * {})", "div": "({} / {})", "neg": "(-{})",
-    "maximum": "max({}, {})", "minimum": "min({}, {})", "abs": "abs({})", "square": "({} ** 2)",
-    "sqrt": "({} ** 0.5)", "rsqrt": "({} ** -0.5)", "cast": "{}",
-}  # fmt: skip
-
-
 def _domains(ir: KernelIR) -> list[str]:
     """`_Domain` literals: every divisor, rsqrt / sqrt operand and power base that is a scalar of the params
     alone (the kernel forms it in Python when traced, where 0 or a negative has no value), in IR order."""
@@ -160,9 +151,4 @@ def _scalar(ir: KernelIR, node: Node, param: Callable[[str], str]) -> str | None
     args = [_scalar(ir, a, param) for a in ir.operands(node)]
     if any(a is None for a in args):
         return None
-    if node.op == "pow":
-        return f"({power_base(str(args[0]))} ** {float(node.attr('exponent'))!r})"  # type: ignore[arg-type]
-    form = _SCALAR_CODE.get(node.op)
-    if form is not None and "**" in form:
-        args = [power_base(str(args[0]))]
-    return form.format(*args) if form is not None else None
+    return scalar_code(node, args)  # type: ignore[arg-type]
