@@ -60,6 +60,11 @@ def dim_code(dim: Dim) -> str:
     return f"float({dim_source(dim)})" if dim.symbols() else repr(float(dim.eval({})))
 
 
+def inverse_code(dim: Dim) -> str:
+    """Python source of `1 / dim` as a float inside a kernel (a mean's scale)."""
+    return f"(1.0 / {dim_code(dim)})"
+
+
 def dim_source(dim: Dim) -> str:
     """Python source of a dim's integer value, symbols spelled as kernel locals `d_<name>`."""
     terms = []
@@ -134,7 +139,7 @@ class StageBuilder:
 
     def reduce_scale(self, node: Node) -> Expr:
         """1 / (size of the reduced axis), as a scalar."""
-        return scalar(f"(1.0 / {dim_code(self.free_size(node))})")
+        return scalar(inverse_code(self.free_size(node)))
 
 
 class StageError(Exception):

@@ -26,7 +26,7 @@ from fusegen.codegen.rowreduce.match import RowLoad, RowReduceMatch
 from fusegen.codegen.rowreduce.prep import lower_prep, prepare_body, root_copies, row_kind
 from fusegen.codegen.select import Layout, Selector
 from fusegen.codegen.select_tables import NL_DTYPE, EngineLoad
-from fusegen.codegen.stage import Expr, Operand, StageBuilder, dim_code, dim_source
+from fusegen.codegen.stage import Expr, Operand, StageBuilder, dim_source, inverse_code
 from fusegen.dsl.ir import DTYPE_BYTES, KernelIR, Node, OutputDecl
 
 _T = TypeVar("_T")
@@ -267,9 +267,11 @@ def acc(node_id: int, ir: KernelIR | None = None) -> Operand:
     """The [P, 1] accumulator column of reduction node `node_id` (marked positive when `ir` shows it is a
     sum of exponentials, so the selector may take its log: select_folds.py; read as the sum times 1/n
     when `ir` shows a deferred mean)."""
-    node = None if ir is None else ir.node(node_id)
-    positive = node is not None and node.op == "sum" and ir is not None and ir.node(node.args[0]).op == "exp"
-    scale = "" if ir is None or not deferred_mean(ir, node_id) else _inverse_size(ir, node_id)
+    if ir is None:
+        return Operand("vec", f"acc{node_id}[0:pt, {ONE_COLUMN}]")
+    node, operand = ir.node(node_id), ir.node(ir.node(node_id).args[0])
+    positive = node.op == "sum" and operand.op == "exp"
+    scale = inverse_code(operand.shape[-1]) if deferred_mean(ir, node_id) else ""
     return Operand("vec", f"acc{node_id}[0:pt, {ONE_COLUMN}]", positive=positive, scale=scale)
 
 
@@ -283,11 +285,6 @@ def deferred_mean(ir: KernelIR, node_id: int) -> bool:
     return bool(users) and all(
         u.op == "add" and all(a == node_id or ir.node(a).shape == () for a in u.args) for u in users
     )
-
-
-def _inverse_size(ir: KernelIR, node_id: int) -> str:
-    """1 / (the reduced width) of reduction `node_id`, as the stage builder writes it."""
-    return f"(1.0 / {dim_code(ir.node(ir.node(node_id).args[0]).shape[-1])})"
 
 
 def _row_leaves(ir: KernelIR, loads: dict[int, RowLoad], free: str) -> dict[int, Operand]:
