@@ -353,6 +353,13 @@ def contiguous_strides(shape: Sequence[int]) -> tuple[int, ...]:
     return _contiguous(tuple(shape))
 
 
+def is_contiguous(shape: Sequence[int], strides: Sequence[int]) -> bool:
+    """Whether a view addresses its elements in row-major order without gaps; as in torch, the stride of
+    an axis of one element does not matter (a one-row slice of a wider matrix is contiguous)."""
+    rowmajor = contiguous_strides(shape)
+    return all(n == 1 or s == c for n, s, c in zip(shape, strides, rowmajor, strict=True))
+
+
 @functools.lru_cache(maxsize=1024)
 def _contiguous(shape: tuple[int, ...]) -> tuple[int, ...]:
     """Uncached contiguous_strides."""

@@ -11,7 +11,7 @@ import torch
 
 from . import dtypes
 from .errors import InvalidArgumentError, OutOfBoundsError, PartitionError, UnsupportedError, fault
-from .memory import Alloc, MemoryRegion, ViewKey, contiguous_strides
+from .memory import Alloc, MemoryRegion, ViewKey, contiguous_strides, is_contiguous
 
 
 class NkiTensor:
@@ -181,7 +181,7 @@ class NkiTensor:
         shape = tuple(int(n) for n in shape)
         if math.prod(shape) != self.numel:
             raise fault(OutOfBoundsError, "reshape", f"cannot reshape {self.shape} to {shape}")
-        if self.strides != contiguous_strides(self.shape) and self.numel > 1:
+        if not is_contiguous(self.shape, self.strides) and self.numel > 1:
             raise fault(UnsupportedError, "reshape", f"view {self.shape} is not contiguous")
         if self.alloc.on_chip and shape and shape[0] > self.alloc.shape[0]:
             raise fault(PartitionError, "reshape", f"{shape} has more partitions than {self.alloc.label()}")
