@@ -104,11 +104,12 @@ def _plan_section(a: Analysis) -> str:
 
 def _buffer_table(p: TilePlan) -> str:
     budget = {"sbuf": p.sbuf_budget, "psum": p.psum_budget * 2048}
-    lines = [f"  {'buffer':<40}{'memory':>7}{'bytes':>10}{'copies':>8}{'of budget':>11}"]
+    width = max([39, *(len(b.name) for b in p.buffers)]) + 1  # whole names: they say what a buffer holds
+    lines = [f"  {'buffer':<{width}}{'memory':>7}{'bytes':>10}{'copies':>8}{'of budget':>11}"]
     for b in p.buffers:
         total = b.bytes * b.copies
         lines.append(
-            f"  {b.name[:39]:<40}{b.memory:>7}{b.bytes:>10,}{b.copies:>8}{_pct(total, budget[b.memory]):>11}"
+            f"  {b.name:<{width}}{b.memory:>7}{b.bytes:>10,}{b.copies:>8}{_pct(total, budget[b.memory]):>11}"
         )
     return "\n".join(lines)
 

@@ -38,6 +38,7 @@ def test_explain_rowreduce_family(capsys: pytest.CaptureFixture[str]) -> None:
     )
     out = capsys.readouterr().out
     assert "rowreduce family" in out and "tile HB" in out and "no alternative plans" in out
+    assert "  launch-wide tiles (the Tensor engine's identity)  " in out  # buffer names whole, not cut at 39
 
 
 def test_explain_rejects_a_bad_shape(capsys: pytest.CaptureFixture[str]) -> None:
