@@ -88,12 +88,13 @@ def _run(args: tuple[torch.Tensor, ...], params: dict[str, float]) -> tuple[torc
 
 
 def _unaliased(outs: tuple[torch.Tensor, ...], args: tuple[torch.Tensor, ...]) -> tuple[torch.Tensor, ...]:
-    """`outs`, each copied if it shares storage with an argument or an earlier output: a custom op may not
-    return its inputs (an f32 input passed straight through) or one tensor twice (x + r: equal gradients)."""
+    """`outs`, each copied if it shares storage with an argument or an earlier output, or is a view: a custom
+    op may not return its inputs (an f32 input passed straight through) or one tensor twice (x + r: equal
+    gradients), and autograd refuses in-place writes to a view it returns (the reference's `raw[:, :, 0]`)."""
     taken = {t.untyped_storage().data_ptr() for t in args}
     fresh = []
     for o in outs:
-        fresh.append(o.clone() if o.untyped_storage().data_ptr() in taken else o)
+        fresh.append(o.clone() if o.untyped_storage().data_ptr() in taken or o._base is not None else o)
         taken.add(o.untyped_storage().data_ptr())
     return tuple(fresh)
 
