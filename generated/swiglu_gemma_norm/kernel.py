@@ -1478,7 +1478,8 @@ class _Require(NamedTuple):
 class _Domain(NamedTuple):
     """A scalar the kernel forms from the params alone when traced, and what it must be: `value` computes it
     (from the params as floats, as the kernel's trace does), `need` is "!= 0" (a divisor), "> 0" (rsqrt, a
-    negative power) or ">= 0" (sqrt, a fractional power); `text` and `line` say where the spec forms it."""
+    negative power), ">= 0" (sqrt, a fractional power) or "f32" (an immediate the kernel computes with: within
+    f32 range unless a param is inf or nan); `text` and `line` say where the spec forms it."""
 
     text: str
     need: str
@@ -1711,7 +1712,10 @@ def _check_params(sig: _Signature, params: tuple[float, ...]) -> None:
 
 def _check_domains(sig: _Signature, params: tuple[float, ...]) -> None:
     """Each scalar the kernel forms from the params when traced is defined there (NKI traces Python floats:
-    `1.0 / 0.0` or `0.0 ** -0.5` raise, a negative `** 0.5` is complex), inner ones first; nan passes."""
+    `1.0 / 0.0` or `0.0 ** -0.5` raise, a negative `** 0.5` is complex), inner ones first, and each immediate
+    it computes with fits f32 (a * a = 1e40 from a = 1e20 became inf, a silent overflow); nan passes."""
+    import math  # here, not from the generated module's globals, which spec names share
+
     values = tuple(float(p) for p in params)
     for dom in sig.domains:
         try:
@@ -1719,7 +1723,13 @@ def _check_domains(sig: _Signature, params: tuple[float, ...]) -> None:
         except ArithmeticError as err:
             raise ValueError(f"{sig.name}: {dom.text} (spec line {dom.line}) cannot be formed from "
                              f"{_listed(sig, values)}: {err}") from None  # fmt: skip
-        if value == 0 if dom.need == "!= 0" else value <= 0 if dom.need == "> 0" else value < 0:
+        if dom.need == "f32":  # an inf or nan param makes its inf or nan immediates the caller's intent
+            largest = torch.finfo(torch.float32).max
+            if abs(value) > largest and all(math.isfinite(v) for v in values):
+                raise ValueError(f"{sig.name}: the kernel computes with {dom.text} (spec line {dom.line}), "
+                                 f"which is {value:.8g} from {_listed(sig, values)}: outside the f32 range "
+                                 f"(|value| <= {largest:.8g}), where it would be inf")  # fmt: skip
+        elif value == 0 if dom.need == "!= 0" else value <= 0 if dom.need == "> 0" else value < 0:
             raise ValueError(f"{sig.name}: the kernel needs {dom.text} {dom.need} (spec line {dom.line}), "
                              f"got {value!r} from {_listed(sig, values)}")  # fmt: skip
 
