@@ -92,6 +92,13 @@ def _cast(tensors: tuple[torch.Tensor, ...], dtypes: tuple[torch.dtype, ...]) ->
 
 def _run(args: tuple[torch.Tensor, ...], params: dict[str, float]) -> tuple[torch.Tensor, ...]:
     """The forward on the selected backend, inputs cast to the spec's dtypes."""
+    if any(torch.autograd.forward_ad.unpack_dual(t).tangent is not None for t in args):
+        # torch runs a custom op without forward-mode AD as if its inputs had no tangents: the outputs' would
+        # silently be none (zero). torch.func.jvp / jacfwd do the same and cannot be seen from here (README).
+        raise NotImplementedError(
+            "fusegen::layernorm has no forward-mode derivative (an input is a forward-AD dual tensor): use "
+            "reverse mode (backward, torch.autograd.grad, torch.autograd.functional.jacobian)"
+        )
     args = _cast(args, _DTYPES)
     return _unaliased(_call("", "layernorm", args, **params, save=True), args)
 

@@ -80,3 +80,18 @@ def test_a_hessian_names_the_op() -> None:
     x, kv, w_h, w_e = _leaves("engram_gate")
     with pytest.raises(RuntimeError, match=re.escape(SECOND.format(name="engram_gate"))):
         torch.autograd.functional.hessian(lambda w: op("engram_gate")(x, kv, w, w_e)[0].float().sum(), w_h)  # type: ignore[operator]
+
+
+@pytest.mark.parametrize("name", ["engram_gate", "swiglu_ffn", "rmsnorm_qkv"])
+def test_forward_mode_ad_is_refused_not_zero(name: str) -> None:
+    """A forward-AD dual input gave outputs with no tangent (torch runs a custom op without a forward-mode
+    rule as if its inputs had none): now a NotImplementedError naming the op."""
+    import torch.autograd.forward_ad as fwad
+
+    ir = spec_ir(name)
+    args = inputs(ir, small_dims(ir))
+    with fwad.dual_level():
+        dual = fwad.make_dual(args[0], torch.ones_like(args[0]))
+        says = f"fusegen::{name} has no forward-mode derivative"
+        with pytest.raises(NotImplementedError, match=re.escape(says)):
+            op(name)(dual, *args[1:])  # type: ignore[operator]
