@@ -581,7 +581,10 @@ def _check_params(sig: _Signature, params: tuple[float, ...]) -> None:
     largest = torch.finfo(torch.float32).max
     for name, value in zip(sig.params, params, strict=True):
         if isinstance(value, bool) or not isinstance(value, numbers.Real):
-            raise TypeError(f"{sig.name}: {name}: expected a number, got {type(value).__name__} {value!r}")
+            # a tensor would be a constant of the kernel that no gradient reaches: say so
+            hint = f": the kernel takes {name} as a constant (no gradient); pass float({name})"
+            raise TypeError(f"{sig.name}: {name}: expected a number, got {type(value).__name__} {value!r}"
+                            f"{hint if isinstance(value, torch.Tensor) else ''}")  # fmt: skip
         try:
             past = math.isfinite(float(value)) and abs(float(value)) > largest
         except OverflowError:  # an integer too large for a float

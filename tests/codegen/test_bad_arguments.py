@@ -127,6 +127,9 @@ CASES = [
         "fusegen::add_rmsnorm: r: expected a dense (strided) tensor, got a sparse_coo one"),
     Bad("row eps text", host(ROW, eps="1e-6"), TypeError, "eps: expected a number, got str '1e-6'"),
     Bad("row eps bool", host(ROW, eps=True), TypeError, "eps: expected a number, got bool"),
+    Bad("row eps tensor", host(ROW, eps=torch.tensor(1e-6, requires_grad=True)), TypeError,
+        "eps: expected a number, got Tensor tensor(1.0000e-06, requires_grad=True): the kernel takes eps as "
+        "a constant (no gradient); pass float(eps)"),
     Bad("row eps past f32", host(ROW, eps=1e300), ValueError,
         "add_rmsnorm: eps: 1e+300 is outside the f32 range of the spec's params"),
     Bad("row op eps past f32", lambda: op(ROW)(*_args(ROW), 3.5e38), ValueError,  # type: ignore[operator]
