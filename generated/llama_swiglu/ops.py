@@ -73,10 +73,11 @@ def _call(prefix: str, fn: str, args: tuple[torch.Tensor, ...], /, **kwargs: obj
     here), on fusegen's interpreter or AWS's simulator on CPU, or `fn`_reference of <prefix>reference.py on
     the reference backend. Positional-only: the spec's params arrive as keywords, and one may be `fn`."""
     backend = _backend(args[0].device)
-    if backend == "reference":
-        out = getattr(_module(f"{prefix}reference.py"), f"{fn}_reference")(*args, **kwargs)
-    else:
-        out = getattr(_kernel_module(backend, prefix), fn)(*args, **kwargs)
+    with torch.autocast("cpu", enabled=False):  # the caller's autocast would make the reference's matmuls bf16
+        if backend == "reference":
+            out = getattr(_module(f"{prefix}reference.py"), f"{fn}_reference")(*args, **kwargs)
+        else:
+            out = getattr(_kernel_module(backend, prefix), fn)(*args, **kwargs)
     return tuple(out) if isinstance(out, (tuple, list)) else (out,)
 
 
@@ -500,7 +501,8 @@ def _backward_op(x: torch.Tensor, wgt: torch.Tensor, wut: torch.Tensor, wdt: tor
         _args = _cast(tuple(_tensors[i] for i in _KERNEL_ARGS), _KERNEL_DTYPES)
         return _unaliased(_call("backward_", "llama_swiglu_backward", _args, **{}), _args)
     _args = _cast(tuple(_tensors[i] for i in _REFERENCE_ARGS), _REFERENCE_DTYPES)
-    _grads = _module("backward_reference.py").llama_swiglu_backward_reference(*_args, **{})
+    with torch.autocast("cpu", enabled=False):  # as in _call
+        _grads = _module("backward_reference.py").llama_swiglu_backward_reference(*_args, **{})
     return _unaliased(tuple(_grads) if isinstance(_grads, (tuple, list)) else (_grads,), _args)
 
 

@@ -61,10 +61,11 @@ def _call(prefix: str, fn: str, args: tuple[torch.Tensor, ...], /, **kwargs: obj
     here), on fusegen's interpreter or AWS's simulator on CPU, or `fn`_reference of <prefix>reference.py on
     the reference backend. Positional-only: the spec's params arrive as keywords, and one may be `fn`."""
     backend = _backend(args[0].device)
-    if backend == "reference":
-        out = getattr(_module(f"{prefix}reference.py"), f"{fn}_reference")(*args, **kwargs)
-    else:
-        out = getattr(_kernel_module(backend, prefix), fn)(*args, **kwargs)
+    with torch.autocast("cpu", enabled=False):  # the caller's autocast would make the reference's matmuls bf16
+        if backend == "reference":
+            out = getattr(_module(f"{prefix}reference.py"), f"{fn}_reference")(*args, **kwargs)
+        else:
+            out = getattr(_kernel_module(backend, prefix), fn)(*args, **kwargs)
     return tuple(out) if isinstance(out, (tuple, list)) else (out,)
 
 

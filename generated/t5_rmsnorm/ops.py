@@ -70,10 +70,11 @@ def _call(prefix: str, fn: str, args: tuple[torch.Tensor, ...], /, **kwargs: obj
     here), on fusegen's interpreter or AWS's simulator on CPU, or `fn`_reference of <prefix>reference.py on
     the reference backend. Positional-only: the spec's params arrive as keywords, and one may be `fn`."""
     backend = _backend(args[0].device)
-    if backend == "reference":
-        out = getattr(_module(f"{prefix}reference.py"), f"{fn}_reference")(*args, **kwargs)
-    else:
-        out = getattr(_kernel_module(backend, prefix), fn)(*args, **kwargs)
+    with torch.autocast("cpu", enabled=False):  # the caller's autocast would make the reference's matmuls bf16
+        if backend == "reference":
+            out = getattr(_module(f"{prefix}reference.py"), f"{fn}_reference")(*args, **kwargs)
+        else:
+            out = getattr(_kernel_module(backend, prefix), fn)(*args, **kwargs)
     return tuple(out) if isinstance(out, (tuple, list)) else (out,)
 
 
@@ -492,7 +493,8 @@ def _backward_op(x: torch.Tensor, w: torch.Tensor, rstd: torch.Tensor, d_y: torc
     own op, so torch.compile traces the backward through the fake below instead of running a kernel on it."""
     _tensors = (x, w, rstd, d_y,)
     _args = _cast(tuple(_tensors[i] for i in _REFERENCE_ARGS), _REFERENCE_DTYPES)
-    _grads = _module("backward_reference.py").t5_rmsnorm_backward_reference(*_args, **{"eps": eps})
+    with torch.autocast("cpu", enabled=False):  # as in _call
+        _grads = _module("backward_reference.py").t5_rmsnorm_backward_reference(*_args, **{"eps": eps})
     return _unaliased(tuple(_grads) if isinstance(_grads, (tuple, list)) else (_grads,), _args)
 
 
