@@ -695,6 +695,15 @@ def _check_launch(sig: _Signature, lnc: int | None, target: str | None, default_
     return int(lnc)
 
 
+def _planned(sig: _Signature, choose: "Callable[..., _Plan]", *args: object) -> "_Plan":  # noqa: UP037
+    """`choose(*args)`, the copied planner, with its refusal (no plan fits these dims) naming the kernel: in a
+    model of many ops, "no tile plan fits: width 30000" alone does not say which one."""
+    try:
+        return choose(*args)
+    except ValueError as err:
+        raise ValueError(f"{sig.name}: {err}") from None
+
+
 def _empty_outputs(sig: _Signature, env: _Env, zero: list[str], save: bool, device: torch.device) -> _Outputs:
     """The outputs of a call with a zero-size dim: empty, or zero where a backward sums over no rows."""
     outputs = [o for o in sig.outputs if save or not o.optional]
@@ -744,8 +753,8 @@ def engram_gate_hc8_backward(x: torch.Tensor, kv: torch.Tensor, w_h: torch.Tenso
     if _empty is not None:
         return _empty
     if x.shape[2] % _P or x.shape[1] * x.shape[2] > _P * _F_MOV:
-        raise ValueError("sums over the tokens need H % 128 == 0 and HC * H <= 65536 (one PSUM bank)")
-    _hb, _resident = _choose(_MODEL, x.shape[2], x.shape[1], _SBUF_BUDGET[target])
+        raise ValueError(f"{_SIGNATURE.name}: sums over the tokens need H % 128 == 0 and HC * H <= 65536 (one PSUM bank), got HC={x.shape[1]}, H={x.shape[2]}")
+    _hb, _resident = _planned(_SIGNATURE, _choose, _MODEL, x.shape[2], x.shape[1], _SBUF_BUDGET[target])
     d_x, d_kv, _partial = engram_gate_hc8_backward_kernel[lnc](x, kv, w_h, w_e, dot, gate, rstd_x, rstd_k, d_out, eps, clamp, _hb, _resident)
     d_w_h, d_w_e = engram_gate_hc8_backward_reduce_kernel[lnc](_partial, w_h, w_e)
     return d_x, d_kv, d_w_h, d_w_e

@@ -428,6 +428,15 @@ def _check_launch(sig: _Signature, lnc: int | None, target: str | None, default_
     return int(lnc)
 
 
+def _planned(sig: _Signature, choose: "Callable[..., _Plan]", *args: object) -> "_Plan":  # noqa: UP037
+    """`choose(*args)`, the copied planner, with its refusal (no plan fits these dims) naming the kernel: in a
+    model of many ops, "no tile plan fits: width 30000" alone does not say which one."""
+    try:
+        return choose(*args)
+    except ValueError as err:
+        raise ValueError(f"{sig.name}: {err}") from None
+
+
 def _empty_outputs(sig: _Signature, env: _Env, zero: list[str], save: bool, device: torch.device) -> _Outputs:
     """The outputs of a call with a zero-size dim: empty, or zero where a backward sums over no rows."""
     outputs = [o for o in sig.outputs if save or not o.optional]

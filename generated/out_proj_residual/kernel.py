@@ -703,6 +703,15 @@ def _check_launch(sig: _Signature, lnc: int | None, target: str | None, default_
     return int(lnc)
 
 
+def _planned(sig: _Signature, choose: "Callable[..., _Plan]", *args: object) -> "_Plan":  # noqa: UP037
+    """`choose(*args)`, the copied planner, with its refusal (no plan fits these dims) naming the kernel: in a
+    model of many ops, "no tile plan fits: width 30000" alone does not say which one."""
+    try:
+        return choose(*args)
+    except ValueError as err:
+        raise ValueError(f"{sig.name}: {err}") from None
+
+
 def _empty_outputs(sig: _Signature, env: _Env, zero: list[str], save: bool, device: torch.device) -> _Outputs:
     """The outputs of a call with a zero-size dim: empty, or zero where a backward sums over no rows."""
     outputs = [o for o in sig.outputs if save or not o.optional]
@@ -746,7 +755,7 @@ def out_proj_residual(attn: torch.Tensor, wo: torch.Tensor, resid: torch.Tensor,
     d_H = attn.shape[1]
     d_K = wo.shape[1]
     d_R = attn.shape[0]
-    _plan = _choose(_MODEL, _MACHINES[target], _rows, _hidden, (d_K, ), lnc)
+    _plan = _planned(_SIGNATURE, _choose, _MODEL, _MACHINES[target], _rows, _hidden, (d_K, ), lnc)
     return out_proj_residual_kernel[lnc](attn, wo, resid, _plan.s, _plan.nb, _plan.split, _plan.stream)
 
 

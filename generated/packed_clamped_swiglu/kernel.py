@@ -1711,6 +1711,15 @@ def _check_launch(sig: _Signature, lnc: int | None, target: str | None, default_
     return int(lnc)
 
 
+def _planned(sig: _Signature, choose: "Callable[..., _Plan]", *args: object) -> "_Plan":  # noqa: UP037
+    """`choose(*args)`, the copied planner, with its refusal (no plan fits these dims) naming the kernel: in a
+    model of many ops, "no tile plan fits: width 30000" alone does not say which one."""
+    try:
+        return choose(*args)
+    except ValueError as err:
+        raise ValueError(f"{sig.name}: {err}") from None
+
+
 def _empty_outputs(sig: _Signature, env: _Env, zero: list[str], save: bool, device: torch.device) -> _Outputs:
     """The outputs of a call with a zero-size dim: empty, or zero where a backward sums over no rows."""
     outputs = [o for o in sig.outputs if save or not o.optional]
@@ -1847,7 +1856,7 @@ def packed_clamped_swiglu(x: torch.Tensor, w12t: torch.Tensor, w3t: torch.Tensor
     d_I = w3t.shape[0]
     d_K = x.shape[1]
     d_R = x.shape[0]
-    _plan = _choose(_MODEL, _MACHINES[target], _rows, _hidden, _inter, lnc)
+    _plan = _planned(_SIGNATURE, _choose, _MODEL, _MACHINES[target], _rows, _hidden, _inter, lnc)
     return packed_clamped_swiglu_kernel[lnc](x, _up_layout(_given_w12t, (0, d_I,), _inter), w3t, limit, _down_blocks(_given_w3t, _plan.kc, _inter), _plan.s, _plan.ci, _plan.split, _plan.kc, _plan.g, _plan.ht)
 
 

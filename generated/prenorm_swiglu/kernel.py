@@ -1729,6 +1729,15 @@ def _check_launch(sig: _Signature, lnc: int | None, target: str | None, default_
     return int(lnc)
 
 
+def _planned(sig: _Signature, choose: "Callable[..., _Plan]", *args: object) -> "_Plan":  # noqa: UP037
+    """`choose(*args)`, the copied planner, with its refusal (no plan fits these dims) naming the kernel: in a
+    model of many ops, "no tile plan fits: width 30000" alone does not say which one."""
+    try:
+        return choose(*args)
+    except ValueError as err:
+        raise ValueError(f"{sig.name}: {err}") from None
+
+
 def _empty_outputs(sig: _Signature, env: _Env, zero: list[str], save: bool, device: torch.device) -> _Outputs:
     """The outputs of a call with a zero-size dim: empty, or zero where a backward sums over no rows."""
     outputs = [o for o in sig.outputs if save or not o.optional]
@@ -1866,7 +1875,7 @@ def prenorm_swiglu(x: torch.Tensor, gamma: torch.Tensor, wgt: torch.Tensor, wut:
         return _empty
     _rows, _hidden = x.shape
     _inter = wdt.shape[0]
-    _plan = _choose(_MODEL, _MACHINES[target], _rows, _hidden, _inter, lnc)
+    _plan = _planned(_SIGNATURE, _choose, _MODEL, _MACHINES[target], _rows, _hidden, _inter, lnc)
     return prenorm_swiglu_kernel[lnc](x, gamma, _up_layout(_given_wgt, (0,), _inter), _up_layout(_given_wut, (0,), _inter), wdt, eps, _down_blocks(_given_wdt, _plan.kc, _inter), _plan.s, _plan.ci, _plan.split, _plan.kc, _plan.g, _plan.ht)
 
 

@@ -143,6 +143,12 @@ CASES = [
     Bad("row fused_weight target", fused(ROW, [t(128)], target="trn9"), ValueError, "target='trn9'"),
     Bad("layernorm x dtype", host("layernorm", {0: t(3, 3, dtype=torch.float16)}), TypeError,
         "x: expected dtype torch.bfloat16, got torch.float16"),
+    Bad("layernorm too wide names the kernel", host("layernorm", {0: t(3, 30000), 1: t(30000, dtype=F32),
+                                                                2: t(30000, dtype=F32)}),
+        ValueError, "layernorm: no tile plan fits: width 30000"),
+    Bad("op too wide names the kernel", call_op("layernorm", {0: t(3, 30000), 1: t(30000, dtype=F32),
+                                                              2: t(30000, dtype=F32)}),
+        ValueError, "layernorm: no tile plan fits: width 30000"),
     Bad("softmax scale", host("scaled_softmax", scale=None), TypeError,
         "scale: expected a number, got NoneType"),
     Bad("softmax scale, an int past f32 and float", host("scaled_softmax", scale=10**400), ValueError,
@@ -181,6 +187,16 @@ CASES = [
     Bad("backward hc8 fixed heads", backward(HC8, {2: t(3, 128)}), ValueError,
         "w_h: expected [HC=8, H=128] (HC fixed by the spec; H from x), got [3, 128]"),
 ]
+
+
+def test_a_backward_past_its_token_sums_names_the_kernel_and_dims() -> None:
+    """HC * H past one PSUM bank: the message said neither which kernel nor the values."""
+    x, kv, w_h, w_e, d_out = t(2, 8, 8320), t(2, 9, 8320), t(8, 8320), t(8, 8320), t(2, 8, 8320)
+    saved = [torch.ones(2, 8, dtype=F32) for _ in range(4)]
+    says = ("engram_gate_backward: sums over the tokens need H % 128 == 0 and HC * H <= 65536 (one PSUM "
+            "bank), got HC=8, H=8320")  # fmt: skip
+    with pytest.raises(ValueError, match=re.escape(says)):
+        kernel(ENGRAM, "backward_kernel.py").engram_gate_backward(x, kv, w_h, w_e, *saved, d_out)
 
 
 def test_enough_cases_across_families() -> None:

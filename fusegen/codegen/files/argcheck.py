@@ -16,6 +16,9 @@ import torch
 
 if TYPE_CHECKING:
     from collections.abc import Callable
+    from typing import TypeVar
+
+    _Plan = TypeVar("_Plan")
 
 
 class _Decl(NamedTuple):
@@ -326,6 +329,15 @@ def _check_launch(sig: _Signature, lnc: int | None, target: str | None, default_
         has = "no logical cores (lnc=1 only)" if degrees[target] == 1 else f"lnc 1 to {degrees[target]}"
         raise ValueError(f"{sig.name}: lnc={lnc} is not available on {target}, which has {has}")
     return int(lnc)
+
+
+def _planned(sig: _Signature, choose: "Callable[..., _Plan]", *args: object) -> "_Plan":  # noqa: UP037
+    """`choose(*args)`, the copied planner, with its refusal (no plan fits these dims) naming the kernel: in a
+    model of many ops, "no tile plan fits: width 30000" alone does not say which one."""
+    try:
+        return choose(*args)
+    except ValueError as err:
+        raise ValueError(f"{sig.name}: {err}") from None
 
 
 def _empty_outputs(sig: _Signature, env: _Env, zero: list[str], save: bool, device: torch.device) -> _Outputs:
