@@ -1549,7 +1549,8 @@ def _check_tensors(sig: _Signature, tensors: tuple[torch.Tensor, ...], cast: boo
             raise TypeError(f"{sig.name}: {decl.name}: expected dtype {want}, got {t.dtype}")
         if t.dim() != len(decl.shape):
             raise ValueError(f"{sig.name}: {decl.name}: expected {len(decl.shape)} dims "
-                             f"[{', '.join(decl.shape)}], got {t.dim()}: {list(t.shape)}")  # fmt: skip
+                             f"[{', '.join(decl.shape)}], got {t.dim()}: {list(t.shape)}"
+                             f"{_fold_hint(sig, decl, t.dim())}")  # fmt: skip
         if t.device != tensors[0].device:
             raise ValueError(f"{sig.name}: {decl.name} is on {t.device} but {sig.inputs[0].name} on "
                              f"{tensors[0].device}: pass every tensor on one device")  # fmt: skip
@@ -1562,6 +1563,16 @@ def _check_tensors(sig: _Signature, tensors: tuple[torch.Tensor, ...], cast: boo
         raise RuntimeError(f"{sig.name} is inference-only (a host function records no autograd graph): an "
                            "input requires grad; call it under torch.no_grad(), or train through "
                            "torch.ops.fusegen")  # fmt: skip
+
+
+def _fold_hint(sig: _Signature, decl: _Decl, rank: int) -> str:
+    """How to fold extra leading dims into the rows (a [batch, seq, hidden] x for [T, H]), for a tensor whose
+    first axis is the rows; else nothing."""
+    extra = rank - len(decl.shape)
+    rows = sig.inputs[0].shape[0]
+    if extra <= 0 or not decl.shape or decl.shape[0] != rows or not rows.isidentifier():
+        return ""
+    return f"; fold the extra leading dims into {rows}: {decl.name}.flatten(0, {extra})"
 
 
 def _bind(sig: _Signature, tensors: tuple[torch.Tensor, ...]) -> tuple[_Env, dict[str, str]]:

@@ -119,6 +119,11 @@ CASES = [
         "r: expected [T=3, H=128] (T, H from x), got [4, 128]"),
     Bad("row w length", host(ROW, {2: t(256)}), ValueError, "w: expected [H=128] (H from x), got [256]"),
     Bad("row x rank", host(ROW, {0: t(3, 1, 128)}), ValueError, "x: expected 2 dims [T, H], got 3"),
+    Bad("row op batched x", call_op(ROW, {0: t(2, 3, 128)}), ValueError,
+        "x: expected 2 dims [T, H], got 3: [2, 3, 128]; fold the extra leading dims into T: x.flatten(0, 1)"),
+    Bad("engram batched kv", host(ENGRAM, {1: t(2, 3, 4, 128)}), ValueError,
+        "kv: expected 3 dims [T, HC + 1, H], got 4: [2, 3, 4, 128]; fold the extra leading dims into T: "
+        "kv.flatten(0, 1)"),
     Bad("row require H % 128", host(ROW, {0: t(3, 200), 1: t(3, 200), 2: t(200)}), ValueError,
         "requires H % 128 == 0, got H=200 (from x)"),
     Bad("row sparse x", host(ROW, {0: t(3, 128).to_sparse()}), TypeError,
