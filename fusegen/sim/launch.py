@@ -323,8 +323,9 @@ class Kernel:
         check_kernel(self.fn, rules_error)
         check_launch(tgt, grid, rules_error)
         launch = Launch(grid, tgt, self.strict if strict is None else strict, rules_error)
-        # cyclic GC stays paused until close(): the launch's garbage then goes by reference counting
-        with _quiet_runtime():
+        # cyclic GC stays paused until close(): the launch's garbage then goes by reference counting; the
+        # caller's CPU autocast (thread-local: instance 0 runs here) must not make instructions' math bf16
+        with _quiet_runtime(), torch.autocast("cpu", enabled=False):
             try:
                 result = launch.run(self.fn, args, kwargs)
             except Exception as exc:

@@ -243,7 +243,11 @@ class Alloc:
     def hand_over(self) -> torch.Tensor:
         """The storage as a tensor of the allocation's shape that now belongs to the caller (not pooled)."""
         self.borrowed = True  # like a caller's input: not recycled, copied before any further write
-        return self.data.view(self.shape)
+        # a tensor of its own over the storage, as a device returns one, not a view of the flat buffer:
+        # autograd refuses in-place writes to a view a custom op returns (`h = op(...); h += x`)
+        mine = torch.empty(0, dtype=self.data.dtype, device=self.data.device)
+        return mine.set_(self.data.untyped_storage(), self.data.storage_offset(), self.shape,
+                         contiguous_strides(self.shape))  # fmt: skip
 
     @property
     def numel(self) -> int:

@@ -73,10 +73,11 @@ def _call(prefix: str, fn: str, args: tuple[torch.Tensor, ...], /, **kwargs: obj
     here), on fusegen's interpreter or AWS's simulator on CPU, or `fn`_reference of <prefix>reference.py on
     the reference backend. Positional-only: the spec's params arrive as keywords, and one may be `fn`."""
     backend = _backend(args[0].device)
-    if backend == "reference":
-        out = getattr(_module(f"{prefix}reference.py"), f"{fn}_reference")(*args, **kwargs)
-    else:
-        out = getattr(_kernel_module(backend, prefix), fn)(*args, **kwargs)
+    with torch.autocast("cpu", enabled=False):  # the caller's autocast would make the reference's matmuls bf16
+        if backend == "reference":
+            out = getattr(_module(f"{prefix}reference.py"), f"{fn}_reference")(*args, **kwargs)
+        else:
+            out = getattr(_kernel_module(backend, prefix), fn)(*args, **kwargs)
     return tuple(out) if isinstance(out, (tuple, list)) else (out,)
 
 
@@ -95,17 +96,25 @@ def _cast(tensors: tuple[torch.Tensor, ...], dtypes: tuple[torch.dtype, ...]) ->
 
 def _run(args: tuple[torch.Tensor, ...], params: dict[str, float]) -> tuple[torch.Tensor, ...]:
     """The forward on the selected backend, inputs cast to the spec's dtypes."""
+    if any(torch.autograd.forward_ad.unpack_dual(t).tangent is not None for t in args):
+        # torch runs a custom op without forward-mode AD as if its inputs had no tangents: the outputs' would
+        # silently be none (zero). torch.func.jvp / jacfwd do the same and cannot be seen from here (README).
+        raise NotImplementedError(
+            "fusegen::prenorm_swiglu has no forward-mode derivative (an input is a forward-AD dual tensor): use "
+            "reverse mode (backward, torch.autograd.grad, torch.autograd.functional.jacobian)"
+        )
     args = _cast(args, _DTYPES)
     return _unaliased(_call("", "prenorm_swiglu", args, **params), args)
 
 
 def _unaliased(outs: tuple[torch.Tensor, ...], args: tuple[torch.Tensor, ...]) -> tuple[torch.Tensor, ...]:
-    """`outs`, each copied if it shares storage with an argument or an earlier output: a custom op may not
-    return its inputs (an f32 input passed straight through) or one tensor twice (x + r: equal gradients)."""
+    """`outs`, each copied if it shares storage with an argument or an earlier output, or is a view: a custom
+    op may not return its inputs (an f32 input passed straight through) or one tensor twice (x + r: equal
+    gradients), and autograd refuses in-place writes to a view it returns (the reference's `raw[:, :, 0]`)."""
     taken = {t.untyped_storage().data_ptr() for t in args}
     fresh = []
     for o in outs:
-        fresh.append(o.clone() if o.untyped_storage().data_ptr() in taken else o)
+        fresh.append(o.clone() if o.untyped_storage().data_ptr() in taken or o._base is not None else o)
         taken.add(o.untyped_storage().data_ptr())
     return tuple(fresh)
 
@@ -135,7 +144,8 @@ class _Require(NamedTuple):
 class _Domain(NamedTuple):
     """A scalar the kernel forms from the params alone when traced, and what it must be: `value` computes it
     (from the params as floats, as the kernel's trace does), `need` is "!= 0" (a divisor), "> 0" (rsqrt, a
-    negative power) or ">= 0" (sqrt, a fractional power); `text` and `line` say where the spec forms it."""
+    negative power), ">= 0" (sqrt, a fractional power) or "f32" (an immediate the kernel computes with: within
+    f32 range unless a param is inf or nan); `text` and `line` say where the spec forms it."""
 
     text: str
     need: str
@@ -251,7 +261,8 @@ def _check_tensors(sig: _Signature, tensors: tuple[torch.Tensor, ...], cast: boo
             raise TypeError(f"{sig.name}: {decl.name}: expected dtype {want}, got {t.dtype}")
         if t.dim() != len(decl.shape):
             raise ValueError(f"{sig.name}: {decl.name}: expected {len(decl.shape)} dims "
-                             f"[{', '.join(decl.shape)}], got {t.dim()}: {list(t.shape)}")  # fmt: skip
+                             f"[{', '.join(decl.shape)}], got {t.dim()}: {list(t.shape)}"
+                             f"{_fold_hint(sig, decl, t.dim())}")  # fmt: skip
         if t.device != tensors[0].device:
             raise ValueError(f"{sig.name}: {decl.name} is on {t.device} but {sig.inputs[0].name} on "
                              f"{tensors[0].device}: pass every tensor on one device")  # fmt: skip
@@ -264,6 +275,16 @@ def _check_tensors(sig: _Signature, tensors: tuple[torch.Tensor, ...], cast: boo
         raise RuntimeError(f"{sig.name} is inference-only (a host function records no autograd graph): an "
                            "input requires grad; call it under torch.no_grad(), or train through "
                            "torch.ops.fusegen")  # fmt: skip
+
+
+def _fold_hint(sig: _Signature, decl: _Decl, rank: int) -> str:
+    """How to fold extra leading dims into the rows (a [batch, seq, hidden] x for [T, H]), for a tensor whose
+    first axis is the rows; else nothing."""
+    extra = rank - len(decl.shape)
+    rows = sig.inputs[0].shape[0]
+    if extra <= 0 or not decl.shape or decl.shape[0] != rows or not rows.isidentifier():
+        return ""
+    return f"; fold the extra leading dims into {rows}: {decl.name}.flatten(0, {extra})"
 
 
 def _bind(sig: _Signature, tensors: tuple[torch.Tensor, ...]) -> tuple[_Env, dict[str, str]]:
@@ -356,7 +377,10 @@ def _check_params(sig: _Signature, params: tuple[float, ...]) -> None:
     largest = torch.finfo(torch.float32).max
     for name, value in zip(sig.params, params, strict=True):
         if isinstance(value, bool) or not isinstance(value, numbers.Real):
-            raise TypeError(f"{sig.name}: {name}: expected a number, got {type(value).__name__} {value!r}")
+            # a tensor would be a constant of the kernel that no gradient reaches: say so
+            hint = f": the kernel takes {name} as a constant (no gradient); pass float({name})"
+            raise TypeError(f"{sig.name}: {name}: expected a number, got {type(value).__name__} {value!r}"
+                            f"{hint if isinstance(value, torch.Tensor) else ''}")  # fmt: skip
         try:
             past = math.isfinite(float(value)) and abs(float(value)) > largest
         except OverflowError:  # an integer too large for a float
@@ -368,7 +392,10 @@ def _check_params(sig: _Signature, params: tuple[float, ...]) -> None:
 
 def _check_domains(sig: _Signature, params: tuple[float, ...]) -> None:
     """Each scalar the kernel forms from the params when traced is defined there (NKI traces Python floats:
-    `1.0 / 0.0` or `0.0 ** -0.5` raise, a negative `** 0.5` is complex), inner ones first; nan passes."""
+    `1.0 / 0.0` or `0.0 ** -0.5` raise, a negative `** 0.5` is complex), inner ones first, and each immediate
+    it computes with fits f32 (a * a = 1e40 from a = 1e20 became inf, a silent overflow); nan passes."""
+    import math  # here, not from the generated module's globals, which spec names share
+
     values = tuple(float(p) for p in params)
     for dom in sig.domains:
         try:
@@ -376,7 +403,13 @@ def _check_domains(sig: _Signature, params: tuple[float, ...]) -> None:
         except ArithmeticError as err:
             raise ValueError(f"{sig.name}: {dom.text} (spec line {dom.line}) cannot be formed from "
                              f"{_listed(sig, values)}: {err}") from None  # fmt: skip
-        if value == 0 if dom.need == "!= 0" else value <= 0 if dom.need == "> 0" else value < 0:
+        if dom.need == "f32":  # an inf or nan param makes its inf or nan immediates the caller's intent
+            largest = torch.finfo(torch.float32).max
+            if abs(value) > largest and all(math.isfinite(v) for v in values):
+                raise ValueError(f"{sig.name}: the kernel computes with {dom.text} (spec line {dom.line}), "
+                                 f"which is {value:.8g} from {_listed(sig, values)}: outside the f32 range "
+                                 f"(|value| <= {largest:.8g}), where it would be inf")  # fmt: skip
+        elif value == 0 if dom.need == "!= 0" else value <= 0 if dom.need == "> 0" else value < 0:
             raise ValueError(f"{sig.name}: the kernel needs {dom.text} {dom.need} (spec line {dom.line}), "
                              f"got {value!r} from {_listed(sig, values)}")  # fmt: skip
 
@@ -407,6 +440,15 @@ def _check_launch(sig: _Signature, lnc: int | None, target: str | None, default_
         has = "no logical cores (lnc=1 only)" if degrees[target] == 1 else f"lnc 1 to {degrees[target]}"
         raise ValueError(f"{sig.name}: lnc={lnc} is not available on {target}, which has {has}")
     return int(lnc)
+
+
+def _planned(sig: _Signature, choose: "Callable[..., _Plan]", *args: object) -> "_Plan":  # noqa: UP037
+    """`choose(*args)`, the copied planner, with its refusal (no plan fits these dims) naming the kernel: in a
+    model of many ops, "no tile plan fits: width 30000" alone does not say which one."""
+    try:
+        return choose(*args)
+    except ValueError as err:
+        raise ValueError(f"{sig.name}: {err}") from None
 
 
 def _empty_outputs(sig: _Signature, env: _Env, zero: list[str], save: bool, device: torch.device) -> _Outputs:
@@ -480,7 +522,8 @@ def _backward_op(x: torch.Tensor, gamma: torch.Tensor, wgt: torch.Tensor, wut: t
         _args = _cast(tuple(_tensors[i] for i in _KERNEL_ARGS), _KERNEL_DTYPES)
         return _unaliased(_call("backward_", "prenorm_swiglu_backward", _args, **{"eps": eps}), _args)
     _args = _cast(tuple(_tensors[i] for i in _REFERENCE_ARGS), _REFERENCE_DTYPES)
-    _grads = _module("backward_reference.py").prenorm_swiglu_backward_reference(*_args, **{"eps": eps})
+    with torch.autocast("cpu", enabled=False):  # as in _call
+        _grads = _module("backward_reference.py").prenorm_swiglu_backward_reference(*_args, **{"eps": eps})
     return _unaliased(tuple(_grads) if isinstance(_grads, (tuple, list)) else (_grads,), _args)
 
 
@@ -497,4 +540,14 @@ def _backward(ctx, *grads):
     return (*(g.to(dtype) for g, dtype in zip(got, ctx.dtypes)), *(None for _ in ctx.params))
 
 
+def _no_second_derivative(ctx, *grads):
+    """Autograd calls this only to differentiate the backward itself (double backward, a Hessian)."""
+    raise RuntimeError(
+        "fusegen::prenorm_swiglu has no second derivative: its backward (fusegen::prenorm_swiglu_backward) is not "
+        "differentiable, so a double backward, a Hessian or a gradient penalty cannot go through it "
+        "(torch.autograd.grad(..., create_graph=True) works as long as those gradients are not differentiated)"
+    )
+
+
+_backward_op.register_autograd(_no_second_derivative)
 prenorm_swiglu.register_autograd(_backward, setup_context=_setup_context)

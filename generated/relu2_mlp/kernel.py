@@ -1388,7 +1388,8 @@ class _Require(NamedTuple):
 class _Domain(NamedTuple):
     """A scalar the kernel forms from the params alone when traced, and what it must be: `value` computes it
     (from the params as floats, as the kernel's trace does), `need` is "!= 0" (a divisor), "> 0" (rsqrt, a
-    negative power) or ">= 0" (sqrt, a fractional power); `text` and `line` say where the spec forms it."""
+    negative power), ">= 0" (sqrt, a fractional power) or "f32" (an immediate the kernel computes with: within
+    f32 range unless a param is inf or nan); `text` and `line` say where the spec forms it."""
 
     text: str
     need: str
@@ -1504,7 +1505,8 @@ def _check_tensors(sig: _Signature, tensors: tuple[torch.Tensor, ...], cast: boo
             raise TypeError(f"{sig.name}: {decl.name}: expected dtype {want}, got {t.dtype}")
         if t.dim() != len(decl.shape):
             raise ValueError(f"{sig.name}: {decl.name}: expected {len(decl.shape)} dims "
-                             f"[{', '.join(decl.shape)}], got {t.dim()}: {list(t.shape)}")  # fmt: skip
+                             f"[{', '.join(decl.shape)}], got {t.dim()}: {list(t.shape)}"
+                             f"{_fold_hint(sig, decl, t.dim())}")  # fmt: skip
         if t.device != tensors[0].device:
             raise ValueError(f"{sig.name}: {decl.name} is on {t.device} but {sig.inputs[0].name} on "
                              f"{tensors[0].device}: pass every tensor on one device")  # fmt: skip
@@ -1517,6 +1519,16 @@ def _check_tensors(sig: _Signature, tensors: tuple[torch.Tensor, ...], cast: boo
         raise RuntimeError(f"{sig.name} is inference-only (a host function records no autograd graph): an "
                            "input requires grad; call it under torch.no_grad(), or train through "
                            "torch.ops.fusegen")  # fmt: skip
+
+
+def _fold_hint(sig: _Signature, decl: _Decl, rank: int) -> str:
+    """How to fold extra leading dims into the rows (a [batch, seq, hidden] x for [T, H]), for a tensor whose
+    first axis is the rows; else nothing."""
+    extra = rank - len(decl.shape)
+    rows = sig.inputs[0].shape[0]
+    if extra <= 0 or not decl.shape or decl.shape[0] != rows or not rows.isidentifier():
+        return ""
+    return f"; fold the extra leading dims into {rows}: {decl.name}.flatten(0, {extra})"
 
 
 def _bind(sig: _Signature, tensors: tuple[torch.Tensor, ...]) -> tuple[_Env, dict[str, str]]:
@@ -1609,7 +1621,10 @@ def _check_params(sig: _Signature, params: tuple[float, ...]) -> None:
     largest = torch.finfo(torch.float32).max
     for name, value in zip(sig.params, params, strict=True):
         if isinstance(value, bool) or not isinstance(value, numbers.Real):
-            raise TypeError(f"{sig.name}: {name}: expected a number, got {type(value).__name__} {value!r}")
+            # a tensor would be a constant of the kernel that no gradient reaches: say so
+            hint = f": the kernel takes {name} as a constant (no gradient); pass float({name})"
+            raise TypeError(f"{sig.name}: {name}: expected a number, got {type(value).__name__} {value!r}"
+                            f"{hint if isinstance(value, torch.Tensor) else ''}")  # fmt: skip
         try:
             past = math.isfinite(float(value)) and abs(float(value)) > largest
         except OverflowError:  # an integer too large for a float
@@ -1621,7 +1636,10 @@ def _check_params(sig: _Signature, params: tuple[float, ...]) -> None:
 
 def _check_domains(sig: _Signature, params: tuple[float, ...]) -> None:
     """Each scalar the kernel forms from the params when traced is defined there (NKI traces Python floats:
-    `1.0 / 0.0` or `0.0 ** -0.5` raise, a negative `** 0.5` is complex), inner ones first; nan passes."""
+    `1.0 / 0.0` or `0.0 ** -0.5` raise, a negative `** 0.5` is complex), inner ones first, and each immediate
+    it computes with fits f32 (a * a = 1e40 from a = 1e20 became inf, a silent overflow); nan passes."""
+    import math  # here, not from the generated module's globals, which spec names share
+
     values = tuple(float(p) for p in params)
     for dom in sig.domains:
         try:
@@ -1629,7 +1647,13 @@ def _check_domains(sig: _Signature, params: tuple[float, ...]) -> None:
         except ArithmeticError as err:
             raise ValueError(f"{sig.name}: {dom.text} (spec line {dom.line}) cannot be formed from "
                              f"{_listed(sig, values)}: {err}") from None  # fmt: skip
-        if value == 0 if dom.need == "!= 0" else value <= 0 if dom.need == "> 0" else value < 0:
+        if dom.need == "f32":  # an inf or nan param makes its inf or nan immediates the caller's intent
+            largest = torch.finfo(torch.float32).max
+            if abs(value) > largest and all(math.isfinite(v) for v in values):
+                raise ValueError(f"{sig.name}: the kernel computes with {dom.text} (spec line {dom.line}), "
+                                 f"which is {value:.8g} from {_listed(sig, values)}: outside the f32 range "
+                                 f"(|value| <= {largest:.8g}), where it would be inf")  # fmt: skip
+        elif value == 0 if dom.need == "!= 0" else value <= 0 if dom.need == "> 0" else value < 0:
             raise ValueError(f"{sig.name}: the kernel needs {dom.text} {dom.need} (spec line {dom.line}), "
                              f"got {value!r} from {_listed(sig, values)}")  # fmt: skip
 
@@ -1660,6 +1684,15 @@ def _check_launch(sig: _Signature, lnc: int | None, target: str | None, default_
         has = "no logical cores (lnc=1 only)" if degrees[target] == 1 else f"lnc 1 to {degrees[target]}"
         raise ValueError(f"{sig.name}: lnc={lnc} is not available on {target}, which has {has}")
     return int(lnc)
+
+
+def _planned(sig: _Signature, choose: "Callable[..., _Plan]", *args: object) -> "_Plan":  # noqa: UP037
+    """`choose(*args)`, the copied planner, with its refusal (no plan fits these dims) naming the kernel: in a
+    model of many ops, "no tile plan fits: width 30000" alone does not say which one."""
+    try:
+        return choose(*args)
+    except ValueError as err:
+        raise ValueError(f"{sig.name}: {err}") from None
 
 
 def _empty_outputs(sig: _Signature, env: _Env, zero: list[str], save: bool, device: torch.device) -> _Outputs:
@@ -1796,7 +1829,7 @@ def relu2_mlp(x: torch.Tensor, w1t: torch.Tensor, w2t: torch.Tensor, lnc: int | 
         return _empty
     _rows, _hidden = x.shape
     _inter = w2t.shape[0]
-    _plan = _choose(_MODEL, _MACHINES[target], _rows, _hidden, _inter, lnc)
+    _plan = _planned(_SIGNATURE, _choose, _MODEL, _MACHINES[target], _rows, _hidden, _inter, lnc)
     return relu2_mlp_kernel[lnc](x, _up_layout(_given_w1t, (0,), _inter), w2t, _down_blocks(_given_w2t, _plan.kc, _inter), _plan.s, _plan.ci, _plan.split, _plan.kc, _plan.g, _plan.ht)
 
 

@@ -119,6 +119,11 @@ CASES = [
         "r: expected [T=3, H=128] (T, H from x), got [4, 128]"),
     Bad("row w length", host(ROW, {2: t(256)}), ValueError, "w: expected [H=128] (H from x), got [256]"),
     Bad("row x rank", host(ROW, {0: t(3, 1, 128)}), ValueError, "x: expected 2 dims [T, H], got 3"),
+    Bad("row op batched x", call_op(ROW, {0: t(2, 3, 128)}), ValueError,
+        "x: expected 2 dims [T, H], got 3: [2, 3, 128]; fold the extra leading dims into T: x.flatten(0, 1)"),
+    Bad("engram batched kv", host(ENGRAM, {1: t(2, 3, 4, 128)}), ValueError,
+        "kv: expected 3 dims [T, HC + 1, H], got 4: [2, 3, 4, 128]; fold the extra leading dims into T: "
+        "kv.flatten(0, 1)"),
     Bad("row require H % 128", host(ROW, {0: t(3, 200), 1: t(3, 200), 2: t(200)}), ValueError,
         "requires H % 128 == 0, got H=200 (from x)"),
     Bad("row sparse x", host(ROW, {0: t(3, 128).to_sparse()}), TypeError,
@@ -127,6 +132,9 @@ CASES = [
         "fusegen::add_rmsnorm: r: expected a dense (strided) tensor, got a sparse_coo one"),
     Bad("row eps text", host(ROW, eps="1e-6"), TypeError, "eps: expected a number, got str '1e-6'"),
     Bad("row eps bool", host(ROW, eps=True), TypeError, "eps: expected a number, got bool"),
+    Bad("row eps tensor", host(ROW, eps=torch.tensor(1e-6, requires_grad=True)), TypeError,
+        "eps: expected a number, got Tensor tensor(1.0000e-06, requires_grad=True): the kernel takes eps as "
+        "a constant (no gradient); pass float(eps)"),
     Bad("row eps past f32", host(ROW, eps=1e300), ValueError,
         "add_rmsnorm: eps: 1e+300 is outside the f32 range of the spec's params"),
     Bad("row op eps past f32", lambda: op(ROW)(*_args(ROW), 3.5e38), ValueError,  # type: ignore[operator]
@@ -140,6 +148,12 @@ CASES = [
     Bad("row fused_weight target", fused(ROW, [t(128)], target="trn9"), ValueError, "target='trn9'"),
     Bad("layernorm x dtype", host("layernorm", {0: t(3, 3, dtype=torch.float16)}), TypeError,
         "x: expected dtype torch.bfloat16, got torch.float16"),
+    Bad("layernorm too wide names the kernel", host("layernorm", {0: t(3, 30000), 1: t(30000, dtype=F32),
+                                                                2: t(30000, dtype=F32)}),
+        ValueError, "layernorm: no tile plan fits: width 30000"),
+    Bad("op too wide names the kernel", call_op("layernorm", {0: t(3, 30000), 1: t(30000, dtype=F32),
+                                                              2: t(30000, dtype=F32)}),
+        ValueError, "layernorm: no tile plan fits: width 30000"),
     Bad("softmax scale", host("scaled_softmax", scale=None), TypeError,
         "scale: expected a number, got NoneType"),
     Bad("softmax scale, an int past f32 and float", host("scaled_softmax", scale=10**400), ValueError,
@@ -178,6 +192,16 @@ CASES = [
     Bad("backward hc8 fixed heads", backward(HC8, {2: t(3, 128)}), ValueError,
         "w_h: expected [HC=8, H=128] (HC fixed by the spec; H from x), got [3, 128]"),
 ]
+
+
+def test_a_backward_past_its_token_sums_names_the_kernel_and_dims() -> None:
+    """HC * H past one PSUM bank: the message said neither which kernel nor the values."""
+    x, kv, w_h, w_e, d_out = t(2, 8, 8320), t(2, 9, 8320), t(8, 8320), t(8, 8320), t(2, 8, 8320)
+    saved = [torch.ones(2, 8, dtype=F32) for _ in range(4)]
+    says = ("engram_gate_backward: sums over the tokens need H % 128 == 0 and HC * H <= 65536 (one PSUM "
+            "bank), got HC=8, H=8320")  # fmt: skip
+    with pytest.raises(ValueError, match=re.escape(says)):
+        kernel(ENGRAM, "backward_kernel.py").engram_gate_backward(x, kv, w_h, w_e, *saved, d_out)
 
 
 def test_enough_cases_across_families() -> None:

@@ -1,6 +1,7 @@
 """Every op under torch.inference_mode() and torch.no_grad(), at LNC 1 and 2 (rows on both cores): the
 interpreter's per-core threads run in the caller's modes. FFN ops in an eval-mode module with
-nn.Parameter weights: the same values under no_grad and with grad enabled (then with a graph to train)."""
+nn.Parameter weights: the same values under no_grad and with grad enabled (then with a graph to train). Every
+op under torch.autocast: the same outputs and gradients as without."""
 
 from __future__ import annotations
 
@@ -11,7 +12,7 @@ import pytest
 import torch
 
 from fusegen.codegen.files import ops as ops
-from tests.codegen.boundary import GENERATED, KERNELS, as_tuple, inputs, op, small_dims, spec_ir
+from tests.codegen.boundary import GENERATED, KERNELS, as_tuple, inputs, op, small_dims, spec_ir, trainable
 
 MODES: dict[str, Callable[[], contextlib.AbstractContextManager[object]]] = {
     "inference_mode": torch.inference_mode, "no_grad": torch.no_grad,
@@ -59,3 +60,23 @@ def test_ffn_op_in_an_eval_module_with_parameters() -> None:
             assert torch.equal(model(x), want)
     out = model(x)  # grad enabled, parameters require grad: the op records its backward
     assert out.requires_grad and torch.equal(out.detach(), want)
+
+
+@pytest.mark.parametrize("backend", ["interpreter", "reference"])
+@pytest.mark.parametrize("name", KERNELS)
+def test_op_under_autocast_computes_as_without(name: str, backend: str,
+                                               monkeypatch: pytest.MonkeyPatch) -> None:  # fmt: skip
+    """A training loop's torch.autocast("cpu", bf16) reached the interpreter's and the reference's torch
+    matmuls (bf16 products where the kernel accumulates in fp32 PSUM): outputs and gradients changed."""
+    monkeypatch.setenv("FUSEGEN_OPS_BACKEND", backend)
+    ir = spec_ir(name)
+    args = inputs(ir, small_dims(ir, rows=5))
+    leaves = [a.float().requires_grad_(trainable(name) and a.dtype != torch.float8_e4m3fn) for a in args]
+    leaves = [a if a.requires_grad else b for a, b in zip(leaves, args, strict=True)]
+    results = []
+    for autocast in (False, True):
+        with torch.autocast("cpu", dtype=torch.bfloat16, enabled=autocast):
+            outs = as_tuple(op(name)(*leaves))  # type: ignore[operator]
+            grads = torch.autograd.grad(outs[0].float().square().sum(), leaves) if trainable(name) else ()
+        results.append([o.detach() for o in outs] + list(grads))
+    assert all(torch.equal(a, b) for a, b in zip(*results, strict=True))

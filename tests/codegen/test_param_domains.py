@@ -103,6 +103,42 @@ def test_a_numpy_or_fraction_param_runs_as_its_float(scale: object) -> None:
     close(lse, torch.logsumexp(z, -1, keepdim=True), 1e-5)
 
 
+SQUARED = """kernel squared_row
+dim T, H
+input x: bf16[T, H]
+param a = 1.0
+output y: f32[T, H]
+y = x * (a * a)
+check T=4 H=128
+"""
+
+
+def test_an_immediate_past_f32_is_named(tmp_path: Path) -> None:
+    """a * a = 1e40 from a = 1e20 was an inf immediate: the kernel (and the reference) gave inf for every x;
+    a finite a * a runs as the math says, an inf a gives the inf the caller asked for."""
+    folder = _build(tmp_path, SQUARED)
+    module = load_module(folder / "kernel.py", target="trn2")
+    x = torch.randn(4, 128).bfloat16()
+    says = ("squared_row: the kernel computes with (a * a) (spec line 6), which is 1e+40 from "
+            "a=1e+20: outside the f32 range (|value| <= 3.4028235e+38)")
+    with pytest.raises(ValueError, match=_escaped(says)):
+        module.squared_row(x, a=1e20)
+    load_ops(folder)
+    with pytest.raises(ValueError, match=_escaped(f"fusegen::{says}")):
+        torch.ops.fusegen.squared_row(x, 1e20)
+    assert torch.equal(module.squared_row(x, a=1e19), x.float() * 1e38)
+    assert torch.equal(module.squared_row(x, a=float("inf")), x.float() * float("inf"))
+
+
+def test_a_reciprocal_past_f32_is_named(row: Path) -> None:
+    """x / p runs as x * (1 / p): p = 2e-39 (in f32's range) made 1 / p inf, so the kernel gave inf where
+    the math, x / p * rsqrt(q) * sqrt(q - p) at q = 1e30, is finite."""
+    module = load_module(row / "kernel.py", target="trn2")
+    with pytest.raises(ValueError, match=_escaped("scaled_row: the kernel computes with 1 / p (spec line 7), "
+                                                  "which is 5e+38 from p=2e-39, q=1e+30")):  # fmt: skip
+        module.scaled_row((torch.randn(4, 128) / 16).bfloat16(), p=2e-39, q=1e30)
+
+
 def _escaped(text: str) -> str:
     import re
 

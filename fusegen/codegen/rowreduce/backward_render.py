@@ -150,9 +150,11 @@ def _host(ir: KernelIR, m: RowReduceMatch) -> BackwardHost:
     token_outs = [o.name for o in m.token_outputs]
     main = [o.name for o in ir.outputs if o.name not in token_outs]
     weights = [str(w.name) for w in m.weights]
+    h, g = str(m.width), str(m.heads)  # the spec's names for them
     checks = (
         f"if {width} % _P or {heads} * {width} > _P * _F_MOV:",
-        '    raise ValueError("sums over the tokens need H % 128 == 0 and HC * H <= 65536 (one PSUM bank)")',
+        f'    raise ValueError(f"{{_SIGNATURE.name}}: sums over the tokens need {h} % 128 == 0 and '
+        f'{g} * {h} <= 65536 (one PSUM bank), got {g}={{{heads}}}, {h}={{{width}}}")',
     ) if m.token_sums else ()  # fmt: skip
     return BackwardHost(
         params=", ".join(params), width=width, heads=heads,
