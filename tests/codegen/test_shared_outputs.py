@@ -97,6 +97,28 @@ CASES = {
         "d = bf16(h) @ w2t\ny = d + r\nz = layernorm(d, eps, g) + r\n",
         lambda d, r, g: (d + r, F.layer_norm(d, (K,), eps=1e-5) * g + r),
     ),
+    # a statistic of a function of the bare down-projection: the first pass must not square d in place and
+    # then fuse the square into its sum again (it gave mean(d**4))
+    "statistic_of_a_square": (
+        "output m: f32[R, 1]\nh = silu(x @ w1t) * (x @ wgt)\nd = bf16(h) @ w2t\n"
+        "m = rsqrt(mean(square(d), axis=-1, keepdim=true) + eps)\n",
+        lambda d, r, g: (d.square().mean(dim=1, keepdim=True).add(1e-5).rsqrt(),),
+    ),
+    # the same through a scale the Scalar engine folds (exp(0.5 d) read back as exp(0.5 exp(0.5 d)))
+    "statistic_of_a_scaled_exp": (
+        "output m: f32[R, 1]\nh = silu(x @ w1t) * (x @ wgt)\nd = bf16(h) @ w2t\n"
+        "m = sum(exp(d * 0.5), axis=-1, keepdim=true)\n",
+        lambda d, r, g: ((d * 0.5).exp().sum(dim=1, keepdim=True),),
+    ),
+    # the function of d also read by a later pass, and by a statistic before the fused one
+    "statistics_of_a_shared_square": (
+        "output m: f32[R, 1]\noutput y: f32[R, K]\nh = silu(x @ w1t) * (x @ wgt)\nd = bf16(h) @ w2t\n"
+        "q = square(d)\nm = max(q, axis=-1, keepdim=true) + sum(q, axis=-1, keepdim=true)\ny = q + r\n",
+        lambda d, r, g: (
+            d.square().amax(dim=1, keepdim=True) + d.square().sum(dim=1, keepdim=True),
+            d.square() + r,
+        ),
+    ),
 }
 
 
