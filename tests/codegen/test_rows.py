@@ -96,3 +96,18 @@ def test_lifted_op_trains_through_the_derived_backward(name: str, monkeypatch: p
     for g, e in zip(got, want, strict=True):
         # an f32 backward from the same inputs and bf16 grad_y (measured: <= 1.2e-7 relative)
         assert (g.double() - e).norm() <= 1e-6 * e.norm(), name
+
+
+def test_an_f32_output_the_tensor_engine_helped_form_leaves_psum_through_sbuf(tmp_path: Path) -> None:
+    # `layernorm(x, eps, w)`'s last step reads its centred row from PSUM and, for an f32 output, wrote it
+    # there too: the store then DMA'd out of PSUM, which no DMA can read (an interpreter error)
+    from fusegen.cli import main
+
+    spec = tmp_path / "ln32.spec"
+    spec.write_text("kernel ln32\ndim T, H\ninput x: bf16[T, H]\ninput w: f32[H]\nparam eps = 1e-5\n"
+                    f"output y: f32[T, H]\ny = layernorm(x, eps, w)\ncheck T={T} H={H}\n")  # fmt: skip
+    assert main(["build", "--out", str(tmp_path / "out"), str(spec)]) == 0
+    x, w, _ = _inputs("layernorm")
+    got = load_module(tmp_path / "out" / "ln32" / "kernel.py", target="trn2").ln32(x, w, lnc=1)
+    want = F.layer_norm(x.float(), (H,), w, eps=EPS_LN)
+    assert (got - want).abs().max().item() <= 1e-6 + 1e-5 * want.abs().max().item()

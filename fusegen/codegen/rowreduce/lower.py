@@ -331,8 +331,12 @@ def column_prefix(sel: Selector, end: int) -> int:
 
 
 def output_value(sel: Selector, expr: Expr, dtype: str) -> Operand:
-    """`expr` in an output's dtype: written so when nothing else reads it, else computed in fp32 and cast."""
+    """`expr` in an output's dtype: written so when nothing else reads it, else computed in fp32 and cast;
+    a value the Tensor engine's help left in PSUM (an f32 `layernorm(x, eps, w)`) goes through SBUF, since
+    a DMA cannot read PSUM (on the Scalar engine, as rowstage.output_writes does)."""
     value = sel.value(expr, dtype if expr.users == 0 else "f32")
+    if value.memory == "psum":
+        return sel.convert(value, dtype)
     return value if value.dtype == dtype else sel.copy(value, "tile", dtype)
 
 
