@@ -97,6 +97,11 @@ CASES = {
         "d = bf16(h) @ w2t\ny = d + r\nz = layernorm(d, eps, g) + r\n",
         lambda d, r, g: (d + r, F.layer_norm(d, (K,), eps=1e-5) * g + r),
     ),
+    # the down-projection added to itself: no partner to fold into the accumulator (it was an internal error)
+    "down_added_to_itself": (
+        "output y: f32[R, K]\nh = silu(x @ w1t) * (x @ wgt)\nd = bf16(h) @ w2t\ny = d + d\n",
+        lambda d, r, g: (d + d,),
+    ),
     # a statistic of a function of the bare down-projection: the first pass must not square d in place and
     # then fuse the square into its sum again (it gave mean(d**4))
     "statistic_of_a_square": (
