@@ -99,7 +99,9 @@ class Selector:
         key = (id(e), dtype)
         if key not in self._memo:
             held = self._memo.get((id(e), "f32"))
-            if held is not None and held.kind == "tile":  # already computed: round it, don't recompute
+            # already computed: round it, don't recompute (a statistic a pass finished would be recomputed
+            # from the last pass's one block)
+            if held is not None and held.kind in ("tile", "vec"):
                 self._memo[key] = self.convert(held, dtype)
             else:
                 self._memo[key] = self._materialise(e, dtype)

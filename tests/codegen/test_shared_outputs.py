@@ -138,3 +138,20 @@ def test_shared_outputs_build_and_match_the_formula(name: str, tmp_path: Path) -
     assert len(got) == len(want)
     for out, expected in zip(got, want, strict=True):
         _close(out, expected)
+
+
+def test_a_statistic_cast_for_a_per_token_output_is_the_whole_row(tmp_path: Path) -> None:
+    # bf16(sum(d)) was recomputed in the last pass from its one (last) K-block: K spans several blocks here
+    spec = tmp_path / "stat_cast.spec"
+    body = "output m: bf16[R, 1]\nh = silu(x @ w1t) * (x @ wgt)\nd = bf16(h) @ w2t\n"
+    body += "m = bf16(sum(d, axis=-1, keepdim=true))\n"
+    spec.write_text(HEAD.format(name="stat_cast") + body + "check R=7 K=1280 I=384\n")
+    assert main(["build", "--out", str(tmp_path / "out"), str(spec)]) == 0
+    module = load_module(tmp_path / "out" / "stat_cast" / "kernel.py", target="trn2")
+    gen = torch.Generator().manual_seed(3)
+    x = torch.randn(7, 1280, generator=gen).bfloat16()
+    w1t, wgt = ((torch.randn(1280, 384, generator=gen) * 1280**-0.5).bfloat16() for _ in range(2))
+    w2t = (torch.randn(384, 1280, generator=gen) * 384**-0.5).bfloat16()
+    r, g = torch.randn(7, 1280, generator=gen), torch.randn(1280, generator=gen)
+    got = module.stat_cast(x, w1t, wgt, w2t, r, g, lnc=1, target="trn2")
+    _close(got, _down(x, w1t, wgt, w2t).sum(dim=1, keepdim=True), rtol=2e-2)  # one bf16 rounding
