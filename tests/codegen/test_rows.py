@@ -111,3 +111,17 @@ def test_an_f32_output_the_tensor_engine_helped_form_leaves_psum_through_sbuf(tm
     got = load_module(tmp_path / "out" / "ln32" / "kernel.py", target="trn2").ln32(x, w, lnc=1)
     want = F.layer_norm(x.float(), (H,), w, eps=EPS_LN)
     assert (got - want).abs().max().item() <= 1e-6 + 1e-5 * want.abs().max().item()
+
+
+def test_a_cast_inside_a_cast_keeps_its_own_rounding(tmp_path: Path) -> None:
+    # bf16(f16(v)) was computed as bf16(v): f16's overflow (|v| > 65504 is inf) and rounding were lost
+    from fusegen.cli import main
+
+    spec = tmp_path / "casts.spec"
+    spec.write_text("kernel casts\ndim T, H\ninput x: bf16[T, H]\noutput y: f32[T, H]\n"
+                    f"y = bf16(f16(x * 100000.0))\ncheck T={T} H={H}\n")  # fmt: skip
+    assert main(["build", "--out", str(tmp_path / "out"), str(spec)]) == 0
+    x = _inputs("layernorm")[0]
+    got = load_module(tmp_path / "out" / "casts" / "kernel.py", target="trn2").casts(x, lnc=1)
+    want = (x.float() * 100000.0).half().bfloat16().float()
+    assert want.isinf().any() and torch.equal(got, want)  # the same f32 product, then the same two roundings
