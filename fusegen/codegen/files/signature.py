@@ -120,6 +120,8 @@ def _domains(ir: KernelIR) -> list[str]:
     """`_Domain` literals: every divisor, rsqrt / sqrt operand and power base that is a scalar of the params
     alone (the kernel forms it in Python when traced, where 0 or a negative has no value), in IR order."""
     params = {p.name: i for i, p in enumerate(ir.params)}
+    if not params:  # a view taking no params (the row family's weight prep): none of theirs to check
+        return []
     found = []
     for node in ir.nodes:
         need = _need(node)
