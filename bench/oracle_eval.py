@@ -25,6 +25,8 @@ UNIT = {"bf16": 2.0**-8, "f16": 2.0**-11, "f32": F32_U}
 DTYPES = {"bf16": torch.bfloat16, "f16": torch.float16, "f32": torch.float32}
 #: below the smallest normal f32 an operation may flush to zero: an absolute slack per operation
 F32_TINY = 1.1754944e-38
+#: an f32 sum whose terms' magnitudes add past this may overflow in another order: no bound
+F32_MAX = 3.4028235e38
 
 #: name -> (torch function, rounding slack in u, inner extrema)
 UNARY: dict[str, tuple[Callable[[torch.Tensor], torch.Tensor], float, tuple[float, ...]]] = {
@@ -65,6 +67,11 @@ class Node:
 
 
 Pair = tuple[torch.Tensor, torch.Tensor | None]
+
+
+def _unless_overflow(radius: torch.Tensor, magnitude: torch.Tensor) -> torch.Tensor:
+    """`radius`, or inf where partial sums may pass f32's range (another order may overflow)."""
+    return torch.where(magnitude < F32_MAX, radius, torch.full_like(radius, math.inf))
 
 
 class Evaluator:
@@ -181,7 +188,8 @@ class Evaluator:
         if name == "max":
             return v.amax(-1, keepdim=True), None if r is None else r.amax(-1, keepdim=True)
         out = v.sum(-1, keepdim=True)
-        rs = None if r is None else r.sum(-1, keepdim=True) + n * F32_U * v.abs().sum(-1, keepdim=True)
+        mag = v.abs().sum(-1, keepdim=True)
+        rs = None if r is None else _unless_overflow(r.sum(-1, keepdim=True) + n * F32_U * mag, mag)
         if name == "mean":
             out = out / n
             rs = None if rs is None else rs / n + out.abs() * 2 * F32_U
@@ -213,7 +221,9 @@ class Evaluator:
             return out, None
         k = a.shape[-1]
         mag = a.abs() @ b.abs()
-        return self._finish(out, ra @ b.abs() + a.abs() @ rb + k * F32_U * mag + F32_TINY)
+        return self._finish(
+            out, _unless_overflow(ra @ b.abs() + a.abs() @ rb + k * F32_U * mag + F32_TINY, mag)
+        )
 
     def _norm_args(self, n: Node) -> tuple[Pair, Pair, list[Pair]]:
         x, eps, *affine = (self(a) for a in n.args)

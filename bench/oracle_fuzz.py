@@ -99,9 +99,8 @@ def check_case(case: OracleCase, folder: Path, tally: OracleTally) -> None:
         tally.elements += wrong.numel()
         tally.excluded += int(excluded.sum())
         if wrong.any():
-            tally.wrong.append(
-                (_worst(out.name, g.reshape(v.shape), v, o32[out.name], bound, wrong), case.text)
-            )
+            worst = _worst(out.name, g.reshape(v.shape), v, o32[out.name], bound, wrong)
+            tally.wrong.append((f"{worst}; called with {case.params}", case.text))
 
 
 def _worst(name: str, got: torch.Tensor, want: torch.Tensor, want32: torch.Tensor, bound: torch.Tensor,
