@@ -81,7 +81,7 @@ def check_case(case: OracleCase, folder: Path, tally: OracleTally) -> None:
     kernel = load_module(folder / "kernel.py")
     args = make_inputs(case.inputs, case.shapes)
     try:
-        got = kernel.k(*args, **case.params, lnc=1)
+        got = kernel.k(*args, **case.params, lnc=case.lnc)
     except ValueError as err:  # the host refused the params (a scalar it forms would be undefined)
         tally.refused_calls.append((str(err).splitlines()[0][:160], case.text))
         return
@@ -100,7 +100,7 @@ def check_case(case: OracleCase, folder: Path, tally: OracleTally) -> None:
         tally.excluded += int(excluded.sum())
         if wrong.any():
             worst = _worst(out.name, g.reshape(v.shape), v, o32[out.name], bound, wrong)
-            tally.wrong.append((f"{worst}; called with {case.params}", case.text))
+            tally.wrong.append((f"{worst}; called with {case.params}, lnc={case.lnc}", case.text))
 
 
 def _worst(name: str, got: torch.Tensor, want: torch.Tensor, want32: torch.Tensor, bound: torch.Tensor,

@@ -42,6 +42,7 @@ class OracleCase:
     params: dict[str, float]
     dims: dict[str, int]
     outputs: tuple[Output, ...]
+    lnc: int = 1  # logical cores the kernel runs on
 
 
 def _kind(a: str, b: str) -> str:
@@ -216,8 +217,9 @@ class Gen:
 
 # ---- whole specs ----------------------------------------------------------------------------------------
 
-#: widths: PSUM bank (512 f32), SBUF row limits (rows past ~48k f32 stream), ragged
-WIDTHS = (128, 256, 384, 512, 1000, 1280, 2048, 4096, 8192, 12288, 16384, 24576, 32768, 50000, 65536)
+#: widths: a PSUM bank (512 f32) and all eight (4096), SBUF row limits (wide rows stream), ragged ones
+WIDTHS = (128, 256, 384, 512, 520, 1000, 1280, 2048, 4095, 4096, 4100, 8192, 12288, 16384, 24576, 32768,
+          50000, 65536)  # fmt: skip
 TOKENS = (1, 3, 100, 127, 128, 129, 300, 1000)
 MAX_ELEMENTS = 1_500_000  # per [T, H] tensor: the interpreter's time
 
@@ -238,23 +240,34 @@ def _statements(gen: Gen, count: int, prefix: str) -> list[str]:
     """`count` statements, each a new named value in the generator's pool."""
     lines = []
     for i in range(count):
-        node = gen.expr(gen.rng.randint(0, 2))
+        node = gen.expr(gen.rng.randint(0, 3))
         name = f"{prefix}{i}"
         lines.append(f"{name} = {node.text}")
         gen.values.append(named(name, node))
     return lines
 
 
+def reads(node: Node, leaf: Node) -> bool:
+    """Whether `node`'s value depends on `leaf`."""
+    return node is leaf or any(reads(a, leaf) for a in node.args)
+
+
 def _outputs(
-    rng: random.Random, values: list[Node], rows: str, width: str, count: int
+    rng: random.Random, values: list[Node], rows: str, width: str, count: int, per_row: bool = True
 ) -> tuple[list[str], list[Output]]:
-    """Declarations and statements of `count` outputs of the last values, in random dtypes and forms."""
+    """Declarations and statements of `count` outputs of the last values, in random dtypes and forms, the
+    first a full-width one where there is one (the families want one); `per_row`: [T] outputs too."""
+    last = values[-3:]
+    picked = rng.sample(last, k=min(count, len(last)))
+    wide = [v for v in reversed(values) if v.kind == "row"]
+    if wide and not any(v.kind == "row" for v in picked):
+        picked[0] = wide[0]
     decls, outputs = [], []
-    for j, value in enumerate(rng.sample(values[-3:], k=min(count, len(values[-3:])))):
+    for j, value in enumerate(picked):
         dtype, name = rng.choice(["bf16", "f16", "f32"]), f"o{j}"
         node = cast(dtype, value) if rng.random() < 0.5 else value
         expr, shape = node.text, f"{rows}, {width}" if value.kind == "row" else f"{rows}, 1"
-        if value.kind == "col" and rng.random() < 0.5:
+        if value.kind == "col" and per_row and rng.random() < 0.5:
             expr, shape = f"{node.text}[:, 0]", rows
         decls.append(f"output {name}: {dtype}[{shape}]")
         outputs.append((f"{name} = {expr}", Output(name, dtype, shape, node)))
@@ -276,13 +289,17 @@ def rows_case(rng: random.Random) -> OracleCase:
     kind = {n: ("row" if n in data else "vec") for n in data + vectors}
     leaves = {n: Node("in", (), n, kind[n], "any", n) for n in kind}
     gen = Gen(rng, [leaves[n] for n in data], [leaves[n] for n in vectors], scalars, eps)
-    body = _statements(gen, rng.randint(1, 5), "v")
+    body = _statements(gen, rng.randint(1, 6), "v")
+    if all(v.kind != "row" for v in gen.values[len(data) :]):  # statistics alone: broadcast one back
+        row = bi("mul", leaves["x"], gen.values[-1])
+        body.append(f"v{len(body)} = {row.text}")
+        gen.values.append(named(f"v{len(body) - 1}", row))
     decls, outputs = _outputs(rng, gen.values[len(data) :], "T", "H", rng.randint(1, 3))
     out_decls, out_lines = decls[: len(outputs)], decls[len(outputs) :]
     text = "\n".join(head + plines + out_decls + body + out_lines + [f"check T={t} H={h}"]) + "\n"
     inputs = tuple((n, dtypes[n], "unit") for n in data + vectors)
     shapes: dict[str, tuple[int, ...]] = {n: (t, h) if kind[n] == "row" else (h,) for n in kind}
-    return OracleCase(text, inputs, shapes, passed, {"T": t, "H": h}, tuple(outputs))
+    return OracleCase(text, inputs, shapes, passed, {"T": t, "H": h}, tuple(outputs), rng.choice([1, 2]))
 
 
 def ffn_case(rng: random.Random) -> OracleCase:
@@ -297,9 +314,10 @@ def ffn_case(rng: random.Random) -> OracleCase:
     mm = lambda w: Node("mm", (leaf["x"], leaf[w]), f"(x @ {w})", "row")  # noqa: E731
     up = bi("add", mm("w1t"), leaf["b1"]) if bias else mm("w1t")
     plines, passed, eps, scalars = _params(rng)
-    combine = Gen(rng, [named("u", up)] + ([named("v", mm("wgt"))] if gated else []), [], scalars, eps, True)
-    act = un(rng.choice(ACTS), combine.values[0])
-    h = bi("mul", act, combine.values[1]) if gated and rng.random() < 0.7 else combine.expr(1)
+    u = named("u", up)
+    combine = Gen(rng, [u], [], scalars, eps, True)  # elementwise math of u; a gate multiplies it by v
+    h = un(rng.choice(ACTS), u) if rng.random() < 0.6 else combine.expr(1)
+    h = bi("mul", h, named("v", mm("wgt"))) if gated else h
     d = named("d", Node("mm", (cast("bf16", named("h", h)), leaf["w2t"]), "(bf16(h) @ w2t)", "row"))
     epi = Gen(rng, [d], [leaf["g"]], scalars, eps)  # the first epilogue statement reads d
     body = [f"u = {up.text}"] + ([f"v = {mm('wgt').text}"] if gated else [])
@@ -307,7 +325,7 @@ def ffn_case(rng: random.Random) -> OracleCase:
     epi.values.append(leaf["a"])
     body += _statements(epi, rng.randint(0, 2), "f")
     decls, outputs = _outputs(
-        rng, [v for v in epi.values[1:] if v is not leaf["a"]], "R", "K", rng.randint(1, 2)
+        rng, [val for val in epi.values if reads(val, d)], "R", "K", rng.randint(1, 2), per_row=False
     )
     out_decls, out_lines = decls[: len(outputs)], decls[len(outputs) :]
     head = ["kernel k", "dim R, K, I", "require K % 128 == 0"] + [f"input {n}: {decl[n]}" for n in names]
@@ -315,4 +333,4 @@ def ffn_case(rng: random.Random) -> OracleCase:
     scale = {"w1t": "fan_in", "wgt": "fan_in", "w2t": "fan_in"}
     inputs = tuple((n, decl[n].split("[")[0], scale.get(n, "unit")) for n in names)
     return OracleCase(text, inputs, {n: shapes[n] for n in names}, passed, {"R": r, "K": k, "I": i},
-                      tuple(outputs))  # fmt: skip
+                      tuple(outputs), rng.choice([1, 2]))  # fmt: skip
