@@ -125,3 +125,20 @@ def test_a_cast_inside_a_cast_keeps_its_own_rounding(tmp_path: Path) -> None:
     got = load_module(tmp_path / "out" / "casts" / "kernel.py", target="trn2").casts(x, lnc=1)
     want = (x.float() * 100000.0).half().bfloat16().float()
     assert want.isinf().any() and torch.equal(got, want)  # the same f32 product, then the same two roundings
+
+
+def test_rows_of_two_half_dtypes_each_get_their_own_identity(tmp_path: Path) -> None:
+    # the passes staged bf16 r and the epilogue f16 x through PSUM: both identities were named pe_identity,
+    # so the launch allocated the second and never wrote it (an uninitialised read on the interpreter)
+    from fusegen.cli import main
+
+    spec = tmp_path / "mixed.spec"
+    spec.write_text("kernel mixed\ndim T, H\ninput x: f16[T, H]\ninput r: bf16[T, H]\noutput y: f32[T, H]\n"
+                    "y = x - r + mean(where(r > -2.0, r, 127.0), axis=-1, keepdim=true)\n"
+                    f"check T={T} H={H}\n")  # fmt: skip
+    assert main(["build", "--out", str(tmp_path / "out"), str(spec)]) == 0
+    gen = torch.Generator().manual_seed(5)
+    x, r = torch.randn(T, H, generator=gen).half(), torch.randn(T, H, generator=gen).bfloat16()
+    got = load_module(tmp_path / "out" / "mixed" / "kernel.py", target="trn2").mixed(x, r, lnc=1)
+    want = x.float() - r.float() + torch.where(r > -2.0, r, 127.0).float().mean(dim=-1, keepdim=True)
+    assert (got - want).abs().max().item() <= 1e-6 + 1e-5 * want.abs().max().item()
