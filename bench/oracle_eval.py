@@ -142,7 +142,7 @@ class Evaluator:
         """Non-finite values are what they are (checked for equality); a NaN radius means no bound."""
         if r is None:
             return v, None
-        r = torch.where(v.isfinite(), torch.nan_to_num(r, nan=math.inf), torch.zeros_like(r))
+        r = torch.where(v.isfinite(), torch.nan_to_num(r, nan=math.inf, posinf=math.inf), torch.zeros_like(r))
         return v, r
 
     def apply(self, f: Callable[[torch.Tensor], torch.Tensor], p: Pair, slack: float,
