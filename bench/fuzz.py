@@ -8,6 +8,7 @@ smallest check shape; with --run, every Nth built kernel also runs there against
 specs/s, tracebacks (must be 0) and cases over 5 s.
 
 Run: .venv/bin/python bench/fuzz.py [--count 10000] [--seed 0] [--run 50]
+With --oracle N, N cases instead run against an oracle independent of fusegen (bench/oracle_fuzz.py).
 """
 
 from __future__ import annotations
@@ -280,7 +281,19 @@ def main() -> int:
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--run", type=int, default=50, metavar="N", help="run every Nth built kernel (0: no)")
     parser.add_argument("--save", type=Path, help="write each traceback's spec into this folder")
+    parser.add_argument(
+        "--oracle",
+        type=int,
+        default=0,
+        metavar="N",
+        help="instead: N cases against an oracle independent of fusegen (bench/oracle_fuzz.py)",
+    )
     args = parser.parse_args()
+    if args.oracle:
+        sys.path.insert(0, str(Path(__file__).resolve().parent))
+        import oracle_fuzz
+
+        return oracle_fuzz.main(args.oracle, args.seed)
     started = time.monotonic()
     tally = fuzz(args.count, args.seed, args.run, lambda m: print(m, file=sys.stderr, flush=True))
     elapsed = time.monotonic() - started

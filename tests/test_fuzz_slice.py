@@ -26,3 +26,32 @@ def test_two_hundred_specs_give_no_traceback_and_no_slow_case() -> None:
     assert tally.accepted >= 40 and tally.built >= 30  # the generator reaches the families, not only errors
     assert tally.tracebacks == [], tally.tracebacks[:3]
     assert tally.slow == []
+
+
+def _oracle_module() -> ModuleType:
+    sys.path.insert(0, str(BENCH.parent))  # bench/oracle_fuzz.py imports its siblings by name
+    import oracle_fuzz
+
+    return oracle_fuzz
+
+
+def test_oracle_slice_kernels_match_math_written_outside_fusegen() -> None:
+    oracle = _oracle_module()
+    tally = oracle.oracle_fuzz(count=24, seed=5)
+    assert tally.ran >= 12 and tally.elements > 100_000  # the generator reaches kernels, not only errors
+    assert tally.errors == [], tally.errors[:2]
+    assert tally.wrong == [], tally.wrong[:2]
+
+
+def test_oracle_flags_a_few_ulps_off_and_excludes_what_f32_cannot_hold() -> None:
+    import torch
+
+    judge = _oracle_module().judge
+    want = torch.tensor([1.0, -3.0, 100.0, 1e30], dtype=torch.float64)
+    radius = want.abs() * 2.0**-22  # a few f32 roundings
+    want32 = want.clone()
+    want32[3] = float("inf")  # the f32 math overflowed where float64 did not: no answer to hold it to
+    got = torch.tensor([1.0, -3.015625, 102.0, 5e30]).bfloat16()  # exact, 1 ulp off, 4 ulps off, anything
+    wrong, excluded, _ = judge("bf16", got, want, radius, want32)
+    assert wrong.tolist() == [False, False, True, False]  # one bf16 ulp is rounding; four are a wrong answer
+    assert excluded.tolist() == [False, False, False, True]

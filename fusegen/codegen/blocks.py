@@ -219,13 +219,21 @@ def spine(
     return chain
 
 
-def _in_place(sel: BlockSelector, spine: Expr, accumulator: str, mark: int) -> None:
-    """Compute `spine` into the accumulator's block: its fresh tile renamed to the accumulator."""
+def _in_place(sel: BlockSelector, spine: Expr, accumulator: str, mark: int) -> bool:
+    """Compute `spine` into the accumulator's block (its fresh tile renamed to the accumulator), after the
+    pass's statistics: unless one of them, fused down to the accumulator's own value, reads the block after
+    that write (`sum(square(d))` is one activation_reduce of d: squared in place first, it gave d**4); then
+    the spine keeps its own tile. Whether it went in place."""
     tile = sel.value(spine).code
+    lines = sel.lines[mark:]
+    written = next(i for i, line in enumerate(lines) if f"dst={tile}" in line)
+    if any(accumulator in line for line in lines[written + 1 :]):
+        return False
     name = tile.split("[")[0]
-    kept = [line for line in sel.lines[mark:] if not line.startswith(f"{name} = ")]  # its allocation goes
+    kept = [line for line in lines if not line.startswith(f"{name} = ")]  # its allocation goes
     sel.lines[mark:] = [line.replace(tile, accumulator) for line in kept]
     sel.pin(spine, Operand("tile", accumulator))
+    return True
 
 
 def _statistics_pass(
@@ -251,9 +259,8 @@ def _statistics_pass(
         names.append(name)
     needed = _needed(stats, sel, loads)
     mark = len(sel.lines)
-    if in_place is not None:
-        _in_place(sel, *in_place, mark)
     parts = [sel.value(stat) for stat in stats]
+    placed = in_place is not None and _in_place(sel, *in_place, mark)
     lines = sel.lines[mark:]
     del sel.lines[mark:]
     for stat, part, total in zip(stats, parts, running, strict=True):
@@ -261,7 +268,7 @@ def _statistics_pass(
         lines.append(f"nisa.tensor_tensor(dst={total.code}, data1={total.code}, data2={part.code}, op={op})")
         sel.hold(stat, total)
     return BlockPass(
-        tuple(before), needed, tuple(lines), running=tuple(names), hoisted=hoisted, in_place=bool(in_place)
+        tuple(before), needed, tuple(lines), running=tuple(names), hoisted=hoisted, in_place=placed
     )
 
 

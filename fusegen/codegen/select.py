@@ -99,7 +99,9 @@ class Selector:
         key = (id(e), dtype)
         if key not in self._memo:
             held = self._memo.get((id(e), "f32"))
-            if held is not None and held.kind == "tile":  # already computed: round it, don't recompute
+            # already computed: round it, don't recompute (a statistic a pass finished would be recomputed
+            # from the last pass's one block)
+            if held is not None and held.kind in ("tile", "vec"):
                 self._memo[key] = self.convert(held, dtype)
             else:
                 self._memo[key] = self._materialise(e, dtype)
@@ -169,8 +171,9 @@ class Selector:
         return sum(passes for call, kind, passes in calls if kind == "tile" and CALL_COST[call][0] == engine)
 
     def _materialise(self, e: Expr, dtype: str) -> Operand:
-        if e.op == "cast":
-            return self.value(e.args[0], e.dtype if dtype == "f32" else dtype)
+        if e.op == "cast":  # rounded to its own dtype first: bf16(f16(v)) keeps f16's range and rounding
+            inner = self.value(e.args[0], e.dtype)
+            return inner if dtype in ("f32", e.dtype) else self.convert(inner, dtype)
         if e.op == "leaf":
             return self.copy(self.value(e), e.kind, dtype)
         if e.op in ACTIVATIONS:

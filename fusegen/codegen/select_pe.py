@@ -39,8 +39,13 @@ G_PARTS = 3
 #: PSUM banks of a chunk-by-chunk accumulation: two, so a chunk's matmuls need not wait for the previous
 #: chunk's eviction
 ACC_BANKS = 2
-#: SBUF bytes per partition of the identity (2-byte) and the int32 offsets it is built from
-IDENTITY_BYTES = 128 * 2 + 128 * 4
+
+
+def identity_bytes(constants: tuple[str, ...]) -> int:
+    """SBUF bytes per partition of the launch-wide identities among `constants` (one per rows' dtype) and
+    the offsets they are built from; 0 without any."""
+    built = sum(1 for line in constants if line.startswith(f"{IDENTITY}") and "nl.ndarray" in line)
+    return built * 128 * 2 + (128 * 4 if built else 0)
 
 
 def identity_line(line: str) -> bool:
@@ -62,8 +67,8 @@ def tensor_tensor(sel: Selector, x: Operand, y: Operand, op: str, kind: str, dty
     if not both and op not in ("add", "sub", "mul", "maximum", "minimum"):
         return None
     sel.pe_staged = True
-    _identity(sel, x.dtype if _row_load(x) else y.dtype)
     staged = x if _row_load(x) else y
+    identity = _identity(sel, staged.dtype)
     other = y if staged is x else x
     rows = [staged, other] if both else [staged]
     dst = _alloc(sel)
@@ -75,7 +80,7 @@ def tensor_tensor(sel: Selector, x: Operand, y: Operand, op: str, kind: str, dty
     sel.raw(f"    for q0 in range(0, {free}, _F_MOV):", "tile", "pe")
     sel.raw(f"        qw = min(_F_MOV, {free} - q0)", "tile", "pe")
     for i, row in enumerate(rows):
-        sel.raw(f"        nisa.nc_matmul(dst={_sub(dst.code)}, stationary={IDENTITY}[0:{part}, 0:{part}], "
+        sel.raw(f"        nisa.nc_matmul(dst={_sub(dst.code)}, stationary={identity}[0:{part}, 0:{part}], "
                 f"moving={_sub(row.code)}, accumulate={i > 0})", "tile", "pe")  # fmt: skip
     if not both:
         first, second = (dst, other) if staged is x else (other, dst)
@@ -150,7 +155,7 @@ def _fp32_column(sel: Selector, g: Operand) -> Operand:
 def _formed_in_psum(sel: Selector, x: Operand, g: Operand, v: Operand, dtype: str) -> Operand:
     """out = I·x + Σ diag(g_i)·v over the bf16 parts g_i of g, chunk by chunk in one PSUM bank, evicted
     into `dtype`."""
-    _identity(sel, x.dtype)
+    identity = _identity(sel, x.dtype)
     part = sel.layout.part
     diagonals = [_diagonal(sel, column, x.dtype) for column in _parts(sel, g, x.dtype)]
     dst = sel._alloc("tile", dtype)
@@ -159,7 +164,7 @@ def _formed_in_psum(sel: Selector, x: Operand, g: Operand, v: Operand, dtype: st
     sel.raw(f"for q0 in range(0, {sel.layout.free}, _F_MOV):", "tile", "pe")
     sel.raw(f"    qw = min(_F_MOV, {sel.layout.free} - q0)", "tile", "pe")
     sel.raw(f"    {acc} = nl.ndarray((_P, _F_MOV), dtype=nl.float32, buffer=nl.psum)", "tile", "pe")
-    terms = [(f"{IDENTITY}[0:{part}, 0:{part}]", x)] + [(d, v) for d in diagonals]
+    terms = [(f"{identity}[0:{part}, 0:{part}]", x)] + [(d, v) for d in diagonals]
     for i, (stationary, row) in enumerate(terms):
         sel.raw(f"    nisa.nc_matmul(dst={acc}[0:{part}, 0:qw], stationary={stationary}, "
                 f"moving={_sub(row.code)}, accumulate={i > 0})", "tile", "pe")  # fmt: skip
@@ -194,7 +199,8 @@ def _diagonal(sel: Selector, column: Operand, dtype: str) -> str:
     part = sel.layout.part
     sel.raw(f"{name} = nl.ndarray((_P, _P), dtype={NL_DTYPE[dtype]}, buffer=nl.sbuf)", "vec", "")
     sel.raw(f"nisa.activation(dst={name}[0:{part}, 0:{part}], op=nl.copy, "
-            f"data={IDENTITY}[0:{part}, 0:{part}], scale={column.code})", "vec", "act")  # fmt: skip
+            f"data={identity_name(dtype)}[0:{part}, 0:{part}], scale={column.code})",
+            "vec", "act")  # fmt: skip
     return f"{name}[0:{part}, 0:{part}]"
 
 
@@ -220,14 +226,23 @@ def _sub(code: str) -> str:
     return f"{head}, {lo}:{lo} + qw]"
 
 
-def _identity(sel: Selector, dtype: str) -> None:
-    """I as a [_P, _P] tile of the rows' dtype, built once per launch: iota of p - j, compared with 0."""
+def identity_name(dtype: str) -> str:
+    """The launch-wide identity of a rows' dtype: one per dtype, since a matmul's stationary and moving
+    operands share theirs (rows of bf16 and f16 in one kernel need both)."""
+    return IDENTITY if dtype == "bf16" else f"{IDENTITY}_{dtype}"
+
+
+def _identity(sel: Selector, dtype: str) -> str:
+    """I as a [_P, _P] tile of the rows' dtype, built once per launch: iota of p - j, compared with 0; its
+    name."""
     nl_dtype = {"bf16": "nl.bfloat16", "f16": "nl.float16"}[dtype]
+    name = identity_name(dtype)
     lines = [
         "pe_offsets = nl.ndarray((_P, _P), dtype=nl.int32, buffer=nl.sbuf)",
         "nisa.iota(dst=pe_offsets[0:_P, 0:_P], pattern=[[-1, _P]], offset=0, channel_multiplier=1)",
-        f"{IDENTITY} = nl.ndarray((_P, _P), dtype={nl_dtype}, buffer=nl.sbuf)",
-        f"nisa.tensor_scalar(dst={IDENTITY}[0:_P, 0:_P], data=pe_offsets[0:_P, 0:_P], op0=nl.equal, "
+        f"{name} = nl.ndarray((_P, _P), dtype={nl_dtype}, buffer=nl.sbuf)",
+        f"nisa.tensor_scalar(dst={name}[0:_P, 0:_P], data=pe_offsets[0:_P, 0:_P], op0=nl.equal, "
         "operand0=0.0)",
     ]
     sel.constants.extend(line for line in lines if line not in sel.constants)
+    return name

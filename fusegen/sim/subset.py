@@ -33,10 +33,17 @@ def parse(source: str, filename: str = "<unknown>") -> ast.Module:
         return ast.parse(source, filename)
 
 
-@functools.lru_cache(maxsize=64)
 def _module_functions(filename: str) -> dict[int, ast.FunctionDef | ast.AsyncFunctionDef]:
-    """Every function definition of a source file, keyed by the line co_firstlineno reports."""
-    source = "".join(linecache.getlines(filename))
+    """Every function definition of a source file as it is now, keyed by the line co_firstlineno reports: a
+    file rewritten at the same path (a kernel rebuilt in one process) is read and parsed again, not checked
+    by the old file's functions at the same lines."""
+    linecache.checkcache(filename)
+    return _functions_in("".join(linecache.getlines(filename)), filename)
+
+
+@functools.lru_cache(maxsize=64)
+def _functions_in(source: str, filename: str) -> dict[int, ast.FunctionDef | ast.AsyncFunctionDef]:
+    """The function definitions of `source` by first line (cached: a kernel's file is parsed once)."""
     if not source:
         return {}
     try:

@@ -91,6 +91,18 @@ def test_an_ffn_divisor(tmp_path: Path) -> None:
         module.scaled_ffn(x, w1t, w2t, t=0.0)
 
 
+def test_a_param_divisor_beside_a_prepared_weight(tmp_path: Path) -> None:
+    # the row kernel's weight prep has a signature of its own without params: collecting its domains from
+    # the spec's `/ p` was a KeyError (an internal error) instead of a build
+    text = ROW.replace("param q = 4.0", "input w: f16[H]")
+    text = text.replace("x / p * rsqrt(q) * sqrt(q - p)", "(x - w) / p")
+    module = load_module(_build(tmp_path, text) / "kernel.py", target="trn2")
+    x, w = torch.randn(4, 128).bfloat16(), torch.randn(128).half()
+    torch.testing.assert_close(module.scaled_row(x, w, p=-0.5), (x.float() - w.float()) / -0.5)
+    with pytest.raises(ValueError, match=_escaped("scaled_row: the kernel needs p != 0")):
+        module.scaled_row(x, w, p=0.0)
+
+
 @pytest.mark.parametrize("scale", [np.float32(-0.37), np.int32(2), Fraction(1, 3)])
 def test_a_numpy_or_fraction_param_runs_as_its_float(scale: object) -> None:
     """Real numbers that are not Python floats pass the check; the kernel gets their float, as the op's schema

@@ -96,3 +96,49 @@ def test_lifted_op_trains_through_the_derived_backward(name: str, monkeypatch: p
     for g, e in zip(got, want, strict=True):
         # an f32 backward from the same inputs and bf16 grad_y (measured: <= 1.2e-7 relative)
         assert (g.double() - e).norm() <= 1e-6 * e.norm(), name
+
+
+def test_an_f32_output_the_tensor_engine_helped_form_leaves_psum_through_sbuf(tmp_path: Path) -> None:
+    # `layernorm(x, eps, w)`'s last step reads its centred row from PSUM and, for an f32 output, wrote it
+    # there too: the store then DMA'd out of PSUM, which no DMA can read (an interpreter error)
+    from fusegen.cli import main
+
+    spec = tmp_path / "ln32.spec"
+    spec.write_text("kernel ln32\ndim T, H\ninput x: bf16[T, H]\ninput w: f32[H]\nparam eps = 1e-5\n"
+                    f"output y: f32[T, H]\ny = layernorm(x, eps, w)\ncheck T={T} H={H}\n")  # fmt: skip
+    assert main(["build", "--out", str(tmp_path / "out"), str(spec)]) == 0
+    x, w, _ = _inputs("layernorm")
+    got = load_module(tmp_path / "out" / "ln32" / "kernel.py", target="trn2").ln32(x, w, lnc=1)
+    want = F.layer_norm(x.float(), (H,), w, eps=EPS_LN)
+    assert (got - want).abs().max().item() <= 1e-6 + 1e-5 * want.abs().max().item()
+
+
+def test_a_cast_inside_a_cast_keeps_its_own_rounding(tmp_path: Path) -> None:
+    # bf16(f16(v)) was computed as bf16(v): f16's overflow (|v| > 65504 is inf) and rounding were lost
+    from fusegen.cli import main
+
+    spec = tmp_path / "casts.spec"
+    spec.write_text("kernel casts\ndim T, H\ninput x: bf16[T, H]\noutput y: f32[T, H]\n"
+                    f"y = bf16(f16(x * 100000.0))\ncheck T={T} H={H}\n")  # fmt: skip
+    assert main(["build", "--out", str(tmp_path / "out"), str(spec)]) == 0
+    x = _inputs("layernorm")[0]
+    got = load_module(tmp_path / "out" / "casts" / "kernel.py", target="trn2").casts(x, lnc=1)
+    want = (x.float() * 100000.0).half().bfloat16().float()
+    assert want.isinf().any() and torch.equal(got, want)  # the same f32 product, then the same two roundings
+
+
+def test_rows_of_two_half_dtypes_each_get_their_own_identity(tmp_path: Path) -> None:
+    # the passes staged bf16 r and the epilogue f16 x through PSUM: both identities were named pe_identity,
+    # so the launch allocated the second and never wrote it (an uninitialised read on the interpreter)
+    from fusegen.cli import main
+
+    spec = tmp_path / "mixed.spec"
+    spec.write_text("kernel mixed\ndim T, H\ninput x: f16[T, H]\ninput r: bf16[T, H]\noutput y: f32[T, H]\n"
+                    "y = x - r + mean(where(r > -2.0, r, 127.0), axis=-1, keepdim=true)\n"
+                    f"check T={T} H={H}\n")  # fmt: skip
+    assert main(["build", "--out", str(tmp_path / "out"), str(spec)]) == 0
+    gen = torch.Generator().manual_seed(5)
+    x, r = torch.randn(T, H, generator=gen).half(), torch.randn(T, H, generator=gen).bfloat16()
+    got = load_module(tmp_path / "out" / "mixed" / "kernel.py", target="trn2").mixed(x, r, lnc=1)
+    want = x.float() - r.float() + torch.where(r > -2.0, r, 127.0).float().mean(dim=-1, keepdim=True)
+    assert (got - want).abs().max().item() <= 1e-6 + 1e-5 * want.abs().max().item()

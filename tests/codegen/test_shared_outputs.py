@@ -97,6 +97,33 @@ CASES = {
         "d = bf16(h) @ w2t\ny = d + r\nz = layernorm(d, eps, g) + r\n",
         lambda d, r, g: (d + r, F.layer_norm(d, (K,), eps=1e-5) * g + r),
     ),
+    # the down-projection added to itself: no partner to fold into the accumulator (it was an internal error)
+    "down_added_to_itself": (
+        "output y: f32[R, K]\nh = silu(x @ w1t) * (x @ wgt)\nd = bf16(h) @ w2t\ny = d + d\n",
+        lambda d, r, g: (d + d,),
+    ),
+    # a statistic of a function of the bare down-projection: the first pass must not square d in place and
+    # then fuse the square into its sum again (it gave mean(d**4))
+    "statistic_of_a_square": (
+        "output m: f32[R, 1]\nh = silu(x @ w1t) * (x @ wgt)\nd = bf16(h) @ w2t\n"
+        "m = rsqrt(mean(square(d), axis=-1, keepdim=true) + eps)\n",
+        lambda d, r, g: (d.square().mean(dim=1, keepdim=True).add(1e-5).rsqrt(),),
+    ),
+    # the same through a scale the Scalar engine folds (exp(0.5 d) read back as exp(0.5 exp(0.5 d)))
+    "statistic_of_a_scaled_exp": (
+        "output m: f32[R, 1]\nh = silu(x @ w1t) * (x @ wgt)\nd = bf16(h) @ w2t\n"
+        "m = sum(exp(d * 0.5), axis=-1, keepdim=true)\n",
+        lambda d, r, g: ((d * 0.5).exp().sum(dim=1, keepdim=True),),
+    ),
+    # the function of d also read by a later pass, and by a statistic before the fused one
+    "statistics_of_a_shared_square": (
+        "output m: f32[R, 1]\noutput y: f32[R, K]\nh = silu(x @ w1t) * (x @ wgt)\nd = bf16(h) @ w2t\n"
+        "q = square(d)\nm = max(q, axis=-1, keepdim=true) + sum(q, axis=-1, keepdim=true)\ny = q + r\n",
+        lambda d, r, g: (
+            d.square().amax(dim=1, keepdim=True) + d.square().sum(dim=1, keepdim=True),
+            d.square() + r,
+        ),
+    ),
 }
 
 
@@ -111,3 +138,20 @@ def test_shared_outputs_build_and_match_the_formula(name: str, tmp_path: Path) -
     assert len(got) == len(want)
     for out, expected in zip(got, want, strict=True):
         _close(out, expected)
+
+
+def test_a_statistic_cast_for_a_per_token_output_is_the_whole_row(tmp_path: Path) -> None:
+    # bf16(sum(d)) was recomputed in the last pass from its one (last) K-block: K spans several blocks here
+    spec = tmp_path / "stat_cast.spec"
+    body = "output m: bf16[R, 1]\nh = silu(x @ w1t) * (x @ wgt)\nd = bf16(h) @ w2t\n"
+    body += "m = bf16(sum(d, axis=-1, keepdim=true))\n"
+    spec.write_text(HEAD.format(name="stat_cast") + body + "check R=7 K=1280 I=384\n")
+    assert main(["build", "--out", str(tmp_path / "out"), str(spec)]) == 0
+    module = load_module(tmp_path / "out" / "stat_cast" / "kernel.py", target="trn2")
+    gen = torch.Generator().manual_seed(3)
+    x = torch.randn(7, 1280, generator=gen).bfloat16()
+    w1t, wgt = ((torch.randn(1280, 384, generator=gen) * 1280**-0.5).bfloat16() for _ in range(2))
+    w2t = (torch.randn(384, 1280, generator=gen) * 384**-0.5).bfloat16()
+    r, g = torch.randn(7, 1280, generator=gen), torch.randn(1280, generator=gen)
+    got = module.stat_cast(x, w1t, wgt, w2t, r, g, lnc=1, target="trn2")
+    _close(got, _down(x, w1t, wgt, w2t).sum(dim=1, keepdim=True), rtol=2e-2)  # one bf16 rounding

@@ -165,7 +165,7 @@ def test_two_threads_parse_kernel_sources_one_at_a_time(monkeypatch: pytest.Monk
         return original(*args, **kwargs)
 
     monkeypatch.setattr(ast, "parse", parse)
-    subset._module_functions.cache_clear()
+    subset._functions_in.cache_clear()
     subset._findings.cache_clear()
     with ThreadPoolExecutor(2) as pool:
         found = [f.result(WAIT_S) for f in [pool.submit(subset.findings, double.fn) for _ in range(2)]]

@@ -220,8 +220,10 @@ def _accumulator(
     outputs = {o.node for o in ir.outputs}
     # fold only when nothing else reads what the fold hides: the bare down-projection (an output, or
     # another user) or the partner input (a residual the epilogue reads again)
-    if len(users) == 1 and users[0].op == "add" and users[0].id in m.epi_nodes and m.down.id not in outputs:
-        partner = ir.node(next(a for a in users[0].args if a != m.down.id))
+    # (`d + d` has no partner to fold)
+    partners = [a for a in users[0].args if a != m.down.id] if len(users) == 1 else []
+    if partners and users[0].op == "add" and users[0].id in m.epi_nodes and m.down.id not in outputs:
+        partner = ir.node(partners[0])
         used_once = partner.op == "input" and _epilogue_users(ir, m, partner) == [users[0].id]
         name = kernel_arg(str(partner.name)) if used_once else None
         if name in inputs["tile"]:

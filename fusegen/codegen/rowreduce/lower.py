@@ -129,7 +129,7 @@ def _lower_rowreduce(ir: KernelIR, m: RowReduceMatch, load: EngineLoad) -> RowRe
     passes = lower_passes(ir, m, load, pe_staging=True)
     epi, n_required, tile_outs, col_outs = _lower_epilogue(ir, m, passes.resident, load)
     n_columns = column_prefix(epi, n_required)
-    constants = tuple(dict.fromkeys(passes.constants + tuple(epi.constants)))  # one PE identity
+    constants = tuple(dict.fromkeys(passes.constants + tuple(epi.constants)))  # one PE identity per dtype
     columns = [ln for ln in constants if not select_pe.identity_line(ln)]
     model = RowModel(
         resident_per_head=4 * len(passes.resident),
@@ -140,7 +140,7 @@ def _lower_rowreduce(ir: KernelIR, m: RowReduceMatch, load: EngineLoad) -> RowRe
         columns=4 * (sum(1 for _, k, _ in epi.tiles if k == "vec") + len(passes.levels) * 8 + len(col_outs)
                      + len(columns) // 2),
         row_copies=2,  # head_passes of the next head runs before this head's full-width epilogue
-        launch_tiles=select_pe.IDENTITY_BYTES if len(columns) < len(constants) else 0,
+        launch_tiles=select_pe.identity_bytes(constants),
         diagonals=sum(P * DTYPE_BYTES[dt] for _, k, dt in epi.tiles if k == "diag"),
     )  # fmt: skip
     return RowReduceLowering(
@@ -328,8 +328,12 @@ def column_prefix(sel: Selector, end: int) -> int:
 
 
 def output_value(sel: Selector, expr: Expr, dtype: str) -> Operand:
-    """`expr` in an output's dtype: written so when nothing else reads it, else computed in fp32 and cast."""
+    """`expr` in an output's dtype: written so when nothing else reads it, else computed in fp32 and cast;
+    a value the Tensor engine's help left in PSUM (an f32 `layernorm(x, eps, w)`) goes through SBUF, since
+    a DMA cannot read PSUM (on the Scalar engine, as rowstage.output_writes does)."""
     value = sel.value(expr, dtype if expr.users == 0 else "f32")
+    if value.memory == "psum":
+        return sel.convert(value, dtype)
     return value if value.dtype == dtype else sel.copy(value, "tile", dtype)
 
 
