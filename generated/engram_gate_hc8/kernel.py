@@ -37,6 +37,7 @@ class _RowModel(NamedTuple):
     stream_epilogue: int = 0  # temporaries of the chunked epilogue of a streamed plan, per chunk column
     launch_tiles: int = 0  # bytes of launch-wide tiles independent of width and heads (the PE identity)
     diagonals: int = 0  # bytes of [P, P] PE stationaries per head, built with the per-row math (whole rows)
+    tile_heads: int = 0  # 1: a tile's per-row math runs once for all heads, which hold their rows until then
 
 
 class _Buffer(NamedTuple):
@@ -87,11 +88,15 @@ def _buffers(m: _RowModel, width: int, heads: int, hb: int, resident: bool = Tru
     return [
         *fixed,
         weights,
-        _Buffer("row inputs of one token tile and head", m.row_inputs * width, m.row_copies if overlap else 1),
+        # per-tile math: a tile's heads keep their rows until the chain after its last head, and two tiles'
+        # diagonals are alive (the next tile's are built before this tile's last epilogue)
+        _Buffer("row inputs of one token tile and head", m.row_inputs * width,
+               m.row_copies + m.tile_heads * heads if overlap else 1),
         # overlapped: a head's output tiles wait for their stores until the next-but-one head's loads queue
         _Buffer("epilogue tiles", m.epilogue * width, 2 if overlap else 1),
         _Buffer("reduction chunk temporaries", m.chunk * hb, 1),
-        _Buffer("per-row columns and output staging", (m.columns + m.diagonals) * heads, 1),
+        _Buffer("per-row columns and output staging", (m.columns + m.diagonals * (1 + m.tile_heads)) * heads,
+               1),
     ]
 
 
@@ -148,7 +153,7 @@ def _choose_rows(m: _RowModel, width: int, heads: int, budget: int) -> tuple[int
         f"(the prepared weights stay width-long); the budget is {budget} B"
     )
 
-_MODEL = _RowModel(resident_per_head=4, prep_scratch=0, row_inputs=6, epilogue=2, chunk=20, columns=100, row_copies=2, stream_epilogue=2, launch_tiles=768, diagonals=0)
+_MODEL = _RowModel(resident_per_head=4, prep_scratch=0, row_inputs=6, epilogue=2, chunk=20, columns=100, row_copies=2, stream_epilogue=2, launch_tiles=768, diagonals=0, tile_heads=1)
 
 
 def _prepare_weights(h, w_h_hbm, w_e_hbm):
@@ -186,7 +191,7 @@ def _fused_weight_kernel(w_h_hbm, w_e_hbm):
     return _prep0
 
 
-def _head_passes(t0, pt, h, HB, clamp_arg, d_H, dot_sv, ec0, ec1, ec2, gate_sv, kv_hbm, pe_identity, prepared, rstd_k_sv, rstd_x_sv, v_ld, x_hbm):
+def _head_passes(t0, pt, h, HB, acc13_t, acc19_t, acc9_t, d_H, dot_sv, e0, e2, e9, gate_sv, kv_hbm, pe_identity, prepared, rstd_k_sv, rstd_x_sv, v_ld, x_hbm):
     """Token tile t0, head h: loads, reduction passes, per-row math; returns what head_epilogue reads."""
     x_ld = nl.ndarray((_P, d_H), dtype=nl.bfloat16, buffer=nl.sbuf)
     nisa.dma_copy(dst=x_ld[0:pt, 0:d_H], src=x_hbm[t0:t0 + pt, h, 0:d_H])
@@ -227,30 +232,10 @@ def _head_passes(t0, pt, h, HB, clamp_arg, d_H, dot_sv, ec0, ec1, ec2, gate_sv, 
             acc19 = r0_7
         else:
             nisa.tensor_tensor(dst=acc19[0:pt, 0:1], data1=acc19[0:pt, 0:1], data2=r0_7[0:pt, 0:1], op=nl.add, engine=nisa.engine.gpsimd)
-    # per-row math on the accumulators, before the previous head's full-width epilogue
-    e0 = nl.ndarray((_P, 1), dtype=nl.float32, buffer=nl.sbuf)
-    nisa.activation(dst=e0[0:pt, 0:1], op=nl.rsqrt, data=acc9[0:pt, 0:1], bias=ec0[0:pt, 0:1], scale=(1.0 / float(d_H)))
-    e1 = nl.ndarray((_P, 1), dtype=nl.float32, buffer=nl.sbuf)
-    nisa.activation(dst=e1[0:pt, 0:1], op=nl.copy, data=e0[0:pt, 0:1], scale=acc19[0:pt, 0:1])
-    e2 = nl.ndarray((_P, 1), dtype=nl.float32, buffer=nl.sbuf)
-    nisa.activation(dst=e2[0:pt, 0:1], op=nl.rsqrt, data=acc13[0:pt, 0:1], bias=ec0[0:pt, 0:1], scale=(1.0 / float(d_H)))
-    e3 = nl.ndarray((_P, 1), dtype=nl.float32, buffer=nl.sbuf)
-    nisa.activation(dst=e3[0:pt, 0:1], op=nl.copy, data=e1[0:pt, 0:1], scale=e2[0:pt, 0:1])
-    e4 = nl.ndarray((_P, 1), dtype=nl.float32, buffer=nl.sbuf)
-    nisa.activation(dst=e4[0:pt, 0:1], op=nl.abs, data=e3[0:pt, 0:1], scale=(float(d_H) ** -0.5))
-    e5 = nl.ndarray((_P, 1), dtype=nl.float32, buffer=nl.sbuf)
-    if clamp_arg >= 0.0:
-        e6 = nl.ndarray((_P, 1), dtype=nl.float32, buffer=nl.sbuf)
-        nisa.activation(dst=e6[0:pt, 0:1], op=nl.relu, data=e4[0:pt, 0:1], bias=ec1[0:pt, 0:1])
-        nisa.activation(dst=e5[0:pt, 0:1], op=nl.copy, data=e6[0:pt, 0:1], bias=ec2[0:pt, 0:1])
-    else:
-        nisa.tensor_scalar(dst=e5[0:pt, 0:1], data=e4[0:pt, 0:1], op0=nl.maximum, operand0=clamp_arg)
-    e7 = nl.ndarray((_P, 1), dtype=nl.float32, buffer=nl.sbuf)
-    nisa.activation(dst=e7[0:pt, 0:1], op=nl.sqrt, data=e5[0:pt, 0:1])
-    e8 = nl.ndarray((_P, 1), dtype=nl.float32, buffer=nl.sbuf)
-    nisa.activation(dst=e8[0:pt, 0:1], op=nl.sign, data=e3[0:pt, 0:1], scale=(float(d_H) ** -0.5))
-    e9 = nl.ndarray((_P, 1), dtype=nl.float32, buffer=nl.sbuf)
-    nisa.activation(dst=e9[0:pt, 0:1], op=nl.sigmoid, data=e8[0:pt, 0:1], scale=e7[0:pt, 0:1])
+    # the accumulators into column h of the tile's statistics: _row_math runs the per-row math on them
+    nisa.tensor_copy(dst=acc13_t[0:pt, h:h + 1], src=acc13[0:pt, 0:1], engine=nisa.engine.gpsimd)
+    nisa.tensor_copy(dst=acc19_t[0:pt, h:h + 1], src=acc19[0:pt, 0:1], engine=nisa.engine.gpsimd)
+    nisa.tensor_copy(dst=acc9_t[0:pt, h:h + 1], src=acc9[0:pt, 0:1], engine=nisa.engine.gpsimd)
     return (t0, pt, h, acc19, dot_sv, e0, e2, e9, gate_sv, rstd_k_sv, rstd_x_sv, v_ld)
 
 
@@ -259,13 +244,13 @@ def _head_epilogue(head, d_H, d_HC, dot_hbm, gate_hbm, out_hbm, rstd_k_hbm, rstd
     t0, pt, h, acc19, dot_sv, e0, e2, e9, gate_sv, rstd_k_sv, rstd_x_sv, v_ld = head
     stores = []
     e10 = nl.ndarray((_P, d_H), dtype=nl.bfloat16, buffer=nl.sbuf)
-    nisa.tensor_scalar(dst=e10[0:pt, 0:d_H], data=v_ld[0:pt, 0:d_H], op0=nl.multiply, operand0=e9[0:pt, 0:1])
+    nisa.tensor_scalar(dst=e10[0:pt, 0:d_H], data=v_ld[0:pt, 0:d_H], op0=nl.multiply, operand0=e9[0:pt, h:h + 1])
     stores.append((out_hbm[t0:t0 + pt, h, 0:d_H], e10[0:pt, 0:d_H]))
     if save:
         nisa.tensor_copy(dst=dot_sv[0:pt, h:h + 1], src=acc19[0:pt, 0:1], engine=nisa.engine.gpsimd)
-        nisa.tensor_copy(dst=gate_sv[0:pt, h:h + 1], src=e9[0:pt, 0:1], engine=nisa.engine.gpsimd)
-        nisa.tensor_copy(dst=rstd_x_sv[0:pt, h:h + 1], src=e0[0:pt, 0:1], engine=nisa.engine.gpsimd)
-        nisa.tensor_copy(dst=rstd_k_sv[0:pt, h:h + 1], src=e2[0:pt, 0:1], engine=nisa.engine.gpsimd)
+        nisa.tensor_copy(dst=gate_sv[0:pt, h:h + 1], src=e9[0:pt, h:h + 1], engine=nisa.engine.gpsimd)
+        nisa.tensor_copy(dst=rstd_x_sv[0:pt, h:h + 1], src=e0[0:pt, h:h + 1], engine=nisa.engine.gpsimd)
+        nisa.tensor_copy(dst=rstd_k_sv[0:pt, h:h + 1], src=e2[0:pt, h:h + 1], engine=nisa.engine.gpsimd)
     if h == d_HC - 1:
         if save:
             stores.append((dot_hbm[t0:t0 + pt, 0:d_HC], dot_sv[0:pt, 0:d_HC]))
@@ -273,6 +258,27 @@ def _head_epilogue(head, d_H, d_HC, dot_hbm, gate_hbm, out_hbm, rstd_k_hbm, rstd
             stores.append((rstd_x_hbm[t0:t0 + pt, 0:d_HC], rstd_x_sv[0:pt, 0:d_HC]))
             stores.append((rstd_k_hbm[t0:t0 + pt, 0:d_HC], rstd_k_sv[0:pt, 0:d_HC]))
     return stores
+
+
+def _row_math(pt, c0, c1, acc13_t, acc19_t, acc9_t, clamp_arg, d_H, e0, e1, e2, e3, e4, e5, e6, e7, e8, e9, ec0, ec1, ec2):
+    """Per-row math of the token tile's heads c0:c1 (all of them, or head h alone) into its [P, heads] columns
+    and per-head diagonals (fusegen/codegen/rowreduce/tile_math.py)."""
+    nisa.activation(dst=e0[0:pt, c0:c1], op=nl.rsqrt, data=acc9_t[0:pt, c0:c1], bias=ec0[0:pt, 0:1], scale=(1.0 / float(d_H)))
+    for j in range(c0, c1):
+        nisa.activation(dst=e1[0:pt, j:j + 1], op=nl.copy, data=e0[0:pt, j:j + 1], scale=acc19_t[0:pt, j:j + 1])
+    nisa.activation(dst=e2[0:pt, c0:c1], op=nl.rsqrt, data=acc13_t[0:pt, c0:c1], bias=ec0[0:pt, 0:1], scale=(1.0 / float(d_H)))
+    for j in range(c0, c1):
+        nisa.activation(dst=e3[0:pt, j:j + 1], op=nl.copy, data=e1[0:pt, j:j + 1], scale=e2[0:pt, j:j + 1])
+    nisa.activation(dst=e4[0:pt, c0:c1], op=nl.abs, data=e3[0:pt, c0:c1], scale=(float(d_H) ** -0.5))
+    if clamp_arg >= 0.0:
+        nisa.activation(dst=e6[0:pt, c0:c1], op=nl.relu, data=e4[0:pt, c0:c1], bias=ec1[0:pt, 0:1])
+        nisa.activation(dst=e5[0:pt, c0:c1], op=nl.copy, data=e6[0:pt, c0:c1], bias=ec2[0:pt, 0:1])
+    else:
+        nisa.tensor_scalar(dst=e5[0:pt, c0:c1], data=e4[0:pt, c0:c1], op0=nl.maximum, operand0=clamp_arg)
+    nisa.activation(dst=e7[0:pt, c0:c1], op=nl.sqrt, data=e5[0:pt, c0:c1])
+    nisa.activation(dst=e8[0:pt, c0:c1], op=nl.sign, data=e3[0:pt, c0:c1], scale=(float(d_H) ** -0.5))
+    for j in range(c0, c1):
+        nisa.activation(dst=e9[0:pt, j:j + 1], op=nl.sigmoid, data=e8[0:pt, j:j + 1], scale=e7[0:pt, j:j + 1])
 
 
 def _stream_passes(t0, pt, h, HB, clamp_arg, d_H, dot_sv, gate_sv, kv_hbm, prepared, rstd_k_sv, rstd_x_sv, scc0, scc1, scc2, scc3, scc4, x_hbm):
@@ -446,18 +452,41 @@ def engram_gate_hc8_kernel(x_hbm, kv_hbm, w_h_hbm, w_e_hbm, eps_arg, clamp_arg, 
             gate_sv = nl.ndarray((_P, d_HC), dtype=nl.float32, buffer=nl.sbuf)
             rstd_x_sv = nl.ndarray((_P, d_HC), dtype=nl.float32, buffer=nl.sbuf)
             rstd_k_sv = nl.ndarray((_P, d_HC), dtype=nl.float32, buffer=nl.sbuf)
+            e0 = nl.ndarray((_P, d_HC), dtype=nl.float32, buffer=nl.sbuf)
+            e1 = nl.ndarray((_P, d_HC), dtype=nl.float32, buffer=nl.sbuf)
+            e2 = nl.ndarray((_P, d_HC), dtype=nl.float32, buffer=nl.sbuf)
+            e3 = nl.ndarray((_P, d_HC), dtype=nl.float32, buffer=nl.sbuf)
+            e4 = nl.ndarray((_P, d_HC), dtype=nl.float32, buffer=nl.sbuf)
+            e5 = nl.ndarray((_P, d_HC), dtype=nl.float32, buffer=nl.sbuf)
+            e6 = nl.ndarray((_P, d_HC), dtype=nl.float32, buffer=nl.sbuf)
+            e7 = nl.ndarray((_P, d_HC), dtype=nl.float32, buffer=nl.sbuf)
+            e8 = nl.ndarray((_P, d_HC), dtype=nl.float32, buffer=nl.sbuf)
+            e9 = nl.ndarray((_P, d_HC), dtype=nl.float32, buffer=nl.sbuf)
+            acc13_t = nl.ndarray((_P, d_HC), dtype=nl.float32, buffer=nl.sbuf)
+            acc19_t = nl.ndarray((_P, d_HC), dtype=nl.float32, buffer=nl.sbuf)
+            acc9_t = nl.ndarray((_P, d_HC), dtype=nl.float32, buffer=nl.sbuf)
+            # the per-row math once for the tile after its last head, whose epilogues then run two heads later
+            # (the chain's latency hidden); per head in the last tile, where nothing would hide the wait
+            per_head = not overlap or t0 + _P >= t_end
             for h in range(d_HC):
                 prepared = held[h] if resident else _prepare_weights(h, w_h_hbm, w_e_hbm)
-                head = _head_passes(t0, pt, h, HB, clamp_arg, d_H, dot_sv, ec0, ec1, ec2, gate_sv, kv_hbm, pe_identity, prepared, rstd_k_sv, rstd_x_sv, v_ld, x_hbm)  # ahead of the previous head's epilogue and stores
+                n = (t0 - t_begin) // _P * d_HC + h
+                ready = pending[0:1] if len(pending) > 0 and pending[0][0] <= n else []
+                pending = pending[len(ready):]
+                head = _head_passes(t0, pt, h, HB, acc13_t, acc19_t, acc9_t, d_H, dot_sv, e0, e2, e9, gate_sv, kv_hbm, pe_identity, prepared, rstd_k_sv, rstd_x_sv, v_ld, x_hbm)
+                if per_head:
+                    _row_math(pt, h, h + 1, acc13_t, acc19_t, acc9_t, clamp_arg, d_H, e0, e1, e2, e3, e4, e5, e6, e7, e8, e9, ec0, ec1, ec2)
+                elif h == d_HC - 1:
+                    _row_math(pt, 0, d_HC, acc13_t, acc19_t, acc9_t, clamp_arg, d_H, e0, e1, e2, e3, e4, e5, e6, e7, e8, e9, ec0, ec1, ec2)
                 for dst, src in queued if overlap else stores:
                     nisa.dma_copy(dst=dst, src=src)
                 queued, stores = (stores, []) if overlap else ([], [])
-                for prev in pending:
+                pending.append((n + 1 if per_head else n - h + d_HC + 1, head))
+                for _, prev in ready:
                     stores.extend(_head_epilogue(prev, d_H, d_HC, dot_hbm, gate_hbm, out_hbm, rstd_k_hbm, rstd_x_hbm, save))
-                pending = [head] if overlap else []
                 if not overlap:
-                    stores.extend(_head_epilogue(head, d_H, d_HC, dot_hbm, gate_hbm, out_hbm, rstd_k_hbm, rstd_x_hbm, save))
-        for prev in pending:
+                    stores.extend(_head_epilogue(pending.pop()[1], d_H, d_HC, dot_hbm, gate_hbm, out_hbm, rstd_k_hbm, rstd_x_hbm, save))
+        for _, prev in pending:
             stores.extend(_head_epilogue(prev, d_H, d_HC, dot_hbm, gate_hbm, out_hbm, rstd_k_hbm, rstd_x_hbm, save))
         for dst, src in queued + stores:
             nisa.dma_copy(dst=dst, src=src)

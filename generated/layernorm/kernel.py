@@ -37,6 +37,7 @@ class _RowModel(NamedTuple):
     stream_epilogue: int = 0  # temporaries of the chunked epilogue of a streamed plan, per chunk column
     launch_tiles: int = 0  # bytes of launch-wide tiles independent of width and heads (the PE identity)
     diagonals: int = 0  # bytes of [P, P] PE stationaries per head, built with the per-row math (whole rows)
+    tile_heads: int = 0  # 1: a tile's per-row math runs once for all heads, which hold their rows until then
 
 
 class _Buffer(NamedTuple):
@@ -87,11 +88,15 @@ def _buffers(m: _RowModel, width: int, heads: int, hb: int, resident: bool = Tru
     return [
         *fixed,
         weights,
-        _Buffer("row inputs of one token tile and head", m.row_inputs * width, m.row_copies if overlap else 1),
+        # per-tile math: a tile's heads keep their rows until the chain after its last head, and two tiles'
+        # diagonals are alive (the next tile's are built before this tile's last epilogue)
+        _Buffer("row inputs of one token tile and head", m.row_inputs * width,
+               m.row_copies + m.tile_heads * heads if overlap else 1),
         # overlapped: a head's output tiles wait for their stores until the next-but-one head's loads queue
         _Buffer("epilogue tiles", m.epilogue * width, 2 if overlap else 1),
         _Buffer("reduction chunk temporaries", m.chunk * hb, 1),
-        _Buffer("per-row columns and output staging", (m.columns + m.diagonals) * heads, 1),
+        _Buffer("per-row columns and output staging", (m.columns + m.diagonals * (1 + m.tile_heads)) * heads,
+               1),
     ]
 
 
@@ -148,7 +153,7 @@ def _choose_rows(m: _RowModel, width: int, heads: int, budget: int) -> tuple[int
         f"(the prepared weights stay width-long); the budget is {budget} B"
     )
 
-_MODEL = _RowModel(resident_per_head=8, prep_scratch=0, row_inputs=2, epilogue=6, chunk=4, columns=100, row_copies=2, stream_epilogue=10, launch_tiles=0, diagonals=0)
+_MODEL = _RowModel(resident_per_head=8, prep_scratch=0, row_inputs=2, epilogue=6, chunk=4, columns=100, row_copies=2, stream_epilogue=10, launch_tiles=0, diagonals=0, tile_heads=0)
 
 
 def _prepare_weights(h, w_hbm, b_hbm):

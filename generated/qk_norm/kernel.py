@@ -37,6 +37,7 @@ class _RowModel(NamedTuple):
     stream_epilogue: int = 0  # temporaries of the chunked epilogue of a streamed plan, per chunk column
     launch_tiles: int = 0  # bytes of launch-wide tiles independent of width and heads (the PE identity)
     diagonals: int = 0  # bytes of [P, P] PE stationaries per head, built with the per-row math (whole rows)
+    tile_heads: int = 0  # 1: a tile's per-row math runs once for all heads, which hold their rows until then
 
 
 class _Buffer(NamedTuple):
@@ -87,11 +88,15 @@ def _buffers(m: _RowModel, width: int, heads: int, hb: int, resident: bool = Tru
     return [
         *fixed,
         weights,
-        _Buffer("row inputs of one token tile and head", m.row_inputs * width, m.row_copies if overlap else 1),
+        # per-tile math: a tile's heads keep their rows until the chain after its last head, and two tiles'
+        # diagonals are alive (the next tile's are built before this tile's last epilogue)
+        _Buffer("row inputs of one token tile and head", m.row_inputs * width,
+               m.row_copies + m.tile_heads * heads if overlap else 1),
         # overlapped: a head's output tiles wait for their stores until the next-but-one head's loads queue
         _Buffer("epilogue tiles", m.epilogue * width, 2 if overlap else 1),
         _Buffer("reduction chunk temporaries", m.chunk * hb, 1),
-        _Buffer("per-row columns and output staging", (m.columns + m.diagonals) * heads, 1),
+        _Buffer("per-row columns and output staging", (m.columns + m.diagonals * (1 + m.tile_heads)) * heads,
+               1),
     ]
 
 
@@ -148,7 +153,7 @@ def _choose_rows(m: _RowModel, width: int, heads: int, budget: int) -> tuple[int
         f"(the prepared weights stay width-long); the budget is {budget} B"
     )
 
-_MODEL = _RowModel(resident_per_head=4, prep_scratch=0, row_inputs=2, epilogue=2, chunk=4, columns=40, row_copies=2, stream_epilogue=2, launch_tiles=0, diagonals=0)
+_MODEL = _RowModel(resident_per_head=4, prep_scratch=0, row_inputs=2, epilogue=2, chunk=4, columns=40, row_copies=2, stream_epilogue=2, launch_tiles=0, diagonals=0, tile_heads=1)
 
 
 def _prepare_weights(h, w_hbm):
@@ -178,7 +183,7 @@ def _fused_weight_kernel(w_hbm):
     return _prep0
 
 
-def _head_passes(t0, pt, h, HB, d_D, ec0, prepared, q_hbm):
+def _head_passes(t0, pt, h, HB, acc4_t, d_D, e0, prepared, q_hbm):
     """Token tile t0, head h: loads, reduction passes, per-row math; returns what head_epilogue reads."""
     q_ld = nl.ndarray((_P, d_D), dtype=nl.bfloat16, buffer=nl.sbuf)
     nisa.dma_copy(dst=q_ld[0:pt, 0:d_D], src=q_hbm[t0:t0 + pt, h, 0:d_D])
@@ -193,9 +198,8 @@ def _head_passes(t0, pt, h, HB, d_D, ec0, prepared, q_hbm):
             acc4 = r0_1
         else:
             nisa.tensor_tensor(dst=acc4[0:pt, 0:1], data1=acc4[0:pt, 0:1], data2=r0_1[0:pt, 0:1], op=nl.add, engine=nisa.engine.gpsimd)
-    # per-row math on the accumulators, before the previous head's full-width epilogue
-    e0 = nl.ndarray((_P, 1), dtype=nl.float32, buffer=nl.sbuf)
-    nisa.activation(dst=e0[0:pt, 0:1], op=nl.rsqrt, data=acc4[0:pt, 0:1], bias=ec0[0:pt, 0:1], scale=(1.0 / float(d_D)))
+    # the accumulators into column h of the tile's statistics: _row_math runs the per-row math on them
+    nisa.tensor_copy(dst=acc4_t[0:pt, h:h + 1], src=acc4[0:pt, 0:1], engine=nisa.engine.gpsimd)
     return (t0, pt, h, e0, prepared, q_ld)
 
 
@@ -204,9 +208,15 @@ def _head_epilogue(head, d_D, y_hbm):
     t0, pt, h, e0, prepared, q_ld = head
     stores = []
     e1 = nl.ndarray((_P, d_D), dtype=nl.bfloat16, buffer=nl.sbuf)
-    nisa.scalar_tensor_tensor(dst=e1[0:pt, 0:d_D], data=q_ld[0:pt, 0:d_D], op0=nl.multiply, operand0=e0[0:pt, 0:1], op1=nl.multiply, operand1=prepared[0][0:pt, 0:d_D])
+    nisa.scalar_tensor_tensor(dst=e1[0:pt, 0:d_D], data=q_ld[0:pt, 0:d_D], op0=nl.multiply, operand0=e0[0:pt, h:h + 1], op1=nl.multiply, operand1=prepared[0][0:pt, 0:d_D])
     stores.append((y_hbm[t0:t0 + pt, h, 0:d_D], e1[0:pt, 0:d_D]))
     return stores
+
+
+def _row_math(pt, c0, c1, acc4_t, d_D, e0, ec0):
+    """Per-row math of the token tile's heads c0:c1 (all of them, or head h alone) into its [P, heads] columns
+    and per-head diagonals (fusegen/codegen/rowreduce/tile_math.py)."""
+    nisa.activation(dst=e0[0:pt, c0:c1], op=nl.rsqrt, data=acc4_t[0:pt, c0:c1], bias=ec0[0:pt, 0:1], scale=(1.0 / float(d_D)))
 
 
 def _stream_passes(t0, pt, h, HB, d_D, prepared, q_hbm, scc0, scc1):
@@ -292,18 +302,30 @@ def qk_norm_kernel(q_hbm, w_hbm, eps_arg, HB, resident, overlap, streamed, save)
     else:
         for t0 in range(t_begin, t_end, _P):
             pt = min(_P, t_end - t0)
+            e0 = nl.ndarray((_P, d_NH), dtype=nl.float32, buffer=nl.sbuf)
+            acc4_t = nl.ndarray((_P, d_NH), dtype=nl.float32, buffer=nl.sbuf)
+            # the per-row math once for the tile after its last head, whose epilogues then run two heads later
+            # (the chain's latency hidden); per head in the last tile, where nothing would hide the wait
+            per_head = not overlap or t0 + _P >= t_end
             for h in range(d_NH):
                 prepared = held[h] if resident else _prepare_weights(h, w_hbm)
-                head = _head_passes(t0, pt, h, HB, d_D, ec0, prepared, q_hbm)  # ahead of the previous head's epilogue and stores
+                n = (t0 - t_begin) // _P * d_NH + h
+                ready = pending[0:1] if len(pending) > 0 and pending[0][0] <= n else []
+                pending = pending[len(ready):]
+                head = _head_passes(t0, pt, h, HB, acc4_t, d_D, e0, prepared, q_hbm)
+                if per_head:
+                    _row_math(pt, h, h + 1, acc4_t, d_D, e0, ec0)
+                elif h == d_NH - 1:
+                    _row_math(pt, 0, d_NH, acc4_t, d_D, e0, ec0)
                 for dst, src in queued if overlap else stores:
                     nisa.dma_copy(dst=dst, src=src)
                 queued, stores = (stores, []) if overlap else ([], [])
-                for prev in pending:
+                pending.append((n + 1 if per_head else n - h + d_NH + 1, head))
+                for _, prev in ready:
                     stores.extend(_head_epilogue(prev, d_D, y_hbm))
-                pending = [head] if overlap else []
                 if not overlap:
-                    stores.extend(_head_epilogue(head, d_D, y_hbm))
-        for prev in pending:
+                    stores.extend(_head_epilogue(pending.pop()[1], d_D, y_hbm))
+        for _, prev in pending:
             stores.extend(_head_epilogue(prev, d_D, y_hbm))
         for dst, src in queued + stores:
             nisa.dma_copy(dst=dst, src=src)

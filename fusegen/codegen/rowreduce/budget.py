@@ -25,6 +25,7 @@ class RowModel(NamedTuple):
     stream_epilogue: int = 0  # temporaries of the chunked epilogue of a streamed plan, per chunk column
     launch_tiles: int = 0  # bytes of launch-wide tiles independent of width and heads (the PE identity)
     diagonals: int = 0  # bytes of [P, P] PE stationaries per head, built with the per-row math (whole rows)
+    tile_heads: int = 0  # 1: a tile's per-row math runs once for all heads, which hold their rows until then
 
 
 class Buffer(NamedTuple):
@@ -75,11 +76,15 @@ def buffers(m: RowModel, width: int, heads: int, hb: int, resident: bool = True,
     return [
         *fixed,
         weights,
-        Buffer("row inputs of one token tile and head", m.row_inputs * width, m.row_copies if overlap else 1),
+        # per-tile math: a tile's heads keep their rows until the chain after its last head, and two tiles'
+        # diagonals are alive (the next tile's are built before this tile's last epilogue)
+        Buffer("row inputs of one token tile and head", m.row_inputs * width,
+               m.row_copies + m.tile_heads * heads if overlap else 1),
         # overlapped: a head's output tiles wait for their stores until the next-but-one head's loads queue
         Buffer("epilogue tiles", m.epilogue * width, 2 if overlap else 1),
         Buffer("reduction chunk temporaries", m.chunk * hb, 1),
-        Buffer("per-row columns and output staging", (m.columns + m.diagonals) * heads, 1),
+        Buffer("per-row columns and output staging", (m.columns + m.diagonals * (1 + m.tile_heads)) * heads,
+               1),
     ]
 
 

@@ -18,6 +18,7 @@ from fusegen.codegen.rowreduce.lower import RowReduceLowering, lower_rowreduce
 from fusegen.codegen.rowreduce.match import RowReduceMatch, match_rowreduce
 from fusegen.codegen.rowreduce.pipeline import head_helpers
 from fusegen.codegen.rowreduce.stream import with_streamed
+from fusegen.codegen.rowreduce.tile_math import tiled
 from fusegen.codegen.select_tables import NL_DTYPE
 from fusegen.codegen.stage import dim_source
 from fusegen.dsl.ir import DTYPE_BYTES, Dim, KernelIR, OutputDecl, Shape
@@ -99,8 +100,8 @@ class RowReduceFamily:
 
     def plans(self, ir: KernelIR, m: RowReduceMatch, target: str, lnc: int) -> list[TilePlan]:
         """One plan per `check` shape."""
-        body, _ = row_body(ir)
-        low, _ = with_streamed(body, m, lower_rowreduce(body, m))
+        body, lifted = row_body(ir)
+        low, _ = lowerings(body, m, lifted)
         return [plan_rowreduce(body, m, low, get_target(target), lnc, {**ir.fixed_dims(), **c.env()})
                 for c in ir.checks]  # fmt: skip
 
@@ -112,14 +113,15 @@ class RowReduceFamily:
     def kernel_source(self, ir: KernelIR, m: RowReduceMatch, target: str, lnc: int) -> str:
         """kernel.py: the NKI kernel and its prep kernel, the vendored planner, the host functions."""
         body, lifted = row_body(ir)
-        low, streamed = with_streamed(body, m, lower_rowreduce(body, m))
+        low, streamed = lowerings(body, m, lifted)
         flat = {o.name: o.shape for o in (lifted.flat if lifted else body).outputs}
         host = _host(body, m, lifted, ir)
         prologue = dict(low=low, host=host, model=private_repr(low.model), budget_source=vendored(rb),
                         sbuf_budgets=repr({name: t.sbuf_usable_bytes for name, t in sorted(TARGETS.items())}),
                         default_target=target, default_lnc=lnc)  # fmt: skip
         staging = [c.staging for c in low.required_columns + low.optional_columns]
-        varying = ("prepared", *(ld.tile for ld in low.passes.shared_loads), *staging)
+        tile = [line.split(" = ")[0] for line in low.tile_allocs]  # per-tile columns, like the staging
+        varying = ("prepared", *(ld.tile for ld in low.passes.shared_loads), *staging, *tile)
         helpers = head_helpers(low, varying, render(PROLOGUE, **prologue))
         stream_helpers = head_helpers(streamed, ("prepared", *staging), render(PROLOGUE, **prologue))
         return render(
@@ -147,6 +149,17 @@ class RowReduceFamily:
 
 
 ROWREDUCE = RowReduceFamily()
+
+
+def lowerings(body: KernelIR, m: RowReduceMatch, lifted: Lifted | None
+              ) -> tuple[RowReduceLowering, RowReduceLowering]:  # fmt: skip
+    """(whole-row lowering, streamed lowering) of `body`; with a heads axis of the spec's own, the whole-row
+    one runs its per-row math once per token tile (tile_math.py)."""
+    low, streamed = with_streamed(body, m, lower_rowreduce(body, m))
+    if lifted is None:
+        low = tiled(low, dim_source(m.heads))
+        streamed = dataclasses.replace(streamed, model=low.model)
+    return low, streamed
 
 
 def row_body(ir: KernelIR) -> tuple[KernelIR, Lifted | None]:
