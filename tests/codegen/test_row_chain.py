@@ -60,7 +60,7 @@ def test_engram_chain_is_nine_steps_per_tile_and_five_per_head() -> None:
 def test_engram_kernel_runs_the_chain_per_tile_and_per_head_in_its_last_tile() -> None:
     kernel = ast.unparse(function("engram_gate", "engram_gate_kernel"))
     assert "_row_math(pt, 0, d_HC," in kernel and "_row_math(pt, h, h + 1," in kernel
-    assert "per_head = not overlap or t0 + _P >= t_end" in kernel
+    assert "per_head = overlap != _TILE or t0 + _P >= t_end" in kernel
 
 
 def test_any_spec_with_a_heads_axis_batches_its_chain() -> None:
