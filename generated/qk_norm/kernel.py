@@ -191,8 +191,40 @@ def _fused_weight_kernel(w_hbm):
     return _prep0
 
 
-def _head_passes(t0, pt, h, HB, acc4_t, d_D, e0, prepared, q_hbm):
+def _head_passes(t0, pt, h, HB, d_D, ec0, prepared, q_hbm):
     """Token tile t0, head h: loads, reduction passes, per-row math; returns what head_epilogue reads."""
+    q_ld = nl.ndarray((_P, d_D), dtype=nl.bfloat16, buffer=nl.sbuf)
+    nisa.dma_copy(dst=q_ld[0:pt, 0:d_D], src=q_hbm[t0:t0 + pt, h, 0:d_D])
+    # reduction pass 1: partial results per chunk, folded into [_P, 1] accumulators
+    for c in range(_cdiv(d_D, HB)):
+        c0 = c * HB
+        hw = min(HB, d_D - c0)
+        r0_0 = nl.ndarray((_P, HB), dtype=nl.float32, buffer=nl.sbuf)
+        r0_1 = nl.ndarray((_P, 1), dtype=nl.float32, buffer=nl.sbuf)
+        nisa.activation_reduce(dst=r0_0[0:pt, 0:hw], op=nl.square, data=q_ld[0:pt, c0:c0 + hw], reduce_op=nl.add, reduce_res=r0_1[0:pt, 0:1])
+        if c == 0:
+            acc4 = r0_1
+        else:
+            nisa.tensor_tensor(dst=acc4[0:pt, 0:1], data1=acc4[0:pt, 0:1], data2=r0_1[0:pt, 0:1], op=nl.add, engine=nisa.engine.gpsimd)
+    # per-row math on the accumulators, before the previous head's full-width epilogue
+    e0 = nl.ndarray((_P, 1), dtype=nl.float32, buffer=nl.sbuf)
+    nisa.activation(dst=e0[0:pt, 0:1], op=nl.rsqrt, data=acc4[0:pt, 0:1], bias=ec0[0:pt, 0:1], scale=(1.0 / float(d_D)))
+    return (t0, pt, h, e0, prepared, q_ld)
+
+
+def _head_epilogue(head, d_D, y_hbm):
+    """Head state `head` from head_passes: the full-width combine and staged columns; returns its output DMAs."""
+    t0, pt, h, e0, prepared, q_ld = head
+    stores = []
+    e1 = nl.ndarray((_P, d_D), dtype=nl.bfloat16, buffer=nl.sbuf)
+    nisa.scalar_tensor_tensor(dst=e1[0:pt, 0:d_D], data=q_ld[0:pt, 0:d_D], op0=nl.multiply, operand0=e0[0:pt, 0:1], op1=nl.multiply, operand1=prepared[0][0:pt, 0:d_D])
+    stores.append((y_hbm[t0:t0 + pt, h, 0:d_D], e1[0:pt, 0:d_D]))
+    return stores
+
+
+def _tile_passes(t0, pt, h, HB, acc4_t, d_D, e0, prepared, q_hbm):
+    """head_passes of a token tile whose per-row math runs once for all its heads: the head's sums into its
+    column of the tile's statistics."""
     q_ld = nl.ndarray((_P, d_D), dtype=nl.bfloat16, buffer=nl.sbuf)
     nisa.dma_copy(dst=q_ld[0:pt, 0:d_D], src=q_hbm[t0:t0 + pt, h, 0:d_D])
     # reduction pass 1: partial results per chunk, folded into [_P, 1] accumulators
@@ -211,20 +243,20 @@ def _head_passes(t0, pt, h, HB, acc4_t, d_D, e0, prepared, q_hbm):
     return (t0, pt, h, e0, prepared, q_ld)
 
 
-def _head_epilogue(head, d_D, y_hbm):
-    """Head state `head` from head_passes: the full-width combine and staged columns; returns its output DMAs."""
+def _row_math(pt, c0, c1, acc4_t, d_D, e0, ec0):
+    """Per-row math of the token tile's heads c0:c1 into its [P, heads] columns and per-head diagonals
+    (fusegen/codegen/rowreduce/tile_math.py)."""
+    nisa.activation(dst=e0[0:pt, c0:c1], op=nl.rsqrt, data=acc4_t[0:pt, c0:c1], bias=ec0[0:pt, 0:1], scale=(1.0 / float(d_D)))
+
+
+def _tile_epilogue(head, d_D, y_hbm):
+    """head_epilogue of a head of such a tile: it reads its column of the tile's per-row math."""
     t0, pt, h, e0, prepared, q_ld = head
     stores = []
     e1 = nl.ndarray((_P, d_D), dtype=nl.bfloat16, buffer=nl.sbuf)
     nisa.scalar_tensor_tensor(dst=e1[0:pt, 0:d_D], data=q_ld[0:pt, 0:d_D], op0=nl.multiply, operand0=e0[0:pt, h:h + 1], op1=nl.multiply, operand1=prepared[0][0:pt, 0:d_D])
     stores.append((y_hbm[t0:t0 + pt, h, 0:d_D], e1[0:pt, 0:d_D]))
     return stores
-
-
-def _row_math(pt, c0, c1, acc4_t, d_D, e0, ec0):
-    """Per-row math of the token tile's heads c0:c1 (all of them, or head h alone) into its [P, heads] columns
-    and per-head diagonals (fusegen/codegen/rowreduce/tile_math.py)."""
-    nisa.activation(dst=e0[0:pt, c0:c1], op=nl.rsqrt, data=acc4_t[0:pt, c0:c1], bias=ec0[0:pt, 0:1], scale=(1.0 / float(d_D)))
 
 
 def _stream_passes(t0, pt, h, HB, d_D, prepared, q_hbm, scc0, scc1):
@@ -311,32 +343,35 @@ def qk_norm_kernel(q_hbm, w_hbm, eps_arg, HB, resident, overlap, streamed, save)
     else:
         for t0 in range(t_begin, t_end, _P):
             pt = min(_P, t_end - t0)
+            # the per-row math once for the tile after its last head, whose epilogues then run two heads later
+            # (the chain's latency hidden); per head (the per-head helpers) in the last tile, where nothing
+            # would hide the wait, and where SBUF holds no tile's pending heads (overlap below _TILE)
+            per_head = overlap != _TILE or t0 + _P >= t_end
             e0 = nl.ndarray((_P, d_NH), dtype=nl.float32, buffer=nl.sbuf)
             acc4_t = nl.ndarray((_P, d_NH), dtype=nl.float32, buffer=nl.sbuf)
-            # the per-row math once for the tile after its last head, whose epilogues then run two heads later
-            # (the chain's latency hidden); per head in the last tile, where nothing would hide the wait, and
-            # where SBUF holds no tile's pending heads (overlap below _TILE)
-            per_head = overlap != _TILE or t0 + _P >= t_end
             for h in range(d_NH):
                 prepared = held[h] if resident else _prepare_weights(h, w_hbm)
                 n = (t0 - t_begin) // _P * d_NH + h
                 ready = pending[0:1] if len(pending) > 0 and pending[0][0] <= n else []
                 pending = pending[len(ready):]
-                head = _head_passes(t0, pt, h, HB, acc4_t, d_D, e0, prepared, q_hbm)
                 if per_head:
-                    _row_math(pt, h, h + 1, acc4_t, d_D, e0, ec0)
-                elif h == d_NH - 1:
-                    _row_math(pt, 0, d_NH, acc4_t, d_D, e0, ec0)
+                    head = _head_passes(t0, pt, h, HB, d_D, ec0, prepared, q_hbm)
+                else:
+                    head = _tile_passes(t0, pt, h, HB, acc4_t, d_D, e0, prepared, q_hbm)
+                    if h == d_NH - 1:
+                        _row_math(pt, 0, d_NH, acc4_t, d_D, e0, ec0)
                 for dst, src in queued if overlap else stores:
                     nisa.dma_copy(dst=dst, src=src)
                 queued, stores = (stores, []) if overlap else ([], [])
-                pending.append((n + 1 if per_head else n - h + d_NH + 1, head))
-                for _, prev in ready:
-                    stores.extend(_head_epilogue(prev, d_D, y_hbm))
+                pending.append((n + 1 if per_head else n - h + d_NH + 1, per_head, head))
+                for _, by_head, prev in ready:
+                    stores.extend(_head_epilogue(prev, d_D, y_hbm) if by_head
+                                  else _tile_epilogue(prev, d_D, y_hbm))
                 if not overlap:
-                    stores.extend(_head_epilogue(pending.pop()[1], d_D, y_hbm))
-        for _, prev in pending:
-            stores.extend(_head_epilogue(prev, d_D, y_hbm))
+                    stores.extend(_head_epilogue(pending.pop()[2], d_D, y_hbm))
+        for _, by_head, prev in pending:
+            stores.extend(_head_epilogue(prev, d_D, y_hbm) if by_head
+                          else _tile_epilogue(prev, d_D, y_hbm))
         for dst, src in queued + stores:
             nisa.dma_copy(dst=dst, src=src)
     return y_hbm

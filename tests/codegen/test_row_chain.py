@@ -1,5 +1,5 @@
 """The per-row chain of the row kernels: how many [P, 1] steps it takes on which engine, and the launch's
-order (docs/performance.md, "Second pass", steps 9-10)."""
+order (docs/performance.md, "Second pass", steps 9-12)."""
 
 from __future__ import annotations
 
@@ -32,6 +32,22 @@ def _clamp_branch(body: ast.FunctionDef) -> ast.If:
     return next(n for n in branches if "clamp_arg >= 0.0" in ast.unparse(n.test))
 
 
+def test_engram_chain_is_fourteen_scalar_steps_per_head() -> None:
+    """Per token tile and head, for a clamp >= 0: two rsqrt, two products, abs, relu and its `+ clamp`, sqrt,
+    sign, sigmoid and g's three bf16 parts (four steps); 16 before this session's folds: each mean's 1/H was
+    a step per chunk. A negative clamp takes one exact Vector maximum instead of relu and `+ clamp`."""
+    passes = function("engram_gate", "_head_passes")
+    loop = next(n for n in passes.body if isinstance(n, ast.For))
+    branch = _clamp_branch(passes)
+    other = [s for n in branch.orelse for s in column_steps(n)]
+    chain = [s for s in column_steps(passes) if s not in column_steps(loop) and s not in other]
+    assert len(chain) == 14
+    assert all(s.startswith("nisa.activation(") for s in chain)  # all on the Scalar engine: no hand-off
+    assert len(other) == 1 and "op0=nl.maximum" in other[0] and "operand0=clamp_arg" in other[0]
+    # the chunk loop only reduces and accumulates: no scaled partial per chunk
+    assert all("scale=" not in s for s in column_steps(loop))
+
+
 def test_engram_chain_is_nine_steps_per_tile_and_five_per_head() -> None:
     """The per-row math of a token tile's heads c0:c1 (all of them: once per tile; one: per head in the
     last tile), for a clamp >= 0: two rsqrt, abs, relu and its `+ clamp`, sqrt, sign and g's two bf16
@@ -51,15 +67,17 @@ def test_engram_chain_is_nine_steps_per_tile_and_five_per_head() -> None:
                for s in per_column)  # fmt: skip
     assert len(other) == 1 and "op0=nl.maximum" in other[0] and "operand0=clamp_arg" in other[0]
     # the passes only reduce, accumulate and hand each head's sums to the tile's columns
-    passes = function("engram_gate", "_head_passes")
+    passes = function("engram_gate", "_tile_passes")
     loop = next(n for n in passes.body if isinstance(n, ast.For))
     assert all("scale=" not in s for s in column_steps(loop))
     assert len(column_steps(passes, "h:h + 1")) == 3 and not column_steps(passes, "c0:c1")
 
 
 def test_engram_kernel_runs_the_chain_per_tile_and_per_head_in_its_last_tile() -> None:
+    """The per-head helpers (the tests above) serve the last tile and plans without room for a tile's
+    heads."""
     kernel = ast.unparse(function("engram_gate", "engram_gate_kernel"))
-    assert "_row_math(pt, 0, d_HC," in kernel and "_row_math(pt, h, h + 1," in kernel
+    assert "_row_math(pt, 0, d_HC," in kernel and "head = _head_passes(" in kernel
     assert "per_head = overlap != _TILE or t0 + _P >= t_end" in kernel
 
 
@@ -71,11 +89,10 @@ def test_any_spec_with_a_heads_axis_batches_its_chain() -> None:
 
 
 def test_the_mean_scale_rides_in_the_rsqrt_and_the_clamp_is_exact_for_either_sign() -> None:
-    chain = column_steps(function("engram_gate", "_row_math"), "c0:c1")
+    chain = column_steps(function("engram_gate", "_head_passes"))
     rsqrt = [s for s in chain if "op=nl.rsqrt" in s]
     assert len(rsqrt) == 2 and all("scale=1.0 / float(d_H)" in s and "bias=" in s for s in rsqrt)
-    branch = _clamp_branch(function("engram_gate", "_row_math"))
-    usual = [s for n in branch.body for s in column_steps(n, "c0:c1")]
+    usual = [s for n in _clamp_branch(function("engram_gate", "_head_passes")).body for s in column_steps(n)]
     assert ["op=nl.relu" in usual[0], "op=nl.copy" in usual[1] and "bias=" in usual[1]] == [True, True]
 
 

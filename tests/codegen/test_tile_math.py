@@ -58,6 +58,7 @@ def test_the_planner_falls_back_to_overlapped_heads_where_a_tile_does_not_fit() 
 def test_a_spec_without_heads_keeps_the_per_head_schedule() -> None:
     """add_rmsnorm ([T, H], lifted to one head) has no per-tile chain: its model never plans a tile level."""
     module = load_module(ROOT / "generated" / "add_rmsnorm" / "kernel.py", target="trn2")
-    assert module._MODEL.tile_heads == 0 and not hasattr(module, "_row_math")
+    assert module._MODEL.tile_heads == 0
+    assert not hasattr(module, "_row_math") and not hasattr(module, "_tile_passes")
     budget = module._SBUF_BUDGET["trn2"]
     assert module._choose_rows(module._MODEL, 4096, 1, budget)[2] == module._HEADS

@@ -7,9 +7,10 @@ the end of its passes) and runs once per token tile for columns `c0:c1` = all he
 becomes the same step on G columns at the same cost, except where an operand must be a `[P, 1]` column (an
 activation's scale or bias, a tensor_scalar operand, a constant column in a two-tensor step), which stays
 one step per column, as do the diagonals of a PE-formed output (one `[P, P]` stationary per head, kept in
-a list per tile). The epilogue then reads column h and diagonal h. The kernel calls the chain per head for
-`c0:c1 = h:h + 1` where it cannot wait for the tile's last head (its last tile, or no SBUF for the pending
-heads), so one helper serves both (docs/performance.md, "The per-tile `[P, HC]` chain").
+a list per tile). The epilogue then reads column h and diagonal h. Where a tile cannot wait for its last head
+(the kernel's last tile, or no SBUF for the pending heads) the kernel runs the per-head lowering unchanged:
+on shared `[P, HC]` tiles each head's chain would wait for the next head's writes (the cost model orders
+every access to one tile). docs/performance.md, second pass, step 12.
 """
 
 from __future__ import annotations
@@ -40,9 +41,9 @@ class Names:
 
 
 def tiled(low: RowReduceLowering, heads: str) -> RowReduceLowering:
-    """`low` with its per-row prefix run once per token tile on `[P, heads]` columns, or `low` unchanged
-    where the prefix reads a per-head value other than an accumulator (a hoisted pass value, a column
-    load), which the per-tile chain would not have."""
+    """`low`'s per-tile variant: its per-row prefix run once per token tile on `[P, heads]` columns; or `low`
+    itself where the prefix reads a per-head value other than an accumulator (a hoisted pass value, a
+    column load), which the per-tile chain would not have."""
     if low.streamed or not low.epi_columns:
         return low
     names = _names(low.epi_columns)
