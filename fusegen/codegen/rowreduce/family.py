@@ -121,11 +121,11 @@ class RowReduceFamily:
                         default_target=target, default_lnc=lnc)  # fmt: skip
         staging = [c.staging for c in low.required_columns + low.optional_columns]
         varying = ("prepared", *(ld.tile for ld in low.passes.shared_loads), *staging)
-        helpers = head_helpers(low, varying, render(PROLOGUE, **prologue))
-        per_tile = [line.split(" = ")[0] for line in tile.tile_allocs] if tile else []  # like the staging
         module = render(PROLOGUE, **prologue)
+        helpers = head_helpers(low, varying, module)
+        per_tile = [line.split(" = ")[0] for line in tile.tile_allocs] if tile else []  # like the staging
         tile_helpers = head_helpers(tile, (*varying, *per_tile), module) if tile else None
-        stream_helpers = head_helpers(streamed, ("prepared", *staging), render(PROLOGUE, **prologue))
+        stream_helpers = head_helpers(streamed, ("prepared", *staging), module)
         return render(
             TEMPLATE, **prologue,
             header=header(ir, TEMPLATE), name=ir.name, doc=kernel_doc(ir), helpers=helpers,
