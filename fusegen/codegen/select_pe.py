@@ -21,6 +21,7 @@ kernel: `HB` or the width is known then); a wider one takes the SBUF form in the
 
 from __future__ import annotations
 
+import re
 from typing import TYPE_CHECKING
 
 from fusegen.codegen.select_tables import NL_DTYPE
@@ -168,9 +169,8 @@ def _formed_in_psum(sel: Selector, x: Operand, g: Operand, v: Operand, dtype: st
     for i, (stationary, row) in enumerate(terms):
         sel.raw(f"    nisa.nc_matmul(dst={acc}[0:{part}, 0:qw], stationary={stationary}, "
                 f"moving={_sub(row.code)}, accumulate={i > 0})", "tile", "pe")  # fmt: skip
-    # the eviction on the Vector engine: a share of them on the Scalar engine was slower in every split
-    # measured (engram_gate, docs/performance.md): its queue also holds the passes' reductions and the
-    # per-row chain the eviction would wait behind
+    # the eviction on the Vector engine (a share on the Scalar engine only with the per-tile chain, which
+    # frees it: `scalar_share`; per head it was slower in every split measured, docs/performance.md)
     sel.raw(f"    nisa.tensor_copy(dst={_sub(dst.code)}, src={acc}[0:{part}, 0:qw])", "tile", "dve")
     if sel.load is not None:
         sel.load.add("dve", 1)
@@ -246,3 +246,25 @@ def _identity(sel: Selector, dtype: str) -> str:
     ]
     sel.constants.extend(line for line in lines if line not in sel.constants)
     return name
+
+
+_EVICTION = re.compile(r"^(\s*)nisa\.tensor_copy\(dst=(.*), src=(\w+_acc\[.*\])\)$")
+_CHUNKS = re.compile(r"^\s*for q0 in range\(0, (.*), _F_MOV\):$")
+
+
+def scalar_share(lines: tuple[str, ...], when: str) -> tuple[str, ...]:
+    """`lines` with the last 512-column chunk of each PE-formed output evicted by the Scalar engine where
+    `when` holds (trace-time), after the Vector engine's chunks: its write then waits for none of theirs
+    and its store for little (the per-tile chain leaves the Scalar engine that time, docs/performance.md)."""
+    out, width = [], ""
+    for line in lines:
+        chunks, eviction = _CHUNKS.match(line), _EVICTION.match(line)
+        width = chunks.group(1) if chunks else width
+        if eviction is None:
+            out.append(line)
+            continue
+        pad, dst, src = eviction.groups()
+        out += [f"{pad}if {when} and q0 + qw == {width}:",
+                f"{pad}    nisa.activation(dst={dst}, op=nl.copy, data={src})",
+                f"{pad}else:", f"{pad}    {line.strip()}"]  # fmt: skip
+    return tuple(out)

@@ -37,6 +37,7 @@ class _RowModel(NamedTuple):
     stream_epilogue: int = 0  # temporaries of the chunked epilogue of a streamed plan, per chunk column
     launch_tiles: int = 0  # bytes of launch-wide tiles independent of width and heads (the PE identity)
     diagonals: int = 0  # bytes of [P, P] PE stationaries per head, built with the per-row math (whole rows)
+    tile_heads: int = 0  # 1: per-row math once per token tile, its heads holding their rows until then
 
 
 class _Buffer(NamedTuple):
@@ -62,14 +63,22 @@ def _held_heads(heads: int, resident: bool) -> int:
     return heads if resident else 1
 
 
-def _buffers(m: _RowModel, width: int, heads: int, hb: int, resident: bool = True, overlap: bool = True,
+#: `overlap` levels: each head's epilogue at once; after the next head's passes; a token tile's heads
+#: pending until the per-row math after its last head (RowModel.tile_heads), their epilogues two heads later
+_SERIAL = 0
+_HEADS = 1
+_TILE = 2
+
+
+def _buffers(m: _RowModel, width: int, heads: int, hb: int, resident: bool = True, overlap: int = _HEADS,
             streamed: bool = False) -> list[_Buffer]:  # fmt: skip
     """The kernel's SBUF buffers at width `width`, `heads` heads and reduction chunk `hb` columns (overlap:
-    the next head's loads and passes run before this head's full-width epilogue; streamed: rows are read
-    from HBM chunk by chunk in every pass and the epilogue; only the weights stay width-long)."""
+    a level above; streamed: rows are read from HBM chunk by chunk in every pass and the epilogue; only the
+    weights stay width-long)."""
     kept = "resident for the launch" if resident else "rebuilt per token tile and head"
-    # rebuilt weights overlapped: the pending head keeps its own until its epilogue has run
-    rebuilt = 2 if overlap and not resident and not streamed else 1
+    tiled = m.tile_heads if overlap == _TILE else 0
+    # rebuilt weights overlapped: each pending head keeps its own until its epilogue has run
+    rebuilt = 2 + tiled * heads if overlap and not resident and not streamed else 1
     weights = _Buffer(
         f"prepared weights (fp32, {kept})", m.resident_per_head * _held_heads(heads, resident) * width, rebuilt
     )
@@ -87,15 +96,18 @@ def _buffers(m: _RowModel, width: int, heads: int, hb: int, resident: bool = Tru
     return [
         *fixed,
         weights,
-        _Buffer("row inputs of one token tile and head", m.row_inputs * width, m.row_copies if overlap else 1),
+        # per-tile math: a tile's heads keep their rows until the chain after its last head, and two tiles'
+        # diagonals are alive (the next tile's are built before this tile's last epilogue)
+        _Buffer("row inputs of one token tile and head", m.row_inputs * width,
+               m.row_copies + tiled * heads if overlap else 1),
         # overlapped: a head's output tiles wait for their stores until the next-but-one head's loads queue
         _Buffer("epilogue tiles", m.epilogue * width, 2 if overlap else 1),
         _Buffer("reduction chunk temporaries", m.chunk * hb, 1),
-        _Buffer("per-row columns and output staging", (m.columns + m.diagonals) * heads, 1),
+        _Buffer("per-row columns and output staging", (m.columns + m.diagonals * (1 + tiled)) * heads, 1),
     ]
 
 
-def _sbuf_bytes(m: _RowModel, width: int, heads: int, hb: int, resident: bool = True, overlap: bool = True,
+def _sbuf_bytes(m: _RowModel, width: int, heads: int, hb: int, resident: bool = True, overlap: int = _HEADS,
                streamed: bool = False) -> int:  # fmt: skip
     """Peak SBUF bytes per partition: the main loop, or the prep step if that is larger."""
     main = sum(b.bytes * b.copies for b in _buffers(m, width, heads, hb, resident, overlap, streamed))
@@ -103,9 +115,10 @@ def _sbuf_bytes(m: _RowModel, width: int, heads: int, hb: int, resident: bool = 
     return max(main, prep)
 
 
-def _overlaps(m: _RowModel, width: int, heads: int, hb: int, resident: bool, budget: int) -> bool:
-    """Whether the plan (hb, resident) leaves room for two heads' row inputs at once."""
-    return _sbuf_bytes(m, width, heads, hb, resident, True) <= budget
+def _overlaps(m: _RowModel, width: int, heads: int, hb: int, resident: bool, budget: int) -> int:
+    """The deepest overlap level whose row inputs the plan (hb, resident) leaves room for."""
+    levels = (_TILE, _HEADS) if m.tile_heads else (_HEADS,)
+    return next((lv for lv in levels if _sbuf_bytes(m, width, heads, hb, resident, lv) <= budget), _SERIAL)
 
 
 def _choose(m: _RowModel, width: int, heads: int, budget: int) -> tuple[int, bool]:
@@ -113,20 +126,20 @@ def _choose(m: _RowModel, width: int, heads: int, budget: int) -> tuple[int, boo
     weights re-read once per 128 tokens), with heads overlapped if that fits too; then the fewest reduction
     chunks, each the narrowest multiple of 128 for that count."""
     for resident in (True, False):
-        for overlap in (True, False):
+        for overlap in (_HEADS, _SERIAL):
             fixed = _sbuf_bytes(m, width, heads, 0, resident, overlap)
             room = (budget - fixed) // m.chunk if m.chunk else width
             widest = min(_cdiv(width, _P) * _P, room // _P * _P)
             if widest >= _P and _sbuf_bytes(m, width, heads, _P, resident, overlap) <= budget:
                 return _cdiv(_cdiv(width, _cdiv(width, widest)), _P) * _P, resident
-    need = _sbuf_bytes(m, width, heads, _P, False, False)
+    need = _sbuf_bytes(m, width, heads, _P, False, _SERIAL)
     raise ValueError(
         f"no tile plan fits: width {width} with {heads} heads needs {need} B/partition of SBUF "
         f"even with 128-column chunks and one head's weights at a time; the budget is {budget} B"
     )
 
 
-def _choose_rows(m: _RowModel, width: int, heads: int, budget: int) -> tuple[int, bool, bool, bool]:
+def _choose_rows(m: _RowModel, width: int, heads: int, budget: int) -> tuple[int, bool, int, bool]:
     """(HB, resident, overlap, streamed): whole rows kept in SBUF (`choose`) when they fit, as their inputs
     then cross HBM once; else rows streamed from HBM in the widest chunks that fit, once per reduction pass
     and once more for the epilogue."""
@@ -137,18 +150,18 @@ def _choose_rows(m: _RowModel, width: int, heads: int, budget: int) -> tuple[int
         pass
     per_column = m.row_inputs + m.stream_epilogue + m.chunk
     for resident in (True, False):
-        room = budget - _sbuf_bytes(m, width, heads, 0, resident, False, True)
+        room = budget - _sbuf_bytes(m, width, heads, 0, resident, _SERIAL, True)
         widest = min(_cdiv(width, _P) * _P, room // per_column // _P * _P)
-        if widest >= _P and _sbuf_bytes(m, width, heads, _P, resident, False, True) <= budget:
-            return _cdiv(_cdiv(width, _cdiv(width, widest)), _P) * _P, resident, False, True
-    need = _sbuf_bytes(m, width, heads, _P, False, False, True)
+        if widest >= _P and _sbuf_bytes(m, width, heads, _P, resident, _SERIAL, True) <= budget:
+            return _cdiv(_cdiv(width, _cdiv(width, widest)), _P) * _P, resident, _SERIAL, True
+    need = _sbuf_bytes(m, width, heads, _P, False, _SERIAL, True)
     raise ValueError(
         f"no tile plan fits: width {width} with {heads} heads needs {need} B/partition of SBUF "
         f"even with rows streamed from HBM in 128-column chunks and one head's weights at a time "
         f"(the prepared weights stay width-long); the budget is {budget} B"
     )
 
-_MODEL = _RowModel(resident_per_head=4, prep_scratch=0, row_inputs=4, epilogue=8, chunk=8, columns=40, row_copies=2, stream_epilogue=8, launch_tiles=768, diagonals=0)
+_MODEL = _RowModel(resident_per_head=4, prep_scratch=0, row_inputs=4, epilogue=8, chunk=8, columns=40, row_copies=2, stream_epilogue=8, launch_tiles=768, diagonals=0, tile_heads=0)
 
 
 def _prepare_weights(h, w_hbm):
@@ -284,7 +297,8 @@ def add_rmsnorm_kernel(x_hbm, r_hbm, w_hbm, eps_arg, HB, resident, overlap, stre
     """One core's share of token tiles (128 tokens on partitions); heads looped; width reduced in chunks of HB.
 
     resident: the prepared weights are built once and kept for the launch (else per token tile and head).
-    overlap: a head's full-width epilogue runs after the next head's passes (two heads' row inputs in SBUF).
+    overlap: a head's full-width epilogue runs after the next head's passes (two heads' row inputs in SBUF);
+    _TILE: a token tile's heads wait for its per-row math, once after its last head, where a kernel has one.
     streamed: rows too wide for SBUF are read from HBM chunk by chunk in each pass and again in the epilogue.
     head_passes / head_epilogue are inlined when NKI traces the kernel: the pipelining is straight-line code.
     """

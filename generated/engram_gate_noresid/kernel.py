@@ -37,6 +37,7 @@ class _RowModel(NamedTuple):
     stream_epilogue: int = 0  # temporaries of the chunked epilogue of a streamed plan, per chunk column
     launch_tiles: int = 0  # bytes of launch-wide tiles independent of width and heads (the PE identity)
     diagonals: int = 0  # bytes of [P, P] PE stationaries per head, built with the per-row math (whole rows)
+    tile_heads: int = 0  # 1: per-row math once per token tile, its heads holding their rows until then
 
 
 class _Buffer(NamedTuple):
@@ -62,14 +63,22 @@ def _held_heads(heads: int, resident: bool) -> int:
     return heads if resident else 1
 
 
-def _buffers(m: _RowModel, width: int, heads: int, hb: int, resident: bool = True, overlap: bool = True,
+#: `overlap` levels: each head's epilogue at once; after the next head's passes; a token tile's heads
+#: pending until the per-row math after its last head (RowModel.tile_heads), their epilogues two heads later
+_SERIAL = 0
+_HEADS = 1
+_TILE = 2
+
+
+def _buffers(m: _RowModel, width: int, heads: int, hb: int, resident: bool = True, overlap: int = _HEADS,
             streamed: bool = False) -> list[_Buffer]:  # fmt: skip
     """The kernel's SBUF buffers at width `width`, `heads` heads and reduction chunk `hb` columns (overlap:
-    the next head's loads and passes run before this head's full-width epilogue; streamed: rows are read
-    from HBM chunk by chunk in every pass and the epilogue; only the weights stay width-long)."""
+    a level above; streamed: rows are read from HBM chunk by chunk in every pass and the epilogue; only the
+    weights stay width-long)."""
     kept = "resident for the launch" if resident else "rebuilt per token tile and head"
-    # rebuilt weights overlapped: the pending head keeps its own until its epilogue has run
-    rebuilt = 2 if overlap and not resident and not streamed else 1
+    tiled = m.tile_heads if overlap == _TILE else 0
+    # rebuilt weights overlapped: each pending head keeps its own until its epilogue has run
+    rebuilt = 2 + tiled * heads if overlap and not resident and not streamed else 1
     weights = _Buffer(
         f"prepared weights (fp32, {kept})", m.resident_per_head * _held_heads(heads, resident) * width, rebuilt
     )
@@ -87,15 +96,18 @@ def _buffers(m: _RowModel, width: int, heads: int, hb: int, resident: bool = Tru
     return [
         *fixed,
         weights,
-        _Buffer("row inputs of one token tile and head", m.row_inputs * width, m.row_copies if overlap else 1),
+        # per-tile math: a tile's heads keep their rows until the chain after its last head, and two tiles'
+        # diagonals are alive (the next tile's are built before this tile's last epilogue)
+        _Buffer("row inputs of one token tile and head", m.row_inputs * width,
+               m.row_copies + tiled * heads if overlap else 1),
         # overlapped: a head's output tiles wait for their stores until the next-but-one head's loads queue
         _Buffer("epilogue tiles", m.epilogue * width, 2 if overlap else 1),
         _Buffer("reduction chunk temporaries", m.chunk * hb, 1),
-        _Buffer("per-row columns and output staging", (m.columns + m.diagonals) * heads, 1),
+        _Buffer("per-row columns and output staging", (m.columns + m.diagonals * (1 + tiled)) * heads, 1),
     ]
 
 
-def _sbuf_bytes(m: _RowModel, width: int, heads: int, hb: int, resident: bool = True, overlap: bool = True,
+def _sbuf_bytes(m: _RowModel, width: int, heads: int, hb: int, resident: bool = True, overlap: int = _HEADS,
                streamed: bool = False) -> int:  # fmt: skip
     """Peak SBUF bytes per partition: the main loop, or the prep step if that is larger."""
     main = sum(b.bytes * b.copies for b in _buffers(m, width, heads, hb, resident, overlap, streamed))
@@ -103,9 +115,10 @@ def _sbuf_bytes(m: _RowModel, width: int, heads: int, hb: int, resident: bool = 
     return max(main, prep)
 
 
-def _overlaps(m: _RowModel, width: int, heads: int, hb: int, resident: bool, budget: int) -> bool:
-    """Whether the plan (hb, resident) leaves room for two heads' row inputs at once."""
-    return _sbuf_bytes(m, width, heads, hb, resident, True) <= budget
+def _overlaps(m: _RowModel, width: int, heads: int, hb: int, resident: bool, budget: int) -> int:
+    """The deepest overlap level whose row inputs the plan (hb, resident) leaves room for."""
+    levels = (_TILE, _HEADS) if m.tile_heads else (_HEADS,)
+    return next((lv for lv in levels if _sbuf_bytes(m, width, heads, hb, resident, lv) <= budget), _SERIAL)
 
 
 def _choose(m: _RowModel, width: int, heads: int, budget: int) -> tuple[int, bool]:
@@ -113,20 +126,20 @@ def _choose(m: _RowModel, width: int, heads: int, budget: int) -> tuple[int, boo
     weights re-read once per 128 tokens), with heads overlapped if that fits too; then the fewest reduction
     chunks, each the narrowest multiple of 128 for that count."""
     for resident in (True, False):
-        for overlap in (True, False):
+        for overlap in (_HEADS, _SERIAL):
             fixed = _sbuf_bytes(m, width, heads, 0, resident, overlap)
             room = (budget - fixed) // m.chunk if m.chunk else width
             widest = min(_cdiv(width, _P) * _P, room // _P * _P)
             if widest >= _P and _sbuf_bytes(m, width, heads, _P, resident, overlap) <= budget:
                 return _cdiv(_cdiv(width, _cdiv(width, widest)), _P) * _P, resident
-    need = _sbuf_bytes(m, width, heads, _P, False, False)
+    need = _sbuf_bytes(m, width, heads, _P, False, _SERIAL)
     raise ValueError(
         f"no tile plan fits: width {width} with {heads} heads needs {need} B/partition of SBUF "
         f"even with 128-column chunks and one head's weights at a time; the budget is {budget} B"
     )
 
 
-def _choose_rows(m: _RowModel, width: int, heads: int, budget: int) -> tuple[int, bool, bool, bool]:
+def _choose_rows(m: _RowModel, width: int, heads: int, budget: int) -> tuple[int, bool, int, bool]:
     """(HB, resident, overlap, streamed): whole rows kept in SBUF (`choose`) when they fit, as their inputs
     then cross HBM once; else rows streamed from HBM in the widest chunks that fit, once per reduction pass
     and once more for the epilogue."""
@@ -137,18 +150,18 @@ def _choose_rows(m: _RowModel, width: int, heads: int, budget: int) -> tuple[int
         pass
     per_column = m.row_inputs + m.stream_epilogue + m.chunk
     for resident in (True, False):
-        room = budget - _sbuf_bytes(m, width, heads, 0, resident, False, True)
+        room = budget - _sbuf_bytes(m, width, heads, 0, resident, _SERIAL, True)
         widest = min(_cdiv(width, _P) * _P, room // per_column // _P * _P)
-        if widest >= _P and _sbuf_bytes(m, width, heads, _P, resident, False, True) <= budget:
-            return _cdiv(_cdiv(width, _cdiv(width, widest)), _P) * _P, resident, False, True
-    need = _sbuf_bytes(m, width, heads, _P, False, False, True)
+        if widest >= _P and _sbuf_bytes(m, width, heads, _P, resident, _SERIAL, True) <= budget:
+            return _cdiv(_cdiv(width, _cdiv(width, widest)), _P) * _P, resident, _SERIAL, True
+    need = _sbuf_bytes(m, width, heads, _P, False, _SERIAL, True)
     raise ValueError(
         f"no tile plan fits: width {width} with {heads} heads needs {need} B/partition of SBUF "
         f"even with rows streamed from HBM in 128-column chunks and one head's weights at a time "
         f"(the prepared weights stay width-long); the budget is {budget} B"
     )
 
-_MODEL = _RowModel(resident_per_head=4, prep_scratch=0, row_inputs=6, epilogue=2, chunk=20, columns=100, row_copies=2, stream_epilogue=2, launch_tiles=768, diagonals=0)
+_MODEL = _RowModel(resident_per_head=4, prep_scratch=0, row_inputs=6, epilogue=2, chunk=20, columns=100, row_copies=2, stream_epilogue=2, launch_tiles=768, diagonals=0, tile_heads=1)
 
 
 def _prepare_weights(h, w_h_hbm, w_e_hbm):
@@ -275,6 +288,97 @@ def _head_epilogue(head, d_H, d_HC, dot_hbm, gate_hbm, out_hbm, rstd_k_hbm, rstd
     return stores
 
 
+def _tile_passes(t0, pt, h, HB, acc13_t, acc19_t, acc9_t, d_H, dot_sv, e0, e2, e9, gate_sv, kv_hbm, pe_identity, prepared, rstd_k_sv, rstd_x_sv, v_ld, x_hbm):
+    """head_passes of a token tile whose per-row math runs once for all its heads: the head's sums into its
+    column of the tile's statistics."""
+    x_ld = nl.ndarray((_P, d_H), dtype=nl.bfloat16, buffer=nl.sbuf)
+    nisa.dma_copy(dst=x_ld[0:pt, 0:d_H], src=x_hbm[t0:t0 + pt, h, 0:d_H])
+    k_ld = nl.ndarray((_P, d_H), dtype=nl.bfloat16, buffer=nl.sbuf)
+    nisa.dma_copy(dst=k_ld[0:pt, 0:d_H], src=kv_hbm[t0:t0 + pt, h, 0:d_H])
+    # reduction pass 1: partial results per chunk, folded into [_P, 1] accumulators
+    for c in range(_cdiv(d_H, HB)):
+        c0 = c * HB
+        hw = min(HB, d_H - c0)
+        r0_0 = nl.ndarray((_P, HB), dtype=nl.float32, buffer=nl.sbuf)
+        r0_1 = nl.ndarray((_P, 1), dtype=nl.float32, buffer=nl.sbuf)
+        nisa.activation_reduce(dst=r0_0[0:pt, 0:hw], op=nl.square, data=x_ld[0:pt, c0:c0 + hw], reduce_op=nl.add, reduce_res=r0_1[0:pt, 0:1])
+        r0_2 = nl.ndarray((_P, HB), dtype=nl.float32, buffer=nl.sbuf)
+        r0_3 = nl.ndarray((_P, 1), dtype=nl.float32, buffer=nl.sbuf)
+        nisa.activation_reduce(dst=r0_2[0:pt, 0:hw], op=nl.square, data=k_ld[0:pt, c0:c0 + hw], reduce_op=nl.add, reduce_res=r0_3[0:pt, 0:1])
+        r0_4 = nl.ndarray((_P, HB), dtype=nl.float32, buffer=nl.psum if HB <= nl.tile_size.psum_bank_fmax * nl.tile_size.psum_num_banks else nl.sbuf)
+        if HB <= nl.tile_size.psum_bank_fmax * nl.tile_size.psum_num_banks:
+            for q0 in range(0, hw, _F_MOV):
+                qw = min(_F_MOV, hw - q0)
+                nisa.nc_matmul(dst=r0_4[0:pt, q0:q0 + qw], stationary=pe_identity[0:pt, 0:pt], moving=x_ld[0:pt, c0 + q0:c0 + q0 + qw], accumulate=False)
+            nisa.tensor_tensor(dst=r0_4[0:pt, 0:hw], data1=r0_4[0:pt, 0:hw], data2=k_ld[0:pt, c0:c0 + hw], op=nl.multiply)
+        else:
+            nisa.tensor_tensor(dst=r0_4[0:pt, 0:hw], data1=x_ld[0:pt, c0:c0 + hw], data2=k_ld[0:pt, c0:c0 + hw], op=nl.multiply)
+        r0_5 = nl.ndarray((_P, HB), dtype=nl.float32, buffer=nl.sbuf)
+        nisa.tensor_tensor(dst=r0_5[0:pt, 0:hw], data1=r0_4[0:pt, 0:hw], data2=prepared[0][0:pt, c0:c0 + hw], op=nl.multiply)
+        r0_6 = nl.ndarray((_P, HB), dtype=nl.float32, buffer=nl.sbuf)
+        r0_7 = nl.ndarray((_P, 1), dtype=nl.float32, buffer=nl.sbuf)
+        nisa.activation_reduce(dst=r0_6[0:pt, 0:hw], op=nl.copy, data=r0_5[0:pt, 0:hw], reduce_op=nl.add, reduce_res=r0_7[0:pt, 0:1])
+        if c == 0:
+            acc9 = r0_1
+        else:
+            nisa.tensor_tensor(dst=acc9[0:pt, 0:1], data1=acc9[0:pt, 0:1], data2=r0_1[0:pt, 0:1], op=nl.add, engine=nisa.engine.gpsimd)
+        if c == 0:
+            acc13 = r0_3
+        else:
+            nisa.tensor_tensor(dst=acc13[0:pt, 0:1], data1=acc13[0:pt, 0:1], data2=r0_3[0:pt, 0:1], op=nl.add, engine=nisa.engine.gpsimd)
+        if c == 0:
+            acc19 = r0_7
+        else:
+            nisa.tensor_tensor(dst=acc19[0:pt, 0:1], data1=acc19[0:pt, 0:1], data2=r0_7[0:pt, 0:1], op=nl.add, engine=nisa.engine.gpsimd)
+    # the accumulators into column h of the tile's statistics: _row_math runs the per-row math on them
+    nisa.tensor_copy(dst=acc13_t[0:pt, h:h + 1], src=acc13[0:pt, 0:1], engine=nisa.engine.gpsimd)
+    nisa.tensor_copy(dst=acc19_t[0:pt, h:h + 1], src=acc19[0:pt, 0:1], engine=nisa.engine.gpsimd)
+    nisa.tensor_copy(dst=acc9_t[0:pt, h:h + 1], src=acc9[0:pt, 0:1], engine=nisa.engine.gpsimd)
+    return (t0, pt, h, acc19, dot_sv, e0, e2, e9, gate_sv, rstd_k_sv, rstd_x_sv, v_ld)
+
+
+def _row_math(pt, c0, c1, acc13_t, acc19_t, acc9_t, clamp_arg, d_H, e0, e1, e2, e3, e4, e5, e6, e7, e8, e9, ec0, ec1, ec2):
+    """Per-row math of the token tile's heads c0:c1 into its [P, heads] columns and per-head diagonals
+    (fusegen/codegen/rowreduce/tile_math.py)."""
+    nisa.activation(dst=e0[0:pt, c0:c1], op=nl.rsqrt, data=acc9_t[0:pt, c0:c1], bias=ec0[0:pt, 0:1], scale=(1.0 / float(d_H)))
+    for j in range(c0, c1):
+        nisa.activation(dst=e1[0:pt, j:j + 1], op=nl.copy, data=e0[0:pt, j:j + 1], scale=acc19_t[0:pt, j:j + 1])
+    nisa.activation(dst=e2[0:pt, c0:c1], op=nl.rsqrt, data=acc13_t[0:pt, c0:c1], bias=ec0[0:pt, 0:1], scale=(1.0 / float(d_H)))
+    for j in range(c0, c1):
+        nisa.activation(dst=e3[0:pt, j:j + 1], op=nl.copy, data=e1[0:pt, j:j + 1], scale=e2[0:pt, j:j + 1])
+    nisa.activation(dst=e4[0:pt, c0:c1], op=nl.abs, data=e3[0:pt, c0:c1], scale=(float(d_H) ** -0.5))
+    if clamp_arg >= 0.0:
+        nisa.activation(dst=e6[0:pt, c0:c1], op=nl.relu, data=e4[0:pt, c0:c1], bias=ec1[0:pt, 0:1])
+        nisa.activation(dst=e5[0:pt, c0:c1], op=nl.copy, data=e6[0:pt, c0:c1], bias=ec2[0:pt, 0:1])
+    else:
+        nisa.tensor_scalar(dst=e5[0:pt, c0:c1], data=e4[0:pt, c0:c1], op0=nl.maximum, operand0=clamp_arg)
+    nisa.activation(dst=e7[0:pt, c0:c1], op=nl.sqrt, data=e5[0:pt, c0:c1])
+    nisa.activation(dst=e8[0:pt, c0:c1], op=nl.sign, data=e3[0:pt, c0:c1], scale=(float(d_H) ** -0.5))
+    for j in range(c0, c1):
+        nisa.activation(dst=e9[0:pt, j:j + 1], op=nl.sigmoid, data=e8[0:pt, j:j + 1], scale=e7[0:pt, j:j + 1])
+
+
+def _tile_epilogue(head, d_H, d_HC, dot_hbm, gate_hbm, out_hbm, rstd_k_hbm, rstd_x_hbm, save):
+    """head_epilogue of a head of such a tile: it reads its column of the tile's per-row math."""
+    t0, pt, h, acc19, dot_sv, e0, e2, e9, gate_sv, rstd_k_sv, rstd_x_sv, v_ld = head
+    stores = []
+    e10 = nl.ndarray((_P, d_H), dtype=nl.bfloat16, buffer=nl.sbuf)
+    nisa.tensor_scalar(dst=e10[0:pt, 0:d_H], data=v_ld[0:pt, 0:d_H], op0=nl.multiply, operand0=e9[0:pt, h:h + 1])
+    stores.append((out_hbm[t0:t0 + pt, h, 0:d_H], e10[0:pt, 0:d_H]))
+    if save:
+        nisa.tensor_copy(dst=dot_sv[0:pt, h:h + 1], src=acc19[0:pt, 0:1], engine=nisa.engine.gpsimd)
+        nisa.tensor_copy(dst=gate_sv[0:pt, h:h + 1], src=e9[0:pt, h:h + 1], engine=nisa.engine.gpsimd)
+        nisa.tensor_copy(dst=rstd_x_sv[0:pt, h:h + 1], src=e0[0:pt, h:h + 1], engine=nisa.engine.gpsimd)
+        nisa.tensor_copy(dst=rstd_k_sv[0:pt, h:h + 1], src=e2[0:pt, h:h + 1], engine=nisa.engine.gpsimd)
+    if h == d_HC - 1:
+        if save:
+            stores.append((dot_hbm[t0:t0 + pt, 0:d_HC], dot_sv[0:pt, 0:d_HC]))
+            stores.append((gate_hbm[t0:t0 + pt, 0:d_HC], gate_sv[0:pt, 0:d_HC]))
+            stores.append((rstd_x_hbm[t0:t0 + pt, 0:d_HC], rstd_x_sv[0:pt, 0:d_HC]))
+            stores.append((rstd_k_hbm[t0:t0 + pt, 0:d_HC], rstd_k_sv[0:pt, 0:d_HC]))
+    return stores
+
+
 def _stream_passes(t0, pt, h, HB, clamp_arg, d_H, dot_sv, gate_sv, kv_hbm, prepared, rstd_k_sv, rstd_x_sv, scc0, scc1, scc2, scc3, scc4, x_hbm):
     """head_passes for rows too wide for SBUF: each pass reads its chunks of the row inputs from HBM."""
     # reduction pass 1: partial results per chunk, folded into [_P, 1] accumulators
@@ -381,7 +485,8 @@ def engram_gate_noresid_kernel(x_hbm, kv_hbm, w_h_hbm, w_e_hbm, eps_arg, clamp_a
     """One core's share of token tiles (128 tokens on partitions); heads looped; width reduced in chunks of HB.
 
     resident: the prepared weights are built once and kept for the launch (else per token tile and head).
-    overlap: a head's full-width epilogue runs after the next head's passes (two heads' row inputs in SBUF).
+    overlap: a head's full-width epilogue runs after the next head's passes (two heads' row inputs in SBUF);
+    _TILE: a token tile's heads wait for its per-row math, once after its last head, where a kernel has one.
     streamed: rows too wide for SBUF are read from HBM chunk by chunk in each pass and again in the epilogue.
     head_passes / head_epilogue are inlined when NKI traces the kernel: the pipelining is straight-line code.
     """
@@ -446,19 +551,46 @@ def engram_gate_noresid_kernel(x_hbm, kv_hbm, w_h_hbm, w_e_hbm, eps_arg, clamp_a
             gate_sv = nl.ndarray((_P, d_HC), dtype=nl.float32, buffer=nl.sbuf)
             rstd_x_sv = nl.ndarray((_P, d_HC), dtype=nl.float32, buffer=nl.sbuf)
             rstd_k_sv = nl.ndarray((_P, d_HC), dtype=nl.float32, buffer=nl.sbuf)
+            # the per-row math once for the tile after its last head, whose epilogues then run two heads later
+            # (the chain's latency hidden); per head (the per-head helpers) in the last tile, where nothing
+            # would hide the wait, and where SBUF holds no tile's pending heads (overlap below _TILE)
+            per_head = overlap != _TILE or t0 + _P >= t_end
+            e0 = nl.ndarray((_P, d_HC), dtype=nl.float32, buffer=nl.sbuf)
+            e1 = nl.ndarray((_P, d_HC), dtype=nl.float32, buffer=nl.sbuf)
+            e2 = nl.ndarray((_P, d_HC), dtype=nl.float32, buffer=nl.sbuf)
+            e3 = nl.ndarray((_P, d_HC), dtype=nl.float32, buffer=nl.sbuf)
+            e4 = nl.ndarray((_P, d_HC), dtype=nl.float32, buffer=nl.sbuf)
+            e5 = nl.ndarray((_P, d_HC), dtype=nl.float32, buffer=nl.sbuf)
+            e6 = nl.ndarray((_P, d_HC), dtype=nl.float32, buffer=nl.sbuf)
+            e7 = nl.ndarray((_P, d_HC), dtype=nl.float32, buffer=nl.sbuf)
+            e8 = nl.ndarray((_P, d_HC), dtype=nl.float32, buffer=nl.sbuf)
+            e9 = nl.ndarray((_P, d_HC), dtype=nl.float32, buffer=nl.sbuf)
+            acc13_t = nl.ndarray((_P, d_HC), dtype=nl.float32, buffer=nl.sbuf)
+            acc19_t = nl.ndarray((_P, d_HC), dtype=nl.float32, buffer=nl.sbuf)
+            acc9_t = nl.ndarray((_P, d_HC), dtype=nl.float32, buffer=nl.sbuf)
             for h in range(d_HC):
                 prepared = held[h] if resident else _prepare_weights(h, w_h_hbm, w_e_hbm)
-                head = _head_passes(t0, pt, h, HB, clamp_arg, d_H, dot_sv, ec0, ec1, ec2, gate_sv, kv_hbm, pe_identity, prepared, rstd_k_sv, rstd_x_sv, v_ld, x_hbm)  # ahead of the previous head's epilogue and stores
+                n = (t0 - t_begin) // _P * d_HC + h
+                ready = pending[0:1] if len(pending) > 0 and pending[0][0] <= n else []
+                pending = pending[len(ready):]
+                if per_head:
+                    head = _head_passes(t0, pt, h, HB, clamp_arg, d_H, dot_sv, ec0, ec1, ec2, gate_sv, kv_hbm, pe_identity, prepared, rstd_k_sv, rstd_x_sv, v_ld, x_hbm)
+                else:
+                    head = _tile_passes(t0, pt, h, HB, acc13_t, acc19_t, acc9_t, d_H, dot_sv, e0, e2, e9, gate_sv, kv_hbm, pe_identity, prepared, rstd_k_sv, rstd_x_sv, v_ld, x_hbm)
+                    if h == d_HC - 1:
+                        _row_math(pt, 0, d_HC, acc13_t, acc19_t, acc9_t, clamp_arg, d_H, e0, e1, e2, e3, e4, e5, e6, e7, e8, e9, ec0, ec1, ec2)
                 for dst, src in queued if overlap else stores:
                     nisa.dma_copy(dst=dst, src=src)
                 queued, stores = (stores, []) if overlap else ([], [])
-                for prev in pending:
-                    stores.extend(_head_epilogue(prev, d_H, d_HC, dot_hbm, gate_hbm, out_hbm, rstd_k_hbm, rstd_x_hbm, save))
-                pending = [head] if overlap else []
+                pending.append((n + 1 if per_head else n - h + d_HC + 1, per_head, head))
+                for _, by_head, prev in ready:
+                    stores.extend(_head_epilogue(prev, d_H, d_HC, dot_hbm, gate_hbm, out_hbm, rstd_k_hbm, rstd_x_hbm, save) if by_head
+                                  else _tile_epilogue(prev, d_H, d_HC, dot_hbm, gate_hbm, out_hbm, rstd_k_hbm, rstd_x_hbm, save))
                 if not overlap:
-                    stores.extend(_head_epilogue(head, d_H, d_HC, dot_hbm, gate_hbm, out_hbm, rstd_k_hbm, rstd_x_hbm, save))
-        for prev in pending:
-            stores.extend(_head_epilogue(prev, d_H, d_HC, dot_hbm, gate_hbm, out_hbm, rstd_k_hbm, rstd_x_hbm, save))
+                    stores.extend(_head_epilogue(pending.pop()[2], d_H, d_HC, dot_hbm, gate_hbm, out_hbm, rstd_k_hbm, rstd_x_hbm, save))
+        for _, by_head, prev in pending:
+            stores.extend(_head_epilogue(prev, d_H, d_HC, dot_hbm, gate_hbm, out_hbm, rstd_k_hbm, rstd_x_hbm, save) if by_head
+                          else _tile_epilogue(prev, d_H, d_HC, dot_hbm, gate_hbm, out_hbm, rstd_k_hbm, rstd_x_hbm, save))
         for dst, src in queued + stores:
             nisa.dma_copy(dst=dst, src=src)
     if save:

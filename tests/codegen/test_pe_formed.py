@@ -41,6 +41,23 @@ def test_engram_out_is_formed_in_psum_with_its_diagonals_in_the_per_row_prefix()
     assert len(scaled) == G_PARTS and "activation" in passes
 
 
+def test_tiles_of_heads_read_their_diagonals_from_the_per_tile_math() -> None:
+    """Where a token tile's heads run their per-row math once (tile_math.py), the diagonals are built there,
+    one per part of g and head from the head's column, into per-head lists the epilogue indexes; the
+    Scalar engine, freed by that chain, evicts the last 512 columns of the tile's first head."""
+    tree = ast.parse((REPO / "generated" / "engram_gate" / "kernel.py").read_text())
+    body = next(n for n in tree.body if isinstance(n, ast.FunctionDef) and n.name == "_row_math")
+    scaled = [ast.unparse(n) for n in ast.walk(body)
+              if isinstance(n, ast.Call) and "data=pe_identity" in ast.unparse(n)]  # fmt: skip
+    assert len(scaled) == G_PARTS
+    assert all(s.startswith("nisa.activation(") and "j:j + 1]" in s for s in scaled)
+    epilogue = ast.unparse(next(n for n in tree.body if isinstance(n, ast.FunctionDef)
+                                and n.name == "_tile_epilogue"))  # fmt: skip
+    assert epilogue.count("[h][0:pt, 0:pt]") == G_PARTS
+    assert "if h == 0 and q0 + qw == d_H:" in epilogue
+    assert calls("engram_gate", "_tile_epilogue").count("activation") == 1
+
+
 def test_without_a_residual_the_rule_does_not_apply() -> None:
     """engram_gate_noresid's out = g*v has no row to add: it keeps its one-instruction product."""
     assert "nc_matmul" not in calls("engram_gate_noresid", "_head_epilogue")

@@ -1,5 +1,5 @@
 """The per-row chain of the row kernels: how many [P, 1] steps it takes on which engine, and the launch's
-order (docs/performance.md, "Second pass", steps 9-10)."""
+order (docs/performance.md, "Second pass", steps 9-12)."""
 
 from __future__ import annotations
 
@@ -15,13 +15,13 @@ def function(name: str, function: str) -> ast.FunctionDef:
     return next(n for n in tree.body if isinstance(n, ast.FunctionDef) and n.name == function)
 
 
-def column_steps(body: ast.AST) -> list[str]:
-    """The `nisa` calls in `body` writing a [P, 1] column (`dst=...[0:pt, 0:1]`), as source text."""
+def column_steps(body: ast.AST, columns: str = "0:1") -> list[str]:
+    """The `nisa` calls in `body` writing per-row columns (`dst=...[0:pt, <columns>]`), as source text."""
     found = []
     for node in ast.walk(body):
         if isinstance(node, ast.Call) and ast.unparse(node.func).startswith("nisa."):
             dst = next((ast.unparse(k.value) for k in node.keywords if k.arg == "dst"), "")
-            if dst.endswith("[0:pt, 0:1]"):
+            if dst.endswith(f"[0:pt, {columns}]"):
                 found.append(ast.unparse(node))
     return found
 
@@ -46,6 +46,46 @@ def test_engram_chain_is_fourteen_scalar_steps_per_head() -> None:
     assert len(other) == 1 and "op0=nl.maximum" in other[0] and "operand0=clamp_arg" in other[0]
     # the chunk loop only reduces and accumulates: no scaled partial per chunk
     assert all("scale=" not in s for s in column_steps(loop))
+
+
+def test_engram_chain_is_nine_steps_per_tile_and_five_per_head() -> None:
+    """The per-row math of a token tile's heads c0:c1 (all of them: once per tile; one: per head in the
+    last tile), for a clamp >= 0: two rsqrt, abs, relu and its `+ clamp`, sqrt, sign and g's two bf16
+    roundings over the range; the two products, the sigmoid of sign times sqrt and g's two residuals per
+    column, as an activation's scale or bias is one column. 29 Scalar steps per tile of 4 heads, 56 when
+    each head ran its own 14 (tile_math.py). A negative clamp takes one exact Vector maximum instead of
+    relu and `+ clamp`."""
+    math = function("engram_gate", "_row_math")
+    branch = _clamp_branch(math)
+    other = [s for n in branch.orelse for s in column_steps(n, "c0:c1")]
+    over_range = [s for s in column_steps(math, "c0:c1") if s not in other]
+    per_column = column_steps(math, "j:j + 1")
+    assert (len(over_range), len(per_column)) == (9, 5)
+    # all on the Scalar engine: no hand-off
+    assert all(s.startswith("nisa.activation(") for s in over_range + per_column)
+    assert all(any(f"{role}=" in s and "j:j + 1]" in s.split(f"{role}=")[1] for role in ("scale", "bias"))
+               for s in per_column)  # fmt: skip
+    assert len(other) == 1 and "op0=nl.maximum" in other[0] and "operand0=clamp_arg" in other[0]
+    # the passes only reduce, accumulate and hand each head's sums to the tile's columns
+    passes = function("engram_gate", "_tile_passes")
+    loop = next(n for n in passes.body if isinstance(n, ast.For))
+    assert all("scale=" not in s for s in column_steps(loop))
+    assert len(column_steps(passes, "h:h + 1")) == 3 and not column_steps(passes, "c0:c1")
+
+
+def test_engram_kernel_runs_the_chain_per_tile_and_per_head_in_its_last_tile() -> None:
+    """The per-head helpers (the tests above) serve the last tile and plans without room for a tile's
+    heads."""
+    kernel = ast.unparse(function("engram_gate", "engram_gate_kernel"))
+    assert "_row_math(pt, 0, d_HC," in kernel and "head = _head_passes(" in kernel
+    assert "per_head = overlap != _TILE or t0 + _P >= t_end" in kernel
+
+
+def test_any_spec_with_a_heads_axis_batches_its_chain() -> None:
+    """qk_norm (a per-head RMSNorm) takes the same per-tile form: its rsqrt once over the tile's heads."""
+    math = column_steps(function("qk_norm", "_row_math"), "c0:c1")
+    assert len(math) == 1 and "op=nl.rsqrt" in math[0]
+    assert "_row_math(pt, 0, d_NH," in ast.unparse(function("qk_norm", "qk_norm_kernel"))
 
 
 def test_the_mean_scale_rides_in_the_rsqrt_and_the_clamp_is_exact_for_either_sign() -> None:

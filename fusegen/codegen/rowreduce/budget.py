@@ -25,6 +25,7 @@ class RowModel(NamedTuple):
     stream_epilogue: int = 0  # temporaries of the chunked epilogue of a streamed plan, per chunk column
     launch_tiles: int = 0  # bytes of launch-wide tiles independent of width and heads (the PE identity)
     diagonals: int = 0  # bytes of [P, P] PE stationaries per head, built with the per-row math (whole rows)
+    tile_heads: int = 0  # 1: per-row math once per token tile, its heads holding their rows until then
 
 
 class Buffer(NamedTuple):
@@ -50,14 +51,22 @@ def held_heads(heads: int, resident: bool) -> int:
     return heads if resident else 1
 
 
-def buffers(m: RowModel, width: int, heads: int, hb: int, resident: bool = True, overlap: bool = True,
+#: `overlap` levels: each head's epilogue at once; after the next head's passes; a token tile's heads
+#: pending until the per-row math after its last head (RowModel.tile_heads), their epilogues two heads later
+SERIAL = 0
+HEADS = 1
+TILE = 2
+
+
+def buffers(m: RowModel, width: int, heads: int, hb: int, resident: bool = True, overlap: int = HEADS,
             streamed: bool = False) -> list[Buffer]:  # fmt: skip
     """The kernel's SBUF buffers at width `width`, `heads` heads and reduction chunk `hb` columns (overlap:
-    the next head's loads and passes run before this head's full-width epilogue; streamed: rows are read
-    from HBM chunk by chunk in every pass and the epilogue; only the weights stay width-long)."""
+    a level above; streamed: rows are read from HBM chunk by chunk in every pass and the epilogue; only the
+    weights stay width-long)."""
     kept = "resident for the launch" if resident else "rebuilt per token tile and head"
-    # rebuilt weights overlapped: the pending head keeps its own until its epilogue has run
-    rebuilt = 2 if overlap and not resident and not streamed else 1
+    tiled = m.tile_heads if overlap == TILE else 0
+    # rebuilt weights overlapped: each pending head keeps its own until its epilogue has run
+    rebuilt = 2 + tiled * heads if overlap and not resident and not streamed else 1
     weights = Buffer(
         f"prepared weights (fp32, {kept})", m.resident_per_head * held_heads(heads, resident) * width, rebuilt
     )
@@ -75,15 +84,18 @@ def buffers(m: RowModel, width: int, heads: int, hb: int, resident: bool = True,
     return [
         *fixed,
         weights,
-        Buffer("row inputs of one token tile and head", m.row_inputs * width, m.row_copies if overlap else 1),
+        # per-tile math: a tile's heads keep their rows until the chain after its last head, and two tiles'
+        # diagonals are alive (the next tile's are built before this tile's last epilogue)
+        Buffer("row inputs of one token tile and head", m.row_inputs * width,
+               m.row_copies + tiled * heads if overlap else 1),
         # overlapped: a head's output tiles wait for their stores until the next-but-one head's loads queue
         Buffer("epilogue tiles", m.epilogue * width, 2 if overlap else 1),
         Buffer("reduction chunk temporaries", m.chunk * hb, 1),
-        Buffer("per-row columns and output staging", (m.columns + m.diagonals) * heads, 1),
+        Buffer("per-row columns and output staging", (m.columns + m.diagonals * (1 + tiled)) * heads, 1),
     ]
 
 
-def sbuf_bytes(m: RowModel, width: int, heads: int, hb: int, resident: bool = True, overlap: bool = True,
+def sbuf_bytes(m: RowModel, width: int, heads: int, hb: int, resident: bool = True, overlap: int = HEADS,
                streamed: bool = False) -> int:  # fmt: skip
     """Peak SBUF bytes per partition: the main loop, or the prep step if that is larger."""
     main = sum(b.bytes * b.copies for b in buffers(m, width, heads, hb, resident, overlap, streamed))
@@ -91,9 +103,10 @@ def sbuf_bytes(m: RowModel, width: int, heads: int, hb: int, resident: bool = Tr
     return max(main, prep)
 
 
-def overlaps(m: RowModel, width: int, heads: int, hb: int, resident: bool, budget: int) -> bool:
-    """Whether the plan (hb, resident) leaves room for two heads' row inputs at once."""
-    return sbuf_bytes(m, width, heads, hb, resident, True) <= budget
+def overlaps(m: RowModel, width: int, heads: int, hb: int, resident: bool, budget: int) -> int:
+    """The deepest overlap level whose row inputs the plan (hb, resident) leaves room for."""
+    levels = (TILE, HEADS) if m.tile_heads else (HEADS,)
+    return next((lv for lv in levels if sbuf_bytes(m, width, heads, hb, resident, lv) <= budget), SERIAL)
 
 
 def choose(m: RowModel, width: int, heads: int, budget: int) -> tuple[int, bool]:
@@ -101,20 +114,20 @@ def choose(m: RowModel, width: int, heads: int, budget: int) -> tuple[int, bool]
     weights re-read once per 128 tokens), with heads overlapped if that fits too; then the fewest reduction
     chunks, each the narrowest multiple of 128 for that count."""
     for resident in (True, False):
-        for overlap in (True, False):
+        for overlap in (HEADS, SERIAL):
             fixed = sbuf_bytes(m, width, heads, 0, resident, overlap)
             room = (budget - fixed) // m.chunk if m.chunk else width
             widest = min(cdiv(width, P) * P, room // P * P)
             if widest >= P and sbuf_bytes(m, width, heads, P, resident, overlap) <= budget:
                 return cdiv(cdiv(width, cdiv(width, widest)), P) * P, resident
-    need = sbuf_bytes(m, width, heads, P, False, False)
+    need = sbuf_bytes(m, width, heads, P, False, SERIAL)
     raise ValueError(
         f"no tile plan fits: width {width} with {heads} heads needs {need} B/partition of SBUF "
         f"even with 128-column chunks and one head's weights at a time; the budget is {budget} B"
     )
 
 
-def choose_rows(m: RowModel, width: int, heads: int, budget: int) -> tuple[int, bool, bool, bool]:
+def choose_rows(m: RowModel, width: int, heads: int, budget: int) -> tuple[int, bool, int, bool]:
     """(HB, resident, overlap, streamed): whole rows kept in SBUF (`choose`) when they fit, as their inputs
     then cross HBM once; else rows streamed from HBM in the widest chunks that fit, once per reduction pass
     and once more for the epilogue."""
@@ -125,11 +138,11 @@ def choose_rows(m: RowModel, width: int, heads: int, budget: int) -> tuple[int, 
         pass
     per_column = m.row_inputs + m.stream_epilogue + m.chunk
     for resident in (True, False):
-        room = budget - sbuf_bytes(m, width, heads, 0, resident, False, True)
+        room = budget - sbuf_bytes(m, width, heads, 0, resident, SERIAL, True)
         widest = min(cdiv(width, P) * P, room // per_column // P * P)
-        if widest >= P and sbuf_bytes(m, width, heads, P, resident, False, True) <= budget:
-            return cdiv(cdiv(width, cdiv(width, widest)), P) * P, resident, False, True
-    need = sbuf_bytes(m, width, heads, P, False, False, True)
+        if widest >= P and sbuf_bytes(m, width, heads, P, resident, SERIAL, True) <= budget:
+            return cdiv(cdiv(width, cdiv(width, widest)), P) * P, resident, SERIAL, True
+    need = sbuf_bytes(m, width, heads, P, False, SERIAL, True)
     raise ValueError(
         f"no tile plan fits: width {width} with {heads} heads needs {need} B/partition of SBUF "
         f"even with rows streamed from HBM in 128-column chunks and one head's weights at a time "

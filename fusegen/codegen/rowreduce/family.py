@@ -18,6 +18,7 @@ from fusegen.codegen.rowreduce.lower import RowReduceLowering, lower_rowreduce
 from fusegen.codegen.rowreduce.match import RowReduceMatch, match_rowreduce
 from fusegen.codegen.rowreduce.pipeline import head_helpers
 from fusegen.codegen.rowreduce.stream import with_streamed
+from fusegen.codegen.rowreduce.tile_math import tiled
 from fusegen.codegen.select_tables import NL_DTYPE
 from fusegen.codegen.stage import dim_source
 from fusegen.dsl.ir import DTYPE_BYTES, Dim, KernelIR, OutputDecl, Shape
@@ -99,8 +100,8 @@ class RowReduceFamily:
 
     def plans(self, ir: KernelIR, m: RowReduceMatch, target: str, lnc: int) -> list[TilePlan]:
         """One plan per `check` shape."""
-        body, _ = row_body(ir)
-        low, _ = with_streamed(body, m, lower_rowreduce(body, m))
+        body, lifted = row_body(ir)
+        low, _, _ = lowerings(body, m, lifted)
         return [plan_rowreduce(body, m, low, get_target(target), lnc, {**ir.fixed_dims(), **c.env()})
                 for c in ir.checks]  # fmt: skip
 
@@ -112,7 +113,7 @@ class RowReduceFamily:
     def kernel_source(self, ir: KernelIR, m: RowReduceMatch, target: str, lnc: int) -> str:
         """kernel.py: the NKI kernel and its prep kernel, the vendored planner, the host functions."""
         body, lifted = row_body(ir)
-        low, streamed = with_streamed(body, m, lower_rowreduce(body, m))
+        low, tile, streamed = lowerings(body, m, lifted)
         flat = {o.name: o.shape for o in (lifted.flat if lifted else body).outputs}
         host = _host(body, m, lifted, ir)
         prologue = dict(low=low, host=host, model=private_repr(low.model), budget_source=vendored(rb),
@@ -120,12 +121,15 @@ class RowReduceFamily:
                         default_target=target, default_lnc=lnc)  # fmt: skip
         staging = [c.staging for c in low.required_columns + low.optional_columns]
         varying = ("prepared", *(ld.tile for ld in low.passes.shared_loads), *staging)
-        helpers = head_helpers(low, varying, render(PROLOGUE, **prologue))
-        stream_helpers = head_helpers(streamed, ("prepared", *staging), render(PROLOGUE, **prologue))
+        module = render(PROLOGUE, **prologue)
+        helpers = head_helpers(low, varying, module)
+        per_tile = [line.split(" = ")[0] for line in tile.tile_allocs] if tile else []  # like the staging
+        tile_helpers = head_helpers(tile, (*varying, *per_tile), module) if tile else None
+        stream_helpers = head_helpers(streamed, ("prepared", *staging), module)
         return render(
             TEMPLATE, **prologue,
             header=header(ir, TEMPLATE), name=ir.name, doc=kernel_doc(ir), helpers=helpers,
-            stream=streamed, stream_helpers=stream_helpers,
+            stream=streamed, stream_helpers=stream_helpers, tile=tile, tile_helpers=tile_helpers,
             kernel_args=kernel_args(body), door_source=door_source(_signatures(ir, body, m)),
             dim_bindings=[f"d_{d} = {src}" for d, src in dim_bindings(body, kernel_arg)],
             outputs=[(_allocation(o.name, lifted), NL_DTYPE[o.dtype], _shape(flat[o.name]), _guard(o))
@@ -147,6 +151,19 @@ class RowReduceFamily:
 
 
 ROWREDUCE = RowReduceFamily()
+
+
+def lowerings(body: KernelIR, m: RowReduceMatch, lifted: Lifted | None
+              ) -> tuple[RowReduceLowering, RowReduceLowering | None, RowReduceLowering]:  # fmt: skip
+    """(whole-row lowering, its per-tile variant or None, streamed lowering) of `body`, all with one SBUF
+    model: with a heads axis of the spec's own, token tiles whose heads fit SBUF together run their per-row
+    math once (tile_math.py); the others, and the last tile, keep the per-head lowering."""
+    low, streamed = with_streamed(body, m, lower_rowreduce(body, m))
+    tile = tiled(low, dim_source(m.heads)) if lifted is None else low
+    if tile is low:
+        return low, None, streamed
+    model = tile.model
+    return dataclasses.replace(low, model=model), tile, dataclasses.replace(streamed, model=model)
 
 
 def row_body(ir: KernelIR) -> tuple[KernelIR, Lifted | None]:

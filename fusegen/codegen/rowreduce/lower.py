@@ -109,6 +109,11 @@ class RowReduceLowering:
     # the width does (PE-formed outputs, with diagonals: at every width)
     pe_passes: bool = False
     pe_epilogue: bool = False
+    # the Scalar engine is the less loaded: it may take a share of the PE-formed output's evictions
+    scalar_share: bool = False
+    # per-row math once per token tile for all heads (tile_math.py): per-tile allocations, the chain's body
+    tile_allocs: tuple[str, ...] = ()
+    tile_math: tuple[str, ...] = ()
 
 
 def lower_rowreduce(ir: KernelIR, m: RowReduceMatch) -> RowReduceLowering:
@@ -150,7 +155,7 @@ def _lower_rowreduce(ir: KernelIR, m: RowReduceMatch, load: EngineLoad) -> RowRe
         optional_columns=tuple(c for c in col_outs if c.optional), model=model,
         constants=constants, psum_banks=epi.psum_banks,
         pe_passes=any(map(select_pe.identity_line, passes.constants)),
-        pe_epilogue=any(map(select_pe.identity_line, epi.constants)),
+        pe_epilogue=any(map(select_pe.identity_line, epi.constants)), scalar_share=load.scalar_lighter(),
     )  # fmt: skip
 
 

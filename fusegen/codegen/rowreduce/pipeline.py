@@ -36,6 +36,9 @@ class HeadHelpers:
     head: str  # the per-head state `head_passes` returns, e.g. `t0, pt, h, x_ld, e12`
     epilogue_params: str  # `head`, then the launch-wide names the epilogue reads
     epilogue_args: str  # the kernel's call after the head's state: the names it reads
+    math_body: str = ""  # `_row_math`: the per-row math of a tile's heads c0:c1 (tile_math.py), if any
+    math_params: str = ""
+    math_args: str = ""  # the kernel's call after `pt, c0, c1`
 
 
 def head_helpers(low: RowReduceLowering, varying: tuple[str, ...], module_source: str) -> HeadHelpers:
@@ -50,6 +53,8 @@ def head_helpers(low: RowReduceLowering, varying: tuple[str, ...], module_source
     head = list(PER_HEAD) + sorted((epilogue_reads & per_head) - set(PER_HEAD))
     passes_params = _ordered((passes_reads | (set(head) - passes_sets)) - known)
     launch = sorted(epilogue_reads - set(head) - known)
+    math = "\n".join(low.tile_math)
+    math_reads = sorted(_names(math)[0] - {"pt", "c0", "c1"} - known) if math else []
     return HeadHelpers(
         passes_body=passes,
         epilogue_body=epilogue,
@@ -57,6 +62,9 @@ def head_helpers(low: RowReduceLowering, varying: tuple[str, ...], module_source
         head=", ".join(head),
         epilogue_params=", ".join(["head", *launch]),
         epilogue_args=", ".join(launch),
+        math_body=math,
+        math_params=", ".join(["pt", "c0", "c1", *math_reads]),
+        math_args=", ".join(math_reads),
     )
 
 
