@@ -15,7 +15,8 @@ from fusegen.codegen.build import FAMILIES, BuildOptions, build_spec
 from fusegen.codegen.family import Mismatch
 from fusegen.codegen.ffn.family import FFN
 from fusegen.codegen.rewrites import rewrite
-from fusegen.codegen.rowreduce.family import ROWREDUCE, token_bytes
+from fusegen.codegen.rowreduce.family import ROWREDUCE
+from fusegen.codegen.rowreduce.rowplan import token_bytes
 from fusegen.dsl import SpecError, load_spec
 from fusegen.sim import load_module
 
