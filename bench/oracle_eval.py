@@ -3,11 +3,12 @@ evaluate as torch math, in float64 with an error radius, or in float32.
 
 The radius bounds how far a correct f32 kernel may be from the exact value of the spec's math (with its
 casts): every f32 operation rounds (u = 2**-24 of its result; a few u for transcendentals, whose f32
-implementations are not correctly rounded; a sum of n terms n·u of the sum of their magnitudes, in any
-order), a cast to bf16/f16 rounds the kernel's value and the oracle's independently (each half an ulp of
-the cast dtype), and each operation carries its operands' radii through (a function over the interval
-[v - r, v + r], at its ends and inner extrema). So the bound scales with the magnitude of the terms, not of
-the result: cancellation widens it, and an element whose radius is not finite has no answer to check.
+implementations are not correctly rounded; a sum of n terms n·u of the sum of their magnitudes, in any order),
+a cast to bf16/f16 rounds the kernel's value and the oracle's independently (each half an ulp of the cast
+dtype, or half its subnormal step below its smallest normal), and each operation carries its operands' radii
+through (a function over the interval [v - r, v + r], at its ends and inner extrema). So the bound scales with
+the magnitude of the terms, not of the result: cancellation widens it, and an element whose radius is not
+finite has no answer to check.
 """
 
 from __future__ import annotations
@@ -22,6 +23,9 @@ import torch.nn.functional as F
 F32_U = 2.0**-24
 #: unit roundoff (half an ulp, relative) by dtype name
 UNIT = {"bf16": 2.0**-8, "f16": 2.0**-11, "f32": F32_U}
+#: the spacing of a dtype's subnormals: below its smallest normal a rounding errs by up to half of it,
+#: absolute, whatever the value (f16's 2**-24 is 0.01 of a value near 6e-6, not 2**-11)
+SUBNORMAL_STEP = {"bf16": 2.0**-133, "f16": 2.0**-24, "f32": 2.0**-149}
 DTYPES = {"bf16": torch.bfloat16, "f16": torch.float16, "f32": torch.float32}
 #: below the smallest normal f32 an operation may flush to zero: an absolute slack per operation
 F32_TINY = 1.1754944e-38
@@ -201,7 +205,7 @@ class Evaluator:
         out = v.to(DTYPES[dtype]).to(self.dtype)
         if r is None:
             return out, None
-        return self._finish(out, r + UNIT[dtype] * (2 * v.abs() + r) + F32_TINY)
+        return self._finish(out, r + UNIT[dtype] * (2 * v.abs() + r) + SUBNORMAL_STEP[dtype] + F32_TINY)
 
     def where(self, a: Pair, b: Pair, c: Pair, d: Pair) -> Pair:
         """where(a > b, c, d): a comparison its radii cannot settle may take either branch."""

@@ -55,3 +55,23 @@ def test_oracle_flags_a_few_ulps_off_and_excludes_what_f32_cannot_hold() -> None
     wrong, excluded, _ = judge("bf16", got, want, radius, want32)
     assert wrong.tolist() == [False, False, True, False]  # one bf16 ulp is rounding; four are a wrong answer
     assert excluded.tolist() == [False, False, False, True]
+
+
+def test_oracle_lets_a_cast_into_f16_subnormals_round_either_way() -> None:
+    """Below f16's smallest normal a rounding errs by half a subnormal step, absolute (the 2026-12-07 seed-91
+    case: a softmax probability near 5.8e-6 cast to f16 came out one step, 2**-24, from the oracle's)."""
+    import torch
+
+    _oracle_module()
+    from oracle_eval import Evaluator
+
+    step = 2.0**-24
+    tie = 96.5 * step
+    exact = torch.tensor([tie + 1e-12, tie - 1e-12], dtype=torch.float64)  # either side of a tie
+    want, radius = Evaluator({}, torch.float64).cast("f16", (exact, torch.zeros_like(exact)))
+    assert radius is not None and want.tolist() == [97 * step, 96 * step]
+    got = torch.tensor([96 * step, 97 * step])  # the kernel's f32 value fell on the other side of the tie
+    wrong, _, _ = _oracle_module().judge("f32", got, want, radius, want.float())
+    assert wrong.tolist() == [False, False]
+    far = torch.tensor([94 * step, 99 * step])  # two steps past the other side: not rounding
+    assert _oracle_module().judge("f32", far, want, radius, want.float())[0].tolist() == [True, True]
