@@ -17,6 +17,7 @@ that fuses it, which is free: a bias, a scale or a second scalar op costs no ext
                                             (select_folds.py)
 - `recip(t)` (stage.py's form of a divisor) -> nisa.reciprocal (division is no hardware instruction)
 - `pow(t, p)`, p not an integer            -> nisa.tensor_tensor(op=nl.power) on GpSimd, p memset into a tile
+With a `span` (select_span.py) the per-row prefix is emitted once over a token tile's heads.
 Engines come from engines.py: `[P, 1]` work goes to GpSimd only where the documented table allows the
 instruction and op there, and never with a PSUM operand (a column chain of scalar steps is rewritten
 for that by select_columns.py), and full-width work likewise where a stage asks (`tile_engine`: the FFN's
@@ -30,12 +31,15 @@ on the Scalar engine instead of being computed again.
 
 from __future__ import annotations
 
+from collections.abc import Iterator
+from contextlib import contextmanager
 from dataclasses import dataclass, field
 
 from fusegen.codegen import select_alu as alu
 from fusegen.codegen import select_columns as columns
 from fusegen.codegen import select_folds, select_pe
 from fusegen.codegen.engines import GPSIMD, gpsimd_allows
+from fusegen.codegen.select_span import HEAD, RANGE, Span, call_line
 from fusegen.codegen.select_tables import (
     ACTIVATIONS,
     ALU,
@@ -73,6 +77,8 @@ class Selector:
     evict_on_scalar: bool = False  # PSUM operands are copied to SBUF by the Scalar engine, not the Vector
     psum_banks: int = 0  # banks of the PSUM accumulators this stage's PE-formed values rotate through
     into: dict[int, Operand] = field(default_factory=dict)  # id(expr) -> where its value is to be written
+    span: Span | None = None  # the per-row prefix emitted over a token tile's heads (select_span.py)
+    share_when: str = ""  # trace-time condition: the Scalar engine evicts a PE-formed output's last chunk
     lines: list[str] = field(default_factory=list)
     line_kinds: list[str] = field(default_factory=list)  # kind of the tile each line allocates or writes
     line_engines: list[str] = field(default_factory=list)  # "act" | "dve" | "gpsimd"; "" for allocations
@@ -85,6 +91,8 @@ class Selector:
     constant_columns: dict[str, Operand] = field(default_factory=dict)  # by value source (select_columns)
     _memo_neg: dict[tuple[int, str], Expr] = field(default_factory=dict)
     _seen: dict[tuple[str, tuple[int, ...], str], Expr] = field(default_factory=dict)  # (op, args, kind)
+    _depth: int = 0  # trace-time blocks (`if`, `for`) the lines emitted now are inside
+    _units: int = 0  # of which branches that stay one unit of the per-row prefix (their Vector steps in it)
 
     def intern(self, op: str, args: tuple[Expr, ...], kind: str) -> Expr:
         """`op(args)` as an Expr: the one already materialised with the same op and operands, else new."""
@@ -116,9 +124,12 @@ class Selector:
         self.tiles.append((name, kind, dtype))
         self._kinds[name] = kind
         free_alloc, free = ("1", "1") if kind == "vec" else (self.layout.free_alloc, self.layout.free)
-        self.lines.append(f"{name} = nl.ndarray((_P, {free_alloc}), dtype={NL_DTYPE[dtype]}, buffer=nl.sbuf)")
-        self.line_kinds.append(kind)
-        self.line_engines.append("")
+        self._enter(kind, "")
+        if self.span is not None and self.span.open and kind == "vec":
+            self.span.column(name, NL_DTYPE[dtype])  # allocated per token tile, over its heads
+        else:
+            line = f"{name} = nl.ndarray((_P, {free_alloc}), dtype={NL_DTYPE[dtype]}, buffer=nl.sbuf)"
+            self._append([line], kind, "")
         return Operand(kind, f"{name}[0:{self.layout.part}, 0:{free}]", dtype=dtype)
 
     def _dst(self, e: Expr, dtype: str) -> Operand:
@@ -139,13 +150,14 @@ class Selector:
             kwargs["engine"] = GPSIMD  # the only engine with power (engines.py); operands are in SBUF
         elif engine and gpsimd_allows(call, ops, columns.reads_psum(reads)):
             kwargs["engine"] = engine
-        args = ", ".join(f"{k}={v}" for k, v in kwargs.items())
-        self.lines.append(f"nisa.{call}({args})")
-        self.line_kinds.append(kind)
-        self.line_engines.append("gpsimd" if kwargs.get("engine") == GPSIMD else CALL_COST[call][0])
+        on = "gpsimd" if kwargs.get("engine") == GPSIMD else CALL_COST[call][0]
+        chain = self._enter(kind, on)
+        span = self.span  # over a token tile's heads: the access of each operand decided there
+        lines = span.lines(call, kwargs, chain, self._constant_names()) if span else [call_line(call, kwargs)]
+        self._append(lines, kind, on)
         for written in (kwargs["dst"], kwargs.get("reduce_res")):
             if written:  # no reduce_res: nothing more written
-                self.writers[written.split("[")[0]] = self.line_engines[-1]
+                self.writers[written.split("[")[0]] = on
         engine, passes = CALL_COST[call]
         if call == "tensor_tensor" and columns.reads_psum(reads):  # one input in PSUM: N, not 2N (nki.md §6)
             passes = 1
@@ -156,9 +168,51 @@ class Selector:
 
     def raw(self, line: str, kind: str, engine: str) -> None:
         """A line formatted elsewhere (select_pe.py), with the kind and engine of what it writes."""
-        self.lines.append(line)
-        self.line_kinds.append(kind)
-        self.line_engines.append(engine)
+        self._enter(kind, engine)
+        self._append([line], kind, engine)
+
+    @contextmanager
+    def block(self, header: str, kind: str, engine: str = "", unit: bool = False) -> Iterator[None]:
+        """Lines emitted inside are the body of the trace-time `header` (`if ...:`, `else:`, `for ...:`);
+        with `unit`, a branch whose Vector steps stay in the per-row prefix (one unit of it)."""
+        self.raw(header, kind, engine)
+        self._depth += 1
+        self._units += unit
+        try:
+            yield
+        finally:
+            self._depth -= 1
+            self._units -= unit
+
+    def at(self, code: str, columns: str = "") -> str:
+        """Operand `code` as the line emitted now reads it: over the chain's range (or `columns` of it), or
+        at the epilogue's head."""
+        if self.span is None:
+            return code
+        columns = columns or (RANGE if self.span.open else HEAD)
+        return self.span.at(code, columns, self._constant_names())
+
+    def _unit_engine(self, engine: str) -> str:
+        return "" if self._units and engine == "dve" else engine
+
+    def _enter(self, kind: str, engine: str) -> bool:
+        """Before a line writing `kind` on `engine`: whether it is in the span's chain, which a full-width
+        or Vector step ends (as `column_prefix` ends the per-row prefix)."""
+        if self.span is None or not self.span.open:
+            return False
+        if kind != "vec" or self._unit_engine(engine) == "dve":
+            self.span.close(len(self.lines))
+        return self.span.open
+
+    def _append(self, lines: list[str], kind: str, engine: str) -> None:
+        engine = self._unit_engine(engine)
+        for line in lines:
+            self.lines.append("    " * self._depth + line)
+            self.line_kinds.append(kind)
+            self.line_engines.append(engine)
+
+    def _constant_names(self) -> set[str]:
+        return {column.name for column in self.constant_columns.values()}
 
     def register(self, name: str, kind: str) -> None:
         """A tile allocated by a raw line."""
@@ -189,9 +243,9 @@ class Selector:
             self._emit("tensor_reduce", (src,), dst=dst.code, op="nl.maximum", data=src.code, axis="(1,)")
             return dst
         if e.op == "recip":
-            return self._reciprocal(e, dtype)
+            return alu.reciprocal(self, e, dtype)
         if e.op == "pow":
-            return self._power(e, dtype)
+            return alu.power(self, e, dtype)
         if e.op in ("neg", "clamp") or e.op in ALU:
             return self._arith(e, dtype)
         raise SelectError(f"no NKI instruction pattern for `{e.op}`")
@@ -208,27 +262,6 @@ class Selector:
         dst = self._alloc(src.kind, dtype)
         self._emit("activation", (src,), dst=dst.code, op="nl.copy", data=src.code)
         return dst
-
-    def _reciprocal(self, e: Expr, dtype: str) -> Operand:
-        """1 / t on the Vector engine (exact fp32 reciprocal; the Scalar engine's is range-limited)."""
-        src = self.value(e.args[0])
-        dst = self._alloc(e.kind, dtype)
-        self._emit("reciprocal", (src,), dst=dst.code, data=src.code)
-        return dst
-
-    def _power(self, e: Expr, dtype: str) -> Operand:
-        """t ** p for a non-integer p: tensor_tensor power, which runs on GpSimd only, so from SBUF."""
-        base = self._sbuf(self.value(e.args[0]))
-        exponent = self._alloc(e.kind, "f32")
-        self._emit("memset", dst=exponent.code, value=e.args[1].code)
-        dst = self._alloc(e.kind, dtype)
-        self._emit("tensor_tensor", (base, exponent), dst=dst.code, data1=base.code, data2=exponent.code,
-                   op="nl.power")  # fmt: skip
-        return dst
-
-    def _sbuf(self, x: Operand) -> Operand:
-        """`x`, copied to SBUF if it lives in PSUM (for instructions on engines without PSUM access)."""
-        return self.copy(x, x.kind, "f32") if x.memory == "psum" else x
 
     def _fp32(self, x: Operand) -> Operand:
         """`x` as a scale / tensor_scalar operand, which must be fp32 ([ISA] activation, tensor_scalar)."""

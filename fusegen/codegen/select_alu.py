@@ -3,6 +3,8 @@
 - `(t op0 s0) op1 s1`  -> nisa.tensor_scalar (s scalar or [P,1]; a [P,1] chain may stay off the Vector
                           engine, select_columns.py)
 - `(t op0 s) op1 u`    -> nisa.scalar_tensor_tensor (u a tile)
+- `recip(t)`           -> nisa.reciprocal
+- `pow(t, p)`          -> nisa.tensor_tensor(op=nl.power) on GpSimd (p not an integer)
 Called by `Selector._arith` (select.py), which falls back to nisa.tensor_tensor.
 """
 
@@ -136,3 +138,24 @@ def _split_scalar(e: Expr) -> tuple[Expr | None, Expr | None]:
     if a.kind == "scalar":
         return b, a
     return None, None
+
+
+def reciprocal(sel: Selector, e: Expr, dtype: str) -> Operand:
+    """1 / t on the Vector engine (exact fp32 reciprocal; the Scalar engine's is range-limited)."""
+    src = sel.value(e.args[0])
+    dst = sel._alloc(e.kind, dtype)
+    sel._emit("reciprocal", (src,), dst=dst.code, data=src.code)
+    return dst
+
+
+def power(sel: Selector, e: Expr, dtype: str) -> Operand:
+    """t ** p for a non-integer p: tensor_tensor power, which runs on GpSimd only, so from SBUF (a PSUM
+    operand copied there first)."""
+    base = sel.value(e.args[0])
+    base = sel.copy(base, base.kind, "f32") if base.memory == "psum" else base
+    exponent = sel._alloc(e.kind, "f32")
+    sel._emit("memset", dst=exponent.code, value=e.args[1].code)
+    dst = sel._alloc(e.kind, dtype)
+    sel._emit("tensor_tensor", (base, exponent), dst=dst.code, data1=base.code, data2=exponent.code,
+              op="nl.power")  # fmt: skip
+    return dst

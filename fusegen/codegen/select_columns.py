@@ -94,18 +94,13 @@ def _maximum(sel: Selector, x: Operand, bound: str) -> Operand:
     if known is not None:
         return _relu_maximum(sel, x, bound)
     dst = sel._alloc("vec", "f32")
-    sel.raw(f"if {bound} >= 0.0:", "vec", "")
-    start = len(sel.lines)
-    _relu_maximum(sel, x, bound, into=dst)
+    # the branch stays one unit of the per-row prefix (column_prefix): its Vector step does not end it
+    with sel.block(f"if {bound} >= 0.0:", "vec", unit=True):
+        _relu_maximum(sel, x, bound, into=dst)
     usual = sel.writers[dst.name]
-    sel.raw("else:", "vec", "")
-    _vector_maximum(sel, x, bound, into=dst)
+    with sel.block("else:", "vec", unit=True):
+        _vector_maximum(sel, x, bound, into=dst)
     sel.writers[dst.name] = usual  # what follows is planned for the usual branch, a bound >= 0
-    for i in range(start, len(sel.lines)):
-        if sel.lines[i] != "else:":
-            sel.lines[i] = "    " + sel.lines[i]
-        if sel.line_engines[i] == "dve":  # the branch stays one unit of the per-row prefix (column_prefix)
-            sel.line_engines[i] = ""
     return dst
 
 

@@ -21,9 +21,9 @@ kernel: `HB` or the width is known then); a wider one takes the SBUF form in the
 
 from __future__ import annotations
 
-import re
 from typing import TYPE_CHECKING
 
+from fusegen.codegen.select_span import LOOP, ONE
 from fusegen.codegen.select_tables import NL_DTYPE
 from fusegen.codegen.stage import Expr, Operand
 
@@ -77,22 +77,21 @@ def tensor_tensor(sel: Selector, x: Operand, y: Operand, op: str, kind: str, dty
     # PSUM and the next two-tile step that reads it runs at N as well
     out = dst if both or dtype == "f32" else sel._alloc(kind, dtype)
     part, free = sel.layout.part, sel.layout.free
-    sel.raw(f"if {sel.layout.free_alloc} <= {PSUM_COLUMNS}:", "tile", "pe")
-    sel.raw(f"    for q0 in range(0, {free}, _F_MOV):", "tile", "pe")
-    sel.raw(f"        qw = min(_F_MOV, {free} - q0)", "tile", "pe")
-    for i, row in enumerate(rows):
-        sel.raw(f"        nisa.nc_matmul(dst={_sub(dst.code)}, stationary={identity}[0:{part}, 0:{part}], "
-                f"moving={_sub(row.code)}, accumulate={i > 0})", "tile", "pe")  # fmt: skip
-    if not both:
-        first, second = (dst, other) if staged is x else (other, dst)
-        sel._emit("tensor_tensor", (first, second), dst=out.code, data1=first.code, data2=second.code,
-                  op=f"nl.{_NL[op]}")  # fmt: skip
-        sel.lines[-1] = "    " + sel.lines[-1]  # the step of the PSUM form: inside the `if`
+    with sel.block(f"if {sel.layout.free_alloc} <= {PSUM_COLUMNS}:", "tile", "pe"):
+        with sel.block(f"for q0 in range(0, {free}, _F_MOV):", "tile", "pe"):
+            sel.raw(f"qw = min(_F_MOV, {free} - q0)", "tile", "pe")
+            for i, row in enumerate(rows):
+                sel.raw(f"nisa.nc_matmul(dst={_sub(dst.code)}, stationary={identity}[0:{part}, 0:{part}], "
+                        f"moving={_sub(row.code)}, accumulate={i > 0})", "tile", "pe")  # fmt: skip
+        if not both:
+            first, second = (dst, other) if staged is x else (other, dst)
+            sel._emit("tensor_tensor", (first, second), dst=out.code, data1=first.code, data2=second.code,
+                      op=f"nl.{_NL[op]}")  # fmt: skip
     # too wide for PSUM: the step straight from the two SBUF rows (2N), not the row staged into SBUF first,
     # which would add a full-width Scalar copy for nothing
-    sel.raw("else:", "tile", "pe")
-    sel.raw(f"    nisa.tensor_tensor(dst={out.code}, data1={x.code}, data2={y.code}, op=nl.{_NL[op]})",
-            "tile", "dve")  # fmt: skip
+    with sel.block("else:", "tile", "pe"):
+        sel.raw(f"nisa.tensor_tensor(dst={out.code}, data1={x.code}, data2={y.code}, op=nl.{_NL[op]})",
+                "tile", "dve")  # fmt: skip
     return out if not both or dtype == "f32" else sel.convert(dst, dtype)
 
 
@@ -162,19 +161,33 @@ def _formed_in_psum(sel: Selector, x: Operand, g: Operand, v: Operand, dtype: st
     dst = sel._alloc("tile", dtype)
     acc = f"{dst.code.split('[')[0]}_acc"
     sel.psum_banks += ACC_BANKS
-    sel.raw(f"for q0 in range(0, {sel.layout.free}, _F_MOV):", "tile", "pe")
-    sel.raw(f"    qw = min(_F_MOV, {sel.layout.free} - q0)", "tile", "pe")
-    sel.raw(f"    {acc} = nl.ndarray((_P, _F_MOV), dtype=nl.float32, buffer=nl.psum)", "tile", "pe")
-    terms = [(f"{identity}[0:{part}, 0:{part}]", x)] + [(d, v) for d in diagonals]
-    for i, (stationary, row) in enumerate(terms):
-        sel.raw(f"    nisa.nc_matmul(dst={acc}[0:{part}, 0:qw], stationary={stationary}, "
-                f"moving={_sub(row.code)}, accumulate={i > 0})", "tile", "pe")  # fmt: skip
-    # the eviction on the Vector engine (a share on the Scalar engine only with the per-tile chain, which
-    # frees it: `scalar_share`; per head it was slower in every split measured, docs/performance.md)
-    sel.raw(f"    nisa.tensor_copy(dst={_sub(dst.code)}, src={acc}[0:{part}, 0:qw])", "tile", "dve")
+    free = sel.layout.free
+    with sel.block(f"for q0 in range(0, {free}, _F_MOV):", "tile", "pe"):
+        sel.raw(f"qw = min(_F_MOV, {free} - q0)", "tile", "pe")
+        sel.raw(f"{acc} = nl.ndarray((_P, _F_MOV), dtype=nl.float32, buffer=nl.psum)", "tile", "pe")
+        terms = [(f"{identity}[0:{part}, 0:{part}]", x)] + [(d, v) for d in diagonals]
+        for i, (stationary, row) in enumerate(terms):
+            sel.raw(f"nisa.nc_matmul(dst={acc}[0:{part}, 0:qw], stationary={sel.at(stationary)}, "
+                    f"moving={_sub(row.code)}, accumulate={i > 0})", "tile", "pe")  # fmt: skip
+        _evict(sel, _sub(dst.code), f"{acc}[0:{part}, 0:qw]")
     if sel.load is not None:
         sel.load.add("dve", 1)
     return dst
+
+
+def _evict(sel: Selector, dst: str, src: str) -> None:
+    """A chunk's eviction from PSUM on the Vector engine; the last chunk's on the Scalar engine where
+    `sel.share_when` holds (trace-time), after the Vector engine's chunks: its write then waits for none of
+    theirs and its store for little. Only with the per-tile chain, which leaves the Scalar engine that time;
+    per head it was slower in every split measured (docs/performance.md)."""
+    copy = f"nisa.tensor_copy(dst={dst}, src={src})"
+    if not sel.share_when:
+        sel.raw(copy, "tile", "dve")
+        return
+    with sel.block(f"if {sel.share_when} and q0 + qw == {sel.layout.free}:", "tile", "act"):
+        sel.raw(f"nisa.activation(dst={dst}, op=nl.copy, data={src})", "tile", "act")
+    with sel.block("else:", "tile", "dve"):
+        sel.raw(copy, "tile", "dve")
 
 
 def _parts(sel: Selector, g: Operand, dtype: str) -> list[Operand]:
@@ -193,15 +206,25 @@ def _parts(sel: Selector, g: Operand, dtype: str) -> list[Operand]:
 
 
 def _diagonal(sel: Selector, column: Operand, dtype: str) -> str:
-    """diag(column) as a [_P, _P] stationary in `dtype`: the identity scaled per row (one Scalar pass)."""
+    """diag(column) as a [_P, _P] stationary in `dtype`: the identity scaled per row (one Scalar pass); in
+    a span's chain one per head of the range, appended to the tile's list."""
     name = f"{sel.prefix}{len(sel.tiles)}"
     sel.tiles.append((name, "diag", dtype))
     part = sel.layout.part
-    sel.raw(f"{name} = nl.ndarray((_P, _P), dtype={NL_DTYPE[dtype]}, buffer=nl.sbuf)", "vec", "")
-    sel.raw(f"nisa.activation(dst={name}[0:{part}, 0:{part}], op=nl.copy, "
-            f"data={identity_name(dtype)}[0:{part}, 0:{part}], scale={column.code})",
-            "vec", "act")  # fmt: skip
-    return f"{name}[0:{part}, 0:{part}]"
+    diagonal = f"{name}[0:{part}, 0:{part}]"
+    alloc = f"nl.ndarray((_P, _P), dtype={NL_DTYPE[dtype]}, buffer=nl.sbuf)"
+    scaled = f"op=nl.copy, data={identity_name(dtype)}[0:{part}, 0:{part}]"
+    if sel.span is None or not sel.span.open:
+        sel.raw(f"{name} = {alloc}", "vec", "")
+        sel.raw(f"nisa.activation(dst={diagonal}, {scaled}, scale={sel.at(column.code)})", "vec", "act")
+        return diagonal
+    sel.span.diagonal(name)
+    with sel.block(LOOP, "vec", "act"):
+        sel.raw(f"{name}_j = {alloc}", "vec", "act")
+        sel.raw(f"nisa.activation(dst={name}_j[0:{part}, 0:{part}], {scaled}, "
+                f"scale={sel.at(column.code, ONE)})", "vec", "act")  # fmt: skip
+        sel.raw(f"{name}.append({name}_j)", "vec", "act")
+    return diagonal
 
 
 _NL = {"add": "add", "sub": "subtract", "mul": "multiply", "maximum": "maximum", "minimum": "minimum"}
@@ -246,25 +269,3 @@ def _identity(sel: Selector, dtype: str) -> str:
     ]
     sel.constants.extend(line for line in lines if line not in sel.constants)
     return name
-
-
-_EVICTION = re.compile(r"^(\s*)nisa\.tensor_copy\(dst=(.*), src=(\w+_acc\[.*\])\)$")
-_CHUNKS = re.compile(r"^\s*for q0 in range\(0, (.*), _F_MOV\):$")
-
-
-def scalar_share(lines: tuple[str, ...], when: str) -> tuple[str, ...]:
-    """`lines` with the last 512-column chunk of each PE-formed output evicted by the Scalar engine where
-    `when` holds (trace-time), after the Vector engine's chunks: its write then waits for none of theirs
-    and its store for little (the per-tile chain leaves the Scalar engine that time, docs/performance.md)."""
-    out, width = [], ""
-    for line in lines:
-        chunks, eviction = _CHUNKS.match(line), _EVICTION.match(line)
-        width = chunks.group(1) if chunks else width
-        if eviction is None:
-            out.append(line)
-            continue
-        pad, dst, src = eviction.groups()
-        out += [f"{pad}if {when} and q0 + qw == {width}:",
-                f"{pad}    nisa.activation(dst={dst}, op=nl.copy, data={src})",
-                f"{pad}else:", f"{pad}    {line.strip()}"]  # fmt: skip
-    return tuple(out)

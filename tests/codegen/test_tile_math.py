@@ -1,5 +1,6 @@
 """The per-row math once per token tile for all heads (rowreduce/tile_math.py): the same values as the
-per-head schedule, and an SBUF plan that holds a tile's pending heads only where they fit."""
+per-head schedule, an SBUF plan that holds a tile's pending heads only where they fit, and the Selector's
+chain over a column range (select_span.py)."""
 
 from __future__ import annotations
 
@@ -7,6 +8,11 @@ from pathlib import Path
 
 import torch
 
+from fusegen.codegen.engines import GPSIMD
+from fusegen.codegen.select import Layout, Selector
+from fusegen.codegen.select_span import Span
+from fusegen.codegen.select_tables import EngineLoad
+from fusegen.codegen.stage import Expr, Operand, scalar
 from fusegen.sim import load_module
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -62,3 +68,44 @@ def test_a_spec_without_heads_keeps_the_per_head_schedule() -> None:
     assert not hasattr(module, "_row_math") and not hasattr(module, "_tile_passes")
     budget = module._SBUF_BUDGET["trn2"]
     assert module._choose_rows(module._MODEL, 4096, 1, budget)[2] == module._HEADS
+
+
+def _span_selector() -> tuple[Selector, Span]:
+    span = Span("d_G", frozenset({"acc1", "acc2"}))
+    layout = Layout(part="pt", free="d_H", free_alloc="d_H")
+    return Selector(layout, prefix="e", column_engine=GPSIMD, load=EngineLoad(), span=span), span
+
+
+def _column(code: str) -> Expr:
+    return Expr("leaf", kind="vec", leaf=Operand("vec", code))
+
+
+def test_the_selector_emits_the_chain_over_the_heads_and_one_column_where_an_operand_must_be_one() -> None:
+    """rsqrt(acc1 + eps) over c0:c1 of the accumulator's [P, G] tile; sigmoid(r * acc2), whose scale must be
+    one column, once per column j; the first full-width step ends the chain, and from there the head's
+    column h is read."""
+    sel, span = _span_selector()
+    rstd = Expr("rsqrt", (Expr("add", (_column("acc1[0:pt, 0:1]"), scalar("eps")), kind="vec"),), kind="vec")
+    gate = Expr("sigmoid", (Expr("mul", (rstd, _column("acc2[0:pt, 0:1]")), kind="vec"),), kind="vec")
+    sel.value(gate)
+    row = Operand("tile", "x_ld[0:pt, 0:d_H]", dtype="bf16")
+    sel.value(Expr("mul", (Expr("leaf", leaf=row), gate)))
+    chain, epilogue = sel.lines[:span.end], sel.lines[span.end:]
+    rsqrt = "nisa.activation(dst=e0[0:pt, c0:c1], op=nl.rsqrt, data=acc1_t[0:pt, c0:c1], bias=ec0[0:pt, 0:1])"
+    sigmoid = ("nisa.activation(dst=e1[0:pt, j:j + 1], op=nl.sigmoid, data=e0[0:pt, j:j + 1], "
+               "scale=acc2_t[0:pt, j:j + 1])")  # fmt: skip
+    assert chain == [rsqrt, "for j in range(c0, c1):", "    " + sigmoid]
+    assert span.allocs == [f"{name} = nl.ndarray((_P, d_G), dtype=nl.float32, buffer=nl.sbuf)"
+                           for name in ("e0", "e1")]  # fmt: skip
+    assert span.copies() == tuple(f"nisa.tensor_copy(dst={a}_t[0:pt, h:h + 1], src={a}[0:pt, 0:1], "
+                                  "engine=nisa.engine.gpsimd)" for a in ("acc1", "acc2"))  # fmt: skip
+    assert epilogue[0].startswith("e2 = nl.ndarray((_P, d_H)")
+    assert "e1[0:pt, h:h + 1]" in epilogue[1] and "c0:c1" not in epilogue[1] and not span.foreign
+
+
+def test_a_chain_reading_another_per_head_column_is_not_widened() -> None:
+    """A column the span has no [P, G] tile for (a hoisted pass value) marks the span foreign: tile_math
+    then keeps the per-head lowering."""
+    sel, span = _span_selector()
+    sel.value(Expr("rsqrt", (_column("k0_3[0:pt, 0:1]"),), kind="vec"))
+    assert span.foreign

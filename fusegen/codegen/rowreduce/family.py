@@ -160,7 +160,7 @@ def lowerings(body: KernelIR, m: RowReduceMatch, lifted: Lifted | None
     model: with a heads axis of the spec's own, token tiles whose heads fit SBUF together run their per-row
     math once (tile_math.py); the others, and the last tile, keep the per-head lowering."""
     low, streamed = with_streamed(body, m, lower_rowreduce(body, m))
-    tile = tiled(low, dim_source(m.heads)) if lifted is None else low
+    tile = tiled(body, m, low) if lifted is None else low
     if tile is low:
         return low, None, streamed
     model = tile.model

@@ -25,6 +25,7 @@ from fusegen.codegen.rowreduce.loads import Load, column_leaves, column_load, le
 from fusegen.codegen.rowreduce.match import RowLoad, RowReduceMatch
 from fusegen.codegen.rowreduce.prep import lower_prep, prepare_body, root_copies, row_kind
 from fusegen.codegen.select import Layout, Selector
+from fusegen.codegen.select_span import HEAD, Span
 from fusegen.codegen.select_tables import NL_DTYPE, EngineLoad
 from fusegen.codegen.stage import Expr, Operand, StageBuilder, dim_source, inverse_code
 from fusegen.dsl.ir import DTYPE_BYTES, KernelIR, Node, OutputDecl
@@ -132,7 +133,7 @@ def balanced(lower: Callable[[EngineLoad], _T]) -> _T:
 def _lower_rowreduce(ir: KernelIR, m: RowReduceMatch, load: EngineLoad) -> RowReduceLowering:
     """The three stages of `m`, full-width steps of the passes and the epilogue balanced by one `load`."""
     passes = lower_passes(ir, m, load, pe_staging=True)
-    epi, n_required, tile_outs, col_outs = _lower_epilogue(ir, m, passes.resident, load)
+    epi, n_required, tile_outs, col_outs = lower_epilogue(ir, m, passes.resident, load)
     n_columns = column_prefix(epi, n_required)
     constants = tuple(dict.fromkeys(passes.constants + tuple(epi.constants)))  # one PE identity per dtype
     columns = [ln for ln in constants if not select_pe.identity_line(ln)]
@@ -297,10 +298,13 @@ def _row_leaves(ir: KernelIR, loads: dict[int, RowLoad], free: str) -> dict[int,
             for nid in loads}  # fmt: skip
 
 
-def _lower_epilogue(
-    ir: KernelIR, m: RowReduceMatch, resident: dict[int, str], load: EngineLoad
+def lower_epilogue(
+    ir: KernelIR, m: RowReduceMatch, resident: dict[int, str], load: EngineLoad, span: Span | None = None,
+    share_when: str = "",
 ) -> tuple[Selector, int, tuple[tuple[str, str, str], ...], tuple[ColumnOutput, ...]]:
-    """Per-row math and the combine: the selector, how many of its lines the required outputs need, writes."""
+    """Per-row math and the combine: the selector, how many of its lines the required outputs need, writes.
+    With `span`, the per-row prefix over a token tile's heads (select_span.py; tile_math.py); `share_when`:
+    the Selector's trace-time condition for the Scalar engine's share of PE-formed evictions."""
     full = f"0:{dim_source(m.width)}"
     loads = {ld.node: ld for ld in m.loads}
     leaves = _row_leaves(ir, loads, full) | _resident_leaves(resident, full)
@@ -308,7 +312,8 @@ def _lower_epilogue(
     builder = StageBuilder(ir, leaves, row_kind(m), free_size=lambda n: m.width)
     width = dim_source(m.width)
     layout = Layout(part="pt", free=width, free_alloc=width)
-    sel = Selector(layout, prefix="e", column_engine=GPSIMD, load=load, pe_staging=True)
+    sel = Selector(layout, prefix="e", column_engine=GPSIMD, load=load, pe_staging=True, span=span,
+                   share_when=share_when)  # fmt: skip
     exprs = {o.node: builder.expr(o.node) for o in m.tile_outputs}  # all first: users counts must be complete
     cols = {o.name: builder.expr(src) for o, src in m.column_outputs}
     # required [T, G] outputs first: per-row math only, so it joins the column prefix that runs in
@@ -320,6 +325,8 @@ def _lower_epilogue(
         value = output_value(sel, exprs[out.node], out.dtype)
         tiles.append((kernel_arg(out.name), NL_DTYPE[out.dtype], value.code))
     n_required = len(sel.lines)
+    if span is not None:  # the optional outputs' math runs per head, in the epilogue
+        span.close(n_required)
     columns += [lower_column(sel, o, cols[o.name]) for o, _ in m.column_outputs if o.optional]
     return sel, n_required, tuple(tiles), tuple(columns)
 
@@ -344,4 +351,4 @@ def output_value(sel: Selector, expr: Expr, dtype: str) -> Operand:
 
 def lower_column(sel: Selector, out: OutputDecl, expr: Expr) -> ColumnOutput:
     value = sel.value(expr)
-    return ColumnOutput(kernel_arg(out.name), f"{out.name}_sv", value.code, out.optional)
+    return ColumnOutput(kernel_arg(out.name), f"{out.name}_sv", sel.at(value.code, HEAD), out.optional)
