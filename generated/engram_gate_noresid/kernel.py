@@ -199,8 +199,8 @@ def _fused_weight_kernel(w_h_hbm, w_e_hbm):
     return _prep0
 
 
-def _head_passes(t0, pt, h, HB, clamp_arg, d_H, dot_sv, ec0, ec1, ec2, gate_sv, kv_hbm, pe_identity, prepared, rstd_k_sv, rstd_x_sv, v_ld, x_hbm):
-    """Token tile t0, head h: loads, reduction passes, per-row math; returns what head_epilogue reads."""
+def _row_passes(t0, pt, h, HB, d_H, kv_hbm, pe_identity, prepared, x_hbm):
+    """Token tile t0, head h: the loads and reduction passes of both passes helpers; returns what they read."""
     x_ld = nl.ndarray((_P, d_H), dtype=nl.bfloat16, buffer=nl.sbuf)
     nisa.dma_copy(dst=x_ld[0:pt, 0:d_H], src=x_hbm[t0:t0 + pt, h, 0:d_H])
     k_ld = nl.ndarray((_P, d_H), dtype=nl.bfloat16, buffer=nl.sbuf)
@@ -240,6 +240,12 @@ def _head_passes(t0, pt, h, HB, clamp_arg, d_H, dot_sv, ec0, ec1, ec2, gate_sv, 
             acc19 = r0_7
         else:
             nisa.tensor_tensor(dst=acc19[0:pt, 0:1], data1=acc19[0:pt, 0:1], data2=r0_7[0:pt, 0:1], op=nl.add, engine=nisa.engine.gpsimd)
+    return (acc13, acc19, acc9)
+
+
+def _head_passes(t0, pt, h, HB, clamp_arg, d_H, dot_sv, ec0, ec1, ec2, gate_sv, kv_hbm, pe_identity, prepared, rstd_k_sv, rstd_x_sv, v_ld, x_hbm):
+    """Token tile t0, head h: loads, reduction passes, per-row math; returns what head_epilogue reads."""
+    acc13, acc19, acc9 = _row_passes(t0, pt, h, HB, d_H, kv_hbm, pe_identity, prepared, x_hbm)
     # per-row math on the accumulators, before the previous head's full-width epilogue
     e0 = nl.ndarray((_P, 1), dtype=nl.float32, buffer=nl.sbuf)
     nisa.activation(dst=e0[0:pt, 0:1], op=nl.rsqrt, data=acc9[0:pt, 0:1], bias=ec0[0:pt, 0:1], scale=(1.0 / float(d_H)))
@@ -291,45 +297,7 @@ def _head_epilogue(head, d_H, d_HC, dot_hbm, gate_hbm, out_hbm, rstd_k_hbm, rstd
 def _tile_passes(t0, pt, h, HB, acc13_t, acc19_t, acc9_t, d_H, dot_sv, e0, e2, e9, gate_sv, kv_hbm, pe_identity, prepared, rstd_k_sv, rstd_x_sv, v_ld, x_hbm):
     """head_passes of a token tile whose per-row math runs once for all its heads: the head's sums into its
     column of the tile's statistics."""
-    x_ld = nl.ndarray((_P, d_H), dtype=nl.bfloat16, buffer=nl.sbuf)
-    nisa.dma_copy(dst=x_ld[0:pt, 0:d_H], src=x_hbm[t0:t0 + pt, h, 0:d_H])
-    k_ld = nl.ndarray((_P, d_H), dtype=nl.bfloat16, buffer=nl.sbuf)
-    nisa.dma_copy(dst=k_ld[0:pt, 0:d_H], src=kv_hbm[t0:t0 + pt, h, 0:d_H])
-    # reduction pass 1: partial results per chunk, folded into [_P, 1] accumulators
-    for c in range(_cdiv(d_H, HB)):
-        c0 = c * HB
-        hw = min(HB, d_H - c0)
-        r0_0 = nl.ndarray((_P, HB), dtype=nl.float32, buffer=nl.sbuf)
-        r0_1 = nl.ndarray((_P, 1), dtype=nl.float32, buffer=nl.sbuf)
-        nisa.activation_reduce(dst=r0_0[0:pt, 0:hw], op=nl.square, data=x_ld[0:pt, c0:c0 + hw], reduce_op=nl.add, reduce_res=r0_1[0:pt, 0:1])
-        r0_2 = nl.ndarray((_P, HB), dtype=nl.float32, buffer=nl.sbuf)
-        r0_3 = nl.ndarray((_P, 1), dtype=nl.float32, buffer=nl.sbuf)
-        nisa.activation_reduce(dst=r0_2[0:pt, 0:hw], op=nl.square, data=k_ld[0:pt, c0:c0 + hw], reduce_op=nl.add, reduce_res=r0_3[0:pt, 0:1])
-        r0_4 = nl.ndarray((_P, HB), dtype=nl.float32, buffer=nl.psum if HB <= nl.tile_size.psum_bank_fmax * nl.tile_size.psum_num_banks else nl.sbuf)
-        if HB <= nl.tile_size.psum_bank_fmax * nl.tile_size.psum_num_banks:
-            for q0 in range(0, hw, _F_MOV):
-                qw = min(_F_MOV, hw - q0)
-                nisa.nc_matmul(dst=r0_4[0:pt, q0:q0 + qw], stationary=pe_identity[0:pt, 0:pt], moving=x_ld[0:pt, c0 + q0:c0 + q0 + qw], accumulate=False)
-            nisa.tensor_tensor(dst=r0_4[0:pt, 0:hw], data1=r0_4[0:pt, 0:hw], data2=k_ld[0:pt, c0:c0 + hw], op=nl.multiply)
-        else:
-            nisa.tensor_tensor(dst=r0_4[0:pt, 0:hw], data1=x_ld[0:pt, c0:c0 + hw], data2=k_ld[0:pt, c0:c0 + hw], op=nl.multiply)
-        r0_5 = nl.ndarray((_P, HB), dtype=nl.float32, buffer=nl.sbuf)
-        nisa.tensor_tensor(dst=r0_5[0:pt, 0:hw], data1=r0_4[0:pt, 0:hw], data2=prepared[0][0:pt, c0:c0 + hw], op=nl.multiply)
-        r0_6 = nl.ndarray((_P, HB), dtype=nl.float32, buffer=nl.sbuf)
-        r0_7 = nl.ndarray((_P, 1), dtype=nl.float32, buffer=nl.sbuf)
-        nisa.activation_reduce(dst=r0_6[0:pt, 0:hw], op=nl.copy, data=r0_5[0:pt, 0:hw], reduce_op=nl.add, reduce_res=r0_7[0:pt, 0:1])
-        if c == 0:
-            acc9 = r0_1
-        else:
-            nisa.tensor_tensor(dst=acc9[0:pt, 0:1], data1=acc9[0:pt, 0:1], data2=r0_1[0:pt, 0:1], op=nl.add, engine=nisa.engine.gpsimd)
-        if c == 0:
-            acc13 = r0_3
-        else:
-            nisa.tensor_tensor(dst=acc13[0:pt, 0:1], data1=acc13[0:pt, 0:1], data2=r0_3[0:pt, 0:1], op=nl.add, engine=nisa.engine.gpsimd)
-        if c == 0:
-            acc19 = r0_7
-        else:
-            nisa.tensor_tensor(dst=acc19[0:pt, 0:1], data1=acc19[0:pt, 0:1], data2=r0_7[0:pt, 0:1], op=nl.add, engine=nisa.engine.gpsimd)
+    acc13, acc19, acc9 = _row_passes(t0, pt, h, HB, d_H, kv_hbm, pe_identity, prepared, x_hbm)
     # the accumulators into column h of the tile's statistics: _row_math runs the per-row math on them
     nisa.tensor_copy(dst=acc13_t[0:pt, h:h + 1], src=acc13[0:pt, 0:1], engine=nisa.engine.gpsimd)
     nisa.tensor_copy(dst=acc19_t[0:pt, h:h + 1], src=acc19[0:pt, 0:1], engine=nisa.engine.gpsimd)

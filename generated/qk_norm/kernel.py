@@ -191,8 +191,8 @@ def _fused_weight_kernel(w_hbm):
     return _prep0
 
 
-def _head_passes(t0, pt, h, HB, d_D, ec0, prepared, q_hbm):
-    """Token tile t0, head h: loads, reduction passes, per-row math; returns what head_epilogue reads."""
+def _row_passes(t0, pt, h, HB, d_D, q_hbm):
+    """Token tile t0, head h: the loads and reduction passes of both passes helpers; returns what they read."""
     q_ld = nl.ndarray((_P, d_D), dtype=nl.bfloat16, buffer=nl.sbuf)
     nisa.dma_copy(dst=q_ld[0:pt, 0:d_D], src=q_hbm[t0:t0 + pt, h, 0:d_D])
     # reduction pass 1: partial results per chunk, folded into [_P, 1] accumulators
@@ -206,6 +206,12 @@ def _head_passes(t0, pt, h, HB, d_D, ec0, prepared, q_hbm):
             acc4 = r0_1
         else:
             nisa.tensor_tensor(dst=acc4[0:pt, 0:1], data1=acc4[0:pt, 0:1], data2=r0_1[0:pt, 0:1], op=nl.add, engine=nisa.engine.gpsimd)
+    return (acc4, q_ld)
+
+
+def _head_passes(t0, pt, h, HB, d_D, ec0, prepared, q_hbm):
+    """Token tile t0, head h: loads, reduction passes, per-row math; returns what head_epilogue reads."""
+    acc4, q_ld = _row_passes(t0, pt, h, HB, d_D, q_hbm)
     # per-row math on the accumulators, before the previous head's full-width epilogue
     e0 = nl.ndarray((_P, 1), dtype=nl.float32, buffer=nl.sbuf)
     nisa.activation(dst=e0[0:pt, 0:1], op=nl.rsqrt, data=acc4[0:pt, 0:1], bias=ec0[0:pt, 0:1], scale=(1.0 / float(d_D)))
@@ -225,19 +231,7 @@ def _head_epilogue(head, d_D, y_hbm):
 def _tile_passes(t0, pt, h, HB, acc4_t, d_D, e0, prepared, q_hbm):
     """head_passes of a token tile whose per-row math runs once for all its heads: the head's sums into its
     column of the tile's statistics."""
-    q_ld = nl.ndarray((_P, d_D), dtype=nl.bfloat16, buffer=nl.sbuf)
-    nisa.dma_copy(dst=q_ld[0:pt, 0:d_D], src=q_hbm[t0:t0 + pt, h, 0:d_D])
-    # reduction pass 1: partial results per chunk, folded into [_P, 1] accumulators
-    for c in range(_cdiv(d_D, HB)):
-        c0 = c * HB
-        hw = min(HB, d_D - c0)
-        r0_0 = nl.ndarray((_P, HB), dtype=nl.float32, buffer=nl.sbuf)
-        r0_1 = nl.ndarray((_P, 1), dtype=nl.float32, buffer=nl.sbuf)
-        nisa.activation_reduce(dst=r0_0[0:pt, 0:hw], op=nl.square, data=q_ld[0:pt, c0:c0 + hw], reduce_op=nl.add, reduce_res=r0_1[0:pt, 0:1])
-        if c == 0:
-            acc4 = r0_1
-        else:
-            nisa.tensor_tensor(dst=acc4[0:pt, 0:1], data1=acc4[0:pt, 0:1], data2=r0_1[0:pt, 0:1], op=nl.add, engine=nisa.engine.gpsimd)
+    acc4, q_ld = _row_passes(t0, pt, h, HB, d_D, q_hbm)
     # the accumulators into column h of the tile's statistics: _row_math runs the per-row math on them
     nisa.tensor_copy(dst=acc4_t[0:pt, h:h + 1], src=acc4[0:pt, 0:1], engine=nisa.engine.gpsimd)
     return (t0, pt, h, e0, prepared, q_ld)

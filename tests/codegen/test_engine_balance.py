@@ -83,7 +83,7 @@ def test_add_of_two_rows_runs_on_the_tensor_engine_and_a_product_reads_a_staged_
         # the Vector add is only the fallback for rows wider than the PSUM banks
         vector_add = [ln for ln in _full_width("tensor_tensor", body) if "op=nl.add" in ln]
         assert len(vector_add) == 1 and body.index(vector_add[0]) > body.index("else:")
-    engram = _body("engram_gate", "_head_passes")
+    engram = _body("engram_gate", "_row_passes")  # the reduction passes both passes helpers call
     # x * k reads x staged in PSUM and overwrites it there, so `* w` reads PSUM as well (N cycles each)
     staged = re.search(r"nc_matmul\(dst=(\w+)\[.*moving=x_ld", engram)
     assert staged is not None

@@ -26,6 +26,11 @@ def column_steps(body: ast.AST, columns: str = "0:1") -> list[str]:
     return found
 
 
+def _chunk_loop() -> ast.For:
+    """The chunk loop of engram_gate's reduction passes (`_row_passes`, which both passes helpers call)."""
+    return next(n for n in function("engram_gate", "_row_passes").body if isinstance(n, ast.For))
+
+
 def _clamp_branch(body: ast.FunctionDef) -> ast.If:
     """The trace-time `if clamp_arg >= 0.0:` that picks how max(|s|, clamp) is formed."""
     branches = [n for n in ast.walk(body) if isinstance(n, ast.If)]
@@ -37,7 +42,7 @@ def test_engram_chain_is_fourteen_scalar_steps_per_head() -> None:
     sign, sigmoid and g's three bf16 parts (four steps); 16 before this session's folds: each mean's 1/H was
     a step per chunk. A negative clamp takes one exact Vector maximum instead of relu and `+ clamp`."""
     passes = function("engram_gate", "_head_passes")
-    loop = next(n for n in passes.body if isinstance(n, ast.For))
+    loop = _chunk_loop()
     branch = _clamp_branch(passes)
     other = [s for n in branch.orelse for s in column_steps(n)]
     chain = [s for s in column_steps(passes) if s not in column_steps(loop) and s not in other]
@@ -68,8 +73,7 @@ def test_engram_chain_is_nine_steps_per_tile_and_five_per_head() -> None:
     assert len(other) == 1 and "op0=nl.maximum" in other[0] and "operand0=clamp_arg" in other[0]
     # the passes only reduce, accumulate and hand each head's sums to the tile's columns
     passes = function("engram_gate", "_tile_passes")
-    loop = next(n for n in passes.body if isinstance(n, ast.For))
-    assert all("scale=" not in s for s in column_steps(loop))
+    assert all("scale=" not in s for s in column_steps(_chunk_loop()))
     assert len(column_steps(passes, "h:h + 1")) == 3 and not column_steps(passes, "c0:c1")
 
 

@@ -16,7 +16,7 @@ from fusegen.codegen.rowreduce import budget as rb
 from fusegen.codegen.rowreduce.lift import Lifted, as_written, lift_rows
 from fusegen.codegen.rowreduce.lower import RowReduceLowering, lower_rowreduce
 from fusegen.codegen.rowreduce.match import RowReduceMatch, match_rowreduce
-from fusegen.codegen.rowreduce.pipeline import head_helpers
+from fusegen.codegen.rowreduce.pipeline import head_helpers, rows_helper
 from fusegen.codegen.rowreduce.rowplan import plan_rowreduce
 from fusegen.codegen.rowreduce.stream import with_streamed
 from fusegen.codegen.rowreduce.tile_math import tiled
@@ -123,14 +123,15 @@ class RowReduceFamily:
         staging = [c.staging for c in low.required_columns + low.optional_columns]
         varying = ("prepared", *(ld.tile for ld in low.passes.shared_loads), *staging)
         module = render(PROLOGUE, **prologue)
-        helpers = head_helpers(low, varying, module)
+        rows = rows_helper((low, tile), module) if tile else None  # their loads and passes written once
+        helpers = head_helpers(low, varying, module, rows)
         per_tile = [line.split(" = ")[0] for line in tile.tile_allocs] if tile else []  # like the staging
-        tile_helpers = head_helpers(tile, (*varying, *per_tile), module) if tile else None
+        tile_helpers = head_helpers(tile, (*varying, *per_tile), module, rows) if tile else None
         stream_helpers = head_helpers(streamed, ("prepared", *staging), module)
         return render(
             TEMPLATE, **prologue,
             header=header(ir, TEMPLATE), name=ir.name, doc=kernel_doc(ir), helpers=helpers,
-            stream=streamed, stream_helpers=stream_helpers, tile=tile, tile_helpers=tile_helpers,
+            stream=streamed, stream_helpers=stream_helpers, tile=tile, tile_helpers=tile_helpers, rows=rows,
             kernel_args=kernel_args(body), door_source=door_source(_signatures(ir, body, m)),
             dim_bindings=[f"d_{d} = {src}" for d, src in dim_bindings(body, kernel_arg)],
             outputs=[(_allocation(o.name, lifted), NL_DTYPE[o.dtype], _shape(flat[o.name]), _guard(o))

@@ -9,6 +9,9 @@ generator would give, in the traced subset (module-level functions, tuples, list
 What crosses from one helper to the other is decided here, from the rendered bodies: `head_passes`
 returns the tuple of every per-head value the epilogue reads (`head`), and each helper takes the
 launch-wide names it reads as parameters, named as in the kernel so every call passes them through.
+A kernel with the per-tile chain (tile_math.py) has two passes helpers, which differ only in where the
+per-row math goes (per head, or into the tile's columns): both call `_row_passes`, the loads and
+reduction passes, written once (`RowsHelper`).
 """
 
 from __future__ import annotations
@@ -22,6 +25,7 @@ from fusegen.codegen.files.render import render
 from fusegen.codegen.rowreduce.lower import RowReduceLowering
 
 HEAD_TEMPLATE = "rowreduce_head.py.jinja"
+ROWS = "_row_passes"
 #: Names of the kernel body that change per token tile or head (the rest are fixed for the launch).
 PER_HEAD = ("t0", "pt", "h")
 
@@ -41,12 +45,43 @@ class HeadHelpers:
     math_args: str = ""  # the kernel's call after `pt, c0, c1`
 
 
-def head_helpers(low: RowReduceLowering, varying: tuple[str, ...], module_source: str) -> HeadHelpers:
-    """The helpers of lowering `low`; `varying` are kernel locals set per token tile or head outside the
-    helpers (shared row loads, column staging, `prepared`); `module_source` defines the file's globals."""
-    passes = render(HEAD_TEMPLATE, low=low, part="passes").rstrip()
-    epilogue = render(HEAD_TEMPLATE, low=low, part="epilogue").rstrip()
+@dataclass(frozen=True)
+class RowsHelper:
+    """`_row_passes`: a head's loads and reduction passes, shared by the passes helpers that follow them
+    with different per-row math."""
+
+    body: str
+    params: str
+    returns: str  # the row loads and accumulators the helpers after it read, e.g. `k_ld, x_ld, acc9`
+
+    def call(self) -> str:
+        """The line of a passes helper that runs them."""
+        return f"{self.returns} = {ROWS}({self.params})"
+
+
+def rows_helper(lows: tuple[RowReduceLowering, ...], module_source: str) -> RowsHelper:
+    """The loads and reduction passes of lowerings `lows`, which share them (a lowering and its per-tile
+    variant): what they read, and what the per-row math and epilogues of all of them read after them."""
+    body = render(HEAD_TEMPLATE, low=lows[0], part="rows").rstrip()
+    reads, sets = _names(body)
+    later: set[str] = set()
+    for low in lows:
+        for part in ("tail", "epilogue"):
+            later |= _names(render(HEAD_TEMPLATE, low=low, part=part))[0]
     known = _module_names(module_source) | set(dir(builtins))
+    return RowsHelper(body, ", ".join(_ordered(reads - known)), ", ".join(_ordered(sets & later)))
+
+
+def head_helpers(low: RowReduceLowering, varying: tuple[str, ...], module_source: str,
+                 rows: RowsHelper | None = None) -> HeadHelpers:  # fmt: skip
+    """The helpers of lowering `low`; `varying` are kernel locals set per token tile or head outside the
+    helpers (shared row loads, column staging, `prepared`); `module_source` defines the file's globals;
+    `rows`: the loads and passes as a call of the shared helper."""
+    passes = render(HEAD_TEMPLATE, low=low, part="passes").rstrip()
+    if rows is not None:
+        passes = rows.call() + "\n" + render(HEAD_TEMPLATE, low=low, part="tail").rstrip()
+    epilogue = render(HEAD_TEMPLATE, low=low, part="epilogue").rstrip()
+    known = _module_names(module_source) | set(dir(builtins)) | {ROWS}  # ROWS: a function of the module
     passes_reads, passes_sets = _names(passes)
     epilogue_reads, _ = _names(epilogue)
     per_head = set(PER_HEAD) | set(varying) | passes_sets
