@@ -9,9 +9,10 @@ becomes the same step on the range at the same cost, except where an operand mus
 runs once per column `j` of the range, as do the diagonals of a PE-formed output (one `[P, P]` stationary
 per head, appended to a list per tile). The chain is the per-row prefix of the epilogue (`column_prefix`
 in rowreduce/lower.py): the first full-width or Vector step ends it, and from there on the Selector emits
-the per-head epilogue, reading column h of each range tile and diagonal h. The Selector keeps its
-operands in their per-head form (`name[0:pt, 0:1]`) and this class decides, per emitted instruction,
-the access each is written with. docs/performance.md, second pass, step 12.
+the per-head epilogue, reading column `hc` of each range tile and diagonal `hc` (hc = h after the tile's
+chain; 0 where one head ran the chain over `[P, 1]` tiles of its own). The Selector keeps its operands
+in their per-head form (`name[0:pt, 0:1]`) and this class decides, per emitted instruction, the access
+each is written with. docs/performance.md, second pass, step 12.
 """
 
 from __future__ import annotations
@@ -23,7 +24,8 @@ from fusegen.codegen.engines import GPSIMD
 COLUMN = "0:1"  # a per-head column's free range
 RANGE = "c0:c1"  # the chain's columns: all heads of the tile
 ONE = "j:j + 1"  # one column of the range, in a per-column step
-HEAD = "h:h + 1"  # the epilogue's head
+COLUMN_OF_HEAD = "hc"  # the epilogue's column of its head: h after the tile's chain, 0 after one head's
+HEAD = f"{COLUMN_OF_HEAD}:{COLUMN_OF_HEAD} + 1"
 LOOP = "for j in range(c0, c1):"
 #: roles an instruction takes as a `[P, 1]` column ([ISA] activation, tensor_scalar)
 SCALAR_ROLES = ("scale", "bias", "operand0", "operand1")
@@ -44,7 +46,8 @@ class Span:
     columns: set[str] = field(default_factory=set)
     diagonals: set[str] = field(default_factory=set)
     read_accs: set[str] = field(default_factory=set)
-    allocs: list[str] = field(default_factory=list)  # per token tile: `[P, heads]` tiles, diagonal lists
+    # in allocation order: (name, nl dtype) of a range tile, (name, "") of a diagonal list
+    tiles: list[tuple[str, str]] = field(default_factory=list)
 
     def close(self, end: int) -> None:
         """The chain ends before the Selector's line `end` (a full-width or Vector step, or the outputs')."""
@@ -54,19 +57,25 @@ class Span:
     def column(self, name: str, nl_dtype: str) -> None:
         """A `[P, 1]` value of the chain: a `[P, heads]` tile per token tile."""
         self.columns.add(name)
-        self.allocs.append(f"{name} = nl.ndarray((_P, {self.heads}), dtype={nl_dtype}, buffer=nl.sbuf)")
+        self.tiles.append((name, nl_dtype))
 
     def diagonal(self, name: str) -> None:
         """A `[P, P]` diagonal of the chain: a list of one per head, per token tile."""
         self.diagonals.add(name)
-        self.allocs.append(f"{name} = []")  # appended in head order
+        self.tiles.append((name, ""))
+
+    def allocs(self, heads: str) -> tuple[str, ...]:
+        """The chain's tiles for `heads` columns (the tile's heads, or one head's), and its diagonal lists
+        (appended in head order)."""
+        return tuple(f"{name} = nl.ndarray((_P, {heads}), dtype={dtype}, buffer=nl.sbuf)" if dtype
+                     else f"{name} = []" for name, dtype in self.tiles)  # fmt: skip
 
     def at(self, code: str, columns: str, constants: set[str]) -> str:
         """The access an instruction writes for operand `code` (per-head form) at `columns`: RANGE or ONE in
         the chain, HEAD in the epilogue."""
         name = code.split("[")[0]
         if code == f"{name}[0:{self.part}, 0:{self.part}]" and name in self.diagonals and columns == HEAD:
-            return f"{name}[h]{code[len(name):]}"
+            return f"{name}[{COLUMN_OF_HEAD}]{code[len(name):]}"
         if code != f"{name}[0:{self.part}, {COLUMN}]":
             return code
         if name in self.columns:
@@ -99,7 +108,7 @@ class Span:
 
     def copies(self) -> tuple[str, ...]:
         """The end of a head's passes: its accumulators into their column h."""
-        return tuple(f"nisa.tensor_copy(dst={stats(a)}[0:{self.part}, {HEAD}], src={a}[0:{self.part}, "
+        return tuple(f"nisa.tensor_copy(dst={stats(a)}[0:{self.part}, h:h + 1], src={a}[0:{self.part}, "
                      f"{COLUMN}], engine={GPSIMD})" for a in sorted(self.read_accs))  # fmt: skip
 
     def stats_allocs(self) -> tuple[str, ...]:

@@ -246,45 +246,37 @@ def _row_passes(t0, pt, h, HB, d_H, kv_hbm, pe_identity, prepared, x_hbm):
 def _head_passes(t0, pt, h, HB, clamp_arg, d_H, dot_sv, ec0, ec1, ec2, gate_sv, kv_hbm, pe_identity, prepared, rstd_k_sv, rstd_x_sv, v_ld, x_hbm):
     """Token tile t0, head h: loads, reduction passes, per-row math; returns what head_epilogue reads."""
     acc13, acc19, acc9 = _row_passes(t0, pt, h, HB, d_H, kv_hbm, pe_identity, prepared, x_hbm)
-    # per-row math on the accumulators, before the previous head's full-width epilogue
+    # per-row math on the accumulators, the tile's chain over this head's column, before the previous head's
+    # full-width epilogue
     e0 = nl.ndarray((_P, 1), dtype=nl.float32, buffer=nl.sbuf)
-    nisa.activation(dst=e0[0:pt, 0:1], op=nl.rsqrt, data=acc9[0:pt, 0:1], bias=ec0[0:pt, 0:1], scale=(1.0 / float(d_H)))
     e1 = nl.ndarray((_P, 1), dtype=nl.float32, buffer=nl.sbuf)
-    nisa.activation(dst=e1[0:pt, 0:1], op=nl.copy, data=e0[0:pt, 0:1], scale=acc19[0:pt, 0:1])
     e2 = nl.ndarray((_P, 1), dtype=nl.float32, buffer=nl.sbuf)
-    nisa.activation(dst=e2[0:pt, 0:1], op=nl.rsqrt, data=acc13[0:pt, 0:1], bias=ec0[0:pt, 0:1], scale=(1.0 / float(d_H)))
     e3 = nl.ndarray((_P, 1), dtype=nl.float32, buffer=nl.sbuf)
-    nisa.activation(dst=e3[0:pt, 0:1], op=nl.copy, data=e1[0:pt, 0:1], scale=e2[0:pt, 0:1])
     e4 = nl.ndarray((_P, 1), dtype=nl.float32, buffer=nl.sbuf)
-    nisa.activation(dst=e4[0:pt, 0:1], op=nl.abs, data=e3[0:pt, 0:1], scale=(float(d_H) ** -0.5))
     e5 = nl.ndarray((_P, 1), dtype=nl.float32, buffer=nl.sbuf)
-    if clamp_arg >= 0.0:
-        e6 = nl.ndarray((_P, 1), dtype=nl.float32, buffer=nl.sbuf)
-        nisa.activation(dst=e6[0:pt, 0:1], op=nl.relu, data=e4[0:pt, 0:1], bias=ec1[0:pt, 0:1])
-        nisa.activation(dst=e5[0:pt, 0:1], op=nl.copy, data=e6[0:pt, 0:1], bias=ec2[0:pt, 0:1])
-    else:
-        nisa.tensor_scalar(dst=e5[0:pt, 0:1], data=e4[0:pt, 0:1], op0=nl.maximum, operand0=clamp_arg)
+    e6 = nl.ndarray((_P, 1), dtype=nl.float32, buffer=nl.sbuf)
     e7 = nl.ndarray((_P, 1), dtype=nl.float32, buffer=nl.sbuf)
-    nisa.activation(dst=e7[0:pt, 0:1], op=nl.sqrt, data=e5[0:pt, 0:1])
     e8 = nl.ndarray((_P, 1), dtype=nl.float32, buffer=nl.sbuf)
-    nisa.activation(dst=e8[0:pt, 0:1], op=nl.sign, data=e3[0:pt, 0:1], scale=(float(d_H) ** -0.5))
     e9 = nl.ndarray((_P, 1), dtype=nl.float32, buffer=nl.sbuf)
-    nisa.activation(dst=e9[0:pt, 0:1], op=nl.sigmoid, data=e8[0:pt, 0:1], scale=e7[0:pt, 0:1])
-    return (t0, pt, h, acc19, dot_sv, e0, e2, e9, gate_sv, rstd_k_sv, rstd_x_sv, v_ld)
+    _row_math(pt, 0, 1, acc13, acc19, acc9, clamp_arg, d_H, e0, e1, e2, e3, e4, e5, e6, e7, e8, e9, ec0, ec1, ec2)
+    hc = 0
+    share = False
+    return (t0, pt, h, acc19, dot_sv, e0, e2, e9, gate_sv, hc, rstd_k_sv, rstd_x_sv, v_ld)
 
 
 def _head_epilogue(head, d_H, d_HC, dot_hbm, gate_hbm, out_hbm, rstd_k_hbm, rstd_x_hbm, save):
-    """Head state `head` from head_passes: the full-width combine and staged columns; returns its output DMAs."""
-    t0, pt, h, acc19, dot_sv, e0, e2, e9, gate_sv, rstd_k_sv, rstd_x_sv, v_ld = head
+    """Head state `head` from head_passes or tile_passes (its column hc of the per-row math's tiles): the
+    full-width combine and staged columns; returns its output DMAs."""
+    t0, pt, h, acc19, dot_sv, e0, e2, e9, gate_sv, hc, rstd_k_sv, rstd_x_sv, v_ld = head
     stores = []
     e10 = nl.ndarray((_P, d_H), dtype=nl.bfloat16, buffer=nl.sbuf)
-    nisa.tensor_scalar(dst=e10[0:pt, 0:d_H], data=v_ld[0:pt, 0:d_H], op0=nl.multiply, operand0=e9[0:pt, 0:1])
+    nisa.tensor_scalar(dst=e10[0:pt, 0:d_H], data=v_ld[0:pt, 0:d_H], op0=nl.multiply, operand0=e9[0:pt, hc:hc + 1])
     stores.append((out_hbm[t0:t0 + pt, h, 0:d_H], e10[0:pt, 0:d_H]))
     if save:
         nisa.tensor_copy(dst=dot_sv[0:pt, h:h + 1], src=acc19[0:pt, 0:1], engine=nisa.engine.gpsimd)
-        nisa.tensor_copy(dst=gate_sv[0:pt, h:h + 1], src=e9[0:pt, 0:1], engine=nisa.engine.gpsimd)
-        nisa.tensor_copy(dst=rstd_x_sv[0:pt, h:h + 1], src=e0[0:pt, 0:1], engine=nisa.engine.gpsimd)
-        nisa.tensor_copy(dst=rstd_k_sv[0:pt, h:h + 1], src=e2[0:pt, 0:1], engine=nisa.engine.gpsimd)
+        nisa.tensor_copy(dst=gate_sv[0:pt, h:h + 1], src=e9[0:pt, hc:hc + 1], engine=nisa.engine.gpsimd)
+        nisa.tensor_copy(dst=rstd_x_sv[0:pt, h:h + 1], src=e0[0:pt, hc:hc + 1], engine=nisa.engine.gpsimd)
+        nisa.tensor_copy(dst=rstd_k_sv[0:pt, h:h + 1], src=e2[0:pt, hc:hc + 1], engine=nisa.engine.gpsimd)
     if h == d_HC - 1:
         if save:
             stores.append((dot_hbm[t0:t0 + pt, 0:d_HC], dot_sv[0:pt, 0:d_HC]))
@@ -302,12 +294,14 @@ def _tile_passes(t0, pt, h, HB, acc13_t, acc19_t, acc9_t, d_H, dot_sv, e0, e2, e
     nisa.tensor_copy(dst=acc13_t[0:pt, h:h + 1], src=acc13[0:pt, 0:1], engine=nisa.engine.gpsimd)
     nisa.tensor_copy(dst=acc19_t[0:pt, h:h + 1], src=acc19[0:pt, 0:1], engine=nisa.engine.gpsimd)
     nisa.tensor_copy(dst=acc9_t[0:pt, h:h + 1], src=acc9[0:pt, 0:1], engine=nisa.engine.gpsimd)
-    return (t0, pt, h, acc19, dot_sv, e0, e2, e9, gate_sv, rstd_k_sv, rstd_x_sv, v_ld)
+    hc = h
+    share = h == 0
+    return (t0, pt, h, acc19, dot_sv, e0, e2, e9, gate_sv, hc, rstd_k_sv, rstd_x_sv, v_ld)
 
 
 def _row_math(pt, c0, c1, acc13_t, acc19_t, acc9_t, clamp_arg, d_H, e0, e1, e2, e3, e4, e5, e6, e7, e8, e9, ec0, ec1, ec2):
-    """Per-row math of the token tile's heads c0:c1 into its [P, heads] columns and per-head diagonals
-    (fusegen/codegen/rowreduce/tile_math.py)."""
+    """Per-row math of the token tile's heads c0:c1 into its [P, heads] columns and per-head diagonals, or of
+    one head (0:1 of its own [P, 1] columns) (fusegen/codegen/rowreduce/tile_math.py)."""
     nisa.activation(dst=e0[0:pt, c0:c1], op=nl.rsqrt, data=acc9_t[0:pt, c0:c1], bias=ec0[0:pt, 0:1], scale=(1.0 / float(d_H)))
     for j in range(c0, c1):
         nisa.activation(dst=e1[0:pt, j:j + 1], op=nl.copy, data=e0[0:pt, j:j + 1], scale=acc19_t[0:pt, j:j + 1])
@@ -324,27 +318,6 @@ def _row_math(pt, c0, c1, acc13_t, acc19_t, acc9_t, clamp_arg, d_H, e0, e1, e2, 
     nisa.activation(dst=e8[0:pt, c0:c1], op=nl.sign, data=e3[0:pt, c0:c1], scale=(float(d_H) ** -0.5))
     for j in range(c0, c1):
         nisa.activation(dst=e9[0:pt, j:j + 1], op=nl.sigmoid, data=e8[0:pt, j:j + 1], scale=e7[0:pt, j:j + 1])
-
-
-def _tile_epilogue(head, d_H, d_HC, dot_hbm, gate_hbm, out_hbm, rstd_k_hbm, rstd_x_hbm, save):
-    """head_epilogue of a head of such a tile: it reads its column of the tile's per-row math."""
-    t0, pt, h, acc19, dot_sv, e0, e2, e9, gate_sv, rstd_k_sv, rstd_x_sv, v_ld = head
-    stores = []
-    e10 = nl.ndarray((_P, d_H), dtype=nl.bfloat16, buffer=nl.sbuf)
-    nisa.tensor_scalar(dst=e10[0:pt, 0:d_H], data=v_ld[0:pt, 0:d_H], op0=nl.multiply, operand0=e9[0:pt, h:h + 1])
-    stores.append((out_hbm[t0:t0 + pt, h, 0:d_H], e10[0:pt, 0:d_H]))
-    if save:
-        nisa.tensor_copy(dst=dot_sv[0:pt, h:h + 1], src=acc19[0:pt, 0:1], engine=nisa.engine.gpsimd)
-        nisa.tensor_copy(dst=gate_sv[0:pt, h:h + 1], src=e9[0:pt, h:h + 1], engine=nisa.engine.gpsimd)
-        nisa.tensor_copy(dst=rstd_x_sv[0:pt, h:h + 1], src=e0[0:pt, h:h + 1], engine=nisa.engine.gpsimd)
-        nisa.tensor_copy(dst=rstd_k_sv[0:pt, h:h + 1], src=e2[0:pt, h:h + 1], engine=nisa.engine.gpsimd)
-    if h == d_HC - 1:
-        if save:
-            stores.append((dot_hbm[t0:t0 + pt, 0:d_HC], dot_sv[0:pt, 0:d_HC]))
-            stores.append((gate_hbm[t0:t0 + pt, 0:d_HC], gate_sv[0:pt, 0:d_HC]))
-            stores.append((rstd_x_hbm[t0:t0 + pt, 0:d_HC], rstd_x_sv[0:pt, 0:d_HC]))
-            stores.append((rstd_k_hbm[t0:t0 + pt, 0:d_HC], rstd_k_sv[0:pt, 0:d_HC]))
-    return stores
 
 
 def _stream_passes(t0, pt, h, HB, clamp_arg, d_H, dot_sv, gate_sv, kv_hbm, prepared, rstd_k_sv, rstd_x_sv, scc0, scc1, scc2, scc3, scc4, x_hbm):
@@ -550,15 +523,13 @@ def engram_gate_noresid_kernel(x_hbm, kv_hbm, w_h_hbm, w_e_hbm, eps_arg, clamp_a
                 for dst, src in queued if overlap else stores:
                     nisa.dma_copy(dst=dst, src=src)
                 queued, stores = (stores, []) if overlap else ([], [])
-                pending.append((n + 1 if per_head else n - h + d_HC + 1, per_head, head))
-                for _, by_head, prev in ready:
-                    stores.extend(_head_epilogue(prev, d_H, d_HC, dot_hbm, gate_hbm, out_hbm, rstd_k_hbm, rstd_x_hbm, save) if by_head
-                                  else _tile_epilogue(prev, d_H, d_HC, dot_hbm, gate_hbm, out_hbm, rstd_k_hbm, rstd_x_hbm, save))
+                pending.append((n + 1 if per_head else n - h + d_HC + 1, head))
+                for _, prev in ready:
+                    stores.extend(_head_epilogue(prev, d_H, d_HC, dot_hbm, gate_hbm, out_hbm, rstd_k_hbm, rstd_x_hbm, save))
                 if not overlap:
-                    stores.extend(_head_epilogue(pending.pop()[2], d_H, d_HC, dot_hbm, gate_hbm, out_hbm, rstd_k_hbm, rstd_x_hbm, save))
-        for _, by_head, prev in pending:
-            stores.extend(_head_epilogue(prev, d_H, d_HC, dot_hbm, gate_hbm, out_hbm, rstd_k_hbm, rstd_x_hbm, save) if by_head
-                          else _tile_epilogue(prev, d_H, d_HC, dot_hbm, gate_hbm, out_hbm, rstd_k_hbm, rstd_x_hbm, save))
+                    stores.extend(_head_epilogue(pending.pop()[1], d_H, d_HC, dot_hbm, gate_hbm, out_hbm, rstd_k_hbm, rstd_x_hbm, save))
+        for _, prev in pending:
+            stores.extend(_head_epilogue(prev, d_H, d_HC, dot_hbm, gate_hbm, out_hbm, rstd_k_hbm, rstd_x_hbm, save))
         for dst, src in queued + stores:
             nisa.dma_copy(dst=dst, src=src)
     if save:

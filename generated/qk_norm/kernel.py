@@ -212,18 +212,22 @@ def _row_passes(t0, pt, h, HB, d_D, q_hbm):
 def _head_passes(t0, pt, h, HB, d_D, ec0, prepared, q_hbm):
     """Token tile t0, head h: loads, reduction passes, per-row math; returns what head_epilogue reads."""
     acc4, q_ld = _row_passes(t0, pt, h, HB, d_D, q_hbm)
-    # per-row math on the accumulators, before the previous head's full-width epilogue
+    # per-row math on the accumulators, the tile's chain over this head's column, before the previous head's
+    # full-width epilogue
     e0 = nl.ndarray((_P, 1), dtype=nl.float32, buffer=nl.sbuf)
-    nisa.activation(dst=e0[0:pt, 0:1], op=nl.rsqrt, data=acc4[0:pt, 0:1], bias=ec0[0:pt, 0:1], scale=(1.0 / float(d_D)))
-    return (t0, pt, h, e0, prepared, q_ld)
+    _row_math(pt, 0, 1, acc4, d_D, e0, ec0)
+    hc = 0
+    share = False
+    return (t0, pt, h, e0, hc, prepared, q_ld)
 
 
 def _head_epilogue(head, d_D, y_hbm):
-    """Head state `head` from head_passes: the full-width combine and staged columns; returns its output DMAs."""
-    t0, pt, h, e0, prepared, q_ld = head
+    """Head state `head` from head_passes or tile_passes (its column hc of the per-row math's tiles): the
+    full-width combine and staged columns; returns its output DMAs."""
+    t0, pt, h, e0, hc, prepared, q_ld = head
     stores = []
     e1 = nl.ndarray((_P, d_D), dtype=nl.bfloat16, buffer=nl.sbuf)
-    nisa.scalar_tensor_tensor(dst=e1[0:pt, 0:d_D], data=q_ld[0:pt, 0:d_D], op0=nl.multiply, operand0=e0[0:pt, 0:1], op1=nl.multiply, operand1=prepared[0][0:pt, 0:d_D])
+    nisa.scalar_tensor_tensor(dst=e1[0:pt, 0:d_D], data=q_ld[0:pt, 0:d_D], op0=nl.multiply, operand0=e0[0:pt, hc:hc + 1], op1=nl.multiply, operand1=prepared[0][0:pt, 0:d_D])
     stores.append((y_hbm[t0:t0 + pt, h, 0:d_D], e1[0:pt, 0:d_D]))
     return stores
 
@@ -234,23 +238,15 @@ def _tile_passes(t0, pt, h, HB, acc4_t, d_D, e0, prepared, q_hbm):
     acc4, q_ld = _row_passes(t0, pt, h, HB, d_D, q_hbm)
     # the accumulators into column h of the tile's statistics: _row_math runs the per-row math on them
     nisa.tensor_copy(dst=acc4_t[0:pt, h:h + 1], src=acc4[0:pt, 0:1], engine=nisa.engine.gpsimd)
-    return (t0, pt, h, e0, prepared, q_ld)
+    hc = h
+    share = h == 0
+    return (t0, pt, h, e0, hc, prepared, q_ld)
 
 
 def _row_math(pt, c0, c1, acc4_t, d_D, e0, ec0):
-    """Per-row math of the token tile's heads c0:c1 into its [P, heads] columns and per-head diagonals
-    (fusegen/codegen/rowreduce/tile_math.py)."""
+    """Per-row math of the token tile's heads c0:c1 into its [P, heads] columns and per-head diagonals, or of
+    one head (0:1 of its own [P, 1] columns) (fusegen/codegen/rowreduce/tile_math.py)."""
     nisa.activation(dst=e0[0:pt, c0:c1], op=nl.rsqrt, data=acc4_t[0:pt, c0:c1], bias=ec0[0:pt, 0:1], scale=(1.0 / float(d_D)))
-
-
-def _tile_epilogue(head, d_D, y_hbm):
-    """head_epilogue of a head of such a tile: it reads its column of the tile's per-row math."""
-    t0, pt, h, e0, prepared, q_ld = head
-    stores = []
-    e1 = nl.ndarray((_P, d_D), dtype=nl.bfloat16, buffer=nl.sbuf)
-    nisa.scalar_tensor_tensor(dst=e1[0:pt, 0:d_D], data=q_ld[0:pt, 0:d_D], op0=nl.multiply, operand0=e0[0:pt, h:h + 1], op1=nl.multiply, operand1=prepared[0][0:pt, 0:d_D])
-    stores.append((y_hbm[t0:t0 + pt, h, 0:d_D], e1[0:pt, 0:d_D]))
-    return stores
 
 
 def _stream_passes(t0, pt, h, HB, d_D, prepared, q_hbm, scc0, scc1):
@@ -357,15 +353,13 @@ def qk_norm_kernel(q_hbm, w_hbm, eps_arg, HB, resident, overlap, streamed, save)
                 for dst, src in queued if overlap else stores:
                     nisa.dma_copy(dst=dst, src=src)
                 queued, stores = (stores, []) if overlap else ([], [])
-                pending.append((n + 1 if per_head else n - h + d_NH + 1, per_head, head))
-                for _, by_head, prev in ready:
-                    stores.extend(_head_epilogue(prev, d_D, y_hbm) if by_head
-                                  else _tile_epilogue(prev, d_D, y_hbm))
+                pending.append((n + 1 if per_head else n - h + d_NH + 1, head))
+                for _, prev in ready:
+                    stores.extend(_head_epilogue(prev, d_D, y_hbm))
                 if not overlap:
-                    stores.extend(_head_epilogue(pending.pop()[2], d_D, y_hbm))
-        for _, by_head, prev in pending:
-            stores.extend(_head_epilogue(prev, d_D, y_hbm) if by_head
-                          else _tile_epilogue(prev, d_D, y_hbm))
+                    stores.extend(_head_epilogue(pending.pop()[1], d_D, y_hbm))
+        for _, prev in pending:
+            stores.extend(_head_epilogue(prev, d_D, y_hbm))
         for dst, src in queued + stores:
             nisa.dma_copy(dst=dst, src=src)
     return y_hbm

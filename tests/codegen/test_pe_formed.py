@@ -33,17 +33,19 @@ def test_engram_out_is_formed_in_psum_with_its_diagonals_in_the_per_row_prefix()
     epilogue = calls("engram_gate", "_head_epilogue")
     assert "scalar_tensor_tensor" not in epilogue
     assert epilogue.count("nc_matmul") == 1 + G_PARTS  # I·x, then one diagonal per part of g
-    passes = calls("engram_gate", "_head_passes")
-    # the diagonals (the identity scaled per row) are built with the per-row math, ahead of the epilogue
+    # the diagonals (the identity scaled per row) are built with the per-row math, ahead of the epilogue: in
+    # the chain (`_row_math`) each head's passes run over its own column
     tree = ast.parse((REPO / "generated" / "engram_gate" / "kernel.py").read_text())
-    body = next(n for n in tree.body if isinstance(n, ast.FunctionDef) and n.name == "_head_passes")
+    body = next(n for n in tree.body if isinstance(n, ast.FunctionDef) and n.name == "_row_math")
     scaled = [n for n in ast.walk(body) if isinstance(n, ast.Call) and "data=pe_identity" in ast.unparse(n)]
-    assert len(scaled) == G_PARTS and "activation" in passes
+    assert len(scaled) == G_PARTS and all(ast.unparse(n).startswith("nisa.activation(") for n in scaled)
+    passes = next(n for n in tree.body if isinstance(n, ast.FunctionDef) and n.name == "_head_passes")
+    assert "_row_math(pt, 0, 1," in ast.unparse(passes)
 
 
 def test_tiles_of_heads_read_their_diagonals_from_the_per_tile_math() -> None:
     """Where a token tile's heads run their per-row math once (tile_math.py), the diagonals are built there,
-    one per part of g and head from the head's column, into per-head lists the epilogue indexes; the
+    one per part of g and head from the head's column, into per-head lists the epilogue indexes (at hc); the
     Scalar engine, freed by that chain, evicts the last 512 columns of the tile's first head."""
     tree = ast.parse((REPO / "generated" / "engram_gate" / "kernel.py").read_text())
     body = next(n for n in tree.body if isinstance(n, ast.FunctionDef) and n.name == "_row_math")
@@ -52,10 +54,15 @@ def test_tiles_of_heads_read_their_diagonals_from_the_per_tile_math() -> None:
     assert len(scaled) == G_PARTS
     assert all(s.startswith("nisa.activation(") and "j:j + 1]" in s for s in scaled)
     epilogue = ast.unparse(next(n for n in tree.body if isinstance(n, ast.FunctionDef)
-                                and n.name == "_tile_epilogue"))  # fmt: skip
-    assert epilogue.count("[h][0:pt, 0:pt]") == G_PARTS
-    assert "if h == 0 and q0 + qw == d_H:" in epilogue
-    assert calls("engram_gate", "_tile_epilogue").count("activation") == 1
+                                and n.name == "_head_epilogue"))  # fmt: skip
+    assert epilogue.count("[hc][0:pt, 0:pt]") == G_PARTS
+    assert "if share and q0 + qw == d_H:" in epilogue
+    assert calls("engram_gate", "_head_epilogue").count("activation") == 1
+    # the share only in a tile's first head, never per head (slower there: docs/performance.md)
+    functions = {n.name: ast.unparse(n) for n in tree.body if isinstance(n, ast.FunctionDef)}
+    state = {name: functions[name] for name in ("_tile_passes", "_head_passes")}
+    assert "share = h == 0" in state["_tile_passes"] and "hc = h" in state["_tile_passes"]
+    assert "share = False" in state["_head_passes"] and "hc = 0" in state["_head_passes"]
 
 
 def test_without_a_residual_the_rule_does_not_apply() -> None:

@@ -40,17 +40,25 @@ def _clamp_branch(body: ast.FunctionDef) -> ast.If:
 def test_engram_chain_is_fourteen_scalar_steps_per_head() -> None:
     """Per token tile and head, for a clamp >= 0: two rsqrt, two products, abs, relu and its `+ clamp`, sqrt,
     sign, sigmoid and g's three bf16 parts (four steps); 16 before this session's folds: each mean's 1/H was
-    a step per chunk. A negative clamp takes one exact Vector maximum instead of relu and `+ clamp`."""
+    a step per chunk. A negative clamp takes one exact Vector maximum instead of relu and `+ clamp`. One
+    head runs the tile's chain (`_row_math`) over column 0:1 of its own tiles, its accumulators passed where
+    the tile's chain takes their [P, heads] tiles: each step once."""
     passes = function("engram_gate", "_head_passes")
-    loop = _chunk_loop()
-    branch = _clamp_branch(passes)
-    other = [s for n in branch.orelse for s in column_steps(n)]
-    chain = [s for s in column_steps(passes) if s not in column_steps(loop) and s not in other]
+    calls = [n for n in ast.walk(passes) if isinstance(n, ast.Call)]
+    assert not [c for c in calls if ast.unparse(c.func).startswith("nisa.")]  # only allocations of its own
+    call = next(c for c in calls if ast.unparse(c.func) == "_row_math")
+    math = function("engram_gate", "_row_math")
+    params = [a.arg for a in math.args.args]
+    args = [ast.unparse(a) for a in call.args]
+    assert args[:3] == ["pt", "0", "1"] and len(args) == len(params)
+    assert all(arg == param.removesuffix("_t") for arg, param in zip(args[3:], params[3:], strict=True))
+    other = [s for n in _clamp_branch(math).orelse for s in column_steps(n, "c0:c1")]
+    chain = [s for s in column_steps(math, "c0:c1") + column_steps(math, "j:j + 1") if s not in other]
     assert len(chain) == 14
     assert all(s.startswith("nisa.activation(") for s in chain)  # all on the Scalar engine: no hand-off
     assert len(other) == 1 and "op0=nl.maximum" in other[0] and "operand0=clamp_arg" in other[0]
     # the chunk loop only reduces and accumulates: no scaled partial per chunk
-    assert all("scale=" not in s for s in column_steps(loop))
+    assert all("scale=" not in s for s in column_steps(_chunk_loop()))
 
 
 def test_engram_chain_is_nine_steps_per_tile_and_five_per_head() -> None:
@@ -93,10 +101,10 @@ def test_any_spec_with_a_heads_axis_batches_its_chain() -> None:
 
 
 def test_the_mean_scale_rides_in_the_rsqrt_and_the_clamp_is_exact_for_either_sign() -> None:
-    chain = column_steps(function("engram_gate", "_head_passes"))
-    rsqrt = [s for s in chain if "op=nl.rsqrt" in s]
+    math = function("engram_gate", "_row_math")
+    rsqrt = [s for s in column_steps(math, "c0:c1") if "op=nl.rsqrt" in s]
     assert len(rsqrt) == 2 and all("scale=1.0 / float(d_H)" in s and "bias=" in s for s in rsqrt)
-    usual = [s for n in _clamp_branch(function("engram_gate", "_head_passes")).body for s in column_steps(n)]
+    usual = [s for n in _clamp_branch(math).body for s in column_steps(n, "c0:c1")]
     assert ["op=nl.relu" in usual[0], "op=nl.copy" in usual[1] and "bias=" in usual[1]] == [True, True]
 
 

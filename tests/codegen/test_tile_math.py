@@ -83,7 +83,7 @@ def _column(code: str) -> Expr:
 def test_the_selector_emits_the_chain_over_the_heads_and_one_column_where_an_operand_must_be_one() -> None:
     """rsqrt(acc1 + eps) over c0:c1 of the accumulator's [P, G] tile; sigmoid(r * acc2), whose scale must be
     one column, once per column j; the first full-width step ends the chain, and from there the head's
-    column h is read."""
+    column hc is read."""
     sel, span = _span_selector()
     rstd = Expr("rsqrt", (Expr("add", (_column("acc1[0:pt, 0:1]"), scalar("eps")), kind="vec"),), kind="vec")
     gate = Expr("sigmoid", (Expr("mul", (rstd, _column("acc2[0:pt, 0:1]")), kind="vec"),), kind="vec")
@@ -95,12 +95,12 @@ def test_the_selector_emits_the_chain_over_the_heads_and_one_column_where_an_ope
     sigmoid = ("nisa.activation(dst=e1[0:pt, j:j + 1], op=nl.sigmoid, data=e0[0:pt, j:j + 1], "
                "scale=acc2_t[0:pt, j:j + 1])")  # fmt: skip
     assert chain == [rsqrt, "for j in range(c0, c1):", "    " + sigmoid]
-    assert span.allocs == [f"{name} = nl.ndarray((_P, d_G), dtype=nl.float32, buffer=nl.sbuf)"
-                           for name in ("e0", "e1")]  # fmt: skip
+    alloc = "{} = nl.ndarray((_P, d_G), dtype=nl.float32, buffer=nl.sbuf)"
+    assert span.allocs(span.heads) == (alloc.format("e0"), alloc.format("e1"))
     assert span.copies() == tuple(f"nisa.tensor_copy(dst={a}_t[0:pt, h:h + 1], src={a}[0:pt, 0:1], "
                                   "engine=nisa.engine.gpsimd)" for a in ("acc1", "acc2"))  # fmt: skip
     assert epilogue[0].startswith("e2 = nl.ndarray((_P, d_H)")
-    assert "e1[0:pt, h:h + 1]" in epilogue[1] and "c0:c1" not in epilogue[1] and not span.foreign
+    assert "e1[0:pt, hc:hc + 1]" in epilogue[1] and "c0:c1" not in epilogue[1] and not span.foreign
 
 
 def test_a_chain_reading_another_per_head_column_is_not_widened() -> None:

@@ -159,13 +159,12 @@ def lowerings(body: KernelIR, m: RowReduceMatch, lifted: Lifted | None
               ) -> tuple[RowReduceLowering, RowReduceLowering | None, RowReduceLowering]:  # fmt: skip
     """(whole-row lowering, its per-tile variant or None, streamed lowering) of `body`, all with one SBUF
     model: with a heads axis of the spec's own, token tiles whose heads fit SBUF together run their per-row
-    math once (tile_math.py); the others, and the last tile, keep the per-head lowering."""
+    math once (tile_math.py); the others, and the last tile, run it per head, with the same epilogue."""
     low, streamed = with_streamed(body, m, lower_rowreduce(body, m))
-    tile = tiled(body, m, low) if lifted is None else low
-    if tile is low:
+    head, tile = tiled(body, m, low) if lifted is None else (low, None)
+    if tile is None:
         return low, None, streamed
-    model = tile.model
-    return dataclasses.replace(low, model=model), tile, dataclasses.replace(streamed, model=model)
+    return head, tile, dataclasses.replace(streamed, model=tile.model)
 
 
 def row_body(ir: KernelIR) -> tuple[KernelIR, Lifted | None]:

@@ -112,9 +112,15 @@ class RowReduceLowering:
     pe_epilogue: bool = False
     # the Scalar engine is the less loaded: it may take a share of the PE-formed output's evictions
     scalar_share: bool = False
-    # per-row math once per token tile for all heads (tile_math.py): per-tile allocations, the chain's body
+    # per-row math once per token tile for all heads (tile_math.py): per-tile allocations, the chain's body,
+    # the accumulators it reads from their `[P, heads]` tiles, the head's state for the shared epilogue
+    # (its column `hc`, the Scalar share's condition); `head_math`: the per-head lowering of such a kernel,
+    # which runs the same chain over its head's one column
     tile_allocs: tuple[str, ...] = ()
     tile_math: tuple[str, ...] = ()
+    tile_accs: tuple[str, ...] = ()
+    head_state: tuple[str, ...] = ()
+    head_math: bool = False
 
 
 def lower_rowreduce(ir: KernelIR, m: RowReduceMatch) -> RowReduceLowering:

@@ -10,8 +10,10 @@ What crosses from one helper to the other is decided here, from the rendered bod
 returns the tuple of every per-head value the epilogue reads (`head`), and each helper takes the
 launch-wide names it reads as parameters, named as in the kernel so every call passes them through.
 A kernel with the per-tile chain (tile_math.py) has two passes helpers, which differ only in where the
-per-row math goes (per head, or into the tile's columns): both call `_row_passes`, the loads and
-reduction passes, written once (`RowsHelper`).
+per-row math goes: both call `_row_passes`, the loads and reduction passes, written once (`RowsHelper`);
+one head's then runs `_row_math`, the tile's chain, over its own one column, and the other copies its
+sums into the tile's columns for the chain after the tile's last head. Both end with the head's column
+`hc` of the chain's tiles, which one epilogue helper reads.
 """
 
 from __future__ import annotations
@@ -23,9 +25,12 @@ from dataclasses import dataclass
 
 from fusegen.codegen.files.render import render
 from fusegen.codegen.rowreduce.lower import RowReduceLowering
+from fusegen.codegen.select_span import stats
 
 HEAD_TEMPLATE = "rowreduce_head.py.jinja"
 ROWS = "_row_passes"
+MATH = "_row_math"
+HELPERS = {ROWS, MATH}  # functions of the generated module besides the prologue's
 #: Names of the kernel body that change per token tile or head (the rest are fixed for the launch).
 PER_HEAD = ("t0", "pt", "h")
 
@@ -64,11 +69,11 @@ def rows_helper(lows: tuple[RowReduceLowering, ...], module_source: str) -> Rows
     variant): what they read, and what the per-row math and epilogues of all of them read after them."""
     body = render(HEAD_TEMPLATE, low=lows[0], part="rows").rstrip()
     reads, sets = _names(body)
+    known = _module_names(module_source) | set(dir(builtins)) | HELPERS
     later: set[str] = set()
     for low in lows:
         for part in ("tail", "epilogue"):
-            later |= _names(render(HEAD_TEMPLATE, low=low, part=part))[0]
-    known = _module_names(module_source) | set(dir(builtins))
+            later |= _names(render(HEAD_TEMPLATE, low=low, part=part, math_call=_math_call(low, known)))[0]
     return RowsHelper(body, ", ".join(_ordered(reads - known)), ", ".join(_ordered(sets & later)))
 
 
@@ -77,11 +82,12 @@ def head_helpers(low: RowReduceLowering, varying: tuple[str, ...], module_source
     """The helpers of lowering `low`; `varying` are kernel locals set per token tile or head outside the
     helpers (shared row loads, column staging, `prepared`); `module_source` defines the file's globals;
     `rows`: the loads and passes as a call of the shared helper."""
-    passes = render(HEAD_TEMPLATE, low=low, part="passes").rstrip()
+    known = _module_names(module_source) | set(dir(builtins)) | HELPERS
+    call = _math_call(low, known)
+    passes = render(HEAD_TEMPLATE, low=low, part="passes", math_call=call).rstrip()
     if rows is not None:
-        passes = rows.call() + "\n" + render(HEAD_TEMPLATE, low=low, part="tail").rstrip()
+        passes = rows.call() + "\n" + render(HEAD_TEMPLATE, low=low, part="tail", math_call=call).rstrip()
     epilogue = render(HEAD_TEMPLATE, low=low, part="epilogue").rstrip()
-    known = _module_names(module_source) | set(dir(builtins)) | {ROWS}  # ROWS: a function of the module
     passes_reads, passes_sets = _names(passes)
     epilogue_reads, _ = _names(epilogue)
     per_head = set(PER_HEAD) | set(varying) | passes_sets
@@ -89,7 +95,7 @@ def head_helpers(low: RowReduceLowering, varying: tuple[str, ...], module_source
     passes_params = _ordered((passes_reads | (set(head) - passes_sets)) - known)
     launch = sorted(epilogue_reads - set(head) - known)
     math = "\n".join(low.tile_math)
-    math_reads = sorted(_names(math)[0] - {"pt", "c0", "c1"} - known) if math else []
+    math_reads = _math_reads(low, known)
     return HeadHelpers(
         passes_body=passes,
         epilogue_body=epilogue,
@@ -101,6 +107,20 @@ def head_helpers(low: RowReduceLowering, varying: tuple[str, ...], module_source
         math_params=", ".join(["pt", "c0", "c1", *math_reads]),
         math_args=", ".join(math_reads),
     )
+
+
+def _math_reads(low: RowReduceLowering, known: set[str]) -> list[str]:
+    """The names the chain reads besides its range (`pt, c0, c1`): `_row_math`'s other parameters."""
+    return sorted(_names("\n".join(low.tile_math))[0] - {"pt", "c0", "c1"} - known) if low.tile_math else []
+
+
+def _math_call(low: RowReduceLowering, known: set[str]) -> str:
+    """One head's call of the chain (`low.head_math`): over column 0:1 of its own tiles, its accumulators
+    read where the tile's chain reads their `[P, heads]` tiles; "" otherwise."""
+    if not low.head_math:
+        return ""
+    accs = {stats(a): a for a in low.tile_accs}
+    return f"{MATH}(pt, 0, 1, {', '.join(accs.get(n, n) for n in _math_reads(low, known))})"
 
 
 def _ordered(names: set[str]) -> list[str]:
