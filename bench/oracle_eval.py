@@ -78,6 +78,12 @@ def _unless_overflow(radius: torch.Tensor, magnitude: torch.Tensor) -> torch.Ten
     return torch.where(magnitude < F32_MAX, radius, torch.full_like(radius, math.inf))
 
 
+def _slicer(const: tuple[int, int, int]) -> Callable[[torch.Tensor], torch.Tensor]:
+    """A function taking positions start:stop of one axis."""
+    axis, start, stop = const
+    return lambda t: t.narrow(axis, start, stop - start)
+
+
 class Evaluator:
     """Evaluates nodes over `env` (name -> tensor or float) in `dtype`; in float64 also the error radius."""
 
@@ -131,6 +137,10 @@ class Evaluator:
             return self.layernorm(n)
         if n.op == "mm":
             return self.matmul(self(n.args[0]), self(n.args[1]))
+        if n.op in ("slice", "unsq"):  # `kv[:, 0:G, :]`, `h[:, 0:N]` (axis, start, stop); `c[:, :, None]`
+            v, r = self(n.args[0])
+            pick = _slicer(n.const) if n.op == "slice" else lambda t: t.unsqueeze(-1)  # type: ignore[arg-type]
+            return pick(v), None if r is None else pick(r)
         raise ValueError(f"no oracle for {n.op}")
 
     # ---- radius helpers ------------------------------------------------------------------------------

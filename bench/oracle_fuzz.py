@@ -18,14 +18,16 @@ import sys
 import tempfile
 import time
 from collections import Counter
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
 import torch
+from oracle_cases import heads_case, proj_case
 from oracle_eval import DTYPES, UNIT, Evaluator
 from oracle_gen import OracleCase, ffn_case, rows_case
+from oracle_layout import lay_out, pick_layouts, unchanged
 
 #: how many times the derived radius an element may be off: the radius is first-order per operation, and
 #: "a few ulps" of the output dtype is the tolerance the brief asks (2 rounding-radii = 2 output ulps)
@@ -45,6 +47,7 @@ class OracleTally:
     excluded: int = 0
     rejected: Counter[str] = field(default_factory=Counter)  # build refusals by their first line
     refused_calls: list[tuple[str, str]] = field(default_factory=list)  # host ValueError, spec
+    ran_by: Counter[str] = field(default_factory=Counter)  # cases run, by generator; "views": laid out
     wrong: list[tuple[str, str]] = field(default_factory=list)  # (what differs, spec)
     errors: list[tuple[str, str]] = field(default_factory=list)  # (exception, spec)
 
@@ -79,19 +82,26 @@ def check_case(case: OracleCase, folder: Path, tally: OracleTally) -> None:
     from fusegen.testing import make_inputs
 
     kernel = load_module(folder / "kernel.py")
-    args = make_inputs(case.inputs, case.shapes)
+    how = dict(case.layouts)
+    args = [lay_out(a, how.get(n)) for (n, _, _), a in zip(case.inputs, make_inputs(case.inputs, case.shapes),
+                                                            strict=True)]  # fmt: skip
+    before = [a.clone() for a in args]
     try:
         got = kernel.k(*args, **case.params, lnc=case.lnc)
     except ValueError as err:  # the host refused the params (a scalar it forms would be undefined)
         tally.refused_calls.append((str(err).splitlines()[0][:160], case.text))
         return
     tally.ran += 1
+    tally.ran_by.update([case.generator] + (["views"] if case.layouts else []))
+    written = [n for (n, _, _), a, b in zip(case.inputs, args, before, strict=True) if not unchanged(b, a)]
+    if written:
+        tally.wrong.append((f"inputs {written} written by the call; layouts {case.layouts}", case.text))
     got = got if isinstance(got, tuple) else (got,)
     o64, o32 = _oracle(case, args)
     for out, g in zip(case.outputs, got, strict=True):
         v, r = o64[out.name]
         assert r is not None
-        shape = v.shape if "," in out.shape else v.shape[:-1]
+        shape = tuple(int(d) if d.isdigit() else case.dims[d] for d in out.shape.split(", "))
         if tuple(g.shape) != tuple(shape):
             tally.wrong.append((f"{out.name}: shape {tuple(g.shape)}, spec says {tuple(shape)}", case.text))
             continue
@@ -100,7 +110,8 @@ def check_case(case: OracleCase, folder: Path, tally: OracleTally) -> None:
         tally.excluded += int(excluded.sum())
         if wrong.any():
             worst = _worst(out.name, g.reshape(v.shape), v, o32[out.name], bound, wrong)
-            tally.wrong.append((f"{worst}; called with {case.params}, lnc={case.lnc}", case.text))
+            called = f"called with {case.params}, lnc={case.lnc}, layouts {case.layouts}"
+            tally.wrong.append((f"{worst}; {called}", case.text))
 
 
 def _worst(name: str, got: torch.Tensor, want: torch.Tensor, want32: torch.Tensor, bound: torch.Tensor,
@@ -148,14 +159,26 @@ def _refusal(err: str) -> str:
     return first.split("here: " if note else "error: ", 1)[-1][:100]
 
 
-def oracle_fuzz(count: int, seed: int, ffn_share: float = 0.25) -> OracleTally:
-    """`count` random cases from `seed`: row specs, and FFN blocks for `ffn_share` of them."""
+#: each generator's share of the cases
+MIX = ((rows_case, 0.35), (heads_case, 0.25), (ffn_case, 0.15), (proj_case, 0.25))
+
+
+def draw(rng: random.Random) -> OracleCase:
+    """One case from a generator of MIX, its inputs laid out as views for some."""
+    make = rng.choices([f for f, _ in MIX], weights=[w for _, w in MIX])[0]
+    case = make(rng)
+    names = [n for n, _, _ in case.inputs]
+    layouts = pick_layouts(rng, names, [len(case.shapes[n]) for n in names])
+    return replace(case, layouts=layouts, generator=make.__name__)
+
+
+def oracle_fuzz(count: int, seed: int) -> OracleTally:
+    """`count` random cases from `seed` (see `draw`)."""
     rng = random.Random(seed)
     tally = OracleTally()
     with tempfile.TemporaryDirectory(prefix="fusegen-oracle-") as tmp:
         for _ in range(count):
-            case = ffn_case(rng) if rng.random() < ffn_share else rows_case(rng)
-            one(case, Path(tmp), tally)
+            one(draw(rng), Path(tmp), tally)
     return tally
 
 
@@ -166,6 +189,7 @@ def report(tally: OracleTally, elapsed: float) -> int:
         f"{tally.elements} elements checked ({tally.excluded} excluded as ill-conditioned in f32), "
         f"{len(tally.wrong)} wrong, {len(tally.errors)} errors, {len(tally.refused_calls)} calls refused"
     )
+    print("  run by generator: " + ", ".join(f"{k} {n}" for k, n in sorted(tally.ran_by.items())))
     for reason, n in tally.rejected.most_common(8):
         print(f"  rejected {n:4d}  {reason}")
     for what, text in tally.wrong + tally.errors:

@@ -39,6 +39,8 @@ def test_oracle_slice_kernels_match_math_written_outside_fusegen() -> None:
     oracle = _oracle_module()
     tally = oracle.oracle_fuzz(count=24, seed=5)
     assert tally.ran >= 12 and tally.elements > 100_000  # the generator reaches kernels, not only errors
+    for generator in ("rows_case", "heads_case", "ffn_case", "proj_case", "views"):  # each one reached
+        assert tally.ran_by[generator] >= 3, tally.ran_by
     assert tally.errors == [], tally.errors[:2]
     assert tally.wrong == [], tally.wrong[:2]
 
@@ -75,3 +77,20 @@ def test_oracle_lets_a_cast_into_f16_subnormals_round_either_way() -> None:
     assert wrong.tolist() == [False, False]
     far = torch.tensor([94 * step, 99 * step])  # two steps past the other side: not rounding
     assert _oracle_module().judge("f32", far, want, radius, want.float())[0].tolist() == [True, True]
+
+
+def test_oracle_views_keep_values_and_hide_nan_past_their_ends() -> None:
+    """Each layout hands over the same values (a broadcast repeats its first row) in another memory layout,
+    with NaN where a kernel reading past the view would land."""
+    import torch
+
+    _oracle_module()
+    from oracle_layout import lay_out
+
+    t = torch.arange(12.0).reshape(3, 4).bfloat16()
+    for how in ("slice", "reversed", "offset"):
+        view = lay_out(t, how)
+        assert torch.equal(view, t) and not (view.is_contiguous() and view.storage_offset() == 0)
+    assert lay_out(t, "slice").untyped_storage().nbytes() > t.numel() * 2
+    assert torch.isnan(torch.as_strided(lay_out(t, "offset"), (1,), (1,), 0)).all()  # storage before it
+    assert lay_out(t, "expand").stride(0) == 0 and torch.equal(lay_out(t, "expand")[2], t[0])
