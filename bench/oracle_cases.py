@@ -8,6 +8,9 @@ import random
 from oracle_eval import Node
 from oracle_gen import (
     ACTS,
+    CASTS,
+    FFN_OUT_DTYPES,
+    FP8,
     MAX_ELEMENTS,
     TOKENS,
     Gen,
@@ -102,7 +105,8 @@ def proj_case(rng: random.Random) -> OracleCase:
     the column halves of one packed weight."""
     r, k = rng.choice([1, 7, 77, 130, 300]), rng.choice([128, 384, 1280, 4096])
     count = rng.randint(1, 3)
-    dtype = rng.choice(["bf16", "bf16", "f16"])  # both matmul operands share it
+    dtype = rng.choice(["bf16", "bf16", "f16"])  # both matmul operands share it, or the weights are fp8
+    wdt = rng.choice((dtype, dtype, *FP8))
     widths = [rng.choice(PROJ_WIDTHS) for _ in range(count)]
     packed = count >= 2 and rng.random() < 0.3  # projections 0 and 1: halves of one [K, 2 * N0] weight
     if packed:
@@ -117,15 +121,19 @@ def proj_case(rng: random.Random) -> OracleCase:
     xn, body = _prologue(rng, x, _leaf("gamma", "vec") if "gamma" in decl else None, eps, scalars, dtype)
     mms = []
     if packed:
-        decl["wp"], sizes["wp"] = f"{dtype}[K, 2 * N0]", (k, 2 * widths[0])
+        decl["wp"], sizes["wp"] = f"{wdt}[K, 2 * N0]", (k, 2 * widths[0])
         whole = named("pp", Node("mm", (xn, _leaf("wp", "row")), f"({xn.text} @ wp)", "row"))
         body.append(f"pp = {whole.args[0].text}")
         n0 = widths[0]
         mms += [Node("slice", (whole,), "pp[:, 0:N0]", "row", "any", (1, 0, n0)),
                 Node("slice", (whole,), "pp[:, N0:2 * N0]", "row", "any", (1, n0, 2 * n0))]  # fmt: skip
     for j in range(len(mms), count):
-        decl[f"w{j}"], sizes[f"w{j}"] = f"{dtype}[K, {ndim(j)}]", (k, widths[j])
+        decl[f"w{j}"], sizes[f"w{j}"] = f"{wdt}[K, {ndim(j)}]", (k, widths[j])
         mms.append(Node("mm", (xn, _leaf(f"w{j}", "row")), f"({xn.text} @ w{j})", "row"))
+    if wdt in FP8:  # per-output-channel scales
+        for j in range(count):
+            decl[f"s{j}"], sizes[f"s{j}"] = f"f32[{ndim(j)}]", (widths[j],)
+        mms = [bi("mul", mm, _leaf(f"s{j}", "vec")) for j, mm in enumerate(mms)]
     outputs, lines = [], []
     for j, mm in enumerate(mms):
         out, more = _epilogue(rng, j, mm, ndim(j), widths[j], r, decl, sizes, eps, scalars)
@@ -165,7 +173,7 @@ def _epilogue(rng: random.Random, j: int, mm: Node, width: str, n: int, r: int, 
         gen.values.append(_leaf(f"a{j}", "row"))
     body += _statements(gen, rng.randint(0, 2), f"f{j}_")
     value = next(val for val in reversed(gen.values) if reads(val, p))
-    dtype = rng.choice(["bf16", "f16", "f32"])
-    node = cast(dtype, value) if rng.random() < 0.5 else value
+    dtype = rng.choice(FFN_OUT_DTYPES)
+    node = cast(dtype, value) if rng.random() < 0.5 and dtype in CASTS else value
     body.append(f"o{j} = {node.text}")
     return Output(f"o{j}", dtype, f"R, {width}", node), body

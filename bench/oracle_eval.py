@@ -22,11 +22,13 @@ import torch.nn.functional as F
 
 F32_U = 2.0**-24
 #: unit roundoff (half an ulp, relative) by dtype name
-UNIT = {"bf16": 2.0**-8, "f16": 2.0**-11, "f32": F32_U}
+UNIT = {"bf16": 2.0**-8, "f16": 2.0**-11, "f32": F32_U, "fp8_e4m3": 2.0**-4, "fp8_e5m2": 2.0**-3}
 #: the spacing of a dtype's subnormals: below its smallest normal a rounding errs by up to half of it,
 #: absolute, whatever the value (f16's 2**-24 is 0.01 of a value near 6e-6, not 2**-11)
-SUBNORMAL_STEP = {"bf16": 2.0**-133, "f16": 2.0**-24, "f32": 2.0**-149}
-DTYPES = {"bf16": torch.bfloat16, "f16": torch.float16, "f32": torch.float32}
+SUBNORMAL_STEP = {"bf16": 2.0**-133, "f16": 2.0**-24, "f32": 2.0**-149, "fp8_e4m3": 2.0**-9,
+                  "fp8_e5m2": 2.0**-16}  # fmt: skip
+DTYPES = {"bf16": torch.bfloat16, "f16": torch.float16, "f32": torch.float32, "fp8_e4m3": torch.float8_e4m3fn,
+          "fp8_e5m2": torch.float8_e5m2}  # fmt: skip
 #: below the smallest normal f32 an operation may flush to zero: an absolute slack per operation
 F32_TINY = 1.1754944e-38
 #: an f32 sum whose terms' magnitudes add past this may overflow in another order: no bound

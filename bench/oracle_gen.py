@@ -265,8 +265,16 @@ def reads(node: Node, leaf: Node) -> bool:
     return node is leaf or any(reads(a, leaf) for a in node.args)
 
 
+OUT_DTYPES = ("bf16", "f16", "f32")
+CASTS = ("bf16", "f16", "f32")  # dtypes the spec can cast to; fp8 only as an output's stored dtype
+#: an FFN epilogue may also store fp8 (docs/spec-language.md)
+FFN_OUT_DTYPES = (*OUT_DTYPES, "fp8_e4m3", "fp8_e5m2")
+FP8 = ("fp8_e4m3", "fp8_e5m2")
+
+
 def _outputs(rng: random.Random, values: list[Node], rows: str, width: str, count: int, per_row: bool = True,
-             lead: int = 1) -> tuple[list[str], list[Output]]:  # fmt: skip
+             lead: int = 1, dtypes: tuple[str, ...] = OUT_DTYPES
+             ) -> tuple[list[str], list[Output]]:  # fmt: skip
     """Declarations and statements of `count` outputs of the last values, in random dtypes and forms, the
     first a full-width one where there is one (the families want one); `per_row`: [T] outputs too, which
     are the only per-row form past `lead` = 2 leading axes ([T, G])."""
@@ -277,8 +285,8 @@ def _outputs(rng: random.Random, values: list[Node], rows: str, width: str, coun
         picked[0] = wide[0]
     decls, outputs = [], []
     for j, value in enumerate(picked):
-        dtype, name = rng.choice(["bf16", "f16", "f32"]), f"o{j}"
-        node = cast(dtype, value) if rng.random() < 0.5 else value
+        dtype, name = rng.choice(dtypes), f"o{j}"
+        node = cast(dtype, value) if rng.random() < 0.5 and dtype in CASTS else value
         expr, shape = node.text, f"{rows}, {width}" if value.kind == "row" else f"{rows}, 1"
         if value.kind == "col" and per_row and (lead > 1 or rng.random() < 0.5):
             expr, shape = f"{node.text}[{':, ' * lead}0]", rows
@@ -315,35 +323,45 @@ def rows_case(rng: random.Random) -> OracleCase:
     return OracleCase(text, inputs, shapes, passed, {"T": t, "H": h}, tuple(outputs), rng.choice([1, 2]))
 
 
+def _scaled(product: Node, scale: Node | None) -> Node:
+    """`(x @ w) * s` for an fp8 weight with per-channel scales `s`, else the product."""
+    return product if scale is None else bi("mul", product, scale)
+
+
 def ffn_case(rng: random.Random) -> OracleCase:
     """An FFN block: projections, a combine, `bf16(h) @ w2t`, an epilogue of row math over it."""
     r, k, i = rng.choice([1, 7, 130, 300]), rng.choice([128, 384, 1280]), rng.choice([128, 1000, 3416])
     gated, bias = rng.random() < 0.5, rng.random() < 0.4
+    wdt = rng.choice(("bf16", "bf16", *FP8))  # fp8 weights: each product times its per-channel scale
+    scales = {"w1t": "s1", "wgt": "sg", "w2t": "s2"} if wdt in FP8 else {}
     names = ["x", "w1t"] + (["wgt"] if gated else []) + (["b1"] if bias else []) + ["w2t", "a", "g"]
-    shapes = {"x": (r, k), "w1t": (k, i), "wgt": (k, i), "b1": (i,), "w2t": (i, k), "a": (r, k), "g": (k,)}
-    decl = {"x": "bf16[R, K]", "w1t": "bf16[K, I]", "wgt": "bf16[K, I]", "b1": "f32[I]", "w2t": "bf16[I, K]",
-            "a": "f32[R, K]", "g": "f32[K]"}  # fmt: skip
+    names += [scales[w] for w in names if w in scales]
+    shapes = {"x": (r, k), "w1t": (k, i), "wgt": (k, i), "b1": (i,), "w2t": (i, k), "a": (r, k), "g": (k,),
+              "s1": (i,), "sg": (i,), "s2": (k,)}  # fmt: skip
+    decl = {"x": "bf16[R, K]", "w1t": f"{wdt}[K, I]", "wgt": f"{wdt}[K, I]", "b1": "f32[I]",
+            "w2t": f"{wdt}[I, K]", "a": "f32[R, K]", "g": "f32[K]", "s1": "f32[I]", "sg": "f32[I]",
+            "s2": "f32[K]"}  # fmt: skip
     leaf = {n: Node("in", (), n, "row" if n in "xa" else "vec", "any", n) for n in names}
-    mm = lambda w: Node("mm", (leaf["x"], leaf[w]), f"(x @ {w})", "row")  # noqa: E731
+    scale = lambda w: leaf.get(scales.get(w, ""))  # noqa: E731
+    mm = lambda w, a=leaf["x"]: _scaled(Node("mm", (a, leaf[w]), f"({a.text} @ {w})", "row"), scale(w))  # noqa: E731
     up = bi("add", mm("w1t"), leaf["b1"]) if bias else mm("w1t")
     plines, passed, eps, scalars = _params(rng)
     u = named("u", up)
     combine = Gen(rng, [u], [], scalars, eps, True)  # elementwise math of u; a gate multiplies it by v
     h = un(rng.choice(ACTS), u) if rng.random() < 0.6 else combine.expr(1)
     h = bi("mul", h, named("v", mm("wgt"))) if gated else h
-    d = named("d", Node("mm", (cast("bf16", named("h", h)), leaf["w2t"]), "(bf16(h) @ w2t)", "row"))
+    d = named("d", mm("w2t", cast("bf16", named("h", h))))
     epi = Gen(rng, [d], [leaf["g"]], scalars, eps)  # the first epilogue statement reads d
     body = [f"u = {up.text}"] + ([f"v = {mm('wgt').text}"] if gated else [])
     body += [f"h = {h.text}", f"d = {d.args[0].text}", *_statements(epi, 1, "e")]
     epi.values.append(leaf["a"])
     body += _statements(epi, rng.randint(0, 2), "f")
-    decls, outputs = _outputs(
-        rng, [val for val in epi.values if reads(val, d)], "R", "K", rng.randint(1, 2), per_row=False
-    )
+    stored = [val for val in epi.values if reads(val, d)]
+    decls, outputs = _outputs(rng, stored, "R", "K", rng.randint(1, 2), False, 1, FFN_OUT_DTYPES)
     out_decls, out_lines = decls[: len(outputs)], decls[len(outputs) :]
     head = ["kernel k", "dim R, K, I", "require K % 128 == 0"] + [f"input {n}: {decl[n]}" for n in names]
     text = "\n".join(head + plines + out_decls + body + out_lines + [f"check R={r} K={k} I={i}"]) + "\n"
-    scale = {"w1t": "fan_in", "wgt": "fan_in", "w2t": "fan_in"}
-    inputs = tuple((n, decl[n].split("[")[0], scale.get(n, "unit")) for n in names)
+    fan_in = {"w1t": "fan_in", "wgt": "fan_in", "w2t": "fan_in"}
+    inputs = tuple((n, decl[n].split("[")[0], fan_in.get(n, "unit")) for n in names)
     return OracleCase(text, inputs, {n: shapes[n] for n in names}, passed, {"R": r, "K": k, "I": i},
                       tuple(outputs), rng.choice([1, 2]))  # fmt: skip
