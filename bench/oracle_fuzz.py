@@ -11,6 +11,7 @@ Run: .venv/bin/python bench/fuzz.py --oracle 300 [--seed 0]
 
 from __future__ import annotations
 
+import itertools
 import math
 import random
 import shutil
@@ -27,6 +28,7 @@ import torch
 from oracle_cases import heads_case, proj_case
 from oracle_eval import DTYPES, UNIT, Evaluator
 from oracle_gen import OracleCase, ffn_case, rows_case
+from oracle_grad import check_grads, trains
 from oracle_layout import lay_out, pick_layouts, unchanged
 
 #: how many times the derived radius an element may be off: the radius is first-order per operation, and
@@ -47,6 +49,8 @@ class OracleTally:
     excluded: int = 0
     rejected: Counter[str] = field(default_factory=Counter)  # build refusals by their first line
     refused_calls: list[tuple[str, str]] = field(default_factory=list)  # host ValueError, spec
+    grad_cases: int = 0  # ops whose gradients were checked (bench/oracle_grad.py)
+    grad_elements: int = 0
     ran_by: Counter[str] = field(
         default_factory=Counter
     )  # cases run by generator; "views", "fp8": with those
@@ -82,8 +86,8 @@ def judge(dtype: str, got: torch.Tensor, o64: torch.Tensor, radius: torch.Tensor
     return off & ~excluded, excluded, bound
 
 
-def check_case(case: OracleCase, folder: Path, tally: OracleTally) -> None:
-    """Run the built kernel and judge every output against the oracle."""
+def check_case(case: OracleCase, folder: Path, tally: OracleTally, name: str = "k") -> None:
+    """Run the built kernel `name` and judge every output against the oracle; then its op's gradients."""
     from fusegen.sim import load_module
     from fusegen.testing import make_inputs
 
@@ -93,7 +97,7 @@ def check_case(case: OracleCase, folder: Path, tally: OracleTally) -> None:
                                                             strict=True)]  # fmt: skip
     before = [a.clone() for a in args]
     try:
-        got = kernel.k(*args, **case.params, lnc=case.lnc)
+        got = getattr(kernel, name)(*args, **case.params, lnc=case.lnc)
     except ValueError as err:  # the host refused the params (a scalar it forms would be undefined)
         tally.refused_calls.append((str(err).splitlines()[0][:160], case.text))
         return
@@ -120,6 +124,8 @@ def check_case(case: OracleCase, folder: Path, tally: OracleTally) -> None:
             worst = _worst(out.name, g.reshape(v.shape), v, o32[out.name], bound, wrong)
             called = f"called with {case.params}, lnc={case.lnc}, layouts {case.layouts}"
             tally.wrong.append((f"{worst}; {called}", case.text))
+    if case.grads:
+        check_grads(case, folder, name, args, tally)
 
 
 def _worst(name: str, got: torch.Tensor, want: torch.Tensor, want32: torch.Tensor, bound: torch.Tensor,
@@ -135,12 +141,16 @@ def _worst(name: str, got: torch.Tensor, want: torch.Tensor, want32: torch.Tenso
     )
 
 
+NAMES = itertools.count()
+
+
 def one(case: OracleCase, work: Path, tally: OracleTally) -> None:
     """Build one case and check it."""
     from fuzz import HANG_S, _cli, _deadline, _expect
 
     spec, out = work / "oracle.spec", work / "out"
-    spec.write_text(case.text)
+    name = f"oracle{next(NAMES)}" if case.grads else "k"  # a process registers one op per kernel name
+    spec.write_text(case.text.replace("kernel k\n", f"kernel {name}\n", 1))
     shutil.rmtree(out, ignore_errors=True)
     tally.cases += 1
     try:
@@ -151,7 +161,7 @@ def one(case: OracleCase, work: Path, tally: OracleTally) -> None:
                 tally.rejected[_refusal(err)] += 1
                 return
             tally.built += 1
-            check_case(case, out / "k", tally)
+            check_case(case, out / name, tally, name)
     except Exception as exc:  # every escape is a finding
         tally.errors.append((f"{type(exc).__name__}: {str(exc).splitlines()[0][:150] if str(exc) else ''}",
                              case.text))  # fmt: skip
@@ -167,6 +177,8 @@ def _refusal(err: str) -> str:
     return first.split("here: " if note else "error: ", 1)[-1][:100]
 
 
+#: the share of the cases that train whose op's gradients are checked too
+GRAD_SHARE = 0.3
 #: each generator's share of the cases
 MIX = ((rows_case, 0.35), (heads_case, 0.25), (ffn_case, 0.15), (proj_case, 0.25))
 
@@ -177,7 +189,8 @@ def draw(rng: random.Random) -> OracleCase:
     case = make(rng)
     names = [n for n, _, _ in case.inputs]
     layouts = pick_layouts(rng, names, [len(case.shapes[n]) for n in names])
-    return replace(case, layouts=layouts, generator=make.__name__)
+    case = replace(case, layouts=layouts, generator=make.__name__)
+    return replace(case, grads=trains(case) and rng.random() < GRAD_SHARE)
 
 
 def oracle_fuzz(count: int, seed: int) -> OracleTally:
@@ -197,6 +210,7 @@ def report(tally: OracleTally, elapsed: float) -> int:
         f"{tally.elements} elements checked ({tally.excluded} excluded as ill-conditioned in f32), "
         f"{len(tally.wrong)} wrong, {len(tally.errors)} errors, {len(tally.refused_calls)} calls refused"
     )
+    print(f"  gradients of {tally.grad_cases} ops checked: {tally.grad_elements} elements")
     print("  run by generator: " + ", ".join(f"{k} {n}" for k, n in sorted(tally.ran_by.items())))
     for reason, n in tally.rejected.most_common(8):
         print(f"  rejected {n:4d}  {reason}")

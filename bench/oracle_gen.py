@@ -45,6 +45,7 @@ class OracleCase:
     lnc: int = 1  # logical cores the kernel runs on
     layouts: tuple[tuple[str, str], ...] = ()  # (input, how it is laid out: bench/oracle_layout.py)
     generator: str = ""  # the function that made it
+    grads: bool = False  # also check the op's gradients (bench/oracle_grad.py)
 
 
 #: each kind's shape over the axes tokens, heads, width ([T, H] specs are [T, 1, H] with one head)
