@@ -145,6 +145,11 @@ def test_oracle_gradients_are_torchs_of_the_math_and_flag_a_wrong_derivative() -
     no_rstd_term = cot.double() * wd.detach() * rstd  # d/dx treating rstd as a constant
     assert not grad_wrong("f32", dx.float().double(), dx, dx.float())[0].any()
     assert grad_wrong("f32", no_rstd_term, dx, dx.float())[0].any()
+    big = torch.tensor(
+        [183977.0, -1e5, 100.0], dtype=torch.float64
+    )  # an f16 input's gradient: past 65504, inf
+    got = torch.tensor([float("inf"), float("-inf"), float("inf")], dtype=torch.float64)
+    assert grad_wrong("f16", got, big, big.float())[0].tolist() == [False, False, True]  # seed 13's dkv
 
 
 def test_oracle_holds_gelu_to_u_of_its_argument_in_the_tail() -> None:
