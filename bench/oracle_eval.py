@@ -22,11 +22,13 @@ import torch.nn.functional as F
 
 F32_U = 2.0**-24
 #: unit roundoff (half an ulp, relative) by dtype name
-UNIT = {"bf16": 2.0**-8, "f16": 2.0**-11, "f32": F32_U}
+UNIT = {"bf16": 2.0**-8, "f16": 2.0**-11, "f32": F32_U, "fp8_e4m3": 2.0**-4, "fp8_e5m2": 2.0**-3}
 #: the spacing of a dtype's subnormals: below its smallest normal a rounding errs by up to half of it,
 #: absolute, whatever the value (f16's 2**-24 is 0.01 of a value near 6e-6, not 2**-11)
-SUBNORMAL_STEP = {"bf16": 2.0**-133, "f16": 2.0**-24, "f32": 2.0**-149}
-DTYPES = {"bf16": torch.bfloat16, "f16": torch.float16, "f32": torch.float32}
+SUBNORMAL_STEP = {"bf16": 2.0**-133, "f16": 2.0**-24, "f32": 2.0**-149, "fp8_e4m3": 2.0**-9,
+                  "fp8_e5m2": 2.0**-16}  # fmt: skip
+DTYPES = {"bf16": torch.bfloat16, "f16": torch.float16, "f32": torch.float32, "fp8_e4m3": torch.float8_e4m3fn,
+          "fp8_e5m2": torch.float8_e5m2}  # fmt: skip
 #: below the smallest normal f32 an operation may flush to zero: an absolute slack per operation
 F32_TINY = 1.1754944e-38
 #: an f32 sum whose terms' magnitudes add past this may overflow in another order: no bound
@@ -49,6 +51,10 @@ UNARY: dict[str, tuple[Callable[[torch.Tensor], torch.Tensor], float, tuple[floa
     "gelu": (F.gelu, 6, (-0.7517916,)),
     "gelu_tanh": (lambda v: F.gelu(v, approximate="tanh"), 6, (-0.7522,)),
 }
+#: functions formed as x * (1 + erf or tanh of x) / 2: for x < 0 the sum cancels, and f32 gets them right to
+#: a few u of |x|, not of the result (torch's f32 gelu is 4.2 u|x| off at worst on a 2e-6 grid of
+#: [-12, 12], gelu_tanh 1.8 u|x|; far in the tail their results are ~1e-7 of |x|, all rounding)
+INPUT_SLACK = {"gelu": 6.0, "gelu_tanh": 6.0}
 ELEMENTWISE: dict[str, Callable[..., torch.Tensor]] = {
     "add": torch.add, "sub": torch.sub, "mul": torch.mul, "div": torch.div, "maximum": torch.maximum,
     "minimum": torch.minimum,
@@ -78,13 +84,20 @@ def _unless_overflow(radius: torch.Tensor, magnitude: torch.Tensor) -> torch.Ten
     return torch.where(magnitude < F32_MAX, radius, torch.full_like(radius, math.inf))
 
 
+def _slicer(const: tuple[int, int, int]) -> Callable[[torch.Tensor], torch.Tensor]:
+    """A function taking positions start:stop of one axis."""
+    axis, start, stop = const
+    return lambda t: t.narrow(axis, start, stop - start)
+
+
 class Evaluator:
     """Evaluates nodes over `env` (name -> tensor or float) in `dtype`; in float64 also the error radius."""
 
-    def __init__(self, env: dict[str, torch.Tensor | float], dtype: torch.dtype) -> None:
+    def __init__(self, env: dict[str, torch.Tensor | float], dtype: torch.dtype,
+                 radius: bool | None = None) -> None:  # fmt: skip
         self.env = env
         self.dtype = dtype
-        self.radius = dtype == torch.float64
+        self.radius = dtype == torch.float64 if radius is None else radius
         self.memo: dict[int, Pair] = {}
 
     def __call__(self, node: Node) -> Pair:
@@ -117,12 +130,12 @@ class Evaluator:
             return self.reduce(n.op, self(n.args[0]))
         if n.op == "cast":
             return self.cast(str(n.const), self(n.args[0]))
-        if n.op == "clamp":
-            p = self(n.args[0])
+        if n.op == "clamp":  # the value (and gradient: whole at a bound, docs/autodiff.md) of torch.clamp
+            x = p = self(n.args[0])
             for op, bound in zip(("maximum", "minimum"), n.const, strict=True):  # type: ignore[call-overload]
                 if bound is not None:
                     p = self.binary(op, p, (self._t(bound), self._round(self._t(bound), F32_U)))
-            return p
+            return torch.clamp(x[0], *n.const), p[1]  # type: ignore[misc]
         if n.op == "where":
             return self.where(*(self(a) for a in n.args))
         if n.op == "rmsnorm":
@@ -131,6 +144,10 @@ class Evaluator:
             return self.layernorm(n)
         if n.op == "mm":
             return self.matmul(self(n.args[0]), self(n.args[1]))
+        if n.op in ("slice", "unsq"):  # `kv[:, 0:G, :]`, `h[:, 0:N]` (axis, start, stop); `c[:, :, None]`
+            v, r = self(n.args[0])
+            pick = _slicer(n.const) if n.op == "slice" else lambda t: t.unsqueeze(-1)  # type: ignore[arg-type]
+            return pick(v), None if r is None else pick(r)
         raise ValueError(f"no oracle for {n.op}")
 
     # ---- radius helpers ------------------------------------------------------------------------------
@@ -150,8 +167,9 @@ class Evaluator:
         return v, r
 
     def apply(self, f: Callable[[torch.Tensor], torch.Tensor], p: Pair, slack: float,
-              extrema: tuple[float, ...]) -> Pair:  # fmt: skip
-        """f over the interval of `p`: its value, and the widest change at the interval's ends and extrema."""
+              extrema: tuple[float, ...], input_slack: float = 0.0) -> Pair:  # fmt: skip
+        """f over the interval of `p`: its value, and the widest change at the interval's ends and extrema;
+        `slack` u of the result and `input_slack` u of the argument for f's own rounding."""
         v, r = p
         out = f(v)
         if r is None:
@@ -160,12 +178,13 @@ class Evaluator:
         for x in extrema:
             inside = (v - r <= x) & (x <= v + r)
             spread = torch.where(inside, torch.maximum(spread, (f(self._t(x)) - out).abs()), spread)
-        return self._finish(out, spread + slack * F32_U * out.abs() + F32_TINY)
+        own = slack * F32_U * out.abs() + input_slack * F32_U * (v.abs() + r)
+        return self._finish(out, spread + own + F32_TINY)
 
     def unary(self, name: str, p: Pair) -> Pair:
         """An elementwise function."""
         f, slack, extrema = UNARY[name]
-        return self.apply(f, p, slack, extrema)
+        return self.apply(f, p, slack, extrema, INPUT_SLACK.get(name, 0.0))
 
     def binary(self, name: str, p: Pair, q: Pair) -> Pair:
         """An elementwise binary op, broadcasting."""

@@ -11,6 +11,7 @@ Run: .venv/bin/python bench/fuzz.py --oracle 300 [--seed 0]
 
 from __future__ import annotations
 
+import itertools
 import math
 import random
 import shutil
@@ -18,20 +19,23 @@ import sys
 import tempfile
 import time
 from collections import Counter
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
 import torch
+from oracle_cases import heads_case, proj_case
 from oracle_eval import DTYPES, UNIT, Evaluator
 from oracle_gen import OracleCase, ffn_case, rows_case
+from oracle_grad import check_grads, trains
+from oracle_layout import lay_out, pick_layouts, unchanged
 
 #: how many times the derived radius an element may be off: the radius is first-order per operation, and
 #: "a few ulps" of the output dtype is the tolerance the brief asks (2 rounding-radii = 2 output ulps)
 SAFETY = 2.0
 #: the smallest subnormal of each output dtype: a value below it rounds to 0 or to it
-SUBNORMAL = {"bf16": 9.2e-41, "f16": 6.0e-8, "f32": 1.4e-45}
+SUBNORMAL = {"bf16": 9.2e-41, "f16": 6.0e-8, "f32": 1.4e-45, "fp8_e4m3": 2.0**-9, "fp8_e5m2": 2.0**-16}
 
 
 @dataclass
@@ -45,6 +49,11 @@ class OracleTally:
     excluded: int = 0
     rejected: Counter[str] = field(default_factory=Counter)  # build refusals by their first line
     refused_calls: list[tuple[str, str]] = field(default_factory=list)  # host ValueError, spec
+    grad_cases: int = 0  # ops whose gradients were checked (bench/oracle_grad.py)
+    grad_elements: int = 0
+    ran_by: Counter[str] = field(
+        default_factory=Counter
+    )  # cases run by generator; "views", "fp8": with those
     wrong: list[tuple[str, str]] = field(default_factory=list)  # (what differs, spec)
     errors: list[tuple[str, str]] = field(default_factory=list)  # (exception, spec)
 
@@ -61,7 +70,8 @@ def _oracle(case: OracleCase, args: list[torch.Tensor]) -> tuple[dict, dict]:
 def judge(dtype: str, got: torch.Tensor, o64: torch.Tensor, radius: torch.Tensor,
           o32: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:  # fmt: skip
     """(wrong, excluded, bound) per element: `got` against the float64 value within the bound, where the
-    float32 evaluation agrees; a non-finite answer (in the output dtype) must be matched exactly."""
+    float32 evaluation agrees; a non-finite answer (in the output dtype) must be matched exactly, but for an
+    overflow the bound leaves undecided."""
     rounded = lambda v: v.to(DTYPES[dtype]).to(torch.float64)  # noqa: E731
     k, want, want32 = got.to(torch.float64), rounded(o64), rounded(o32.to(torch.float64))
     bound = SAFETY * (radius + UNIT[dtype] * (o64.abs() + radius)) + SUBNORMAL[dtype]
@@ -69,29 +79,41 @@ def judge(dtype: str, got: torch.Tensor, o64: torch.Tensor, radius: torch.Tensor
     finite = want.isfinite()
     agree = torch.where(finite, (want32 - o64).abs() <= bound, same(want32, want))
     excluded = ~agree | (finite & ~radius.isfinite())
-    off = torch.where(finite, ~((k - o64).abs() <= bound), ~same(k, want))
+    # within the bound of the cast's overflow threshold (f16's 65520) a value may round to inf or to the
+    # largest finite one: both are the cast of a value the kernel may hold before it
+    edge = o64.isfinite() & ~finite & rounded(o64 - o64.sign() * bound).isfinite()
+    off = torch.where(finite | edge, ~((k - o64).abs() <= bound) & ~same(k, want), ~same(k, want))
     return off & ~excluded, excluded, bound
 
 
-def check_case(case: OracleCase, folder: Path, tally: OracleTally) -> None:
-    """Run the built kernel and judge every output against the oracle."""
+def check_case(case: OracleCase, folder: Path, tally: OracleTally, name: str = "k") -> None:
+    """Run the built kernel `name` and judge every output against the oracle; then its op's gradients."""
     from fusegen.sim import load_module
     from fusegen.testing import make_inputs
 
     kernel = load_module(folder / "kernel.py")
-    args = make_inputs(case.inputs, case.shapes)
+    how = dict(case.layouts)
+    args = [lay_out(a, how.get(n)) for (n, _, _), a in zip(case.inputs, make_inputs(case.inputs, case.shapes),
+                                                            strict=True)]  # fmt: skip
+    before = [a.clone() for a in args]
     try:
-        got = kernel.k(*args, **case.params, lnc=case.lnc)
+        got = getattr(kernel, name)(*args, **case.params, lnc=case.lnc)
     except ValueError as err:  # the host refused the params (a scalar it forms would be undefined)
         tally.refused_calls.append((str(err).splitlines()[0][:160], case.text))
         return
     tally.ran += 1
+    tally.ran_by.update(
+        [case.generator] + (["views"] if case.layouts else []) + (["fp8"] if "fp8" in case.text else [])
+    )
+    written = [n for (n, _, _), a, b in zip(case.inputs, args, before, strict=True) if not unchanged(b, a)]
+    if written:
+        tally.wrong.append((f"inputs {written} written by the call; layouts {case.layouts}", case.text))
     got = got if isinstance(got, tuple) else (got,)
     o64, o32 = _oracle(case, args)
     for out, g in zip(case.outputs, got, strict=True):
         v, r = o64[out.name]
         assert r is not None
-        shape = v.shape if "," in out.shape else v.shape[:-1]
+        shape = tuple(int(d) if d.isdigit() else case.dims[d] for d in out.shape.split(", "))
         if tuple(g.shape) != tuple(shape):
             tally.wrong.append((f"{out.name}: shape {tuple(g.shape)}, spec says {tuple(shape)}", case.text))
             continue
@@ -100,7 +122,10 @@ def check_case(case: OracleCase, folder: Path, tally: OracleTally) -> None:
         tally.excluded += int(excluded.sum())
         if wrong.any():
             worst = _worst(out.name, g.reshape(v.shape), v, o32[out.name], bound, wrong)
-            tally.wrong.append((f"{worst}; called with {case.params}, lnc={case.lnc}", case.text))
+            called = f"called with {case.params}, lnc={case.lnc}, layouts {case.layouts}"
+            tally.wrong.append((f"{worst}; {called}", case.text))
+    if case.grads:
+        check_grads(case, folder, name, args, tally)
 
 
 def _worst(name: str, got: torch.Tensor, want: torch.Tensor, want32: torch.Tensor, bound: torch.Tensor,
@@ -116,12 +141,16 @@ def _worst(name: str, got: torch.Tensor, want: torch.Tensor, want32: torch.Tenso
     )
 
 
+NAMES = itertools.count()
+
+
 def one(case: OracleCase, work: Path, tally: OracleTally) -> None:
     """Build one case and check it."""
     from fuzz import HANG_S, _cli, _deadline, _expect
 
     spec, out = work / "oracle.spec", work / "out"
-    spec.write_text(case.text)
+    name = f"oracle{next(NAMES)}" if case.grads else "k"  # a process registers one op per kernel name
+    spec.write_text(case.text.replace("kernel k\n", f"kernel {name}\n", 1))
     shutil.rmtree(out, ignore_errors=True)
     tally.cases += 1
     try:
@@ -132,7 +161,7 @@ def one(case: OracleCase, work: Path, tally: OracleTally) -> None:
                 tally.rejected[_refusal(err)] += 1
                 return
             tally.built += 1
-            check_case(case, out / "k", tally)
+            check_case(case, out / name, tally, name)
     except Exception as exc:  # every escape is a finding
         tally.errors.append((f"{type(exc).__name__}: {str(exc).splitlines()[0][:150] if str(exc) else ''}",
                              case.text))  # fmt: skip
@@ -148,14 +177,29 @@ def _refusal(err: str) -> str:
     return first.split("here: " if note else "error: ", 1)[-1][:100]
 
 
-def oracle_fuzz(count: int, seed: int, ffn_share: float = 0.25) -> OracleTally:
-    """`count` random cases from `seed`: row specs, and FFN blocks for `ffn_share` of them."""
+#: the share of the cases that train whose op's gradients are checked too
+GRAD_SHARE = 0.3
+#: each generator's share of the cases
+MIX = ((rows_case, 0.35), (heads_case, 0.25), (ffn_case, 0.15), (proj_case, 0.25))
+
+
+def draw(rng: random.Random) -> OracleCase:
+    """One case from a generator of MIX, its inputs laid out as views for some."""
+    make = rng.choices([f for f, _ in MIX], weights=[w for _, w in MIX])[0]
+    case = make(rng)
+    names = [n for n, _, _ in case.inputs]
+    layouts = pick_layouts(rng, names, [len(case.shapes[n]) for n in names])
+    case = replace(case, layouts=layouts, generator=make.__name__)
+    return replace(case, grads=trains(case) and rng.random() < GRAD_SHARE)
+
+
+def oracle_fuzz(count: int, seed: int) -> OracleTally:
+    """`count` random cases from `seed` (see `draw`)."""
     rng = random.Random(seed)
     tally = OracleTally()
     with tempfile.TemporaryDirectory(prefix="fusegen-oracle-") as tmp:
         for _ in range(count):
-            case = ffn_case(rng) if rng.random() < ffn_share else rows_case(rng)
-            one(case, Path(tmp), tally)
+            one(draw(rng), Path(tmp), tally)
     return tally
 
 
@@ -166,6 +210,8 @@ def report(tally: OracleTally, elapsed: float) -> int:
         f"{tally.elements} elements checked ({tally.excluded} excluded as ill-conditioned in f32), "
         f"{len(tally.wrong)} wrong, {len(tally.errors)} errors, {len(tally.refused_calls)} calls refused"
     )
+    print(f"  gradients of {tally.grad_cases} ops checked: {tally.grad_elements} elements")
+    print("  run by generator: " + ", ".join(f"{k} {n}" for k, n in sorted(tally.ran_by.items())))
     for reason, n in tally.rejected.most_common(8):
         print(f"  rejected {n:4d}  {reason}")
     for what, text in tally.wrong + tally.errors:

@@ -43,11 +43,21 @@ class OracleCase:
     dims: dict[str, int]
     outputs: tuple[Output, ...]
     lnc: int = 1  # logical cores the kernel runs on
+    layouts: tuple[tuple[str, str], ...] = ()  # (input, how it is laid out: bench/oracle_layout.py)
+    generator: str = ""  # the function that made it
+    grads: bool = False  # also check the op's gradients (bench/oracle_grad.py)
+
+
+#: each kind's shape over the axes tokens, heads, width ([T, H] specs are [T, 1, H] with one head)
+SHAPES = {"row": "TGH", "row1": "T1H", "col": "TG1", "col1": "T11", "vec": "H", "gvec": "GH", "scalar": ""}
+KINDS = {shape: kind for kind, shape in SHAPES.items()}
 
 
 def _kind(a: str, b: str) -> str:
-    kinds = {a, b} - {"scalar"}
-    return "row" if "row" in kinds or kinds == {"col", "vec"} else (kinds.pop() if kinds else "scalar")
+    """The kind of `a op b`: NumPy broadcasting of their shapes."""
+    sa, sb = SHAPES[a].rjust(3, "1"), SHAPES[b].rjust(3, "1")
+    shape = "".join(y if x == "1" else x for x, y in zip(sa, sb, strict=True))
+    return KINDS.get(shape) or KINDS[shape.lstrip("1")]
 
 
 def lit(value: float) -> Node:
@@ -89,10 +99,12 @@ def power(a: Node, e: float) -> Node:
     return Node("pow", (a,), f"({a.text} ** {e!r})", a.kind, sign, e)
 
 
-def reduce(name: str, a: Node, keepdim: bool) -> Node:
-    """A reduction over the last axis: `[T, 1]` (`keepdim=false` written back with `[:, None]`)."""
-    text = f"{name}({a.text}, axis=-1, keepdim=true)" if keepdim else f"{name}({a.text}, axis=-1)[:, None]"
-    return Node(name, (a,), text, "col", a.sign)
+def reduce(name: str, a: Node, keepdim: bool, lead: int = 1) -> Node:
+    """A reduction over the last axis: `[T, 1]` (`keepdim=false` written back with `[:, None]`, or
+    `[:, :, None]` past `lead` = 2 leading axes)."""
+    back = "[" + ":, " * lead + "None]"
+    text = f"{name}({a.text}, axis=-1, keepdim=true)" if keepdim else f"{name}({a.text}, axis=-1){back}"
+    return Node(name, (a,), text, "col1" if a.kind in ("row1", "col1") else "col", a.sign)
 
 
 def cast(dtype: str, a: Node) -> Node:
@@ -110,9 +122,11 @@ class Gen:
     """Random expressions over a pool of named row/col values, [H] vectors and scalars."""
 
     def __init__(self, rng: random.Random, values: list[Node], vectors: list[Node], scalars: list[Node],
-                 eps: Node, elementwise: bool = False) -> None:  # fmt: skip
+                 eps: Node, elementwise: bool = False, lead: int = 1) -> None:  # fmt: skip
         self.rng, self.values, self.vectors, self.scalars, self.eps = rng, values, vectors, scalars, eps
         self.elementwise = elementwise  # an FFN combine: no reductions, no norms
+        self.lead = lead  # leading axes: 1 over [T, H], 2 over [T, G, H]
+        self.affine = [v for v in vectors if v.kind == "vec"]  # norm weights are [H]
 
     def scalar(self) -> Node:
         """A param, a literal, or a constant expression of one (`square(-2.0)`, `-2.0 ** 2`)."""
@@ -190,29 +204,29 @@ class Gen:
             return Node("where", (base, limit, a, b), text, _kind(_kind(base.kind, limit.kind), b.kind))
         if form == "cast":
             return cast(rng.choice(["bf16", "bf16", "f16", "f32"]), base)
-        return self._row_form(form, base if base.kind == "row" else rng.choice(self._rows()))
+        return self._row_form(form, base if base.kind in ("row", "row1") else rng.choice(self._rows()))
 
     def _rows(self) -> list[Node]:
-        return [v for v in self.values if v.kind == "row"]
+        return [v for v in self.values if v.kind in ("row", "row1")]
 
     def _row_form(self, form: str, row: Node) -> Node:
         """Forms that reduce a row: a statistic, a norm, a softmax, a log-sum-exp."""
         rng = self.rng
         if form == "reduce":
-            return reduce(rng.choice(["sum", "mean", "max"]), row, rng.random() < 0.7)
+            return reduce(rng.choice(["sum", "mean", "max"]), row, rng.random() < 0.7, self.lead)
         if form == "norm":
-            weights = self.vectors[: rng.randint(0, len(self.vectors))]
+            weights = self.affine[: rng.randint(0, len(self.affine))]
             name = rng.choice(["rmsnorm", "layernorm"])
             weights = weights[:1] if name == "rmsnorm" else weights[:2]
             text = f"{name}({', '.join(a.text for a in (row, self.eps, *weights))})"
-            return Node(name, (row, self.eps, *weights), text, "row")
+            return Node(name, (row, self.eps, *weights), text, row.kind)
         if form == "rstd":
             return un("rsqrt", bi("add", reduce("mean", un("square", row), True), self.eps))
-        top = reduce("max", row, rng.random() < 0.7)
+        top = reduce("max", row, rng.random() < 0.7, self.lead)
         e = un("exp", bi("sub", row, top))
         if form == "softmax":
             return bi("div", e, reduce("sum", e, True))
-        return bi("add", top, un("log", reduce("sum", e, rng.random() < 0.5)))
+        return bi("add", top, un("log", reduce("sum", e, rng.random() < 0.5, self.lead)))
 
 
 # ---- whole specs ----------------------------------------------------------------------------------------
@@ -252,23 +266,31 @@ def reads(node: Node, leaf: Node) -> bool:
     return node is leaf or any(reads(a, leaf) for a in node.args)
 
 
-def _outputs(
-    rng: random.Random, values: list[Node], rows: str, width: str, count: int, per_row: bool = True
-) -> tuple[list[str], list[Output]]:
+OUT_DTYPES = ("bf16", "f16", "f32")
+CASTS = ("bf16", "f16", "f32")  # dtypes the spec can cast to; fp8 only as an output's stored dtype
+#: an FFN epilogue may also store fp8 (docs/spec-language.md)
+FFN_OUT_DTYPES = (*OUT_DTYPES, "fp8_e4m3", "fp8_e5m2")
+FP8 = ("fp8_e4m3", "fp8_e5m2")
+
+
+def _outputs(rng: random.Random, values: list[Node], rows: str, width: str, count: int, per_row: bool = True,
+             lead: int = 1, dtypes: tuple[str, ...] = OUT_DTYPES
+             ) -> tuple[list[str], list[Output]]:  # fmt: skip
     """Declarations and statements of `count` outputs of the last values, in random dtypes and forms, the
-    first a full-width one where there is one (the families want one); `per_row`: [T] outputs too."""
-    last = values[-3:]
+    first a full-width one where there is one (the families want one); `per_row`: [T] outputs too, which
+    are the only per-row form past `lead` = 2 leading axes ([T, G])."""
+    last = [v for v in values if v.kind in ("row", "col")][-3:]
     picked = rng.sample(last, k=min(count, len(last)))
     wide = [v for v in reversed(values) if v.kind == "row"]
     if wide and not any(v.kind == "row" for v in picked):
         picked[0] = wide[0]
     decls, outputs = [], []
     for j, value in enumerate(picked):
-        dtype, name = rng.choice(["bf16", "f16", "f32"]), f"o{j}"
-        node = cast(dtype, value) if rng.random() < 0.5 else value
+        dtype, name = rng.choice(dtypes), f"o{j}"
+        node = cast(dtype, value) if rng.random() < 0.5 and dtype in CASTS else value
         expr, shape = node.text, f"{rows}, {width}" if value.kind == "row" else f"{rows}, 1"
-        if value.kind == "col" and per_row and rng.random() < 0.5:
-            expr, shape = f"{node.text}[:, 0]", rows
+        if value.kind == "col" and per_row and (lead > 1 or rng.random() < 0.5):
+            expr, shape = f"{node.text}[{':, ' * lead}0]", rows
         decls.append(f"output {name}: {dtype}[{shape}]")
         outputs.append((f"{name} = {expr}", Output(name, dtype, shape, node)))
     return decls + [s for s, _ in outputs], [o for _, o in outputs]
@@ -302,35 +324,45 @@ def rows_case(rng: random.Random) -> OracleCase:
     return OracleCase(text, inputs, shapes, passed, {"T": t, "H": h}, tuple(outputs), rng.choice([1, 2]))
 
 
+def _scaled(product: Node, scale: Node | None) -> Node:
+    """`(x @ w) * s` for an fp8 weight with per-channel scales `s`, else the product."""
+    return product if scale is None else bi("mul", product, scale)
+
+
 def ffn_case(rng: random.Random) -> OracleCase:
     """An FFN block: projections, a combine, `bf16(h) @ w2t`, an epilogue of row math over it."""
     r, k, i = rng.choice([1, 7, 130, 300]), rng.choice([128, 384, 1280]), rng.choice([128, 1000, 3416])
     gated, bias = rng.random() < 0.5, rng.random() < 0.4
+    wdt = rng.choice(("bf16", "bf16", *FP8))  # fp8 weights: each product times its per-channel scale
+    scales = {"w1t": "s1", "wgt": "sg", "w2t": "s2"} if wdt in FP8 else {}
     names = ["x", "w1t"] + (["wgt"] if gated else []) + (["b1"] if bias else []) + ["w2t", "a", "g"]
-    shapes = {"x": (r, k), "w1t": (k, i), "wgt": (k, i), "b1": (i,), "w2t": (i, k), "a": (r, k), "g": (k,)}
-    decl = {"x": "bf16[R, K]", "w1t": "bf16[K, I]", "wgt": "bf16[K, I]", "b1": "f32[I]", "w2t": "bf16[I, K]",
-            "a": "f32[R, K]", "g": "f32[K]"}  # fmt: skip
+    names += [scales[w] for w in names if w in scales]
+    shapes = {"x": (r, k), "w1t": (k, i), "wgt": (k, i), "b1": (i,), "w2t": (i, k), "a": (r, k), "g": (k,),
+              "s1": (i,), "sg": (i,), "s2": (k,)}  # fmt: skip
+    decl = {"x": "bf16[R, K]", "w1t": f"{wdt}[K, I]", "wgt": f"{wdt}[K, I]", "b1": "f32[I]",
+            "w2t": f"{wdt}[I, K]", "a": "f32[R, K]", "g": "f32[K]", "s1": "f32[I]", "sg": "f32[I]",
+            "s2": "f32[K]"}  # fmt: skip
     leaf = {n: Node("in", (), n, "row" if n in "xa" else "vec", "any", n) for n in names}
-    mm = lambda w: Node("mm", (leaf["x"], leaf[w]), f"(x @ {w})", "row")  # noqa: E731
+    scale = lambda w: leaf.get(scales.get(w, ""))  # noqa: E731
+    mm = lambda w, a=leaf["x"]: _scaled(Node("mm", (a, leaf[w]), f"({a.text} @ {w})", "row"), scale(w))  # noqa: E731
     up = bi("add", mm("w1t"), leaf["b1"]) if bias else mm("w1t")
     plines, passed, eps, scalars = _params(rng)
     u = named("u", up)
     combine = Gen(rng, [u], [], scalars, eps, True)  # elementwise math of u; a gate multiplies it by v
     h = un(rng.choice(ACTS), u) if rng.random() < 0.6 else combine.expr(1)
     h = bi("mul", h, named("v", mm("wgt"))) if gated else h
-    d = named("d", Node("mm", (cast("bf16", named("h", h)), leaf["w2t"]), "(bf16(h) @ w2t)", "row"))
+    d = named("d", mm("w2t", cast("bf16", named("h", h))))
     epi = Gen(rng, [d], [leaf["g"]], scalars, eps)  # the first epilogue statement reads d
     body = [f"u = {up.text}"] + ([f"v = {mm('wgt').text}"] if gated else [])
     body += [f"h = {h.text}", f"d = {d.args[0].text}", *_statements(epi, 1, "e")]
     epi.values.append(leaf["a"])
     body += _statements(epi, rng.randint(0, 2), "f")
-    decls, outputs = _outputs(
-        rng, [val for val in epi.values if reads(val, d)], "R", "K", rng.randint(1, 2), per_row=False
-    )
+    stored = [val for val in epi.values if reads(val, d)]
+    decls, outputs = _outputs(rng, stored, "R", "K", rng.randint(1, 2), False, 1, FFN_OUT_DTYPES)
     out_decls, out_lines = decls[: len(outputs)], decls[len(outputs) :]
     head = ["kernel k", "dim R, K, I", "require K % 128 == 0"] + [f"input {n}: {decl[n]}" for n in names]
     text = "\n".join(head + plines + out_decls + body + out_lines + [f"check R={r} K={k} I={i}"]) + "\n"
-    scale = {"w1t": "fan_in", "wgt": "fan_in", "w2t": "fan_in"}
-    inputs = tuple((n, decl[n].split("[")[0], scale.get(n, "unit")) for n in names)
+    fan_in = {"w1t": "fan_in", "wgt": "fan_in", "w2t": "fan_in"}
+    inputs = tuple((n, decl[n].split("[")[0], fan_in.get(n, "unit")) for n in names)
     return OracleCase(text, inputs, {n: shapes[n] for n in names}, passed, {"R": r, "K": k, "I": i},
                       tuple(outputs), rng.choice([1, 2]))  # fmt: skip

@@ -360,7 +360,12 @@ def add_rmsnorm_kernel(x_hbm, r_hbm, w_hbm, eps_arg, HB, resident, overlap, stre
                 if not overlap:
                     stores.extend(_head_epilogue(head, d_H, ec0, h_hbm, pe_identity, y_hbm))
         for prev in pending:
+            for dst, src in queued:
+                nisa.dma_copy(dst=dst, src=src)
+            queued, stores = stores, []
             stores.extend(_head_epilogue(prev, d_H, ec0, h_hbm, pe_identity, y_hbm))
+        # the epilogues left after the loop issue the stores two heads back first, as in it: the SBUF model
+        # holds two heads' epilogue tiles, not three
         for dst, src in queued + stores:
             nisa.dma_copy(dst=dst, src=src)
     return y_hbm_flat, h_hbm_flat

@@ -529,7 +529,12 @@ def engram_gate_hc8_kernel(x_hbm, kv_hbm, w_h_hbm, w_e_hbm, eps_arg, clamp_arg, 
                 if not overlap:
                     stores.extend(_head_epilogue(pending.pop()[1], d_H, d_HC, dot_hbm, gate_hbm, out_hbm, rstd_k_hbm, rstd_x_hbm, save))
         for _, prev in pending:
+            for dst, src in queued:
+                nisa.dma_copy(dst=dst, src=src)
+            queued, stores = stores, []
             stores.extend(_head_epilogue(prev, d_H, d_HC, dot_hbm, gate_hbm, out_hbm, rstd_k_hbm, rstd_x_hbm, save))
+        # the epilogues left after the loop issue the stores two heads back first, as in it: the SBUF model
+        # holds two heads' epilogue tiles, not three
         for dst, src in queued + stores:
             nisa.dma_copy(dst=dst, src=src)
     if save:

@@ -408,7 +408,12 @@ def layernorm_kernel(x_hbm, w_hbm, b_hbm, eps_arg, HB, resident, overlap, stream
                 if not overlap:
                     stores.extend(_head_epilogue(head, d_H, mu_hbm, rstd_hbm, save, y_hbm))
         for prev in pending:
+            for dst, src in queued:
+                nisa.dma_copy(dst=dst, src=src)
+            queued, stores = stores, []
             stores.extend(_head_epilogue(prev, d_H, mu_hbm, rstd_hbm, save, y_hbm))
+        # the epilogues left after the loop issue the stores two heads back first, as in it: the SBUF model
+        # holds two heads' epilogue tiles, not three
         for dst, src in queued + stores:
             nisa.dma_copy(dst=dst, src=src)
     if save:

@@ -359,7 +359,12 @@ def qk_norm_kernel(q_hbm, w_hbm, eps_arg, HB, resident, overlap, streamed, save)
                 if not overlap:
                     stores.extend(_head_epilogue(pending.pop()[1], d_D, y_hbm))
         for _, prev in pending:
+            for dst, src in queued:
+                nisa.dma_copy(dst=dst, src=src)
+            queued, stores = stores, []
             stores.extend(_head_epilogue(prev, d_D, y_hbm))
+        # the epilogues left after the loop issue the stores two heads back first, as in it: the SBUF model
+        # holds two heads' epilogue tiles, not three
         for dst, src in queued + stores:
             nisa.dma_copy(dst=dst, src=src)
     return y_hbm

@@ -341,7 +341,12 @@ def scaled_softmax_kernel(x_hbm, scale_arg, HB, resident, overlap, streamed, sav
                 if not overlap:
                     stores.extend(_head_epilogue(head, d_H, lse_hbm, p_hbm, scale_arg))
         for prev in pending:
+            for dst, src in queued:
+                nisa.dma_copy(dst=dst, src=src)
+            queued, stores = stores, []
             stores.extend(_head_epilogue(prev, d_H, lse_hbm, p_hbm, scale_arg))
+        # the epilogues left after the loop issue the stores two heads back first, as in it: the SBUF model
+        # holds two heads' epilogue tiles, not three
         for dst, src in queued + stores:
             nisa.dma_copy(dst=dst, src=src)
     return p_hbm_flat, lse_hbm
