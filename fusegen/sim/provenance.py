@@ -90,16 +90,21 @@ class InputCopies(InputF32):
 
     def band(self, tiling: Tiling, index: int) -> torch.Tensor:
         """Band `index` (rows [index * height, (index + 1) * height) of the storage as [*, stride]) in
-        fp32, laid out [tile, row, column]: each instance converts only the bands its GEMMs read."""
+        fp32, laid out [tile, row, column]. The first request lays out every whole band of the input in
+        one copy: a kernel reads all of a weight's bands (an I-tile each), and one copy instead of one per
+        band spares the GEMM thread a GIL round trip (waiting for the turn holder's Python) per band."""
         with self.lock:  # instances run their GEMMs off their turns, so possibly at the same time
             laid = self.bands.get((tiling, index))
             if laid is None:
                 stride, height, width = tiling
-                rows = self.storage[index * height * stride : (index + 1) * height * stride]
-                tiles = rows.view(height, stride // width, width).permute(1, 0, 2)
-                laid = self._pooled(rows.numel())
-                laid.view(tiles.shape).copy_(tiles)
-                self.bands[(tiling, index)] = laid
+                size = height * stride
+                count = self.storage.numel() // size  # _tiles admits whole bands only
+                tiles = self.storage[: count * size].view(count, height, stride // width, width)
+                every = self._pooled(count * size)
+                every.view(count, stride // width, height, width).copy_(tiles.permute(0, 2, 1, 3))
+                for i in range(count):  # entered complete: made() reads them without the lock
+                    self.bands[(tiling, i)] = every[i * size : (i + 1) * size]
+                laid = self.bands[(tiling, index)]
         return laid
 
 
@@ -144,12 +149,19 @@ class Band:
 
     def view(self, key: ViewKey) -> torch.Tensor:
         """View `key` of the re-laid band."""
-        return torch.as_strided(self.copies.band(self.tiling, self.index), *key)
+        return _within(self.copies.band(self.tiling, self.index), key)
 
     def made(self, key: ViewKey) -> torch.Tensor | None:
         """View `key` of the band if it is made (entered only once complete), else None."""
         laid = self.copies.bands.get((self.tiling, self.index))
-        return None if laid is None else torch.as_strided(laid, *key)
+        return None if laid is None else _within(laid, key)
+
+
+def _within(laid: torch.Tensor, key: ViewKey) -> torch.Tensor:
+    """View `key` of a band, its offset counted from the band's start (a band is a slice of the buffer
+    holding all bands of its input, and as_strided counts offsets from the buffer's start)."""
+    shape, strides, offset = key
+    return torch.as_strided(laid, shape, strides, laid.storage_offset() + offset)
 
 
 Piece = tuple[InputCopies, ViewKey]  # an input's fp32 copies, and a 2-D view of it: [rows, cols], stride 1
