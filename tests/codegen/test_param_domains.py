@@ -155,3 +155,55 @@ def _escaped(text: str) -> str:
     import re
 
     return re.escape(text)
+
+
+PROJ_SCALARS = """kernel scalar_proj
+dim R, K, N
+input x: bf16[R, K]
+input w: bf16[K, N]
+param a = 0.7
+output y: f32[R, N]
+c = 3.0 * 2.0
+h = x @ w
+y = h * c * rsqrt(a) + h / (a + 1.0) - h * (a * a)
+check R=5 K=256 N=192
+"""
+
+FFN_SCALARS = """kernel scalar_ffn
+dim R, K, I
+require K % 128 == 0
+input x: bf16[R, K]
+input wgt: bf16[K, I]
+input wut: bf16[K, I]
+input wdt: bf16[I, K]
+input r: bf16[R, K]
+param alpha = 0.5
+param beta = 3.0
+output out: f32[R, K]
+c = alpha * beta + 1.0
+out = (bf16(silu(x @ wgt) * (x @ wut)) @ wdt) * c + r * rsqrt(beta)
+check R=3 K=256 I=384
+"""
+
+
+def test_scalar_values_in_a_projection_epilogue(tmp_path: Path) -> None:
+    """Scalar statements and scalar subexpressions of params and numbers in the proj epilogue (the family
+    refused them: "values in the epilogue must be [R, N]"), against the formula written out in torch."""
+    module = load_module(_build(tmp_path, PROJ_SCALARS) / "kernel.py", target="trn2")
+    x, w = torch.randn(5, 256).bfloat16(), torch.randn(256, 192).bfloat16()
+    h = x.float() @ w.float()
+    for a in (0.7, 2.5):
+        want = h * 6.0 * a**-0.5 + h / (a + 1.0) - h * (a * a)
+        close(module.scalar_proj(x, w, a=a), want, rtol=1e-5)
+
+
+def test_scalar_values_in_an_ffn_epilogue(tmp_path: Path) -> None:
+    """The same in the FFN's epilogue, with the f32 range check on the immediate they form."""
+    module = load_module(_build(tmp_path, FFN_SCALARS) / "kernel.py", target="trn2")
+    shapes = ((3, 256), (256, 384), (256, 384), (384, 256), (3, 256))
+    x, wgt, wut, wdt, r = (torch.randn(*shape).bfloat16() for shape in shapes)
+    h = (torch.nn.functional.silu(x.float() @ wgt.float()) * (x.float() @ wut.float())).bfloat16()
+    want = (h.float() @ wdt.float()) * (0.25 * 4.0 + 1.0) + r.float() * 4.0**-0.5
+    close(module.scalar_ffn(x, wgt, wut, wdt, r, alpha=0.25, beta=4.0), want, rtol=1e-5)
+    with pytest.raises(ValueError, match=_escaped("outside the f32 range")):
+        module.scalar_ffn(x, wgt, wut, wdt, r, alpha=1e20, beta=1e20)

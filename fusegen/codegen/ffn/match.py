@@ -102,7 +102,7 @@ def _check_mid(ir: KernelIR, mid: set[int], rows: Dim, inter: Dim) -> None:
 
 def _epilogue_shapes(rows: Dim, hidden: Dim) -> tuple[tuple[Dim, ...], ...]:
     one = Dim.const(1)
-    return ((rows, hidden), (rows, one), (hidden,), (one, hidden))
+    return ((rows, hidden), (rows, one), (hidden,), (one, hidden), ())
 
 
 def _epilogue(ir: KernelIR, down: Node, rows: Dim, hidden: Dim) -> set[int]:

@@ -135,7 +135,7 @@ def _check_epilogue(ir: KernelIR, epi: set[int], outputs: tuple[int, ...], rows:
         if (
             node.op not in SCALAR_LEAVES
             and node.op != "input"
-            and node.shape not in ((rows, width), (rows, one), (width,), (one, width))
+            and node.shape not in ((rows, width), (rows, one), (width,), (one, width), ())
         ):
             raise leave(
                 FAMILY, node, f"values in the epilogue must be [{rows}, {width}], [{width}] or [{rows}, 1]"
