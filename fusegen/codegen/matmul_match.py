@@ -53,6 +53,12 @@ def row_prologue(family: str, ir: KernelIR, x: Node, rows: Dim, hidden: Dim) -> 
     return sources[0], tuple(sorted(nodes))
 
 
+def epilogue_shapes(rows: Dim, width: Dim) -> tuple[tuple[Dim, ...], ...]:
+    """The shapes a projection's epilogue values may take: per element, per column, per row, or scalar."""
+    one = Dim.const(1)
+    return ((rows, width), (rows, one), (width,), (one, width), ())
+
+
 def stage_nodes(family: str, ir: KernelIR, root: Node, stops: set[int], what: str) -> set[int]:
     """Ids of the nodes `root` is computed from, stopping at `stops`, inputs and scalars."""
     seen: set[int] = set()

@@ -8,7 +8,7 @@ from dataclasses import dataclass
 
 from fusegen.codegen.family import SCALAR_LEAVES, Mismatch, leave, shape_is
 from fusegen.codegen.fp8 import weight_dtype_fits
-from fusegen.codegen.matmul_match import ROW_WISE, row_prologue, stage_nodes, weight_columns
+from fusegen.codegen.matmul_match import ROW_WISE, epilogue_shapes, row_prologue, stage_nodes, weight_columns
 from fusegen.dsl.ir import FP8_DTYPES, Dim, KernelIR, Node
 
 FAMILY = "ffn"
@@ -100,11 +100,6 @@ def _check_mid(ir: KernelIR, mid: set[int], rows: Dim, inter: Dim) -> None:
             raise leave(FAMILY, node, f"values in the combine must be [{rows}, {inter}]")
 
 
-def _epilogue_shapes(rows: Dim, hidden: Dim) -> tuple[tuple[Dim, ...], ...]:
-    one = Dim.const(1)
-    return ((rows, hidden), (rows, one), (hidden,), (one, hidden), ())
-
-
 def _epilogue(ir: KernelIR, down: Node, rows: Dim, hidden: Dim) -> set[int]:
     epi: set[int] = set()
     for out in ir.outputs:
@@ -129,7 +124,7 @@ def _epilogue(ir: KernelIR, down: Node, rows: Dim, hidden: Dim) -> set[int]:
         if (
             node.op not in SCALAR_LEAVES
             and node.op != "input"
-            and node.shape not in _epilogue_shapes(rows, hidden)
+            and node.shape not in epilogue_shapes(rows, hidden)
         ):
             raise leave(
                 FAMILY, node, f"values in the epilogue must be [{rows}, {hidden}], [{hidden}] or [{rows}, 1]"

@@ -9,7 +9,7 @@ from dataclasses import dataclass
 
 from fusegen.codegen.family import SCALAR_LEAVES, Mismatch, leave, shape_is
 from fusegen.codegen.fp8 import weight_dtype_fits
-from fusegen.codegen.matmul_match import row_prologue, stage_nodes, weight_columns
+from fusegen.codegen.matmul_match import epilogue_shapes, row_prologue, stage_nodes, weight_columns
 from fusegen.dsl.ir import Dim, KernelIR, Node
 
 FAMILY = "proj"
@@ -135,7 +135,7 @@ def _check_epilogue(ir: KernelIR, epi: set[int], outputs: tuple[int, ...], rows:
         if (
             node.op not in SCALAR_LEAVES
             and node.op != "input"
-            and node.shape not in ((rows, width), (rows, one), (width,), (one, width), ())
+            and node.shape not in epilogue_shapes(rows, width)
         ):
             raise leave(
                 FAMILY, node, f"values in the epilogue must be [{rows}, {width}], [{width}] or [{rows}, 1]"
