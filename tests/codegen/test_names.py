@@ -53,23 +53,25 @@ def defined_names(paths: list[Path]) -> set[str]:
     return found
 
 
-def adversarial_names() -> set[str]:
+@functools.cache  # parsing every generated file takes seconds: once per process, not per test
+def adversarial_names() -> frozenset[str]:
     """The generated files' names, their `_`-separated prefixes, Python's builtins and keywords."""
     defined = defined_names(sorted(ROOT.glob("generated/*/*.py")))
     defined |= {n.lstrip("_") for n in defined}  # `_<spec name>` forms: `P` of `_P`, `total` of `_total`
     prefixes = {"_".join(n.split("_")[:i]) for n in defined for i in range(1, n.count("_") + 1)}
     python = set(dir(builtins)) | set(keyword.kwlist) | set(keyword.softkwlist)
     every = defined | prefixes | python | set(ISSUE_NAMES) | set(FORMERLY_RESERVED)
-    return {n for n in every if n.isidentifier()}  # `_12` leaves `12`: no identifier
+    return frozenset(n for n in every if n.isidentifier())  # `_12` leaves `12`: no identifier
 
 
-def usable_names() -> list[str]:
+@functools.cache
+def usable_names() -> tuple[str, ...]:
     """The adversarial names a spec may declare, minus the example kernels' names and the names of the ops
     derived from them (`qk_norm_backward`): those ops are registered in this process, and an op name is
     global."""
     examples = {p.stem for p in ROOT.glob("examples/*.spec")}
     taken = {n for n in adversarial_names() if n in examples or any(n.startswith(f"{e}_") for e in examples)}
-    return sorted(n for n in adversarial_names() if names.name_problem(n) is None and n not in taken)
+    return tuple(sorted(n for n in adversarial_names() if names.name_problem(n) is None and n not in taken))
 
 
 def test_only_python_and_public_names_are_rejected() -> None:
@@ -96,7 +98,8 @@ class Names:
         return out
 
 
-def chunks(family: str) -> list[list[str]]:
+@functools.cache
+def chunks(family: str) -> tuple[list[str], ...]:
     """The usable names, one spec's worth each; the FFN family deals them from a shifted start, so a name
     takes a different role (dim, input, param, ...) in each family."""
     pool = [n for n in usable_names() if n not in ISSUE_NAMES]  # dealt once, as the last row spec's
@@ -104,7 +107,7 @@ def chunks(family: str) -> list[list[str]]:
     shift = 0 if family == "row" else per_spec // 3
     pool = pool[shift:] + pool[:shift]
     dealt = [pool[i : i + per_spec] for i in range(0, len(pool), per_spec)]
-    return [*dealt, ISSUE_NAMES] if family == "row" else dealt  # an op's name is global: one `choose`
+    return (*dealt, ISSUE_NAMES) if family == "row" else tuple(dealt)  # an op's name is global: one `choose`
 
 
 def op_name(name: str) -> str:
