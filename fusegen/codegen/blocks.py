@@ -10,11 +10,12 @@ pass needs again are recomputed from their block loads (cheap next to the projec
 
 from __future__ import annotations
 
+import copy
 from collections.abc import Callable
-from dataclasses import dataclass, field, replace
+from dataclasses import dataclass, field, fields, replace
 
 from fusegen.codegen.budget_base import Stage
-from fusegen.codegen.select import Selector
+from fusegen.codegen.select import Layout, Selector
 from fusegen.codegen.stage import Expr, Operand
 from fusegen.dsl.ir import DTYPE_BYTES
 
@@ -219,21 +220,30 @@ def spine(
     return chain
 
 
-def _in_place(sel: BlockSelector, spine: Expr, accumulator: str, mark: int) -> bool:
-    """Compute `spine` into the accumulator's block (its fresh tile renamed to the accumulator), after the
-    pass's statistics: unless one of them, fused down to the accumulator's own value, reads the block after
-    that write (`sum(square(d))` is one activation_reduce of d: squared in place first, it gave d**4); then
-    the spine keeps its own tile. Whether it went in place."""
-    tile = sel.value(spine).code
-    lines = sel.lines[mark:]
+def _in_place(sel: BlockSelector, stats: list[Expr], spine: Expr, accumulator: str) -> bool:
+    """Whether `spine` may be computed into the accumulator's block: emitted on trial, no statistic, fused
+    down to the accumulator's own value, reads the block after the spine's write (`sum(square(d))` is one
+    activation_reduce of d: squared in place first, it gave d**4)."""
+    trial = _fork(sel)
+    mark = len(trial.lines)
+    for stat in stats:
+        trial.value(stat)
+    tile = trial.value(spine).code
+    lines = trial.lines[mark:]
     written = next(i for i, line in enumerate(lines) if f"dst={tile}" in line)
-    if any(accumulator in line for line in lines[written + 1 :]):
-        return False
-    name = tile.split("[")[0]
-    kept = [line for line in lines if not line.startswith(f"{name} = ")]  # its allocation goes
-    sel.lines[mark:] = [line.replace(tile, accumulator) for line in kept]
-    sel.pin(spine, Operand("tile", accumulator))
-    return True
+    return not any(accumulator in line for line in lines[written + 1 :])
+
+
+def _fork(sel: BlockSelector) -> BlockSelector:
+    """A copy of `sel` to emit into on trial: what either emits later leaves the other as it was."""
+    twin = copy.copy(sel)
+    for f in fields(sel):
+        value = getattr(sel, f.name)
+        if isinstance(value, (list, dict, set)):
+            setattr(twin, f.name, copy.copy(value))
+        elif value is not None and not isinstance(value, (str, int, bool, Layout)):
+            setattr(twin, f.name, copy.deepcopy(value))  # the engine tally, the span: small, no Exprs
+    return twin
 
 
 def _statistics_pass(
@@ -258,9 +268,15 @@ def _statistics_pass(
         running.append(Operand("vec", f"{name}[0:pr, 0:1]"))
         names.append(name)
     needed = _needed(stats, sel, loads)
+    spine, accumulator = in_place or (None, "")
+    placed = spine is not None and _in_place(sel, stats, spine, accumulator)
+    if spine is not None and placed:  # the spine's value is written into the accumulator's block
+        sel.into[id(spine)] = Operand("tile", accumulator)
     mark = len(sel.lines)
     parts = [sel.value(stat) for stat in stats]
-    placed = in_place is not None and _in_place(sel, *in_place, mark)
+    if spine is not None and placed:  # held there across the sweeps (computed now if no statistic did)
+        sel.pin(spine, sel.value(spine))
+        del sel.into[id(spine)]
     lines = sel.lines[mark:]
     del sel.lines[mark:]
     for stat, part, total in zip(stats, parts, running, strict=True):
