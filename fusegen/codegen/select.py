@@ -2,7 +2,8 @@
 
 Patterns, tried from the consumer down (an operand pattern is recomputed inside every instruction
 that fuses it, which is free: a bias, a scale or a second scalar op costs no extra pass):
-- `act(t * s + b)`                       -> nisa.activation (Scalar engine; s scalar/[P,1], b [P,1])
+- `act(t * s + b)`                       -> nisa.activation (Scalar engine; s scalar/[P,1], b [P,1];
+                                            select_affine.py)
 - `exp(u) / sum(exp(..))` (full width)     -> one nisa.activation(op=nl.exp) with log of the sum in its bias
                                             (select_folds.py)
 - `t * s ± b` (full width, with a load)  -> nisa.activation(op=nl.copy) when the Scalar engine is the less
@@ -35,6 +36,7 @@ from collections.abc import Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass, field
 
+from fusegen.codegen import select_affine as affine
 from fusegen.codegen import select_alu as alu
 from fusegen.codegen import select_columns as columns
 from fusegen.codegen import select_folds, select_pe
@@ -270,17 +272,17 @@ class Selector:
         return self.copy(x, x.kind, "f32")
 
     def _activation(self, e: Expr, dtype: str) -> Operand:
-        data, scale, bias = self._affine(e.args[0])
+        data, scale, bias = affine.operands(self, e.args[0])
         dst = self._dst(e, dtype)
         kwargs = {"dst": dst.code, "op": ACTIVATIONS[e.op], "data": data.code}
-        kwargs.update(_affine_kwargs(scale, bias))
-        self._emit("activation", _present(data, scale, bias), **kwargs)
+        kwargs.update(affine.keywords(scale, bias))
+        self._emit("activation", affine.present(data, scale, bias), **kwargs)
         return dst
 
     def _activation_reduce(self, e: Expr) -> Operand:
         inner = e.args[0]
         op, arg = (ACTIVATIONS[inner.op], inner.args[0]) if inner.op in ACTIVATIONS else ("nl.copy", inner)
-        data, scale, bias = self._affine(arg)
+        data, scale, bias = affine.operands(self, arg)
         scratch = self._alloc("tile", "f32")  # the elementwise result is discarded; only the sum is kept
         dst = self._alloc("vec", "f32")
         kwargs = {
@@ -290,74 +292,12 @@ class Selector:
             "reduce_op": "nl.add",
             "reduce_res": dst.code,
         }
-        kwargs.update(_affine_kwargs(scale, bias))
-        self._emit("activation_reduce", _present(data, scale, bias), **kwargs)
-        return dst
-
-    def _affine(self, e: Expr) -> tuple[Operand, Operand | None, Operand | None]:
-        """View `e` as `t * scale + bias` for the Scalar engine (bias a [P,1] column)."""
-        t, s, b, negate = self._affine_split(e)
-        bias = None if b is None else self.value(self._negated(b) if negate else b)
-        if bias is not None and bias.kind == "scalar":
-            bias = columns.constant(self, bias.code)
-        scale = None if s is None else self._fp32(self.value(s))
-        return self.value(t), scale, bias
-
-    def _affine_split(self, e: Expr) -> tuple[Expr, Expr | None, Expr | None, bool]:
-        """(t, scale, bias, whether the bias is subtracted) of `e` as `t * scale ± bias` (bias a column;
-        `t - b` only with a load, i.e. in the row stages, whose column chains can negate b off Vector)."""
-        bias, negate = None, False
-        if e.kind == "tile" and (e.op == "add" or (e.op == "sub" and self.load is not None)):
-            t, b = alu.split_tile(e)
-            if t is not None and b is not None and b.kind == "vec" and (e.op == "add" or e.args[0] is t):
-                e, bias, negate = t, b, e.op == "sub"
-        elif e.kind == "vec" and e.op == "add" and self.load is not None and self.column_engine:
-            # a row stage's per-row `act(c + b)` (rstd = rsqrt(mean + eps)): the add rides in the
-            # activation's bias, a scalar b memset once into a column, instead of a step of its own
-            t, b = alu.split_tile(e)
-            if t is not None and b is not None and b.kind in ("vec", "scalar"):
-                e, bias = t, b  # and a product in t rides in the scale (below): rsqrt(sum * 1/n + eps)
-        scale = None
-        if e.op == "mul" and e.kind == "tile":
-            t, s = alu.split_tile(e)
-            if t is not None and s is not None:
-                e, scale = t, s
-        elif e.op == "mul" and e.kind == "vec" and self.load is not None and self.column_engine:
-            # a row stage's per-row `act(c * s)` (sigmoid(sign * sqrt)): the product rides in the
-            # activation's scale (a scalar or an fp32 column) instead of a step of its own
-            t, s = alu.split_tile(e)
-            t, s = (t, s) if t is not None else e.args
-            if s is not None and s.kind in ("vec", "scalar"):
-                e, scale = t, s
-        return e, scale, bias, negate
-
-    def _negated(self, column: Expr) -> Expr:
-        """-column as an expression, one per column (memoised by `value` like any other)."""
-        key = (id(column), "neg")
-        if key not in self._memo_neg:
-            self._memo_neg[key] = Expr("neg", (column,), kind=column.kind)
-        return self._memo_neg[key]
-
-    def _affine_on_scalar(self, e: Expr, dtype: str) -> Operand | None:
-        """A full-width `t * s ± b` as one identity activation, when a load says the Scalar engine is the
-        less busy and the Vector engine would not run it in its bf16 perf mode."""
-        if self.load is None or e.kind != "tile":
-            return None
-        t = self._affine_split(e)[0]
-        if t is e:
-            return None
-        data = self.value(t)
-        fast = data.dtype in ("bf16", "f16") and dtype in ("bf16", "f16") and data.memory != "psum"
-        if fast or not self.load.prefers_scalar(CALL_COST["tensor_scalar"][1]):
-            return None
-        data, scale, bias = self._affine(e)
-        dst = self._alloc(e.kind, dtype)
-        kwargs = {"dst": dst.code, "op": "nl.copy", "data": data.code, **_affine_kwargs(scale, bias)}
-        self._emit("activation", _present(data, scale, bias), **kwargs)
+        kwargs.update(affine.keywords(scale, bias))
+        self._emit("activation_reduce", affine.present(data, scale, bias), **kwargs)
         return dst
 
     def _arith(self, e: Expr, dtype: str) -> Operand:
-        on_scalar = select_folds.normalised_exp(self, e, dtype) or self._affine_on_scalar(e, dtype)
+        on_scalar = select_folds.normalised_exp(self, e, dtype) or affine.on_scalar(self, e, dtype)
         if on_scalar is not None:
             return on_scalar
         chain = alu.scalar_chain(e)
@@ -392,14 +332,3 @@ class Selector:
         return x, y
 
 
-def _present(*operands: Operand | None) -> tuple[Operand, ...]:
-    return tuple(o for o in operands if o is not None)
-
-
-def _affine_kwargs(scale: Operand | None, bias: Operand | None) -> dict[str, str]:
-    kwargs = {}
-    if bias is not None:
-        kwargs["bias"] = bias.code
-    if scale is not None:
-        kwargs["scale"] = scale.code
-    return kwargs

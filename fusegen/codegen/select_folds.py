@@ -19,6 +19,7 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING
 
+from fusegen.codegen import select_affine as affine
 from fusegen.codegen.stage import Expr, Operand
 
 if TYPE_CHECKING:
@@ -50,7 +51,7 @@ def normalised_exp(sel: Selector, e: Expr, dtype: str) -> Operand | None:
     if found is None or sel.load is None:  # the row stages only: their column chains run off Vector
         return None
     u, c = found
-    t, s, b, negate = sel._affine_split(u)
+    t, s, b, negate = affine.split(sel, u)
     log_c = sel.intern("log", (c,), "vec")  # e.g. the log a softmax's log-sum-exp takes anyway
     if b is None:
         bias = sel.intern("neg", (log_c,), "vec")

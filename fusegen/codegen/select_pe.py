@@ -23,6 +23,7 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING
 
+from fusegen.codegen import select_affine as affine
 from fusegen.codegen.select_span import LOOP, ONE
 from fusegen.codegen.select_tables import NL_DTYPE
 from fusegen.codegen.stage import Expr, Operand
@@ -103,7 +104,7 @@ def scaled_affine_then_row(sel: Selector, e: Expr, inner: Expr, t: Expr, s: Expr
         return None
     # t's own pass (`x ± b`, one activation or tensor_scalar) takes `* s` as well; on the Scalar engine its
     # result may go to PSUM
-    x, scale, bias, negate = sel._affine_split(t)
+    x, scale, bias, negate = affine.split(sel, t)
     if x is t or scale is not None or bias is None or x.kind != "tile":
         return None
     sel.pe_staged = True
