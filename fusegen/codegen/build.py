@@ -48,17 +48,23 @@ class Built:
     name: str
     files: tuple[tuple[str, str], ...]
     plans: tuple[TilePlan, ...]
+    warnings: tuple[str, ...] = ()  # the checker's warnings (an input never read, ...), rendered
 
 
 def build_spec(path: str, options: BuildOptions) -> Built:
     """Render every file of one spec; nothing is written."""
-    user_ir, _warnings = load_spec(path)
+    user_ir, warnings = load_spec(path)
     try:
         with _recursion_limit(RECURSION_LIMIT):
-            return _render_spec(path, user_ir, options)
+            built = _render_spec(path, user_ir, options)
     except StageError as err:  # math a family's stage cannot express: the user's line, not a fusegen bug
         hint = "compute it outside the kernel and pass it in as a param"
-        raise SpecError([Diagnostic(err.node.span, err.message, hint=hint)], read_spec(path)) from None
+        error = Diagnostic(err.node.span, err.message, hint=hint)
+        raise SpecError([error, *warnings], read_spec(path)) from None
+    except SpecError as err:  # the warnings may say why (an input never read is no family's input)
+        raise SpecError([*err.diagnostics, *warnings], err.source) from None
+    source = read_spec(path).split("\n")
+    return dataclasses.replace(built, warnings=tuple(w.render(source) for w in warnings))
 
 
 #: lowering and selection walk value chains recursively; the checker bounds a chain at MAX_CHAIN

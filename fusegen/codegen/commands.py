@@ -29,6 +29,14 @@ def _progress(message: str) -> None:
     print(message, file=sys.stderr, flush=True)
 
 
+def _built(spec: str, options: BuildOptions) -> Built:
+    """build_spec, its warnings printed (to stderr, as progress is)."""
+    built = build_spec(spec, options)
+    for warning in built.warnings:
+        _progress(warning)
+    return built
+
+
 def build(specs: list[str], options: BuildOptions, check_only: bool = False, every_spec: bool = False,
           fmt: str = "text") -> int:  # fmt: skip
     """Build every spec (all rendered before any is written); with check_only, report stale files.
@@ -38,7 +46,7 @@ def build(specs: list[str], options: BuildOptions, check_only: bool = False, eve
     built = []
     for spec in specs:
         _progress(f"fusegen: building {spec}")
-        built.append(build_spec(spec, options))
+        built.append(_built(spec, options))
     orphans = _orphans(options.out_dir, built) if every_spec else []
     if check_only:
         return _report_stale(options.out_dir, built, orphans, fmt)
@@ -105,7 +113,7 @@ def check(specs: list[str], options: BuildOptions, shapes: list[dict[str, int]],
                 plan_shape(
                     spec, dims, options.target, options.lnc
                 )  # no plan fits: the planner's message, not a traceback
-            built = build_spec(spec, BuildOptions(out, options.target, options.lnc))
+            built = _built(spec, BuildOptions(out, options.target, options.lnc))
             write_atomically(out, built.files)
             for dims in runs:
                 _progress(f"fusegen: {_doing(mode)} {built.name} at {_dims_text(dims)}{_where(mode)}")

@@ -116,6 +116,36 @@ def test_spec_error_exits_2_and_failure_exits_1(
     assert out.splitlines()[-1] == "check: 1 spec(s), 1 run(s), 1 FAILED"
 
 
+
+UNUSED = "kernel k\ndim T, H\ninput x: bf16[T, H]\ninput w: bf16[{w}]\noutput y: bf16[T, H]\ny = abs(x)\n" \
+         "check T=5 H=128\n"  # fmt: skip
+
+
+def test_build_and_check_print_the_checkers_warnings(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    spec = tmp_path / "unused.spec"
+    spec.write_text(UNUSED.format(w="H") + "q = x * 2.0\n")
+    assert main(["build", "--out", str(tmp_path / "out"), str(spec)]) == 0
+    err = capsys.readouterr().err
+    assert f"{spec}:4:7: warning: input `w` is never used" in err
+    assert f"{spec}:8:1: warning: `q` is computed but never used" in err
+    assert main(["check", str(spec)]) == 0
+    assert f"{spec}:4:7: warning: input `w` is never used" in capsys.readouterr().err
+
+
+def test_a_family_error_names_the_input_never_used(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """An [H, H] input read by nothing fits no family's roles: the warning says why."""
+    spec = tmp_path / "unused.spec"
+    spec.write_text(UNUSED.format(w="H, H"))
+    assert main(["build", "--out", str(tmp_path / "out"), str(spec)]) == 2
+    err = capsys.readouterr().err
+    assert f"{spec}:4:1: error: no kernel family matches `k`" in err
+    assert f"{spec}:4:7: warning: input `w` is never used" in err
+    assert not (tmp_path / "out").exists()
+
 def test_internal_error_exits_3_saying_whose_fault(
     monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
 ) -> None:
