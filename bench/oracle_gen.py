@@ -43,6 +43,7 @@ class OracleCase:
     dims: dict[str, int]
     outputs: tuple[Output, ...]
     lnc: int = 1  # logical cores the kernel runs on
+    target: str = "trn2"  # the machine the host function plans for
     layouts: tuple[tuple[str, str], ...] = ()  # (input, how it is laid out: bench/oracle_layout.py)
     generator: str = ""  # the function that made it
     grads: bool = False  # also check the op's gradients (bench/oracle_grad.py)
