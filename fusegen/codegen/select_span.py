@@ -26,6 +26,7 @@ RANGE = "c0:c1"  # the chain's columns: all heads of the tile
 ONE = "j:j + 1"  # one column of the range, in a per-column step
 COLUMN_OF_HEAD = "hc"  # the epilogue's column of its head: h after the tile's chain, 0 after one head's
 HEAD = f"{COLUMN_OF_HEAD}:{COLUMN_OF_HEAD} + 1"
+CURRENT_HEAD = "h:h + 1"  # a [P, G] tile's column of the head being run (a staged column input)
 LOOP = "for j in range(c0, c1):"
 #: roles an instruction takes as a `[P, 1]` column ([ISA] activation, tensor_scalar)
 SCALAR_ROLES = ("scale", "bias", "operand0", "operand1")
@@ -42,7 +43,7 @@ class Span:
     part: str = "pt"
     open: bool = True
     end: int = 0  # the Selector's line count where the chain closed
-    foreign: bool = False  # the chain read a per-head column it cannot widen (a hoisted value, a load)
+    foreign: bool = False  # the chain read a per-head column it cannot widen (hoisted, an input)
     columns: set[str] = field(default_factory=set)
     diagonals: set[str] = field(default_factory=set)
     read_accs: set[str] = field(default_factory=set)
@@ -76,6 +77,8 @@ class Span:
         name = code.split("[")[0]
         if code == f"{name}[0:{self.part}, 0:{self.part}]" and name in self.diagonals and columns == HEAD:
             return f"{name}[{COLUMN_OF_HEAD}]{code[len(name):]}"
+        if code == f"{name}[0:{self.part}, {CURRENT_HEAD}]" and columns != HEAD:
+            self.foreign = True  # one head's run of the chain (columns 0:1) could not widen it either
         if code != f"{name}[0:{self.part}, {COLUMN}]":
             return code
         if name in self.columns:

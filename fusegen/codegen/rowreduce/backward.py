@@ -22,10 +22,12 @@ from fusegen.codegen.rowreduce import budget as rb
 from fusegen.codegen.rowreduce.budget import RowModel
 from fusegen.codegen.rowreduce.loads import Load, column_leaves
 from fusegen.codegen.rowreduce.lower import (
+    ColumnOutput,
     RowPasses,
     acc,
     balanced,
     chunk_leaves,
+    lower_column,
     lower_columns,
     lower_passes,
     output_value,
@@ -89,6 +91,7 @@ class BackwardLowering:
     head_writes: tuple[Write, ...]  # per head and chunk
     head_sums: tuple[HeadSum, ...]
     shared_writes: tuple[Write, ...]  # after the head loop, per token tile
+    column_outputs: tuple[ColumnOutput, ...]  # [T, G] outputs (a column input's gradient), staged per tile
     token_sums: tuple[TokenSum, ...]
     reduce: ReduceLowering
     model: RowModel
@@ -107,6 +110,9 @@ def _lower_backward(ir: KernelIR, m: RowReduceMatch, load: EngineLoad) -> Backwa
     below = column_leaves(ir, m) | {rid: acc(rid, ir) for level in m.levels for rid in level} | passes.hoisted
     roots = _epilogue_roots(ir, m)
     cols, hoisted = lower_columns(ir, m, below, roots, prefix="ke_")
+    col_builder = StageBuilder(ir, below | hoisted, row_kind(m), free_size=lambda n: m.width)
+    col_exprs = {o.name: col_builder.expr(src) for o, src in m.column_outputs}  # all first, as below
+    col_outs = tuple(lower_column(cols, o, col_exprs[o.name]) for o, _ in m.column_outputs)
     builder = StageBuilder(ir, chunk_leaves(ir, m, passes.resident) | below | hoisted, row_kind(m),
                            free_size=lambda n: m.width)  # fmt: skip
     sel = Selector(Layout(part="pt", free="hw", free_alloc="HB"), prefix="e", load=load)
@@ -137,12 +143,13 @@ def _lower_backward(ir: KernelIR, m: RowReduceMatch, load: EngineLoad) -> Backwa
         row_inputs=sum(DTYPE_BYTES[ir.node(ld.node).dtype] for ld in m.loads),
         epilogue=4 * len(m.head_sums),  # the head-sum accumulators are the only width-long epilogue tiles
         chunk=max(passes.chunk_bytes, tile_bytes(sel)),
-        columns=4 * (passes.column_tiles + len(cols.tiles) + len(m.column_loads)
+        columns=4 * (passes.column_tiles + len(cols.tiles) + len(m.column_loads) + len(col_outs)
                      + (len(passes.constants) + len(cols.constants)) // 2),
     )  # fmt: skip
     return BackwardLowering(
         passes=passes, epi_columns=tuple(cols.lines), epi_lines=tuple(sel.lines), head_writes=tuple(writes),
-        head_sums=tuple(head_sums), shared_writes=tuple(shared), token_sums=tuple(token_sums),
+        head_sums=tuple(head_sums), shared_writes=tuple(shared), column_outputs=col_outs,
+        token_sums=tuple(token_sums),
         reduce=lower_reduce(ir, m), model=model,
         constants=passes.constants + tuple(cols.constants + sel.constants),
     )  # fmt: skip

@@ -94,9 +94,10 @@ class RowReduceFamily:
             m = match_rowreduce(body)
         except Mismatch as miss:
             raise (as_written(miss, lifted) if lifted else miss) from None
-        if m.backward_only:
-            raise Mismatch(self.name, ir.outputs[0].span, "column inputs and sums over heads or tokens "
-                           "are carried only by the row-reduction backward kernel")  # fmt: skip
+        span = m.backward_only(body)
+        if span is not None:
+            raise Mismatch(self.name, span, "sums over heads or tokens and packed outputs are carried only "
+                           "by the row-reduction backward kernel")  # fmt: skip
         return m
 
     def plans(self, ir: KernelIR, m: RowReduceMatch, target: str, lnc: int) -> list[TilePlan]:
@@ -121,6 +122,7 @@ class RowReduceFamily:
                         sbuf_budgets=repr({name: t.sbuf_usable_bytes for name, t in sorted(TARGETS.items())}),
                         default_target=target, default_lnc=lnc)  # fmt: skip
         staging = [c.staging for c in low.required_columns + low.optional_columns]
+        staging += [ld.tile for ld in low.passes.column_loads]  # column inputs: also set per token tile
         varying = ("prepared", *(ld.tile for ld in low.passes.shared_loads), *staging)
         module = render(PROLOGUE, **prologue)
         rows = rows_helper((low, tile), module) if tile else None  # their loads and passes written once

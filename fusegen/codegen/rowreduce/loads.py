@@ -6,9 +6,10 @@ from dataclasses import dataclass
 
 from fusegen.codegen.family import kernel_arg
 from fusegen.codegen.rowreduce.match import ColumnLoad, RowLoad, RowReduceMatch
+from fusegen.codegen.select_span import CURRENT_HEAD
 from fusegen.codegen.select_tables import NL_DTYPE
 from fusegen.codegen.stage import Operand, dim_source
-from fusegen.dsl.ir import Dim, KernelIR, Node
+from fusegen.dsl.ir import DTYPE_BYTES, Dim, KernelIR, Node
 
 
 @dataclass(frozen=True)
@@ -55,8 +56,13 @@ def _column_tile(col: ColumnLoad) -> str:
 def column_leaves(ir: KernelIR, m: RowReduceMatch) -> dict[int, Operand]:
     """Head h's column of every staged [T, G] input, in the dtype it was staged in (an operand that must
     be fp32, e.g. of tensor_scalar, is converted by the selector)."""
-    return {c.node: Operand("vec", f"{_column_tile(c)}[0:pt, h:h + 1]", dtype=_column_dtype(ir, c))
+    return {c.node: Operand("vec", f"{_column_tile(c)}[0:pt, {CURRENT_HEAD}]", dtype=_column_dtype(ir, c))
             for c in m.column_loads}  # fmt: skip
+
+
+def column_bytes(ir: KernelIR, m: RowReduceMatch) -> int:
+    """Bytes per token and head of the staged [T, G] inputs: their [P, G] tiles' SBUF, their HBM reads."""
+    return sum(DTYPE_BYTES[_column_dtype(ir, c)] for c in m.column_loads)
 
 
 def _column_dtype(ir: KernelIR, col: ColumnLoad) -> str:

@@ -21,7 +21,14 @@ from fusegen.codegen import select_pe
 from fusegen.codegen.engines import GPSIMD, VECTOR, gpsimd_allows
 from fusegen.codegen.family import kernel_arg
 from fusegen.codegen.rowreduce.budget import P, RowModel
-from fusegen.codegen.rowreduce.loads import Load, column_leaves, column_load, leaf_name, load_row
+from fusegen.codegen.rowreduce.loads import (
+    Load,
+    column_bytes,
+    column_leaves,
+    column_load,
+    leaf_name,
+    load_row,
+)
 from fusegen.codegen.rowreduce.match import RowLoad, RowReduceMatch
 from fusegen.codegen.rowreduce.prep import lower_prep, prepare_body, root_copies, row_kind
 from fusegen.codegen.select import Layout, Selector
@@ -150,7 +157,7 @@ def _lower_rowreduce(ir: KernelIR, m: RowReduceMatch, load: EngineLoad) -> RowRe
         epilogue=sum(DTYPE_BYTES[dt] for _, kind, dt in epi.tiles if kind == "tile"),
         chunk=passes.chunk_bytes,
         columns=4 * (sum(1 for _, k, _ in epi.tiles if k == "vec") + len(passes.levels) * 8 + len(col_outs)
-                     + len(columns) // 2),
+                     + len(columns) // 2) + column_bytes(ir, m),
         row_copies=2,  # head_passes of the next head runs before this head's full-width epilogue
         launch_tiles=select_pe.identity_bytes(constants),
         diagonals=sum(P * DTYPE_BYTES[dt] for _, k, dt in epi.tiles if k == "diag"),
@@ -313,7 +320,7 @@ def lower_epilogue(
     the Selector's trace-time condition for the Scalar engine's share of PE-formed evictions."""
     full = f"0:{dim_source(m.width)}"
     loads = {ld.node: ld for ld in m.loads}
-    leaves = _row_leaves(ir, loads, full) | _resident_leaves(resident, full)
+    leaves = _row_leaves(ir, loads, full) | _resident_leaves(resident, full) | column_leaves(ir, m)
     leaves |= {rid: acc(rid, ir) for level in m.levels for rid in level}
     builder = StageBuilder(ir, leaves, row_kind(m), free_size=lambda n: m.width)
     width = dim_source(m.width)

@@ -2,10 +2,10 @@
 on the per-row results, an elementwise combine with broadcast, and weights without the token axis that
 are prepared once per launch. Matches IR structure only, never names.
 
-A backward IR (codegen/autodiff.py) adds four shapes of node the same loop nest can carry: per-row [T, G]
-inputs read as columns (`unindex` restores the kept axis), columns `expand`ed over the width, sums over
-the head axis (accumulated across the head loop) and over the token axis (accumulated across token tiles),
-and outputs packed from head slices (`unindex` + `add`, e.g. grad_kv from grad_k and grad_v). A [G, H]
+Per-row [T, G] inputs are read as columns (`unindex` restores the kept axis: `s[:, :, None]`). A backward
+IR (codegen/autodiff.py) adds columns `expand`ed over the width and, carried only by the backward kernel,
+sums over the head axis (accumulated across the head loop) and over the token axis (accumulated across
+token tiles) and outputs packed from head slices (`unindex` + `add`, e.g. grad_kv). A [G, H]
 output may apply elementwise post-ops to token sums, [G, H] weights and scalars (grad_w_h = Σ_T(...)·w_e):
 they run once the sums are whole, in the kernel that adds up the cores' partial sums.
 """
@@ -15,6 +15,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from fusegen.codegen.family import ELEMENTWISE, SCALAR_LEAVES, Mismatch, leave
+from fusegen.dsl.diagnostics import Span
 from fusegen.dsl.ir import Dim, IndexItem, KernelIR, Node, OutputDecl, TensorDecl
 
 FAMILY = "rowreduce"
@@ -80,10 +81,11 @@ class RowReduceMatch:
     post_inputs: tuple[Node, ...] = ()  # the [G, H] weights and params the post-ops read
     packed_outputs: tuple[PackedOutput, ...] = ()
 
-    @property
-    def backward_only(self) -> bool:
-        """Whether it uses a role only the backward kernel's template carries."""
-        return bool(self.column_loads or self.head_sums or self.token_sums or self.packed_outputs)
+    def backward_only(self, ir: KernelIR) -> Span | None:
+        """Where it uses a role only the backward kernel's template carries (a sum over the heads or
+        tokens, a packed output), or None."""
+        sums = [ir.node(n).span for n in self.head_sums + self.token_sums]
+        return next(iter(sums + [p.output.span for p in self.packed_outputs]), None)
 
 
 def match_rowreduce(ir: KernelIR) -> RowReduceMatch:

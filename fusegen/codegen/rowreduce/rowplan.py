@@ -5,6 +5,7 @@ from __future__ import annotations
 
 from fusegen.codegen.plan import PlanError, PlannedBuffer, TilePlan, check_lnc
 from fusegen.codegen.rowreduce import budget as rb
+from fusegen.codegen.rowreduce.loads import column_bytes
 from fusegen.codegen.rowreduce.lower import RowReduceLowering
 from fusegen.codegen.rowreduce.match import RowReduceMatch
 from fusegen.dsl.ir import DTYPE_BYTES, KernelIR, Shape
@@ -57,7 +58,7 @@ def token_bytes(ir: KernelIR, m: RowReduceMatch, dims: dict[str, int], reads: in
     heads, width = m.heads.eval(dims), m.width.eval(dims)
     loads = reads * sum(
         DTYPE_BYTES[ir.node(ld.node).dtype] * width * (heads if ld.per_head else 1) for ld in m.loads
-    )
+    ) + column_bytes(ir, m) * heads  # column inputs: once per token tile, streamed or not
     outs = sum(DTYPE_BYTES[o.dtype] * _elems(o.shape[1:], dims) for o in ir.outputs)
     read_once = sum(
         DTYPE_BYTES[i.dtype] * _elems(i.shape[1:], dims) for i in ir.inputs if i.shape[0] == m.rows
