@@ -30,6 +30,15 @@ GRADCHECK = {"bf16": (1.0, 2.0**-6), "f16": (1.0, 2.0**-9), "f32": (1e-2, 1e-4)}
 _NARROWEST = ("bf16", "f16", "f32")
 
 
+def away_from_zero(t: torch.Tensor) -> torch.Tensor:
+    """`t` with each value moved 1 further from zero (exact in its dtype): a gradcheck step (at most eps = 1
+    per element) then never crosses zero, where relu, abs and a norm's scale invariance (rmsnorm(x * s) is
+    sign(s) rmsnorm(x)) change slope abruptly and a finite difference is no derivative. Weights are left
+    as they are: their 1 / sqrt(fan-in) scale keeps the outputs near unit size."""
+    f = t.float()
+    return (f + torch.where(f < 0, -1.0, 1.0)).to(t.dtype)
+
+
 def _op(directory: Path, name: str) -> Any:
     """torch.ops.fusegen.<name>, registered by importing `directory`/ops.py."""
     load_ops(name, directory.parent)
@@ -79,7 +88,9 @@ def gradcheck(
     input and output dtypes, which set the step and tolerances (GRADCHECK)."""
     op = _op(directory, name)
     eps, tol = GRADCHECK[next(d for d in _NARROWEST if d in dtypes)]
-    args = tuple(t.double().requires_grad_(True) for t in make_inputs(inputs, shapes))
+    seeded = make_inputs(inputs, shapes)
+    args = tuple((t if scale == "fan_in" else away_from_zero(t)).double().requires_grad_(True)
+                 for (_, _, scale), t in zip(inputs, seeded, strict=True))  # fmt: skip
 
     def differentiable(*tensors: torch.Tensor) -> tuple[torch.Tensor, ...]:
         outs = op(*tensors)

@@ -19,8 +19,10 @@ from fusegen.cli import main
 from fusegen.codegen.family import Mismatch
 from fusegen.codegen.files.ops import load_ops
 from fusegen.codegen.rowreduce.family import ROWREDUCE
+from fusegen.conformance import away_from_zero
 from fusegen.dsl.check import load_spec
 from fusegen.sim import load_module
+from fusegen.testing import load_generated
 
 T, G, H = 130, 3, 384
 EPS = 1e-6
@@ -165,3 +167,22 @@ def test_a_sum_over_the_tokens_is_refused_at_the_sum(tmp_path: Path) -> None:
     with pytest.raises(Mismatch, match="carried only by the row-reduction backward kernel") as refused:
         ROWREDUCE.match(ir)
     assert (refused.value.span.line, refused.value.span.col) == (7, 5)
+
+
+def test_the_generated_gradcheck_holds_where_the_output_is_flat_in_the_column(tmp_path: Path) -> None:
+    """rmsnorm(x * s) is sign(s) rmsnorm(x): flat in |s|, steep only within eps of s = 0. The generated
+    gradcheck once stepped s across zero (an element moves by up to eps = 1) and reported a difference of
+    230 for a right gradient; its inputs now sit at least 1 from zero (conformance.away_from_zero)."""
+    spec = tmp_path / "colin_scale2.spec"
+    body = "input s: f32[T]\ninput w: bf16[H]\noutput y: bf16[T, H]\ny = rmsnorm(x * s[:, None], 1e-6, w)\n"
+    spec.write_text(f"kernel colin_scale2\n{FLAT}{body}check T=130 H=384\n")  # op checks at T=32: s crosses 0
+    assert main(["build", "--out", str(tmp_path / "gen"), str(spec)]) == 0
+    generated_tests = load_generated(tmp_path / "gen" / "colin_scale2" / "test_colin_scale2.py")
+    generated_tests.test_op_backward_passes_gradcheck()
+
+
+def test_gradcheck_inputs_move_one_away_from_zero_exactly() -> None:
+    t = torch.tensor([-2.5, -0.0, 0.0, 0.3, 1e-8, 3.0]).bfloat16()
+    moved = away_from_zero(t)
+    assert moved.dtype == torch.bfloat16
+    assert moved.float().tolist() == [-3.5, 1.0, 1.0, 1.296875, 1.0, 4.0]  # 1.3 in bf16; -0.0 is not < 0
