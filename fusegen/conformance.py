@@ -31,10 +31,11 @@ _NARROWEST = ("bf16", "f16", "f32")
 
 
 def away_from_zero(t: torch.Tensor) -> torch.Tensor:
-    """`t` with each value moved 1 further from zero (exact in its dtype): a gradcheck step (at most eps = 1
-    per element) then never crosses zero, where relu, abs and a norm's scale invariance (rmsnorm(x * s) is
-    sign(s) rmsnorm(x)) change slope abruptly and a finite difference is no derivative. Weights are left
-    as they are: their 1 / sqrt(fan-in) scale keeps the outputs near unit size."""
+    """`t` with each value moved 1 further from zero, rounded to its dtype (so the op reads the fp64 copy
+    exactly): a gradcheck step (at most eps = 1 per element) then never crosses zero, where relu, abs and a
+    norm's scale invariance (rmsnorm(x * s) is sign(s) rmsnorm(x)) change slope abruptly and a finite
+    difference is no derivative. Weights are left as they are: their 1 / sqrt(fan-in) scale keeps the
+    outputs near unit size."""
     f = t.float()
     return (f + torch.where(f < 0, -1.0, 1.0)).to(t.dtype)
 
