@@ -20,7 +20,8 @@ from typing import Any
 
 from fusegen import calibration, modes
 from fusegen.calibration import Measurement
-from fusegen.codegen.build import BuildOptions, build_spec, plan_shape
+from fusegen.codegen.build import BuildOptions, plan_shape
+from fusegen.codegen.commands import build_and_warn
 from fusegen.codegen.files.tests import test_case
 from fusegen.codegen.output import write_atomically
 from fusegen.dsl import load_spec
@@ -95,7 +96,7 @@ def _measure(spec: str, dims: dict[str, int], target: str, lnc: int, warmup: int
     """Build the spec to a temporary folder and measure its kernel there."""
     with tempfile.TemporaryDirectory(prefix="fusegen-bench-") as tmp:
         out = Path(tmp)
-        built = build_spec(spec, BuildOptions(out, target, lnc))
+        built = build_and_warn(spec, BuildOptions(out, target, lnc))
         write_atomically(out, built.files)
         return measure(out / built.name, built.name, test_case(load_spec(spec)[0], dims), target, lnc, warmup,
                        iters)  # fmt: skip

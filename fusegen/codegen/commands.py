@@ -29,8 +29,8 @@ def _progress(message: str) -> None:
     print(message, file=sys.stderr, flush=True)
 
 
-def _built(spec: str, options: BuildOptions) -> Built:
-    """build_spec, its warnings printed (to stderr, as progress is)."""
+def build_and_warn(spec: str, options: BuildOptions) -> Built:
+    """build_spec, its warnings printed (to stderr, as progress is): for the commands a user runs."""
     built = build_spec(spec, options)
     for warning in built.warnings:
         _progress(warning)
@@ -46,7 +46,7 @@ def build(specs: list[str], options: BuildOptions, check_only: bool = False, eve
     built = []
     for spec in specs:
         _progress(f"fusegen: building {spec}")
-        built.append(_built(spec, options))
+        built.append(build_and_warn(spec, options))
     orphans = _orphans(options.out_dir, built) if every_spec else []
     if check_only:
         return _report_stale(options.out_dir, built, orphans, fmt)
@@ -113,7 +113,7 @@ def check(specs: list[str], options: BuildOptions, shapes: list[dict[str, int]],
                 plan_shape(
                     spec, dims, options.target, options.lnc
                 )  # no plan fits: the planner's message, not a traceback
-            built = _built(spec, BuildOptions(out, options.target, options.lnc))
+            built = build_and_warn(spec, BuildOptions(out, options.target, options.lnc))
             write_atomically(out, built.files)
             for dims in runs:
                 _progress(f"fusegen: {_doing(mode)} {built.name} at {_dims_text(dims)}{_where(mode)}")

@@ -14,7 +14,8 @@ from typing import Any
 import torch
 
 from fusegen import sim
-from fusegen.codegen.build import BuildOptions, build_spec, select_family
+from fusegen.codegen.build import BuildOptions, select_family
+from fusegen.codegen.commands import build_and_warn
 from fusegen.codegen.family import Family
 from fusegen.codegen.files.tests import test_case
 from fusegen.codegen.output import write_atomically
@@ -102,7 +103,7 @@ def analyse(spec: str, dims: dict[str, int], target: str, lnc: int, alternatives
     """Build `spec` to a temporary directory, run its host function at `dims`, model what ran."""
     with tempfile.TemporaryDirectory(prefix="fusegen-explain-") as tmp:
         out = Path(tmp)
-        built = build_spec(spec, BuildOptions(out, target, lnc))
+        built = build_and_warn(spec, BuildOptions(out, target, lnc))
         write_atomically(out, built.files)
         kernels = sim.load_module(out / built.name / "kernel.py", target=target, force=True)
     case = test_case(load_spec(spec)[0], dims)

@@ -121,7 +121,7 @@ UNUSED = "kernel k\ndim T, H\ninput x: bf16[T, H]\ninput w: bf16[{w}]\noutput y:
          "check T=5 H=128\n"  # fmt: skip
 
 
-def test_build_and_check_print_the_checkers_warnings(
+def test_build_check_and_explain_print_the_checkers_warnings(
     tmp_path: Path, capsys: pytest.CaptureFixture[str]
 ) -> None:
     spec = tmp_path / "unused.spec"
@@ -131,6 +131,8 @@ def test_build_and_check_print_the_checkers_warnings(
     assert f"{spec}:4:7: warning: input `w` is never used" in err
     assert f"{spec}:8:1: warning: `q` is computed but never used" in err
     assert main(["check", str(spec)]) == 0
+    assert f"{spec}:4:7: warning: input `w` is never used" in capsys.readouterr().err
+    assert main(["explain", str(spec)]) == 0
     assert f"{spec}:4:7: warning: input `w` is never used" in capsys.readouterr().err
 
 
