@@ -23,9 +23,10 @@ from fusegen.codegen.rewrites import rewrite
 from fusegen.codegen.rowreduce.family import ROWREDUCE
 from fusegen.codegen.stage import StageError
 from fusegen.dsl import load_spec
-from fusegen.dsl.check import MAX_CHAIN
+from fusegen.dsl.check import MAX_CHAIN, check_with_warnings
 from fusegen.dsl.diagnostics import Diagnostic, SpecError
 from fusegen.dsl.ir import CheckShape, KernelIR
+from fusegen.dsl.parser import parse
 from fusegen.dsl.source import read_spec
 
 FAMILIES: tuple[Family, ...] = (FFN, PROJ, ROWREDUCE)
@@ -53,18 +54,19 @@ class Built:
 
 def build_spec(path: str, options: BuildOptions) -> Built:
     """Render every file of one spec; nothing is written."""
-    user_ir, warnings = load_spec(path)
+    source = read_spec(path)  # read once: checked here, and rendered with its warnings or errors
+    user_ir, warnings = check_with_warnings(parse(source, path))
     try:
         with _recursion_limit(RECURSION_LIMIT):
-            built = _render_spec(path, user_ir, options)
+            built = _render_spec(source, user_ir, options)
     except StageError as err:  # math a family's stage cannot express: the user's line, not a fusegen bug
         hint = "compute it outside the kernel and pass it in as a param"
         error = Diagnostic(err.node.span, err.message, hint=hint)
-        raise SpecError([error, *warnings], read_spec(path)) from None
+        raise SpecError([error, *warnings], source) from None
     except SpecError as err:  # the warnings may say why (an input never read is no family's input)
-        raise SpecError([*err.diagnostics, *warnings], err.source) from None
-    source = read_spec(path).split("\n")
-    return dataclasses.replace(built, warnings=tuple(w.render(source) for w in warnings))
+        raise SpecError([*err.diagnostics, *warnings], source) from None
+    lines = source.split("\n")
+    return dataclasses.replace(built, warnings=tuple(w.render(lines) for w in warnings))
 
 
 #: lowering and selection walk value chains recursively; the checker bounds a chain at MAX_CHAIN
@@ -83,9 +85,8 @@ def _recursion_limit(limit: int) -> Iterator[None]:
         sys.setrecursionlimit(previous)
 
 
-def _render_spec(path: str, user_ir: KernelIR, options: BuildOptions) -> Built:
+def _render_spec(source: str, user_ir: KernelIR, options: BuildOptions) -> Built:
     ir = rewrite(user_ir)  # fusion identities first; reference.py keeps the spec's own (unfused) math
-    source = read_spec(path)
     family, match = select_family(ir, source)
     if errors := fp8_errors(ir, family.name, options.target):
         raise SpecError(errors, source)
