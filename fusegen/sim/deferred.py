@@ -13,11 +13,14 @@ Operands that are column ranges of whole partition rows are stacked as those who
 rows is sequential, so fast, where column blocks are strided), and a stacked block is not copied again
 while the buffer still holds it unchanged (same allocation, rows and write version): the seed kernel's
 later matmuls mostly read other columns of rows stacked for an earlier group. A thread's groups share
-its stacks, a few per side and stacked width ("ways"): a group takes the one that holds its first block
-already, so interleaved accumulations over other operands (a gate's and an up-projection's weights; a
-contraction split over two groups) do not evict each other's blocks. That is safe because a thread runs
-its groups in issue order, each copying its blocks just before its GEMM. Operands that DMAs brought from
-a caller input are not stacked at all but read from fp32 data shared by the instances (provenance.py).
+its stacks over time, a few per side and stacked width ("ways"): a group takes the one that holds its
+first block already, so interleaved accumulations over other operands (a gate's and an up-projection's
+weights; a contraction split over two groups) do not evict each other's blocks. No two pending groups
+share a stack, and each copies its blocks just before its GEMM, so any pending group may still grow: a
+matmul joins the latest pending group into its PSUM tile (groups into other tiles commute with it), and
+a kernel interleaving its K-blocks' accumulations I-tile by I-tile runs one GEMM per K-block, not one per
+matmul. Operands that DMAs brought from a caller input are not stacked at all but read from fp32 data
+shared by the instances (provenance.py).
 
 Which blocks a group must copy is decided when its matmuls are queued (on the instance's turn); the
 GEMM thread then makes one copy call for them all and one GEMM call. All Python work is serialized by
@@ -107,21 +110,23 @@ class _Stack:
 
 _Copies = tuple[list[torch.Tensor], list[torch.Tensor]]  # copy targets (stack blocks) and their sources
 _KEPT_STACKS = 16  # stacks per thread (side, width, way) before they start over (each <= 4 MiB)
-_WAYS = 4  # stacks per side and width: interleaved accumulations of other operands keep their blocks
+_WAYS = 4  # stacks per side and width (more than the other pending groups can take: _PENDING - 1)
 
 
-def _stack(side: int, width: int, first: Tag) -> _Stack:
+def _stack(side: int, width: int, first: Tag, busy: list[_Stack]) -> _Stack:
     """This thread's stack for a group's side (0 stationary, 1 moving) and stacked width whose first
-    block is `first`: of up to _WAYS such stacks, the one holding that block at its start, else the
-    least recently used. Groups of a thread share them: they run in issue order, each copying its blocks
-    just before its GEMM, so a block planned for one group stays in place until it has run."""
+    block is `first`: of up to _WAYS such stacks not `busy` (taken by another pending group), the one
+    holding that block at its start, else the least recently used. Groups of a thread share them over
+    time: a group copies its blocks just before its GEMM, so a block planned for it stays in place until
+    it has run, as no other pending group plans on its stacks."""
     stacks: dict[tuple[int, int, int], _Stack] = getattr(_threads, "stacks", {})
     _threads.stacks = stacks
     live = {way: s for way in range(_WAYS) if (s := stacks.get((side, width, way))) is not None}
+    live = {way: s for way, s in live.items() if not any(s is b for b in busy)}
     held = (first, math.prod(first[2][0]))
     way = next((way for way, s in live.items() if s.tags.get(0) == held), None)
     if way is None:
-        free = [way for way in range(_WAYS) if way not in live]
+        free = [way for way in range(_WAYS) if stacks.get((side, width, way)) is None]
         way = free[0] if free else min(live, key=lambda way: live[way].used)
     stack = live.get(way)
     if stack is None:
@@ -204,15 +209,17 @@ class _Group:
             and self.places == places
         )
 
-    def append(self, st: NkiTensor, key_a: ViewKey, mv: NkiTensor, key_b: ViewKey) -> None:
-        """Add one matmul's operands below the stacked rows so far."""
-        self._place(0, st, key_a)
-        self._place(1, mv, key_b)
+    def append(
+        self, st: NkiTensor, key_a: ViewKey, mv: NkiTensor, key_b: ViewKey, busy: list[_Stack]
+    ) -> None:
+        """Add one matmul's operands below the stacked rows so far (stacks taken now avoid `busy`)."""
+        self._place(0, st, key_a, busy)
+        self._place(1, mv, key_b, busy)
         self.rows += st.partitions
         self.readers += (st.alloc, mv.alloc)
         self.reads.update((st.alloc.id, mv.alloc.id))
 
-    def _place(self, side: int, t: NkiTensor, key: ViewKey) -> None:
+    def _place(self, side: int, t: NkiTensor, key: ViewKey, busy: list[_Stack]) -> None:
         """Extend the side's run of input rows with view `key` of t, or plan its stack copy."""
         run = self.runs[side]
         width = self.places[side][0]
@@ -223,14 +230,15 @@ class _Group:
                 return
             self.runs[side] = None
             for row, earlier, earlier_key in self.held[side]:  # the run is broken: stack it after all
-                self._put(side, row * width, earlier, earlier_key)
-        self._put(side, self.rows * width, t, key)
+                self._put(side, row * width, earlier, earlier_key, busy)
+        self._put(side, self.rows * width, t, key, busy)
 
-    def _put(self, side: int, start: int, t: NkiTensor, key: ViewKey) -> None:
+    def _put(self, side: int, start: int, t: NkiTensor, key: ViewKey, busy: list[_Stack]) -> None:
         """Plan stacking view `key` of t at `start` of the side's stack (taken by its first block)."""
         stack = self.stacks[side]
         if stack is None:
-            stack = self.stacks[side] = _stack(side, self.places[side][0], (t.alloc.id, t.alloc.version, key))
+            tag = (t.alloc.id, t.alloc.version, key)
+            stack = self.stacks[side] = _stack(side, self.places[side][0], tag, busy)
         stack.put(start, t, key, self.copies)
 
     def _matrix(self, side: int, cols: int, keep: list[object]) -> torch.Tensor | Callable[[], torch.Tensor]:
@@ -292,18 +300,28 @@ class MatmulQueue:
         """Queue out (+)= st.T @ mv (SBUF views of any dtype as [K, M] and [K, N]); beta 0 overwrites."""
         (key_a, width_a, col_a), (key_b, width_b, col_b) = _layout(st), _layout(mv)
         places = ((width_a, col_a), (width_b, col_b))
-        group = self.groups[-1] if self.groups else None
-        if group is None or not group.fits(d, st.partitions, beta, places):
+        group = self._joinable(d, st.partitions, beta, places)
+        if group is None:
             if len(self.groups) == _PENDING:
                 self.flush()
             group = _Group(d, out, beta, places)
             self.groups.append(group)
             d.alloc.pending = True
-        group.append(st, key_a, mv, key_b)
+        busy = [s for g in self.groups if g is not group for s in g.stacks if s is not None]
+        group.append(st, key_a, mv, key_b, busy)
         st.alloc.readers += 1
         mv.alloc.readers += 1
         if not st.alloc.region is mv.alloc.region is MemoryRegion.sbuf:  # a rule broken in warn mode:
             self.flush()  # another core may write HBM operands (after a barrier) before a later flush
+
+    def _joinable(self, d: NkiTensor, k: int, beta: float, places: Places) -> _Group | None:
+        """The pending group a matmul into `d` joins: the latest into `d`'s tile, if it fits. An older
+        group than the last may grow: groups into other tiles commute with it, and none shares its stacks.
+        (A kernel interleaving K-blocks' accumulations I-tile by I-tile then runs a GEMM per K-block.)"""
+        for group in reversed(self.groups):
+            if group.alloc is d.alloc:
+                return group if group.fits(d, k, beta, places) else None
+        return None
 
     def flush(self, alloc: Alloc | None = None) -> None:
         """Run the pending GEMMs in issue order, up to the last one into or reading `alloc` (default: all).
@@ -333,9 +351,9 @@ class MatmulQueue:
             self._done(done)
 
     def _early(self) -> bool:
-        """While the turn is taken: run the oldest pending group that no later matmul can join (not the
-        last), instead of idling; False if there is none. Off the turn, but the queue and the tiles it
-        touches belong to this instance, whose own Python waits in flush() meanwhile."""
+        """While the turn is taken: run the oldest pending group but the last (later matmuls into its tile
+        start a new group), instead of idling; False if there is none. Off the turn, but the queue and the
+        tiles it touches belong to this instance, whose own Python waits in flush() meanwhile."""
         if len(self.groups) < 2:
             return False
         group = self.groups.pop(0)

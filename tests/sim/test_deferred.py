@@ -27,6 +27,14 @@ def _load(t):
     return sb
 
 
+def _scaled(t, i):
+    """SBUF copy of t[i] times 2 (exact): not the input's bytes any more, so stacked when multiplied."""
+    sb = nl.ndarray((128, t.shape[2]), dtype=t.dtype, buffer=nl.sbuf)
+    nisa.dma_copy(dst=sb, src=t[i, 0:128, 0 : t.shape[2]])
+    nisa.tensor_scalar(dst=sb, data=sb, op0=nl.multiply, operand0=2.0)
+    return sb
+
+
 def _evict(ps):
     """shared_hbm fp32 copy of a PSUM tile (via SBUF)."""
     sb = nl.ndarray(ps.shape, dtype=nl.float32, buffer=nl.sbuf)
@@ -221,22 +229,16 @@ def test_groups_pending_after_a_partial_flush_keep_their_operands():
         _close(out, a[i].float().t() @ b[i].float())
 
 
-def test_pending_groups_sharing_a_stack_each_read_their_own_blocks():
-    """Three accumulations pending at once, each over a shared first block and its own second one:
-    they take the same stack (it holds their first block), each planning its second block at the same
-    place; run in issue order, each GEMM still reads its own (operands scaled in SBUF, so stacked)."""
+def test_pending_groups_over_a_shared_first_block_each_read_their_own_blocks():
+    """Three accumulations pending at once, each over a shared first block and its own second one (the
+    stack holding their first block would serve all three, each planning its second block at the same
+    place): each GEMM reads its own blocks (operands scaled in SBUF, so stacked)."""
     torch.manual_seed(3)
     w, x = torch.randn(4, 128, 64).bfloat16(), torch.randn(2, 128, 96).bfloat16()
 
     @nki.jit
     def kernel(w_hbm, x_hbm):
-        def scaled(t, i):  # a copy times 2 (exact): not the input's bytes any more
-            sb = nl.ndarray((128, t.shape[2]), dtype=t.dtype, buffer=nl.sbuf)
-            nisa.dma_copy(dst=sb, src=t[i, 0:128, 0 : t.shape[2]])
-            nisa.tensor_scalar(dst=sb, data=sb, op0=nl.multiply, operand0=2.0)
-            return sb
-
-        ws, xs = [scaled(w_hbm, i) for i in range(4)], [scaled(x_hbm, i) for i in range(2)]
+        ws, xs = [_scaled(w_hbm, i) for i in range(4)], [_scaled(x_hbm, i) for i in range(2)]
         outs = []
         for j in range(3):
             ps = nl.ndarray((64, 96), dtype=nl.float32, buffer=nl.psum)
@@ -248,6 +250,48 @@ def test_pending_groups_sharing_a_stack_each_read_their_own_blocks():
     wf, xf = 2 * w.float(), 2 * x.float()
     for j, out in enumerate(kernel(w, x)):
         _close(out, wf[0].t() @ xf[0] + wf[1 + j].t() @ xf[1])
+
+
+def test_an_older_pending_group_grows_with_blocks_a_later_group_planned():
+    """Accumulations into two tiles, interleaved: both start on one block, the second tile's group then
+    plans a block the first tile's group takes next. The first group runs first, so it must copy that
+    block itself, not count on the second group's copy (which runs after it)."""
+    w, x = torch.randn(3, 128, 64).bfloat16(), torch.randn(3, 128, 96).bfloat16()
+
+    @nki.jit
+    def kernel(w_hbm, x_hbm):
+        ws, xs = [_scaled(w_hbm, i) for i in range(3)], [_scaled(x_hbm, i) for i in range(3)]
+        ps = [nl.ndarray((64, 96), dtype=nl.float32, buffer=nl.psum) for _ in range(2)]
+        for tile, i in ((0, 0), (1, 0), (1, 1), (0, 1), (0, 2), (1, 2)):
+            nisa.nc_matmul(dst=ps[tile], stationary=ws[i], moving=xs[i], accumulate=i > 0)
+        return _evict(ps[0]), _evict(ps[1])
+
+    wf, xf = 2 * w.float(), 2 * x.float()
+    ref = sum(wf[i].t() @ xf[i] for i in range(3))
+    for out in kernel(w, x):
+        _close(out, ref)
+
+
+def test_k_blocks_accumulated_i_tile_by_i_tile():
+    """An FFN's down projection: per I-tile, one matmul into each K-block's PSUM tile (so each tile's
+    accumulation interleaves with the others'), with an operand tile rewritten between I-tiles."""
+    h, w = torch.randn(6, 128, 128).bfloat16(), torch.randn(6, 128, 1280).bfloat16()
+    blocks = [(0, 512), (512, 512), (1024, 256)]
+
+    @nki.jit
+    def kernel(h_hbm, w_hbm):
+        ps = [nl.ndarray((128, n), dtype=nl.float32, buffer=nl.psum) for _, n in blocks]
+        g = nl.ndarray((128, 128), dtype=nl.bfloat16, buffer=nl.sbuf)
+        for i in range(6):
+            nisa.dma_copy(dst=g, src=h_hbm[i, 0:128, 0:128])  # the same tile, rewritten per I-tile
+            wd = _scaled(w_hbm, i)
+            for ko, (k0, n) in enumerate(blocks):
+                nisa.nc_matmul(dst=ps[ko], stationary=g, moving=wd[:, k0 : k0 + n], accumulate=i > 0)
+        return tuple(_evict(p) for p in ps)
+
+    hf, wf = h.float(), 2 * w.float()
+    for out, (k0, n) in zip(kernel(h, w), blocks, strict=True):
+        _close(out, sum(hf[i].t() @ wf[i][:, k0 : k0 + n] for i in range(6)))
 
 
 class _Group:
