@@ -10,12 +10,11 @@ pass needs again are recomputed from their block loads (cheap next to the projec
 
 from __future__ import annotations
 
-import copy
 from collections.abc import Callable
-from dataclasses import dataclass, field, fields, replace
+from dataclasses import dataclass, field, replace
 
 from fusegen.codegen.budget_base import Stage
-from fusegen.codegen.select import Layout, Selector
+from fusegen.codegen.select import Selector
 from fusegen.codegen.stage import Expr, Operand
 from fusegen.dsl.ir import DTYPE_BYTES
 
@@ -224,7 +223,7 @@ def _in_place(sel: BlockSelector, stats: list[Expr], spine: Expr, accumulator: s
     """Whether `spine` may be computed into the accumulator's block: emitted on trial, no statistic, fused
     down to the accumulator's own value, reads the block after the spine's write (`sum(square(d))` is one
     activation_reduce of d: squared in place first, it gave d**4)."""
-    trial = _fork(sel)
+    trial = sel.fork()
     mark = len(trial.lines)
     for stat in stats:
         trial.value(stat)
@@ -232,18 +231,6 @@ def _in_place(sel: BlockSelector, stats: list[Expr], spine: Expr, accumulator: s
     lines = trial.lines[mark:]
     written = next(i for i, line in enumerate(lines) if f"dst={tile}" in line)
     return not any(accumulator in line for line in lines[written + 1 :])
-
-
-def _fork(sel: BlockSelector) -> BlockSelector:
-    """A copy of `sel` to emit into on trial: what either emits later leaves the other as it was."""
-    twin = copy.copy(sel)
-    for f in fields(sel):
-        value = getattr(sel, f.name)
-        if isinstance(value, (list, dict, set)):
-            setattr(twin, f.name, copy.copy(value))
-        elif value is not None and not isinstance(value, (str, int, bool, Layout)):
-            setattr(twin, f.name, copy.deepcopy(value))  # the engine tally, the span: small, no Exprs
-    return twin
 
 
 def _statistics_pass(

@@ -32,9 +32,11 @@ on the Scalar engine instead of being computed again.
 
 from __future__ import annotations
 
+import copy
 from collections.abc import Iterator
 from contextlib import contextmanager
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, fields
+from typing import Self
 
 from fusegen.codegen import select_affine as affine
 from fusegen.codegen import select_alu as alu
@@ -95,6 +97,18 @@ class Selector:
     _seen: dict[tuple[str, tuple[int, ...], str], Expr] = field(default_factory=dict)  # (op, args, kind)
     _depth: int = 0  # trace-time blocks (`if`, `for`) the lines emitted now are inside
     _units: int = 0  # of which branches that stay one unit of the per-row prefix (their Vector steps in it)
+
+    def fork(self) -> Self:
+        """A copy to emit into on trial: what either emits later leaves the other as it was. Its lists, dicts
+        and sets are copied, their Exprs and Operands shared (memo keys are Expr ids); the engine tally
+        and the span, changed in place by emitting, are copied whole; the rest is immutable."""
+        twin = copy.copy(self)
+        for f in fields(self):
+            value = getattr(self, f.name)
+            if isinstance(value, list | dict | set):
+                setattr(twin, f.name, copy.copy(value))
+        twin.load, twin.span = copy.deepcopy(self.load), copy.deepcopy(self.span)
+        return twin
 
     def intern(self, op: str, args: tuple[Expr, ...], kind: str) -> Expr:
         """`op(args)` as an Expr: the one already materialised with the same op and operands, else new."""
