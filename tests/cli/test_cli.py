@@ -37,6 +37,7 @@ def test_explain_takes_the_spec_after_shape(capsys: pytest.CaptureFixture[str]) 
     ("argv", "message"),
     [
         (["check", "--shape", "T=x", LAYERNORM], "--shape takes NAME=INT items, got `T=x`"),
+        (["check", "--shape", "T=3", "H=128", "T=5", LAYERNORM], "--shape gives T twice: T=3 and T=5"),
         (["explain", LAYERNORM, LAYERNORM], "explain takes one SPEC, got 2"),
         (["explain"], "explain takes one SPEC, got 0"),
         (["build", "--format", "json", LAYERNORM], "--format json is for `build --check`"),
