@@ -64,6 +64,24 @@ def test_a_shape_dim_outside_1_to_2_31_is_a_spec_error(
     assert "Traceback" not in err
 
 
+@pytest.mark.parametrize("command", ["check", "explain", "bench"])
+def test_a_shape_past_the_host_memory_is_a_spec_error(
+    command: str, tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """Dims each within range whose product outgrows the host: the interpreter's allocation failed (exit 3,
+    a traceback); now the shape is answered before anything runs, on a check line and from --shape."""
+    spec = tmp_path / "huge.spec"
+    spec.write_text("kernel huge\ndim T, H\ninput x: bf16[T, H]\noutput y: bf16[T, H]\ny = x * 2\n"
+                    "check T=100000000 H=100000000\n")  # fmt: skip
+    assert main([command, str(spec)]) == 2
+    err = capsys.readouterr().err
+    assert f"{spec}:6:1: error: H=100000000 T=100000000 needs 37,252,903.0 GiB for its inputs" in err
+    assert "Traceback" not in err and "internal error" not in err
+    assert main([command, "--shape", "T=1000000", "H=1000000", LAYERNORM]) == 2
+    err = capsys.readouterr().err
+    assert "error: H=1000000 T=1000000 needs 3,725.3 GiB for its inputs and outputs, more than" in err
+
+
 def test_unwritable_output_paths_are_usage_errors(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
     """An --out that is a file, or cannot be made, and an --trace / --svg that cannot be written, name the
     path (each was an OSError traceback and exit 3); nothing else is written."""
