@@ -155,11 +155,13 @@ def _bench(args: argparse.Namespace) -> int:
 def _shape_args(items: list[str] | None) -> list[dict[str, int]]:
     if not items:
         return []
-    dims = {}
+    dims: dict[str, int] = {}
     for item in items:
         name, _, value = item.partition("=")
         if not value.isdigit():
             raise UsageError(f"--shape takes NAME=INT items, got `{item}`")
+        if name in dims:  # a later value would silently win: one of the two is a typo
+            raise UsageError(f"--shape gives {name} twice: {name}={dims[name]} and {item}")
         dims[name] = int(value)
     return [dims]
 

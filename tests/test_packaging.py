@@ -91,6 +91,8 @@ def test_load_ops_takes_a_generated_folder_from_any_directory(
     monkeypatch.chdir(elsewhere)
     with pytest.raises(FileNotFoundError, match="pass the generated folder's path"):
         load_ops("ln_anywhere")  # by name: only generated/ under the working directory
+    with pytest.raises(FileNotFoundError, match=r"^no kernels/ln_anywhere/ops\.py \(from "):
+        load_ops("kernels/ln_anywhere")  # a path is not looked up under generated/: the error names it
     load_ops(Path("..") / "kernels" / "ln_anywhere")
     x, w, b = torch.randn(5, 128).bfloat16(), torch.randn(128), torch.randn(128)
     y = torch.ops.fusegen.ln_anywhere(x, w, b)[0]

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import math
+import os
 import sys
 import tempfile
 from pathlib import Path
@@ -18,11 +20,11 @@ from fusegen.codegen.files.tests import test_case, test_shapes
 from fusegen.codegen.output import leftovers, stale_files, write_atomically
 from fusegen.codegen.recorded import kernel_folders
 from fusegen.dsl import load_spec
-from fusegen.dsl.diagnostics import Diagnostic, SpecError
-from fusegen.dsl.ir import KernelIR
+from fusegen.dsl.diagnostics import Diagnostic, Span, SpecError
+from fusegen.dsl.ir import KernelIR, eval_shape
 from fusegen.dsl.shapes import MAX_DIM_VALUE
 from fusegen.jsonout import document, emit, number
-from fusegen.testing import Report, run_against_reference
+from fusegen.testing import TORCH_DTYPES, Report, run_against_reference
 
 
 def _progress(message: str) -> None:
@@ -109,6 +111,7 @@ def check(specs: list[str], options: BuildOptions, shapes: list[dict[str, int]],
         for spec in specs:
             ir, _ = load_spec(spec)
             runs = [validated_shape(ir, spec, dims) for dims in shapes] or [env for env, _ in test_shapes(ir)]
+            fits_host(ir, spec, runs, given=bool(shapes))
             for dims in shapes:
                 plan_shape(
                     spec, dims, options.target, options.lnc
@@ -192,6 +195,36 @@ def validated_shape(ir: KernelIR, spec: str, dims: dict[str, int]) -> dict[str, 
     if errors:
         raise SpecError(errors, source)
     return {name: dims[name] for name in sorted(dims)}
+
+
+def fits_host(ir: KernelIR, spec: str, runs: list[dict[str, int]], given: bool = False) -> None:
+    """SpecError for a run whose inputs and outputs alone outgrow this machine's memory: the interpreter
+    holds them all on the host, where the allocation would fail as a traceback. `given`: --shape runs."""
+    memory = os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES")
+    errors = []
+    for dims in runs:
+        need = _host_bytes(ir, dims)
+        if need > memory:
+            span = ir.dims[0].span if given or not ir.checks else _nearest_check(ir, dims)
+            what = f"{_dims_text(dims)} needs {need / 2**30:,.1f} GiB for its inputs and outputs, more than"
+            hint = "the interpreter runs on the host: check a smaller shape"
+            errors.append(Diagnostic(span, f"{what} this machine's {memory / 2**30:,.1f} GiB", hint=hint))
+    if errors:
+        raise SpecError(errors, Path(spec).read_text(encoding="utf-8", errors="replace"))
+
+
+def _host_bytes(ir: KernelIR, dims: dict[str, int]) -> int:
+    """Bytes of a run's inputs and outputs in their dtypes."""
+    env = {**ir.fixed_dims(), **dims}
+    shapes = [(eval_shape(v.shape, env), v.dtype) for v in ir.inputs] + [
+        (eval_shape(o.shape, env), o.dtype) for o in ir.outputs
+    ]
+    return sum(math.prod(shape) * TORCH_DTYPES[dtype].itemsize for shape, dtype in shapes)
+
+
+def _nearest_check(ir: KernelIR, dims: dict[str, int]) -> Span:
+    """The check line a run is (a ragged variant is the smallest check with one dim moved by one)."""
+    return min(ir.checks, key=lambda c: sum(abs(c.env().get(k, 0) - v) for k, v in dims.items())).span
 
 
 def list_families() -> int:

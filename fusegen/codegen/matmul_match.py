@@ -4,7 +4,7 @@ the projected operand, and the nodes of a stage. Structure only, never names.
 
 from __future__ import annotations
 
-from fusegen.codegen.family import ELEMENTWISE, SCALAR_LEAVES, leave, shape_is
+from fusegen.codegen.family import ELEMENTWISE, SCALAR_LEAVES, Mismatch, leave, shape_is
 from fusegen.dsl.ir import Dim, IndexItem, KernelIR, Node
 
 #: Row-wise ops a matmul family's prologue, combine or epilogue may hold (besides elementwise ones).
@@ -72,6 +72,17 @@ def stage_nodes(family: str, ir: KernelIR, root: Node, stops: set[int], what: st
         if nid in stops or node.op == "input" or node.op in SCALAR_LEAVES:
             continue
         if node.op not in ELEMENTWISE and node.op not in ROW_WISE:
-            raise leave(family, node, f"`{node.op}` cannot appear in the {what}")
+            raise _outside(family, ir, node, what)
         todo.extend(node.args)
     return seen
+
+
+def _outside(family: str, ir: KernelIR, node: Node, what: str) -> Mismatch:
+    """Why `node` leaves a stage, in the spec's syntax (`[:, None]`, not the IR's `unindex`), with the fix for
+    a per-row vector broadcast back over the row: a stage reads a per-row column as an [R, 1] input."""
+    source = ir.node(node.args[0]) if node.args else node
+    if node.op == "unindex" and source.op == "input" and len(source.shape) == 1:
+        fix = f"declare `{source.name}` as [{source.shape[0]}, 1] and use it without `[:, None]`"
+        return Mismatch(family, node.span, f"`{source.name}[:, None]` cannot appear in the {what}: {fix}")
+    syntax = {"index": "indexing (`[...]`)", "unindex": "`None` in an index"}.get(node.op, f"`{node.op}`")
+    return leave(family, node, f"{syntax} cannot appear in the {what}")

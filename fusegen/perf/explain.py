@@ -7,7 +7,7 @@ from typing import Any
 
 from fusegen import calibration as measured
 from fusegen.codegen.build import plan_shape
-from fusegen.codegen.commands import validated_shape
+from fusegen.codegen.commands import fits_host, validated_shape
 from fusegen.codegen.plan import TilePlan
 from fusegen.dsl import load_spec
 from fusegen.dsl.diagnostics import Diagnostic, SpecError
@@ -49,15 +49,18 @@ def explain(spec: str, target: str, lnc: int, shape: dict[str, int] | None, trac
 
 
 def _dims(spec: str, shape: dict[str, int] | None) -> dict[str, int]:
-    """`--shape` checked like a check line, else the spec's first check line."""
+    """`--shape` checked like a check line, else the spec's first check line; either fits the host."""
     ir, _ = load_spec(spec)
     if shape:
-        return validated_shape(ir, spec, shape)
-    if not ir.checks:
+        dims = validated_shape(ir, spec, shape)
+    elif not ir.checks:
         source = Path(spec).read_text(encoding="utf-8", errors="replace")
         raise SpecError([Diagnostic(ir.outputs[0].span, f"`{ir.name}` has no check line",
                                     hint="give the shape with --shape R=... K=...")], source)  # fmt: skip
-    return ir.checks[0].env()
+    else:
+        dims = ir.checks[0].env()
+    fits_host(ir, spec, [dims], given=bool(shape))  # the interpreter runs the kernel on the host
+    return dims
 
 
 def report(a: Analysis) -> str:

@@ -37,6 +37,7 @@ def test_explain_takes_the_spec_after_shape(capsys: pytest.CaptureFixture[str]) 
     ("argv", "message"),
     [
         (["check", "--shape", "T=x", LAYERNORM], "--shape takes NAME=INT items, got `T=x`"),
+        (["check", "--shape", "T=3", "H=128", "T=5", LAYERNORM], "--shape gives T twice: T=3 and T=5"),
         (["explain", LAYERNORM, LAYERNORM], "explain takes one SPEC, got 2"),
         (["explain"], "explain takes one SPEC, got 0"),
         (["build", "--format", "json", LAYERNORM], "--format json is for `build --check`"),
@@ -61,6 +62,24 @@ def test_a_shape_dim_outside_1_to_2_31_is_a_spec_error(
     err = capsys.readouterr().err
     assert f"error: --shape gives T={rows}: a dim must be a positive integer" in err
     assert "Traceback" not in err
+
+
+@pytest.mark.parametrize("command", ["check", "explain", "bench"])
+def test_a_shape_past_the_host_memory_is_a_spec_error(
+    command: str, tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """Dims each within range whose product outgrows the host: the interpreter's allocation failed (exit 3,
+    a traceback); now the shape is answered before anything runs, on a check line and from --shape."""
+    spec = tmp_path / "huge.spec"
+    spec.write_text("kernel huge\ndim T, H\ninput x: bf16[T, H]\noutput y: bf16[T, H]\ny = x * 2\n"
+                    "check T=100000000 H=100000000\n")  # fmt: skip
+    assert main([command, str(spec)]) == 2
+    err = capsys.readouterr().err
+    assert f"{spec}:6:1: error: H=100000000 T=100000000 needs 37,252,903.0 GiB for its inputs" in err
+    assert "Traceback" not in err and "internal error" not in err
+    assert main([command, "--shape", "T=1000000", "H=1000000", LAYERNORM]) == 2
+    err = capsys.readouterr().err
+    assert "error: H=1000000 T=1000000 needs 3,725.3 GiB for its inputs and outputs, more than" in err
 
 
 def test_unwritable_output_paths_are_usage_errors(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:

@@ -87,6 +87,21 @@ def test_spec_outside_every_family_names_where_it_leaves(
     assert not (tmp_path / "out").exists()
 
 
+def test_per_row_vector_in_an_epilogue_names_fix(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    """An FFN epilogue reading an [R] input as `s[:, None]` (a router weight) is answered in the spec's syntax
+    with the form it takes: an [R, 1] input."""
+    spec = tmp_path / "routed.spec"
+    spec.write_text(
+        "kernel routed\ndim R, K, I\ninput x: bf16[R, K]\ninput w1t: bf16[K, I]\ninput w2t: bf16[I, K]\n"
+        "input s: f32[R]\noutput y: f32[R, K]\ny = (bf16(relu(x @ w1t)) @ w2t) * s[:, None]\n"
+        "check R=4 K=128 I=64\n"
+    )
+    assert main(["build", "--out", str(tmp_path / "out"), str(spec)]) == 2
+    err = capsys.readouterr().err
+    assert f"{spec}:8:35: note: leaves the ffn family here: `s[:, None]` cannot appear in the epilogue" in err
+    assert "declare `s` as [R, 1] and use it without `[:, None]`" in err and "unindex" not in err
+
+
 def test_spec_names_never_meet_generated_locals(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
     """Inputs named like the template's and the reference's locals still build and run correctly."""
     spec = tmp_path / "names.spec"

@@ -257,6 +257,8 @@ def _frontier(
             seen.add(a)
             start = column_start(arg, arg.shape[0]) if arg.op == "index" and arg.args[0] in done else None
             if a in done:
+                if len(arg.shape) == 2 and arg.shape != ir.node(nodes[0]).shape:  # an [R, 1] column
+                    raise Mismatch(FAMILY, arg.span, "an elementwise stage reading neither [R, N] nor [N]")
                 name = var(arg)
                 leaves[a] = Operand("tile", f"{name}_t[0:pr, 0:fw]", dtype=arg.dtype)
                 decls.append(Leaf(name, arg.dtype, len(arg.shape) == 1))

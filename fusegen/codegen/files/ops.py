@@ -138,7 +138,7 @@ def load_ops(name_or_path: str | Path, out_dir: str | Path = "generated") -> Mod
     `name_or_path`: a generated folder (any path holding ops.py, from any working directory), or a
     kernel name looked up in `out_dir` (default: generated/ under the working directory)."""
     folder = Path(name_or_path)
-    if not (folder / "ops.py").is_file():
+    if not (folder / "ops.py").is_file() and len(folder.parts) == 1:  # a name; a path stays as given
         folder = Path(out_dir) / name_or_path
     key = f"_fusegen_ops_{folder.name}"  # one op per kernel name: torch.library refuses a second
     path = folder / "ops.py"
