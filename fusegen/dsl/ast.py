@@ -176,11 +176,12 @@ class RequireDecl:
 
 @dataclass(frozen=True)
 class InputDecl:
-    """`input x: bf16[R, K]`."""
+    """`input x: bf16[R, K]`, or `... finite`: the caller promises no inf or nan in it."""
 
     name: Ident
     type: TensorType
     span: Span
+    finite: bool = False
 
 
 @dataclass(frozen=True)

@@ -86,7 +86,7 @@ def kernel_json(kernel: ir.KernelIR) -> dict[str, Any]:
         "name": kernel.name,
         "dims": [{"name": d.name, "value": d.value} for d in kernel.dims],
         "require": [str(c) for c in kernel.constraints],
-        "inputs": [_tensor(t) for t in kernel.inputs],
+        "inputs": [{**_tensor(t), "finite": t.finite} for t in kernel.inputs],
         "params": [{"name": p.name, "default": p.default} for p in kernel.params],
         "outputs": [{**_tensor(o), "optional": o.optional} for o in kernel.outputs],
         "nodes": len(kernel.nodes),
@@ -104,7 +104,8 @@ def summary(kernel: ir.KernelIR) -> str:
     rows = [
         ("dims", dims),
         ("require", "; ".join(str(c) for c in kernel.constraints) or "-"),
-        ("inputs", ", ".join(f"{t.name}: {t.dtype}{ir.shape_str(t.shape)}" for t in kernel.inputs)),
+        ("inputs", ", ".join(f"{t.name}: {t.dtype}{ir.shape_str(t.shape)}{' finite' * t.finite}"
+                             for t in kernel.inputs)),
         ("params", ", ".join(f"{p.name}={format_number(p.default)}" for p in kernel.params) or "-"),
         ("outputs", ", ".join(_output(o) for o in kernel.outputs)),
         ("nodes", str(len(kernel.nodes))),

@@ -97,7 +97,7 @@ def declare_inputs(ctx: Context, decls: Sequence[ast.InputDecl]) -> tuple[ir.Ten
         attrs = (("index", len(inputs)),)
         node = ctx.add_node("input", (), attrs, shape, dtype, decl.span, name)
         ctx.scope[name] = Binding(node, "input", decl.name.span)
-        inputs.append(ir.TensorDecl(name, dtype, shape, decl.span))
+        inputs.append(ir.TensorDecl(name, dtype, shape, decl.span, decl.finite))
     return tuple(inputs)
 
 

@@ -23,7 +23,7 @@ def format_ir(kernel: ir.KernelIR) -> str:
     lines += [f"# {line}".rstrip() for line in kernel.doc.split("\n") if kernel.doc]
     lines += [f"dim {d.name}" + ("" if d.value is None else f" = {d.value}") for d in kernel.dims]
     lines += [f"require {c}" for c in kernel.constraints]
-    lines += [f"input {t.name}: {_type(t.dtype, t.shape)}" for t in kernel.inputs]
+    lines += [f"input {t.name}: {_type(t.dtype, t.shape)}{' finite' * t.finite}" for t in kernel.inputs]
     lines += [f"param {p.name} = {format_number(p.default)}" for p in kernel.params]
     lines += [_node_line(kernel, node) for node in kernel.nodes]
     for out in kernel.outputs:

@@ -167,6 +167,7 @@ class TensorDecl:
     dtype: str
     shape: Shape
     span: Span
+    finite: bool = False  # an input declared `finite`: the host refuses inf and nan in it
 
 
 @dataclass(frozen=True)

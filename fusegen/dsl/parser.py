@@ -207,7 +207,8 @@ class _ToAst(Transformer_NonRecursive[Token, Any]):
         return ast.RequireDecl(children[0], self._span(meta))
 
     def input_decl(self, meta: Meta, children: list[Any]) -> ast.InputDecl:
-        return ast.InputDecl(self._ident(children[0]), children[1], self._span(meta))
+        name, type_, finite = children
+        return ast.InputDecl(self._ident(name), type_, self._span(meta), finite is not None)
 
     def param_decl(self, meta: Meta, children: list[Any]) -> ast.ParamDecl:
         return ast.ParamDecl(self._ident(children[0]), children[1], self._span(meta))

@@ -120,12 +120,13 @@ def _unaliased(outs: tuple[torch.Tensor, ...], args: tuple[torch.Tensor, ...]) -
 
 class _Decl(NamedTuple):
     """A declared tensor: name, torch dtype name, dims as spec text (`T`, `HC + 1`, `2*I`); optional outputs
-    come back only with save=True."""
+    come back only with save=True; a `finite` input must hold no inf or nan."""
 
     name: str
     dtype: str
     shape: tuple[str, ...]
     optional: bool = False
+    finite: bool = False
 
 
 class _Require(NamedTuple):
@@ -228,6 +229,8 @@ def _door(sig: _Signature, tensors: tuple[torch.Tensor, ...], params: tuple[floa
     zero = [name for name, value in env.items() if value == 0]
     _check_requires(sig, env, source, zero)  # first: `K % 128` says more than a K mismatch further on
     _check_shapes(sig, tensors, env, source)
+    if not cast:  # the op's check also runs on fake tensors, which hold no values
+        _check_finite(sig, tensors)
     _check_params(sig, params)
     _check_domains(sig, params)
     lnc = _check_launch(sig, lnc, target, default_lnc)
@@ -272,6 +275,17 @@ def _check_tensors(sig: _Signature, tensors: tuple[torch.Tensor, ...], cast: boo
         raise RuntimeError(f"{sig.name} is inference-only (a host function records no autograd graph): an "
                            "input requires grad; call it under torch.no_grad(), or train through "
                            "torch.ops.fusegen")  # fmt: skip
+
+
+def _check_finite(sig: _Signature, tensors: tuple[torch.Tensor, ...]) -> None:
+    """Inputs declared `finite` hold no inf or nan: the kernel may pass their rows through the Tensor engine,
+    where one such element would spoil the other tokens of its tile (plan.md says where)."""
+    for decl, t in zip(sig.inputs, tensors, strict=True):
+        if decl.finite and t.numel() and not bool(torch.isfinite(t).all()):
+            bad = int((~torch.isfinite(t)).sum())
+            raise ValueError(f"{sig.name}: {decl.name} holds {bad} inf or nan element(s), but the spec "
+                             "declares it `finite`: pass finite values, or drop `finite` from its input "
+                             "line and rebuild (rows are then kept apart, at some speed)")  # fmt: skip
 
 
 def _fold_hint(sig: _Signature, decl: _Decl, rank: int) -> str:

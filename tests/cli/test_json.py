@@ -24,7 +24,8 @@ Optional = type(None)
 DIAGNOSTIC = {"level": str, "message": str, "path": str, "line": int, "column": int, "hint": (str, Optional)}
 TENSOR = {"name": str, "dtype": str, "shape": [str]}
 KERNEL = {
-    "name": str, "dims": [{"name": str, "value": (int, Optional)}], "require": [str], "inputs": [TENSOR],
+    "name": str, "dims": [{"name": str, "value": (int, Optional)}], "require": [str],
+    "inputs": [{**TENSOR, "finite": bool}],
     "params": [{"name": str, "default": Number}], "nodes": int, "checks": [("dict-of", int)],
     "outputs": [{"name": str, "dtype": str, "shape": [str], "optional": bool}],
 }  # fmt: skip
@@ -119,7 +120,7 @@ def test_check_spec_json(capsys: pytest.CaptureFixture[str], tmp_path: Path) -> 
     conforms(doc, CHECK_SPEC)
     good, broken = doc["specs"]
     assert not doc["ok"] and good["ok"] and not broken["ok"] and broken["kernel"] is None
-    assert good["kernel"]["inputs"][0] == {"name": "x", "dtype": "bf16", "shape": ["T", "H"]}
+    assert good["kernel"]["inputs"][0] == {"name": "x", "dtype": "bf16", "shape": ["T", "H"], "finite": False}
     assert good["kernel"]["checks"] == [{"T": 200, "H": 1024}, {"T": 3, "H": 1280}]
     assert [o["optional"] for o in good["kernel"]["outputs"]] == [False, True, True]
     assert broken["diagnostics"][0] | {"hint": None} == {

@@ -1,6 +1,8 @@
-"""What plan.md says about non-finite inputs holds: where it says rows pass through the Tensor engine, a
-nan in one token's row reaches the other tokens of its 128-token tile (and no further); where it says rows
-are kept apart, or says nothing, it reaches only that token's outputs, as in the reference."""
+"""Non-finite row inputs. A spec may declare a row input `finite`; only then may the kernel pass rows
+through the Tensor engine (identity matmuls into PSUM), where one token's nan reaches the other tokens of
+its 128-token tile, and the host refuses inf and nan in that input. Without `finite` rows are kept apart:
+a nan or -inf in one token's row (a masked softmax's mask) reaches only that token's outputs, as in the
+reference. What plan.md says about it holds."""
 
 from __future__ import annotations
 
@@ -9,6 +11,7 @@ from pathlib import Path
 import pytest
 import torch
 
+from fusegen.cli import main
 from fusegen.perf.row_widths import plan_rows, row_examples
 from fusegen.sim import load_module
 from fusegen.testing import load_generated, make_inputs
@@ -48,18 +51,83 @@ def _tokens_spoilt(got: tuple[torch.Tensor, ...], want: tuple[torch.Tensor, ...]
 IDS = [f"{name}-{'-'.join(map(str, widths.values()))}" for name, widths in CASES]
 
 
-@pytest.mark.parametrize(("name", "widths"), CASES, ids=IDS)
-def test_a_nan_token_spoils_only_what_the_plan_says(name: str, widths: dict[str, int]) -> None:
-    folder = ROOT / "generated" / name
+def _run_with_a_nan_token(folder: Path, name: str, dims: dict[str, int]) -> set[int]:
+    """Tokens the kernel's outputs spoil (vs the reference) when token 1's first row input is all nan."""
     tests = load_generated(folder / f"test_{name}.py")
-    dims = {"T": T, **widths}
     args = make_inputs(tests.INPUTS, tests.input_shapes(dims))
     args[0][1] = float("nan")  # one token's whole first row input: a request whose activations overflowed
     got = getattr(load_module(folder / "kernel.py"), name)(*args, lnc=1)
     want = getattr(load_generated(folder / "reference.py"), f"{name}_reference")(*args)
     got, want = (v if isinstance(v, tuple) else (v,) for v in (got, want))
-    spoilt = _tokens_spoilt(got, want)
-    if _claim(name, dims) == "mixed":
-        assert spoilt and spoilt <= set(range(128)) - {1}, sorted(spoilt)
-    else:
-        assert not spoilt, sorted(spoilt)
+    return _tokens_spoilt(got, want)
+
+
+def _finite_first_input(name: str) -> bool:
+    """Whether the example declares its first input `finite`."""
+    return EXAMPLES[name].ir.inputs[0].finite
+
+
+@pytest.mark.parametrize(("name", "widths"), CASES, ids=IDS)
+def test_a_nan_token_spoils_only_what_the_plan_says(name: str, widths: dict[str, int]) -> None:
+    dims = {"T": T, **widths}
+    claim = _claim(name, dims)
+    if _finite_first_input(name):  # the host refuses the nan before any launch
+        with pytest.raises(ValueError, match=r"x holds \d+ inf or nan element\(s\), but the spec declares"):
+            _run_with_a_nan_token(ROOT / "generated" / name, name, dims)
+        return
+    assert claim == "apart"  # rows pass through the Tensor engine only for `finite` inputs
+    assert not _run_with_a_nan_token(ROOT / "generated" / name, name, dims)
+
+
+UNDECLARED = [("add_rmsnorm", {"H": 256}), ("t5_rmsnorm", {"H": 256}), ("silu_and_mul", {"D": 256}),
+              ("engram_gate", {"HC": 2, "H": 256})]  # fmt: skip
+
+
+@pytest.mark.parametrize(("name", "widths"), UNDECLARED, ids=[n for n, _ in UNDECLARED])
+def test_without_finite_rows_are_kept_apart(tmp_path: Path, name: str, widths: dict[str, int]) -> None:
+    """The examples that declare `finite`, built without it: no rows through the Tensor engine (plan.md
+    says none), and a nan token spoils nothing else."""
+    spec = tmp_path / f"{name}.spec"
+    text = (ROOT / "examples" / f"{name}.spec").read_text(encoding="utf-8")
+    assert " finite" in text
+    spec.write_text(text.replace(" finite", ""), encoding="utf-8")
+    assert main(["build", "--out", str(tmp_path / "gen"), str(spec)]) == 0
+    folder = tmp_path / "gen" / name
+    assert "rows pass through" not in (folder / "plan.md").read_text(encoding="utf-8")
+    assert not _run_with_a_nan_token(folder, name, {"T": T, **widths})
+
+
+MASKED = """kernel masked_softmax
+dim T, H
+input x: bf16[T, H]{finite}
+input m: bf16[T, H]{finite}  # additive mask: 0 or -inf
+input t: f32[T]
+output p: f32[T, H]
+z = x * t[:, None] + m
+e = exp(z - max(z, axis=-1, keepdim=true))
+p = e / sum(e, axis=-1, keepdim=true)
+check T=130 H=256
+"""
+
+
+def test_a_masked_softmax_keeps_unmasked_tokens_finite(tmp_path: Path) -> None:
+    """The usual additive -inf mask: token 0 masks one key; every other token's row is the plain softmax
+    (by a formula written here), not nan. Declared `finite`, the host refuses the -inf instead."""
+    for finite in ("", " finite"):
+        spec = tmp_path / f"m{len(finite)}" / "masked_softmax.spec"
+        spec.parent.mkdir()
+        spec.write_text(MASKED.format(finite=finite), encoding="utf-8")
+        assert main(["build", "--out", str(spec.parent / "gen"), str(spec)]) == 0
+        kernel = load_module(spec.parent / "gen" / "masked_softmax" / "kernel.py").masked_softmax
+        x, t = torch.randn(T, 256).bfloat16(), torch.rand(T) + 0.5
+        m = torch.zeros(T, 256).bfloat16()
+        m[0, 1] = float("-inf")
+        if finite:
+            with pytest.raises(ValueError, match="m holds 1 inf or nan element"):
+                kernel(x, m, t, lnc=1)
+            continue
+        got = kernel(x, m, t, lnc=1)
+        z = x.double() * t.double()[:, None] + m.double()
+        want = torch.softmax(z, dim=-1)
+        assert got[0, 1] == 0 and torch.isfinite(got).all()
+        torch.testing.assert_close(got.double(), want, rtol=1e-5, atol=1e-6)

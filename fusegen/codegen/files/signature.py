@@ -50,7 +50,7 @@ def signature(name: str, ir: KernelIR, outputs: Iterable[Returned], targets: Ite
     requires = [c for c in ir.constraints if set(c.expr.symbols()) <= bound]
     lines = [
         f"    {name!r},",
-        _block("inputs", [_decl(i.name, i.dtype, i.shape) for i in ir.inputs]),
+        _block("inputs", [_decl(i.name, i.dtype, i.shape, finite=i.finite) for i in ir.inputs]),
         f"    params={_tuple(repr(p.name) for p in ir.params)},",
         f"    fixed={_tuple(repr(item) for item in sorted(ir.fixed_dims().items()))},",
         _block("requires", [_require(c) for c in requires]),
@@ -85,9 +85,10 @@ def op_check(constant: str, ir: KernelIR) -> str:
     return f"_door({constant}, ({tensors.rstrip()}), ({params.rstrip()}), cast=True)"
 
 
-def _decl(name: str, dtype: str, shape: Shape, optional: bool = False) -> str:
+def _decl(name: str, dtype: str, shape: Shape, optional: bool = False, finite: bool = False) -> str:
     dims = _tuple(repr(str(d)) for d in shape)
-    return f"_Decl({name!r}, {TORCH_NAME[dtype]!r}, {dims}{', True' if optional else ''})"
+    flags = (", True" if optional else "") + (", finite=True" if finite else "")
+    return f"_Decl({name!r}, {TORCH_NAME[dtype]!r}, {dims}{flags})"
 
 
 def _require(c: Constraint) -> str:
