@@ -78,7 +78,7 @@ def heads_case(rng: random.Random) -> OracleCase:
         gen.values.append(named(f"s{len(body) - 1}", row))
     decls, outputs = _outputs(rng, gen.values[data:], "T, G", "H", rng.randint(1, 3), lead=2)
     out_decls, out_lines = decls[: len(outputs)], decls[len(outputs) :]
-    finite = (t + h) % 2 == 0  # half the cases
+    finite = (t + h) % 2 == 0
     text = "\n".join(head + _decls(names, dtypes, decl, finite) + plines + out_decls + body + out_lines
                      + [f"check T={t} G={g} H={h}"]) + "\n"  # fmt: skip
     inputs = tuple((n, dtypes[n], "unit") for n in names)
