@@ -177,7 +177,16 @@ def _ts_step(
         return op.fn(x)
     if isinstance(operand, NkiTensor) and not bitvec and operand.dtype != torch.float32:
         violation(ins, "tensor-scalar-operand-fp32", f"{role} is {operand.dtype}")
+    if bitvec and _not_integer(operand):  # bit patterns: a float operand would be truncated silently
+        violation(ins, "bitvec-integer", f"{op!r} with {role}={operand!r}")
     return apply(op, x, scalar_or_column(ins, operand, x.shape[0], role, integer=bitvec), reverse)
+
+
+def _not_integer(operand: object) -> bool:
+    """A bitvec operand that is not an integer: a float tile, or a non-integral number."""
+    if isinstance(operand, NkiTensor):
+        return operand.dtype.is_floating_point
+    return isinstance(operand, float) and not operand.is_integer()
 
 
 def tensor_scalar(
@@ -196,6 +205,8 @@ def tensor_scalar(
     ins = Instr("tensor_scalar", "vector")
     first = alu_op(ins, op0, "op0", unary=True)
     second = None if op1 is None else alu_op(ins, op1, "op1", unary=True)
+    if second is None and operand1 is not None:  # ISA: op1 and operand1 "must be None ... when unused"
+        raise ins.fail(InvalidArgumentError, f"operand1={operand1!r} without op1")
     bitvec = first.name in BITVEC_OPS
     if second is not None and (second.name in BITVEC_OPS) != bitvec:
         violation(

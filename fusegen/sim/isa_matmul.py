@@ -72,10 +72,10 @@ def _check_operands(ins: Instr, d: NkiTensor, st: NkiTensor, mv: NkiTensor) -> i
         raise ins.fail(
             DtypeError, f"fp32 inputs only pair with fp32: stationary {st.dtype}, moving {mv.dtype}"
         )
-    return _check_bank(ins, d)
+    return check_bank(ins, d)
 
 
-def _check_bank(ins: Instr, d: NkiTensor) -> int:
+def check_bank(ins: Instr, d: NkiTensor) -> int:
     """The dst must sit inside one 2 KiB PSUM bank; returns the bank index within its tile."""
     bank_bytes = ins.ctx.target.psum_bank_bytes
     lo, hi = d.free_byte_range()
@@ -115,7 +115,8 @@ def _accumulate(ins: Instr, d: NkiTensor, st: NkiTensor, mv: NkiTensor, accumula
             f"matmul has written since they were last overwritten ({alloc.label()})",
         )
     out = d.materialize()
-    if state != "mixed" and len(d.shape) == 2 and mv.free_size >= _DEFER_MIN_N:  # the common case
+    deferrable = alloc.dtype is torch.float32 and len(d.shape) == 2  # a GEMM adds into fp32 storage only
+    if state != "mixed" and deferrable and mv.free_size >= _DEFER_MIN_N:  # the common case
         ins.ctx.matmuls.add(d, out, st, mv, 1.0 if state == "set" else 0.0)
     else:
         if alloc.pending or alloc.readers:  # the paths below use and change the tile's current contents

@@ -34,11 +34,13 @@ def alu_engine(ins: Instr, value: object, choices: tuple[str, ...], ops: tuple[s
     nc = ins.ctx.target.nc_version
     if value is None or value is engine.unknown:
         ins.engine = pick_engine(ins.op, choices, ops, nc)
-        return
-    ins.engine = engine_name(value, choices[0], choices, ins.op)
+        where = f"no engine of {choices} runs"  # pick_engine fell back to the first: none is legal
+    else:
+        ins.engine = engine_name(value, choices[0], choices, ins.op)
+        where = f"engine={ins.engine} with"
     problem = engine_problem(ins.op, ins.engine, ops, nc)
     if problem is not None:
-        violation(ins, problem, f"engine={ins.engine} with op(s) {', '.join(o for o in ops if o)}")
+        violation(ins, problem, f"{where} op(s) {', '.join(o for o in ops if o)}")
 
 
 def require_op(ins: Instr, op: object, role: str, arity: int | None = None) -> Op:

@@ -1,0 +1,113 @@
+"""Kernels the rules audit found passing (or failing) wrongly: each breaks a documented rule the interpreter
+let through, or is legal code it rejected. rules='error' throughout, as in the conformance tests."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+import fusegen.sim as sim
+
+from .conftest import assert_located
+
+with sim.installed():
+    import nki.isa as nisa
+    import nki.language as nl
+
+F32, BF16, I32 = nl.float32, nl.bfloat16, nl.int32
+
+
+def _tile(shape, dtype=F32, buffer=nl.sbuf):
+    t = nl.ndarray(shape, dtype=dtype, buffer=buffer)
+    nisa.memset(dst=t, value=1)
+    return t
+
+
+def _dst(shape, dtype=F32, buffer=nl.sbuf):
+    return nl.ndarray(shape, dtype=dtype, buffer=buffer)
+
+
+def power_tensor_scalar():
+    nisa.tensor_scalar(dst=_dst((128, 8)), data=_tile((128, 8)), op0=nl.power, operand0=2.0)  # <-gap-power
+
+
+def bitvec_float_column():
+    col = _tile((128, 1))
+    nisa.tensor_scalar(  # <-gap-bitvec-column
+        dst=_dst((128, 8), I32), data=_tile((128, 8), I32), op0=nl.bitwise_and, operand0=col
+    )
+
+
+def bitvec_fraction():
+    nisa.tensor_scalar(  # <-gap-bitvec-fraction
+        dst=_dst((128, 8), I32), data=_tile((128, 8), I32), op0=nl.left_shift, operand0=1.5
+    )
+
+
+def operand1_without_op1():
+    nisa.tensor_scalar(  # <-gap-operand1
+        dst=_dst((128, 8)), data=_tile((128, 8)), op0=nl.add, operand0=1.0, operand1=3.0
+    )
+
+
+def iota_from_partition_one():
+    nisa.iota(dst=_dst((128, 8), I32)[1:2, :], pattern=[[1, 8]])  # <-gap-iota
+
+
+def transpose_across_banks():
+    out = _dst((128, 1024), buffer=nl.psum)
+    nisa.nc_transpose(dst=out[:, 448:576], data=_tile((128, 128)))  # <-gap-transpose-bank
+
+
+@pytest.mark.parametrize(
+    ("kernel", "error", "rule", "marker"),
+    [
+        (power_tensor_scalar, sim.InvalidArgumentError, "[alu-engine] no engine", "<-gap-power"),
+        (bitvec_float_column, sim.DtypeError, "[bitvec-integer]", "<-gap-bitvec-column"),
+        (bitvec_fraction, sim.DtypeError, "[bitvec-integer]", "<-gap-bitvec-fraction"),
+        (operand1_without_op1, sim.InvalidArgumentError, "operand1=3.0 without op1", "<-gap-operand1"),
+        (iota_from_partition_one, sim.PartitionError, "[start-partition]", "<-gap-iota"),
+        (transpose_across_banks, sim.MatmulShapeError, "PSUM bank boundary", "<-gap-transpose-bank"),
+    ],
+)
+def test_broken_rule_is_rejected_at_its_line(kernel, error, rule, marker):
+    with pytest.raises(error) as info:
+        sim.run(kernel, target="trn2", rules="error")
+    assert rule in str(info.value)
+    assert_located(info.value, __file__, marker)
+
+
+def test_legal_neighbours_still_pass():
+    """The same instructions inside the rules: integer bitvec operands, a unary op, iota at partition 0 or
+    32, a transpose inside one bank."""
+
+    def kernel():
+        ints = _tile((128, 8), I32)
+        col = _tile((128, 1), I32)
+        nisa.tensor_scalar(dst=_dst((128, 8), I32), data=ints, op0=nl.bitwise_and, operand0=col)
+        nisa.tensor_scalar(dst=_dst((128, 8), I32), data=ints, op0=nl.left_shift, operand0=2.0)
+        nisa.tensor_scalar(dst=_dst((128, 8)), data=_tile((128, 8)), op0=nl.rsqrt, operand0=None)
+        nisa.iota(dst=_dst((128, 8), I32)[32:64, :], pattern=[[1, 8]])
+        out = _dst((128, 1024), buffer=nl.psum)
+        nisa.nc_transpose(dst=out[:, 384:512], data=_tile((128, 128)))
+
+    sim.run(kernel, target="trn2", rules="error")
+
+
+def test_bf16_psum_matmul_accumulates_on_trn3():
+    """NeuronCore-v4 takes a bf16 PSUM dst: two accumulated matmuls of ones give 2*K (it raised a torch
+    dtype error from the deferred GEMM)."""
+
+    def kernel():
+        st, mv = _tile((128, 128), BF16), _tile((128, 512), BF16)
+        acc = _dst((128, 512), BF16, buffer=nl.psum)
+        nisa.nc_matmul(dst=acc, stationary=st, moving=mv)
+        nisa.nc_matmul(dst=acc, stationary=st, moving=mv)
+        sb = _dst((128, 512))
+        nisa.tensor_copy(dst=sb, src=acc)
+        out = nl.ndarray((128, 512), dtype=F32, buffer=nl.shared_hbm)
+        nisa.dma_copy(dst=out, src=sb)
+        return out
+
+    out = sim.run(kernel, target="trn3", rules="error").outputs
+    assert torch.equal(out, torch.full((128, 512), 2.0 * 128))
