@@ -2,6 +2,9 @@
 
 from __future__ import annotations
 
+import math
+import warnings
+
 import torch
 
 from .conformance import violation
@@ -9,6 +12,8 @@ from .errors import (
     InvalidArgumentError,
     PartitionError,
     ShapeMismatchError,
+    UninitializedReadError,
+    UninitializedReadWarning,
     UnsupportedError,
 )
 from .instr import Instr
@@ -44,12 +49,14 @@ def _reduce_registers(
     """Apply `cmd` to the engine's 128 fp32 accumulation registers; read them out into reduce_res."""
     if cmd is reduce_cmd.idle and reduce_res is None:  # the common case: no register work
         return
-    regs = ins.ctx.reduce_regs(ins.engine)
     parts = values.shape[0]
     if cmd is reduce_cmd.load_reduce:
         raise ins.fail(UnsupportedError, "reduce_cmd.load_reduce is not modelled")
     if cmd in (reduce_cmd.reset, reduce_cmd.reset_reduce):
-        regs.zero_()
+        regs = ins.ctx.reset_regs(ins.engine)
+    else:
+        kept = ins.ctx.reduce_regs(ins.engine)
+        regs = _never_reset(ins, cmd) if kept is None else kept
     if cmd in (reduce_cmd.reduce, reduce_cmd.reset_reduce):
         op = require_op(ins, reduce_op, "reduce_op", 2)
         if op.name != "add":
@@ -63,6 +70,17 @@ def _reduce_registers(
         if res.partitions != parts or res.free_size != 1:
             raise ins.fail(ShapeMismatchError, f"reduce_res must be [{parts}, 1], got {res.shape}")
         ins.write(res, regs[:parts].clone())
+
+
+def _never_reset(ins: Instr, cmd: object) -> torch.Tensor:
+    """reduce_cmd reduce / a reduce_res read-out before any reset of this instance: the registers hold what
+    an earlier kernel left. Like a read of never-written memory: an error, or (strict=False) a warning and
+    NaN registers."""
+    detail = f"reduce_cmd={cmd} reads the {ins.engine} engine's reduce registers before any reset"
+    if ins.ctx.strict:
+        raise ins.fail(UninitializedReadError, detail)
+    warnings.warn(f"{ins.site[0]}:{ins.site[1]}: {ins.op}: {detail}", UninitializedReadWarning, stacklevel=4)
+    return ins.ctx.reset_regs(ins.engine, math.nan)
 
 
 def activation(

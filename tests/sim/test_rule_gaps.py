@@ -111,3 +111,21 @@ def test_bf16_psum_matmul_accumulates_on_trn3():
 
     out = sim.run(kernel, target="trn3", rules="error").outputs
     assert torch.equal(out, torch.full((128, 512), 2.0 * 128))
+
+
+def reduce_without_reset():
+    data = _tile((128, 8))
+    nisa.activation(  # <-gap-registers
+        dst=_dst((128, 8)), op=nl.copy, data=data, reduce_op=nl.add, reduce_res=_dst((128, 1)),
+        reduce_cmd=nisa.reduce_cmd.reduce,
+    )
+
+
+def test_reduce_registers_read_before_any_reset_are_never_written():
+    """The registers keep what an earlier kernel left (the interpreter started them at zero, so a kernel
+    that forgot reduce_cmd.reset computed the right sum here and garbage on hardware)."""
+    with pytest.raises(sim.UninitializedReadError, match="before any reset") as info:
+        sim.run(reduce_without_reset, rules="error")
+    assert_located(info.value, __file__, "<-gap-registers")
+    with pytest.warns(sim.UninitializedReadWarning):
+        sim.run(reduce_without_reset, rules="error", strict=False)
