@@ -59,6 +59,10 @@ def transpose_across_banks():
     nisa.nc_transpose(dst=out[:, 448:576], data=_tile((128, 128)))  # <-gap-transpose-bank
 
 
+def reshape_merging_partitions():
+    nisa.tensor_copy(dst=_dst((64, 16)), src=_tile((128, 8)).reshape((64, 16)))  # <-gap-reshape
+
+
 @pytest.mark.parametrize(
     ("kernel", "error", "rule", "marker"),
     [
@@ -68,6 +72,7 @@ def transpose_across_banks():
         (operand1_without_op1, sim.InvalidArgumentError, "operand1=3.0 without op1", "<-gap-operand1"),
         (iota_from_partition_one, sim.PartitionError, "[start-partition]", "<-gap-iota"),
         (transpose_across_banks, sim.MatmulShapeError, "PSUM bank boundary", "<-gap-transpose-bank"),
+        (reshape_merging_partitions, sim.OutOfBoundsError, "partition stride 16", "<-gap-reshape"),
     ],
 )
 def test_broken_rule_is_rejected_at_its_line(kernel, error, rule, marker):
