@@ -158,6 +158,11 @@ def iota(
     ins.on_chip((d, "dst"))  # start-partition: iota is a GpSimd instruction like any other
     if len(pattern) > MAX_IOTA_PATTERN:
         violation(ins, "view-dims", f"pattern has {len(pattern)} [step, num] pairs")
+    steps = {f"step {step}": step for step, _ in pattern}
+    fields = {"offset": offset, "channel_multiplier": channel_multiplier, **steps}
+    for role, value in fields.items():  # ISA iota: an int32 offset and multiplier, int32 arithmetic
+        if not -(2**31) <= int(value) < 2**31:
+            raise ins.fail(InvalidArgumentError, f"{role}={value} is not an int32")
     counts = [int(c) for _, c in pattern]
     if math.prod(counts) != d.free_size:
         raise ins.fail(

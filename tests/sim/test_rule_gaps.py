@@ -59,6 +59,10 @@ def transpose_across_banks():
     nisa.nc_transpose(dst=out[:, 448:576], data=_tile((128, 128)))  # <-gap-transpose-bank
 
 
+def iota_offset_past_int32():
+    nisa.iota(dst=_dst((128, 8), I32), pattern=[[1, 8]], offset=2**31)  # <-gap-int32-offset
+
+
 def reshape_merging_partitions():
     nisa.tensor_copy(dst=_dst((64, 16)), src=_tile((128, 8)).reshape((64, 16)))  # <-gap-reshape
 
@@ -72,6 +76,7 @@ def reshape_merging_partitions():
         (operand1_without_op1, sim.InvalidArgumentError, "operand1=3.0 without op1", "<-gap-operand1"),
         (iota_from_partition_one, sim.PartitionError, "[start-partition]", "<-gap-iota"),
         (transpose_across_banks, sim.MatmulShapeError, "PSUM bank boundary", "<-gap-transpose-bank"),
+        (iota_offset_past_int32, sim.InvalidArgumentError, "is not an int32", "<-gap-int32-offset"),
         (reshape_merging_partitions, sim.OutOfBoundsError, "partition stride 16", "<-gap-reshape"),
     ],
 )
