@@ -178,7 +178,8 @@ def tensor_tensor(
         _require_integers(ins, fn, (d, "dst"), (a, "data1"), (b, "data2"))
     floats = d.dtype.is_floating_point or a.dtype.is_floating_point or b.dtype.is_floating_point
     if (fn.bitwise or (integers and ins.engine == "gpsimd")) and not floats:
-        x, y = int_rows(ins, a, "data1"), int_rows(ins, b, "data2")  # raw bits / exact integer arithmetic
+        bits = fn.bitwise  # raw bit patterns, else exact (signed) integer arithmetic
+        x, y = int_rows(ins, a, "data1", bits), int_rows(ins, b, "data2", bits)
     else:
         x, y = as_rows(ins, a, "data1"), as_rows(ins, b, "data2")
     ins.write(d, fn.fn(x, y))
@@ -234,7 +235,8 @@ def tensor_scalar(
     d, s = _elementwise(ins, dst, data)
     if bitvec:
         _require_integers(ins, first, (d, "dst"), (s, "data"))
-    x = int_rows(ins, s, "data") if bitvec and not s.dtype.is_floating_point else as_rows(ins, s, "data")
+    integer = bitvec and not s.dtype.is_floating_point
+    x = int_rows(ins, s, "data", bits=True) if integer else as_rows(ins, s, "data")
     y = _ts_step(ins, first, x, operand0, reverse0, "operand0", bitvec)
     if second is not None:
         y = _ts_step(ins, second, y, operand1, reverse1, "operand1", bitvec)

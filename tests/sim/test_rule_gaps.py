@@ -139,3 +139,33 @@ def test_reduce_registers_read_before_any_reset_are_never_written():
     assert_located(info.value, __file__, "<-gap-registers")
     with pytest.warns(sim.UninitializedReadWarning):
         sim.run(reduce_without_reset, rules="error", strict=False)
+
+
+def test_right_shift_is_logical():
+    """SH tbl-aluop: nl.right_shift is the logical shift ("Arithmetic Shift Right: Not supported"); negative
+    int32/int8 values shifted in the sign bit (arithmetic shift)."""
+    x32 = torch.tensor([[-8, 8, -(2**31), 2**31 - 1]], dtype=torch.int32)
+    x8 = torch.tensor([[-8, 8, -128, 127]], dtype=torch.int8)
+
+    def kernel(a_hbm, b_hbm):
+        outs = []
+        for src, by_tile in ((a_hbm, False), (b_hbm, False), (a_hbm, True)):
+            t = _dst(tuple(src.shape), src.dtype)
+            nisa.dma_copy(dst=t, src=src)
+            r = _dst(tuple(src.shape), src.dtype)
+            if by_tile:  # tensor_tensor by a tile of ones
+                ones = _dst(tuple(src.shape), src.dtype)
+                nisa.memset(dst=ones, value=1)
+                nisa.tensor_tensor(dst=r, data1=t, data2=ones, op=nl.right_shift)
+            else:
+                nisa.tensor_scalar(dst=r, data=t, op0=nl.right_shift, operand0=1)
+            out = nl.ndarray(tuple(src.shape), dtype=src.dtype, buffer=nl.shared_hbm)
+            nisa.dma_copy(dst=out, src=r)
+            outs.append(out)
+        return tuple(outs)
+
+    s32, s8, tt32 = sim.run(kernel, x32, x8, rules="error").outputs
+    want32 = torch.from_numpy((x32.numpy().view("uint32") >> 1).view("int32"))
+    want8 = torch.from_numpy((x8.numpy().view("uint8") >> 1).view("int8"))
+    assert torch.equal(s32, want32) and torch.equal(tt32, want32)
+    assert torch.equal(s8, want8)
