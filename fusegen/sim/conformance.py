@@ -42,8 +42,7 @@ class Instruction(Located, Protocol):
 
 
 #: rules="error": every rules.py violation raises; "warn": warns once per rule and line, and runs on.
-#: "warn" is the default until generated/ conforms (issue 13); tests/sim/test_conformance.py and the
-#: rule tests run with "error".
+#: "error" is the default since generated/ conforms (issue 13).
 DEFAULT_RULES = "error"
 MODES = ("error", "warn")
 _warned_kernels: set[tuple[object, int]] = set()

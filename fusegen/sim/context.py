@@ -61,11 +61,14 @@ class Context:
         self.spans: list[Span] = []  # of on-chip allocations, for interval liveness
         self.shared_count = 0  # shared_hbm allocations so far (matched across instances by order)
 
-    def reduce_regs(self, engine: str) -> torch.Tensor:
-        """The engine's 128 fp32 accumulation registers (zero at start)."""
-        regs = self.regs.get(engine)
-        if regs is None:
-            regs = self.regs[engine] = torch.zeros(self.target.partitions, dtype=torch.float32)
+    def reduce_regs(self, engine: str) -> torch.Tensor | None:
+        """The engine's 128 fp32 accumulation registers; None until a reduce_cmd resets them (they hold
+        whatever an earlier kernel left, like never-written memory)."""
+        return self.regs.get(engine)
+
+    def reset_regs(self, engine: str, fill: float = 0.0) -> torch.Tensor:
+        """Set the engine's registers to `fill` (a reset; NaN poisons never-reset ones when strict=False)."""
+        regs = self.regs[engine] = torch.full((self.target.partitions,), fill, dtype=torch.float32)
         return regs
 
 

@@ -2,6 +2,9 @@
 
 from __future__ import annotations
 
+import math
+import warnings
+
 import torch
 
 from .conformance import violation
@@ -9,6 +12,8 @@ from .errors import (
     InvalidArgumentError,
     PartitionError,
     ShapeMismatchError,
+    UninitializedReadError,
+    UninitializedReadWarning,
     UnsupportedError,
 )
 from .instr import Instr
@@ -44,12 +49,14 @@ def _reduce_registers(
     """Apply `cmd` to the engine's 128 fp32 accumulation registers; read them out into reduce_res."""
     if cmd is reduce_cmd.idle and reduce_res is None:  # the common case: no register work
         return
-    regs = ins.ctx.reduce_regs(ins.engine)
     parts = values.shape[0]
     if cmd is reduce_cmd.load_reduce:
         raise ins.fail(UnsupportedError, "reduce_cmd.load_reduce is not modelled")
     if cmd in (reduce_cmd.reset, reduce_cmd.reset_reduce):
-        regs.zero_()
+        regs = ins.ctx.reset_regs(ins.engine)
+    else:
+        kept = ins.ctx.reduce_regs(ins.engine)
+        regs = _never_reset(ins, cmd) if kept is None else kept
     if cmd in (reduce_cmd.reduce, reduce_cmd.reset_reduce):
         op = require_op(ins, reduce_op, "reduce_op", 2)
         if op.name != "add":
@@ -63,6 +70,17 @@ def _reduce_registers(
         if res.partitions != parts or res.free_size != 1:
             raise ins.fail(ShapeMismatchError, f"reduce_res must be [{parts}, 1], got {res.shape}")
         ins.write(res, regs[:parts].clone())
+
+
+def _never_reset(ins: Instr, cmd: object) -> torch.Tensor:
+    """reduce_cmd reduce / a reduce_res read-out before any reset of this instance: the registers hold what
+    an earlier kernel left. Like a read of never-written memory: an error, or (strict=False) a warning and
+    NaN registers."""
+    detail = f"reduce_cmd={cmd} reads the {ins.engine} engine's reduce registers before any reset"
+    if ins.ctx.strict:
+        raise ins.fail(UninitializedReadError, detail)
+    warnings.warn(f"{ins.site[0]}:{ins.site[1]}: {ins.op}: {detail}", UninitializedReadWarning, stacklevel=4)
+    return ins.ctx.reset_regs(ins.engine, math.nan)
 
 
 def activation(
@@ -160,7 +178,8 @@ def tensor_tensor(
         _require_integers(ins, fn, (d, "dst"), (a, "data1"), (b, "data2"))
     floats = d.dtype.is_floating_point or a.dtype.is_floating_point or b.dtype.is_floating_point
     if (fn.bitwise or (integers and ins.engine == "gpsimd")) and not floats:
-        x, y = int_rows(ins, a, "data1"), int_rows(ins, b, "data2")  # raw bits / exact integer arithmetic
+        bits = fn.bitwise  # raw bit patterns, else exact (signed) integer arithmetic
+        x, y = int_rows(ins, a, "data1", bits), int_rows(ins, b, "data2", bits)
     else:
         x, y = as_rows(ins, a, "data1"), as_rows(ins, b, "data2")
     ins.write(d, fn.fn(x, y))
@@ -177,7 +196,16 @@ def _ts_step(
         return op.fn(x)
     if isinstance(operand, NkiTensor) and not bitvec and operand.dtype != torch.float32:
         violation(ins, "tensor-scalar-operand-fp32", f"{role} is {operand.dtype}")
+    if bitvec and _not_integer(operand):  # bit patterns: a float operand would be truncated silently
+        violation(ins, "bitvec-integer", f"{op!r} with {role}={operand!r}")
     return apply(op, x, scalar_or_column(ins, operand, x.shape[0], role, integer=bitvec), reverse)
+
+
+def _not_integer(operand: object) -> bool:
+    """A bitvec operand that is not an integer: a float tile, or a non-integral number."""
+    if isinstance(operand, NkiTensor):
+        return operand.dtype.is_floating_point
+    return isinstance(operand, float) and not operand.is_integer()
 
 
 def tensor_scalar(
@@ -196,6 +224,8 @@ def tensor_scalar(
     ins = Instr("tensor_scalar", "vector")
     first = alu_op(ins, op0, "op0", unary=True)
     second = None if op1 is None else alu_op(ins, op1, "op1", unary=True)
+    if second is None and operand1 is not None:  # ISA: op1 and operand1 "must be None ... when unused"
+        raise ins.fail(InvalidArgumentError, f"operand1={operand1!r} without op1")
     bitvec = first.name in BITVEC_OPS
     if second is not None and (second.name in BITVEC_OPS) != bitvec:
         violation(
@@ -205,7 +235,8 @@ def tensor_scalar(
     d, s = _elementwise(ins, dst, data)
     if bitvec:
         _require_integers(ins, first, (d, "dst"), (s, "data"))
-    x = int_rows(ins, s, "data") if bitvec and not s.dtype.is_floating_point else as_rows(ins, s, "data")
+    integer = bitvec and not s.dtype.is_floating_point
+    x = int_rows(ins, s, "data", bits=True) if integer else as_rows(ins, s, "data")
     y = _ts_step(ins, first, x, operand0, reverse0, "operand0", bitvec)
     if second is not None:
         y = _ts_step(ins, second, y, operand1, reverse1, "operand1", bitvec)

@@ -72,10 +72,10 @@ def _check_operands(ins: Instr, d: NkiTensor, st: NkiTensor, mv: NkiTensor) -> i
         raise ins.fail(
             DtypeError, f"fp32 inputs only pair with fp32: stationary {st.dtype}, moving {mv.dtype}"
         )
-    return _check_bank(ins, d)
+    return check_bank(ins, d)
 
 
-def _check_bank(ins: Instr, d: NkiTensor) -> int:
+def check_bank(ins: Instr, d: NkiTensor) -> int:
     """The dst must sit inside one 2 KiB PSUM bank; returns the bank index within its tile."""
     bank_bytes = ins.ctx.target.psum_bank_bytes
     lo, hi = d.free_byte_range()
@@ -101,6 +101,21 @@ def _flag_state(d: NkiTensor) -> str:
     return "mixed" if bool(flags.any()) else "clear"
 
 
+def _other_writes(d: NkiTensor) -> torch.Tensor | None:
+    """Mask over `d` of elements a non-matmul instruction wrote (written, holding no matmul data), or None.
+    The first write to a PSUM location overwrites, later ones accumulate (MIG 0.3.0, ISA nc_matmul)."""
+    alloc = d.alloc
+    if alloc.all_written:
+        other = torch.ones(d.shape, dtype=torch.bool)
+    elif alloc.has_writes():
+        other = d.materialize(alloc.written_mask()).clone()
+    else:
+        return None  # the common case: a fresh tile
+    if alloc.mm_any:
+        other &= ~d.materialize(alloc.matmul_flags())
+    return other if bool(other.any()) else None
+
+
 def _accumulate(ins: Instr, d: NkiTensor, st: NkiTensor, mv: NkiTensor, accumulate: object) -> bool:
     """Overwrite / add per the 'holds matmul data' flags (nki.md §4); True if PSUM was read."""
     alloc = d.alloc
@@ -114,8 +129,20 @@ def _accumulate(ins: Instr, d: NkiTensor, st: NkiTensor, mv: NkiTensor, accumula
             f"accumulate=True onto {int((~flags).sum())} PSUM elements no "
             f"matmul has written since they were last overwritten ({alloc.label()})",
         )
+    if accumulate is None and state != "set":
+        other = _other_writes(d)
+        if other is not None and ins.ctx.target.nc_version < 4:
+            raise ins.fail(
+                AccumulateError,
+                f"accumulate=None onto {int(other.sum())} PSUM elements a non-matmul instruction wrote "
+                f"({alloc.label()}): the compiler accumulates onto any earlier write, which NeuronCore-v2/v3 "
+                "leave undefined (ISA nc_matmul); start the group with accumulate=False",
+            )
+        if other is not None:
+            state = "written"  # NeuronCore-v4 accumulates onto the earlier write
     out = d.materialize()
-    if state != "mixed" and len(d.shape) == 2 and mv.free_size >= _DEFER_MIN_N:  # the common case
+    deferrable = alloc.dtype is torch.float32 and len(d.shape) == 2  # a GEMM adds into fp32 storage only
+    if state in ("clear", "set") and deferrable and mv.free_size >= _DEFER_MIN_N:  # the common case
         ins.ctx.matmuls.add(d, out, st, mv, 1.0 if state == "set" else 0.0)
     else:
         if alloc.pending or alloc.readers:  # the paths below use and change the tile's current contents
@@ -123,7 +150,9 @@ def _accumulate(ins: Instr, d: NkiTensor, st: NkiTensor, mv: NkiTensor, accumula
         fresh = (st.matrix().float().t() @ mv.matrix().float()).reshape(out.shape)
         if state == "mixed":
             out.copy_(torch.where(d.materialize(alloc.matmul_flags()), out + fresh, fresh))
-        elif state == "set":
+        elif state == "written" and not alloc.all_written:  # (an all-written tile keeps no mask)
+            out.copy_(torch.where(d.materialize(alloc.written_mask()), out + fresh, fresh))
+        elif state in ("set", "written"):
             out.add_(fresh)
         else:
             out.copy_(fresh)

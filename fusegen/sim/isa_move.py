@@ -11,6 +11,7 @@ from .conformance import violation
 from .errors import DtypeError, InvalidArgumentError, PartitionError, ShapeMismatchError, UnsupportedError
 from .instr import Instr
 from .isa_compute import gpsimd_off_psum
+from .isa_matmul import check_bank
 from .memory import MemoryRegion
 from .operands import PSUM, start
 from .ops import dge_mode as DgeMode
@@ -154,8 +155,14 @@ def iota(
     d = ins.tensor(dst, "dst")
     if d.alloc.region is not MemoryRegion.sbuf:
         raise ins.fail(InvalidArgumentError, f"dst must be in SBUF, got {d.alloc.region.value}")
+    ins.on_chip((d, "dst"))  # start-partition: iota is a GpSimd instruction like any other
     if len(pattern) > MAX_IOTA_PATTERN:
         violation(ins, "view-dims", f"pattern has {len(pattern)} [step, num] pairs")
+    steps = {f"step {step}": step for step, _ in pattern}
+    fields = {"offset": offset, "channel_multiplier": channel_multiplier, **steps}
+    for role, value in fields.items():  # ISA iota: an int32 offset and multiplier, int32 arithmetic
+        if not -(2**31) <= int(value) < 2**31:
+            raise ins.fail(InvalidArgumentError, f"{role}={value} is not an int32")
     counts = [int(c) for _, c in pattern]
     if math.prod(counts) != d.free_size:
         raise ins.fail(
@@ -185,6 +192,8 @@ def nc_transpose(
     if ins.engine == "tensor":
         ins.forbid(s, PSUM, "data", "tensor-engine-memories")
         ins.forbid(d, (MemoryRegion.sbuf,), "dst", "tensor-engine-memories")
+        if d.alloc.region is MemoryRegion.psum:  # ISA: the Tensor engine's transpose is an nc_matmul
+            check_bank(ins, d)
     if s.partitions > limit or s.free_size > limit:
         raise ins.fail(
             PartitionError,

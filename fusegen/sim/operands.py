@@ -34,11 +34,13 @@ def alu_engine(ins: Instr, value: object, choices: tuple[str, ...], ops: tuple[s
     nc = ins.ctx.target.nc_version
     if value is None or value is engine.unknown:
         ins.engine = pick_engine(ins.op, choices, ops, nc)
-        return
-    ins.engine = engine_name(value, choices[0], choices, ins.op)
+        where = f"no engine of {choices} runs"  # pick_engine fell back to the first: none is legal
+    else:
+        ins.engine = engine_name(value, choices[0], choices, ins.op)
+        where = f"engine={ins.engine} with"
     problem = engine_problem(ins.op, ins.engine, ops, nc)
     if problem is not None:
-        violation(ins, problem, f"engine={ins.engine} with op(s) {', '.join(o for o in ops if o)}")
+        violation(ins, problem, f"{where} op(s) {', '.join(o for o in ops if o)}")
 
 
 def require_op(ins: Instr, op: object, role: str, arity: int | None = None) -> Op:
@@ -68,15 +70,20 @@ def as_rows(ins: Instr, t: NkiTensor, role: str) -> torch.Tensor:
     return rows if rows.dim() == 2 else rows.reshape(t.partitions, t.free_size)
 
 
-def int_rows(ins: Instr, t: NkiTensor, role: str) -> torch.Tensor:
-    """Read an integer tile's raw values as int64 [partitions, elements per partition]."""
-    return ins.read(t, role).to(torch.int64).reshape(t.partitions, t.free_size)
+def int_rows(ins: Instr, t: NkiTensor, role: str, bits: bool = False) -> torch.Tensor:
+    """Read an integer tile's raw values as int64 [partitions, elements per partition]; with `bits`, as the
+    unsigned bit patterns (bitvec ops: right_shift is a logical shift, SH tbl-aluop; stores wrap back)."""
+    rows = ins.read(t, role).to(torch.int64).reshape(t.partitions, t.free_size)
+    if bits and t.dtype.is_signed:
+        rows = rows & ((1 << (8 * t.dtype.itemsize)) - 1)
+    return rows
 
 
 def scalar_or_column(
     ins: Instr, value: object, partitions: int, role: str, integer: bool = False
 ) -> torch.Tensor | float:
-    """A Python number, or a [P,1] tensor that broadcasts along free dims (fp32, or int64 if `integer`)."""
+    """A Python number, or a [P,1] tensor that broadcasts along free dims (fp32, or int64 bit patterns if
+    `integer`)."""
     if isinstance(value, bool) or value is None:
         raise ins.fail(InvalidArgumentError, f"{role} must be a number or a [P,1] tensor, got {value!r}")
     if isinstance(value, int | float):
@@ -88,7 +95,7 @@ def scalar_or_column(
             ShapeMismatchError, f"{role} must be [{partitions}, 1] (one value per partition), got {t.shape}"
         )
     if integer:
-        return int_rows(ins, t, role)
+        return int_rows(ins, t, role, bits=True)
     column = ins.read_f32(t, role)
     return column if len(t.shape) == 2 else column.reshape(partitions, 1)  # a [P, 1] view is one already
 

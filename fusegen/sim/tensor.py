@@ -185,7 +185,10 @@ class NkiTensor:
             raise fault(UnsupportedError, "reshape", f"view {self.shape} is not contiguous")
         if self.alloc.on_chip and shape and shape[0] > self.alloc.shape[0]:
             raise fault(PartitionError, "reshape", f"{shape} has more partitions than {self.alloc.label()}")
-        return NkiTensor(self.alloc, shape, contiguous_strides(shape), self.offset)
+        view = NkiTensor(self.alloc, shape, contiguous_strides(shape), self.offset)
+        if self.alloc.on_chip:  # partitions are separate memories: a reshape cannot merge or split them
+            view._check_partition_layout("reshape")
+        return view
 
     def check_extent(self, op: str) -> None:
         """Raise OutOfBoundsError unless every addressed element lies inside the allocation."""

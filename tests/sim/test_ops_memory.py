@@ -8,6 +8,7 @@ import torch
 
 import fusegen.sim as sim
 
+from .conftest import assert_located
 from .tiles import load, store
 
 with sim.installed():
@@ -85,9 +86,9 @@ def matmul_modes_kernel(a_t, b, mode):
         nisa.nc_matmul(dst=ps, stationary=sa, moving=sb, accumulate=acc)
     out = nl.ndarray(ps.shape, dtype=nl.float32, buffer=nl.sbuf)
     nisa.tensor_copy(dst=out, src=ps)
-    # a non-matmul write clears the flags: the next accumulate=None matmul overwrites again
+    # a non-matmul write clears the flags: an accumulate=False matmul starts a new group
     nisa.memset(dst=ps, value=5.0)
-    nisa.nc_matmul(dst=ps, stationary=sa, moving=sb)
+    nisa.nc_matmul(dst=ps, stationary=sa, moving=sb, accumulate=False)
     again = nl.ndarray(ps.shape, dtype=nl.float32, buffer=nl.sbuf)
     nisa.tensor_copy(dst=again, src=ps)
     return store(out), store(again)
@@ -101,6 +102,32 @@ def test_matmul_accumulate_modes(mode, times):
     out, again = matmul_modes_kernel(a_t, b, mode)
     torch.testing.assert_close(out, times * ref, rtol=1e-6, atol=1e-5)
     torch.testing.assert_close(again, ref, rtol=1e-6, atol=1e-5)
+
+
+def _matmul_onto_memset(a_hbm, b_hbm, cols):
+    sa, sb = load(a_hbm), load(b_hbm)
+    ps = nl.ndarray((a_hbm.shape[1], b_hbm.shape[1]), dtype=nl.float32, buffer=nl.psum)
+    nisa.memset(dst=ps[:, 0:cols], value=5.0)
+    nisa.nc_matmul(dst=ps, stationary=sa, moving=sb)  # <-accumulate-none-onto-memset
+    out = nl.ndarray(ps.shape, dtype=nl.float32, buffer=nl.sbuf)
+    nisa.tensor_copy(dst=out, src=ps)
+    return store(out)
+
+
+@pytest.mark.parametrize("cols", [200, 120])
+def test_matmul_accumulate_none_onto_a_memset_accumulates(cols):
+    """accumulate=None: "the first write to a PSUM location overwrites, and subsequent writes accumulate"
+    (MIG 0.3.0; ISA nc_matmul: "whether this PSUM location was previously written"), so after a memset it
+    accumulates: undefined on NeuronCore-v2/v3 (ISA nc_matmul note), memset value + product on v4."""
+    a_t, b = torch.randn(96, 64).bfloat16(), torch.randn(96, 200).bfloat16()
+    for target in ("trn1", "trn2"):
+        with pytest.raises(sim.AccumulateError, match=f"accumulate=None onto {64 * cols} PSUM") as info:
+            sim.run(_matmul_onto_memset, a_t, b, cols, target=target)
+        assert_located(info.value, __file__, "<-accumulate-none-onto-memset")
+    out = sim.run(_matmul_onto_memset, a_t, b, cols, target="trn3").outputs
+    ref = a_t.float().t() @ b.float()
+    ref[:, 0:cols] += 5.0  # columns never written before the matmul are overwritten
+    torch.testing.assert_close(out, ref, rtol=1e-6, atol=1e-5)
 
 
 def test_matmul_accumulate_none_on_partially_flagged_tile():
