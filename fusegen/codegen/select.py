@@ -77,6 +77,7 @@ class Selector:
     tile_engine: str = ""  # the same for full-width work (GpSimd where it idles, e.g. after an exchange)
     load: EngineLoad | None = None  # shared by a kernel's stages: balance affine steps Scalar/Vector
     pe_staging: bool = False  # two-tile work may go through PSUM on the Tensor engine (select_pe.py)
+    rows_on_pe: bool = False  # ... also rows, by identity matmuls: finite row inputs only (0 x inf = nan)
     pe_staged: bool = False  # this stage has used its one PSUM-staged tile
     evict_on_scalar: bool = False  # PSUM operands are copied to SBUF by the Scalar engine, not the Vector
     psum_banks: int = 0  # banks of the PSUM accumulators this stage's PE-formed values rotate through

@@ -61,7 +61,7 @@ def _row_load(x: Operand) -> bool:
 
 def tensor_tensor(sel: Selector, x: Operand, y: Operand, op: str, kind: str, dtype: str) -> Operand | None:
     """`x op y` (ALU name `op`) with PE help, or None when neither form applies to this stage."""
-    if not sel.pe_staging or sel.pe_staged or kind != "tile" or "psum" in (x.memory, y.memory):
+    if not sel.rows_on_pe or sel.pe_staged or kind != "tile" or "psum" in (x.memory, y.memory):
         return None
     both = _row_load(x) and _row_load(y) and x.dtype == y.dtype and op == "add"
     if not both and not _row_load(x) and not _row_load(y):
@@ -126,7 +126,7 @@ def scaled_affine_then_row(sel: Selector, e: Expr, inner: Expr, t: Expr, s: Expr
 def row_plus_scaled_row(sel: Selector, e: Expr, dtype: str) -> Operand | None:
     """`x + g * v` (x, v bf16 row loads of one dtype, g a column) formed in PSUM by the Tensor engine;
     None when `e` is not of that form or the stage takes no PE help."""
-    if not sel.pe_staging or e.op != "add" or e.kind != "tile":
+    if not sel.rows_on_pe or e.op != "add" or e.kind != "tile":
         return None
     for row, product in (e.args, e.args[::-1]):
         parts = _column_times_row(product)

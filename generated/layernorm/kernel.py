@@ -161,7 +161,7 @@ def _choose_rows(m: _RowModel, width: int, heads: int, budget: int) -> tuple[int
         f"(the prepared weights stay width-long); the budget is {budget} B"
     )
 
-_MODEL = _RowModel(resident_per_head=8, prep_scratch=0, row_inputs=2, epilogue=10, chunk=4, columns=92, row_copies=2, stream_epilogue=10, launch_tiles=0, diagonals=0, tile_heads=0)
+_MODEL = _RowModel(resident_per_head=8, prep_scratch=0, row_inputs=2, epilogue=6, chunk=4, columns=100, row_copies=2, stream_epilogue=10, launch_tiles=0, diagonals=0, tile_heads=0)
 
 
 def _prepare_weights(h, w_hbm, b_hbm):
@@ -181,8 +181,8 @@ def _prepare_weights(h, w_hbm, b_hbm):
         nisa.nc_matmul(dst=w_bc[0:_P, 0:qw], stationary=ones_float32[0:1, 0:_P], moving=w_row[0:1, 0:qw], accumulate=False)
         b_bc = nl.ndarray((_P, _F_MOV), dtype=nl.float32, buffer=nl.psum)
         nisa.nc_matmul(dst=b_bc[0:_P, 0:qw], stationary=ones_float32[0:1, 0:_P], moving=b_row[0:1, 0:qw], accumulate=False)
-        nisa.activation(dst=prep0[0:_P, q0:q0 + qw], op=nl.copy, data=w_bc[0:_P, 0:qw])
-        nisa.activation(dst=prep1[0:_P, q0:q0 + qw], op=nl.copy, data=b_bc[0:_P, 0:qw])
+        nisa.tensor_copy(dst=prep0[0:_P, q0:q0 + qw], src=w_bc[0:_P, 0:qw])
+        nisa.tensor_copy(dst=prep1[0:_P, q0:q0 + qw], src=b_bc[0:_P, 0:qw])
     return (prep0, prep1,)
 
 
@@ -201,7 +201,7 @@ def _fused_weight_kernel(w_hbm, b_hbm):
     return _prep0, _prep1
 
 
-def _head_passes(t0, pt, h, HB, d_H, ec0, mu_sv, prepared, r1_c0, rstd_sv, x_ld):
+def _head_passes(t0, pt, h, HB, d_H, ec0, ec1, mu_sv, prepared, r0_c0, r1_c0, rstd_sv, x_ld):
     """Token tile t0, head h: loads, reduction passes, per-row math; returns what head_epilogue reads."""
     # reduction pass 1: partial results per chunk, folded into [_P, 1] accumulators
     for c in range(_cdiv(d_H, HB)):
@@ -211,7 +211,7 @@ def _head_passes(t0, pt, h, HB, d_H, ec0, mu_sv, prepared, r1_c0, rstd_sv, x_ld)
         r0_1 = nl.ndarray((_P, 1), dtype=nl.float32, buffer=nl.sbuf)
         nisa.activation_reduce(dst=r0_0[0:pt, 0:hw], op=nl.copy, data=x_ld[0:pt, c0:c0 + hw], reduce_op=nl.add, reduce_res=r0_1[0:pt, 0:1])
         r0_2 = nl.ndarray((_P, 1), dtype=nl.float32, buffer=nl.sbuf)
-        nisa.activation(dst=r0_2[0:pt, 0:1], op=nl.copy, data=r0_1[0:pt, 0:1], scale=(1.0 / float(d_H)))
+        nisa.tensor_tensor(dst=r0_2[0:pt, 0:1], data1=r0_1[0:pt, 0:1], data2=r0_c0[0:pt, 0:1], op=nl.multiply, engine=nisa.engine.gpsimd)
         if c == 0:
             acc4 = r0_2
         else:
@@ -232,25 +232,26 @@ def _head_passes(t0, pt, h, HB, d_H, ec0, mu_sv, prepared, r1_c0, rstd_sv, x_ld)
     # per-row math on the accumulators, before the previous head's full-width epilogue
     e0 = nl.ndarray((_P, 1), dtype=nl.float32, buffer=nl.sbuf)
     nisa.tensor_tensor(dst=e0[0:pt, 0:1], data1=acc4[0:pt, 0:1], data2=ec0[0:pt, 0:1], op=nl.multiply, engine=nisa.engine.gpsimd)
-    return (t0, pt, h, acc4, acc7, e0, mu_sv, prepared, rstd_sv, x_ld)
-
-
-def _head_epilogue(head, d_H, ec1, mu_hbm, rstd_hbm, save, y_hbm):
-    """Head state `head` from head_passes: the full-width combine and staged columns; returns its output DMAs."""
-    t0, pt, h, acc4, acc7, e0, mu_sv, prepared, rstd_sv, x_ld = head
-    stores = []
-    e1 = nl.ndarray((_P, d_H), dtype=nl.float32, buffer=nl.sbuf)
-    nisa.activation(dst=e1[0:pt, 0:d_H], op=nl.copy, data=x_ld[0:pt, 0:d_H], bias=e0[0:pt, 0:1])
+    e1 = nl.ndarray((_P, 1), dtype=nl.float32, buffer=nl.sbuf)
+    nisa.activation(dst=e1[0:pt, 0:1], op=nl.rsqrt, data=acc7[0:pt, 0:1], bias=ec1[0:pt, 0:1], scale=(1.0 / float(d_H)))
     e2 = nl.ndarray((_P, 1), dtype=nl.float32, buffer=nl.sbuf)
-    nisa.activation(dst=e2[0:pt, 0:1], op=nl.rsqrt, data=acc7[0:pt, 0:1], bias=ec1[0:pt, 0:1], scale=(1.0 / float(d_H)))
-    e3 = nl.ndarray((_P, d_H), dtype=nl.float32, buffer=nl.sbuf)
-    nisa.scalar_tensor_tensor(dst=e3[0:pt, 0:d_H], data=e1[0:pt, 0:d_H], op0=nl.multiply, operand0=e2[0:pt, 0:1], op1=nl.multiply, operand1=prepared[0][0:pt, 0:d_H])
+    nisa.tensor_tensor(dst=e2[0:pt, 0:1], data1=e0[0:pt, 0:1], data2=e1[0:pt, 0:1], op=nl.multiply, engine=nisa.engine.gpsimd)
+    return (t0, pt, h, acc4, e1, e2, mu_sv, prepared, rstd_sv, x_ld)
+
+
+def _head_epilogue(head, d_H, mu_hbm, rstd_hbm, save, y_hbm):
+    """Head state `head` from head_passes: the full-width combine and staged columns; returns its output DMAs."""
+    t0, pt, h, acc4, e1, e2, mu_sv, prepared, rstd_sv, x_ld = head
+    stores = []
+    e3 = nl.ndarray((_P, d_H), dtype=nl.float32, buffer=nl.psum if d_H <= nl.tile_size.psum_bank_fmax * nl.tile_size.psum_num_banks else nl.sbuf)
+    nisa.activation(dst=e3[0:pt, 0:d_H], op=nl.copy, data=x_ld[0:pt, 0:d_H], bias=e2[0:pt, 0:1], scale=e1[0:pt, 0:1])
+    nisa.tensor_tensor(dst=e3[0:pt, 0:d_H], data1=e3[0:pt, 0:d_H], data2=prepared[0][0:pt, 0:d_H], op=nl.multiply)
     e4 = nl.ndarray((_P, d_H), dtype=nl.bfloat16, buffer=nl.sbuf)
     nisa.tensor_tensor(dst=e4[0:pt, 0:d_H], data1=e3[0:pt, 0:d_H], data2=prepared[1][0:pt, 0:d_H], op=nl.add)
     stores.append((y_hbm[t0:t0 + pt, h, 0:d_H], e4[0:pt, 0:d_H]))
     if save:
         nisa.tensor_copy(dst=mu_sv[0:pt, h:h + 1], src=acc4[0:pt, 0:1], engine=nisa.engine.gpsimd)
-        nisa.tensor_copy(dst=rstd_sv[0:pt, h:h + 1], src=e2[0:pt, 0:1], engine=nisa.engine.gpsimd)
+        nisa.tensor_copy(dst=rstd_sv[0:pt, h:h + 1], src=e1[0:pt, 0:1], engine=nisa.engine.gpsimd)
     if h == 1 - 1:
         if save:
             stores.append((mu_hbm[t0:t0 + pt, 0:1], mu_sv[0:pt, 0:1]))
@@ -350,6 +351,8 @@ def layernorm_kernel(x_hbm, w_hbm, b_hbm, eps_arg, HB, resident, overlap, stream
     y_hbm = y_hbm_flat.reshape((d_T, 1, d_H))
     mu_hbm = mu_hbm_flat.reshape((d_T, 1)) if save else None
     rstd_hbm = rstd_hbm_flat.reshape((d_T, 1)) if save else None
+    r0_c0 = nl.ndarray((_P, 1), dtype=nl.float32, buffer=nl.sbuf)
+    nisa.memset(dst=r0_c0[0:_P, 0:1], value=(1.0 / float(d_H)), engine=nisa.engine.gpsimd)
     r1_c0 = nl.ndarray((_P, 1), dtype=nl.float32, buffer=nl.sbuf)
     nisa.memset(dst=r1_c0[0:_P, 0:1], value=-1.0, engine=nisa.engine.gpsimd)
     ec0 = nl.ndarray((_P, 1), dtype=nl.float32, buffer=nl.sbuf)
@@ -395,20 +398,20 @@ def layernorm_kernel(x_hbm, w_hbm, b_hbm, eps_arg, HB, resident, overlap, stream
             rstd_sv = nl.ndarray((_P, 1), dtype=nl.float32, buffer=nl.sbuf)
             for h in range(1):
                 prepared = held[h] if resident else _prepare_weights(h, w_hbm, b_hbm)
-                head = _head_passes(t0, pt, h, HB, d_H, ec0, mu_sv, prepared, r1_c0, rstd_sv, x_ld)  # ahead of the previous head's epilogue and stores
+                head = _head_passes(t0, pt, h, HB, d_H, ec0, ec1, mu_sv, prepared, r0_c0, r1_c0, rstd_sv, x_ld)  # ahead of the previous head's epilogue and stores
                 for dst, src in queued if overlap else stores:
                     nisa.dma_copy(dst=dst, src=src)
                 queued, stores = (stores, []) if overlap else ([], [])
                 for prev in pending:
-                    stores.extend(_head_epilogue(prev, d_H, ec1, mu_hbm, rstd_hbm, save, y_hbm))
+                    stores.extend(_head_epilogue(prev, d_H, mu_hbm, rstd_hbm, save, y_hbm))
                 pending = [head] if overlap else []
                 if not overlap:
-                    stores.extend(_head_epilogue(head, d_H, ec1, mu_hbm, rstd_hbm, save, y_hbm))
+                    stores.extend(_head_epilogue(head, d_H, mu_hbm, rstd_hbm, save, y_hbm))
         for prev in pending:
             for dst, src in queued:
                 nisa.dma_copy(dst=dst, src=src)
             queued, stores = stores, []
-            stores.extend(_head_epilogue(prev, d_H, ec1, mu_hbm, rstd_hbm, save, y_hbm))
+            stores.extend(_head_epilogue(prev, d_H, mu_hbm, rstd_hbm, save, y_hbm))
         # the epilogues left after the loop issue the stores two heads back first, as in it: the SBUF model
         # holds two heads' epilogue tiles, not three
         for dst, src in queued + stores:

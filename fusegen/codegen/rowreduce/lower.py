@@ -137,9 +137,10 @@ def lower_rowreduce(ir: KernelIR, m: RowReduceMatch) -> RowReduceLowering:
 
 
 def rows_on_pe(ir: KernelIR, m: RowReduceMatch) -> bool:
-    """Whether rows may pass through the Tensor engine (identity matmuls into PSUM, select_pe.py): only when
-    every row input is declared `finite`. There a row's inf or nan times the identity's zeros is nan in
-    every other token of its tile (0 x inf = nan), which a masked softmax's -inf would hit."""
+    """Whether rows may pass through the Tensor engine (identity matmuls into PSUM, select_pe.py; other PSUM
+    staging needs no matmul and is always allowed): only when every row input is declared `finite`. There a
+    row's inf or nan times the identity's zeros is nan in every other token of its tile (0 x inf = nan),
+    which a masked softmax's -inf would hit."""
     finite = {t.name for t in ir.inputs if t.finite}
     return all(ld.input in finite for ld in m.loads)
 
@@ -153,7 +154,7 @@ def balanced(lower: Callable[[EngineLoad], _T]) -> _T:
 
 def _lower_rowreduce(ir: KernelIR, m: RowReduceMatch, load: EngineLoad) -> RowReduceLowering:
     """The three stages of `m`, full-width steps of the passes and the epilogue balanced by one `load`."""
-    passes = lower_passes(ir, m, load, pe_staging=rows_on_pe(ir, m))
+    passes = lower_passes(ir, m, load, pe_staging=True)
     epi, n_required, tile_outs, col_outs = lower_epilogue(ir, m, passes.resident, load)
     n_columns = column_prefix(epi, n_required)
     constants = tuple(dict.fromkeys(passes.constants + tuple(epi.constants)))  # one PE identity per dtype
@@ -229,7 +230,8 @@ def lower_levels(
         builder = StageBuilder(ir, leaves, row_kind(m), free_size=lambda n: m.width)
         layout = Layout(part="pt", free="hw", free_alloc="HB")
         sel = Selector(
-            layout, prefix=f"{tag}r{depth}_", column_engine=GPSIMD, load=load, pe_staging=pe_staging
+            layout, prefix=f"{tag}r{depth}_", column_engine=GPSIMD, load=load, pe_staging=pe_staging,
+            rows_on_pe=pe_staging and rows_on_pe(ir, m),
         )
         combines = []
         for rid in ids:
@@ -333,8 +335,8 @@ def lower_epilogue(
     builder = StageBuilder(ir, leaves, row_kind(m), free_size=lambda n: m.width)
     width = dim_source(m.width)
     layout = Layout(part="pt", free=width, free_alloc=width)
-    sel = Selector(layout, prefix="e", column_engine=GPSIMD, load=load, pe_staging=rows_on_pe(ir, m),
-                   span=span, share_when=share_when)  # fmt: skip
+    sel = Selector(layout, prefix="e", column_engine=GPSIMD, load=load, pe_staging=True,
+                   rows_on_pe=rows_on_pe(ir, m), span=span, share_when=share_when)  # fmt: skip
     exprs = {o.node: builder.expr(o.node) for o in m.tile_outputs}  # all first: users counts must be complete
     cols = {o.name: builder.expr(src) for o, src in m.column_outputs}
     # required [T, G] outputs first: per-row math only, so it joins the column prefix that runs in

@@ -21,7 +21,6 @@ from fusegen.codegen.rowreduce.lower import (
     balanced,
     lower_epilogue,
     lower_passes,
-    rows_on_pe,
 )
 from fusegen.codegen.rowreduce.match import RowReduceMatch
 from fusegen.codegen.select_span import COLUMN_OF_HEAD, Span
@@ -48,7 +47,7 @@ def _tiled(ir: KernelIR, m: RowReduceMatch, low: RowReduceLowering, load: Engine
            ) -> tuple[RowReduceLowering, RowReduceLowering | None]:  # fmt: skip
     """`tiled` with the full-width steps balanced by `load`, counted as the per-head lowering counts them
     (the passes, then the epilogue), so every choice is the per-head lowering's."""
-    passes = lower_passes(ir, m, load, pe_staging=rows_on_pe(ir, m))
+    passes = lower_passes(ir, m, load, pe_staging=True)
     span = Span(dim_source(m.heads), frozenset(acc(rid).name for level in m.levels for rid in level))
     epi, n_required, _, col_outs = lower_epilogue(ir, m, passes.resident, load, span,
                                                   SHARE if low.scalar_share else "")  # fmt: skip
