@@ -74,7 +74,7 @@ def cell(p: Planned) -> str:
         return f"| – | – | – | – | {p.error.split(': ', 1)[-1]} |"
     tiles = dict(p.plan.tiles)
     eff = p.roof.efficiency(p.plan.modeled_ns)
-    bound = dict(p.plan.summary)["modelled time (busiest core)"].split("bound by ")[-1]
+    bound = dict(p.plan.summary)["planner's estimate (busiest core)"].split("bound by ")[-1]
     note = f"{bound}-bound" if p.plan.modeled_ns > SLOW * p.roof.time_ns else ""
     split = " I-split" if tiles["split_i"] else ""
     blocks = f" KC={tiles['KC']}" if tiles["KC"] else ""

@@ -165,7 +165,7 @@ def _tile_plan(
     summary = (
         ("work split", _SPLITS[p.split]),
         ("rows / intermediate columns per core", f"{comp_rows} / {inter}"),
-        ("modelled time (busiest core)", f"{c.total / 1000:.1f} us, bound by {bound}"),
+        ("planner's estimate (busiest core)", f"{c.total / 1000:.1f} us, bound by {bound}"),
         ("engine busy (us)", ", ".join(f"{e} {v / 1000:.1f}" for e, v in engines.items())),
         ("weight bytes streamed", f"{streamed:,} ({streamed / weights:.0f}x the {weights:,} B of weights)"),
     )

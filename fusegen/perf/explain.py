@@ -120,8 +120,8 @@ def _buffer_table(p: TilePlan) -> str:
 def _engine_section(a: Analysis) -> str:
     m = a.modeled
     lines = [
-        f"modelled time {m.time_ns / 1000:.1f} us ({m.instructions} instructions scheduled; "
-        f"engines in parallel, dependencies respected)",
+        f"modelled time {m.time_ns / 1000:.1f} us (the interpreter's trace: {m.instructions} instructions "
+        f"scheduled, engines in parallel, dependencies respected)",
         f"  {'engine':<8}{'busy us':>10}{'busy %':>8}",
     ]
     for kernel, sched in m.schedules:
