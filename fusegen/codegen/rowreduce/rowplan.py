@@ -122,6 +122,7 @@ def _isolation(low: RowReduceLowering, width: int, hb: int, streamed: bool, psum
     if not staged:
         return ("rows kept apart at this shape (no identity matmul on them): a non-finite input element "
                 "reaches only its own token's outputs",)  # fmt: skip
-    return ("rows pass through the Tensor engine (identity matmuls into PSUM): a non-finite input element "
-            "makes its column nan for every token of its 128-token tile (0 x inf = nan), where the "
-            "reference keeps tokens apart, so row inputs must be finite (docs/performance.md)",)  # fmt: skip
+    return ("rows pass through the Tensor engine (identity matmuls into PSUM), as the spec declares its row "
+            "inputs `finite`: there a non-finite element would make its column nan for every token of its "
+            "128-token tile (0 x inf = nan), so the host refuses inf and nan in them (docs/spec-language.md)",
+            )  # fmt: skip
