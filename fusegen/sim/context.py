@@ -68,8 +68,10 @@ class Context:
 
     def reset_regs(self, engine: str, fill: float = 0.0) -> torch.Tensor:
         """Set the engine's registers to `fill` (a reset; NaN poisons never-reset ones when strict=False)."""
-        regs = self.regs[engine] = torch.full((self.target.partitions,), fill, dtype=torch.float32)
-        return regs
+        regs = self.regs.get(engine)
+        if regs is None:
+            regs = self.regs[engine] = torch.empty(self.target.partitions, dtype=torch.float32)
+        return regs.fill_(fill)
 
 
 def current() -> Context:

@@ -210,16 +210,17 @@ class _Group:
         )
 
     def append(
-        self, st: NkiTensor, key_a: ViewKey, mv: NkiTensor, key_b: ViewKey, busy: list[_Stack]
+        self, st: NkiTensor, key_a: ViewKey, mv: NkiTensor, key_b: ViewKey, pending: list[_Group]
     ) -> None:
-        """Add one matmul's operands below the stacked rows so far (stacks taken now avoid `busy`)."""
-        self._place(0, st, key_a, busy)
-        self._place(1, mv, key_b, busy)
+        """Add one matmul's operands below the stacked rows so far (a stack taken now avoids those of the
+        other `pending` groups)."""
+        self._place(0, st, key_a, pending)
+        self._place(1, mv, key_b, pending)
         self.rows += st.partitions
         self.readers += (st.alloc, mv.alloc)
         self.reads.update((st.alloc.id, mv.alloc.id))
 
-    def _place(self, side: int, t: NkiTensor, key: ViewKey, busy: list[_Stack]) -> None:
+    def _place(self, side: int, t: NkiTensor, key: ViewKey, pending: list[_Group]) -> None:
         """Extend the side's run of input rows with view `key` of t, or plan its stack copy."""
         run = self.runs[side]
         width = self.places[side][0]
@@ -230,14 +231,15 @@ class _Group:
                 return
             self.runs[side] = None
             for row, earlier, earlier_key in self.held[side]:  # the run is broken: stack it after all
-                self._put(side, row * width, earlier, earlier_key, busy)
-        self._put(side, self.rows * width, t, key, busy)
+                self._put(side, row * width, earlier, earlier_key, pending)
+        self._put(side, self.rows * width, t, key, pending)
 
-    def _put(self, side: int, start: int, t: NkiTensor, key: ViewKey, busy: list[_Stack]) -> None:
+    def _put(self, side: int, start: int, t: NkiTensor, key: ViewKey, pending: list[_Group]) -> None:
         """Plan stacking view `key` of t at `start` of the side's stack (taken by its first block)."""
         stack = self.stacks[side]
         if stack is None:
             tag = (t.alloc.id, t.alloc.version, key)
+            busy = [s for g in pending if g is not self for s in g.stacks if s is not None]  # once per side
             stack = self.stacks[side] = _stack(side, self.places[side][0], tag, busy)
         stack.put(start, t, key, self.copies)
 
@@ -307,8 +309,7 @@ class MatmulQueue:
             group = _Group(d, out, beta, places)
             self.groups.append(group)
             d.alloc.pending = True
-        busy = [s for g in self.groups if g is not group for s in g.stacks if s is not None]
-        group.append(st, key_a, mv, key_b, busy)
+        group.append(st, key_a, mv, key_b, self.groups)
         st.alloc.readers += 1
         mv.alloc.readers += 1
         if not st.alloc.region is mv.alloc.region is MemoryRegion.sbuf:  # a rule broken in warn mode:
