@@ -18,7 +18,7 @@ from .errors import (
     UninitializedReadWarning,
     user_site,
 )
-from .memory import MemoryRegion
+from .memory import Alloc, MemoryRegion
 from .rules import FREE_SIZE_ENGINES, FREE_SIZE_MAX, MAX_VIEW_DIMS, START_PARTITIONS
 from .tensor import NkiTensor, contiguous_strides
 
@@ -123,12 +123,7 @@ class Instr:
 
     def write(self, t: NkiTensor, value: torch.Tensor) -> None:
         """Store `value` (any dtype, t.numel elements) into `t`, rounding to t.dtype (RNE)."""
-        alloc = t.alloc
-        if alloc.pending or alloc.readers:
-            self.ctx.matmuls.flush(alloc)
-        if alloc.race is not None:
-            self._track_race(t, write=True)
-        alloc.make_private()
+        alloc = self._writable(t)
         target = t.materialize()
         start = alloc.data.data_ptr()
         if start <= value.data_ptr() < start + alloc.numel * alloc.itemsize:
@@ -138,6 +133,27 @@ class Instr:
             self.ctx.off_turn(lambda: _store(target, value))  # takes its turn meanwhile (barrier.py)
         else:
             _store(target, value)
+        self._written(t)
+
+    def write_later(self, t: NkiTensor, source: torch.Tensor) -> None:
+        """Like write, for `source` of t's dtype that stays unchanged until the launch ends (an unwritten
+        caller input's view): the copy is made when t's storage is next viewed (Alloc.defer_copy)."""
+        self._writable(t).defer_copy(t.key, source)
+        self._written(t)
+
+    def _writable(self, t: NkiTensor) -> Alloc:
+        """Before a write to `t`: pending matmuls reading its old data run, race check, copy on write."""
+        alloc = t.alloc
+        if alloc.pending or alloc.readers:
+            self.ctx.matmuls.flush(alloc)
+        if alloc.race is not None:
+            self._track_race(t, write=True)
+        alloc.make_private()
+        return alloc
+
+    def _written(self, t: NkiTensor) -> None:
+        """After a write to `t`: written mask, end of any accumulation group there, accounting."""
+        alloc = t.alloc
         self.mark_written(t)
         if alloc.mm_any:  # non-matmul writes end an accumulation group
             t.materialize(alloc.matmul_flags()).fill_(False)

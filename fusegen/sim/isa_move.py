@@ -68,8 +68,10 @@ def dma_copy(
             ShapeMismatchError, f"dst {d.shape} has {d.numel} elements, src {s.shape} has {s.numel}"
         )
     value = ins.read(s, "src")
-    # ISA dma_copy: differing dtypes convert through float32 (to integers: RNE, then saturation on write)
-    ins.write(d, value if s.dtype == d.dtype else value.float())
+    if provenance.from_input(d, s):  # copied when the tile is next viewed: GEMMs mostly read the input
+        ins.write_later(d, value)
+    else:  # ISA dma_copy: differing dtypes convert through float32 (to integers: RNE, then saturation)
+        ins.write(d, value if s.dtype == d.dtype else value.float())
     provenance.record(d, s)
     ins.finish(*_elems(d if d.alloc.on_chip else s))
 

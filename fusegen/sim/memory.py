@@ -38,6 +38,7 @@ ViewKey = tuple[tuple[int, ...], tuple[int, ...], int]  # (shape, strides, offse
 Storage = tuple[torch.Tensor, dict[ViewKey, torch.Tensor]]  # flat tensor, views of it by ViewKey
 _ids = itertools.count(1)
 _VIEW_CACHE = 64  # views cached per allocation before the cache starts over
+_LAZY_COPIES = 16  # deferred copies per allocation before they are made (a tile DMA'd into, never read)
 
 
 class StoragePool:
@@ -140,6 +141,7 @@ class Alloc:
         "id",
         "itemsize",
         "known_written",
+        "lazy",
         "level",
         "mm",
         "mm_any",
@@ -229,6 +231,9 @@ class Alloc:
         # DMA provenance (provenance.py): the input view an SBUF tile holds, and an input's fp32 copy
         self.origin: tuple[int, ViewKey, InputF32, ViewKey] | None = None
         self.f32_input: InputF32 | None = None
+        # Copies of unwritten caller inputs a DMA put here (view, source), made when the storage is next
+        # viewed: GEMMs read such tiles from the input's fp32 copy (provenance.py), so most never are
+        self.lazy: list[tuple[ViewKey, torch.Tensor]] = []
 
     def __del__(self) -> None:
         """The kernel dropped its last view: recycle the storage this allocation owns."""
@@ -262,8 +267,28 @@ class Alloc:
             self.views = {}
             self.borrowed = False
 
+    def defer_copy(self, key: ViewKey, source: torch.Tensor) -> None:
+        """Copy `source` (an unwritten caller input's view, unchanged until the launch ends) into view `key`
+        when the storage is next viewed."""
+        if len(self.lazy) >= _LAZY_COPIES:
+            self.fill()
+        self.lazy.append((key, source))
+
+    def fill(self) -> None:
+        """Make the deferred copies, in order."""
+        lazy, self.lazy = self.lazy, []
+        for key, source in lazy:
+            target = self._view(key)
+            target.copy_(source if source.shape == target.shape else source.reshape(target.shape))
+
     def view(self, key: ViewKey) -> torch.Tensor:
         """The storage viewed as (shape, strides, offset), cached."""
+        if self.lazy:
+            self.fill()
+        return self._view(key)
+
+    def _view(self, key: ViewKey) -> torch.Tensor:
+        """view() without the deferred copies."""
         v = self.views.get(key)
         if v is None:
             if len(self.views) >= _VIEW_CACHE:
@@ -310,6 +335,8 @@ class Alloc:
         index = torch.as_strided(torch.arange(self.numel), *key).reshape(-1)  # views may overlap (stride 0)
         if self.has_writes():
             index = index[~self.written_mask()[index]]
+        if self.lazy:
+            self.fill()
         self.data[index] = dtypes.fill_value(self.dtype)
         self.shadow_ok = False
         self.version += 1
@@ -320,6 +347,8 @@ class Alloc:
             return self.data
         if self.shadow is None:
             self.shadow, self.fviews = self.pool.take(self.numel, torch.float32)
+        if self.lazy:
+            self.fill()
         if not self.shadow_ok:
             self.shadow.copy_(self.data)
             self.shadow_ok = True

@@ -167,15 +167,20 @@ def _within(laid: torch.Tensor, key: ViewKey) -> torch.Tensor:
 Piece = tuple[InputCopies, ViewKey]  # an input's fp32 copies, and a 2-D view of it: [rows, cols], stride 1
 
 
+def from_input(d: NkiTensor, s: NkiTensor) -> bool:
+    """Is `dma_copy(dst=d, src=s)` a copy into SBUF from a caller input of d's dtype, unwritten so far?
+    (Its storage is the caller's, which stays unchanged until the launch ends.)"""
+    src = s.alloc
+    sbuf = d.alloc.region is MemoryRegion.sbuf
+    return sbuf and src.borrowed and src.version == 0 and d.alloc.dtype == src.dtype
+
+
 def record(d: NkiTensor, s: NkiTensor) -> None:
     """After `dma_copy(dst=d, src=s)`: note that d's 2-D block holds s's elements, if s is an unwritten
     caller input of d's dtype (any earlier note on d's allocation is dropped by the write's version)."""
     src = s.alloc
     if (
-        d.alloc.region is MemoryRegion.sbuf
-        and src.borrowed
-        and src.version == 0
-        and d.alloc.dtype == src.dtype
+        from_input(d, s)
         and len(d.shape) == len(s.shape) == 2
         and d.shape == s.shape
         and d.strides[1] == 1
