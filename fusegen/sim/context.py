@@ -13,7 +13,8 @@ from .targets import TARGETS, Target
 
 if TYPE_CHECKING:
     from .barrier import CoreBarrier
-    from .memory import Alloc, Span, StoragePool
+    from .memory import Alloc, Span
+    from .pool import StoragePool
     from .trace import Row
 
 _tls = threading.local()

@@ -27,7 +27,8 @@ from .errors import (
 )
 from .instr import unwritten_count
 from .liveness import check_instance
-from .memory import Alloc, MemoryRegion, StoragePool, contiguous_strides
+from .memory import Alloc, MemoryRegion, contiguous_strides
+from .pool import StoragePool
 from .race import RaceTracker
 from .targets import Target, get_target
 from .tensor import NkiTensor

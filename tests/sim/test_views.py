@@ -9,7 +9,8 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 import fusegen.sim as sim
-from fusegen.sim.memory import Alloc, MemoryRegion, StoragePool
+from fusegen.sim.memory import Alloc, MemoryRegion
+from fusegen.sim.pool import StoragePool
 from fusegen.sim.tensor import NkiTensor
 
 with sim.installed():
