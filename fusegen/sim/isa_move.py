@@ -206,7 +206,7 @@ def nc_transpose(
     if (d.partitions, d.free_size) != (s.free_size, s.partitions):
         raise ins.fail(ShapeMismatchError, f"dst {d.shape} must be [{s.free_size}, {s.partitions}]")
     value = ins.read(s, "data").reshape(s.partitions, s.free_size)
-    if ins.engine == "tensor" and ins.ctx.target.nc_version < 3:
+    if ins.engine == "tensor" and not ins.ctx.target.exact_transpose:
         value = identity_matmul_rows(value)
     ins.write(d, value.t())
     ins.finish(d.partitions, d.free_size)

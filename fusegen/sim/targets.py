@@ -52,6 +52,12 @@ class Target:
         return 2 if self.nc_version >= 3 else 1
 
     @property
+    def exact_transpose(self) -> bool:
+        """Is a Tensor-engine nc_transpose an exact copy (NeuronCore-v3 on), not an identity matmul whose
+        0 x inf = nan spreads a non-finite element through its column (ISA nc_transpose)?"""
+        return self.nc_version >= 3
+
+    @property
     def psum_bytes_per_partition(self) -> int:
         """Total PSUM bytes per partition."""
         return self.psum_banks * self.psum_bank_bytes

@@ -426,13 +426,15 @@ def layernorm_kernel(x_hbm, w_hbm, b_hbm, eps_arg, HB, resident, overlap, stream
 
 class _Decl(NamedTuple):
     """A declared tensor: name, torch dtype name, dims as spec text (`T`, `HC + 1`, `2*I`); optional outputs
-    come back only with save=True; a `finite` input must hold no inf or nan."""
+    come back only with save=True; a `finite` input must hold no inf or nan; a `transposed` one neither on
+    the targets whose Tensor-engine transpose is no exact copy (_Signature.inexact_transpose)."""
 
     name: str
     dtype: str
     shape: tuple[str, ...]
     optional: bool = False
     finite: bool = False
+    transposed: bool = False
 
 
 class _Require(NamedTuple):
@@ -469,6 +471,7 @@ class _Signature(NamedTuple):
     targets: tuple[tuple[str, int], ...]  # (target the host plans for, its largest LNC degree)
     sums: bool = False  # outputs sum over the rows (a backward): a call without rows gives zeros
     domains: tuple[_Domain, ...] = ()  # scalars of the params the kernel's trace forms and needs defined
+    inexact_transpose: tuple[str, ...] = ()  # targets whose PE transpose is an identity matmul (0 x inf: nan)
 
 
 _Env = dict[str, int]  # bound dims
@@ -536,7 +539,7 @@ def _door(sig: _Signature, tensors: tuple[torch.Tensor, ...], params: tuple[floa
     _check_requires(sig, env, source, zero)  # first: `K % 128` says more than a K mismatch further on
     _check_shapes(sig, tensors, env, source)
     if not cast:  # the op's check also runs on fake tensors, which hold no values
-        _check_finite(sig, tensors)
+        _check_finite(sig, tensors, target)
     _check_params(sig, params)
     _check_domains(sig, params)
     lnc = _check_launch(sig, lnc, target, default_lnc)
@@ -583,15 +586,20 @@ def _check_tensors(sig: _Signature, tensors: tuple[torch.Tensor, ...], cast: boo
                            "torch.ops.fusegen")  # fmt: skip
 
 
-def _check_finite(sig: _Signature, tensors: tuple[torch.Tensor, ...]) -> None:
-    """Inputs declared `finite` hold no inf or nan: the kernel may pass their rows through the Tensor engine,
-    where one such element would spoil the other tokens of its tile (plan.md says where)."""
+def _check_finite(sig: _Signature, tensors: tuple[torch.Tensor, ...], target: str | None) -> None:
+    """Inputs declared `finite`, and on some targets those the kernel transposes, hold no inf or nan: their
+    rows may pass through the Tensor engine, where one such element would spoil the other tokens of its
+    tile (plan.md says where)."""
     for decl, t in zip(sig.inputs, tensors, strict=True):
-        if decl.finite and t.numel() and not bool(torch.isfinite(t).all()):
+        inexact = decl.transposed and target in sig.inexact_transpose
+        if (decl.finite or inexact) and t.numel() and not bool(torch.isfinite(t).all()):
             bad = int((~torch.isfinite(t)).sum())
-            raise ValueError(f"{sig.name}: {decl.name} holds {bad} inf or nan element(s), but the spec "
-                             "declares it `finite`: pass finite values, or drop `finite` from its input "
-                             "line and rebuild (rows are then kept apart, at some speed)")  # fmt: skip
+            why = ("the spec declares it `finite`: pass finite values, or drop `finite` from its input line "
+                   "and rebuild (rows are then kept apart, at some speed)") if decl.finite else (
+                   f"on {target} the kernel transposes its rows on the Tensor engine, an identity matmul "
+                   "there (0 x inf = nan would spread each to the other rows of its 128-row tile): pass "
+                   "finite values, or run on a later target")  # fmt: skip
+            raise ValueError(f"{sig.name}: {decl.name} holds {bad} inf or nan element(s), but {why}")
 
 
 def _fold_hint(sig: _Signature, decl: _Decl, rank: int) -> str:

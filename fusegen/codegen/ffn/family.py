@@ -81,7 +81,9 @@ class FfnFamily:
         return render(
             TEMPLATE,
             **{
-                **kernel_render_args(ir, TEMPLATE, "an FFN-family", low.model, ffn_budget, target, lnc),
+                **kernel_render_args(
+                    ir, TEMPLATE, "an FFN-family", low.model, ffn_budget, target, lnc, m.source.name
+                ),
                 "kernel_args": _kernel_args(ir, low),
             },
             low=low,

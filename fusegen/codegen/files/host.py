@@ -15,10 +15,12 @@ from fusegen.sim.targets import TARGETS
 
 
 def kernel_render_args(
-    ir: KernelIR, template: str, family: str, model: object, budget: ModuleType, target: str, lnc: int
+    ir: KernelIR, template: str, family: str, model: object, budget: ModuleType, target: str, lnc: int,
+    transposed: str | None,
 ) -> dict[str, object]:
     """The render arguments every matmul family's kernel.py takes alike: header, doc, the vendored budget
-    model and its literal, the kernel's arguments, the targets' figures, the door and the defaults."""
+    model and its literal, the kernel's arguments, the targets' figures, the door and the defaults.
+    `transposed`: the input whose rows the kernel transposes on the Tensor engine."""
     ins, outs = ", ".join(i.name for i in ir.inputs), ", ".join(o.name for o in ir.outputs)
     return {
         "header": header(ir, template),
@@ -29,11 +31,16 @@ def kernel_render_args(
         "kernel_args": kernel_args(ir),
         "machines": machines(),
         "door_source": door_source(
-            [("_SIGNATURE", signature(ir.name, ir, returned(ir), fp8_targets(ir, targets())))]
+            [("_SIGNATURE", _signature(ir, transposed))]
         ),
         "default_target": target,
         "default_lnc": lnc,
     }
+
+
+def _signature(ir: KernelIR, transposed: str | None) -> str:
+    """The host's `_Signature` literal (over the targets whose fp8 dtypes the spec's match)."""
+    return signature(ir.name, ir, returned(ir), fp8_targets(ir, targets()), transposed=transposed)
 
 
 def host_params(ir: KernelIR) -> tuple[str, str]:

@@ -43,14 +43,17 @@ def door_source(signatures: Sequence[tuple[str, str]]) -> str:
 
 
 def signature(name: str, ir: KernelIR, outputs: Iterable[Returned], targets: Iterable[str] = TARGETS,
-              sums: bool = False) -> str:  # fmt: skip
+              sums: bool = False, transposed: str | None = None) -> str:  # fmt: skip
     """The `_Signature(...)` literal of a host or op `name` taking `ir`'s inputs and params and returning
-    `outputs`; `require` lines over dims no input binds are left out (a weight-prep host sees no rows)."""
+    `outputs`; `require` lines over dims no input binds are left out (a weight-prep host sees no rows).
+    `transposed`: the input whose rows the kernel transposes on the Tensor engine."""
+    targets = tuple(targets)
     bound = {s for i in ir.inputs for d in i.shape for s in d.symbols()} | set(ir.fixed_dims())
     requires = [c for c in ir.constraints if set(c.expr.symbols()) <= bound]
     lines = [
         f"    {name!r},",
-        _block("inputs", [_decl(i.name, i.dtype, i.shape, finite=i.finite) for i in ir.inputs]),
+        _block("inputs", [_decl(i.name, i.dtype, i.shape, finite=i.finite, transposed=i.name == transposed)
+                          for i in ir.inputs]),
         f"    params={_tuple(repr(p.name) for p in ir.params)},",
         f"    fixed={_tuple(repr(item) for item in sorted(ir.fixed_dims().items()))},",
         _block("requires", [_require(c) for c in requires]),
@@ -59,6 +62,9 @@ def signature(name: str, ir: KernelIR, outputs: Iterable[Returned], targets: Ite
     ]
     if sums:
         lines.append("    sums=True,")
+    inexact = [t for t in targets if not TARGETS[t].exact_transpose] if transposed else []
+    if inexact:
+        lines.append(f"    inexact_transpose={_tuple(repr(t) for t in inexact)},")
     domains = _domains(ir)
     if domains:
         lines.append(_block("domains", domains))
@@ -85,9 +91,11 @@ def op_check(constant: str, ir: KernelIR) -> str:
     return f"_door({constant}, ({tensors.rstrip()}), ({params.rstrip()}), cast=True)"
 
 
-def _decl(name: str, dtype: str, shape: Shape, optional: bool = False, finite: bool = False) -> str:
+def _decl(name: str, dtype: str, shape: Shape, optional: bool = False, finite: bool = False,
+          transposed: bool = False) -> str:  # fmt: skip
     dims = _tuple(repr(str(d)) for d in shape)
     flags = (", True" if optional else "") + (", finite=True" if finite else "")
+    flags += ", transposed=True" if transposed else ""
     return f"_Decl({name!r}, {TORCH_NAME[dtype]!r}, {dims}{flags})"
 
 

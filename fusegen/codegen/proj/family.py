@@ -78,7 +78,9 @@ class ProjFamily:
         low = lower_proj(ir, m)
         return render(
             TEMPLATE,
-            **kernel_render_args(ir, TEMPLATE, "a proj-family", low.model, proj_budget, target, lnc),
+            **kernel_render_args(
+                ir, TEMPLATE, "a proj-family", low.model, proj_budget, target, lnc, m.source.name
+            ),
             low=low,
             host=_host(ir, m),
             dim_bindings=[f"d_{d} = {src}" for d, src in dim_bindings(ir, kernel_arg)],
