@@ -8,7 +8,8 @@ from collections.abc import Callable
 from typing import Any, Protocol
 
 from .errors import Located, fault, user_site
-from .rules import ALU_ENGINES, BITVEC_OPS, LNC_DEGREES, RULES, SCALAR_ENGINE_PAIRS, ConformanceWarning, Rule
+from .rule_tables import ALU_ENGINES, BITVEC_OPS, LNC_DEGREES, SCALAR_ENGINE_PAIRS
+from .rules import RULES, ConformanceWarning, Rule
 from .subset import findings
 from .targets import Target
 

@@ -19,7 +19,7 @@ from .errors import (
     user_site,
 )
 from .memory import MemoryRegion
-from .rules import FREE_SIZE_ENGINES, FREE_SIZE_MAX, MAX_VIEW_DIMS, START_PARTITIONS
+from .rule_tables import FREE_SIZE_ENGINES, FREE_SIZE_MAX, MAX_VIEW_DIMS, START_PARTITIONS
 from .tensor import NkiTensor, contiguous_strides
 
 _SMALLEST_FREE_MAX = min(FREE_SIZE_MAX.values())

@@ -20,7 +20,7 @@ from .instr import Instr
 from .operands import PSUM, alu_engine, alu_op, apply, as_rows, int_rows, require_op, scalar_or_column
 from .ops import Op, reduce_cmd
 from .ops import engine as Engine
-from .rules import ACTIVATION_FUNCTIONS, BITVEC_OPS, REDUCE_LEGAL
+from .rule_tables import ACTIVATION_FUNCTIONS, BITVEC_OPS, REDUCE_LEGAL
 from .tensor import NkiTensor
 
 _INT32 = (torch.int32, torch.uint32)

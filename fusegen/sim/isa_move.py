@@ -17,7 +17,7 @@ from .operands import PSUM, start
 from .ops import dge_mode as DgeMode
 from .ops import engine as Engine
 from .ops import oob_mode as OobMode
-from .rules import HWDGE_TRANSPOSE_ROWS, MAX_IOTA_PATTERN
+from .rule_tables import HWDGE_TRANSPOSE_ROWS, MAX_IOTA_PATTERN
 from .tensor import NkiTensor
 
 _VECTOR_LIKE = ("vector", "gpsimd", "scalar")

@@ -9,7 +9,7 @@ from .errors import InvalidArgumentError, ShapeMismatchError, fault
 from .instr import Instr
 from .memory import MemoryRegion
 from .ops import Op, engine
-from .rules import ALU_OPS, NOT_HARDWARE, UNARY_IN_TENSOR_SCALAR
+from .rule_tables import ALU_OPS, NOT_HARDWARE, UNARY_IN_TENSOR_SCALAR
 from .tensor import NkiTensor
 
 PSUM = (MemoryRegion.psum,)
