@@ -17,7 +17,17 @@ from .errors import (
     UnsupportedError,
 )
 from .instr import Instr
-from .operands import PSUM, alu_engine, alu_op, apply, as_rows, int_rows, require_op, scalar_or_column
+from .operands import (
+    PSUM,
+    alu_engine,
+    alu_op,
+    apply,
+    as_rows,
+    enum_member,
+    int_rows,
+    require_op,
+    scalar_or_column,
+)
 from .ops import Op, reduce_cmd
 from .ops import engine as Engine
 from .rule_tables import ACTIVATION_FUNCTIONS, BITVEC_OPS, REDUCE_LEGAL
@@ -49,6 +59,7 @@ def _reduce_registers(
     """Apply `cmd` to the engine's 128 fp32 accumulation registers; read them out into reduce_res."""
     if cmd is reduce_cmd.idle and reduce_res is None:  # the common case: no register work
         return
+    enum_member(ins, cmd, reduce_cmd, "reduce_cmd")
     parts = values.shape[0]
     if cmd is reduce_cmd.load_reduce:
         raise ins.fail(UnsupportedError, "reduce_cmd.load_reduce is not modelled")

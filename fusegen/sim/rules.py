@@ -280,6 +280,26 @@ RULE_LIST: tuple[Rule, ...] = (
         "16-bit, 256 B of 8-bit data",
         "ISA sendrecv (dma_engine)",
     ),
+    # ---- NKI 0.3.0 API forms (the 0.2.0 forms its compiler rejects) ------------------------------
+    Rule(
+        "memset-value-dtype",
+        DtypeError,
+        "memset into an integer tile takes an integer value (value=2, not 2.0)",
+        "MIG 'nisa.memset — strict type matching'; RN 0.3.0",
+    ),
+    Rule(
+        "enum-members",
+        InvalidArgumentError,
+        "enum parameters (engine, dge_mode, oob_mode, reduce_cmd) take enum members, not raw integers",
+        "MIG 'Integer enum constants no longer supported'; RN 0.3.0",
+        always=True,
+    ),
+    Rule(
+        "buffer-objects",
+        InvalidArgumentError,
+        "buffer= takes a buffer object (nl.sbuf, nl.psum, nl.hbm, ...), not its name as a string",
+        "MIG 'String buffer names no longer supported'; RN 0.3.0",
+    ),
     # ---- language subset -------------------------------------------------------------------------
     Rule(
         "lang-no-generator",
@@ -292,6 +312,18 @@ RULE_LIST: tuple[Rule, ...] = (
         LanguageError,
         "no `is` / `is not` in kernel code; use == / !=",
         "MIG 'Replace is / is not with == / !='",
+    ),
+    Rule(
+        "lang-no-kwonly",
+        LanguageError,
+        "a kernel signature has no keyword-only separator `*`: parameters with defaults go last",
+        "MIG 'Remove keyword-only argument separator (*)'; RN 0.3.0",
+    ),
+    Rule(
+        "lang-no-list-args",
+        LanguageError,
+        "kernel arguments are never lists (nested in tuples neither); pass tuples",
+        "MIG 'Replace list kernel arguments with tuples'; RN 0.3.0",
     ),
 )
 RULES: dict[str, Rule] = {rule.name: rule for rule in RULE_LIST}
