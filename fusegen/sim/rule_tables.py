@@ -4,6 +4,10 @@ rules.py."""
 
 from __future__ import annotations
 
+import math
+
+import torch
+
 BITVEC_OPS = frozenset({"invert", "bitwise_and", "bitwise_or", "bitwise_xor", "left_shift", "right_shift"})
 ALU_UNARY = frozenset({"abs", "square", "relu", "rsqrt", "reciprocal"})
 UNARY_IN_TENSOR_SCALAR = ALU_UNARY | {"invert"}  # take operand None or 0
@@ -90,6 +94,16 @@ ACTIVATION_FUNCTIONS = frozenset(
         "abs",
     }
 )
+_PI = float(torch.tensor(math.pi, dtype=torch.float32))  # fp32(pi) > pi: the nearest a kernel can pass
+#: SH tbl-act-func 'Valid Input Range' of the functions narrower than [-inf, inf]: (low, high, of |x|)
+ACTIVATION_RANGES: dict[str, tuple[float, float, bool]] = {
+    "log": (2.0**-64, 2.0**64, False),
+    "sin": (-_PI, _PI, False),
+    "arctan": (-_PI / 2, _PI / 2, False),
+    "sqrt": (2.0**-116, 2.0**118, False),
+    "rsqrt": (2.0**-87, 2.0**97, False),
+    "reciprocal": (2.0**-42, 2.0**42, True),
+}
 FREE_SIZE_MAX = {"sbuf": 64 * 1024, "psum": 4 * 1024}  # elements per partition, Vector/Scalar engines
 FREE_SIZE_ENGINES = frozenset({_V, _S})
 #: view-dims: dims of an on-chip view (partition + 4 free, GUIDE), [step, num] pairs of an iota pattern (ISA)

@@ -20,7 +20,14 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from .errors import DtypeError, EngineMemoryError, InvalidArgumentError, PartitionError, SimError
+from .errors import (
+    DtypeError,
+    EngineMemoryError,
+    InputRangeError,
+    InvalidArgumentError,
+    PartitionError,
+    SimError,
+)
 
 
 class LanguageError(SimError):
@@ -121,6 +128,14 @@ RULE_LIST: tuple[Rule, ...] = (
         InvalidArgumentError,
         "activation functions must be in the activation function table (no cos, tan, floor, ...)",
         "SH tbl-act-func; ISA activation",
+    ),
+    Rule(
+        "activation-input-range",
+        InputRangeError,
+        "an activation's argument (data * scale + bias) lies in the function's Valid Input Range: log "
+        "[2^-64, 2^64], sin [-pi, pi], arctan [-pi/2, pi/2], sqrt [2^-116, 2^118], rsqrt [2^-87, 2^97], "
+        "reciprocal +-[2^-42, 2^42]; outside it the result is invalid (NaN is not checked)",
+        "SH tbl-act-func (Valid Input Range and its note); ISA activation (note)",
     ),
     Rule(
         "activation-scale-fp32",

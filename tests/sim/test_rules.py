@@ -234,6 +234,10 @@ def dma(dge, engine=None, dtype=F32):
     return kernel
 
 
+def sine_past_pi():
+    nisa.activation(dst=_dst((128, 8)), op=nl.sin, data=_tile((128, 8), value=4))  # <-activation-input-range
+
+
 def float_memset_into_ints():
     nisa.memset(dst=_dst((128, 8), I32), value=2.0)  # <-memset-value-dtype
 
@@ -288,6 +292,7 @@ CASES = {
     "dma-engine": (dma(nisa.dge_mode.swdge, nisa.engine.scalar), "<-dma-mode", "trn2", (torch.ones(2, 2),)),
     "lang-no-generator": (nested_generator, "<-lang-no-generator", "trn2", ()),
     "lang-no-is": (identity_test, "<-lang-no-is", "trn2", (None,)),
+    "activation-input-range": (sine_past_pi, "<-activation-input-range", "trn2", ()),
     "memset-value-dtype": (float_memset_into_ints, "<-memset-value-dtype", "trn2", ()),
     "enum-members": (raw_dge_mode, "<-enum-members", "trn2", (torch.ones(2, 2),)),
     "buffer-objects": (string_buffer, "<-buffer-objects", "trn2", ()),
