@@ -8,7 +8,8 @@ from collections.abc import Callable
 from typing import Any, Protocol
 
 from .errors import Located, fault, user_site
-from .rules import ALU_ENGINES, BITVEC_OPS, LNC_DEGREES, RULES, SCALAR_ENGINE_PAIRS, ConformanceWarning, Rule
+from .rule_tables import ALU_ENGINES, BITVEC_OPS, LNC_DEGREES, SCALAR_ENGINE_PAIRS
+from .rules import RULES, ConformanceWarning, Rule
 from .subset import findings
 from .targets import Target
 
@@ -71,6 +72,31 @@ def check_launch(target: Target, grid: int, error: bool) -> None:
         _report("lnc-target", user_site(), "launch", detail, error)
 
 
+def check_arguments(
+    fn: Callable[..., Any], args: tuple[Any, ...], kwargs: dict[str, Any], error: bool
+) -> None:
+    """No list among a launch's arguments, nested in tuples included (reported at the launching line)."""
+    code = getattr(fn, "__code__", None)
+    names = code.co_varnames[: code.co_argcount] if code is not None else ()
+    named = [(names[i] if i < len(names) else f"arg{i}", a) for i, a in enumerate(args)]
+    for name, value in [*named, *kwargs.items()]:
+        where = _list_within(value, name)
+        if where is not None:
+            violation_here("lang-no-list-args", "launch", f"argument {where!r} is a list", error)
+
+
+def _list_within(value: object, name: str) -> str | None:
+    """The name of the first list in `value` (itself or an element of a tuple), if any."""
+    if isinstance(value, list):
+        return name
+    if isinstance(value, tuple):
+        for i, item in enumerate(value):
+            where = _list_within(item, f"{name}[{i}]")
+            if where is not None:
+                return where
+    return None
+
+
 def check_kernel(fn: Callable[..., Any], error: bool) -> None:
     """The kernel body and the helpers it calls stay inside the traced subset (checked once per function)."""
     found = findings(fn)
@@ -107,6 +133,18 @@ def violation(ins: Instruction, name: str, detail: str) -> None:
             ConformanceWarning,
             stacklevel=2,
         )
+
+
+def violation_here(name: str, op: str, detail: str, error: bool) -> None:
+    """Report a broken rule at the kernel's current line outside an instruction (a launch, an allocation):
+    raise, or warn once per rule and line when rules='warn'."""
+    site = user_site()
+    rule = RULES[name]
+    if error or rule.always:
+        raise fault(rule.error, op, message(rule, detail), site)
+    if (name, site) not in _WARNED:
+        _WARNED.add((name, site))
+        _report(name, site, op, detail, False)
 
 
 def engine_problem(instr: str, engine: str, ops: tuple[str, ...], nc_version: int) -> str | None:

@@ -64,6 +64,10 @@ class RaceError(SimError):
     """Two cores touched the same shared-HBM elements between barriers."""
 
 
+class InputRangeError(SimError):
+    """An instruction input outside its documented valid range (the hardware's result is invalid)."""
+
+
 class InvalidArgumentError(SimError):
     """A parameter value or combination the API rejects."""
 

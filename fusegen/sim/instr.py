@@ -19,7 +19,7 @@ from .errors import (
     user_site,
 )
 from .memory import Alloc, MemoryRegion
-from .rules import FREE_SIZE_ENGINES, FREE_SIZE_MAX, MAX_VIEW_DIMS, START_PARTITIONS
+from .rule_tables import FREE_SIZE_ENGINES, FREE_SIZE_MAX, MAX_VIEW_DIMS, START_PARTITIONS
 from .tensor import NkiTensor, contiguous_strides
 
 _SMALLEST_FREE_MAX = min(FREE_SIZE_MAX.values())
@@ -218,12 +218,12 @@ class Instr:
         t.alloc.poison_unwritten(t.key)
 
     def _track_race(self, t: NkiTensor, write: bool) -> None:
-        """Raise RaceError when another core touched these elements in this barrier epoch."""
+        """Raise RaceError when another core touched these elements in this barrier epoch of the tensor."""
         tracker = t.alloc.race
         assert tracker is not None
         view = (t.shape, t.strides, t.offset)
         track = tracker.on_write if write else tracker.on_read
-        conflict = track(self.ctx.core, self.ctx.epoch, self.index, view)
+        conflict = track(self.ctx.core, self.index, view)
         if conflict is None:
             return
         other, other_index, kind = conflict
@@ -238,8 +238,9 @@ class Instr:
         (file, line), early_file, early_line = late[2], *early[2]
         raise RaceError(
             f"{file}:{line}: {late[3]}: core {late[0]} {late[1]}s elements of {t.alloc.label()} that core "
-            f"{early[0]} {early[1]}s at {early_file}:{early_line} in the same barrier epoch "
-            f"{ctx.epoch} (separate them with nisa.core_barrier)"
+            f"{early[0]} {early[1]}s at {early_file}:{early_line} with no core_barrier on this tensor "
+            f"between them (a barrier orders only its data: separate them with "
+            f"nisa.core_barrier(data=<this tensor>))"
         )
 
     def finish(self, partitions: int, elems: int, psum_bank: int | None = None) -> None:

@@ -55,7 +55,7 @@ def get_nc_version() -> nc_version:
 def core_barrier(
     data: NkiTensor, cores: tuple[int, ...], engine: object = engine.gpsimd, name: object = None
 ) -> None:
-    """Block until every listed core arrives; starts a new race-detection epoch."""
+    """Block until every listed core arrives; starts a new race-detection epoch of `data`'s tensor."""
     ins = Instr(
         "core_barrier", engine_name(engine, "gpsimd", ("gpsimd", "vector", "scalar", "sync"), "core_barrier")
     )
@@ -76,11 +76,10 @@ def core_barrier(
         )
     ins.finish(0, 0)
     ctx = current()
-    if grid == 2:  # counted with the exchanges, which meet on the same barrier
-        _lnc_barrier(ins)
-    else:
-        ctx.launch.barrier.wait(ctx.core, ins)
+    _lnc_barrier(ins, t.alloc)  # counted with the exchanges, which meet on the same barrier
     ctx.epoch += 1
+    if t.alloc.race is not None:  # orders accesses to `data` only [ISA core_barrier]
+        t.alloc.race.barrier(ctx.core)
 
 
 API_NAMES.update(name for name, value in list(globals().items()) if callable(value) and name[0] != "_")

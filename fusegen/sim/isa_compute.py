@@ -17,10 +17,20 @@ from .errors import (
     UnsupportedError,
 )
 from .instr import Instr
-from .operands import PSUM, alu_engine, alu_op, apply, as_rows, int_rows, require_op, scalar_or_column
+from .operands import (
+    PSUM,
+    alu_engine,
+    alu_op,
+    apply,
+    as_rows,
+    enum_member,
+    int_rows,
+    require_op,
+    scalar_or_column,
+)
 from .ops import Op, reduce_cmd
 from .ops import engine as Engine
-from .rules import ACTIVATION_FUNCTIONS, BITVEC_OPS, REDUCE_LEGAL
+from .rule_tables import ACTIVATION_FUNCTIONS, ACTIVATION_RANGES, BITVEC_OPS, REDUCE_LEGAL
 from .tensor import NkiTensor
 
 _INT32 = (torch.int32, torch.uint32)
@@ -49,6 +59,7 @@ def _reduce_registers(
     """Apply `cmd` to the engine's 128 fp32 accumulation registers; read them out into reduce_res."""
     if cmd is reduce_cmd.idle and reduce_res is None:  # the common case: no register work
         return
+    enum_member(ins, cmd, reduce_cmd, "reduce_cmd")
     parts = values.shape[0]
     if cmd is reduce_cmd.load_reduce:
         raise ins.fail(UnsupportedError, "reduce_cmd.load_reduce is not modelled")
@@ -110,10 +121,24 @@ def activation(
         if ins.ctx.target.nc_version < 3 and not isinstance(bias, NkiTensor):
             violation(ins, "activation-bias-v2", f"bias={bias!r} on {ins.ctx.target.name}")
         x = x + scalar_or_column(ins, bias, s.partitions, "bias")
+    if fn.name in ACTIVATION_RANGES:
+        _check_range(ins, fn.name, x)
     y = fn.fn(x)
     ins.write(d, y)
     _reduce_registers(ins, y, reduce_op, reduce_cmd, reduce_res)
     ins.finish(d.partitions, d.free_size)
+
+
+def _check_range(ins: Instr, name: str, x: torch.Tensor) -> None:
+    """rules.py activation-input-range: the argument lies in the function's Valid Input Range (NaN compares
+    false both ways, so it passes: the table places it nowhere)."""
+    low, high, magnitude = ACTIVATION_RANGES[name]
+    v = x.abs() if magnitude else x
+    outside = (v < low) | (v > high)
+    if bool(outside.any()):
+        count, first = int(outside.sum()), float(x[outside].reshape(-1)[0])
+        detail = f"{count} argument(s) of {name} outside its range, e.g. {first}"
+        violation(ins, "activation-input-range", detail)
 
 
 def activation_reduce(

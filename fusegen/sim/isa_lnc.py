@@ -8,7 +8,8 @@ core_barriers (so a peer that waits at a `core_barrier` where this core exchange
 has finished, is reported instead of hanging or pairing the wrong calls), and then checks that the two
 calls agree: the same instruction and reduce_op, ranks that point at each other, and the peer's src of
 dst's shape and dtype. The exchange orders nothing else: shared-HBM accesses around it stay in one race
-epoch (only `core_barrier` starts a new one), as nothing documents it as a barrier for other data.
+epoch (only a `core_barrier` on a tensor starts a new one, for that tensor), as nothing documents it as a
+barrier for other data.
 """
 
 from __future__ import annotations
@@ -20,7 +21,7 @@ import torch
 from .conformance import violation
 from .errors import BarrierError, DtypeError, InvalidArgumentError, RaceError, ShapeMismatchError
 from .instr import Instr
-from .memory import MemoryRegion
+from .memory import Alloc, MemoryRegion
 from .ops import Op
 from .ops import dma_engine as DmaEngine
 from .tensor import NkiTensor
@@ -40,6 +41,7 @@ class _Post:
     send_to: int
     reduce: str
     site: tuple[str, int]
+    data: Alloc | None = None  # a core_barrier's data tensor
 
 
 def sendrecv(
@@ -155,14 +157,22 @@ def _rendezvous(ins: Instr, post: _Post, peer_core: int) -> tuple[int, _Post | N
     return n, peer
 
 
-def barrier(ins: Instr) -> None:
-    """core_barrier's rendezvous at LNC 2: the other core's matching one must be a core_barrier too (an
-    exchange it meets instead would deadlock or pair the wrong calls on hardware)."""
-    other = 1 - ins.ctx.core
-    n, peer = _rendezvous(ins, _Post("core_barrier", torch.empty(0), other, "", ins.site), other)
-    if peer is not None and peer.op != "core_barrier":
-        raise ins.fail(BarrierError, f"core_barrier #{n} of core {ins.ctx.core} meets core {other}'s "
-                                     f"{peer.op} at {peer.site[0]}:{peer.site[1]}")  # fmt: skip
+def barrier(ins: Instr, data: Alloc) -> None:
+    """core_barrier's rendezvous: the next core's matching one (around the cycle of cores, so all agree) must
+    be a core_barrier too (an exchange it meets instead would deadlock or pair the wrong calls on hardware),
+    on the same data tensor (the barrier orders that tensor only: race.py counts its epochs per tensor)."""
+    core = ins.ctx.core
+    other = (core + 1) % ins.ctx.grid
+    n, peer = _rendezvous(ins, _Post("core_barrier", torch.empty(0), other, "", ins.site, data), other)
+    if peer is None:
+        return
+    where = f"core {other}'s {peer.op} at {peer.site[0]}:{peer.site[1]}"
+    if peer.op != "core_barrier":
+        raise ins.fail(BarrierError, f"core_barrier #{n} of core {core} meets {where}")
+    if peer.data is not data:
+        assert peer.data is not None
+        raise ins.fail(BarrierError, f"core_barrier #{n} of core {core} on {data.label()} meets {where} "
+                                     f"on {peer.data.label()}")  # fmt: skip
 
 
 def _check_pair(ins: Instr, n: int, mine: _Post, peer: _Post | None, recv_from: int, d: NkiTensor) -> None:

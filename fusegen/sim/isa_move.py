@@ -13,11 +13,11 @@ from .instr import Instr
 from .isa_compute import gpsimd_off_psum
 from .isa_matmul import check_bank
 from .memory import MemoryRegion
-from .operands import PSUM, start
+from .operands import PSUM, enum_member, start
 from .ops import dge_mode as DgeMode
 from .ops import engine as Engine
 from .ops import oob_mode as OobMode
-from .rules import HWDGE_TRANSPOSE_ROWS, MAX_IOTA_PATTERN
+from .rule_tables import HWDGE_TRANSPOSE_ROWS, MAX_IOTA_PATTERN
 from .tensor import NkiTensor
 
 _VECTOR_LIKE = ("vector", "gpsimd", "scalar")
@@ -45,6 +45,12 @@ def _dma_mode(ins: Instr, dge: object, engine: object, d: NkiTensor, s: NkiTenso
         violation(ins, "dma-engine", f"engine={engine} without dge_mode=hwdge")
 
 
+def _enums(ins: Instr, dge: object, oob: object) -> None:
+    """A DMA's dge_mode and oob_mode are enum members (rules.py enum-members)."""
+    enum_member(ins, dge, DgeMode, "dge_mode")
+    enum_member(ins, oob, OobMode, "oob_mode")
+
+
 def _elems(t: NkiTensor) -> tuple[int, int]:
     """(partitions, elements per partition) as reported in the trace."""
     return (t.partitions, t.free_size) if t.alloc.on_chip else (1, t.numel)
@@ -62,6 +68,7 @@ def dma_copy(
     """dst = src between HBM and SBUF (reshaping copy; dtype cast via fp32 unless hwdge)."""
     ins = Instr("dma_copy", "dma")
     d, s = _dma_operands(ins, dst, src)
+    _enums(ins, dge_mode, oob_mode)
     _dma_mode(ins, dge_mode, engine, d, s)
     if d.numel != s.numel:
         raise ins.fail(
@@ -88,6 +95,7 @@ def dma_transpose(
     """dst = src permuted by `axes` (default: reversed), into SBUF."""
     ins = Instr("dma_transpose", "dma")
     d, s = _dma_operands(ins, dst, src)
+    _enums(ins, dge_mode, oob_mode)
     if d.alloc.region is not MemoryRegion.sbuf:
         raise ins.fail(InvalidArgumentError, f"dst must be in SBUF, got {d.alloc.region.value}")
     perm = tuple(range(s.ndim))[::-1] if axes is None else tuple(axes)  # type: ignore[arg-type]
@@ -141,6 +149,8 @@ def memset(dst: NkiTensor, value: object, engine: object = Engine.unknown, name:
         gpsimd_off_psum(ins, (d, "dst"))
     if not d.dtype.is_floating_point and not float(value).is_integer():  # type: ignore[arg-type]
         raise ins.fail(DtypeError, f"value {value!r} does not fit integer dtype {d.dtype}")
+    if not d.dtype.is_floating_point and isinstance(value, float):
+        violation(ins, "memset-value-dtype", f"value={value!r} into a {d.dtype} tile")
     ins.write(d, torch.full(d.shape, float(value), dtype=torch.float32))  # type: ignore[arg-type]
     ins.finish(d.partitions, d.free_size)
 

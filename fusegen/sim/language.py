@@ -9,6 +9,7 @@ from typing import Any
 import torch
 
 from . import isa_move
+from .conformance import violation_here
 from .context import active_target, current
 from .dtypes import (  # noqa: F401 -- re-exported as nl.<dtype>
     bfloat16,
@@ -86,7 +87,7 @@ tile_size = _TileSize()
 
 
 def _region(buffer: object) -> MemoryRegion:
-    """Accept a MemoryRegion or its name."""
+    """Accept a MemoryRegion or (NKI 0.2.0, rules.py buffer-objects) its name."""
     if isinstance(buffer, MemoryRegion):
         return buffer
     if isinstance(buffer, str) and buffer in ("sbuf", "psum", "hbm", "private_hbm", "shared_hbm"):
@@ -124,6 +125,8 @@ def ndarray(
 ) -> NkiTensor:
     """Allocate uninitialized storage (NaN / int sentinel filled)."""
     ctx = current()
+    if isinstance(buffer, str):  # before the cache: a request that passed in warn mode is cached
+        violation_here("buffer-objects", "ndarray", f"buffer={buffer!r}", ctx.rules_error)
     key: tuple[object, ...] | None = (shape, dtype, buffer, ctx.target) if address is None else None
     try:
         checked = None if key is None else _CHECKED.get(key)

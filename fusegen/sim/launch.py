@@ -16,7 +16,7 @@ import numpy as np
 import torch
 
 from .barrier import CoreBarrier, worker
-from .conformance import DEFAULT_RULES, check_kernel, check_launch, check_mode
+from .conformance import DEFAULT_RULES, check_arguments, check_kernel, check_launch, check_mode
 from .context import Context, set_current
 from .errors import (
     BarrierError,
@@ -323,6 +323,7 @@ class Kernel:
         rules_error = check_mode(rules or self.rules) == "error"
         check_kernel(self.fn, rules_error)
         check_launch(tgt, grid, rules_error)
+        check_arguments(self.fn, args, kwargs, rules_error)
         launch = Launch(grid, tgt, self.strict if strict is None else strict, rules_error)
         # cyclic GC stays paused until close(): the launch's garbage then goes by reference counting; the
         # caller's CPU autocast (thread-local: instance 0 runs here) must not make instructions' math bf16

@@ -2,14 +2,17 @@
 
 from __future__ import annotations
 
+import enum
+
 import torch
 
-from .conformance import engine_problem, pick_engine, violation
+from .conformance import engine_problem, message, pick_engine, violation
 from .errors import InvalidArgumentError, ShapeMismatchError, fault
 from .instr import Instr
 from .memory import MemoryRegion
 from .ops import Op, engine
-from .rules import ALU_OPS, NOT_HARDWARE, UNARY_IN_TENSOR_SCALAR
+from .rule_tables import ALU_OPS, NOT_HARDWARE, UNARY_IN_TENSOR_SCALAR
+from .rules import RULES
 from .tensor import NkiTensor
 
 PSUM = (MemoryRegion.psum,)
@@ -19,9 +22,18 @@ def engine_name(value: object, default: str, allowed: tuple[str, ...], op: str) 
     """Resolve an `engine=` argument (unknown -> default) and validate it."""
     if value is None or value is engine.unknown:
         return default
+    if isinstance(value, int):  # rules.py enum-members (an always rule: no instruction exists yet)
+        rule = RULES["enum-members"]
+        raise fault(rule.error, op, message(rule, f"engine={value!r} is not an nisa.engine member"))
     if not isinstance(value, engine) or value.value not in allowed:
         raise fault(InvalidArgumentError, op, f"engine={value} not allowed; choose from {allowed}")
     return value.value
+
+
+def enum_member(ins: Instr, value: object, kind: type[enum.Enum], role: str) -> None:
+    """rules.py enum-members: an enum parameter takes a member of its enum (None: the API default)."""
+    if value is not None and not isinstance(value, kind):
+        violation(ins, "enum-members", f"{role}={value!r} is not an nisa.{kind.__name__} member")
 
 
 def start(op: str, engine_value: object, default: str, allowed: tuple[str, ...]) -> Instr:

@@ -1,9 +1,12 @@
 """Shared-HBM race detection: per-element, per-core codes of the last read/write (epoch, instruction).
 
-A code is ``epoch << 32 | instruction index``. Cores run in lock-step between barriers, so another
-core's entry belongs to the current epoch exactly when its code is >= ``epoch << 32``: the check is
-independent of thread interleaving. Arrays are created once a tensor is first written (per core and
-kind, when first needed); reads before that are only logged (read-only inputs cost a list append).
+Epochs are per tensor: a core_barrier orders accesses to its `data` tensor only [ISA core_barrier: "the
+shared data that all cores need to synchronize on"], so it starts a new epoch of that tensor's tracker
+alone. A code is ``epoch << 32 | instruction index``. Every core passes the same barriers on a tensor
+(isa_lnc.barrier checks the cores name the same data), so cores run in lock-step between them, and
+another core's entry belongs to this core's current epoch exactly when its code is >= ``epoch << 32``:
+the check is independent of thread interleaving. Arrays are created once a tensor is first written (per
+core and kind, when first needed); reads before that are only logged (read-only inputs cost a list append).
 Each array has a hull (its latest epoch and the element range touched in it): a view outside another
 core's hull of this epoch cannot conflict with it, so the scan is skipped (disjoint row blocks per core).
 Arrays are kept for later launches (a fresh one costs a page fault per 4 KiB). Codes count epochs from
@@ -30,7 +33,7 @@ _NO_HULL: _Hull = (-1, 0, -1)
 
 
 class RaceTracker:
-    """Per-allocation access history of each core for the current barrier epoch."""
+    """Per-allocation access history of each core for its current barrier epoch (of this allocation)."""
 
     def __init__(self, numel: int, cores: int) -> None:
         with _spare_lock:
@@ -49,10 +52,16 @@ class RaceTracker:
         self.write_hulls: list[_Hull] = [_NO_HULL] * cores
         self.read_log: list[tuple[int, int, int, _View]] = []  # (core, epoch, instr, view) before arrays
         self.log_epoch = 0  # entries of earlier epochs are dropped when a read of a later one comes
+        self.epochs = [0] * cores  # per core: the core_barriers on this tensor it has passed
 
-    def on_read(self, core: int, epoch: int, instr: int, view: _View) -> Conflict | None:
+    def barrier(self, core: int) -> None:
+        """The core passed a core_barrier on this tensor: its later accesses are ordered after the others'."""
+        self.epochs[core] += 1
+
+    def on_read(self, core: int, instr: int, view: _View) -> Conflict | None:
         """Record a read; report another core's write of the same elements in this epoch."""
         with self.lock:
+            epoch = self.epochs[core]
             if not self.tracking:
                 if epoch > self.log_epoch:
                     self.read_log = [e for e in self.read_log if e[1] >= epoch]
@@ -63,9 +72,10 @@ class RaceTracker:
             self._record(self.reads, self.read_hulls, core, view, epoch, instr)
             return conflict
 
-    def on_write(self, core: int, epoch: int, instr: int, view: _View) -> Conflict | None:
+    def on_write(self, core: int, instr: int, view: _View) -> Conflict | None:
         """Record a write; report another core's read or write of the same elements in this epoch."""
         with self.lock:
+            epoch = self.epochs[core]
             if not self.tracking:
                 self._start_tracking()
             conflict = self._find(self.writes, self.write_hulls, core, epoch, view, "write")

@@ -20,7 +20,14 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from .errors import DtypeError, EngineMemoryError, InvalidArgumentError, PartitionError, SimError
+from .errors import (
+    DtypeError,
+    EngineMemoryError,
+    InputRangeError,
+    InvalidArgumentError,
+    PartitionError,
+    SimError,
+)
 
 
 class LanguageError(SimError):
@@ -121,6 +128,14 @@ RULE_LIST: tuple[Rule, ...] = (
         InvalidArgumentError,
         "activation functions must be in the activation function table (no cos, tan, floor, ...)",
         "SH tbl-act-func; ISA activation",
+    ),
+    Rule(
+        "activation-input-range",
+        InputRangeError,
+        "an activation's argument (data * scale + bias) lies in the function's Valid Input Range: log "
+        "[2^-64, 2^64], sin [-pi, pi], arctan [-pi/2, pi/2], sqrt [2^-116, 2^118], rsqrt [2^-87, 2^97], "
+        "reciprocal +-[2^-42, 2^42]; outside it the result is invalid (NaN is not checked)",
+        "SH tbl-act-func (Valid Input Range and its note); ISA activation (note)",
     ),
     Rule(
         "activation-scale-fp32",
@@ -280,6 +295,26 @@ RULE_LIST: tuple[Rule, ...] = (
         "16-bit, 256 B of 8-bit data",
         "ISA sendrecv (dma_engine)",
     ),
+    # ---- NKI 0.3.0 API forms (the 0.2.0 forms its compiler rejects) ------------------------------
+    Rule(
+        "memset-value-dtype",
+        DtypeError,
+        "memset into an integer tile takes an integer value (value=2, not 2.0)",
+        "MIG 'nisa.memset — strict type matching'; RN 0.3.0",
+    ),
+    Rule(
+        "enum-members",
+        InvalidArgumentError,
+        "enum parameters (engine, dge_mode, oob_mode, reduce_cmd) take enum members, not raw integers",
+        "MIG 'Integer enum constants no longer supported'; RN 0.3.0",
+        always=True,
+    ),
+    Rule(
+        "buffer-objects",
+        InvalidArgumentError,
+        "buffer= takes a buffer object (nl.sbuf, nl.psum, nl.hbm, ...), not its name as a string",
+        "MIG 'String buffer names no longer supported'; RN 0.3.0",
+    ),
     # ---- language subset -------------------------------------------------------------------------
     Rule(
         "lang-no-generator",
@@ -293,105 +328,17 @@ RULE_LIST: tuple[Rule, ...] = (
         "no `is` / `is not` in kernel code; use == / !=",
         "MIG 'Replace is / is not with == / !='",
     ),
+    Rule(
+        "lang-no-kwonly",
+        LanguageError,
+        "a kernel signature has no keyword-only separator `*`: parameters with defaults go last",
+        "MIG 'Remove keyword-only argument separator (*)'; RN 0.3.0",
+    ),
+    Rule(
+        "lang-no-list-args",
+        LanguageError,
+        "kernel arguments are never lists (nested in tuples neither); pass tuples",
+        "MIG 'Replace list kernel arguments with tuples'; RN 0.3.0",
+    ),
 )
 RULES: dict[str, Rule] = {rule.name: rule for rule in RULE_LIST}
-
-# ---- the tables the rules consult (precomputed lookups) --------------------------------------------
-BITVEC_OPS = frozenset({"invert", "bitwise_and", "bitwise_or", "bitwise_xor", "left_shift", "right_shift"})
-ALU_UNARY = frozenset({"abs", "square", "relu", "rsqrt", "reciprocal"})
-UNARY_IN_TENSOR_SCALAR = ALU_UNARY | {"invert"}  # take operand None or 0
-ALU_OPS = (
-    BITVEC_OPS
-    | ALU_UNARY
-    | frozenset(
-        {  # SH tbl-aluop
-            "add",
-            "subtract",
-            "multiply",
-            "maximum",
-            "minimum",
-            "equal",
-            "not_equal",
-            "greater_equal",
-            "greater",
-            "less_equal",
-            "less",
-            "logical_and",
-            "logical_or",
-            "logical_xor",
-            "power",
-            "abs_max",
-            "abs_min",
-        }
-    )
-)
-NOT_HARDWARE = frozenset({"divide", "mod", "fmod"})
-REDUCE_LEGAL = frozenset(
-    {  # SH 'Legal Reduction op' = Y
-        "bitwise_and",
-        "bitwise_or",
-        "bitwise_xor",
-        "add",
-        "subtract",
-        "multiply",
-        "maximum",
-        "minimum",
-        "logical_and",
-        "logical_or",
-        "logical_xor",
-    }
-)
-_V, _G, _S = "vector", "gpsimd", "scalar"
-#: SH2.26 'Supported Engine'; ops the old table lacks (abs_max, abs_min, square, relu) assumed Vector
-ALU_ENGINES: dict[str, frozenset[str]] = {
-    **{op: frozenset({_V}) for op in ALU_OPS},
-    "add": frozenset({_V, _G, _S}),
-    "multiply": frozenset({_V, _G, _S}),
-    "rsqrt": frozenset({_G, _S}),
-    "reciprocal": frozenset({_V, _S}),
-    "abs": frozenset({_V, _S}),
-    "power": frozenset({_G}),
-}
-SCALAR_ENGINE_PAIRS = frozenset({("multiply", "add"), ("multiply", None), ("add", None)})
-ACTIVATION_FUNCTIONS = frozenset(
-    {  # SH tbl-act-func
-        "copy",
-        "square",
-        "sigmoid",
-        "relu",
-        "prelu",
-        "gelu",
-        "gelu_dx",
-        "gelu_apprx_tanh",
-        "gelu_apprx_sigmoid",
-        "gelu_apprx_sigmoid_dx",
-        "silu",
-        "silu_dx",
-        "tanh",
-        "softplus",
-        "mish",
-        "erf",
-        "erf_dx",
-        "exp",
-        "log",
-        "sin",
-        "arctan",
-        "sqrt",
-        "rsqrt",
-        "reciprocal",
-        "sign",
-        "abs",
-    }
-)
-FREE_SIZE_MAX = {"sbuf": 64 * 1024, "psum": 4 * 1024}  # elements per partition, Vector/Scalar engines
-FREE_SIZE_ENGINES = frozenset({_V, _S})
-#: view-dims: dims of an on-chip view (partition + 4 free, GUIDE), [step, num] pairs of an iota pattern (ISA)
-MAX_VIEW_DIMS = 5
-MAX_IOTA_PATTERN = 4
-#: START_PARTITIONS[n]: legal start partitions of an operand spanning n partitions (ARCH2)
-START_PARTITIONS: tuple[frozenset[int], ...] = tuple(
-    frozenset({0}) if n > 64 else frozenset({0, 64}) if n > 32 else frozenset({0, 32, 64, 96})
-    for n in range(129)
-)
-LNC_DEGREES = {2: (1,), 3: (1, 2), 4: (1, 2)}  # by NeuronCore version (LNC)
-HWDGE_TRANSPOSE_ROWS = frozenset({1, 2, 4, 8, 16})

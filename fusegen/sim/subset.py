@@ -2,7 +2,8 @@
 
 NKI specializes a kernel by interpreting a Python subset (GUIDE "Compilation Model", "NKI Values",
 "Control Flow"); constructs outside it run on CPU simulators but do not compile. Checked here (rules.py):
-generators (`yield`, `yield from`, `next(...)`, `async`/`await`) and `is` / `is not`. The check runs once
+generators (`yield`, `yield from`, `next(...)`, `async`/`await`), `is` / `is not`, and a keyword-only `*`
+in the kernel's own signature. The check runs once
 per kernel function (cached) at its first launch; it follows calls to functions defined in the kernel's own
 module by name, and nested functions are part of the body that defines them.
 """
@@ -78,6 +79,13 @@ def _node_findings(node: ast.AST, filename: str) -> Iterator[Finding]:
             yield "lang-no-is", filename, line, "`is` / `is not` comparison"
 
 
+def _signature_findings(node: ast.FunctionDef | ast.AsyncFunctionDef, filename: str) -> Iterator[Finding]:
+    """The kernel's own signature: no keyword-only parameters (MIG: the 0.3.0 compiler rejects `*`)."""
+    if node.args.kwonlyargs:
+        names = ", ".join(a.arg for a in node.args.kwonlyargs)
+        yield "lang-no-kwonly", filename, node.lineno, f"keyword-only parameter(s) {names} after `*`"
+
+
 def _called_helpers(node: ast.AST, fn: types.FunctionType) -> Iterator[types.FunctionType]:
     """Functions of fn's own module that the body calls by name."""
     for sub in ast.walk(node):
@@ -112,6 +120,9 @@ def _findings(fn: types.FunctionType) -> tuple[Finding, ...]:
         node = _definition(current)
         if node is None:
             continue
-        out.extend(sorted(_node_findings(node, current.__code__.co_filename), key=lambda f: f[2]))
+        found = list(_node_findings(node, current.__code__.co_filename))
+        if current is fn:
+            found.extend(_signature_findings(node, current.__code__.co_filename))
+        out.extend(sorted(found, key=lambda f: f[2]))
         todo.extend(_called_helpers(node, current))
     return tuple(out)

@@ -3,6 +3,8 @@ let through, or is legal code it rejected. rules='error' throughout, as in the c
 
 from __future__ import annotations
 
+import math
+
 import pytest
 import torch
 
@@ -169,3 +171,52 @@ def test_right_shift_is_logical():
     want8 = torch.from_numpy((x8.numpy().view("uint8") >> 1).view("int8"))
     assert torch.equal(s32, want32) and torch.equal(tt32, want32)
     assert torch.equal(s8, want8)
+
+
+def _activation(op, value, scale=1.0):
+    """activation(op) of a tile holding `value` (times scale)."""
+
+    def kernel():
+        data = _dst((128, 8))
+        nisa.memset(dst=data, value=value)
+        out = nl.ndarray((128, 8), dtype=F32, buffer=nl.shared_hbm)
+        y = _dst((128, 8))
+        nisa.activation(dst=y, op=op, data=data, scale=scale)  # <-gap-act-range
+        nisa.dma_copy(dst=out, src=y)
+        return out
+
+    return kernel
+
+
+@pytest.mark.parametrize(
+    ("op", "value", "scale"),
+    [(nl.sin, 9.0, 1.0), (nl.sin, 1.0, 4.0), (nl.arctan, 2.0, 1.0), (nl.log, 0.0, 1.0),
+     (nl.log, 2.0**65, 1.0), (nl.sqrt, 0.0, 1.0), (nl.rsqrt, 0.0, 1.0), (nl.rsqrt, float("inf"), 1.0),
+     (nl.reciprocal, 0.0, 1.0), (nl.reciprocal, -(2.0**43), 1.0)],
+)  # fmt: skip
+def test_activation_outside_its_valid_input_range_is_rejected(op, value, scale):
+    """SH tbl-act-func: outside its Valid Input Range the Scalar engine's result is invalid (sin(9.0) is
+    ~27.65 on hardware); the interpreter computed the exact function."""
+    with pytest.raises(sim.InputRangeError, match=r"\[activation-input-range\]") as info:
+        sim.run(_activation(op, value, scale), rules="error")
+    assert_located(info.value, __file__, "<-gap-act-range")
+
+
+@pytest.mark.parametrize(
+    ("op", "value", "scale", "want"),
+    [(nl.sin, 3.0, 1.0, math.sin(3.0)), (nl.sin, 4.0, 0.5, math.sin(2.0)),
+     (nl.log, 2.0**64, 1.0, 64 * math.log(2)), (nl.rsqrt, 2.0**-86, 1.0, 2.0**43),
+     (nl.reciprocal, -2.0, 1.0, -0.5), (nl.arctan, -1.5, 1.0, math.atan(-1.5)),
+     (nl.exp, -float("inf"), 1.0, 0.0), (nl.sqrt, float("nan"), 1.0, float("nan"))],
+)  # fmt: skip
+def test_activation_inside_its_valid_input_range_passes(op, value, scale, want):
+    """The bounds themselves, a scale bringing the argument in range, full-range functions and NaN (which
+    the table does not place outside any range) pass."""
+    out = sim.run(_activation(op, value, scale), rules="error").outputs
+    torch.testing.assert_close(out, torch.full((128, 8), want), equal_nan=True)
+
+
+def test_warn_mode_computes_the_exact_function_out_of_range():
+    with pytest.warns(sim.ConformanceWarning, match=r"\[activation-input-range\]"):
+        out = sim.run(_activation(nl.sin, 9.0), rules="warn").outputs
+    torch.testing.assert_close(out, torch.full((128, 8), math.sin(9.0)))
