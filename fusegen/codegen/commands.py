@@ -74,8 +74,19 @@ def _report_stale(out_dir: Path, built: list[Built], orphans: list[tuple[Path, s
     for path, why in stale:
         print(f"stale: {path}" + ("" if why == "differs" else f" ({why})"))
     if stale:
-        print(f"{len(stale)} generated file(s) differ from `fusegen build`; run it and commit the result")
+        print(_stale_summary(out_dir, [path for path, _ in stale], len(orphans)))
     return 1 if stale else 0
+
+
+def _stale_summary(out_dir: Path, paths: list[str], orphans: int) -> str:
+    """The closing line: stale files and folders counted apart (an orphan folder is one entry, not its
+    files), and what fixes each."""
+    folders = sum(path.endswith("/") or Path(path).is_dir() for path in paths)
+    counts = [f"{n} {what}" for n, what in ((len(paths) - folders, "file(s)"), (folders, "folder(s)")) if n]
+    fix = "run `fusegen build` and commit the result"
+    if orphans:  # a build never deletes a folder whose spec is gone or builds another kernel
+        fix += f"; the {orphans} folder(s) no spec builds: build their spec by name, or delete them"
+    return f"{' and '.join(counts)} under {out_dir}/ are stale: {fix}"
 
 
 def _why_stale(out_dir: Path, built: Built, rel: str) -> str:
