@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 import math
 import os
 import sys
@@ -22,6 +23,7 @@ from fusegen.codegen.recorded import kernel_folders
 from fusegen.dsl import load_spec
 from fusegen.dsl.diagnostics import Diagnostic, Span, SpecError
 from fusegen.dsl.ir import KernelIR, eval_shape
+from fusegen.dsl.names import did_you_mean
 from fusegen.dsl.shapes import MAX_DIM_VALUE
 from fusegen.jsonout import document, emit, number
 from fusegen.testing import TORCH_DTYPES, Report, run_against_reference
@@ -183,12 +185,7 @@ def validated_shape(ir: KernelIR, spec: str, dims: dict[str, int]) -> dict[str, 
         for d in free
         if d.name not in dims
     ]
-    known = {d.name for d in ir.dims}
-    errors += [
-        Diagnostic(ir.dims[0].span, f"--shape names `{name}`, which is not a dim of `{ir.name}`")
-        for name in dims
-        if name not in known
-    ]
+    errors += _unknown_dims(ir, dims) + _refixed_dims(ir, dims)
     # as on a `check` line: a run needs every dim >= 1 (a call with a zero dim launches nothing)
     limits = f"a dim must be a positive integer (at most {MAX_DIM_VALUE})"
     errors += [
@@ -206,6 +203,41 @@ def validated_shape(ir: KernelIR, spec: str, dims: dict[str, int]) -> dict[str, 
     if errors:
         raise SpecError(errors, source)
     return {name: dims[name] for name in sorted(dims)}
+
+
+def _unknown_dims(ir: KernelIR, dims: dict[str, int]) -> list[Diagnostic]:
+    """An error per `--shape` name the spec does not declare, under the whole `dim` line (not one dim's name)
+    and naming the dims it does declare."""
+    first = ir.dims[0].span
+    on_line = [d.span for d in ir.dims if d.span.line == first.line]
+    span = dataclasses.replace(first, end_line=on_line[-1].end_line, end_col=on_line[-1].end_col)
+    known = [d.name for d in ir.dims]
+    listing = f"the dims of `{ir.name}` are {', '.join(known)}"
+    errors = []
+    for name in dims:
+        if name not in known:
+            what = f"--shape names `{name}`, which is not a dim of `{ir.name}`"
+            errors.append(Diagnostic(span, what, hint=f"{_suggest(name, known)} ({listing})"))
+    return errors
+
+
+def _suggest(name: str, known: list[str]) -> str:
+    """`did you mean ...?` for a dim spelled in another case (`r` for `R`) or close, else `drop it`."""
+    same = [k for k in known if k.lower() == name.lower()]
+    return f"did you mean `{same[0]}`?" if same else did_you_mean(name, known) or "drop it"
+
+
+def _refixed_dims(ir: KernelIR, dims: dict[str, int]) -> list[Diagnostic]:
+    """An error per `--shape` value for a dim the spec fixes to another value (as on a `check` line); it
+    reached the host function's argument check, a traceback."""
+    errors = []
+    for d in ir.dims:
+        if d.value is not None and d.name in dims and dims[d.name] != d.value:
+            given = f"{d.name}={dims[d.name]}"
+            hint = f"drop {given} (a fixed dim needs no value), or change its `dim` line"
+            what = f"--shape gives {given}, but the spec fixes `{d.name} = {d.value}`"
+            errors.append(Diagnostic(d.span, what, hint=hint))
+    return errors
 
 
 def fits_host(ir: KernelIR, spec: str, runs: list[dict[str, int]], given: bool = False) -> None:
