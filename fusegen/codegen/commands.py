@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import dataclasses
 import math
 import os
 import sys
@@ -15,6 +14,7 @@ from fusegen.codegen.build import (
     BuildOptions,
     Built,
     build_spec,
+    dim_line,
     plan_shape,
 )
 from fusegen.codegen.files.tests import test_case, test_shapes
@@ -208,9 +208,7 @@ def validated_shape(ir: KernelIR, spec: str, dims: dict[str, int]) -> dict[str, 
 def _unknown_dims(ir: KernelIR, dims: dict[str, int]) -> list[Diagnostic]:
     """An error per `--shape` name the spec does not declare, under the whole `dim` line (not one dim's name)
     and naming the dims it does declare."""
-    first = ir.dims[0].span
-    on_line = [d.span for d in ir.dims if d.span.line == first.line]
-    span = dataclasses.replace(first, end_line=on_line[-1].end_line, end_col=on_line[-1].end_col)
+    span = dim_line(ir)
     known = [d.name for d in ir.dims]
     listing = f"the dims of `{ir.name}` are {', '.join(known)}"
     errors = []
