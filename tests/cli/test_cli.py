@@ -88,6 +88,22 @@ def test_a_shape_naming_no_dim_underlines_the_dim_line_and_lists_the_dims(
     assert "hint: drop it (the dims of `layernorm` are T, H)" in err
 
 
+@pytest.mark.parametrize("command", ["check-spec", "build", "check"])
+def test_a_param_default_the_host_refuses_is_a_spec_error(
+    command: str, tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """`param p = 0` with `x / p` passed check-spec and build; `check` then ran the host, which refuses
+    p = 0, and exited 3 with a traceback calling it a fusegen bug."""
+    spec = tmp_path / "zero.spec"
+    spec.write_text("kernel zero\ndim T, H\ninput x: bf16[T, H]\nparam p = 0\noutput y: bf16[T, H]\n"
+                    "y = x / p\ncheck T=4 H=128\n")  # fmt: skip
+    assert main([command, "--out", str(tmp_path / "gen"), str(spec)] if command == "build"
+                else [command, str(spec)]) == 2  # fmt: skip
+    err = capsys.readouterr().err
+    assert f"{spec}:6:5: error: with `param p = 0.0` (line 4), the kernel needs p != 0, and it is 0.0" in err
+    assert "Traceback" not in err and "fusegen bug" not in err
+
+
 @pytest.mark.parametrize("command", ["check", "explain", "bench"])
 def test_a_shape_past_the_host_memory_is_a_spec_error(
     command: str, tmp_path: Path, capsys: pytest.CaptureFixture[str]
