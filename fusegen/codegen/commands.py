@@ -215,14 +215,9 @@ def _unknown_dims(ir: KernelIR, dims: dict[str, int]) -> list[Diagnostic]:
     for name in dims:
         if name not in known:
             what = f"--shape names `{name}`, which is not a dim of `{ir.name}`"
-            errors.append(Diagnostic(span, what, hint=f"{_suggest(name, known)} ({listing})"))
+            fix = did_you_mean(name, known) or "drop it"
+            errors.append(Diagnostic(span, what, hint=f"{fix} ({listing})"))
     return errors
-
-
-def _suggest(name: str, known: list[str]) -> str:
-    """`did you mean ...?` for a dim spelled in another case (`r` for `R`) or close, else `drop it`."""
-    same = [k for k in known if k.lower() == name.lower()]
-    return f"did you mean `{same[0]}`?" if same else did_you_mean(name, known) or "drop it"
 
 
 def _refixed_dims(ir: KernelIR, dims: dict[str, int]) -> list[Diagnostic]:

@@ -102,7 +102,7 @@ def _check_values(ctx: Context, decl: ast.CheckDecl) -> dict[str, int] | None:
         dim = ctx.dims.get(name)
         value = positive_int(ctx, item.value, f"`{name}`")
         if dim is None:
-            ctx.error(item.name.span, f"unknown dim `{name}`", ctx.suggest(name, ctx.dims))
+            ctx.error(item.name.span, f"unknown dim `{name}`", ctx.suggest(name, ctx.dims) or _dims_hint(ctx))
         elif name in given:
             ctx.error(item.span, f"`{name}` is given twice")
         elif value is not None and dim.value is not None and value != dim.value:
@@ -169,3 +169,10 @@ def _item_fits(item: ir.IndexItem, size: Dim, env: Mapping[str, int]) -> bool:
     start, limit = item.start.eval(env), size.eval(env)
     stop = start + 1 if item.stop is None else item.stop.eval(env)
     return 0 <= start < stop <= limit
+
+
+def _dims_hint(ctx: Context) -> str:
+    """The dims a check line may give (the first few: a hint, not a listing of thousands)."""
+    names = list(ctx.dims)
+    shown = ", ".join(names[:8]) + (", ..." if len(names) > 8 else "")
+    return f"the spec's dims are {shown}" if names else "the spec declares no dims: add a `dim` line"
