@@ -146,11 +146,14 @@ def _satisfies(
 
 def _shapes_fit(ctx: Context, decl: ast.CheckDecl, env: Mapping[str, int]) -> bool:
     """Report dims that the check makes non-positive, and indices it pushes out of range."""
-    problems = []
+    problems: list[tuple[str, str | None]] = []
     for node in ctx.nodes:
         if node.op == "input" and any(size < 1 for size in ir.eval_shape(node.shape, env)):
             sizes = ", ".join(str(size) for size in ir.eval_shape(node.shape, env))
-            problems.append(f"input `{node.name}` gets shape [{sizes}]")
+            declared = ", ".join(str(d) for d in node.shape)
+            fix = (f"every axis of an input needs at least 1 element: give this check larger dims, or fix "
+                   f"`{node.name}`'s shape [{declared}] at line {node.span.line}")  # fmt: skip
+            problems.append((f"input `{node.name}` gets shape [{sizes}]", fix))
         if node.op == "index":
             source = ctx.nodes[node.args[0]].shape
             items = node.attr("index")
@@ -158,10 +161,10 @@ def _shapes_fit(ctx: Context, decl: ast.CheckDecl, env: Mapping[str, int]) -> bo
             for item, size in zip(items, source, strict=True):
                 if not _item_fits(item, size, env):
                     problems.append(
-                        f"the index at line {node.span.line} is out of range for a dim of size {size}"
+                        (f"the index at line {node.span.line} is out of range for a dim of size {size}", None)
                     )
-    for problem in problems:
-        ctx.error(decl.span, f"under this check, {problem}")
+    for problem, fix_hint in problems:
+        ctx.error(decl.span, f"under this check, {problem}", fix_hint)
     return not problems
 
 
