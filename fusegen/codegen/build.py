@@ -24,13 +24,14 @@ from fusegen.codegen.rowreduce.family import ROWREDUCE
 from fusegen.codegen.stage import StageError
 from fusegen.dsl import load_spec
 from fusegen.dsl.check import MAX_CHAIN, check_with_warnings
-from fusegen.dsl.diagnostics import Diagnostic, SpecError
+from fusegen.dsl.diagnostics import Diagnostic, Span, SpecError
 from fusegen.dsl.ir import CheckShape, KernelIR
 from fusegen.dsl.parser import parse
 from fusegen.dsl.source import read_spec
+from fusegen.perf.targets import offered
+from fusegen.sim.targets import TARGETS
 
 FAMILIES: tuple[Family, ...] = (FFN, PROJ, ROWREDUCE)
-PLAN_HINT = "shrink this shape, or build for another --target"
 
 
 @dataclass(frozen=True)
@@ -117,7 +118,7 @@ def _plans(family: Family, ir: KernelIR, match: object, options: BuildOptions, s
             at = dataclasses.replace(ir, checks=(check,))
             plans += family.plans(at, match, options.target, options.lnc)
         except PlanError as err:
-            errors.append(Diagnostic(check.span, str(err), hint=PLAN_HINT))
+            errors.append(Diagnostic(check.span, str(err), hint=plan_hint(options.target)))
     if errors:
         raise SpecError(errors, source)
     return tuple(plans)
@@ -130,13 +131,31 @@ def plan_shape(path: str, dims: dict[str, int], target: str, lnc: int) -> None:
     family, match = select_family(ir, source)
     if errors := fp8_errors(ir, family.name, target):
         raise SpecError(errors, source)
-    where = ir.checks[0].span if ir.checks else ir.outputs[0].span
-    at = dataclasses.replace(ir, checks=(CheckShape(tuple(sorted(dims.items())), where),))
+    at = dataclasses.replace(ir, checks=(CheckShape(tuple(sorted(dims.items())), dim_line(ir)),))
     try:
         family.plans(at, match, target, lnc)
     except PlanError as err:
         shape = " ".join(f"{k}={v}" for k, v in sorted(dims.items()))
-        raise SpecError([Diagnostic(where, f"--shape {shape}: {err}", hint=PLAN_HINT)], source) from None
+        # at the dims --shape gives values to, as its other errors: the first check line is no part of it
+        error = Diagnostic(dim_line(ir), f"--shape {shape}: {err}", hint=plan_hint(target))
+        raise SpecError([error], source) from None
+
+
+def dim_line(ir: KernelIR) -> Span:
+    """The first `dim` line's dims, from its first name to its last."""
+    first = ir.dims[0].span
+    last = [d.span for d in ir.dims if d.span.line == first.line][-1]
+    return dataclasses.replace(first, end_line=last.end_line, end_col=last.end_col)
+
+
+def plan_hint(target: str) -> str:
+    """What to do when no plan fits: shrink the shape, or build for an offered target with more SBUF
+    (none is larger than trn2's, so there the hint does not send the user to trn1)."""
+    usable = TARGETS[target].sbuf_usable_bytes
+    larger = [t for t in offered() if TARGETS[t].sbuf_usable_bytes > usable]
+    also = "".join(f", or build for --target {t} ({TARGETS[t].sbuf_usable_bytes} B of SBUF per partition)"
+                   for t in larger)  # fmt: skip
+    return f"shrink this shape{also}"
 
 
 def select_family(ir: KernelIR, source: str) -> tuple[Family, object]:

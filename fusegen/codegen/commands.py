@@ -14,6 +14,7 @@ from fusegen.codegen.build import (
     BuildOptions,
     Built,
     build_spec,
+    dim_line,
     plan_shape,
 )
 from fusegen.codegen.files.tests import test_case, test_shapes
@@ -22,6 +23,7 @@ from fusegen.codegen.recorded import kernel_folders
 from fusegen.dsl import load_spec
 from fusegen.dsl.diagnostics import Diagnostic, Span, SpecError
 from fusegen.dsl.ir import KernelIR, eval_shape
+from fusegen.dsl.names import did_you_mean
 from fusegen.dsl.shapes import MAX_DIM_VALUE
 from fusegen.jsonout import document, emit, number
 from fusegen.testing import TORCH_DTYPES, Report, run_against_reference
@@ -74,8 +76,19 @@ def _report_stale(out_dir: Path, built: list[Built], orphans: list[tuple[Path, s
     for path, why in stale:
         print(f"stale: {path}" + ("" if why == "differs" else f" ({why})"))
     if stale:
-        print(f"{len(stale)} generated file(s) differ from `fusegen build`; run it and commit the result")
+        print(_stale_summary(out_dir, [path for path, _ in stale], len(orphans)))
     return 1 if stale else 0
+
+
+def _stale_summary(out_dir: Path, paths: list[str], orphans: int) -> str:
+    """The closing line: stale files and folders counted apart (an orphan folder is one entry, not its
+    files), and what fixes each."""
+    folders = sum(path.endswith("/") or Path(path).is_dir() for path in paths)
+    counts = [f"{n} {what}" for n, what in ((len(paths) - folders, "file(s)"), (folders, "folder(s)")) if n]
+    fix = "run `fusegen build` and commit the result"
+    if orphans:  # a build never deletes a folder whose spec is gone or builds another kernel
+        fix += f"; the {orphans} folder(s) no spec builds: build their spec by name, or delete them"
+    return f"{' and '.join(counts)} under {out_dir}/ are stale: {fix}"
 
 
 def _why_stale(out_dir: Path, built: Built, rel: str) -> str:
@@ -172,12 +185,7 @@ def validated_shape(ir: KernelIR, spec: str, dims: dict[str, int]) -> dict[str, 
         for d in free
         if d.name not in dims
     ]
-    known = {d.name for d in ir.dims}
-    errors += [
-        Diagnostic(ir.dims[0].span, f"--shape names `{name}`, which is not a dim of `{ir.name}`")
-        for name in dims
-        if name not in known
-    ]
+    errors += _unknown_dims(ir, dims) + _refixed_dims(ir, dims)
     # as on a `check` line: a run needs every dim >= 1 (a call with a zero dim launches nothing)
     limits = f"a dim must be a positive integer (at most {MAX_DIM_VALUE})"
     errors += [
@@ -195,6 +203,34 @@ def validated_shape(ir: KernelIR, spec: str, dims: dict[str, int]) -> dict[str, 
     if errors:
         raise SpecError(errors, source)
     return {name: dims[name] for name in sorted(dims)}
+
+
+def _unknown_dims(ir: KernelIR, dims: dict[str, int]) -> list[Diagnostic]:
+    """An error per `--shape` name the spec does not declare, under the whole `dim` line (not one dim's name)
+    and naming the dims it does declare."""
+    span = dim_line(ir)
+    known = [d.name for d in ir.dims]
+    listing = f"the dims of `{ir.name}` are {', '.join(known)}"
+    errors = []
+    for name in dims:
+        if name not in known:
+            what = f"--shape names `{name}`, which is not a dim of `{ir.name}`"
+            fix = did_you_mean(name, known) or "drop it"
+            errors.append(Diagnostic(span, what, hint=f"{fix} ({listing})"))
+    return errors
+
+
+def _refixed_dims(ir: KernelIR, dims: dict[str, int]) -> list[Diagnostic]:
+    """An error per `--shape` value for a dim the spec fixes to another value (as on a `check` line); it
+    reached the host function's argument check, a traceback."""
+    errors = []
+    for d in ir.dims:
+        if d.value is not None and d.name in dims and dims[d.name] != d.value:
+            given = f"{d.name}={dims[d.name]}"
+            hint = f"drop {given} (a fixed dim needs no value), or change its `dim` line"
+            what = f"--shape gives {given}, but the spec fixes `{d.name} = {d.value}`"
+            errors.append(Diagnostic(d.span, what, hint=hint))
+    return errors
 
 
 def fits_host(ir: KernelIR, spec: str, runs: list[dict[str, int]], given: bool = False) -> None:

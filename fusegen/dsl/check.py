@@ -21,6 +21,7 @@ from fusegen.dsl.declarations import (
 from fusegen.dsl.diagnostics import Diagnostic, SpecError
 from fusegen.dsl.dim_sources import dim_sources
 from fusegen.dsl.expressions import value
+from fusegen.dsl.param_scalars import default_errors
 from fusegen.dsl.parser import parse
 from fusegen.dsl.source import read_spec
 
@@ -65,6 +66,8 @@ def check_with_warnings(spec: ast.Spec) -> tuple[ir.KernelIR, tuple[Diagnostic, 
         checks=checks,
         doc=spec.doc,
     )
+    if errors := default_errors(kernel):  # needs the whole graph: the scalars a node forms from the params
+        raise SpecError(errors, spec.source)
     return kernel, _in_source_order(ctx.warnings)
 
 

@@ -102,7 +102,7 @@ def _check_values(ctx: Context, decl: ast.CheckDecl) -> dict[str, int] | None:
         dim = ctx.dims.get(name)
         value = positive_int(ctx, item.value, f"`{name}`")
         if dim is None:
-            ctx.error(item.name.span, f"unknown dim `{name}`", ctx.suggest(name, ctx.dims))
+            ctx.error(item.name.span, f"unknown dim `{name}`", ctx.suggest(name, ctx.dims) or _dims_hint(ctx))
         elif name in given:
             ctx.error(item.span, f"`{name}` is given twice")
         elif value is not None and dim.value is not None and value != dim.value:
@@ -146,11 +146,14 @@ def _satisfies(
 
 def _shapes_fit(ctx: Context, decl: ast.CheckDecl, env: Mapping[str, int]) -> bool:
     """Report dims that the check makes non-positive, and indices it pushes out of range."""
-    problems = []
+    problems: list[tuple[str, str | None]] = []
     for node in ctx.nodes:
         if node.op == "input" and any(size < 1 for size in ir.eval_shape(node.shape, env)):
             sizes = ", ".join(str(size) for size in ir.eval_shape(node.shape, env))
-            problems.append(f"input `{node.name}` gets shape [{sizes}]")
+            declared = ", ".join(str(d) for d in node.shape)
+            fix = (f"every axis of an input needs at least 1 element: give this check larger dims, or fix "
+                   f"`{node.name}`'s shape [{declared}] at line {node.span.line}")  # fmt: skip
+            problems.append((f"input `{node.name}` gets shape [{sizes}]", fix))
         if node.op == "index":
             source = ctx.nodes[node.args[0]].shape
             items = node.attr("index")
@@ -158,10 +161,10 @@ def _shapes_fit(ctx: Context, decl: ast.CheckDecl, env: Mapping[str, int]) -> bo
             for item, size in zip(items, source, strict=True):
                 if not _item_fits(item, size, env):
                     problems.append(
-                        f"the index at line {node.span.line} is out of range for a dim of size {size}"
+                        (f"the index at line {node.span.line} is out of range for a dim of size {size}", None)
                     )
-    for problem in problems:
-        ctx.error(decl.span, f"under this check, {problem}")
+    for problem, fix_hint in problems:
+        ctx.error(decl.span, f"under this check, {problem}", fix_hint)
     return not problems
 
 
@@ -169,3 +172,10 @@ def _item_fits(item: ir.IndexItem, size: Dim, env: Mapping[str, int]) -> bool:
     start, limit = item.start.eval(env), size.eval(env)
     stop = start + 1 if item.stop is None else item.stop.eval(env)
     return 0 <= start < stop <= limit
+
+
+def _dims_hint(ctx: Context) -> str:
+    """The dims a check line may give (the first few: a hint, not a listing of thousands)."""
+    names = list(ctx.dims)
+    shown = ", ".join(names[:8]) + (", ..." if len(names) > 8 else "")
+    return f"the spec's dims are {shown}" if names else "the spec declares no dims: add a `dim` line"

@@ -18,7 +18,7 @@ SCALAR_CODE = {
     **{op: f"float({{}} {sym} {{}})" for op, sym in (("lt", "<"), ("le", "<="), ("gt", ">"), ("ge", ">="),
                                                     ("eq", "=="), ("ne", "!="))},
 }  # fmt: skip
-_EVAL_NAMES = {"__builtins__": {}, "max": max, "min": min, "abs": abs, "float": float,
+EVAL_NAMES = {"__builtins__": {}, "max": max, "min": min, "abs": abs, "float": float,
                "inf": math.inf, "nan": math.nan}  # fmt: skip
 
 
@@ -44,7 +44,7 @@ def literal_value(nodes: Sequence[Node], node_id: int) -> float | None:
     if code is None:
         return None
     try:
-        value = eval(code, _EVAL_NAMES)  # our own code over float literals: the kernel's trace forms it so
+        value = eval(code, EVAL_NAMES)  # our own code over float literals: the kernel's trace forms it so
     except (ArithmeticError, ValueError):
         return math.nan
     return math.nan if isinstance(value, complex) else float(value)

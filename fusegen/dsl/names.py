@@ -68,5 +68,7 @@ def is_safe_identifier(name: str) -> bool:
 
 def did_you_mean(name: str, candidates: Iterable[str]) -> str | None:
     """A hint naming the closest candidate, if one is close."""
-    close = difflib.get_close_matches(name, sorted(set(candidates)), n=1, cutoff=0.6)
+    pool = sorted(set(candidates))
+    same = [c for c in pool if c.lower() == name.lower()]  # `t` for `T`: too short for difflib's ratio
+    close = same or difflib.get_close_matches(name, pool, n=1, cutoff=0.6)
     return f"did you mean `{close[0]}`?" if close else None

@@ -8,6 +8,7 @@ from collections.abc import Mapping
 from lark.exceptions import UnexpectedCharacters, UnexpectedInput, UnexpectedToken
 
 from fusegen.dsl.diagnostics import Diagnostic, Span
+from fusegen.dsl.names import did_you_mean
 
 #: how each terminal is named in a message (string terminals such as `kernel` speak for themselves).
 _TERMINAL_WORDS = {
@@ -74,8 +75,24 @@ def _unexpected_token(err: UnexpectedToken, text: str, path: str, literals: Mapp
     described = _describe_token(token.type, str(token))
     message = f"unexpected {described}; expected {_expected(expected, literals)}"
     first_on_line = len(_ROUGH_TOKEN.findall(prefix)) == 1
-    hint = _DECLARATION_HINT if first_on_line and expected <= {"EQUAL"} else None
+    hint = _DECLARATION_HINT if first_on_line and expected <= {"EQUAL"} else _line_hint(prefix, str(token))
     return Diagnostic(span, message, hint=hint)
+
+
+def _line_hint(prefix: str, token: str) -> str | None:
+    """How to fix a token a line of its kind cannot hold: `finite` off an input line, a `check` item that
+    is not `NAME=INT` (the message alone names only the token)."""
+    words = _ROUGH_TOKEN.findall(prefix)
+    first = words[0] if words else ""
+    if token == "finite" and first in ("output", "optional", "param"):
+        return "only an `input` line ends in `finite`: it promises the values the caller passes in"
+    if token == "finite":
+        return "write `finite` once, at the end of the input line"
+    if first == "input" and prefix.rstrip().endswith("]"):  # `finit` where `finite` may stand
+        return did_you_mean(token, ["finite"])
+    if first == "check":
+        return "a check line lists `NAME=INT` items separated by spaces, e.g. `check T=4 H=128`"
+    return None
 
 
 def _acceptable(err: UnexpectedToken) -> set[str]:

@@ -125,6 +125,20 @@ def _choose(m: _RowModel, width: int, heads: int, budget: int) -> tuple[int, boo
     """(HB, resident): prepared weights resident if they fit, else rebuilt per token tile and head (their
     weights re-read once per 128 tokens), with heads overlapped if that fits too; then the fewest reduction
     chunks, each the narrowest multiple of 128 for that count."""
+    plan = _kept_plan(m, width, heads, budget)
+    if plan is None:
+        need = _sbuf_bytes(m, width, heads, _P, False, _SERIAL)
+        widest = _widest(lambda w: _kept_plan(m, w, heads, budget) is not None, width)
+        raise ValueError(
+            f"no tile plan fits: width {width} with {heads} head(s) needs {need} B/partition of SBUF "
+            f"even with 128-column chunks and one head's weights at a time; the budget is {budget} B, "
+            f"{_fitting(widest, heads)}"
+        )
+    return plan
+
+
+def _kept_plan(m: _RowModel, width: int, heads: int, budget: int) -> tuple[int, bool] | None:
+    """`choose`'s (HB, resident) with whole rows kept in SBUF, or None when none fits."""
     for resident in (True, False):
         for overlap in (_HEADS, _SERIAL):
             fixed = _sbuf_bytes(m, width, heads, 0, resident, overlap)
@@ -132,34 +146,53 @@ def _choose(m: _RowModel, width: int, heads: int, budget: int) -> tuple[int, boo
             widest = min(_cdiv(width, _P) * _P, room // _P * _P)
             if widest >= _P and _sbuf_bytes(m, width, heads, _P, resident, overlap) <= budget:
                 return _cdiv(_cdiv(width, _cdiv(width, widest)), _P) * _P, resident
-    need = _sbuf_bytes(m, width, heads, _P, False, _SERIAL)
-    raise ValueError(
-        f"no tile plan fits: width {width} with {heads} heads needs {need} B/partition of SBUF "
-        f"even with 128-column chunks and one head's weights at a time; the budget is {budget} B"
-    )
+    return None
 
 
 def _choose_rows(m: _RowModel, width: int, heads: int, budget: int) -> tuple[int, bool, int, bool]:
     """(HB, resident, overlap, streamed): whole rows kept in SBUF (`choose`) when they fit, as their inputs
     then cross HBM once; else rows streamed from HBM in the widest chunks that fit, once per reduction pass
     and once more for the epilogue."""
-    try:
-        hb, resident = _choose(m, width, heads, budget)
+    plan = _rows_plan(m, width, heads, budget)
+    if plan is None:
+        need = _sbuf_bytes(m, width, heads, _P, False, _SERIAL, True)
+        widest = _widest(lambda w: _rows_plan(m, w, heads, budget) is not None, width)
+        raise ValueError(
+            f"no tile plan fits: width {width} with {heads} head(s) needs {need} B/partition of SBUF "
+            f"even with rows streamed from HBM in 128-column chunks and one head's weights at a time "
+            f"(the prepared weights stay width-long); the budget is {budget} B, {_fitting(widest, heads)}"
+        )
+    return plan
+
+
+def _rows_plan(m: _RowModel, width: int, heads: int, budget: int) -> tuple[int, bool, int, bool] | None:
+    """`choose_rows`'s plan, or None when none fits."""
+    kept = _kept_plan(m, width, heads, budget)
+    if kept is not None:
+        hb, resident = kept
         return hb, resident, _overlaps(m, width, heads, hb, resident, budget), False
-    except ValueError:
-        pass
     per_column = m.row_inputs + m.stream_epilogue + m.chunk
     for resident in (True, False):
         room = budget - _sbuf_bytes(m, width, heads, 0, resident, _SERIAL, True)
         widest = min(_cdiv(width, _P) * _P, room // per_column // _P * _P)
         if widest >= _P and _sbuf_bytes(m, width, heads, _P, resident, _SERIAL, True) <= budget:
             return _cdiv(_cdiv(width, _cdiv(width, widest)), _P) * _P, resident, _SERIAL, True
-    need = _sbuf_bytes(m, width, heads, _P, False, _SERIAL, True)
-    raise ValueError(
-        f"no tile plan fits: width {width} with {heads} heads needs {need} B/partition of SBUF "
-        f"even with rows streamed from HBM in 128-column chunks and one head's weights at a time "
-        f"(the prepared weights stay width-long); the budget is {budget} B"
-    )
+    return None
+
+
+def _widest(fits: Callable[[int], bool], width: int) -> int:
+    """The widest width below `width` that `fits` (0: none); a refusal names it, so the caller knows how
+    far to shrink (or where to split the row). Every buffer grows with the width, so fitting is monotone."""
+    low, high = 0, width  # fits(low) or low == 0; not fits(high)
+    while high - low > 1:
+        mid = (low + high) // 2
+        low, high = (mid, high) if fits(mid) else (low, mid)
+    return low
+
+
+def _fitting(widest: int, heads: int) -> str:
+    """The limit in words, after the budget."""
+    return f"which fits {f'width <= {widest}' if widest else 'no width'} at {heads} head(s)"
 
 _MODEL = _RowModel(resident_per_head=4, prep_scratch=0, row_inputs=8, epilogue=4, chunk=36, columns=168, row_copies=1, stream_epilogue=0, launch_tiles=0, diagonals=0, tile_heads=0)
 

@@ -65,6 +65,46 @@ def test_a_shape_dim_outside_1_to_2_31_is_a_spec_error(
 
 
 @pytest.mark.parametrize("command", ["check", "explain", "bench"])
+def test_a_shape_giving_a_fixed_dim_another_value_is_a_spec_error(
+    command: str, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """`dim HC = 8` and --shape HC=4 reached the host function's argument check: a ValueError traceback,
+    exit 3, "a fusegen bug"; now an error at the `dim` line, and HC=8 itself is accepted."""
+    spec = str(ROOT / "examples" / "engram_gate_hc8.spec")
+    assert main([command, "--shape", "T=3", "H=256", "HC=4", spec]) == 2
+    err = capsys.readouterr().err
+    assert f"{spec}:11:5: error: --shape gives HC=4, but the spec fixes `HC = 8`" in err
+    assert "hint: drop HC=4" in err and "Traceback" not in err
+
+
+def test_a_shape_naming_no_dim_underlines_the_dim_line_and_lists_the_dims(
+    capsys: pytest.CaptureFixture[str]
+) -> None:
+    """The caret stood under the first dim's name alone, as if `T` were wrong; a case slip gets its dim."""
+    assert main(["check", "--shape", *SMALL, "h=128", "Q=4", LAYERNORM]) == 2
+    err = capsys.readouterr().err
+    assert f"{LAYERNORM}:5:5: error: --shape names `h`, which is not a dim of `layernorm`" in err
+    assert "    dim T, H\n        ^~~~\n  hint: did you mean `H`? (the dims of `layernorm` are T, H)" in err
+    assert "hint: drop it (the dims of `layernorm` are T, H)" in err
+
+
+@pytest.mark.parametrize("command", ["check-spec", "build", "check"])
+def test_a_param_default_the_host_refuses_is_a_spec_error(
+    command: str, tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """`param p = 0` with `x / p` passed check-spec and build; `check` then ran the host, which refuses
+    p = 0, and exited 3 with a traceback calling it a fusegen bug."""
+    spec = tmp_path / "zero.spec"
+    spec.write_text("kernel zero\ndim T, H\ninput x: bf16[T, H]\nparam p = 0\noutput y: bf16[T, H]\n"
+                    "y = x / p\ncheck T=4 H=128\n")  # fmt: skip
+    assert main([command, "--out", str(tmp_path / "gen"), str(spec)] if command == "build"
+                else [command, str(spec)]) == 2  # fmt: skip
+    err = capsys.readouterr().err
+    assert f"{spec}:6:5: error: with `param p = 0.0` (line 4), the kernel needs p != 0, and it is 0.0" in err
+    assert "Traceback" not in err and "fusegen bug" not in err
+
+
+@pytest.mark.parametrize("command", ["check", "explain", "bench"])
 def test_a_shape_past_the_host_memory_is_a_spec_error(
     command: str, tmp_path: Path, capsys: pytest.CaptureFixture[str]
 ) -> None:

@@ -49,3 +49,37 @@ def test_a_width_no_whole_dim_gives_names_the_argument(tmp_path: Path) -> None:
         kernel.twice(torch.zeros(2, 129), torch.zeros(129), lnc=1)
     with pytest.raises(ValueError, match=r"twice: w: expected \[2\*D=128\] \(D from x\), got \[130\]"):
         kernel.twice(torch.zeros(2, 128), torch.zeros(130), lnc=1)
+
+
+FFN_WIDTHS = {
+    "inter": ("K", "2*I", "check R=4 K=128 I=64"),
+    "hidden": ("K + 128", "I", "check R=3 K=128 I=40"),
+}
+
+
+@pytest.mark.parametrize("name", FFN_WIDTHS)
+def test_an_ffn_whose_width_is_a_dim_expression_builds_and_runs(name: str, tmp_path: Path) -> None:
+    """An FFN's hidden or intermediate axis spelled as an expression (a packed `2*I`) reached the planner
+    as a dim name: KeyError '2*I', exit 3. Now it plans, its plan names the spec's dims, and the host
+    matches a float64 formula at a width the check line does not give."""
+    hidden, inter, check = FFN_WIDTHS[name]
+    spec = tmp_path / f"{name}.spec"
+    spec.write_text(
+        f"kernel {name}\ndim R, K, I\nrequire K % 128 == 0\ninput x: bf16[R, {hidden}]\n"
+        f"input w1t: bf16[{hidden}, {inter}]\ninput w2t: bf16[{inter}, {hidden}]\n"
+        f"output o: f32[R, {hidden}]\n"
+        f"o = bf16(silu(x @ w1t)) @ w2t\n{check}\n"
+    )
+    assert main(["build", "--out", str(tmp_path / "out"), str(spec)]) == 0
+    folder = tmp_path / "out" / name
+    headings = [line for line in (folder / "plan.md").read_text().splitlines() if line.startswith("## ")]
+    assert headings and all("*" not in line and "+" not in line for line in headings), headings
+    gen = torch.Generator().manual_seed(7)
+    rows, k, i = 5, (256 if name == "hidden" else 128), (130 if name == "inter" else 67)
+    x = torch.randn(rows, k, generator=gen).bfloat16()
+    w1t = (torch.randn(k, i, generator=gen) * k**-0.5).bfloat16()
+    w2t = (torch.randn(i, k, generator=gen) * i**-0.5).bfloat16()
+    h = torch.nn.functional.silu(x.double() @ w1t.double())
+    want = h.bfloat16().double() @ w2t.double()
+    got = getattr(load_module(folder / "kernel.py", target="trn2"), name)(x, w1t, w2t, lnc=1)
+    torch.testing.assert_close(got.double(), want, rtol=1e-3, atol=1e-3)

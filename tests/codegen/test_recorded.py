@@ -77,3 +77,16 @@ def test_a_folder_whose_spec_is_gone_is_stale_and_named(
         spec.unlink()
     assert main(["build", "--check"]) == 1  # nothing left to build, and the lost folders are still named
     assert "its spec examples/layernorm.spec is not found" in capsys.readouterr().out
+
+
+def test_the_stale_count_counts_an_orphan_folder_once_beside_the_files(
+    project: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    (project / "specs" / "my.spec").unlink()  # my_kernel/ (6 files) is one stale folder
+    with (project / "generated" / "layernorm" / "plan.md").open("a") as plan:
+        plan.write("edited\n")
+    capsys.readouterr()
+    assert main(["build", "--check"]) == 1
+    last = capsys.readouterr().out.splitlines()[-1]
+    assert last.startswith("1 file(s) and 1 folder(s) under generated/ are stale: run `fusegen build`"), last
+    assert "build their spec by name, or delete them" in last

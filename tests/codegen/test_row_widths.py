@@ -71,7 +71,7 @@ def test_the_resident_plan_stays_where_rows_fit() -> None:
 #: 128-column chunks, per-row columns and the Tensor engine's 768-byte identity)
 LIMIT = ["T=8", "HC=2", "H=65536"]
 LIMIT_MESSAGE = (
-    r"width 65536 with 2 heads needs 266,?728 B/partition of SBUF even with rows streamed from HBM in "
+    r"width 65536 with 2 head\(s\) needs 266,?728 B/partition of SBUF even with rows streamed from HBM in "
     r"128-column chunks .*the budget is 180,?224 B"
 )
 
@@ -79,10 +79,41 @@ LIMIT_MESSAGE = (
 def test_the_limit_is_one_heads_prepared_weights() -> None:
     ex = next(e for e in EXAMPLES if e.name == "engram_gate")
     at_limit = plan_rows(ex, {"T": 8, "HC": 2, "H": 65536}, "trn1", 1)
-    assert at_limit.plan is None and re.search(LIMIT_MESSAGE + " on trn1", at_limit.error), at_limit.error
+    said = LIMIT_MESSAGE + r", which fits width <= \d+ at 2 head\(s\) on trn1"
+    assert at_limit.plan is None and re.search(said, at_limit.error), at_limit.error
     softmax = next(e for e in EXAMPLES if e.name == "scaled_softmax")
     plan = plan_rows(softmax, {"T": 8, "H": 1 << 20}, "trn1", 1).plan
     assert plan is not None and _streamed(plan)  # no weights: no limit
+
+
+@pytest.mark.parametrize("name", ["add_rmsnorm", "t5_rmsnorm", "layernorm"])
+@pytest.mark.parametrize("target", ["trn1", "trn2"])
+def test_the_refusal_names_the_widest_width_that_fits(name: str, target: str) -> None:
+    """A weighted norm past its limit (add_rmsnorm at H=53248 on trn2) said what it needs and the budget,
+    not how far to shrink; the width it names now plans, and one column more does not."""
+    ex = next(e for e in EXAMPLES if e.name == name)
+    refused = plan_rows(ex, {"T": 1, "H": 1 << 17}, target, 1)
+    found = re.search(rf"B, which fits width <= (\d+) at 1 head\(s\) on {target}$", refused.error)
+    assert refused.plan is None and found, refused.error
+    widest = int(found[1])
+    assert plan_rows(ex, {"T": 1, "H": widest}, target, 1).plan is not None
+    assert plan_rows(ex, {"T": 1, "H": widest + 1}, target, 1).plan is None
+
+
+@pytest.mark.parametrize("target", ["trn1", "trn2"])
+def test_a_shape_past_the_limit_is_an_error_at_the_dim_line_with_a_hint_that_helps(
+    target: str, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """--shape's plan error stood at the spec's first check line, which it has nothing to do with, and its
+    hint sent a trn2 user to another --target (trn1, whose SBUF is smaller)."""
+    spec = str(ROOT / "examples" / "add_rmsnorm.spec")
+    assert main(["check", spec, "--target", target, "--shape", "T=1", "H=53248"]) == 2
+    err = capsys.readouterr().err
+    assert f"{spec}:6:5: error: --shape H=53248 T=1: no tile plan fits: width 53248" in err, err
+    assert "    dim T, H\n        ^~~~\n" in err
+    hint = {"trn1": "shrink this shape, or build for --target trn2 (212984 B of SBUF per partition)",
+            "trn2": "shrink this shape"}[target]  # fmt: skip
+    assert f"  hint: {hint}\n" in err
 
 
 @pytest.mark.parametrize("command", ["check", "explain"])

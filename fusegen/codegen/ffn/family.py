@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 from dataclasses import dataclass
 
 from fusegen.codegen.autodiff import backward_ir
@@ -73,7 +74,12 @@ class FfnFamily:
         """The `count` best plans at `dims`, best first."""
         roles = (str(m.rows), str(m.hidden), str(m.inter))
         model = lower_ffn(ir, m).model
-        return ffn_candidates(model, get_target(target), lnc, {**ir.fixed_dims(), **dims}, roles, count)
+        env = {**ir.fixed_dims(), **dims}
+        # a role may be a dim expression (`w1t: [K, 2*I]`): the planner reads its value under its spelling
+        # (a KeyError, exit 3, before), and each plan names the spec's dims alone
+        sizes = {str(role): role.eval(env) for role in (m.rows, m.hidden, m.inter)}
+        plans = ffn_candidates(model, get_target(target), lnc, {**env, **sizes}, roles, count)
+        return [dataclasses.replace(p, dims=tuple(sorted(env.items()))) for p in plans]
 
     def kernel_source(self, ir: KernelIR, m: FfnMatch, target: str, lnc: int) -> str:
         """kernel.py: the NKI kernel, its vendored planner, the host function."""

@@ -7,13 +7,13 @@ from the IR (inputs, dims, `require` lines, params, outputs) and the targets the
 
 from __future__ import annotations
 
-from collections.abc import Callable, Iterable, Sequence
+from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
 
 from fusegen.codegen.files import argcheck as argcheck
 from fusegen.codegen.files.render import vendored
-from fusegen.dsl.folding import scalar_code
-from fusegen.dsl.ir import Constraint, KernelIR, Node, Shape
+from fusegen.dsl.ir import Constraint, KernelIR, Shape
+from fusegen.dsl.param_scalars import param_scalars
 from fusegen.sim.targets import TARGETS
 
 #: IR dtype -> torch dtype attribute
@@ -117,81 +117,6 @@ def _block(field: str, items: list[str]) -> str:
 
 
 def _domains(ir: KernelIR) -> list[str]:
-    """`_Domain` literals: every divisor, rsqrt / sqrt operand and power base that is a scalar of the params
-    alone (the kernel forms it in Python when traced, where 0 or a negative has no value), then the f32
-    immediates each node computes with, in IR order (a divisor's check before its reciprocal's), once each."""
-    params = {p.name: i for i, p in enumerate(ir.params)}
-
-    def spell(name: str) -> str | None:  # None: a param the IR reads but does not take (the weight prep's)
-        return f"p[{params[name]}]" if name in params else None
-
-    found: dict[tuple[str, str], str] = {}
-    for node in ir.nodes:
-        checks = []
-        need = _need(node)
-        if need is not None:
-            operand = ir.node(node.args[1] if node.op == "div" else node.args[0])
-            code = _scalar(ir, operand, spell)
-            if code is not None and "p[" in code:
-                checks.append((str(_scalar(ir, operand, str)), need, code))
-        checks += [(text, "f32", code) for text, code in _immediates(ir, node, spell)]
-        for text, kind, code in checks:
-            found.setdefault((text, kind), f"_Domain({text!r}, {kind!r}, {node.span.line}, lambda p: {code})")
-    return list(found.values())
-
-
-def _immediates(ir: KernelIR, node: Node, param: Callable[[str], str | None]) -> list[tuple[str, str]]:
-    """(text, code) of each scalar of the params `node` computes with as an f32 immediate (a divisor's
-    reciprocal, which the kernel multiplies by); none where `node` is itself such a scalar (formed in Python)
-    or the scalar is a bare param (`_bare`)."""
-    if _scalar(ir, node, str) is not None:
-        return []
-    found = []
-    for i, operand in enumerate(ir.operands(node)):
-        code = _scalar(ir, operand, param)
-        if code is None or "p[" not in code:
-            continue
-        text = str(_scalar(ir, operand, str))
-        if node.op == "div" and i == 1:
-            found.append((f"1 / {text}", f"(1.0 / {code})"))
-        elif not _bare(ir, operand):
-            found.append((text, code))
-    return found
-
-
-def _bare(ir: KernelIR, node: Node) -> bool:
-    """Whether `node` is a param, or its negation, absolute value or cast: as large as the param, whose range
-    the param check covers."""
-    while node.op in ("neg", "abs", "cast"):
-        node = ir.operands(node)[0]
-    return node.op == "param"
-
-
-def _need(node: Node) -> str | None:
-    """What the operand of `node` must be for Python to form it: a divisor nonzero, an rsqrt or negative
-    power's base positive, a sqrt or fractional power's base non-negative; None for other ops."""
-    if node.op == "div":
-        return "!= 0"
-    if node.op in ("rsqrt", "sqrt"):
-        return "> 0" if node.op == "rsqrt" else ">= 0"
-    if node.op == "pow":
-        exponent = float(node.attr("exponent"))  # type: ignore[arg-type]
-        if exponent < 0:
-            return "> 0" if not exponent.is_integer() else "!= 0"
-        return ">= 0" if not exponent.is_integer() else None
-    return None
-
-
-def _scalar(ir: KernelIR, node: Node, param: Callable[[str], str | None]) -> str | None:
-    """`node` as Python over the params (`param(name)` spells one, None: not a param here), or None when it is
-    not a scalar of params and constants alone (a dim, a tensor, an op the kernel does not form in Python)."""
-    if node.shape != ():
-        return None
-    if node.op == "param":
-        return param(str(node.name))
-    if node.op == "const":
-        return repr(float(node.attr("value")))  # type: ignore[arg-type]
-    args = [_scalar(ir, a, param) for a in ir.operands(node)]
-    if any(a is None for a in args):
-        return None
-    return scalar_code(node, args)  # type: ignore[arg-type]
+    """`_Domain` literals of the scalars the kernel forms from the params (dsl/param_scalars.py)."""
+    return [f"_Domain({d.text!r}, {d.need!r}, {d.node.span.line}, lambda p: {d.code})"
+            for d in param_scalars(ir)]  # fmt: skip

@@ -6,6 +6,7 @@ kernel, so the host function plans for runtime shapes with exactly the model the
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from typing import NamedTuple
 
 P = 128  # partitions: tokens per tile
@@ -113,6 +114,20 @@ def choose(m: RowModel, width: int, heads: int, budget: int) -> tuple[int, bool]
     """(HB, resident): prepared weights resident if they fit, else rebuilt per token tile and head (their
     weights re-read once per 128 tokens), with heads overlapped if that fits too; then the fewest reduction
     chunks, each the narrowest multiple of 128 for that count."""
+    plan = _kept_plan(m, width, heads, budget)
+    if plan is None:
+        need = sbuf_bytes(m, width, heads, P, False, SERIAL)
+        widest = _widest(lambda w: _kept_plan(m, w, heads, budget) is not None, width)
+        raise ValueError(
+            f"no tile plan fits: width {width} with {heads} head(s) needs {need} B/partition of SBUF "
+            f"even with 128-column chunks and one head's weights at a time; the budget is {budget} B, "
+            f"{_fitting(widest, heads)}"
+        )
+    return plan
+
+
+def _kept_plan(m: RowModel, width: int, heads: int, budget: int) -> tuple[int, bool] | None:
+    """`choose`'s (HB, resident) with whole rows kept in SBUF, or None when none fits."""
     for resident in (True, False):
         for overlap in (HEADS, SERIAL):
             fixed = sbuf_bytes(m, width, heads, 0, resident, overlap)
@@ -120,31 +135,50 @@ def choose(m: RowModel, width: int, heads: int, budget: int) -> tuple[int, bool]
             widest = min(cdiv(width, P) * P, room // P * P)
             if widest >= P and sbuf_bytes(m, width, heads, P, resident, overlap) <= budget:
                 return cdiv(cdiv(width, cdiv(width, widest)), P) * P, resident
-    need = sbuf_bytes(m, width, heads, P, False, SERIAL)
-    raise ValueError(
-        f"no tile plan fits: width {width} with {heads} heads needs {need} B/partition of SBUF "
-        f"even with 128-column chunks and one head's weights at a time; the budget is {budget} B"
-    )
+    return None
 
 
 def choose_rows(m: RowModel, width: int, heads: int, budget: int) -> tuple[int, bool, int, bool]:
     """(HB, resident, overlap, streamed): whole rows kept in SBUF (`choose`) when they fit, as their inputs
     then cross HBM once; else rows streamed from HBM in the widest chunks that fit, once per reduction pass
     and once more for the epilogue."""
-    try:
-        hb, resident = choose(m, width, heads, budget)
+    plan = _rows_plan(m, width, heads, budget)
+    if plan is None:
+        need = sbuf_bytes(m, width, heads, P, False, SERIAL, True)
+        widest = _widest(lambda w: _rows_plan(m, w, heads, budget) is not None, width)
+        raise ValueError(
+            f"no tile plan fits: width {width} with {heads} head(s) needs {need} B/partition of SBUF "
+            f"even with rows streamed from HBM in 128-column chunks and one head's weights at a time "
+            f"(the prepared weights stay width-long); the budget is {budget} B, {_fitting(widest, heads)}"
+        )
+    return plan
+
+
+def _rows_plan(m: RowModel, width: int, heads: int, budget: int) -> tuple[int, bool, int, bool] | None:
+    """`choose_rows`'s plan, or None when none fits."""
+    kept = _kept_plan(m, width, heads, budget)
+    if kept is not None:
+        hb, resident = kept
         return hb, resident, overlaps(m, width, heads, hb, resident, budget), False
-    except ValueError:
-        pass
     per_column = m.row_inputs + m.stream_epilogue + m.chunk
     for resident in (True, False):
         room = budget - sbuf_bytes(m, width, heads, 0, resident, SERIAL, True)
         widest = min(cdiv(width, P) * P, room // per_column // P * P)
         if widest >= P and sbuf_bytes(m, width, heads, P, resident, SERIAL, True) <= budget:
             return cdiv(cdiv(width, cdiv(width, widest)), P) * P, resident, SERIAL, True
-    need = sbuf_bytes(m, width, heads, P, False, SERIAL, True)
-    raise ValueError(
-        f"no tile plan fits: width {width} with {heads} heads needs {need} B/partition of SBUF "
-        f"even with rows streamed from HBM in 128-column chunks and one head's weights at a time "
-        f"(the prepared weights stay width-long); the budget is {budget} B"
-    )
+    return None
+
+
+def _widest(fits: Callable[[int], bool], width: int) -> int:
+    """The widest width below `width` that `fits` (0: none); a refusal names it, so the caller knows how
+    far to shrink (or where to split the row). Every buffer grows with the width, so fitting is monotone."""
+    low, high = 0, width  # fits(low) or low == 0; not fits(high)
+    while high - low > 1:
+        mid = (low + high) // 2
+        low, high = (mid, high) if fits(mid) else (low, mid)
+    return low
+
+
+def _fitting(widest: int, heads: int) -> str:
+    """The limit in words, after the budget."""
+    return f"which fits {f'width <= {widest}' if widest else 'no width'} at {heads} head(s)"
