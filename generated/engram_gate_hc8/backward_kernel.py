@@ -127,14 +127,20 @@ def _choose(m: _RowModel, width: int, heads: int, budget: int) -> tuple[int, boo
     chunks, each the narrowest multiple of 128 for that count."""
     plan = _kept_plan(m, width, heads, budget)
     if plan is None:
-        need = _sbuf_bytes(m, width, heads, _P, False, _SERIAL)
-        widest = _widest(lambda w: _kept_plan(m, w, heads, budget) is not None, width)
-        raise ValueError(
-            f"no tile plan fits: width {width} with {heads} head(s) needs {need} B/partition of SBUF "
-            f"even with 128-column chunks and one head's weights at a time; the budget is {budget} B, "
-            f"{_fitting(widest, heads)}"
-        )
+        least = "128-column chunks and one head's weights at a time"
+        raise _refusal(m, width, heads, budget, _kept_plan, False, least)
     return plan
+
+
+def _refusal(m: _RowModel, width: int, heads: int, budget: int, plan: Callable[..., object], streamed: bool,
+             least: str) -> ValueError:  # fmt: skip
+    """No `plan` fits: what its least SBUF-hungry form (`least`) needs, and the widest width it fits."""
+    need = _sbuf_bytes(m, width, heads, _P, False, _SERIAL, streamed)
+    widest = _widest(lambda w: plan(m, w, heads, budget) is not None, width)
+    return ValueError(
+        f"no tile plan fits: width {width} with {heads} head(s) needs {need} B/partition of SBUF even with "
+        f"{least}; the budget is {budget} B, {_fitting(widest, heads)}"
+    )
 
 
 def _kept_plan(m: _RowModel, width: int, heads: int, budget: int) -> tuple[int, bool] | None:
@@ -155,13 +161,9 @@ def _choose_rows(m: _RowModel, width: int, heads: int, budget: int) -> tuple[int
     and once more for the epilogue."""
     plan = _rows_plan(m, width, heads, budget)
     if plan is None:
-        need = _sbuf_bytes(m, width, heads, _P, False, _SERIAL, True)
-        widest = _widest(lambda w: _rows_plan(m, w, heads, budget) is not None, width)
-        raise ValueError(
-            f"no tile plan fits: width {width} with {heads} head(s) needs {need} B/partition of SBUF "
-            f"even with rows streamed from HBM in 128-column chunks and one head's weights at a time "
-            f"(the prepared weights stay width-long); the budget is {budget} B, {_fitting(widest, heads)}"
-        )
+        least = ("rows streamed from HBM in 128-column chunks and one head's weights at a time (the prepared "
+                 "weights stay width-long)")  # fmt: skip
+        raise _refusal(m, width, heads, budget, _rows_plan, True, least)
     return plan
 
 

@@ -116,14 +116,20 @@ def choose(m: RowModel, width: int, heads: int, budget: int) -> tuple[int, bool]
     chunks, each the narrowest multiple of 128 for that count."""
     plan = _kept_plan(m, width, heads, budget)
     if plan is None:
-        need = sbuf_bytes(m, width, heads, P, False, SERIAL)
-        widest = _widest(lambda w: _kept_plan(m, w, heads, budget) is not None, width)
-        raise ValueError(
-            f"no tile plan fits: width {width} with {heads} head(s) needs {need} B/partition of SBUF "
-            f"even with 128-column chunks and one head's weights at a time; the budget is {budget} B, "
-            f"{_fitting(widest, heads)}"
-        )
+        least = "128-column chunks and one head's weights at a time"
+        raise _refusal(m, width, heads, budget, _kept_plan, False, least)
     return plan
+
+
+def _refusal(m: RowModel, width: int, heads: int, budget: int, plan: Callable[..., object], streamed: bool,
+             least: str) -> ValueError:  # fmt: skip
+    """No `plan` fits: what its least SBUF-hungry form (`least`) needs, and the widest width it fits."""
+    need = sbuf_bytes(m, width, heads, P, False, SERIAL, streamed)
+    widest = _widest(lambda w: plan(m, w, heads, budget) is not None, width)
+    return ValueError(
+        f"no tile plan fits: width {width} with {heads} head(s) needs {need} B/partition of SBUF even with "
+        f"{least}; the budget is {budget} B, {_fitting(widest, heads)}"
+    )
 
 
 def _kept_plan(m: RowModel, width: int, heads: int, budget: int) -> tuple[int, bool] | None:
@@ -144,13 +150,9 @@ def choose_rows(m: RowModel, width: int, heads: int, budget: int) -> tuple[int, 
     and once more for the epilogue."""
     plan = _rows_plan(m, width, heads, budget)
     if plan is None:
-        need = sbuf_bytes(m, width, heads, P, False, SERIAL, True)
-        widest = _widest(lambda w: _rows_plan(m, w, heads, budget) is not None, width)
-        raise ValueError(
-            f"no tile plan fits: width {width} with {heads} head(s) needs {need} B/partition of SBUF "
-            f"even with rows streamed from HBM in 128-column chunks and one head's weights at a time "
-            f"(the prepared weights stay width-long); the budget is {budget} B, {_fitting(widest, heads)}"
-        )
+        least = ("rows streamed from HBM in 128-column chunks and one head's weights at a time (the prepared "
+                 "weights stay width-long)")  # fmt: skip
+        raise _refusal(m, width, heads, budget, _rows_plan, True, least)
     return plan
 
 
