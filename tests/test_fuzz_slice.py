@@ -7,6 +7,8 @@ import sys
 from pathlib import Path
 from types import ModuleType
 
+import pytest
+
 BENCH = Path(__file__).resolve().parents[1] / "bench" / "fuzz.py"
 
 
@@ -171,3 +173,26 @@ def test_oracle_holds_gelu_to_u_of_its_argument_in_the_tail() -> None:
     assert not judge("f32", F.gelu(x), want, radius, want.float())[0].any()
     off = (F.gelu(x).double() - 50 * 2.0**-24 * x.double().abs()).float()
     assert judge("f32", off, want, radius, want.float())[0][x < -1].all()
+
+
+def test_an_out_of_range_activation_argument_is_undefined_only_where_f32_overflows(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Seed 38's 12th case, rsqrt(mean(square(min(x, -1e30))) + eps): square overflows f32, the kernel's
+    rsqrt argument is inf, outside its valid input range, and the interpreter refuses it. The f32 math
+    overflows as well, so the hardware's answer is undefined, not wrong; were the math well-conditioned in
+    f32, it would be an error (a finding)."""
+    import random
+
+    oracle = _oracle_module()
+    rng = random.Random(38)
+    case = [oracle.draw(rng) for _ in range(12)][-1]
+    assert "rsqrt" in case.text and "param p = -1e+30" in case.text
+    tally = oracle.OracleTally()
+    oracle.one(case, tmp_path, tally)
+    assert tally.errors == [] and tally.wrong == [] and len(tally.undefined) == 1
+    assert "activation-input-range" in tally.undefined[0][0]
+    monkeypatch.setattr(oracle, "_ill_conditioned", lambda case, args: False)
+    tally = oracle.OracleTally()
+    oracle.one(case, tmp_path, tally)
+    assert tally.undefined == [] and "InputRangeError" in tally.errors[0][0]
