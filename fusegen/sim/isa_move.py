@@ -77,9 +77,9 @@ def dma_copy(
     value = ins.read(s, "src")
     if provenance.from_input(d, s):  # copied when the tile is next viewed: GEMMs mostly read the input
         ins.write_later(d, value)
+        provenance.record(d, s)
     else:  # ISA dma_copy: differing dtypes convert through float32 (to integers: RNE, then saturation)
         ins.write(d, value if s.dtype == d.dtype else value.float())
-    provenance.record(d, s)
     ins.finish(*_elems(d if d.alloc.on_chip else s))
 
 

@@ -176,12 +176,11 @@ def from_input(d: NkiTensor, s: NkiTensor) -> bool:
 
 
 def record(d: NkiTensor, s: NkiTensor) -> None:
-    """After `dma_copy(dst=d, src=s)`: note that d's 2-D block holds s's elements, if s is an unwritten
-    caller input of d's dtype (any earlier note on d's allocation is dropped by the write's version)."""
+    """After `dma_copy(dst=d, src=s)` of an unwritten caller input (`from_input`): note that d's 2-D block
+    holds s's elements (any earlier note on d's allocation is dropped by the write's version)."""
     src = s.alloc
     if (
-        from_input(d, s)
-        and len(d.shape) == len(s.shape) == 2
+        len(d.shape) == len(s.shape) == 2
         and d.shape == s.shape
         and d.strides[1] == 1
         and s.strides[1] == 1
