@@ -46,7 +46,6 @@ class Instruction(Located, Protocol):
 #: "error" is the default since generated/ conforms (issue 13).
 DEFAULT_RULES = "error"
 MODES = ("error", "warn")
-_warned_kernels: set[tuple[object, int]] = set()
 
 
 def check_mode(rules: str) -> str:
@@ -56,20 +55,12 @@ def check_mode(rules: str) -> str:
     return rules
 
 
-def _report(name: str, site: tuple[str, int], op: str, detail: str, error: bool) -> None:
-    """Raise the rule's error at `site`, or warn."""
-    rule = RULES[name]
-    if error:
-        raise fault(rule.error, op, message(rule, detail), site)
-    warnings.warn(f"{site[0]}:{site[1]}: {op}: {message(rule, detail)}", ConformanceWarning, stacklevel=4)
-
-
 def check_launch(target: Target, grid: int, error: bool) -> None:
     """The LNC degree must exist on the target (reported at the launching line)."""
     degrees = LNC_DEGREES.get(target.nc_version, (1,))
     if grid not in degrees:
         detail = f"a {grid}-instance launch on {target.name}; LNC degrees there: {degrees}"
-        _report("lnc-target", user_site(), "launch", detail, error)
+        violation_here("lnc-target", "launch", detail, error)
 
 
 def check_arguments(
@@ -99,17 +90,8 @@ def _list_within(value: object, name: str) -> str | None:
 
 def check_kernel(fn: Callable[..., Any], error: bool) -> None:
     """The kernel body and the helpers it calls stay inside the traced subset (checked once per function)."""
-    found = findings(fn)
-    if not found:
-        return
-    if error:
-        name, file, line, detail = found[0]
-        _report(name, (file, line), "nki.jit", detail, True)
-    for name, file, line, detail in found:
-        key = (fn, line)
-        if key not in _warned_kernels:
-            _warned_kernels.add(key)
-            _report(name, (file, line), "nki.jit", detail, False)
+    for name, file, line, detail in findings(fn):
+        report_at(name, (file, line), "nki.jit", detail, error)
 
 
 def message(rule: Rule, detail: str) -> str:
@@ -136,15 +118,19 @@ def violation(ins: Instruction, name: str, detail: str) -> None:
 
 
 def violation_here(name: str, op: str, detail: str, error: bool) -> None:
-    """Report a broken rule at the kernel's current line outside an instruction (a launch, an allocation):
-    raise, or warn once per rule and line when rules='warn'."""
-    site = user_site()
+    """Report a broken rule at the kernel's current line outside an instruction (a launch, an allocation)."""
+    report_at(name, user_site(), op, detail, error)
+
+
+def report_at(name: str, site: tuple[str, int], op: str, detail: str, error: bool) -> None:
+    """Report a broken rule at `site`: raise when `error` or the rule is `always`, else warn once per rule
+    and site."""
     rule = RULES[name]
     if error or rule.always:
         raise fault(rule.error, op, message(rule, detail), site)
     if (name, site) not in _WARNED:
         _WARNED.add((name, site))
-        _report(name, site, op, detail, False)
+        warnings.warn(f"{site[0]}:{site[1]}: {op}: {message(rule, detail)}", ConformanceWarning, stacklevel=3)
 
 
 def engine_problem(instr: str, engine: str, ops: tuple[str, ...], nc_version: int) -> str | None:

@@ -336,6 +336,18 @@ def test_lnc2_on_trn1_is_rejected_at_the_launch_line():
     kernel[1]()
 
 
+def test_lnc_target_in_warn_mode_warns_once_per_launching_line():
+    with sim.installed(target="trn1", rules="warn"):
+        import nki
+
+        kernel = nki.jit(lambda: None)
+        with warnings.catch_warnings(record=True) as caught:
+            warnings.simplefilter("always")
+            for _ in range(3):
+                kernel[2]()
+    assert [str(w.message).count("[lnc-target]") for w in caught] == [1]
+
+
 def test_warn_mode_warns_once_per_line_and_runs_the_instruction():
     def kernel(x):
         a = nl.ndarray((128, 8), dtype=F32, buffer=nl.sbuf)
