@@ -5,7 +5,11 @@ The tree says only what was written; meaning (names, shapes, dtypes) is the chec
 
 from __future__ import annotations
 
+import dataclasses
+import functools
+from collections.abc import Iterator
 from dataclasses import dataclass
+from typing import Any
 
 from fusegen.dsl.diagnostics import Span
 
@@ -241,3 +245,29 @@ class Spec:
     items: tuple[Item, ...]
     doc: str
     span: Span
+
+
+@functools.cache
+def child_fields(cls: type) -> tuple[str, ...]:
+    """The fields of AST class `cls` that may hold AST nodes (spans and plain values never do)."""
+    plain = (str, bool, float, int, "str", "bool", "float", "int", "Span")
+    return tuple(f.name for f in dataclasses.fields(cls) if f.type not in plain)
+
+
+def children(node: Any) -> Iterator[Any]:
+    """The AST nodes directly inside `node`."""
+    for name in child_fields(node.__class__):
+        value = getattr(node, name)
+        for child in value if isinstance(value, tuple) else (value,):
+            if dataclasses.is_dataclass(child):
+                yield child
+
+
+def names(node: Any) -> Iterator[str]:
+    """Every name written anywhere inside `node` (iteratively: specs may nest deeply)."""
+    stack = [node]
+    while stack:
+        current = stack.pop()
+        if isinstance(current, Name):
+            yield current.name
+        stack += children(current)

@@ -124,7 +124,8 @@ def _chain_length(ctx: Context) -> int:
 
 
 def _warn_unused(ctx: Context, spec: ast.Spec) -> None:
-    """Inputs, params and values nobody reads are legal, but usually a mistake."""
+    """Dims, inputs, params and values nobody reads are legal, but usually a mistake."""
+    _warn_unused_dims(ctx, spec)
     for name, binding in ctx.scope.items():
         if name in ctx.reads or binding.node == FAILED_NODE:
             continue
@@ -134,6 +135,16 @@ def _warn_unused(ctx: Context, spec: ast.Spec) -> None:
             )
         else:
             ctx.warn(binding.span, f"{binding.kind} `{name}` is never used")
+
+
+def _warn_unused_dims(ctx: Context, spec: ast.Spec) -> None:
+    """A dim no shape or expression names still needs a value on every check line."""
+    kernel_items = (ast.InputDecl, ast.OutputDecl, ast.Assign)
+    used = {name for item in spec.items if isinstance(item, kernel_items) for name in ast.names(item)}
+    for dim in ctx.dims.values():
+        if dim.name not in used:
+            hint = "remove it from the `dim` line, or use it in a shape"
+            ctx.warn(dim.span, f"dim `{dim.name}` is never used", hint)
 
 
 def _in_source_order(diagnostics: list[Diagnostic]) -> tuple[Diagnostic, ...]:

@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import dataclasses
 import functools
 import math
 import re
@@ -105,18 +104,8 @@ def _depth(node: Any) -> int:
     while stack:
         current, depth = stack.pop()
         deepest = max(deepest, depth)
-        for name in _child_fields(current.__class__):
-            value = getattr(current, name)
-            children = value if isinstance(value, tuple) else (value,)
-            stack += [(child, depth + 1) for child in children if dataclasses.is_dataclass(child)]
+        stack += [(child, depth + 1) for child in ast.children(current)]
     return deepest
-
-
-@functools.cache
-def _child_fields(cls: type) -> tuple[str, ...]:
-    """The fields of AST class `cls` that may hold AST nodes (spans and plain values never do)."""
-    plain = (str, bool, float, int, "str", "bool", "float", "int", "Span")
-    return tuple(f.name for f in dataclasses.fields(cls) if f.type not in plain)
 
 
 def _file_error(path: str, text: str, message: str, hint: str | None = None) -> SpecError:

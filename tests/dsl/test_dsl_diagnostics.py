@@ -115,6 +115,20 @@ def test_warnings_are_collected_not_raised() -> None:
     )
 
 
+def test_a_dim_no_shape_or_expression_names_is_warned_about() -> None:
+    text = (
+        "kernel k\ndim R, H, Z, N = 4\nrequire Z % 2 == 0\ninput x: f32[R]\noutput y: f32[R]\n"
+        "y = x * H\ncheck R=4 H=2 Z=2\n"
+    )
+    spec = parse(text, "t.spec")
+    _, warnings = check_with_warnings(spec)
+    assert [w.render(spec.source).split("\n")[0] for w in warnings] == [
+        "t.spec:2:11: warning: dim `Z` is never used",  # a require and a check line are no use
+        "t.spec:2:14: warning: dim `N` is never used",
+    ]
+    assert warnings[0].hint == "remove it from the `dim` line, or use it in a shape"
+
+
 def test_long_expression_chains_are_refused_not_crashed() -> None:
     chain = "+".join(["x"] * 150)
     text = f"kernel k\ndim R\ninput x: f32[R]\noutput y: f32[R]\ny = {chain}\ncheck R=1\n"
