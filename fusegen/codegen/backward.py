@@ -29,7 +29,16 @@ def differentiate(user_ir: KernelIR, family: Family, target: str, lnc: int) -> B
 
     The reference differentiates the spec's own math and the family's kernels (typically) the rewritten
     forward's, so the two derivations check each other."""
-    dtypes = {i.dtype for i in user_ir.inputs} | {o.dtype for o in user_ir.outputs}
-    if not family.trainable or dtypes.intersection(FP8_DTYPES):
+    if inference_only(user_ir, family) is not None:
         return None
     return Backward(backward_ir(user_ir), family.backward(user_ir, target, lnc))
+
+
+def inference_only(user_ir: KernelIR, family: Family) -> str | None:
+    """Why the spec's op gets no autograd, as ops.py's error says it (None: it trains)."""
+    if not family.trainable:
+        return "its family has no backward yet"
+    dtypes = {i.dtype for i in user_ir.inputs} | {o.dtype for o in user_ir.outputs}
+    if dtypes.intersection(FP8_DTYPES):
+        return "it reads or writes fp8, a storage format for inference here, which carries no gradients"
+    return None

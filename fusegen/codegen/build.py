@@ -9,7 +9,7 @@ from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
 
-from fusegen.codegen.backward import differentiate
+from fusegen.codegen.backward import differentiate, inference_only
 from fusegen.codegen.family import Family, Mismatch, no_family_error
 from fusegen.codegen.ffn.family import FFN
 from fusegen.codegen.files.ops import ops_files
@@ -102,7 +102,7 @@ def _render_spec(source: str, user_ir: KernelIR, options: BuildOptions) -> Built
         "reference.py": reference_source(user_ir),
         f"test_{ir.name}.py": test_source(user_ir, options.target, trainable=back is not None),
         "plan.md": plan_markdown(ir, family.name, family.planning, plans),
-        **ops_files(user_ir, back),
+        **ops_files(user_ir, back, inference_only(user_ir, family)),
         **(back.files() if back is not None else {}),
     }
     return Built(ir.name, tuple((f"{ir.name}/{name}", text) for name, text in sorted(files.items())), plans)

@@ -514,7 +514,7 @@ def _fake(attn, wo, resid):
 
 
 def _inference_only(ctx, inputs, output) -> None:
-    """Autograd calls this only when an input requires grad: the family has no backward."""
+    """Autograd calls this only when an input requires grad: the op has no backward."""
     raise RuntimeError(
         "fusegen::out_proj_residual is inference-only (its family has no backward yet): "
         "call it under torch.no_grad() or on tensors that do not require grad"

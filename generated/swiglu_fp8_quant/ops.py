@@ -528,9 +528,9 @@ def _fake(x, w1t, s1, wgt, sg, w2t, s2, a):
 
 
 def _inference_only(ctx, inputs, output) -> None:
-    """Autograd calls this only when an input requires grad: the family has no backward."""
+    """Autograd calls this only when an input requires grad: the op has no backward."""
     raise RuntimeError(
-        "fusegen::swiglu_fp8_quant is inference-only (its family has no backward yet): "
+        "fusegen::swiglu_fp8_quant is inference-only (it reads or writes fp8, a storage format for inference here, which carries no gradients): "
         "call it under torch.no_grad() or on tensors that do not require grad"
     )
 

@@ -24,19 +24,23 @@ if TYPE_CHECKING:
 TEMPLATE = "ops.py.jinja"
 
 
-def ops_files(ir: KernelIR, back: Backward | None) -> dict[str, str]:
-    """ops.py, plus backward_reference.py where the op trains (`back`: the build's backward stage); `ir` is
-    the spec's own (unfused) IR. Each backward reads the saved tensors its own IR names."""
+def ops_files(ir: KernelIR, back: Backward | None, untrained: str | None) -> dict[str, str]:
+    """ops.py, plus backward_reference.py where the op trains (`back`: the build's backward stage, else
+    `untrained` says why not); `ir` is the spec's own (unfused) IR. Each backward reads the saved tensors
+    its own IR names."""
     if back is None:
-        return {"ops.py": ops_source(ir, None)}
+        return {"ops.py": ops_source(ir, None, untrained=untrained)}
     kernel_ir = back.kernels.ir if back.kernels is not None else None  # None: no kernels
     ops = ops_source(ir, back.reference, kernel_ir)
     return {"ops.py": ops, "backward_reference.py": reference_source(back.reference)}
 
 
-def ops_source(ir: KernelIR, back: KernelIR | None, kernel_back: KernelIR | None = None) -> str:
+def ops_source(
+    ir: KernelIR, back: KernelIR | None, kernel_back: KernelIR | None = None, untrained: str | None = None
+) -> str:
     """ops.py: the custom op, its fake, and its autograd (back given: the reference's backward IR;
-    kernel_back: the backward kernels' IR, where there are kernels) or an inference-only guard."""
+    kernel_back: the backward kernels' IR, where there are kernels) or an inference-only guard saying
+    `untrained`, why."""
     # a trainable op returns the saved outputs too, so autograd can keep them for the backward
     outputs = [o for o in ir.outputs if back is not None or not o.optional]
     names = [o.name for o in outputs]
@@ -53,6 +57,7 @@ def ops_source(ir: KernelIR, back: KernelIR | None, kernel_back: KernelIR | None
         door_source=door_source([("_SIGNATURE", signature(f"fusegen::{ir.name}", ir, _returned(outputs)))]),
         op_check=op_check("_SIGNATURE", ir),
         trainable=back is not None,
+        untrained=untrained,
         backward_kernel=kernel_back is not None,
         **_signatures(ir),
         **_autograd_context(ir, back, kernel_back),
