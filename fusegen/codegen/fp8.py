@@ -19,8 +19,9 @@ from fusegen.sim.targets import TARGETS
 MIN_NC_VERSION = {"fp8_e4m3": 3, "fp8_e5m2": 2}
 #: targets `fusegen build --target` offers
 BUILD_TARGETS = ("trn1", "trn2")
-#: families whose lowering handles fp8 values (FFN and projection weights, casts and outputs of epilogues)
-FP8_FAMILIES = frozenset({"ffn", "proj"})
+#: families whose lowering handles fp8 values: every one (FFN and projection weights, casts and outputs of
+#: epilogues), or only the outputs (a row kernel's last step writes its fp8 tile; nothing reads it back)
+FP8_FAMILIES = {"ffn": "all", "proj": "all", "rowreduce": "outputs"}
 
 
 def weight_dtype_fits(weight: str, x: str) -> bool:
@@ -41,6 +42,28 @@ def _dtypes_of(ir: KernelIR) -> set[str]:
     }
 
 
+def _not_outputs(ir: KernelIR, nodes: list[Node]) -> Node | None:
+    """The first fp8 value that is an input, another step reads, or no output is (an output's last step is
+    none of these)."""
+    read = {a for n in ir.nodes for a in n.args}
+    outputs = {o.node for o in ir.outputs}
+    return next((n for n in nodes if n.op == "input" or n.id in read or n.id not in outputs), None)
+
+
+def _outputs_only(ir: KernelIR, family: str, stray: Node) -> Diagnostic:
+    """Why a family that writes only fp8 outputs refuses `stray`."""
+    only = f"the {family} family writes fp8 outputs only"
+    output = next((o for o in ir.outputs if o.node == stray.id), None)
+    if stray.op == "input":
+        message, hint = f"`{stray.name}` is an fp8 input; {only}", "declare it bf16 or f32"
+    elif output is not None:
+        message = f"output `{output.name}` is {output.dtype} and read again; {only}"
+        hint = "read the value before its cast to fp8: give it a name of its own"
+    else:
+        message, hint = f"an fp8 value read again; {only}", "cast to fp8 only in an output's last step"
+    return Diagnostic(stray.span, message, hint=hint)
+
+
 def supports(target: str, dtypes: Iterable[str]) -> bool:
     """Whether `target`'s Tensor engine takes every fp8 format in `dtypes`."""
     return all(TARGETS[target].nc_version >= MIN_NC_VERSION[d] for d in dtypes)
@@ -53,8 +76,10 @@ def fp8_errors(ir: KernelIR, family: str, target: str) -> list[Diagnostic]:
         return []
     first = nodes[0]
     if family not in FP8_FAMILIES:
-        hint = "fp8 weights and quantised outputs are supported in the ffn and proj families; use bf16 here"
+        hint = f"fp8 is supported in the {', '.join(FP8_FAMILIES)} families; use bf16 here"
         return [Diagnostic(first.span, f"the {family} family does not lower fp8 values", hint=hint)]
+    if FP8_FAMILIES[family] == "outputs" and (stray := _not_outputs(ir, nodes)):
+        return [_outputs_only(ir, family, stray)]
     missing = sorted(d for d in _dtypes_of(ir) if not supports(target, (d,)))
     if not missing:
         return []
