@@ -333,6 +333,9 @@ class Selector:
         if on_scalar is not None:
             return on_scalar if on_scalar.dtype == dtype else self.copy(on_scalar, "vec", dtype)
         on_pe = select_pe.tensor_tensor(self, x, y, e.op, e.kind, dtype)
+        if on_pe is not None and on_pe.dtype != dtype:  # the exact fp32 sum: kept for an fp32 reader
+            self._memo[(id(e), on_pe.dtype)] = on_pe
+            return self.convert(on_pe, dtype)
         if on_pe is not None:
             return on_pe
         dst = self._dst(e, dtype)

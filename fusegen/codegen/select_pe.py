@@ -60,7 +60,8 @@ def _row_load(x: Operand) -> bool:
 
 
 def tensor_tensor(sel: Selector, x: Operand, y: Operand, op: str, kind: str, dtype: str) -> Operand | None:
-    """`x op y` (ALU name `op`) with PE help, or None when neither form applies to this stage."""
+    """`x op y` (ALU name `op`) with PE help, or None when neither form applies to this stage; a sum of two
+    rows is returned in fp32 whatever `dtype` is asked for."""
     if not sel.rows_on_pe or sel.pe_staged or kind != "tile" or "psum" in (x.memory, y.memory):
         return None
     both = _row_load(x) and _row_load(y) and x.dtype == y.dtype and op == "add"
@@ -93,7 +94,7 @@ def tensor_tensor(sel: Selector, x: Operand, y: Operand, op: str, kind: str, dty
     with sel.block("else:", "tile", "pe"):
         sel.raw(f"nisa.tensor_tensor(dst={out.code}, data1={x.code}, data2={y.code}, op=nl.{_NL[op]})",
                 "tile", "dve")  # fmt: skip
-    return out if not both or dtype == "f32" else sel.convert(dst, dtype)
+    return out if not both else dst  # a sum stays fp32: the caller rounds it, and may read it again
 
 
 def scaled_affine_then_row(sel: Selector, e: Expr, inner: Expr, t: Expr, s: Expr, other: Expr, dtype: str

@@ -24,7 +24,7 @@ from fusegen.codegen.rewrites import rewrite
 from fusegen.dsl import load_spec
 from fusegen.dsl.ir import CheckShape, KernelIR
 from fusegen.perf.capture import Launch, launches
-from fusegen.perf.roofline import Roofline, hbm_bytes_moved, matmul_flops, roofline
+from fusegen.perf.roofline import Roofline, hbm_bytes_moved, matmul_flops, roofline, spec_flops
 from fusegen.perf.schedule import Schedule, schedule
 from fusegen.sim import RunResult
 from fusegen.testing import make_inputs
@@ -82,12 +82,16 @@ class Analysis:
     alternatives_note: str
 
 
-def model_launches(found: list[Launch], target: str, lnc: int, min_hbm_bytes: int) -> Modeled:
-    """Schedule every captured launch and compare the whole with the roofline."""
+def model_launches(
+    found: list[Launch], target: str, lnc: int, min_hbm_bytes: int, flops: float | None = None
+) -> Modeled:
+    """Schedule every captured launch and compare the whole with the roofline (its PE side: `flops`, the
+    spec's math, where given, else every matmul the trace ran)."""
     tgt = sim.get_target(target)
     schedules = tuple((launch.name, schedule(launch.result.trace, tgt)) for launch in found)
     records = [rec for launch in found for rec in launch.result.trace]
-    flops, fp32 = matmul_flops(records)
+    traced, fp32 = matmul_flops(records)
+    flops = traced if flops is None else flops
     return Modeled(
         tuple(found), schedules, roofline(tgt, lnc, flops, min_hbm_bytes, fp32), hbm_bytes_moved(records)
     )
@@ -106,13 +110,15 @@ def analyse(spec: str, dims: dict[str, int], target: str, lnc: int, alternatives
         built = build_and_warn(spec, BuildOptions(out, target, lnc))
         write_atomically(out, built.files)
         kernels = sim.load_module(out / built.name / "kernel.py", target=target, force=True)
-    case = test_case(load_spec(spec)[0], dims)
+    spec_ir = load_spec(spec)[0]
+    case = test_case(spec_ir, dims)
     args = make_inputs(case.inputs, case.shapes)
     progress(f"running {built.name} at {dims_text(dims)} on the interpreter ({target}, LNC {lnc})")
     with launches(kernels) as found:
         outputs = getattr(kernels, built.name)(*args, lnc=lnc, target=target)
     progress(f"scheduling {sum(len(f.result.trace) for f in found)} instructions")
-    modeled = model_launches(found, target, lnc, tensor_bytes(args) + tensor_bytes(outputs))
+    flops = spec_flops(spec_ir, {**spec_ir.fixed_dims(), **dims})
+    modeled = model_launches(found, target, lnc, tensor_bytes(args) + tensor_bytes(outputs), flops)
     family, ir, match = _family(spec)
     plan, plan_note = _plan_at(family, ir, match, dims, target, lnc)
     host = getattr(kernels, built.name)

@@ -196,7 +196,7 @@ def _fitting(widest: int, heads: int) -> str:
     """The limit in words, after the budget."""
     return f"which fits {f'width <= {widest}' if widest else 'no width'} at {heads} head(s)"
 
-_MODEL = _RowModel(resident_per_head=4, prep_scratch=0, row_inputs=4, epilogue=15, chunk=12, columns=108, row_copies=2, stream_epilogue=11, launch_tiles=768, diagonals=0, tile_heads=0)
+_MODEL = _RowModel(resident_per_head=4, prep_scratch=0, row_inputs=4, epilogue=11, chunk=12, columns=108, row_copies=2, stream_epilogue=11, launch_tiles=768, diagonals=0, tile_heads=0)
 
 
 def _prepare_weights(h, w_hbm):
@@ -300,18 +300,16 @@ def _head_epilogue(head, d_H, ec2, h_hbm, pe_identity, q_hbm, s_hbm):
         nisa.tensor_tensor(dst=e3[0:pt, 0:d_H], data1=x_ld[0:pt, 0:d_H], data2=r_ld[0:pt, 0:d_H], op=nl.add)
     e4 = nl.ndarray((_P, d_H), dtype=nl.bfloat16, buffer=nl.sbuf)
     nisa.activation(dst=e4[0:pt, 0:d_H], op=nl.copy, data=e3[0:pt, 0:d_H])
-    e5 = nl.ndarray((_P, d_H), dtype=nl.float32, buffer=nl.sbuf)
-    nisa.tensor_tensor(dst=e5[0:pt, 0:d_H], data1=x_ld[0:pt, 0:d_H], data2=r_ld[0:pt, 0:d_H], op=nl.add)
-    e6 = nl.ndarray((_P, 1), dtype=nl.float32, buffer=nl.sbuf)
-    nisa.activation(dst=e6[0:pt, 0:1], op=nl.rsqrt, data=acc7[0:pt, 0:1], bias=ec2[0:pt, 0:1], scale=(1.0 / float(d_H)))
-    e7 = nl.ndarray((_P, d_H), dtype=nl.float32, buffer=nl.sbuf)
-    nisa.scalar_tensor_tensor(dst=e7[0:pt, 0:d_H], data=e5[0:pt, 0:d_H], op0=nl.multiply, operand0=e6[0:pt, 0:1], op1=nl.multiply, operand1=prepared[0][0:pt, 0:d_H])
-    e8 = nl.ndarray((_P, 1), dtype=nl.float32, buffer=nl.sbuf)
-    nisa.reciprocal(dst=e8[0:pt, 0:1], data=e2[0:pt, 0:1])
-    e9 = nl.ndarray((_P, d_H), dtype=nl.float8_e4m3fn, buffer=nl.sbuf)
-    nisa.activation(dst=e9[0:pt, 0:d_H], op=nl.copy, data=e7[0:pt, 0:d_H], scale=e8[0:pt, 0:1])
+    e5 = nl.ndarray((_P, 1), dtype=nl.float32, buffer=nl.sbuf)
+    nisa.activation(dst=e5[0:pt, 0:1], op=nl.rsqrt, data=acc7[0:pt, 0:1], bias=ec2[0:pt, 0:1], scale=(1.0 / float(d_H)))
+    e6 = nl.ndarray((_P, d_H), dtype=nl.float32, buffer=nl.sbuf)
+    nisa.scalar_tensor_tensor(dst=e6[0:pt, 0:d_H], data=e3[0:pt, 0:d_H], op0=nl.multiply, operand0=e5[0:pt, 0:1], op1=nl.multiply, operand1=prepared[0][0:pt, 0:d_H])
+    e7 = nl.ndarray((_P, 1), dtype=nl.float32, buffer=nl.sbuf)
+    nisa.reciprocal(dst=e7[0:pt, 0:1], data=e2[0:pt, 0:1])
+    e8 = nl.ndarray((_P, d_H), dtype=nl.float8_e4m3fn, buffer=nl.sbuf)
+    nisa.activation(dst=e8[0:pt, 0:d_H], op=nl.copy, data=e6[0:pt, 0:d_H], scale=e7[0:pt, 0:1])
     stores.append((h_hbm[t0:t0 + pt, h, 0:d_H], e4[0:pt, 0:d_H]))
-    stores.append((q_hbm[t0:t0 + pt, h, 0:d_H], e9[0:pt, 0:d_H]))
+    stores.append((q_hbm[t0:t0 + pt, h, 0:d_H], e8[0:pt, 0:d_H]))
     nisa.tensor_copy(dst=s_sv[0:pt, h:h + 1], src=e2[0:pt, 0:1], engine=nisa.engine.gpsimd)
     if h == 1 - 1:
         stores.append((s_hbm[t0:t0 + pt, 0:1], s_sv[0:pt, 0:1]))

@@ -108,3 +108,11 @@ def test_rows_too_wide_for_psum_take_the_step_straight_from_sbuf() -> None:
     assert "nc_matmul" not in [r.op for r in k.silu_and_mul_kernel.last_run.trace]
     want = (torch.nn.functional.silu(x[:, :width].float()) * x[:, width:].float()).bfloat16()
     torch.testing.assert_close(y, want, rtol=0, atol=0)
+
+
+def test_a_staged_sum_rounded_for_one_output_is_read_again_in_fp32() -> None:
+    """add_rmsnorm_fp8 casts `t = x + r` to bf16 for `h` before its RMSNorm reads `t` in fp32: the Tensor
+    engine's fp32 sum in PSUM serves both (it was formed again on the Vector engine, 2N, for the norm)."""
+    epilogue = calls("add_rmsnorm_fp8", "_head_epilogue")
+    assert epilogue.count("nc_matmul") == 2  # I·x + I·r, once
+    assert epilogue.count("tensor_tensor") == 1  # the PSUM form's `else` branch only (rows past 8 banks)

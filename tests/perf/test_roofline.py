@@ -10,6 +10,7 @@ from fusegen.perf.roofline import (
     matmul_flops,
     pe_peak_flops_per_ns,
     roofline,
+    spec_flops,
 )
 from fusegen.sim import get_target
 
@@ -42,3 +43,15 @@ def test_flops_and_bytes_from_a_trace() -> None:
     assert flops == 2 * 128 * 128 * (512 + 100) and not fp32
     assert matmul_flops([matmul(3, 1, 2, dtype="float32")])[1]
     assert hbm_bytes_moved(recs) == 4096
+
+
+def test_spec_flops_count_the_math_not_the_kernels_identity_matmuls() -> None:
+    from pathlib import Path
+
+    from fusegen.dsl import load_spec
+
+    examples = Path(__file__).parents[2] / "examples"
+    ffn = load_spec(str(examples / "swiglu_ffn.spec"))[0]
+    assert spec_flops(ffn, {"R": 256, "K": 1280, "I": 3416}) == 2 * 256 * 1280 * 3416 * 3
+    rows = load_spec(str(examples / "add_rmsnorm.spec"))[0]  # its kernel stages rows on the PE: no math
+    assert spec_flops(rows, {"T": 4096, "H": 4096}) == 0
