@@ -11,8 +11,11 @@ So `sum((x * rx * w_h) * (k * rk * w_e))` becomes `sum(x * k * (w_h * w_e)) * rx
 `rmsnorm(x, eps, w)` factor is first expanded into `x * rsqrt(mean(x^2) + eps) * w` so that its rstd
 can be hoisted. A column slice of a product with an input weight, `(x @ w12)[:, 0:I]`, becomes the
 product with the sliced weight, `x @ w12[:, 0:I]` (exact: the same dot products), so a packed gate|up
-weight gives two projections. Nodes are hash-consed while they are rebuilt, so identical sums merge
-(CSE); nodes no output needs are dropped (DCE). A spec without the patterns comes back as the same object.
+weight gives two projections. A row max of an absolute product, `max(abs(x * rstd * w))`, takes its
+per-row factors that are never negative (an rstd) out as a scale, `max(abs(x * w)) * rstd`, so a per-token
+quantisation scale needs no pass over the normalised row before the epilogue. Nodes are hash-consed
+while they are rebuilt, so identical sums merge (CSE); nodes no output needs are dropped (DCE). A spec
+without the patterns comes back as the same object.
 
 First, row reductions keep their axis (`keep_axes`): a `keepdim=false` reduction over the last axis
 becomes the kept-dim one followed by a drop of the size-1 axis (`[:, 0]`), per-row math on dropped values
@@ -34,6 +37,8 @@ COMMUTATIVE = frozenset(("add", "mul", "maximum", "minimum"))
 SIGNATURE_OPS = frozenset(("input", "param"))
 ONE = Dim.const(1)
 NORMS = frozenset(("rmsnorm", "layernorm"))
+#: ops whose value is never negative (nan aside): a per-row factor of these leaves max(abs(...)) as a scale
+NON_NEGATIVE = frozenset(("rsqrt", "sqrt", "exp", "abs", "square", "sigmoid"))
 
 
 def rewrite(ir: KernelIR) -> KernelIR:
@@ -199,6 +204,8 @@ class _Graph:
         """The fused form of `node` over `args` (a factored sum, a sliced product), or None."""
         if node.op == "sum":
             return self.factor_sum(node, args)
+        if node.op == "max":
+            return self.factor_max_abs(node, args)
         return self.slice_product(node, args) if node.op == "index" else None
 
     def expand_norm(self, node: Node, args: tuple[int, ...]) -> int:
@@ -242,6 +249,23 @@ class _Graph:
         result = self.product(node, (total, *sorted(hoisted)))
         if self.nodes[result].shape != node.shape:
             return None
+        self.name(result, node.name)
+        return result
+
+    def factor_max_abs(self, node: Node, args: tuple[int, ...]) -> int | None:
+        """`max(abs(a * c))` as `max(abs(a)) * c` for factors c constant along the axis and never negative
+        (an rstd): exact in reals, and rounding is monotone, so both forms round the same products."""
+        operand = self.nodes[args[0]]
+        if operand.op != "abs" or not node.attr("keepdim") or node.dtype != "f32":
+            return None
+        product = self.nodes[operand.args[0]]
+        hoisted, _, data = _split_factors(self, product, int(node.attr("axis")))  # type: ignore[arg-type]
+        hoisted = [f for f in hoisted if self.nodes[f].op in NON_NEGATIVE]
+        rest = sorted(f for f in _factors(self.nodes, product.id) if f not in hoisted)
+        if not hoisted or not data or self.nodes[self.product(node, rest)].shape != product.shape:
+            return None
+        inner = self.op(operand, "abs", (self.product(node, rest),), product.shape)
+        result = self.product(node, (self.add(node, (inner,), shape=node.shape, name=None), *sorted(hoisted)))
         self.name(result, node.name)
         return result
 
@@ -299,12 +323,15 @@ def _factors(nodes: list[Node], root: int) -> list[int]:
 
 
 def _rmsnorm_factors(ir: KernelIR) -> set[int]:
-    """rmsnorm nodes that are factors of some sum's product (those get expanded)."""
+    """rmsnorm nodes that are factors of some sum's product, or of a max of an absolute product (those get
+    expanded, so their rstd can be hoisted)."""
     found: set[int] = set()
     nodes = list(ir.nodes)
     for node in ir.nodes:
         if node.op == "sum":
             found |= {f for f in _factors(nodes, node.args[0]) if nodes[f].op == "rmsnorm"}
+        if node.op == "max" and nodes[node.args[0]].op == "abs":
+            found |= {f for f in _factors(nodes, nodes[node.args[0]].args[0]) if nodes[f].op == "rmsnorm"}
     return found
 
 

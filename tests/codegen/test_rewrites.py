@@ -154,3 +154,36 @@ def test_column_slices_of_a_packed_product_become_projections(
     want = reference_module(before, tmp_path, "before").packed_clamped_swiglu_reference(*args, limit=0.5)
     got = reference_module(after, tmp_path, "after").packed_clamped_swiglu_reference(*args, limit=0.5)
     assert torch.equal(got, want), "a column slice of a product is the product with the sliced weight"
+
+
+MAX_ABS_SPEC = """\
+kernel amax
+dim T, H
+input x: bf16[T, H]
+input w: bf16[H]
+output a: f32[T, 1]
+output b: f32[T, 1]
+y = rmsnorm(x, 1e-6, w)
+a = max(abs(y), 1, keepdim=true)
+b = max(abs(x * mean(x, 1, keepdim=true)), 1, keepdim=true)
+check T=3 H=8
+"""
+
+
+def test_a_non_negative_per_row_factor_leaves_max_abs_as_a_scale(tmp_path: Path) -> None:
+    """max|x * rstd * w| is max|x * w| * rstd (rstd >= 0, so no pass needs the normalised row first); a
+    per-row mean may be negative and stays inside. The two forms round the same products, up to the
+    order of the multiplications, so they agree to an ulp or two of f32."""
+    before = _spec(MAX_ABS_SPEC)
+    after = rewrite(before)
+    assert _is_valid(after)
+    a, b = (after.node(o.node) for o in after.outputs)
+    assert (a.op, after.node(a.args[1]).op) == ("mul", "rsqrt")  # max(abs(x * w)) * rstd
+    assert after.node(after.node(a.args[0]).args[0]).op == "abs"
+    assert b.op == "max"  # the mean is not known to be non-negative: left alone
+    x = torch.randn(4, 512, generator=torch.Generator().manual_seed(1)).bfloat16()
+    w = (torch.randn(512, generator=torch.Generator().manual_seed(2)) * 3).bfloat16()  # negative weights too
+    want = reference_module(before, tmp_path, "before").amax_reference(x, w)
+    got = reference_module(after, tmp_path, "after").amax_reference(x, w)
+    for w_, g_ in zip(want, got, strict=True):
+        torch.testing.assert_close(g_, w_, rtol=3e-7, atol=0)
