@@ -13,6 +13,7 @@ from oracle_gen import (
     FP8,
     MAX_ELEMENTS,
     TOKENS,
+    WEIGHT_FP8,
     Gen,
     OracleCase,
     Output,
@@ -111,7 +112,7 @@ def proj_case(rng: random.Random) -> OracleCase:
     r, k = rng.choice([1, 7, 77, 130, 300]), rng.choice([128, 384, 1280, 4096])
     count = rng.randint(1, 3)
     dtype = rng.choice(["bf16", "bf16", "f16"])  # both matmul operands share it, or the weights are fp8
-    wdt = rng.choice((dtype, dtype, *FP8))
+    wdt = rng.choice((dtype, dtype, *WEIGHT_FP8))
     widths = [rng.choice(PROJ_WIDTHS) for _ in range(count)]
     packed = count >= 2 and rng.random() < 0.3  # projections 0 and 1: halves of one [K, 2 * N0] weight
     if packed:

@@ -53,7 +53,7 @@ SHAPES = {
 
 
 def inputs(example: str, r: int, k: int, i: int) -> list[torch.Tensor]:
-    """Random inputs of swiglu_ffn, swiglu_ffn_ln (and its residual) or swiglu_fp8 (weights cast to e4m3, unit
+    """Random inputs of swiglu_ffn, swiglu_ffn_ln (and its residual) or swiglu_fp8 (weights cast to e5m2, unit
     scales)."""
     gen = torch.Generator().manual_seed(r + k + i)
     x = (torch.randn(r, k, generator=gen) * 0.1).bfloat16()
@@ -63,7 +63,7 @@ def inputs(example: str, r: int, k: int, i: int) -> list[torch.Tensor]:
         if example == "swiglu_ffn_ln":  # its residual
             ffn.append(torch.randn(r, k, generator=gen))
         return ffn
-    fp8 = torch.float8_e4m3fn
+    fp8 = torch.float8_e5m2
     ones = torch.ones
     return [x, w(k, i).to(fp8), ones(i), w(i), w(k, i).to(fp8), ones(i), w(i), w(i, k).to(fp8), ones(k), w(k)]
 

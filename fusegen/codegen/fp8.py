@@ -3,8 +3,11 @@
 Sources (aws-neuron/aws-neuron-sdk): the NeuronCore-v2 data types (about-neuron/arch/neuron-features/
 data-types.rst) list FP8_e5m2, FP8_e4m3 and FP8_e3m4 as "cFP8"; `nki.language.float8_e4m3fn`, the OCP
 e4m3 (no inf, NaN 0bS1111111, max 448) that `fp8_e4m3` is, is documented for Trn2 and Trn3 only (its
-page from SDK 2.32: "relevant for: Trn2, Trn3"). So a spec naming `fp8_e4m3` builds for trn2 and not
-for trn1; `fp8_e5m2` (`nl.float8_e5m2`, on every target) builds for both.
+page from SDK 2.32: "relevant for: Trn2, Trn3"). But the Tensor engine takes it from NeuronCore-v4 (trn3)
+only (nki/api/nki/isa/__init__.py, nc_matmul "Data types": "Starting NeuronCore-v4, float8_e4m3fn (OCP
+FP8) is also supported"; fusegen.sim rule matmul-fp8-e4m3fn). So an `fp8_e4m3` output or cast builds for
+trn2 and not for trn1, an `fp8_e4m3` matmul operand (a weight) for neither of the build targets;
+`fp8_e5m2` (`nl.float8_e5m2`, a Tensor-engine input on every target) builds for both.
 """
 
 from __future__ import annotations
@@ -15,8 +18,11 @@ from fusegen.dsl.diagnostics import Diagnostic
 from fusegen.dsl.ir import FP8_DTYPES, KernelIR, Node
 from fusegen.sim.targets import TARGETS
 
-#: the oldest NeuronCore generation taking each fp8 format
+#: the oldest NeuronCore generation taking each fp8 format, as a value (output, cast) and as a matmul operand
 MIN_NC_VERSION = {"fp8_e4m3": 3, "fp8_e5m2": 2}
+MIN_NC_VERSION_MATMUL = {"fp8_e4m3": 4, "fp8_e5m2": 2}
+#: a format's name where it is a matmul operand (diagnostics, `supports`)
+OPERAND = " matmul operand"
 #: targets `fusegen build --target` offers
 BUILD_TARGETS = ("trn1", "trn2")
 #: families whose lowering handles fp8 values: every one (FFN and projection weights, casts and outputs of
@@ -36,8 +42,19 @@ def fp8_nodes(ir: KernelIR) -> list[Node]:
     return [n for n in ir.nodes if n.dtype in FP8_DTYPES or n.id in outputs]
 
 
+def _operands(ir: KernelIR) -> set[int]:
+    """Ids of the nodes a matmul reads."""
+    return {a for n in ir.nodes if n.op == "matmul" for a in n.args}
+
+
+def _uses(n: Node, operands: set[int]) -> str:
+    """n's fp8 format, named as a matmul operand where a matmul reads it."""
+    return n.dtype + OPERAND if n.id in operands else n.dtype
+
+
 def _dtypes_of(ir: KernelIR) -> set[str]:
-    return {n.dtype for n in ir.nodes if n.dtype in FP8_DTYPES} | {
+    operands = _operands(ir)
+    return {_uses(n, operands) for n in ir.nodes if n.dtype in FP8_DTYPES} | {
         o.dtype for o in ir.outputs if o.dtype in FP8_DTYPES
     }
 
@@ -65,8 +82,15 @@ def _outputs_only(ir: KernelIR, family: str, stray: Node) -> Diagnostic:
 
 
 def supports(target: str, dtypes: Iterable[str]) -> bool:
-    """Whether `target`'s Tensor engine takes every fp8 format in `dtypes`."""
-    return all(TARGETS[target].nc_version >= MIN_NC_VERSION[d] for d in dtypes)
+    """Whether `target` takes every fp8 format in `dtypes` (names ending in OPERAND: as matmul operands)."""
+    return all(TARGETS[target].nc_version >= _min_version(d) for d in dtypes)
+
+
+def _min_version(use: str) -> int:
+    """The oldest NeuronCore generation taking a format in this use."""
+    if use.endswith(OPERAND):
+        return MIN_NC_VERSION_MATMUL[use.removesuffix(OPERAND)]
+    return MIN_NC_VERSION[use]
 
 
 def fp8_errors(ir: KernelIR, family: str, target: str) -> list[Diagnostic]:
@@ -83,11 +107,16 @@ def fp8_errors(ir: KernelIR, family: str, target: str) -> list[Diagnostic]:
     missing = sorted(d for d in _dtypes_of(ir) if not supports(target, (d,)))
     if not missing:
         return []
-    at = next((n for n in nodes if n.dtype in missing), first)  # else an output stored as fp8
+    operands = _operands(ir)
+    spans = [n.span for n in nodes if _uses(n, operands) in missing]
+    spans += [o.span for o in ir.outputs if o.dtype in missing]  # an output stored as fp8
+    at = spans[0] if spans else first.span
     others = [t for t in BUILD_TARGETS if supports(t, missing) and t != target]
     message = f"{', '.join(missing)} is not available on {target}"
     hint = f"build with --target {others[0]}, or use fp8_e5m2" if others else "use fp8_e5m2"
-    return [Diagnostic(at.span, message, hint=hint)]
+    if any(d.endswith(OPERAND) for d in missing):
+        hint += " (the Tensor engine takes the OCP float8_e4m3fn from NeuronCore-v4 (trn3) only)"
+    return [Diagnostic(at, message, hint=hint)]
 
 
 def fp8_targets(ir: KernelIR, targets: Iterable[str]) -> list[str]:

@@ -42,7 +42,7 @@ HALF_DTYPES = frozenset({"bfloat16", "float16"})
 #: [SDK@2.26 isa cost tables], [v3]; trn2's 158 fp8 TFLOPS (2x bf16 [v3]) come from perf_mode=double_row
 #: (K=256 per instruction, same time), which generated kernels do not emit. ASSUMED.fp8_matmul_factor
 #: scales it for the fp8 bench's sensitivity (FP8_SENSITIVITY).
-FP8_DTYPES = frozenset({"float8_e4m3fn", "float8_e4m3", "float8_e5m2"})
+FP8_DTYPES = frozenset({"float8_e4m3fn", "float8_e4m3fnuz", "float8_e5m2"})  # fnuz: the sim's legacy e4m3
 #: Tensor-engine dI/dt throttling (trn2, trn3): after an idle window the PE starts at ~50% of its peak
 #: utilisation and ramps to full over ~3 us; the limit re-engages when utilisation over any ~3 us window
 #: drops below 50% [SDK: tools/neuron-explorer/glossary.rst, "Throttling"]

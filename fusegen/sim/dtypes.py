@@ -15,8 +15,10 @@ float16 = torch.float16
 float32 = torch.float32
 bfloat16 = torch.bfloat16
 tfloat32 = torch.float32  # tf32 storage is fp32; the reduced-mantissa matmul input is not modelled
-float8_e4m3 = torch.float8_e4m3fn  # closest torch format; NaN/inf encoding differs from Trainium's e4m3
-float8_e4m3fn = torch.float8_e4m3fn
+#: the legacy Trainium e4m3 is another format than the OCP e4m3fn (ISA nc_matmul keeps them apart): it gets
+#: torch's other e4m3, fnuz (largest finite 240 like an IEEE-style e4m3; one binade more below 2^-6, no inf)
+float8_e4m3 = torch.float8_e4m3fnuz
+float8_e4m3fn = torch.float8_e4m3fn  # OCP e4m3: no inf, largest finite 448
 float8_e5m2 = torch.float8_e5m2
 
 NAMES: dict[str, torch.dtype] = {

@@ -12,9 +12,10 @@ from .ops import matmul_perf_mode
 from .tensor import NkiTensor
 
 _FP32_ONLY_WITH = (torch.float32,)
-#: the Tensor engine's input formats (ISA nc_matmul "Data types": fp8 e4m3/e5m2, bf16, fp16, tf32, fp32;
-#: tf32 is stored as fp32 here and e4m3 as torch's e4m3fn): no integer or bool inputs
-_MATMUL_INPUTS = (torch.float8_e4m3fn, torch.float8_e5m2, torch.bfloat16, torch.float16, torch.float32)
+#: the Tensor engine's input formats (ISA nc_matmul "Data types": fp8 e4m3/e5m2, bf16, fp16, tf32, fp32,
+#: e4m3fn from NeuronCore-v4; tf32 is stored as fp32 here, legacy e4m3 as torch's e4m3fnuz): no integers
+_OCP_E4M3, _LEGACY_E4M3 = torch.float8_e4m3fn, torch.float8_e4m3fnuz
+_MATMUL_INPUTS = (_LEGACY_E4M3, _OCP_E4M3, torch.float8_e5m2, torch.bfloat16, torch.float16, torch.float32)
 # Narrower products are computed at once: K-stacking gains nothing there (MKL runs tall-skinny GEMMs
 # slowly), and they are cheap.
 _DEFER_MIN_N = 64
@@ -72,7 +73,20 @@ def _check_operands(ins: Instr, d: NkiTensor, st: NkiTensor, mv: NkiTensor) -> i
         raise ins.fail(
             DtypeError, f"fp32 inputs only pair with fp32: stationary {st.dtype}, moving {mv.dtype}"
         )
+    _check_e4m3fn(ins, st, mv)
     return check_bank(ins, d)
+
+
+def _check_e4m3fn(ins: Instr, st: NkiTensor, mv: NkiTensor) -> None:
+    """rules.py matmul-fp8-e4m3fn: OCP e4m3fn inputs from NeuronCore-v4 only, never beside legacy e4m3."""
+    dtypes = (st.dtype, mv.dtype)
+    if _OCP_E4M3 not in dtypes:
+        return
+    if ins.ctx.target.nc_version < 4:
+        role = "stationary" if st.dtype == _OCP_E4M3 else "moving"
+        violation(ins, "matmul-fp8-e4m3fn", f"{role} is float8_e4m3fn on {ins.ctx.target.name}")
+    elif _LEGACY_E4M3 in dtypes:
+        violation(ins, "matmul-fp8-e4m3fn", "float8_e4m3 (legacy) and float8_e4m3fn in one matmul")
 
 
 def check_bank(ins: Instr, d: NkiTensor) -> int:

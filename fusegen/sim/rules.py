@@ -9,6 +9,7 @@ Sources are files of the public aws-neuron/aws-neuron-sdk repository (rendered o
   DGE    nki/deep-dives/nki-dge.rst; RN release-notes/components/nki.rst
   LNC    about-neuron/arch/neuron-features/logical-neuroncore-config.rst
   GUIDE  nki/get-started/nki-language-guide.rst; MIG nki/migration/index.rst
+  CE     compiler/error-codes/<code>.rst (the compiler's error-code pages)
 Where sources disagree the stricter reading is taken (the `text` says so). docs/sim.md lists the table;
 conformance.py applies it.
 A violation raises the rule's error class with `[rule-name]` in the message; with rules="warn" a rule not
@@ -211,6 +212,13 @@ RULE_LIST: tuple[Rule, ...] = (
         "on NeuronCore-v2 (trn1) the activation bias is a [P,1] vector, not a scalar",
         "ISA activation (Layout)",
         always=True,
+    ),
+    Rule(
+        "matmul-fp8-e4m3fn",
+        DtypeError,
+        "nc_matmul takes float8_e4m3fn (OCP) inputs from NeuronCore-v4 (trn3) only, and never beside legacy "
+        "float8_e4m3 in one matmul; trn1/trn2 take float8_e4m3 and float8_e5m2",
+        "ISA nc_matmul (Data types); compiler error NCC_EVRF051 (F8E4M3FN not supported on TRN1/TRN2)",
     ),
     # ---- DMA -------------------------------------------------------------------------------------
     Rule(

@@ -1,6 +1,7 @@
 """fp8 end to end: the interpreter's fp8 rounding against the OCP definition written out here, the fp8 FFN
-kernels against independent torch formulas (the per-token quantisation bit for bit), e4m3 refused on trn1
-with a diagnostic, e5m2 built and run on trn1, and bad scale arguments refused at the door."""
+kernels (e5m2 weights) against independent torch formulas (the per-token e4m3 quantisation bit for bit),
+e4m3 weights refused on trn1 and trn2 (a Tensor-engine input from NeuronCore-v4 only) and e4m3 outputs on
+trn1, with a diagnostic, e5m2 built and run on trn1, and bad scale arguments refused at the door."""
 
 from __future__ import annotations
 
@@ -89,7 +90,7 @@ def _quantised(w: torch.Tensor, dtype: torch.dtype = E4M3) -> tuple[torch.Tensor
     return (w / scale).to(dtype), scale
 
 
-def _ffn_inputs(r: int, k: int, i: int, dtype: torch.dtype = E4M3) -> dict[str, torch.Tensor]:
+def _ffn_inputs(r: int, k: int, i: int, dtype: torch.dtype = E5M2) -> dict[str, torch.Tensor]:
     gen = torch.Generator().manual_seed(r * 7 + k + i)
     w1, wg = (torch.randn(k, i, generator=gen) / k**0.5 for _ in range(2))
     w2 = torch.randn(i, k, generator=gen) / i**0.5
@@ -154,27 +155,44 @@ def _build(spec: Path, out: Path, target: str, capsys: pytest.CaptureFixture[str
     return code, capsys.readouterr().err
 
 
-def test_trn1_refuses_e4m3_at_build_and_at_the_door(
+@pytest.mark.parametrize("target", ["trn1", "trn2"])
+def test_e4m3_weights_are_refused_at_the_build(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str], target: str
+) -> None:
+    """The Tensor engine takes float8_e4m3fn from NeuronCore-v4 only (ISA nc_matmul): e4m3 weights name
+    their line and the way out on both build targets, and nothing is written."""
+    text = (ROOT / "examples" / "swiglu_fp8.spec").read_text().replace("fp8_e5m2[", "fp8_e4m3[")
+    spec = tmp_path / "swiglu_fp8.spec"
+    spec.write_text(text)
+    code, err = _build(spec, tmp_path / "out", target, capsys)
+    assert code == 2
+    assert f"swiglu_fp8.spec:12:1: error: fp8_e4m3 matmul operand is not available on {target}" in err
+    assert "use fp8_e5m2 (the Tensor engine takes the OCP float8_e4m3fn from NeuronCore-v4" in err
+    assert not (tmp_path / "out" / "swiglu_fp8").exists()
+
+
+def test_trn1_refuses_an_e4m3_output_at_build_and_at_the_door(
     tmp_path: Path, capsys: pytest.CaptureFixture[str]
 ) -> None:
-    """NeuronCore-v2 has no float8_e4m3fn: the build names the line and the way out; the trn2 kernel's host
-    refuses target='trn1' before anything runs."""
-    code, err = _build(ROOT / "examples" / "swiglu_fp8.spec", tmp_path, "trn1", capsys)
+    """NeuronCore-v2 has no float8_e4m3fn: the quantising FFN's e4m3 output q names its line and the way
+    out; the trn2 kernel's host refuses target='trn1' before anything runs."""
+    code, err = _build(ROOT / "examples" / "swiglu_fp8_quant.spec", tmp_path, "trn1", capsys)
     assert code == 2
-    assert "swiglu_fp8.spec:11:1: error: fp8_e4m3 is not available on trn1" in err
+    assert "swiglu_fp8_quant.spec:21:1: error: fp8_e4m3 is not available on trn1" in err
     assert "--target trn2, or use fp8_e5m2" in err
-    assert not (tmp_path / "swiglu_fp8").exists()
-    module = load_module(GENERATED / "swiglu_fp8" / "kernel.py", target="trn2")
+    assert not (tmp_path / "swiglu_fp8_quant").exists()
+    module = load_module(GENERATED / "swiglu_fp8_quant" / "kernel.py", target="trn2")
     d = _ffn_inputs(3, 128, 128)
-    names = ("x", "w1t", "s1", "b1", "wgt", "sg", "bg", "w2t", "s2", "b2")
+    names = ("x", "w1t", "s1", "wgt", "sg", "w2t", "s2", "a")
     with pytest.raises(ValueError, match="target='trn1' is not a target it plans for; known targets: trn2"):
-        module.swiglu_fp8(*(d[n] for n in names), target="trn1")
+        module.swiglu_fp8_quant(*(d[n] for n in names), target="trn1")
 
 
 def test_e5m2_weights_build_and_run_on_trn1(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
-    """fp8_e5m2 is a NeuronCore-v2 data type: the same FFN with e5m2 weights builds for trn1 and matches the
-    formula at a ragged shape (LNC 1: trn1 has no logical cores)."""
-    text = (ROOT / "examples" / "swiglu_fp8.spec").read_text().replace("fp8_e4m3[", "fp8_e5m2[")
+    """fp8_e5m2 is a NeuronCore-v2 data type: the example FFN with its e5m2 weights builds for trn1 and
+    matches the formula at a ragged shape (LNC 1: trn1 has no logical cores)."""
+    text = (ROOT / "examples" / "swiglu_fp8.spec").read_text()
+    assert text.count("fp8_e5m2[") == 3
     spec = tmp_path / "swiglu_e5m2.spec"
     spec.write_text(text.replace("kernel swiglu_fp8", "kernel swiglu_e5m2"))
     code, err = _build(spec, tmp_path / "out", "trn1", capsys)
@@ -193,8 +211,8 @@ def test_e5m2_weights_build_and_run_on_trn1(tmp_path: Path, capsys: pytest.Captu
         (2, torch.ones(128, 1), ValueError, "s1"),  # per-channel, not per-block / 2-D
         (2, torch.ones(128, dtype=torch.bfloat16), TypeError, "s1: expected dtype torch.float32"),
         (8, torch.ones(128, dtype=torch.float16), TypeError, "s2: expected dtype torch.float32"),
-        (1, torch.ones(128, 128, dtype=torch.bfloat16), TypeError, "w1t: expected dtype torch.float8_e4m3fn"),
-        (7, torch.ones(128, 128, dtype=E5M2), TypeError, "w2t: expected dtype torch.float8_e4m3fn"),
+        (1, torch.ones(128, 128, dtype=torch.bfloat16), TypeError, "w1t: expected dtype torch.float8_e5m2"),
+        (7, torch.ones(128, 128, dtype=E4M3), TypeError, "w2t: expected dtype torch.float8_e5m2"),
     ],
 )
 def test_bad_scales_and_weights_at_the_door(
@@ -222,10 +240,11 @@ def test_planner_models_the_halved_weight_stream() -> None:
     assert costs[0].total < 0.75 * costs[1].total
 
 
-@pytest.mark.parametrize("given", [torch.bfloat16, torch.float32, E5M2])
+@pytest.mark.parametrize("given", [torch.bfloat16, torch.float32, E4M3])
 def test_the_op_takes_fp8_weights_as_declared_and_refuses_to_narrow_others(given: torch.dtype) -> None:
     """The op casts to a bf16 input's dtype, but an fp8 input is a weight quantised with its scales: a bf16
-    weight was cast to e4m3 silently (|w| > 448 saturated, |w| < 2**-10 flushed to 0) and the op ran on it."""
+    weight was cast to e5m2 silently (|w| > 57344 overflowed, |w| < 2**-17 flushed to 0) and the op ran
+    on it."""
     from fusegen.codegen.files.ops import load_ops
 
     load_ops("swiglu_fp8", GENERATED)
@@ -234,5 +253,5 @@ def test_the_op_takes_fp8_weights_as_declared_and_refuses_to_narrow_others(given
     widened = [args[0].float(), *args[1:]]  # a wider x is cast to its bf16, exactly
     _close(torch.ops.fusegen.swiglu_fp8(*widened), _swiglu_fp8(d), rtol=2e-2)
     args[1] = args[1].to(given)
-    with pytest.raises(TypeError, match=f"w1t: expected dtype torch.float8_e4m3fn .*, got {given}"):
+    with pytest.raises(TypeError, match=f"w1t: expected dtype torch.float8_e5m2 .*, got {given}"):
         torch.ops.fusegen.swiglu_fp8(*args)

@@ -1,7 +1,7 @@
-"""fp8 weights in the projection family: the QKV kernel with e4m3 weights against an independent dequantised
-formula at ragged rows and widths on LNC 1 and 2, e4m3 refused on trn1 (at the build and at the door),
-e5m2 built and run on trn1, bad scales and weights refused at the door, and the halved weight stream in the
-planner's model."""
+"""fp8 weights in the projection family: the QKV kernel with e5m2 weights against an independent dequantised
+formula at ragged rows and widths on LNC 1 and 2, e4m3 weights refused on trn1 and trn2 (a Tensor-engine
+input from NeuronCore-v4 only), e5m2 built and run on trn1, bad scales and weights refused at the door, and
+the halved weight stream in the planner's model."""
 
 from __future__ import annotations
 
@@ -27,7 +27,7 @@ def _quantised(w: torch.Tensor, dtype: torch.dtype) -> tuple[torch.Tensor, torch
     return (w / scale).to(dtype), scale
 
 
-def _inputs(r: int, k: int, nq: int, nkv: int, dtype: torch.dtype = E4M3) -> dict[str, torch.Tensor]:
+def _inputs(r: int, k: int, nq: int, nkv: int, dtype: torch.dtype = E5M2) -> dict[str, torch.Tensor]:
     gen = torch.Generator().manual_seed(r * 5 + k + nq + nkv)
     d = {"x": torch.randn(r, k, generator=gen).bfloat16(), "gamma": 1 + 0.1 * torch.randn(k, generator=gen)}
     for w, s, n in (("wq", "sq", nq), ("wk", "sk", nkv), ("wv", "sv", nkv)):
@@ -63,24 +63,24 @@ def _build(spec: Path, out: Path, target: str, capsys: pytest.CaptureFixture[str
     return code, capsys.readouterr().err
 
 
-def test_trn1_refuses_e4m3_at_build_and_at_the_door(
-    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+@pytest.mark.parametrize("target", ["trn1", "trn2"])
+def test_e4m3_weights_are_refused_at_the_build(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str], target: str
 ) -> None:
-    code, err = _build(SPEC, tmp_path, "trn1", capsys)
+    """The Tensor engine takes float8_e4m3fn from NeuronCore-v4 only (ISA nc_matmul)."""
+    spec = tmp_path / "qkv_fp8.spec"
+    spec.write_text(SPEC.read_text().replace("fp8_e5m2[", "fp8_e4m3["))
+    code, err = _build(spec, tmp_path / "out", target, capsys)
     assert code == 2
-    assert "qkv_fp8.spec:13:1: error: fp8_e4m3 is not available on trn1" in err
-    assert "--target trn2, or use fp8_e5m2" in err
-    assert not (tmp_path / "qkv_fp8").exists()
-    module = load_module(GENERATED / "qkv_fp8" / "kernel.py", target="trn2")
-    d = _inputs(3, 128, 128, 128)
-    with pytest.raises(ValueError, match="target='trn1' is not a target it plans for; known targets: trn2"):
-        module.qkv_fp8(*(d[n] for n in NAMES), target="trn1")
+    assert f"qkv_fp8.spec:14:1: error: fp8_e4m3 matmul operand is not available on {target}" in err
+    assert "use fp8_e5m2 (the Tensor engine takes the OCP float8_e4m3fn from NeuronCore-v4" in err
+    assert not (tmp_path / "out" / "qkv_fp8").exists()
 
 
 def test_e5m2_weights_build_and_run_on_trn1(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
-    """fp8_e5m2 is a NeuronCore-v2 data type: the same projection builds for trn1 and matches the formula at
-    ragged rows and widths."""
-    text = SPEC.read_text().replace("fp8_e4m3[", "fp8_e5m2[").replace("kernel qkv_fp8", "kernel qkv_e5m2")
+    """fp8_e5m2 is a NeuronCore-v2 data type: the example projection builds for trn1 and matches the
+    formula at ragged rows and widths."""
+    text = SPEC.read_text().replace("kernel qkv_fp8", "kernel qkv_e5m2")
     spec = tmp_path / "qkv_e5m2.spec"
     spec.write_text(text)
     code, err = _build(spec, tmp_path / "out", "trn1", capsys)
@@ -102,7 +102,7 @@ def test_mixed_fp8_and_f32_is_refused_at_the_matmul(
     spec.write_text(text.replace("kernel qkv_fp8", "kernel qkv_f32"))
     code, err = _build(spec, tmp_path, "trn2", capsys)
     assert code == 2
-    assert "qkv_f32.spec:27:6: error: dtype clash: `@` operands are f32 and fp8_e4m3" in err
+    assert "qkv_f32.spec:28:6: error: dtype clash: `@` operands are f32 and fp8_e5m2" in err
     assert "hint: cast one side so both are the same" in err
 
 
@@ -112,8 +112,8 @@ def test_mixed_fp8_and_f32_is_refused_at_the_matmul(
         (3, torch.ones(129), ValueError, "sq"),  # a scale per output channel: [NQ], not [NQ + 1]
         (3, torch.ones(128, 1), ValueError, "sq"),  # per-channel, not 2-D
         (5, torch.ones(128, dtype=torch.bfloat16), TypeError, "sk: expected dtype torch.float32"),
-        (2, torch.ones(128, 128, dtype=torch.bfloat16), TypeError, "wq: expected dtype torch.float8_e4m3fn"),
-        (6, torch.ones(128, 128, dtype=E5M2), TypeError, "wv: expected dtype torch.float8_e4m3fn"),
+        (2, torch.ones(128, 128, dtype=torch.bfloat16), TypeError, "wq: expected dtype torch.float8_e5m2"),
+        (6, torch.ones(128, 128, dtype=E4M3), TypeError, "wv: expected dtype torch.float8_e5m2"),
     ],
 )
 def test_bad_scales_and_weights_at_the_door(
@@ -153,7 +153,7 @@ def test_per_token_quantisation_of_a_projection_names_the_amax(
     spec = tmp_path / "proj_quant.spec"
     spec.write_text(
         "kernel proj_quant\ndim R, K, N\nrequire K % 128 == 0\ninput x: bf16[R, K]\n"
-        "input w: fp8_e4m3[K, N]\ninput sw: f32[N]\noutput y: f32[R, N]\noutput q: fp8_e4m3[R, N]\n"
+        "input w: fp8_e5m2[K, N]\ninput sw: f32[N]\noutput y: f32[R, N]\noutput q: fp8_e4m3[R, N]\n"
         "output s: f32[R, 1]\ny = (x @ w) * sw\namax = max(abs(y), 1, keepdim=true)\ns = amax / 448.0\n"
         "q = y / s\ncheck R=64 K=256 N=512\n"
     )

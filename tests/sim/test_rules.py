@@ -208,6 +208,11 @@ def matmul_into_sbuf():
     nisa.nc_matmul(dst=_dst((64, 64)), stationary=a, moving=a)  # <-tensor-engine-memories
 
 
+def ocp_fp8_matmul_on_trn2():
+    w, x = _tile((128, 64), nl.float8_e4m3fn), _tile((128, 64), BF16)
+    nisa.nc_matmul(dst=_dst((64, 64), buffer=nl.psum), stationary=w, moving=x)  # <-matmul-fp8-e4m3fn
+
+
 def both_inputs_in_psum():
     ps = _tile((128, 8), buffer=nl.psum)
     nisa.tensor_tensor(dst=_dst((128, 8)), data1=ps, data2=ps, op=nl.add)  # <-psum-one-input
@@ -283,6 +288,7 @@ CASES = {
     "sendrecv-gpsimd-dma-size": (gpsimd_dma_too_big, "<-sendrecv-gpsimd", "trn2", ()),
     "compute-on-chip": (activation_reads_hbm, "<-compute-on-chip", "trn2", (torch.ones(2, 2),)),
     "tensor-engine-memories": (matmul_into_sbuf, "<-tensor-engine-memories", "trn2", ()),
+    "matmul-fp8-e4m3fn": (ocp_fp8_matmul_on_trn2, "<-matmul-fp8-e4m3fn", "trn2", ()),
     "psum-one-input": (both_inputs_in_psum, "<-psum-one-input", "trn2", ()),
     "tensor-copy-scalar-v2": (scalar_engine_copy, "<-tensor-copy-scalar-v2", "trn1", ()),
     "activation-bias-v2": (scalar_bias, "<-activation-bias-v2", "trn1", ()),
