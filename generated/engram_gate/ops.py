@@ -84,9 +84,13 @@ def _call(prefix: str, fn: str, args: tuple[torch.Tensor, ...], /, **kwargs: obj
 def _cached_layouts(device: str | torch.device = "cpu") -> _contextlib.AbstractContextManager[object]:
     """`fusegen.codegen.files.ops.cached_layouts`: the host function's `cached_layouts()` on the backend ops
     on `device` run on now (a kernel that lays no weights out, and the reference, have none: a no-op)."""
-    backend = _backend(torch.device(device))
-    host = None if backend == "reference" else getattr(_kernel_module(backend), "engram_gate")
-    return getattr(host, "cached_layouts", _contextlib.nullcontext)()
+    return getattr(_host(torch.device(device)), "cached_layouts", _contextlib.nullcontext)()
+
+
+def _host(device: torch.device) -> object:
+    """The forward's host function on the backend ops on `device` run on now; None on the reference."""
+    backend = _backend(device)
+    return None if backend == "reference" else getattr(_kernel_module(backend), "engram_gate")
 
 
 def _cast(tensors: tuple[torch.Tensor, ...], dtypes: tuple[torch.dtype, ...]) -> tuple[torch.Tensor, ...]:
@@ -550,6 +554,9 @@ def _backward_op(x: torch.Tensor, kv: torch.Tensor, w_h: torch.Tensor, w_e: torc
     """f32 input gradients from the inputs, saved outputs and output gradients on this device's backend: its
     own op, so torch.compile traces the backward through the fake below instead of running a kernel on it."""
     _tensors = (x, kv, w_h, w_e, dot, gate, rstd_x, rstd_k, d_out,)
+    # an optimizer may write the inputs it differentiates without moving their version counter (torch's fused
+    # ones do): inside a cached_layouts() scope the forward's host stops reusing their layouts
+    getattr(_host(_tensors[0].device), "trained", lambda *_: None)(*_tensors[:4])
     if _backend(_tensors[0].device) != "reference":  # the kernels differentiate the fused forward's saved tensors
         _args = _cast(tuple(_tensors[i] for i in _KERNEL_ARGS), _KERNEL_DTYPES)
         return _unaliased(_call("backward_", "engram_gate_backward", _args, **{"eps": eps, "clamp": clamp}), _args)

@@ -1818,6 +1818,8 @@ _LAID_OUT: dict[tuple[object, ...], tuple[_StorageWeakRef, int, torch.Tensor]] =
 #: open `_cached_layouts()` contexts: one module-wide count, not per thread (a context opened in one thread
 #: caches for calls in every thread, and the cache is dropped when the last one exits).
 _CACHE_DEPTH = 0
+#: storages of weights a backward differentiated inside the open scope (`_trained`), never reused there
+_TRAINED: dict[int, _StorageWeakRef] = {}
 
 
 @_contextmanager
@@ -1836,6 +1838,26 @@ def _cached_layouts() -> Iterator[None]:
         _CACHE_DEPTH -= 1
         if _CACHE_DEPTH == 0:
             _LAID_OUT.clear()
+            _TRAINED.clear()
+
+
+def _trained(*weights: torch.Tensor) -> None:
+    """Weights the op's backward differentiated: inside an open scope their layouts are dropped and remade on
+    every later call, since an optimizer may write them without moving their version counter (torch's fused
+    optimizers, `torch.optim.AdamW(fused=True)`, do). Outside a scope nothing is kept, so nothing to do."""
+    if _CACHE_DEPTH == 0:
+        return
+    for w in weights:
+        storage = w.untyped_storage()
+        _TRAINED[storage._cdata] = _StorageWeakRef(storage)
+    for key in [k for k in _LAID_OUT if k[0] in _TRAINED]:
+        del _LAID_OUT[key]
+
+
+def _is_trained(storage: torch.UntypedStorage) -> bool:
+    """Whether `_trained` saw this storage (a live one: a freed storage's address may be reused)."""
+    ref = _TRAINED.get(storage._cdata)
+    return ref is not None and not ref.expired()
 
 
 def _up_layout(w: torch.Tensor, firsts: tuple[int, ...], inter: int) -> torch.Tensor:
@@ -1875,11 +1897,12 @@ def _down_blocks(w: torch.Tensor, kc: int, inter: int) -> torch.Tensor:
 
 def _cached(w: torch.Tensor, what: tuple[object, ...], lay_out: Callable[[], torch.Tensor]) -> torch.Tensor:
     """w in a kernel layout (`what` names it): laid out each call, but inside `_cached_layouts()` reused while
-    w's storage and version are the ones it was laid out from."""
-    if _CACHE_DEPTH == 0 or w.is_inference():  # an inference tensor has no version counter: never reused
+    w's storage and version are the ones it was laid out from and no backward differentiated it (`_trained`)."""
+    storage = w.untyped_storage()
+    # an inference tensor has no version counter, a trained one may be written around it: never reused
+    if _CACHE_DEPTH == 0 or w.is_inference() or _is_trained(storage):
         with torch.no_grad():
             return lay_out()
-    storage = w.untyped_storage()
     key = (storage._cdata, storage.data_ptr(), w.storage_offset(), tuple(w.shape), w.stride(), w.dtype, *what)
     hit = _LAID_OUT.get(key)
     if hit is not None and not hit[0].expired() and hit[1] == w._version:
@@ -1907,6 +1930,7 @@ def leaky_glu_ffn(x: torch.Tensor, w1t: torch.Tensor, b1: torch.Tensor, wgt: tor
 
 
 leaky_glu_ffn.cached_layouts = _cached_layouts  # an attribute, not a module name: no spec name can meet it
+leaky_glu_ffn.trained = _trained  # called by ops.py's backward
 
 
 try:  # the NKI op on Neuron hosts (ops.py owns `fusegen::<name>`); the file imports without torch_neuronx
