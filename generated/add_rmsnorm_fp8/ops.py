@@ -72,9 +72,13 @@ def _call(prefix: str, fn: str, args: tuple[torch.Tensor, ...], /, **kwargs: obj
 def _cached_layouts(device: str | torch.device = "cpu") -> _contextlib.AbstractContextManager[object]:
     """`fusegen.codegen.files.ops.cached_layouts`: the host function's `cached_layouts()` on the backend ops
     on `device` run on now (a kernel that lays no weights out, and the reference, have none: a no-op)."""
-    backend = _backend(torch.device(device))
-    host = None if backend == "reference" else getattr(_kernel_module(backend), "add_rmsnorm_fp8")
-    return getattr(host, "cached_layouts", _contextlib.nullcontext)()
+    return getattr(_host(torch.device(device)), "cached_layouts", _contextlib.nullcontext)()
+
+
+def _host(device: torch.device) -> object:
+    """The forward's host function on the backend ops on `device` run on now; None on the reference."""
+    backend = _backend(device)
+    return None if backend == "reference" else getattr(_kernel_module(backend), "add_rmsnorm_fp8")
 
 
 def _cast(tensors: tuple[torch.Tensor, ...], dtypes: tuple[torch.dtype, ...]) -> tuple[torch.Tensor, ...]:
