@@ -120,6 +120,8 @@ def activation(
     if bias is not None:
         if ins.ctx.target.nc_version < 3 and not isinstance(bias, NkiTensor):
             violation(ins, "activation-bias-v2", f"bias={bias!r} on {ins.ctx.target.name}")
+        if ins.ctx.target.nc_version < 3 and fn.name == "reciprocal":
+            violation(ins, "activation-reciprocal-bias-v2", f"a bias with op={fn!r} on {ins.ctx.target.name}")
         x = x + scalar_or_column(ins, bias, s.partitions, "bias")
     if fn.name in ACTIVATION_RANGES:
         _check_range(ins, fn.name, x)

@@ -214,6 +214,12 @@ RULE_LIST: tuple[Rule, ...] = (
         always=True,
     ),
     Rule(
+        "activation-reciprocal-bias-v2",
+        InvalidArgumentError,
+        "on NeuronCore-v2 (trn1) activation(op=nl.reciprocal) takes no bias",
+        "SH nki-engine-sel (Reciprocal: 'doesn't support setting bias on NeuronCore-v2')",
+    ),
+    Rule(
         "matmul-fp8-e4m3fn",
         DtypeError,
         "nc_matmul takes float8_e4m3fn (OCP) inputs from NeuronCore-v4 (trn3) only, and never beside legacy "

@@ -220,3 +220,30 @@ def test_warn_mode_computes_the_exact_function_out_of_range():
     with pytest.warns(sim.ConformanceWarning, match=r"\[activation-input-range\]"):
         out = sim.run(_activation(nl.sin, 9.0), rules="warn").outputs
     torch.testing.assert_close(out, torch.full((128, 8), math.sin(9.0)))
+
+
+def _reciprocal(with_bias):
+    """A kernel: activation(op=nl.reciprocal) of x, plus a [128, 1] bias b when `with_bias`."""
+
+    def kernel(x, b):
+        xs, bs = _dst((128, 8)), _dst((128, 1))
+        nisa.dma_copy(dst=xs, src=x)
+        nisa.dma_copy(dst=bs, src=b)
+        ys = _dst((128, 8))
+        nisa.activation(dst=ys, op=nl.reciprocal, data=xs, bias=bs if with_bias else None)
+        out = nl.ndarray((128, 8), dtype=F32, buffer=nl.shared_hbm)
+        nisa.dma_copy(dst=out, src=ys)
+        return out
+
+    return kernel
+
+
+@pytest.mark.parametrize(("target", "with_bias"), [("trn2", True), ("trn3", True), ("trn1", False)])
+def test_reciprocal_activation_takes_a_bias_from_neuroncore_v3(target, with_bias):
+    """SH 'NKI Engine Selection': activation(op=nl.reciprocal) "doesn't support setting bias on
+    NeuronCore-v2" (rule activation-reciprocal-bias-v2, refused in tests/sim/test_rules.py); it runs
+    without one there, and with one from v3: 1 / (x + b)."""
+    gen = torch.Generator().manual_seed(3)
+    x, b = 1 + torch.rand(128, 8, generator=gen), 0.5 + torch.rand(128, 1, generator=gen) / 2
+    out = sim.run(_reciprocal(with_bias), x, b, target=target, rules="error").outputs
+    assert torch.equal(out, torch.reciprocal(x + b if with_bias else x))

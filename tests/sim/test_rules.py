@@ -213,6 +213,11 @@ def ocp_fp8_matmul_on_trn2():
     nisa.nc_matmul(dst=_dst((64, 64), buffer=nl.psum), stationary=w, moving=x)  # <-matmul-fp8-e4m3fn
 
 
+def reciprocal_with_bias():
+    data, bias = _tile((128, 8)), _tile((128, 1))
+    nisa.activation(dst=_dst((128, 8)), op=nl.reciprocal, data=data, bias=bias)  # <-reciprocal-bias
+
+
 def both_inputs_in_psum():
     ps = _tile((128, 8), buffer=nl.psum)
     nisa.tensor_tensor(dst=_dst((128, 8)), data1=ps, data2=ps, op=nl.add)  # <-psum-one-input
@@ -289,6 +294,7 @@ CASES = {
     "compute-on-chip": (activation_reads_hbm, "<-compute-on-chip", "trn2", (torch.ones(2, 2),)),
     "tensor-engine-memories": (matmul_into_sbuf, "<-tensor-engine-memories", "trn2", ()),
     "matmul-fp8-e4m3fn": (ocp_fp8_matmul_on_trn2, "<-matmul-fp8-e4m3fn", "trn2", ()),
+    "activation-reciprocal-bias-v2": (reciprocal_with_bias, "<-reciprocal-bias", "trn1", ()),
     "psum-one-input": (both_inputs_in_psum, "<-psum-one-input", "trn2", ()),
     "tensor-copy-scalar-v2": (scalar_engine_copy, "<-tensor-copy-scalar-v2", "trn1", ()),
     "activation-bias-v2": (scalar_bias, "<-activation-bias-v2", "trn1", ()),
