@@ -3,11 +3,13 @@
 Sources (aws-neuron/aws-neuron-sdk): the NeuronCore-v2 data types (about-neuron/arch/neuron-features/
 data-types.rst) list FP8_e5m2, FP8_e4m3 and FP8_e3m4 as "cFP8"; `nki.language.float8_e4m3fn`, the OCP
 e4m3 (no inf, NaN 0bS1111111, max 448) that `fp8_e4m3` is, is documented for Trn2 and Trn3 only (its
-page from SDK 2.32: "relevant for: Trn2, Trn3"). But the Tensor engine takes it from NeuronCore-v4 (trn3)
-only (nki/api/nki/isa/__init__.py, nc_matmul "Data types": "Starting NeuronCore-v4, float8_e4m3fn (OCP
-FP8) is also supported"; fusegen.sim rule matmul-fp8-e4m3fn). So an `fp8_e4m3` output or cast builds for
-trn2 and not for trn1, an `fp8_e4m3` matmul operand (a weight) for neither of the build targets;
-`fp8_e5m2` (`nl.float8_e5m2`, a Tensor-engine input on every target) builds for both.
+page from SDK 2.32: "relevant for: Trn2, Trn3"), but neither trn1 nor trn2 takes it: the Tensor engine takes
+it from NeuronCore-v4 (trn3) only (nki/api/nki/isa/__init__.py, nc_matmul "Data types": "Starting
+NeuronCore-v4, float8_e4m3fn (OCP FP8) is also supported"; fusegen.sim rule matmul-fp8-e4m3fn), and the
+graph compiler rejects any F8E4M3FN operand on them (compiler/error-codes/EVRF051.rst: "Data type F8E4M3FN
+is not supported on TRN1/TRN2", "natively supported on Trainium3 (Trn3) and later"), which an NKI
+kernel's fp8 output is. So `fp8_e4m3` builds for neither build target; `fp8_e5m2` (`nl.float8_e5m2`, a
+Tensor-engine input on every target) builds for both.
 """
 
 from __future__ import annotations
@@ -18,9 +20,8 @@ from fusegen.dsl.diagnostics import Diagnostic
 from fusegen.dsl.ir import FP8_DTYPES, KernelIR, Node
 from fusegen.sim.targets import TARGETS
 
-#: the oldest NeuronCore generation taking each fp8 format, as a value (output, cast) and as a matmul operand
-MIN_NC_VERSION = {"fp8_e4m3": 3, "fp8_e5m2": 2}
-MIN_NC_VERSION_MATMUL = {"fp8_e4m3": 4, "fp8_e5m2": 2}
+#: the oldest NeuronCore generation taking each fp8 format (as a value and as a matmul operand alike)
+MIN_NC_VERSION = {"fp8_e4m3": 4, "fp8_e5m2": 2}
 #: a format's name where it is a matmul operand (diagnostics, `supports`)
 OPERAND = " matmul operand"
 #: targets `fusegen build --target` offers
@@ -88,9 +89,7 @@ def supports(target: str, dtypes: Iterable[str]) -> bool:
 
 def _min_version(use: str) -> int:
     """The oldest NeuronCore generation taking a format in this use."""
-    if use.endswith(OPERAND):
-        return MIN_NC_VERSION_MATMUL[use.removesuffix(OPERAND)]
-    return MIN_NC_VERSION[use]
+    return MIN_NC_VERSION[use.removesuffix(OPERAND)]
 
 
 def fp8_errors(ir: KernelIR, family: str, target: str) -> list[Diagnostic]:
@@ -114,8 +113,8 @@ def fp8_errors(ir: KernelIR, family: str, target: str) -> list[Diagnostic]:
     others = [t for t in BUILD_TARGETS if supports(t, missing) and t != target]
     message = f"{', '.join(missing)} is not available on {target}"
     hint = f"build with --target {others[0]}, or use fp8_e5m2" if others else "use fp8_e5m2"
-    if any(d.endswith(OPERAND) for d in missing):
-        hint += " (the Tensor engine takes the OCP float8_e4m3fn from NeuronCore-v4 (trn3) only)"
+    if any(d.startswith("fp8_e4m3") for d in missing):
+        hint += " (the OCP float8_e4m3fn is a NeuronCore-v4 (trn3) type: trn1 and trn2 take it nowhere)"
     return [Diagnostic(at, message, hint=hint)]
 
 

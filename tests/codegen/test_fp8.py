@@ -1,7 +1,7 @@
 """fp8 end to end: the interpreter's fp8 rounding against the OCP definition written out here, the fp8 FFN
-kernels (e5m2 weights) against independent torch formulas (the per-token e4m3 quantisation bit for bit),
-e4m3 weights refused on trn1 and trn2 (a Tensor-engine input from NeuronCore-v4 only) and e4m3 outputs on
-trn1, with a diagnostic, e5m2 built and run on trn1, and bad scale arguments refused at the door."""
+kernels (e5m2 weights) against independent torch formulas (the per-token e5m2 quantisation bit for bit),
+e4m3 weights and outputs refused on trn1 and trn2 (a NeuronCore-v4 type) with a diagnostic, e5m2 built and
+run on trn1, and bad scale arguments refused at the door."""
 
 from __future__ import annotations
 
@@ -131,23 +131,23 @@ def test_swiglu_fp8_matches_dequantised_formula(r: int, k: int, i: int, lnc: int
 
 @pytest.mark.parametrize(("r", "k", "i", "lnc"), [(130, 384, 300, 2), (7, 768, 200, 1)])
 def test_per_token_quantisation_is_bit_exact(r: int, k: int, i: int, lnc: int) -> None:
-    """x_new against the formula; then amax, s = max(amax, 1e-12) * fp32(1/448) and q = e4m3(x_new * (1/s))
+    """x_new against the formula; then amax, s = max(amax, 1e-12) * fp32(1/57344) and q = e5m2(x_new * (1/s))
     (division is a multiplication by the fp32 reciprocal on the hardware) from the kernel's own x_new,
     compared bit for bit: the quantisation rounds exactly as documented."""
     d = _ffn_inputs(r, k, i)
     module = load_module(GENERATED / "swiglu_fp8_quant" / "kernel.py", target="trn2")
     names = ("x", "w1t", "s1", "wgt", "sg", "w2t", "s2", "a")
     x_new, q, s, amax = module.swiglu_fp8_quant(*(d[n] for n in names), lnc=lnc, target="trn2")
-    assert (q.dtype, s.shape, amax.shape) == (E4M3, (r, 1), (r, 1))
+    assert (q.dtype, s.shape, amax.shape) == (E5M2, (r, 1), (r, 1))
     _close(x_new, _swiglu_fp8(d, biases=False), rtol=1e-3)
     want_amax = x_new.abs().amax(dim=1, keepdim=True)
-    want_s = torch.maximum(want_amax, torch.tensor(1e-12)) * torch.tensor(1.0 / 448.0)
-    want_q = (x_new * (1.0 / want_s)).to(E4M3)
+    want_s = torch.maximum(want_amax, torch.tensor(1e-12)) * torch.tensor(1.0 / 57344.0)
+    want_q = (x_new * (1.0 / want_s)).to(E5M2)
     assert torch.equal(amax, want_amax)
     assert torch.equal(s, want_s)
     assert torch.equal(q.view(torch.uint8), want_q.view(torch.uint8))
-    assert q.float().abs().max().item() == 448.0  # each row's largest element lands on the top code
-    _close(q.float() * s, x_new, rtol=2**-4)  # and q * s is x_new to within half an e4m3 step
+    assert q.float().abs().max().item() == 57344.0  # each row's largest element lands on the top code
+    _close(q.float() * s, x_new, rtol=2**-3)  # and q * s is x_new to within half an e5m2 step
 
 
 def _build(spec: Path, out: Path, target: str, capsys: pytest.CaptureFixture[str]) -> tuple[int, str]:
@@ -167,25 +167,24 @@ def test_e4m3_weights_are_refused_at_the_build(
     code, err = _build(spec, tmp_path / "out", target, capsys)
     assert code == 2
     assert f"swiglu_fp8.spec:12:1: error: fp8_e4m3 matmul operand is not available on {target}" in err
-    assert "use fp8_e5m2 (the Tensor engine takes the OCP float8_e4m3fn from NeuronCore-v4" in err
+    assert "use fp8_e5m2 (the OCP float8_e4m3fn is a NeuronCore-v4 (trn3) type" in err
     assert not (tmp_path / "out" / "swiglu_fp8").exists()
 
 
-def test_trn1_refuses_an_e4m3_output_at_build_and_at_the_door(
-    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+@pytest.mark.parametrize("target", ["trn1", "trn2"])
+def test_an_e4m3_output_is_refused_at_the_build(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str], target: str
 ) -> None:
-    """NeuronCore-v2 has no float8_e4m3fn: the quantising FFN's e4m3 output q names its line and the way
-    out; the trn2 kernel's host refuses target='trn1' before anything runs."""
-    code, err = _build(ROOT / "examples" / "swiglu_fp8_quant.spec", tmp_path, "trn1", capsys)
+    """The graph compiler rejects any F8E4M3FN operand on trn1 and trn2 (error code EVRF051), which an NKI
+    kernel's output is: the quantising FFN with an e4m3 q names its line and the way out."""
+    text = (ROOT / "examples" / "swiglu_fp8_quant.spec").read_text()
+    spec = tmp_path / "swiglu_fp8_quant.spec"
+    spec.write_text(text.replace("output q:     fp8_e5m2[", "output q:     fp8_e4m3["))
+    code, err = _build(spec, tmp_path / "out", target, capsys)
     assert code == 2
-    assert "swiglu_fp8_quant.spec:21:1: error: fp8_e4m3 is not available on trn1" in err
-    assert "--target trn2, or use fp8_e5m2" in err
-    assert not (tmp_path / "swiglu_fp8_quant").exists()
-    module = load_module(GENERATED / "swiglu_fp8_quant" / "kernel.py", target="trn2")
-    d = _ffn_inputs(3, 128, 128)
-    names = ("x", "w1t", "s1", "wgt", "sg", "w2t", "s2", "a")
-    with pytest.raises(ValueError, match="target='trn1' is not a target it plans for; known targets: trn2"):
-        module.swiglu_fp8_quant(*(d[n] for n in names), target="trn1")
+    assert f"swiglu_fp8_quant.spec:21:1: error: fp8_e4m3 is not available on {target}" in err
+    assert "use fp8_e5m2 (the OCP float8_e4m3fn is a NeuronCore-v4 (trn3) type" in err
+    assert not (tmp_path / "out" / "swiglu_fp8_quant").exists()
 
 
 def test_e5m2_weights_build_and_run_on_trn1(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:

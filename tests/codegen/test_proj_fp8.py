@@ -73,7 +73,7 @@ def test_e4m3_weights_are_refused_at_the_build(
     code, err = _build(spec, tmp_path / "out", target, capsys)
     assert code == 2
     assert f"qkv_fp8.spec:14:1: error: fp8_e4m3 matmul operand is not available on {target}" in err
-    assert "use fp8_e5m2 (the Tensor engine takes the OCP float8_e4m3fn from NeuronCore-v4" in err
+    assert "use fp8_e5m2 (the OCP float8_e4m3fn is a NeuronCore-v4 (trn3) type" in err
     assert not (tmp_path / "out" / "qkv_fp8").exists()
 
 
