@@ -40,6 +40,8 @@ class Context:
     pending: dict[str, Span] = field(default_factory=dict)
     #: every name declared so far, any kind, for duplicate detection.
     declared: dict[str, Span] = field(default_factory=dict)
+    #: what each declared name is: "kernel", "dim", "input", "param" or "value".
+    kinds: dict[str, str] = field(default_factory=dict)
     reads: set[str] = field(default_factory=set)
     #: names whose declaration failed: their uses stay quiet rather than repeat the error.
     failed: set[str] = field(default_factory=set)
@@ -70,6 +72,7 @@ class Context:
             )
             return False
         self.declared[name] = span
+        self.kinds[name] = what
         return True
 
     def fixed_dims(self) -> dict[str, int]:

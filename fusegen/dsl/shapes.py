@@ -5,7 +5,7 @@ from __future__ import annotations
 from collections.abc import Mapping
 
 from fusegen.dsl import ast
-from fusegen.dsl.context import Context
+from fusegen.dsl.context import Context, article
 from fusegen.dsl.ir import Dim, Shape, shape_str
 
 #: larger dims are surely typos, and would overflow the int32 index math of generated kernels.
@@ -21,8 +21,10 @@ def to_dim(ctx: Context, expr: ast.Expr) -> Dim | None:
     if isinstance(expr, ast.Name):
         if expr.name in ctx.dims:
             return Dim.sym(expr.name)
-        if expr.name in ctx.scope or expr.name in ctx.pending:
-            ctx.error(expr.span, f"`{expr.name}` is a value, not a dim", _DIM_EXPR_HINT)
+        kind = ctx.kinds.get(expr.name)
+        if kind in ("input", "param", "value"):
+            hint = _not_a_dim_hint(kind, expr.name)
+            ctx.error(expr.span, f"`{expr.name}` is {article(kind)}, not a dim", hint)
         else:
             ctx.unknown_name(expr.span, expr.name, "dim")
         return None
@@ -41,6 +43,14 @@ def to_dim(ctx: Context, expr: ast.Expr) -> Dim | None:
         return lhs + rhs if expr.op == "+" else lhs - rhs if expr.op == "-" else lhs * rhs
     ctx.error(expr.span, "not a dim expression", _DIM_EXPR_HINT)
     return None
+
+
+def _not_a_dim_hint(kind: str, name: str) -> str:
+    """A param is a scalar each call passes: it can size no shape and pick no index."""
+    if kind == "param":
+        return (f"a param is a scalar each call passes; shapes, indices and `require` lines are made of "
+                f"dims: declare `dim {name}` instead, or fix it with `dim {name} = 64`")  # fmt: skip
+    return _DIM_EXPR_HINT
 
 
 def _integer(ctx: Context, number: ast.Number) -> Dim | None:

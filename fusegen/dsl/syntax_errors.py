@@ -37,7 +37,13 @@ _CHARACTER_HINTS = {
     ";": "write one item per line",
     '"': "the spec language has no strings",
     "'": "the spec language has no strings",
+    "^": "a power is written `x ** 2`",
+    ".": "there are no methods or attributes (`x.T`), and no `...` in an index: give one item per dim, `:` "
+    "for a whole one",
 }
+#: hints for the lines whose items are not expressions, by their first word.
+_PARAM_HINT = "a param is an f32 scalar with a number as its default: `param eps = 1e-6`"
+_REQUIRE_LINE_HINT = "one comparison per `require` line, with `==` for equality: `require K % 128 == 0`"
 #: the spec's tokens, roughly, for finding the token before an error.
 _ROUGH_TOKEN = re.compile(r"\*\*|[<>=!]=|[A-Za-z_]\w*|\d+\.?\d*(?:[eE][+-]?\d+)?|\S")
 
@@ -92,6 +98,12 @@ def _line_hint(prefix: str, token: str) -> str | None:
         return did_you_mean(token, ["finite"])
     if first == "check":
         return "a check line lists `NAME=INT` items separated by spaces, e.g. `check T=4 H=128`"
+    if first == "param":
+        return _PARAM_HINT
+    if first == "require":
+        return _REQUIRE_LINE_HINT
+    if token == ":" and _unclosed(prefix, "[") is not None:
+        return "a slice is `start:stop`: there is no step"
     return None
 
 
@@ -112,7 +124,8 @@ def _early_line_end(expected: set[str], prefix: str, span: Span, literals: Mappi
         if closer in expected and where is not None:
             at = Span(span.path, span.line, where + 1, span.line, where + 2)
             return Diagnostic(at, f"unterminated `{opener}`", hint="close it on the same line")
-    return Diagnostic(span, f"unexpected end of line; expected {_expected(expected, literals)}")
+    hint = _PARAM_HINT if words[:1] == ["param"] else None
+    return Diagnostic(span, f"unexpected end of line; expected {_expected(expected, literals)}", hint=hint)
 
 
 def _unclosed(prefix: str, opener: str) -> int | None:

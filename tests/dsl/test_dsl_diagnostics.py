@@ -125,3 +125,45 @@ def test_long_expression_chains_are_refused_not_crashed() -> None:
 def test_brackets_in_comments_do_not_count_as_nesting() -> None:
     text = "# " + "(" * 80 + "\nkernel k\ndim R\ninput x: f32[R]\noutput y: f32[R]\ny = x * 2\ncheck R=1\n"
     assert check(parse(text, "t.spec")).doc == "(" * 80
+
+
+def _warnings(text: str) -> str:
+    spec = parse(text, "t.spec")
+    _, warnings = check_with_warnings(spec)
+    return "\n".join(w.render(spec.source) for w in warnings)
+
+
+def test_a_dim_nothing_uses_is_a_warning() -> None:
+    """A dim in no shape, index or value used to pass silently (its check values idle)."""
+    text = "kernel k\ndim T, H, G\ninput x: f32[T, H]\noutput z: f32[T, H]\nz = x * 2\ncheck T=4 H=8 G=2\n"
+    assert _warnings(text) == (
+        "t.spec:2:11: warning: dim `G` is never used\n"
+        "    dim T, H, G\n"
+        "              ^\n"
+        "  hint: remove it, or use it in an input's shape"
+    )
+
+
+def test_a_production_sized_check_is_a_warning() -> None:
+    """A check line at a production shape passed silently, and its generated test ran for hours on the
+    interpreter: 2 x 2 GiB of bf16 rows is about 20 minutes at the interpreter's measured pace."""
+    text = "kernel k\ndim T, H\ninput x: bf16[T, H]\noutput z: bf16[T, H]\nz = x * 2\ncheck T=65536 H=16384\n"
+    assert _warnings(text) == (
+        "t.spec:6:1: warning: this check is 4.0 GiB of inputs and outputs: its generated test would run "
+        "about 20 minutes on the CPU interpreter\n"
+        "    check T=65536 H=16384\n"
+        "    ^~~~~~~~~~~~~~~~~~~~~\n"
+        "  hint: a check line is a test shape (the examples' largest is 0.3 GiB, 0.01 TFLOP); time a "
+        "production shape with `fusegen explain SPEC --shape ...`"
+    )
+
+
+def test_a_check_with_matmul_work_past_a_test_shape_is_a_warning() -> None:
+    """Little data, much matmul work: 2 * 8192 * 8192 * 8192 flops is 1.1 TFLOP, about 45 minutes."""
+    text = ("kernel k\ndim R, K, N\ninput x: bf16[R, K]\ninput w: bf16[K, N]\noutput y: bf16[R, N]\n"
+            "y = x @ w\ncheck R=8192 K=8192 N=8192\ncheck R=128 K=128 N=128\n")  # fmt: skip
+    first = _warnings(text).split("\n")[0]
+    assert first == (
+        "t.spec:7:1: warning: this check is 0.4 GiB of inputs and outputs and 1.10 TFLOP of matmuls: its "
+        "generated test would run about 46 minutes on the CPU interpreter"
+    )
