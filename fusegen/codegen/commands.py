@@ -47,10 +47,12 @@ def build(specs: list[str], options: BuildOptions, check_only: bool = False, eve
 
     every_spec: `specs` are the project's defaults (examples/*.spec and every folder's recorded spec, see
     recorded.default_specs), so a folder no spec builds any more, or whose spec is gone, is stale too."""
+    specs = list({Path(spec).resolve(): spec for spec in reversed(specs)}.values())[::-1]  # each file once
     built = []
     for spec in specs:
         _progress(f"fusegen: building {spec}")
         built.append(build_and_warn(spec, options))
+    _one_spec_per_kernel(specs, built, options.out_dir)
     orphans = _orphans(options.out_dir, built) if every_spec else []
     if check_only:
         return _report_stale(options.out_dir, built, orphans, fmt)
@@ -60,6 +62,26 @@ def build(specs: list[str], options: BuildOptions, check_only: bool = False, eve
     for folder, why in orphans:
         _progress(f"fusegen: {folder}/ was not rebuilt: {why}; build its spec by name, or delete the folder")
     return 1 if orphans else 0
+
+
+def _one_spec_per_kernel(specs: list[str], built: list[Built], out_dir: Path) -> None:
+    """SpecError when two specs build one kernel name: both would write one folder, the later silently
+    replacing the earlier (and `build --check` would call one of them stale forever)."""
+    first: dict[str, str] = {}
+    for spec, b in zip(specs, built, strict=True):
+        earlier = first.setdefault(b.name, spec)
+        if earlier != spec:
+            source = Path(spec).read_text(encoding="utf-8", errors="replace")
+            what = f"kernel `{b.name}` is also built by {earlier}: both would write {out_dir / b.name}/"
+            hint = f"give one of them another name: `kernel {b.name}_2`"
+            raise SpecError([Diagnostic(_kernel_line(source, spec), what, hint=hint)], source)
+
+
+def _kernel_line(source: str, path: str) -> Span:
+    """The span of the spec's `kernel NAME` line (it parsed, so it has one)."""
+    lines = source.removeprefix("\ufeff").split("\n")
+    number = next((i for i, line in enumerate(lines, 1) if line.split()[:1] == ["kernel"]), 1)
+    return Span(path, number, 1, number, len(lines[number - 1].rstrip()) + 1)
 
 
 def _report_stale(out_dir: Path, built: list[Built], orphans: list[tuple[Path, str]], fmt: str) -> int:

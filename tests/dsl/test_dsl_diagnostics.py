@@ -67,7 +67,26 @@ def test_non_utf8_file(tmp_path: Path) -> None:
     assert info.value.render() == (
         f"{path}:2:6: error: the spec is not UTF-8 text (byte 0xff)\n"
         "    dim R\N{REPLACEMENT CHARACTER}\n"
-        "         ^"
+        "         ^\n"
+        "  hint: save the spec as UTF-8"
+    )
+
+
+def test_utf16_file_says_so(tmp_path: Path) -> None:
+    """A spec saved as UTF-16 (Windows Notepad's "Unicode") was only "not UTF-8 text"."""
+    path = tmp_path / "wide.spec"
+    path.write_bytes("kernel k\n".encode("utf-16"))
+    with pytest.raises(SpecError) as info:
+        load_spec(str(path))
+    assert info.value.render().endswith("  hint: the file is UTF-16: save it as UTF-8")
+
+
+def test_a_directory_is_a_spec_error_with_a_hint(tmp_path: Path) -> None:
+    with pytest.raises(SpecError) as info:
+        load_spec(str(tmp_path))
+    assert info.value.render() == (
+        f"{tmp_path}: error: cannot read the spec: Is a directory\n  hint: pass the spec files in it, e.g. "
+        f"`{tmp_path}/*.spec`"
     )
 
 

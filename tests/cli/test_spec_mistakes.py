@@ -1,0 +1,41 @@
+"""Mistakes a first spec makes that only `build` met: each is a spec error (exit 2, a caret), not a
+traceback, and writes nothing."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+
+from fusegen.cli import main
+
+SPEC = "kernel k\ndim T, H\ninput x: f32[T, H]\noutput z: f32[T, H]\nz = x * 2\ncheck T=4 H=128\n"
+
+
+def test_two_specs_of_one_kernel_name_are_refused(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    """Both wrote out/k/, the later silently replacing the earlier; the same file named twice builds once."""
+    first, second, out = tmp_path / "a.spec", tmp_path / "b.spec", tmp_path / "out"
+    first.write_text(SPEC)
+    second.write_text("# a copy\n" + SPEC)
+    assert main(["build", "--out", str(out), str(first), str(second)]) == 2
+    err = capsys.readouterr().err
+    assert err.endswith(
+        f"{second}:2:1: error: kernel `k` is also built by {first}: both would write {out / 'k'}/\n"
+        "    kernel k\n    ^~~~~~~~\n  hint: give one of them another name: `kernel k_2`\n"
+    )
+    assert not out.exists()
+    assert main(["build", "--out", str(out), str(first), str(first)]) == 0
+    assert capsys.readouterr().out == f"k: 6 files in {out / 'k'}, 6 changed\n"
+
+
+def test_a_dim_no_input_gives_is_a_spec_error_in_build(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """`G` only in an output's shape passed check-spec, and build died on a KeyError (exit 3)."""
+    spec, out = tmp_path / "g.spec", tmp_path / "out"
+    spec.write_text(SPEC.replace("dim T, H", "dim T, H, G").replace("z: f32[T, H]", "z: f32[T, G]")
+                    .replace("z = x * 2", "z = x[:, 0:G] * 2").replace("H=128", "H=128 G=2"))  # fmt: skip
+    assert main(["build", "--out", str(out), str(spec)]) == 2
+    err = capsys.readouterr().err
+    assert f"{spec}:4:1: error: dim `G` is in no input's shape, so a call cannot give its value" in err
+    assert "Traceback" not in err and not out.exists()
