@@ -59,7 +59,13 @@ def _options(args: argparse.Namespace) -> BuildOptions:
 
 
 def _lnc(args: argparse.Namespace) -> int:
-    """The requested LNC, or the target's default: trn2 pairs cores (LNC=2), trn1 does not."""
+    """The requested LNC, or the target's default: trn2 pairs cores (LNC=2), trn1 does not. A degree the
+    target lacks is a usage error here, once, rather than a plan error repeated at every check line."""
+    from fusegen.sim.targets import TARGETS
+
+    if args.lnc and int(args.lnc) > TARGETS[args.target].max_lnc:
+        raise UsageError(f"--lnc {args.lnc} needs NeuronCore-v3 core pairs; --target {args.target} runs "
+                         "LNC 1 only: drop --lnc, or build for --target trn2")  # fmt: skip
     return int(args.lnc) if args.lnc else (1 if args.target == "trn1" else 2)
 
 

@@ -39,3 +39,18 @@ def test_a_dim_no_input_gives_is_a_spec_error_in_build(
     err = capsys.readouterr().err
     assert f"{spec}:4:1: error: dim `G` is in no input's shape, so a call cannot give its value" in err
     assert "Traceback" not in err and not out.exists()
+
+
+@pytest.mark.parametrize("command", ["build", "explain", "check"])
+def test_lnc_2_on_trn1_is_one_usage_error(
+    command: str, tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """It was a plan error repeated at every check line, hinting "shrink this shape"."""
+    spec = tmp_path / "k.spec"
+    spec.write_text(SPEC)
+    out = ["--out", str(tmp_path / "out")] if command == "build" else []
+    assert main([command, str(spec), *out, "--target", "trn1", "--lnc", "2"]) == 2
+    assert capsys.readouterr().err == (
+        f"fusegen {command}: error: --lnc 2 needs NeuronCore-v3 core pairs; --target trn1 runs LNC 1 only: "
+        "drop --lnc, or build for --target trn2\n"
+    )
