@@ -115,8 +115,9 @@ def matmul_hint(lhs: Shape, rhs: Shape) -> str:
 def slice_problem(start: Dim, stop: Dim, size: Dim, fixed: Mapping[str, int]) -> str | None:
     """Why `start:stop` cannot lie within a dim of `size`, when that is known without concrete dims."""
     start, stop, size = (substitute(d, fixed) for d in (start, stop, size))
-    if start.constant is not None and start.constant < 0:
-        return "slice bounds must not be negative"
+    for bound in (start, stop):  # NumPy's `-1` is `size - 1` here: say so, in this dim's terms
+        if bound.constant is not None and bound.constant < 0:
+            return f"slice bounds must not be negative: count from the start (`{size + bound}` for `{bound}`)"
     width = (stop - start).constant
     if width is not None and width <= 0:
         return f"the slice {start}:{stop} is empty"
@@ -130,7 +131,7 @@ def position_problem(position: Dim, size: Dim, fixed: Mapping[str, int]) -> str 
     """Why `position` cannot index a dim of `size`, when that is known without concrete dims."""
     position, size = substitute(position, fixed), substitute(size, fixed)
     if position.constant is not None and position.constant < 0:
-        return "indices must not be negative"
+        return f"indices must not be negative: count from the start (`{size + position}` for `{position}`)"
     past_end = (position - size).constant
     if past_end is not None and past_end >= 0:
         return f"index {position} is out of range for a dim of size {size}"
