@@ -19,6 +19,7 @@ from fusegen.codegen.build import (
 )
 from fusegen.codegen.files.tests import test_case, test_shapes
 from fusegen.codegen.output import leftovers, stale_files, write_atomically
+from fusegen.codegen.range_errors import spec_ranges
 from fusegen.codegen.recorded import kernel_folders
 from fusegen.dsl import load_spec
 from fusegen.dsl.diagnostics import Diagnostic, Span, SpecError
@@ -156,9 +157,10 @@ def check(specs: list[str], options: BuildOptions, shapes: list[dict[str, int]],
             for dims in runs:
                 _progress(f"fusegen: {_doing(mode)} {built.name} at {_dims_text(dims)}{_where(mode)}")
                 case = test_case(ir, dims)
-                report = run_against_reference(
-                    out / built.name, built.name, case, options.lnc, options.target, mode
-                )
+                with spec_ranges(spec, dims):
+                    report = run_against_reference(
+                        out / built.name, built.name, case, options.lnc, options.target, mode
+                    )
                 if fmt != "json":
                     print(report.text())
                 results.append(_run_json(spec, built.name, dims, options, report))

@@ -54,3 +54,24 @@ def test_lnc_2_on_trn1_is_one_usage_error(
         f"fusegen {command}: error: --lnc 2 needs NeuronCore-v3 core pairs; --target trn1 runs LNC 1 only: "
         "drop --lnc, or build for --target trn2\n"
     )
+
+
+@pytest.mark.parametrize(("command", "math", "name", "guard"), [
+    ("check", "log(x)", "log", "`log(maximum(x, 1e-6))`"),
+    ("explain", "sqrt(relu(x))", "sqrt", "`sqrt(x + 1e-30)` (sqrt(0) is outside it)"),
+    ("bench", "log(x)", "log", "`log(maximum(x, 1e-6))`"),
+])  # fmt: skip
+def test_an_activation_argument_out_of_range_is_a_spec_error(
+    command: str, math: str, name: str, guard: str, tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """`log(x)` of the tests' N(0, 1) inputs, or sqrt of relu's zeros, met the interpreter's valid-input-range
+    rule as a traceback calling it a fusegen bug (exit 3); it is the spec's math, answered at its line."""
+    spec = tmp_path / "k.spec"
+    spec.write_text(SPEC.replace("x * 2", math))
+    assert main([command, str(spec)]) == 2
+    err = capsys.readouterr().err
+    where = f"{spec}:5:5: error: at H=128 T=4, the test inputs drive `{name}` outside the range the hardware "
+    assert where in err
+    hint = f"  hint: keep the argument inside it, e.g. {guard}; the tests draw every input from N(0, 1)\n"
+    assert hint in err
+    assert "Traceback" not in err
