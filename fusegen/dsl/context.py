@@ -66,7 +66,13 @@ class Context:
             self.failed.add(name)
             return False
         earlier = self.declared.get(name)
-        if earlier is not None:
+        if earlier is not None and self.kinds.get(name) == "kernel":
+            # the later line keeps the name, so its uses check quietly: the clash is the one error
+            message = f"`{name}` is already the kernel's name (line {earlier.line})"
+            hint = (f"the kernel's name shares one namespace with the dims, inputs, params and values: "
+                    f"rename one, e.g. `kernel {name}_op`")  # fmt: skip
+            self.error(span, message, hint)
+        elif earlier is not None:
             self.error(
                 span, f"`{name}` is already declared at line {earlier.line}", "every name is declared once"
             )
