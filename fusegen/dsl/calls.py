@@ -153,7 +153,8 @@ def _norm(ctx: Context, call: ast.Call, sig: Signature, bound: Bound) -> int | N
         return None
     ok = True
     if eps.shape:
-        ctx.error(bound["eps"].span, f"`eps` must be a scalar; got {shape_str(eps.shape)}")
+        usage = f"usage: {sig.usage()}"  # `rmsnorm(x, w)`: torch's order, the weight taken for eps
+        ctx.error(bound["eps"].span, f"`eps` must be a scalar; got {shape_str(eps.shape)}", usage)
         ok = False
     for name, node in zip(("gamma", "beta"), affine, strict=False):
         if node.shape != x.shape[-1:]:
