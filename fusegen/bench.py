@@ -24,6 +24,7 @@ from fusegen.codegen.build import BuildOptions, plan_shape
 from fusegen.codegen.commands import build_and_warn
 from fusegen.codegen.files.tests import test_case
 from fusegen.codegen.output import write_atomically
+from fusegen.codegen.range_errors import spec_ranges
 from fusegen.dsl import load_spec
 from fusegen.jsonout import document, emit
 from fusegen.perf.analysis import analyse, dims_text
@@ -67,7 +68,8 @@ def bench(spec: str, target: str, lnc: int, shape: dict[str, int] | None, warmup
     append the result to the calibration file `path` (default: calibration.default_path())."""
     dims = spec_dims(spec, shape)
     plan_shape(spec, dims, target, lnc)  # when nothing fits: the planner's message
-    modelled_ns = analyse(spec, dims, target, lnc, alternatives=False).modeled.time_ns
+    with spec_ranges(spec, dims):  # the model runs the kernel on the interpreter, on the test inputs
+        modelled_ns = analyse(spec, dims, target, lnc, alternatives=False).modeled.time_ns
     ir, _ = load_spec(spec)
     why = modes.skip_reason("device", target, lnc) if measure is None else None
     result: dict[str, Any] = {"kernel": ir.name, "spec": spec, "target": target, "lnc": lnc, "dims": dims,

@@ -59,7 +59,13 @@ def _options(args: argparse.Namespace) -> BuildOptions:
 
 
 def _lnc(args: argparse.Namespace) -> int:
-    """The requested LNC, or the target's default: trn2 pairs cores (LNC=2), trn1 does not."""
+    """The requested LNC, or the target's default: trn2 pairs cores (LNC=2), trn1 does not. A degree the
+    target lacks is a usage error here, once, rather than a plan error repeated at every check line."""
+    from fusegen.sim.targets import TARGETS
+
+    if args.lnc and int(args.lnc) > TARGETS[args.target].max_lnc:
+        raise UsageError(f"--lnc {args.lnc} needs NeuronCore-v3 core pairs; --target {args.target} runs "
+                         "LNC 1 only: drop --lnc, or build for --target trn2")  # fmt: skip
     return int(args.lnc) if args.lnc else (1 if args.target == "trn1" else 2)
 
 
@@ -125,11 +131,22 @@ def _targets(args: argparse.Namespace) -> int:
     return list_targets(args.format)
 
 
+def _one_spec(command: str, specs: list[str]) -> None:
+    """UsageError unless exactly one SPEC is given; a stray `T 128` is a --shape item missing its `=`."""
+    if len(specs) == 1:
+        return
+    if not specs:
+        raise UsageError(f"{command} takes one SPEC, got none")
+    stray = [s for s in specs[1:] if re.fullmatch(r"[A-Za-z]\w*|\d+", s)]
+    pair = f"{specs[1]}={specs[2]}" if len(specs) > 2 and specs[2].isdigit() else f"{specs[1]}=N"
+    hint = f" (--shape items are NAME=INT, e.g. `{pair}`)" if stray and stray == specs[1:] else ""
+    raise UsageError(f"{command} takes one SPEC, got {len(specs)}: {' '.join(specs)}{hint}")
+
+
 def _explain(args: argparse.Namespace) -> int:
     from fusegen.perf.explain import explain
 
-    if len(args.specs) != 1:
-        raise UsageError(f"explain takes one SPEC, got {len(args.specs)}: {' '.join(args.specs) or '-'}")
+    _one_spec("explain", args.specs)
     shape = _shape_args(args.shape)
     try:
         return explain(args.specs[0], args.target, _lnc(args), shape[0] if shape else None, args.trace,
@@ -143,8 +160,7 @@ def _explain(args: argparse.Namespace) -> int:
 def _bench(args: argparse.Namespace) -> int:
     from fusegen.bench import bench
 
-    if len(args.specs) != 1:
-        raise UsageError(f"bench takes one SPEC, got {len(args.specs)}: {' '.join(args.specs) or '-'}")
+    _one_spec("bench", args.specs)
     if args.iters < 1 or args.warmup < 0:
         raise UsageError(f"--iters must be >= 1 and --warmup >= 0, got {args.iters} and {args.warmup}")
     shape = _shape_args(args.shape)

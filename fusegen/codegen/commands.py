@@ -19,6 +19,7 @@ from fusegen.codegen.build import (
 )
 from fusegen.codegen.files.tests import test_case, test_shapes
 from fusegen.codegen.output import leftovers, stale_files, write_atomically
+from fusegen.codegen.range_errors import spec_ranges
 from fusegen.codegen.recorded import kernel_folders
 from fusegen.dsl import load_spec
 from fusegen.dsl.diagnostics import Diagnostic, Span, SpecError
@@ -47,10 +48,12 @@ def build(specs: list[str], options: BuildOptions, check_only: bool = False, eve
 
     every_spec: `specs` are the project's defaults (examples/*.spec and every folder's recorded spec, see
     recorded.default_specs), so a folder no spec builds any more, or whose spec is gone, is stale too."""
+    specs = list({Path(spec).resolve(): spec for spec in reversed(specs)}.values())[::-1]  # each file once
     built = []
     for spec in specs:
         _progress(f"fusegen: building {spec}")
         built.append(build_and_warn(spec, options))
+    _one_spec_per_kernel(specs, built, options.out_dir)
     orphans = _orphans(options.out_dir, built) if every_spec else []
     if check_only:
         return _report_stale(options.out_dir, built, orphans, fmt)
@@ -60,6 +63,26 @@ def build(specs: list[str], options: BuildOptions, check_only: bool = False, eve
     for folder, why in orphans:
         _progress(f"fusegen: {folder}/ was not rebuilt: {why}; build its spec by name, or delete the folder")
     return 1 if orphans else 0
+
+
+def _one_spec_per_kernel(specs: list[str], built: list[Built], out_dir: Path) -> None:
+    """SpecError when two specs build one kernel name: both would write one folder, the later silently
+    replacing the earlier (and `build --check` would call one of them stale forever)."""
+    first: dict[str, str] = {}
+    for spec, b in zip(specs, built, strict=True):
+        earlier = first.setdefault(b.name, spec)
+        if earlier != spec:
+            source = Path(spec).read_text(encoding="utf-8", errors="replace")
+            what = f"kernel `{b.name}` is also built by {earlier}: both would write {out_dir / b.name}/"
+            hint = f"give one of them another name: `kernel {b.name}_2`"
+            raise SpecError([Diagnostic(_kernel_line(source, spec), what, hint=hint)], source)
+
+
+def _kernel_line(source: str, path: str) -> Span:
+    """The span of the spec's `kernel NAME` line (it parsed, so it has one)."""
+    lines = source.removeprefix("\ufeff").split("\n")
+    number = next((i for i, line in enumerate(lines, 1) if line.split()[:1] == ["kernel"]), 1)
+    return Span(path, number, 1, number, len(lines[number - 1].rstrip()) + 1)
 
 
 def _report_stale(out_dir: Path, built: list[Built], orphans: list[tuple[Path, str]], fmt: str) -> int:
@@ -134,9 +157,10 @@ def check(specs: list[str], options: BuildOptions, shapes: list[dict[str, int]],
             for dims in runs:
                 _progress(f"fusegen: {_doing(mode)} {built.name} at {_dims_text(dims)}{_where(mode)}")
                 case = test_case(ir, dims)
-                report = run_against_reference(
-                    out / built.name, built.name, case, options.lnc, options.target, mode
-                )
+                with spec_ranges(spec, dims):
+                    report = run_against_reference(
+                        out / built.name, built.name, case, options.lnc, options.target, mode
+                    )
                 if fmt != "json":
                     print(report.text())
                 results.append(_run_json(spec, built.name, dims, options, report))

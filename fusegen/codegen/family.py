@@ -92,8 +92,10 @@ def leave(family: str, node: Node, reason: str) -> Mismatch:
 
 
 def describe(node: Node) -> str:
-    """`` `x` is f32[T, H] ``: a value as the spec declares it, for messages."""
-    return f"`{node.name or node.op}` is {node.dtype}{shape_str(node.shape)}"
+    """`` `x` is f32[T, H] ``: a value as the spec declares it, for messages. An unnamed value is "the value
+    here" (the caret shows it): its op may be one the spec never wrote, such as the lifting's `index`."""
+    what = f"`{node.name}`" if node.name else "the value here"
+    return f"{what} is {node.dtype}{shape_str(node.shape)}"
 
 
 def shape_is(shape: Shape, *expected: Shape) -> bool:

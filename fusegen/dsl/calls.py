@@ -6,10 +6,10 @@ import math
 from collections.abc import Callable
 
 from fusegen.dsl import ast, expressions  # mutual recursion: call `expressions.value` at run time
-from fusegen.dsl.context import Context
+from fusegen.dsl.context import Context, article
 from fusegen.dsl.diagnostics import Span
+from fusegen.dsl.hints import function_hint, keyword_hint
 from fusegen.dsl.ir import COMPUTE_DTYPE, Dim, shape_str
-from fusegen.dsl.names import did_you_mean
 from fusegen.dsl.signatures import SIGNATURES, Signature
 
 Bound = dict[str, ast.Expr]
@@ -19,14 +19,20 @@ def lower_call(ctx: Context, call: ast.Call) -> int | None:
     """The node for a call, or None after reporting a bad function, argument list or operand."""
     sig = SIGNATURES.get(call.func.name)
     if sig is None:
-        ctx.error(
-            call.func.span, f"unknown function `{call.func.name}`", did_you_mean(call.func.name, SIGNATURES)
-        )
+        ctx.error(call.func.span, f"unknown function `{call.func.name}`", _function_hint(ctx, call.func.name))
         return None
     bound = _bind(ctx, call, sig)
     if bound is None:
         return None
     return _FAMILIES[sig.family](ctx, call, sig, bound)
+
+
+def _function_hint(ctx: Context, name: str) -> str | None:
+    """A value called like a function says what it is; other names get hints.py's answer."""
+    binding = ctx.scope.get(name)
+    if binding is not None:
+        return f"`{name}` is {article(binding.kind)}, not a function: multiply with `*`, project with `@`"
+    return function_hint(name, SIGNATURES)
 
 
 def _bind(ctx: Context, call: ast.Call, sig: Signature) -> Bound | None:
@@ -43,7 +49,7 @@ def _bind(ctx: Context, call: ast.Call, sig: Signature) -> Bound | None:
     ok = True
     for kw in call.keywords:
         if kw.name.name not in names:
-            hint = did_you_mean(kw.name.name, names) or f"usage: {sig.usage()}"
+            hint = keyword_hint(kw.name.name, names) or f"usage: {sig.usage()}"
             ctx.error(kw.name.span, f"`{sig.name}` has no parameter `{kw.name.name}`", hint)
             ok = False
         elif kw.name.name in bound:
@@ -147,7 +153,8 @@ def _norm(ctx: Context, call: ast.Call, sig: Signature, bound: Bound) -> int | N
         return None
     ok = True
     if eps.shape:
-        ctx.error(bound["eps"].span, f"`eps` must be a scalar; got {shape_str(eps.shape)}")
+        usage = f"usage: {sig.usage()}"  # `rmsnorm(x, w)`: torch's order, the weight taken for eps
+        ctx.error(bound["eps"].span, f"`eps` must be a scalar; got {shape_str(eps.shape)}", usage)
         ok = False
     for name, node in zip(("gamma", "beta"), affine, strict=False):
         if node.shape != x.shape[-1:]:
@@ -177,7 +184,9 @@ def _literal_bool(ctx: Context, expr: ast.Expr | None, what: str) -> bool | None
     if expr is None:
         return False
     if not isinstance(expr, ast.Bool):
-        ctx.error(expr.span, f"`{what}` must be `true` or `false`")
+        spelt = expr.name if isinstance(expr, ast.Name) and expr.name in ("True", "False") else None
+        hint = f"write `{spelt.lower()}`: the spec's booleans are lower case" if spelt else None
+        ctx.error(expr.span, f"`{what}` must be `true` or `false`", hint)
         return None
     return expr.value
 

@@ -7,6 +7,7 @@ from collections.abc import Sequence
 from typing import TypeVar
 
 from fusegen.dsl import ast, ir
+from fusegen.dsl.check_cost import warn_heavy_checks
 from fusegen.dsl.constraints import check_lines, declare_requires
 from fusegen.dsl.context import FAILED_NODE, Binding, Context
 from fusegen.dsl.declarations import (
@@ -18,7 +19,7 @@ from fusegen.dsl.declarations import (
     kernel_name,
     owns,
 )
-from fusegen.dsl.diagnostics import Diagnostic, SpecError
+from fusegen.dsl.diagnostics import Diagnostic, Span, SpecError
 from fusegen.dsl.dim_sources import dim_sources
 from fusegen.dsl.expressions import value
 from fusegen.dsl.param_scalars import default_errors
@@ -49,7 +50,9 @@ def check_with_warnings(spec: ast.Spec) -> tuple[ir.KernelIR, tuple[Diagnostic, 
     for statement in _of(spec, ast.Assign):
         _assign(ctx, statement)
     outputs = declare_outputs(ctx, _of(spec, ast.OutputDecl))
+    _require_dims_from_inputs(ctx, dims, _of(spec, ast.InputDecl), outputs)
     checks = check_lines(ctx, _of(spec, ast.CheckDecl), constraints)
+    warn_heavy_checks(ctx, checks, outputs)
     _warn_unused(ctx, spec)
     if ctx.errors:
         raise SpecError(_in_source_order(ctx.errors), spec.source)
@@ -113,6 +116,45 @@ def _require_determined_dims(
             message = f"dim `{dim.name}` appears only inside compound axes that do not determine its value"
             hint = f"give one input a whole `{dim.name}` axis, or fix its value: `dim {dim.name} = 64`"
             ctx.error(using.span, message, hint)
+
+
+def _require_dims_from_inputs(
+    ctx: Context,
+    dims: Sequence[ir.DimDecl],
+    inputs: Sequence[ast.InputDecl],
+    outputs: Sequence[ir.OutputDecl],
+) -> None:
+    """A free dim in no input's shape has no value at run time: an error where the math first uses it
+    (a slice, an output's shape, a value); one nothing uses is `_warn_unused_dims`'s. Names are read from
+    the syntax: an input whose declaration failed still shows which dims the user meant it to give."""
+    in_inputs = {name for decl in inputs for name in ast.names(decl.type)}
+    for dim in dims:
+        if dim.value is not None or dim.name in in_inputs:
+            continue
+        use = _first_use(ctx, outputs, dim.name)
+        if use is None:
+            continue
+        message = f"dim `{dim.name}` is in no input's shape, so a call cannot give its value"
+        hint = f"give one input a `{dim.name}` axis, or fix its value: `dim {dim.name} = 64`"
+        ctx.error(use, message, hint)
+
+
+def _first_use(ctx: Context, outputs: Sequence[ir.OutputDecl], name: str) -> Span | None:
+    """The span of the first node or output whose shape, index or value mentions dim `name`."""
+    spans = [n.span for n in ctx.nodes if name in _node_symbols(n)]
+    spans += [o.span for o in outputs if any(name in d.symbols() for d in o.shape)]
+    return min(spans, key=lambda s: (s.line, s.col), default=None)
+
+
+def _node_symbols(node: ir.Node) -> set[str]:
+    """Every dim a node's shape or attributes (a `dim` leaf, slice bounds) mention."""
+    dims = list(node.shape)
+    for _, attr in node.attrs:
+        if isinstance(attr, ir.Dim):
+            dims.append(attr)
+        elif isinstance(attr, tuple):
+            dims += [d for item in attr for d in (item.start, item.stop) if d is not None]
+    return {s for d in dims for s in d.symbols()}
 
 
 def _chain_length(ctx: Context) -> int:

@@ -102,7 +102,7 @@ def _check_values(ctx: Context, decl: ast.CheckDecl) -> dict[str, int] | None:
         dim = ctx.dims.get(name)
         value = positive_int(ctx, item.value, f"`{name}`")
         if dim is None:
-            ctx.error(item.name.span, f"unknown dim `{name}`", ctx.suggest(name, ctx.dims) or _dims_hint(ctx))
+            ctx.error(item.name.span, f"unknown dim `{name}`", _unknown_dim_hint(ctx, name))
         elif name in given:
             ctx.error(item.span, f"`{name}` is given twice")
         elif value is not None and dim.value is not None and value != dim.value:
@@ -172,6 +172,13 @@ def _item_fits(item: ir.IndexItem, size: Dim, env: Mapping[str, int]) -> bool:
     start, limit = item.start.eval(env), size.eval(env)
     stop = start + 1 if item.stop is None else item.stop.eval(env)
     return 0 <= start < stop <= limit
+
+
+def _unknown_dim_hint(ctx: Context, name: str) -> str:
+    """A param named on a check line runs at its default; any other name may be a misspelt dim."""
+    if ctx.kinds.get(name) == "param":
+        return f"`{name}` is a param: a check line gives dims, and every check runs with the params' defaults"
+    return ctx.suggest(name, ctx.dims) or _dims_hint(ctx)
 
 
 def _dims_hint(ctx: Context) -> str:

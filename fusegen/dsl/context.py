@@ -40,6 +40,8 @@ class Context:
     pending: dict[str, Span] = field(default_factory=dict)
     #: every name declared so far, any kind, for duplicate detection.
     declared: dict[str, Span] = field(default_factory=dict)
+    #: what each declared name is: "kernel", "dim", "input", "param" or "value".
+    kinds: dict[str, str] = field(default_factory=dict)
     reads: set[str] = field(default_factory=set)
     #: names whose declaration failed: their uses stay quiet rather than repeat the error.
     failed: set[str] = field(default_factory=set)
@@ -64,12 +66,19 @@ class Context:
             self.failed.add(name)
             return False
         earlier = self.declared.get(name)
-        if earlier is not None:
+        if earlier is not None and self.kinds.get(name) == "kernel":
+            # the later line keeps the name, so its uses check quietly: the clash is the one error
+            message = f"`{name}` is already the kernel's name (line {earlier.line})"
+            hint = (f"the kernel's name shares one namespace with the dims, inputs, params and values: "
+                    f"rename one, e.g. `kernel {name}_op`")  # fmt: skip
+            self.error(span, message, hint)
+        elif earlier is not None:
             self.error(
                 span, f"`{name}` is already declared at line {earlier.line}", "every name is declared once"
             )
             return False
         self.declared[name] = span
+        self.kinds[name] = what
         return True
 
     def fixed_dims(self) -> dict[str, int]:

@@ -8,8 +8,8 @@ from collections.abc import Sequence
 from fusegen.dsl import ast, ir
 from fusegen.dsl.context import FAILED_NODE, Binding, Context, article
 from fusegen.dsl.diagnostics import Span
+from fusegen.dsl.hints import dtype_hint
 from fusegen.dsl.ir import F32_MAX
-from fusegen.dsl.names import did_you_mean
 from fusegen.dsl.shapes import MAX_DIM_VALUE, to_dim
 
 #: ops that compute nothing: an output bound to one would only copy a host value.
@@ -189,6 +189,6 @@ def tensor_type(ctx: Context, spelled: ast.TensorType) -> tuple[str | None, ir.S
 def _dtype(ctx: Context, ident: ast.Ident) -> str | None:
     if ident.name in ir.DTYPES:
         return ident.name
-    hint = did_you_mean(ident.name, ir.DTYPES) or f"dtypes are {', '.join(ir.DTYPES)}"
+    hint = dtype_hint(ident.name, ir.DTYPES)
     ctx.error(ident.span, f"unknown dtype `{ident.name}`", hint)
     return None

@@ -5,7 +5,7 @@ from __future__ import annotations
 from collections.abc import Mapping
 
 from fusegen.dsl import ast
-from fusegen.dsl.context import Context
+from fusegen.dsl.context import Context, article
 from fusegen.dsl.ir import Dim, Shape, shape_str
 
 #: larger dims are surely typos, and would overflow the int32 index math of generated kernels.
@@ -21,8 +21,10 @@ def to_dim(ctx: Context, expr: ast.Expr) -> Dim | None:
     if isinstance(expr, ast.Name):
         if expr.name in ctx.dims:
             return Dim.sym(expr.name)
-        if expr.name in ctx.scope or expr.name in ctx.pending:
-            ctx.error(expr.span, f"`{expr.name}` is a value, not a dim", _DIM_EXPR_HINT)
+        kind = ctx.kinds.get(expr.name)
+        if kind in ("input", "param", "value"):
+            hint = _not_a_dim_hint(kind, expr.name)
+            ctx.error(expr.span, f"`{expr.name}` is {article(kind)}, not a dim", hint)
         else:
             ctx.unknown_name(expr.span, expr.name, "dim")
         return None
@@ -41,6 +43,14 @@ def to_dim(ctx: Context, expr: ast.Expr) -> Dim | None:
         return lhs + rhs if expr.op == "+" else lhs - rhs if expr.op == "-" else lhs * rhs
     ctx.error(expr.span, "not a dim expression", _DIM_EXPR_HINT)
     return None
+
+
+def _not_a_dim_hint(kind: str, name: str) -> str:
+    """A param is a scalar each call passes: it can size no shape and pick no index."""
+    if kind == "param":
+        return (f"a param is a scalar each call passes; shapes, indices and `require` lines are made of "
+                f"dims: declare `dim {name}` instead, or fix it with `dim {name} = 64`")  # fmt: skip
+    return _DIM_EXPR_HINT
 
 
 def _integer(ctx: Context, number: ast.Number) -> Dim | None:
@@ -105,8 +115,9 @@ def matmul_hint(lhs: Shape, rhs: Shape) -> str:
 def slice_problem(start: Dim, stop: Dim, size: Dim, fixed: Mapping[str, int]) -> str | None:
     """Why `start:stop` cannot lie within a dim of `size`, when that is known without concrete dims."""
     start, stop, size = (substitute(d, fixed) for d in (start, stop, size))
-    if start.constant is not None and start.constant < 0:
-        return "slice bounds must not be negative"
+    for bound in (start, stop):  # NumPy's `-1` is `size - 1` here: say so, in this dim's terms
+        if bound.constant is not None and bound.constant < 0:
+            return f"slice bounds must not be negative: count from the start (`{size + bound}` for `{bound}`)"
     width = (stop - start).constant
     if width is not None and width <= 0:
         return f"the slice {start}:{stop} is empty"
@@ -120,7 +131,7 @@ def position_problem(position: Dim, size: Dim, fixed: Mapping[str, int]) -> str 
     """Why `position` cannot index a dim of `size`, when that is known without concrete dims."""
     position, size = substitute(position, fixed), substitute(size, fixed)
     if position.constant is not None and position.constant < 0:
-        return "indices must not be negative"
+        return f"indices must not be negative: count from the start (`{size + position}` for `{position}`)"
     past_end = (position - size).constant
     if past_end is not None and past_end >= 0:
         return f"index {position} is out of range for a dim of size {size}"

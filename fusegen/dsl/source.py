@@ -11,6 +11,9 @@ def read_spec(path: str) -> str:
     try:
         with open(path, "rb") as handle:
             data = handle.read(MAX_SPEC_CHARS + 1)
+    except IsADirectoryError as err:
+        hint = f"pass the spec files in it, e.g. `{path.rstrip('/')}/*.spec`"
+        raise _file_error(path, f"cannot read the spec: {err.strerror}", hint) from None
     except OSError as err:
         raise _file_error(path, f"cannot read the spec: {err.strerror}") from None
     if len(data) > MAX_SPEC_CHARS:
@@ -22,8 +25,8 @@ def read_spec(path: str) -> str:
     return decode_spec(data, path)
 
 
-def _file_error(path: str, message: str) -> SpecError:
-    return SpecError([Diagnostic(Span.whole_file(path), message)])
+def _file_error(path: str, message: str, hint: str | None = None) -> SpecError:
+    return SpecError([Diagnostic(Span.whole_file(path), message, hint=hint)])
 
 
 def decode_spec(data: bytes, path: str) -> str:
@@ -36,4 +39,7 @@ def decode_spec(data: bytes, path: str) -> str:
         col = len(good) - (good.rfind("\n") + 1) + 1
         text = good + "\ufffd"  # enough source to show the line up to the bad byte
         message = f"the spec is not UTF-8 text (byte 0x{data[err.start]:02x})"
-        raise SpecError([Diagnostic(Span(path, line, col, line, col + 1), message)], text) from None
+        utf16 = data.startswith((b"\xff\xfe", b"\xfe\xff"))  # the byte-order mark Windows editors write
+        hint = "the file is UTF-16: save it as UTF-8" if utf16 else "save the spec as UTF-8"
+        span = Span(path, line, col, line, col + 1)
+        raise SpecError([Diagnostic(span, message, hint=hint)], text) from None

@@ -37,7 +37,15 @@ _CHARACTER_HINTS = {
     ";": "write one item per line",
     '"': "the spec language has no strings",
     "'": "the spec language has no strings",
+    "\\": "a statement is one line: split a long one into named steps",
+    "^": "a power is written `x ** 2`",
+    ".": "there are no methods or attributes (`x.T`), and no `...` in an index: give one item per dim, `:` "
+    "for a whole one",
 }
+_LINE_KEYWORDS = ("kernel", "dim", "require", "input", "param", "output", "optional", "check")
+#: hints for the lines whose items are not expressions, by their first word.
+_PARAM_HINT = "a param is an f32 scalar with a number as its default: `param eps = 1e-6`"
+_REQUIRE_LINE_HINT = "one comparison per `require` line, with `==` for equality: `require K % 128 == 0`"
 #: the spec's tokens, roughly, for finding the token before an error.
 _ROUGH_TOKEN = re.compile(r"\*\*|[<>=!]=|[A-Za-z_]\w*|\d+\.?\d*(?:[eE][+-]?\d+)?|\S")
 
@@ -75,8 +83,15 @@ def _unexpected_token(err: UnexpectedToken, text: str, path: str, literals: Mapp
     described = _describe_token(token.type, str(token))
     message = f"unexpected {described}; expected {_expected(expected, literals)}"
     first_on_line = len(_ROUGH_TOKEN.findall(prefix)) == 1
-    hint = _DECLARATION_HINT if first_on_line and expected <= {"EQUAL"} else _line_hint(prefix, str(token))
+    declaration = first_on_line and expected <= {"EQUAL"}
+    hint = _declaration_hint(prefix) if declaration else _line_hint(prefix, str(token))
     return Diagnostic(span, message, hint=hint)
+
+
+def _declaration_hint(prefix: str) -> str:
+    """The line kinds, led by the keyword a misspelt first word means (`outputs` for `output`)."""
+    close = did_you_mean(prefix.split()[0], _LINE_KEYWORDS) if prefix.split() else None
+    return f"{close} {_DECLARATION_HINT}" if close else _DECLARATION_HINT
 
 
 def _line_hint(prefix: str, token: str) -> str | None:
@@ -92,6 +107,12 @@ def _line_hint(prefix: str, token: str) -> str | None:
         return did_you_mean(token, ["finite"])
     if first == "check":
         return "a check line lists `NAME=INT` items separated by spaces, e.g. `check T=4 H=128`"
+    if first == "param":
+        return _PARAM_HINT
+    if first == "require":
+        return _REQUIRE_LINE_HINT
+    if token == ":" and _unclosed(prefix, "[") is not None:
+        return "a slice is `start:stop`: there is no step"
     return None
 
 
@@ -106,13 +127,17 @@ def _early_line_end(expected: set[str], prefix: str, span: Span, literals: Mappi
     """The line ended before the item did: a dangling operator or an unclosed bracket."""
     words = _ROUGH_TOKEN.findall(prefix)
     if expected >= _EXPRESSION_START and words:
-        return Diagnostic(span, f"expected an expression after `{words[-1]}`")
+        open_bracket = _unclosed(prefix, "(") is not None or _unclosed(prefix, "[") is not None
+        split = "a statement ends at its line, inside brackets too: split it into named steps"
+        hint = split if open_bracket else None
+        return Diagnostic(span, f"expected an expression after `{words[-1]}`", hint=hint)
     for opener, closer in (("(", "RPAR"), ("[", "RSQB")):
         where = _unclosed(prefix, opener)
         if closer in expected and where is not None:
             at = Span(span.path, span.line, where + 1, span.line, where + 2)
             return Diagnostic(at, f"unterminated `{opener}`", hint="close it on the same line")
-    return Diagnostic(span, f"unexpected end of line; expected {_expected(expected, literals)}")
+    hint = _PARAM_HINT if words[:1] == ["param"] else None
+    return Diagnostic(span, f"unexpected end of line; expected {_expected(expected, literals)}", hint=hint)
 
 
 def _unclosed(prefix: str, opener: str) -> int | None:

@@ -9,6 +9,7 @@ from fusegen import calibration as measured
 from fusegen.codegen.build import plan_shape
 from fusegen.codegen.commands import fits_host, validated_shape
 from fusegen.codegen.plan import TilePlan
+from fusegen.codegen.range_errors import spec_ranges
 from fusegen.dsl import load_spec
 from fusegen.dsl.diagnostics import Diagnostic, SpecError
 from fusegen.jsonout import document, emit
@@ -29,7 +30,8 @@ def explain(spec: str, target: str, lnc: int, shape: dict[str, int] | None, trac
     measurements of the calibration file (fusegen/calibration.py), write files."""
     dims = _dims(spec, shape)
     plan_shape(spec, dims, target, lnc)  # when nothing fits: the planner's message
-    analysis = analyse(spec, dims, target, lnc)
+    with spec_ranges(spec, dims):  # the kernel runs on the interpreter: `log(x)` of N(0, 1) inputs
+        analysis = analyse(spec, dims, target, lnc)
     path = Path(calibration) if calibration else measured.default_path()
     records = measured.read(path)
     if fmt == "json":

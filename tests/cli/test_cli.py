@@ -39,7 +39,9 @@ def test_explain_takes_the_spec_after_shape(capsys: pytest.CaptureFixture[str]) 
         (["check", "--shape", "T=x", LAYERNORM], "--shape takes NAME=INT items, got `T=x`"),
         (["check", "--shape", "T=3", "H=128", "T=5", LAYERNORM], "--shape gives T twice: T=3 and T=5"),
         (["explain", LAYERNORM, LAYERNORM], "explain takes one SPEC, got 2"),
-        (["explain"], "explain takes one SPEC, got 0"),
+        (["explain"], "explain takes one SPEC, got none"),
+        (["explain", LAYERNORM, "--shape", "T", "3", "H=128"], f"got 3: {LAYERNORM} T 3 (--shape items are "
+         "NAME=INT, e.g. `T=3`)"),
         (["build", "--format", "json", LAYERNORM], "--format json is for `build --check`"),
         (["check-spec", "--dump", "ir", "--format", "json", LAYERNORM], "does not combine with --format"),
     ],

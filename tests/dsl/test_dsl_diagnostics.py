@@ -67,7 +67,26 @@ def test_non_utf8_file(tmp_path: Path) -> None:
     assert info.value.render() == (
         f"{path}:2:6: error: the spec is not UTF-8 text (byte 0xff)\n"
         "    dim R\N{REPLACEMENT CHARACTER}\n"
-        "         ^"
+        "         ^\n"
+        "  hint: save the spec as UTF-8"
+    )
+
+
+def test_utf16_file_says_so(tmp_path: Path) -> None:
+    """A spec saved as UTF-16 (Windows Notepad's "Unicode") was only "not UTF-8 text"."""
+    path = tmp_path / "wide.spec"
+    path.write_bytes("kernel k\n".encode("utf-16"))
+    with pytest.raises(SpecError) as info:
+        load_spec(str(path))
+    assert info.value.render().endswith("  hint: the file is UTF-16: save it as UTF-8")
+
+
+def test_a_directory_is_a_spec_error_with_a_hint(tmp_path: Path) -> None:
+    with pytest.raises(SpecError) as info:
+        load_spec(str(tmp_path))
+    assert info.value.render() == (
+        f"{tmp_path}: error: cannot read the spec: Is a directory\n  hint: pass the spec files in it, e.g. "
+        f"`{tmp_path}/*.spec`"
     )
 
 
@@ -117,7 +136,7 @@ def test_warnings_are_collected_not_raised() -> None:
 
 def test_a_dim_no_shape_or_expression_names_is_warned_about() -> None:
     text = (
-        "kernel k\ndim R, H, Z, N = 4\nrequire Z % 2 == 0\ninput x: f32[R]\noutput y: f32[R]\n"
+        "kernel k\ndim R, H, Z, N = 4\nrequire Z % 2 == 0\ninput x: f32[R, H]\noutput y: f32[R, H]\n"
         "y = x * H\ncheck R=4 H=2 Z=2\n"
     )
     spec = parse(text, "t.spec")
@@ -139,3 +158,45 @@ def test_long_expression_chains_are_refused_not_crashed() -> None:
 def test_brackets_in_comments_do_not_count_as_nesting() -> None:
     text = "# " + "(" * 80 + "\nkernel k\ndim R\ninput x: f32[R]\noutput y: f32[R]\ny = x * 2\ncheck R=1\n"
     assert check(parse(text, "t.spec")).doc == "(" * 80
+
+
+def _warnings(text: str) -> str:
+    spec = parse(text, "t.spec")
+    _, warnings = check_with_warnings(spec)
+    return "\n".join(w.render(spec.source) for w in warnings)
+
+
+def test_a_dim_nothing_uses_is_a_warning() -> None:
+    """A dim in no shape, index or value used to pass silently (its check values idle)."""
+    text = "kernel k\ndim T, H, G\ninput x: f32[T, H]\noutput z: f32[T, H]\nz = x * 2\ncheck T=4 H=8 G=2\n"
+    assert _warnings(text) == (
+        "t.spec:2:11: warning: dim `G` is never used\n"
+        "    dim T, H, G\n"
+        "              ^\n"
+        "  hint: remove it from the `dim` line, or use it in a shape"
+    )
+
+
+def test_a_production_sized_check_is_a_warning() -> None:
+    """A check line at a production shape passed silently, and its generated test ran for hours on the
+    interpreter: 2 x 2 GiB of bf16 rows is about 20 minutes at the interpreter's measured pace."""
+    text = "kernel k\ndim T, H\ninput x: bf16[T, H]\noutput z: bf16[T, H]\nz = x * 2\ncheck T=65536 H=16384\n"
+    assert _warnings(text) == (
+        "t.spec:6:1: warning: this check is 4.0 GiB of inputs and outputs: its generated test would run "
+        "about 20 minutes on the CPU interpreter\n"
+        "    check T=65536 H=16384\n"
+        "    ^~~~~~~~~~~~~~~~~~~~~\n"
+        "  hint: a check line is a test shape (the examples' largest is 0.3 GiB, 0.01 TFLOP); time a "
+        "production shape with `fusegen explain SPEC --shape ...`"
+    )
+
+
+def test_a_check_with_matmul_work_past_a_test_shape_is_a_warning() -> None:
+    """Little data, much matmul work: 2 * 8192 * 8192 * 8192 flops is 1.1 TFLOP, about 45 minutes."""
+    text = ("kernel k\ndim R, K, N\ninput x: bf16[R, K]\ninput w: bf16[K, N]\noutput y: bf16[R, N]\n"
+            "y = x @ w\ncheck R=8192 K=8192 N=8192\ncheck R=128 K=128 N=128\n")  # fmt: skip
+    first = _warnings(text).split("\n")[0]
+    assert first == (
+        "t.spec:7:1: warning: this check is 0.4 GiB of inputs and outputs and 1.10 TFLOP of matmuls: its "
+        "generated test would run about 46 minutes on the CPU interpreter"
+    )
