@@ -27,7 +27,7 @@ def warn_heavy_checks(
     for check in checks:
         env = check.env()
         size = sum(math.prod(ir.eval_shape(t.shape, env)) * ir.DTYPE_BYTES[t.dtype] for t in tensors)
-        flops = sum(_matmul_flops(ctx, node, env) for node in ctx.nodes if node.op == "matmul")
+        flops = ir.matmul_flops(ctx.nodes, env)
         minutes = RUNS_PER_CHECK * (size / 2**30 / GIB_PER_MINUTE + flops / 1e9 / GFLOP_PER_MINUTE)
         if minutes <= MAX_TEST_MINUTES:
             continue
@@ -41,12 +41,6 @@ def warn_heavy_checks(
             "a check line is a test shape (the examples' largest is 0.3 GiB, 0.01 TFLOP); time a production "
             "shape with `fusegen explain SPEC --shape ...`",
         )
-
-
-def _matmul_flops(ctx: Context, node: ir.Node, env: dict[str, int]) -> int:
-    """2 * M * K * N (times any leading axes) of one matmul."""
-    contracted = ir.eval_shape(ctx.nodes[node.args[0]].shape, env)[-1]
-    return 2 * math.prod(ir.eval_shape(node.shape, env)) * contracted
 
 
 def _duration(minutes: float) -> str:

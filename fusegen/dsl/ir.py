@@ -6,7 +6,8 @@ Math is f32 unless a cast says otherwise; inputs keep their declared dtype.
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+import math
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 
 from fusegen.dsl.diagnostics import Span
@@ -313,3 +314,13 @@ class KernelIR:
     def fixed_dims(self) -> dict[str, int]:
         """Dims the spec fixes (`HC = 4`)."""
         return {d.name: d.value for d in self.dims if d.value is not None}
+
+
+def matmul_flops(nodes: Sequence[Node], env: Mapping[str, int]) -> int:
+    """FLOPs of the matmuls among `nodes` (indexed by id) under `env`: 2 x K per output element."""
+    total = 0
+    for node in nodes:
+        if node.op == "matmul":
+            contracted = eval_shape(nodes[node.args[0]].shape, env)[-1]
+            total += 2 * contracted * math.prod(eval_shape(node.shape, env))
+    return total

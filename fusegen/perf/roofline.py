@@ -2,11 +2,11 @@
 
 from __future__ import annotations
 
-import math
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
 
-from fusegen.dsl.ir import KernelIR, eval_shape
+from fusegen.dsl.ir import KernelIR
+from fusegen.dsl.ir import matmul_flops as ir_matmul_flops
 from fusegen.perf.cost import FP32_MATMUL_FACTOR
 from fusegen.sim.targets import Target
 from fusegen.sim.trace import Record
@@ -79,14 +79,9 @@ def matmul_flops(records: Iterable[Record]) -> tuple[float, bool]:
 
 
 def spec_flops(ir: KernelIR, dims: Mapping[str, int]) -> float:
-    """FLOPs of the spec's own matmuls at `dims` (2 x K per output element): the math's work, without the
-    identity matmuls a kernel adds to transpose or stage rows on the Tensor engine."""
-    flops = 0.0
-    for node in ir.nodes:
-        if node.op == "matmul":
-            contracted = eval_shape(ir.node(node.args[0]).shape, dims)[-1]
-            flops += 2.0 * contracted * math.prod(eval_shape(node.shape, dims))
-    return flops
+    """FLOPs of the spec's own matmuls at `dims`: the math's work, without the identity matmuls a kernel
+    adds to transpose or stage rows on the Tensor engine."""
+    return float(ir_matmul_flops(ir.nodes, dims))
 
 
 def roofline(target: Target, lnc: int, flops: float, min_hbm_bytes: int, fp32: bool = False) -> Roofline:
